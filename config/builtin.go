@@ -1,0 +1,94 @@
+package config
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
+)
+
+// DefaultProfileName is the profile of a Job whose adapter has no profile of
+// its own choosing: it brings its own container and command.
+const DefaultProfileName = "default"
+
+// promptCommand runs an agent CLI with the prompt file on stdin; the file's
+// path is in PAPERCLIP_PROMPT_FILE (see the templates package).
+func promptCommand(cli string) []string {
+	return []string{"sh", "-c", `set -eu; exec ` + cli + ` < "${PAPERCLIP_PROMPT_FILE:-/dev/null}"`}
+}
+
+// builtinDefaults is the bottom layer under every profile: the values
+// Paperclip's Kubernetes adapters use today, with a read-only root.
+func builtinDefaults() Profile {
+	return Profile{
+		ContainerName: "agent",
+		Resources: &corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{
+				corev1.ResourceCPU:    resource.MustParse("1"),
+				corev1.ResourceMemory: resource.MustParse("2Gi"),
+			},
+			Limits: corev1.ResourceList{
+				corev1.ResourceCPU:    resource.MustParse("4"),
+				corev1.ResourceMemory: resource.MustParse("8Gi"),
+			},
+		},
+		EgressProfile:                "standard",
+		TTLSecondsAfterFinished:      ptr.To[int32](300),
+		BackoffLimit:                 ptr.To[int32](0),
+		AutomountServiceAccountToken: ptr.To(false),
+		ReadOnlyRootFilesystem:       ptr.To(true),
+		WritablePaths:                []string{"/tmp"},
+	}
+}
+
+// builtinProfiles are the adapters Paperclip ships, with the env keys and
+// egress destinations of its adapter registry. Only what differs per
+// adapter lives here; everything else comes from the defaults.
+func builtinProfiles() map[string]Profile {
+	return map[string]Profile{
+		DefaultProfileName: {},
+		"claude_local": {
+			Aliases:       []string{"claude_k8s", "claude"},
+			Command:       promptCommand("claude --print - --output-format stream-json --verbose"),
+			EnvKeys:       []string{"ANTHROPIC_API_KEY"},
+			EgressProfile: "anthropic",
+		},
+		"codex_local": {
+			Aliases:       []string{"codex"},
+			Command:       promptCommand("codex exec --json --skip-git-repo-check -"),
+			EnvKeys:       []string{"OPENAI_API_KEY"},
+			EgressProfile: "openai",
+		},
+		"opencode_local": {
+			Aliases: []string{"opencode_k8s", "opencode"},
+			Command: promptCommand("opencode run --format json"),
+			Env: []corev1.EnvVar{
+				{Name: "OPENCODE_DISABLE_PROJECT_CONFIG", Value: "true"},
+			},
+			EnvKeys:       []string{"ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENROUTER_API_KEY"},
+			EgressProfile: "opencode",
+		},
+		"gemini_local": {
+			Aliases:       []string{"gemini"},
+			Command:       promptCommand("gemini --output-format stream-json"),
+			EnvKeys:       []string{"GOOGLE_API_KEY", "GEMINI_API_KEY"},
+			EgressProfile: "gemini",
+		},
+		"cursor_local": {
+			Aliases:       []string{"cursor"},
+			Command:       promptCommand("cursor-agent --print --output-format stream-json"),
+			EnvKeys:       []string{"ANTHROPIC_API_KEY", "OPENAI_API_KEY"},
+			EgressProfile: "cursor",
+		},
+		"pi_local": {
+			Aliases:       []string{"pi"},
+			Command:       promptCommand("pi --print --mode json"),
+			EnvKeys:       []string{"ANTHROPIC_API_KEY"},
+			EgressProfile: "anthropic",
+		},
+	}
+}
+
+// BuiltinProfileNames lists the profiles every configuration has.
+func BuiltinProfileNames() []string {
+	return sortedKeys(builtinProfiles())
+}

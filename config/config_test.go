@@ -1,0 +1,220 @@
+package config
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+const header = "apiVersion: clipjob.paperclip.io/v1alpha1\nkind: Config\n"
+
+func TestParseErrorsNameTheField(t *testing.T) {
+	tests := []struct {
+		name    string
+		yaml    string
+		wantErr []string
+	}{
+		{"unknown top-level field", header + "sorce: {}\n", []string{`unknown field "sorce"`}},
+		{"unknown nested field", header + "profiles:\n  claude_local:\n    imagee: x\n", []string{`unknown field "profiles.claude_local.imagee"`}},
+		{"duplicate key", header + "defaultProfile: a\ndefaultProfile: b\n", []string{`"defaultProfile" already set`}},
+		{"wrong type", header + "defaults:\n  backoffLimit: lots\n", []string{"backoffLimit"}},
+		{"wrong version", "apiVersion: v9\nkind: Config\n", []string{`apiVersion: Unsupported value: "v9"`}},
+		{"empty file", "", []string{"empty file"}},
+		{"not yaml", "a: [\n", []string{"not valid YAML"}},
+		{"bad source names", header + "source:\n  namespace: Paperclip\n  dataMountPath: rel/path\n",
+			[]string{"source.namespace: Invalid value: \"Paperclip\"", "source.dataMountPath: Invalid value: \"rel/path\""}},
+		{"bad glob", header + "source:\n  env:\n    deny: ['[A-']\n", []string{"source.env.deny[0]: Invalid value: \"[A-\""}},
+		{"unknown default profile", header + "defaultProfile: nope\n", []string{`defaultProfile: Unsupported value: "nope"`}},
+		{"requests over limits across layers", header + "defaults:\n  resources:\n    requests: {cpu: '6'}\n",
+			[]string{"defaults.resources.requests[cpu]: Invalid value: \"6\": must be less than or equal to the cpu limit 4"}},
+		{"profile name not a label value", header + "profiles:\n  'bad name':\n    command: [x]\n", []string{"profiles[bad name]: Invalid value"}},
+		{"alias shadows a profile", header + "profiles:\n  mine:\n    aliases: [claude_local]\n", []string{`profiles[mine].aliases[0]: Invalid value: "claude_local": is the name of a profile`}},
+		{"alias used twice", header + "profiles:\n  mine:\n    aliases: [claude_k8s]\n", []string{`is already an alias of profile`}},
+		{"duplicate env", header + "profiles:\n  mine:\n    env: [{name: A, value: '1'}, {name: A, value: '2'}]\n", []string{"profiles[mine].env[1].name: Duplicate value"}},
+		{"bad env name", header + "defaults:\n  env: [{name: '1A', value: x}]\n", []string{"defaults.env[0].name: Invalid value"}},
+		{"negative ttl", header + "defaults:\n  ttlSecondsAfterFinished: -1\n", []string{"defaults.ttlSecondsAfterFinished: Invalid value: -1"}},
+		{"relative writable path", header + "defaults:\n  writablePaths: [tmp]\n", []string{"defaults.writablePaths[0]: Invalid value: \"tmp\""}},
+		{"bad pull policy", header + "defaults:\n  imagePullPolicy: Sometimes\n", []string{"defaults.imagePullPolicy: Unsupported value"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.yaml))
+			if err == nil {
+				t.Fatal("want an error, got a config")
+			}
+			for _, want := range tt.wantErr {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not contain %q", err, want)
+				}
+			}
+		})
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	cfg := Default()
+	want := Source{Namespace: "paperclip", Deployment: "paperclip", Container: "paperclip", DataMountPath: "/paperclip",
+		Env: EnvFilter{Deny: DefaultEnvDeny}, InheritEnvFrom: cfg.Source.InheritEnvFrom}
+	if diff := cmp.Diff(want, cfg.Source); diff != "" {
+		t.Errorf("source defaults (-want +got):\n%s", diff)
+	}
+	if !cfg.Source.InheritsEnvFrom() {
+		t.Error("envFrom is inherited by default")
+	}
+	if diff := cmp.Diff([]string{"claude_local", "codex_local", "cursor_local", "default", "gemini_local", "opencode_local", "pi_local"}, cfg.ProfileNames()); diff != "" {
+		t.Errorf("profiles (-want +got):\n%s", diff)
+	}
+	p, ok := cfg.Profile("")
+	if !ok || p.Name != DefaultProfileName {
+		t.Fatalf("empty adapter selects %q, got %q", DefaultProfileName, p.Name)
+	}
+	if got := p.Resources.Limits.Memory().String(); got != "8Gi" {
+		t.Errorf("default memory limit %s, want 8Gi", got)
+	}
+	if *p.BackoffLimit != 0 || *p.TTLSecondsAfterFinished != 300 || *p.AutomountServiceAccountToken {
+		t.Errorf("job defaults: backoff %d ttl %d automount %v", *p.BackoffLimit, *p.TTLSecondsAfterFinished, *p.AutomountServiceAccountToken)
+	}
+}
+
+func TestUserDenyAddsToDefaults(t *testing.T) {
+	cfg, err := Parse([]byte(header + "source:\n  env:\n    deny: [NODE_*]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"NODE_ENV", "DATABASE_URL", "BETTER_AUTH_SECRET"} {
+		if !MatchAny(cfg.Source.Env.Deny, name) {
+			t.Errorf("%s is not denied", name)
+		}
+	}
+}
+
+func TestProfileLayering(t *testing.T) {
+	cfg, err := Parse([]byte(header + `
+defaults:
+  ttlSecondsAfterFinished: 60
+  env: [{name: A, value: defaults}, {name: B, value: defaults}]
+  resources:
+    limits: {memory: 1Gi}
+    requests: {memory: 512Mi}
+profiles:
+  claude_local:
+    env: [{name: B, value: profile}]
+    aliases: [cc]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, ok := cfg.Profile("cc")
+	if !ok || p.Name != "claude_local" {
+		t.Fatalf("alias cc resolves to %q", p.Name)
+	}
+	if *p.TTLSecondsAfterFinished != 60 {
+		t.Errorf("ttl %d, want 60 from defaults", *p.TTLSecondsAfterFinished)
+	}
+	if got := p.Resources.Limits.Cpu().String(); got != "4" {
+		t.Errorf("cpu limit %s, want the built-in 4 kept beside the configured memory", got)
+	}
+	if got := p.Resources.Limits.Memory().String(); got != "1Gi" {
+		t.Errorf("memory limit %s, want 1Gi", got)
+	}
+	var env []string
+	for _, e := range p.Env {
+		env = append(env, e.Name+"="+e.Value)
+	}
+	if diff := cmp.Diff([]string{"A=defaults", "B=profile"}, env); diff != "" {
+		t.Errorf("env (-want +got):\n%s", diff)
+	}
+	if p.EgressProfile != "anthropic" || len(p.Command) == 0 {
+		t.Errorf("built-in profile fields lost: egress %q command %v", p.EgressProfile, p.Command)
+	}
+	if _, ok := cfg.Profile("claude_k8s"); !ok {
+		t.Error("built-in alias claude_k8s lost")
+	}
+}
+
+func TestFullExampleParses(t *testing.T) {
+	if _, err := Load(filepath.Join("testdata", "full.yaml")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWatchKeepsServingOnRefusedConfig drives the reloader with a fake clock:
+// a valid change applies, an invalid one is refused and the previous Config
+// keeps serving, a fixed file applies again.
+func TestWatchKeepsServingOnRefusedConfig(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.yaml")
+	write := func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	initial := header
+	write(initial)
+	store := NewStore(Default(), time.Now())
+	clk := clocktesting.NewFakeClock(time.Now())
+	results := make(chan error, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go store.Watch(ctx, path, []byte(initial), WatchOptions{Interval: time.Second, Clock: clk,
+		OnReload: func(_ *Config, err error) { results <- err }})
+
+	tick := func() error {
+		t.Helper()
+		for !clk.HasWaiters() {
+			time.Sleep(time.Millisecond)
+		}
+		clk.Step(time.Second)
+		select {
+		case err := <-results:
+			return err
+		case <-time.After(5 * time.Second):
+			t.Fatal("no reload reported")
+			return nil
+		}
+	}
+
+	write(header + "defaultProfile: claude_local\n")
+	if err := tick(); err != nil {
+		t.Fatalf("valid change refused: %v", err)
+	}
+	if got := store.Current().DefaultProfile; got != "claude_local" {
+		t.Fatalf("default profile %q after reload", got)
+	}
+	good := store.Current()
+
+	write(header + "defaultProfile: claude_local\nbogus: 1\n")
+	if err := tick(); err == nil || !strings.Contains(err.Error(), `unknown field "bogus"`) {
+		t.Fatalf("invalid change: got %v", err)
+	}
+	if store.Current() != good {
+		t.Fatal("a refused config replaced the serving one")
+	}
+	if st := store.Status(); !strings.Contains(st.Refused, "bogus") || st.Hash != good.Hash() {
+		t.Errorf("status after refusal: %+v", st)
+	}
+
+	write(header + "defaultProfile: codex_local\n")
+	if err := tick(); err != nil {
+		t.Fatalf("fixed file refused: %v", err)
+	}
+	if st := store.Status(); st.Refused != "" || store.Current().DefaultProfile != "codex_local" {
+		t.Errorf("status after fix: %+v, profile %q", st, store.Current().DefaultProfile)
+	}
+
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := tick(); err == nil {
+		t.Fatal("a missing file must be reported")
+	}
+	if store.Current().DefaultProfile != "codex_local" {
+		t.Error("a missing file replaced the serving config")
+	}
+}

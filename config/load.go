@@ -1,0 +1,95 @@
+package config
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"k8s.io/utils/ptr"
+	sigsjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
+)
+
+// Load reads and parses the configuration file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading config: %w", err)
+	}
+	cfg, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Parse decodes a configuration strictly (an unknown or duplicated field is
+// an error naming its path), applies defaults and validates the result.
+func Parse(data []byte) (*Config, error) {
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return nil, fmt.Errorf("not valid YAML: %w", err)
+	}
+	if s := strings.TrimSpace(string(js)); s == "null" || s == "" {
+		return nil, errors.New("empty file: want apiVersion " + APIVersion + ", kind " + Kind)
+	}
+	cfg := &Config{}
+	strict, err := sigsjson.UnmarshalStrict(js, cfg, sigsjson.DisallowDuplicateFields, sigsjson.DisallowUnknownFields)
+	if err != nil {
+		return nil, fmt.Errorf("decoding: %w", err)
+	}
+	if len(strict) > 0 {
+		return nil, fmt.Errorf("decoding: %w", errors.Join(strict...))
+	}
+	cfg.setDefaults()
+	cfg.resolveProfiles()
+	if errs := cfg.validate(); len(errs) > 0 {
+		return nil, errs.ToAggregate()
+	}
+	// After validation, so errors index the user's own list.
+	cfg.Source.Env.Deny = union(DefaultEnvDeny, cfg.Source.Env.Deny)
+	sum := sha256.Sum256(js)
+	cfg.hash = hex.EncodeToString(sum[:8])
+	return cfg, nil
+}
+
+// Default returns the configuration of an empty file: the default source
+// and the built-in profiles.
+func Default() *Config {
+	cfg, err := Parse([]byte("apiVersion: " + APIVersion + "\nkind: " + Kind + "\n"))
+	if err != nil {
+		panic("built-in default config is invalid: " + err.Error())
+	}
+	return cfg
+}
+
+// Hash identifies the file content this Config was parsed from.
+func (c *Config) Hash() string { return c.hash }
+
+func (c *Config) setDefaults() {
+	s := &c.Source
+	if s.Namespace == "" {
+		s.Namespace = "paperclip"
+	}
+	if s.Deployment == "" {
+		s.Deployment = "paperclip"
+	}
+	if s.Container == "" {
+		s.Container = "paperclip"
+	}
+	if s.DataMountPath == "" {
+		s.DataMountPath = "/paperclip"
+	}
+	if s.InheritEnvFrom == nil {
+		s.InheritEnvFrom = ptr.To(true)
+	}
+	if c.DefaultProfile == "" {
+		c.DefaultProfile = DefaultProfileName
+	}
+}
+
+// InheritsEnvFrom reports whether envFrom references are inherited.
+func (s Source) InheritsEnvFrom() bool { return s.InheritEnvFrom == nil || *s.InheritEnvFrom }

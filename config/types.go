@@ -1,0 +1,140 @@
+package config
+
+import (
+	corev1 "k8s.io/api/core/v1"
+)
+
+const (
+	// APIVersion is the only configuration version this build reads.
+	APIVersion = "clipjob.paperclip.io/v1alpha1"
+	// Kind is the kind every configuration file declares.
+	Kind = "Config"
+)
+
+// Config is the whole configuration file.
+type Config struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+
+	// Source is the workload agent Jobs inherit from.
+	Source Source `json:"source,omitempty"`
+
+	// DefaultProfile names the profile for a Job that names no adapter.
+	// Default "default", a profile with no command: such a Job must bring
+	// its own container with a command.
+	DefaultProfile string `json:"defaultProfile,omitempty"`
+
+	// Defaults apply to every profile; a profile's own fields win.
+	Defaults Profile `json:"defaults,omitempty"`
+
+	// Profiles by adapter type. A profile named like a built-in one
+	// (claude_local, codex_local, …) is layered over the built-in.
+	Profiles map[string]Profile `json:"profiles,omitempty"`
+
+	// Derived at load time; a Config is immutable afterwards.
+	resolved map[string]Resolved
+	aliases  map[string]string
+	hash     string
+}
+
+// Source names the Paperclip workload whose pod template agent Jobs inherit
+// image, pull secrets, DNS, the shared volume, secret volumes and env from.
+type Source struct {
+	// Namespace of the Deployment. Default "paperclip".
+	Namespace string `json:"namespace,omitempty"`
+	// Deployment name. Default "paperclip".
+	Deployment string `json:"deployment,omitempty"`
+	// Container in the pod template to inherit from. Default "paperclip".
+	Container string `json:"container,omitempty"`
+	// DataMountPath is where the source mounts the shared ReadWriteMany
+	// PersistentVolumeClaim; agent containers mount it at the same path and
+	// get it as HOME. Default "/paperclip".
+	DataMountPath string `json:"dataMountPath,omitempty"`
+	// Env filters the env and valueFrom entries inherited by name.
+	Env EnvFilter `json:"env,omitempty"`
+	// InheritEnvFrom copies the container's envFrom references as they are.
+	// They carry every key of their Secret or ConfigMap, so the Env filter
+	// cannot apply to them. Default true, as Paperclip's adapters do.
+	InheritEnvFrom *bool `json:"inheritEnvFrom,omitempty"`
+}
+
+// EnvFilter selects inherited env vars by name. Patterns are shell globs
+// (path.Match syntax, e.g. "DATABASE_*").
+type EnvFilter struct {
+	// Allow, when not empty, lets only matching names through (plus the
+	// active profile's envKeys).
+	Allow []string `json:"allow,omitempty"`
+	// Deny drops matching names; it wins over Allow and envKeys. It adds
+	// to DefaultEnvDeny, which always applies: to hand one of those values
+	// to agents anyway, set it in a profile's env.
+	Deny []string `json:"deny,omitempty"`
+}
+
+// DefaultEnvDeny keeps the Paperclip server's own credentials out of agent
+// pods: database access, auth and session signing secrets, the master key
+// that decrypts stored company secrets.
+var DefaultEnvDeny = []string{
+	"DATABASE_URL",
+	"DATABASE_*",
+	"POSTGRES_*",
+	"PGPASSWORD",
+	"BETTER_AUTH_*",
+	"PAPERCLIP_AGENT_JWT_SECRET",
+	"PAPERCLIP_SECRETS_MASTER_KEY*",
+	"SESSION_SECRET",
+	"JWT_SECRET",
+}
+
+// Profile is how one adapter type's agent container and Job look. Every
+// field is optional; unset fields fall back to Defaults, then to the
+// built-in defaults.
+type Profile struct {
+	// Aliases are other adapter-type label values that select this profile
+	// (e.g. claude_k8s for claude_local).
+	Aliases []string `json:"aliases,omitempty"`
+
+	// Image overrides the inherited image for the agent container.
+	Image string `json:"image,omitempty"`
+	// ImagePullPolicy of the agent container when it sets none.
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+	// ContainerName of the agent container added to a Job with none.
+	// Default "agent".
+	ContainerName string `json:"containerName,omitempty"`
+	// Command and Args of the agent container added to a Job with none.
+	Command []string `json:"command,omitempty"`
+	Args    []string `json:"args,omitempty"`
+	// WorkingDir of containers that set none. Default: the data mount path.
+	WorkingDir string `json:"workingDir,omitempty"`
+	// Env set on every container, over inherited env and under the Job's.
+	Env []corev1.EnvVar `json:"env,omitempty"`
+	// EnvKeys are inherited env names the agent needs (its API keys). They
+	// pass Source.Env.Allow (never Deny), and a missing one is a warning.
+	EnvKeys []string `json:"envKeys,omitempty"`
+	// Resources are defaults per resource name; what a container sets wins.
+	// Default requests cpu 1 / memory 2Gi, limits cpu 4 / memory 8Gi.
+	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+	// EgressProfile is the value of the paperclip.io/egress-profile label
+	// that NetworkPolicies select. Default "standard".
+	EgressProfile string `json:"egressProfile,omitempty"`
+
+	// Job-level settings, applied when the Job leaves them unset.
+	// Default backoffLimit 0, ttlSecondsAfterFinished 300, no deadline.
+	ActiveDeadlineSeconds   *int64 `json:"activeDeadlineSeconds,omitempty"`
+	TTLSecondsAfterFinished *int32 `json:"ttlSecondsAfterFinished,omitempty"`
+	BackoffLimit            *int32 `json:"backoffLimit,omitempty"`
+
+	// Pod-level settings, applied when the Job leaves them unset.
+	NodeSelector       map[string]string   `json:"nodeSelector,omitempty"`
+	Tolerations        []corev1.Toleration `json:"tolerations,omitempty"`
+	RuntimeClassName   *string             `json:"runtimeClassName,omitempty"`
+	ServiceAccountName string              `json:"serviceAccountName,omitempty"`
+	// AutomountServiceAccountToken default false: agents do not talk to
+	// the Kubernetes API unless a profile says so.
+	AutomountServiceAccountToken *bool `json:"automountServiceAccountToken,omitempty"`
+
+	// ReadOnlyRootFilesystem, when true, is enforced on every container of
+	// the Job; WritablePaths get emptyDir volumes. Default true with /tmp
+	// writable (HOME is on the shared volume).
+	ReadOnlyRootFilesystem *bool    `json:"readOnlyRootFilesystem,omitempty"`
+	WritablePaths          []string `json:"writablePaths,omitempty"`
+}

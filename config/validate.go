@@ -1,0 +1,208 @@
+package config
+
+import (
+	"fmt"
+	"path"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+var (
+	sourcePath   = field.NewPath("source")
+	defaultsPath = field.NewPath("defaults")
+	profilesPath = field.NewPath("profiles")
+)
+
+func (c *Config) validate() field.ErrorList {
+	var errs field.ErrorList
+	if c.APIVersion != APIVersion {
+		errs = append(errs, field.NotSupported(field.NewPath("apiVersion"), c.APIVersion, []string{APIVersion}))
+	}
+	if c.Kind != Kind {
+		errs = append(errs, field.NotSupported(field.NewPath("kind"), c.Kind, []string{Kind}))
+	}
+	errs = append(errs, validateSource(c.Source, sourcePath)...)
+	if _, ok := c.resolved[c.DefaultProfile]; !ok {
+		errs = append(errs, field.NotSupported(field.NewPath("defaultProfile"), c.DefaultProfile, c.ProfileNames()))
+	}
+	errs = append(errs, validateProfile(c.Defaults, defaultsPath)...)
+	for _, name := range sortedKeys(c.Profiles) {
+		p := profilesPath.Key(name)
+		for _, msg := range validation.IsValidLabelValue(name) {
+			errs = append(errs, field.Invalid(p, name, "profile names are adapter-type label values: "+msg))
+		}
+		errs = append(errs, validateProfile(c.Profiles[name], p)...)
+	}
+	errs = append(errs, c.validateAliases()...)
+	// Requests above limits can come from two layers (defaults and a
+	// profile), so it is checked on the resolved profiles.
+	for _, name := range sortedKeys(c.resolved) {
+		p := profilesPath.Key(name).Child("resources")
+		if _, own := c.Profiles[name]; !own {
+			p = defaultsPath.Child("resources")
+		}
+		errs = append(errs, validateRequestsWithinLimits(c.resolved[name].Resources, p)...)
+	}
+	return errs
+}
+
+func validateSource(s Source, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	errs = append(errs, dns(validation.IsDNS1123Label, s.Namespace, p.Child("namespace"))...)
+	errs = append(errs, dns(validation.IsDNS1123Subdomain, s.Deployment, p.Child("deployment"))...)
+	errs = append(errs, dns(validation.IsDNS1123Label, s.Container, p.Child("container"))...)
+	errs = append(errs, absPath(s.DataMountPath, p.Child("dataMountPath"))...)
+	for i, g := range s.Env.Allow {
+		errs = append(errs, glob(g, p.Child("env", "allow").Index(i))...)
+	}
+	for i, g := range s.Env.Deny {
+		errs = append(errs, glob(g, p.Child("env", "deny").Index(i))...)
+	}
+	return errs
+}
+
+func validateProfile(pr Profile, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for i, a := range pr.Aliases {
+		for _, msg := range validation.IsValidLabelValue(a) {
+			errs = append(errs, field.Invalid(p.Child("aliases").Index(i), a, msg))
+		}
+	}
+	if pr.Image != "" && strings.TrimSpace(pr.Image) != pr.Image {
+		errs = append(errs, field.Invalid(p.Child("image"), pr.Image, "must not have leading or trailing whitespace"))
+	}
+	switch pr.ImagePullPolicy {
+	case "", corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
+	default:
+		errs = append(errs, field.NotSupported(p.Child("imagePullPolicy"), pr.ImagePullPolicy,
+			[]corev1.PullPolicy{corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever}))
+	}
+	if pr.ContainerName != "" {
+		errs = append(errs, dns(validation.IsDNS1123Label, pr.ContainerName, p.Child("containerName"))...)
+	}
+	if pr.WorkingDir != "" {
+		errs = append(errs, absPath(pr.WorkingDir, p.Child("workingDir"))...)
+	}
+	seen := map[string]bool{}
+	for i, e := range pr.Env {
+		ep := p.Child("env").Index(i)
+		for _, msg := range validation.IsEnvVarName(e.Name) {
+			errs = append(errs, field.Invalid(ep.Child("name"), e.Name, msg))
+		}
+		if seen[e.Name] {
+			errs = append(errs, field.Duplicate(ep.Child("name"), e.Name))
+		}
+		seen[e.Name] = true
+		if e.Value != "" && e.ValueFrom != nil {
+			errs = append(errs, field.Invalid(ep, e.Name, "set value or valueFrom, not both"))
+		}
+	}
+	for i, k := range pr.EnvKeys {
+		for _, msg := range validation.IsEnvVarName(k) {
+			errs = append(errs, field.Invalid(p.Child("envKeys").Index(i), k, msg))
+		}
+	}
+	if pr.Resources != nil {
+		errs = append(errs, validateRequestsWithinLimits(pr.Resources, p.Child("resources"))...)
+	}
+	if pr.EgressProfile != "" {
+		for _, msg := range validation.IsValidLabelValue(pr.EgressProfile) {
+			errs = append(errs, field.Invalid(p.Child("egressProfile"), pr.EgressProfile, msg))
+		}
+	}
+	if v := pr.ActiveDeadlineSeconds; v != nil && *v <= 0 {
+		errs = append(errs, field.Invalid(p.Child("activeDeadlineSeconds"), *v, "must be greater than 0"))
+	}
+	if v := pr.TTLSecondsAfterFinished; v != nil && *v < 0 {
+		errs = append(errs, field.Invalid(p.Child("ttlSecondsAfterFinished"), *v, "must be 0 or more"))
+	}
+	if v := pr.BackoffLimit; v != nil && *v < 0 {
+		errs = append(errs, field.Invalid(p.Child("backoffLimit"), *v, "must be 0 or more"))
+	}
+	if pr.ServiceAccountName != "" {
+		errs = append(errs, dns(validation.IsDNS1123Subdomain, pr.ServiceAccountName, p.Child("serviceAccountName"))...)
+	}
+	if pr.RuntimeClassName != nil {
+		errs = append(errs, dns(validation.IsDNS1123Subdomain, *pr.RuntimeClassName, p.Child("runtimeClassName"))...)
+	}
+	paths := map[string]bool{}
+	for i, wp := range pr.WritablePaths {
+		pp := p.Child("writablePaths").Index(i)
+		errs = append(errs, absPath(wp, pp)...)
+		if paths[wp] {
+			errs = append(errs, field.Duplicate(pp, wp))
+		}
+		paths[wp] = true
+	}
+	return errs
+}
+
+func (c *Config) validateAliases() field.ErrorList {
+	var errs field.ErrorList
+	owner := map[string]string{}
+	for _, name := range sortedKeys(c.resolved) {
+		for i, a := range c.resolved[name].Aliases {
+			p := profilesPath.Key(name).Child("aliases").Index(i)
+			if _, isProfile := c.resolved[a]; isProfile {
+				errs = append(errs, field.Invalid(p, a, "is the name of a profile"))
+			}
+			if prev, ok := owner[a]; ok && prev != name {
+				errs = append(errs, field.Invalid(p, a, fmt.Sprintf("is already an alias of profile %q", prev)))
+			}
+			owner[a] = name
+		}
+	}
+	return errs
+}
+
+func validateRequestsWithinLimits(r *corev1.ResourceRequirements, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if r == nil {
+		return nil
+	}
+	for name, req := range r.Requests {
+		if lim, ok := r.Limits[name]; ok && req.Cmp(lim) > 0 {
+			errs = append(errs, field.Invalid(p.Child("requests").Key(string(name)), req.String(),
+				fmt.Sprintf("must be less than or equal to the %s limit %s", name, lim.String())))
+		}
+	}
+	return errs
+}
+
+func dns(check func(string) []string, v string, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for _, msg := range check(v) {
+		errs = append(errs, field.Invalid(p, v, msg))
+	}
+	return errs
+}
+
+func absPath(v string, p *field.Path) field.ErrorList {
+	if !path.IsAbs(v) || path.Clean(v) != v {
+		return field.ErrorList{field.Invalid(p, v, "must be an absolute, clean path such as /paperclip")}
+	}
+	return nil
+}
+
+func glob(g string, p *field.Path) field.ErrorList {
+	if g == "" {
+		return field.ErrorList{field.Required(p, "an env name or glob")}
+	}
+	if _, err := path.Match(g, ""); err != nil {
+		return field.ErrorList{field.Invalid(p, g, "not a valid glob: "+err.Error())}
+	}
+	return nil
+}
+
+// MatchAny reports whether name matches any of the globs (validated at load).
+func MatchAny(globs []string, name string) bool {
+	for _, g := range globs {
+		if ok, _ := path.Match(g, name); ok {
+			return true
+		}
+	}
+	return false
+}

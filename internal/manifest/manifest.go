@@ -1,0 +1,120 @@
+// Package manifest reads and writes the YAML manifests the offline CLI and
+// the golden tests work on: multi-document streams of Jobs, Deployments and
+// clipjob Configs, decoded strictly so a misspelt field is reported rather
+// than silently dropped.
+package manifest
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
+	"github.com/paperclipai/clipjob/config"
+)
+
+// Set is what a stream holds, by kind, in stream order.
+type Set struct {
+	Jobs        []*batchv1.Job
+	Deployments []*appsv1.Deployment
+	// Configs are clipjob Config documents, raw, for config.Parse.
+	Configs [][]byte
+	// Others are documents of any other kind, decoded into the scheme's
+	// types (PersistentVolumeClaims, Secrets, …).
+	Others []runtime.Object
+}
+
+var (
+	scheme  = runtime.NewScheme()
+	decoder runtime.Decoder
+)
+
+func init() {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, batchv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			panic(err)
+		}
+	}
+	decoder = serializer.NewCodecFactory(scheme, serializer.EnableStrict).UniversalDeserializer()
+}
+
+// Read splits r into YAML documents and decodes each by its kind.
+func Read(r io.Reader) (*Set, error) {
+	set := &Set{}
+	docs := utilyaml.NewYAMLReader(bufio.NewReader(r))
+	for i := 1; ; i++ {
+		doc, err := docs.Read()
+		if errors.Is(err, io.EOF) {
+			return set, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("document %d: %w", i, err)
+		}
+		if isEmpty(doc) {
+			continue
+		}
+		var meta struct {
+			APIVersion string `json:"apiVersion"`
+			Kind       string `json:"kind"`
+		}
+		if err := yaml.Unmarshal(doc, &meta); err != nil {
+			return nil, fmt.Errorf("document %d: %w", i, err)
+		}
+		if meta.Kind == config.Kind && meta.APIVersion == config.APIVersion {
+			set.Configs = append(set.Configs, doc)
+			continue
+		}
+		obj, _, err := decoder.Decode(doc, nil, nil)
+		if err != nil {
+			return nil, fmt.Errorf("document %d (%s %s): %w", i, meta.APIVersion, meta.Kind, err)
+		}
+		switch o := obj.(type) {
+		case *batchv1.Job:
+			set.Jobs = append(set.Jobs, o)
+		case *appsv1.Deployment:
+			set.Deployments = append(set.Deployments, o)
+		default:
+			set.Others = append(set.Others, o)
+		}
+	}
+}
+
+func isEmpty(doc []byte) bool {
+	for _, line := range strings.Split(string(doc), "\n") {
+		t := strings.TrimSpace(line)
+		if t != "" && !strings.HasPrefix(t, "#") {
+			return false
+		}
+	}
+	return true
+}
+
+// JobYAML renders a Job as kubectl would show it, without the empty status
+// and null creationTimestamp that a client-side object carries.
+func JobYAML(job *batchv1.Job) ([]byte, error) {
+	j := job.DeepCopy()
+	j.APIVersion, j.Kind = "batch/v1", "Job"
+	data, err := yaml.Marshal(j)
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	for _, line := range strings.SplitAfter(string(data), "\n") {
+		switch strings.TrimRight(line, "\n") {
+		case "status: {}", "  creationTimestamp: null", "      creationTimestamp: null":
+			continue
+		}
+		out.WriteString(line)
+	}
+	return out.Bytes(), nil
+}

@@ -1,0 +1,135 @@
+package templates
+
+import (
+	"fmt"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/paperclipai/clipjob/config"
+)
+
+// Inherited is what agent Jobs take from the source workload's pod
+// template. It holds only facts copied from the source; the env filter and
+// the profile apply at render time.
+type Inherited struct {
+	// Source names the workload, as "namespace/name".
+	Source string `json:"source"`
+	// Revision identifies the source's pod template (its generation); it is
+	// recorded on rendered Jobs, not hashed.
+	Revision string `json:"-"`
+
+	Image            string                        `json:"image"`
+	ImagePullSecrets []corev1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
+	DNSPolicy        corev1.DNSPolicy              `json:"dnsPolicy,omitempty"`
+	DNSConfig        *corev1.PodDNSConfig          `json:"dnsConfig,omitempty"`
+	// DataVolume is the source's volume backed by the shared PVC, mounted
+	// at DataMountPath.
+	DataVolume    corev1.Volume `json:"dataVolume"`
+	DataMountPath string        `json:"dataMountPath"`
+	// SecretVolumes and SecretMounts are the container's secret-backed
+	// mounts, made read-only.
+	SecretVolumes []corev1.Volume      `json:"secretVolumes,omitempty"`
+	SecretMounts  []corev1.VolumeMount `json:"secretMounts,omitempty"`
+	// Env is the container's env, literal and valueFrom, unfiltered.
+	Env     []corev1.EnvVar        `json:"env,omitempty"`
+	EnvFrom []corev1.EnvFromSource `json:"envFrom,omitempty"`
+}
+
+// SourceError says why a source workload cannot be inherited from. The
+// webhook denies with it rather than admitting a half-built Job.
+type SourceError struct {
+	Source string
+	Reason string
+}
+
+func (e *SourceError) Error() string {
+	return fmt.Sprintf("source Deployment %s: %s", e.Source, e.Reason)
+}
+
+// InheritFromDeployment reads d's pod template as configured by src.
+func InheritFromDeployment(d *appsv1.Deployment, src config.Source) (*Inherited, error) {
+	ref := d.Namespace + "/" + d.Name
+	tpl := d.Spec.Template.Spec
+	var c *corev1.Container
+	var names []string
+	for i := range tpl.Containers {
+		names = append(names, tpl.Containers[i].Name)
+		if tpl.Containers[i].Name == src.Container {
+			c = &tpl.Containers[i]
+		}
+	}
+	if c == nil {
+		return nil, &SourceError{ref, fmt.Sprintf("has no container %q (it has %s); set source.container in the clipjob config",
+			src.Container, strings.Join(names, ", "))}
+	}
+	volumes := map[string]corev1.Volume{}
+	for _, v := range tpl.Volumes {
+		volumes[v.Name] = v
+	}
+	in := &Inherited{
+		Source:           ref,
+		Revision:         fmt.Sprintf("generation %d", d.Generation),
+		Image:            c.Image,
+		ImagePullSecrets: tpl.ImagePullSecrets,
+		DNSPolicy:        tpl.DNSPolicy,
+		DNSConfig:        tpl.DNSConfig,
+		DataMountPath:    src.DataMountPath,
+		Env:              c.Env,
+	}
+	if src.InheritsEnvFrom() {
+		in.EnvFrom = c.EnvFrom
+	}
+	foundData := false
+	for _, m := range c.VolumeMounts {
+		v, ok := volumes[m.Name]
+		switch {
+		case !ok:
+			continue
+		case m.MountPath == src.DataMountPath:
+			if v.PersistentVolumeClaim == nil {
+				return nil, &SourceError{ref, fmt.Sprintf("volume %q mounted at %s is not a PersistentVolumeClaim; agent Jobs share the server's data through a ReadWriteMany claim",
+					v.Name, src.DataMountPath)}
+			}
+			pvc := v.DeepCopy()
+			pvc.PersistentVolumeClaim.ReadOnly = false
+			in.DataVolume, foundData = *pvc, true
+		case v.Secret != nil:
+			in.SecretVolumes = append(in.SecretVolumes, v)
+			in.SecretMounts = append(in.SecretMounts, corev1.VolumeMount{
+				Name: m.Name, MountPath: m.MountPath, SubPath: m.SubPath, ReadOnly: true,
+			})
+		}
+	}
+	if !foundData {
+		return nil, &SourceError{ref, fmt.Sprintf("container %q mounts no PersistentVolumeClaim at %s; set source.dataMountPath in the clipjob config",
+			src.Container, src.DataMountPath)}
+	}
+	return in, nil
+}
+
+// filterEnv applies the source env filter; keys the profile needs pass the
+// allow list but never the deny list.
+func filterEnv(env []corev1.EnvVar, f config.EnvFilter, envKeys []string) []corev1.EnvVar {
+	out := make([]corev1.EnvVar, 0, len(env))
+	for _, e := range env {
+		if config.MatchAny(f.Deny, e.Name) {
+			continue
+		}
+		if len(f.Allow) > 0 && !config.MatchAny(f.Allow, e.Name) && !contains(envKeys, e.Name) {
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

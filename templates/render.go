@@ -1,0 +1,511 @@
+package templates
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"path"
+	"sort"
+	"strings"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/paperclipai/clipjob/config"
+)
+
+// templateVersion is hashed with the inputs, so a change to what Render does
+// shows up in the template hash of new Jobs.
+const templateVersion = "1"
+
+// apiDefaultBackoffLimit is what the API server sets when a Job has none.
+const apiDefaultBackoffLimit = 6
+
+var (
+	labelsPath     = field.NewPath("metadata", "labels")
+	podPath        = field.NewPath("spec", "template", "spec")
+	containersPath = podPath.Child("containers")
+	volumesPath    = podPath.Child("volumes")
+	tplAnnotations = field.NewPath("spec", "template", "metadata", "annotations")
+)
+
+// Input is everything a render depends on.
+type Input struct {
+	// Job is the submitted Job; Render does not modify it.
+	Job *batchv1.Job
+	// Inherited comes from the source workload (see InheritFromDeployment).
+	Inherited *Inherited
+	// Config selects and shapes the profile.
+	Config *config.Config
+}
+
+// Result is a rendered Job and what a client should know about it.
+type Result struct {
+	Job *batchv1.Job
+	// Profile is the canonical name of the profile applied.
+	Profile string
+	// Changed is false when the Job was already complete (a re-render).
+	Changed bool
+	// Warnings are for the client, e.g. a key the profile needs is unset.
+	Warnings []string
+}
+
+// RenderError lists the fields of a Job that cannot be rendered, with the
+// path of each and what to do about it.
+type RenderError struct{ Errs field.ErrorList }
+
+func (e *RenderError) Error() string { return e.Errs.ToAggregate().Error() }
+
+// Render completes an agent Job; see the package documentation.
+func Render(in Input) (*Result, error) {
+	if !IsAgentJob(in.Job.Labels) {
+		return nil, &RenderError{field.ErrorList{field.Required(labelsPath.Key(LabelAgentID), "an agent Job carries this label")}}
+	}
+	adapter := AdapterType(in.Job.Labels)
+	prof, ok := in.Config.Profile(adapter)
+	if !ok {
+		key := LabelAdapterType
+		if in.Job.Labels[LabelAdapterType] == "" {
+			key = LabelAdapter
+		}
+		return nil, &RenderError{field.ErrorList{field.NotSupported(labelsPath.Key(key), adapter, in.Config.ProfileNames())}}
+	}
+	r := renderer{in: in, prof: prof, job: in.Job.DeepCopy()}
+	r.render()
+	if len(r.errs) > 0 {
+		return nil, &RenderError{r.errs}
+	}
+	return &Result{
+		Job:      r.job,
+		Profile:  prof.Name,
+		Changed:  !equality.Semantic.DeepEqual(in.Job, r.job),
+		Warnings: r.warnings,
+	}, nil
+}
+
+type renderer struct {
+	in       Input
+	prof     config.Resolved
+	job      *batchv1.Job
+	errs     field.ErrorList
+	warnings []string
+	// volumes the pod needs, in the order they were first mounted
+	volumes []corev1.Volume
+}
+
+func (r *renderer) render() {
+	spec := &r.job.Spec.Template.Spec
+	if len(spec.Containers) == 0 {
+		if len(r.prof.Command) == 0 {
+			r.errs = append(r.errs, field.Required(containersPath, fmt.Sprintf(
+				"the Job has no container and profile %q has no command: add a container with a command, or set label %s to one of %s",
+				r.prof.Name, LabelAdapterType, strings.Join(r.in.Config.ProfileNames(), ", "))))
+			return
+		}
+		spec.Containers = []corev1.Container{{Name: r.prof.ContainerName, Command: r.prof.Command, Args: r.prof.Args}}
+	}
+	prompt := r.promptVolume()
+	mounts := r.sharedMounts(prompt)
+	env := r.layeredEnv(prompt != nil)
+
+	for i := range spec.Containers {
+		c := &spec.Containers[i]
+		p := containersPath.Index(i)
+		r.image(c, p)
+		if c.WorkingDir == "" {
+			c.WorkingDir = r.prof.WorkingDir
+			if c.WorkingDir == "" {
+				c.WorkingDir = r.in.Inherited.DataMountPath
+			}
+		}
+		c.Env = config.MergeEnv(env, c.Env)
+		for _, ef := range r.in.Inherited.EnvFrom {
+			if !hasEnvFrom(c.EnvFrom, ef) {
+				c.EnvFrom = append(c.EnvFrom, ef)
+			}
+		}
+		for _, m := range mounts {
+			r.mount(c, m, p)
+		}
+		r.resources(c)
+		enforceContainerFloor(c, r.readOnlyRoot())
+		r.warnMissingKeys(c)
+	}
+	for i := range spec.InitContainers {
+		c := &spec.InitContainers[i]
+		r.image(c, podPath.Child("initContainers").Index(i))
+		enforceContainerFloor(c, r.readOnlyRoot())
+	}
+	r.addVolumes(spec)
+	r.pod(spec)
+	r.jobSpec()
+	r.labels()
+	r.annotate()
+}
+
+func (r *renderer) readOnlyRoot() bool {
+	return r.prof.ReadOnlyRootFilesystem != nil && *r.prof.ReadOnlyRootFilesystem
+}
+
+func (r *renderer) image(c *corev1.Container, p *field.Path) {
+	if c.Image != "" {
+		return
+	}
+	c.Image = r.prof.Image
+	if c.Image == "" {
+		c.Image = r.in.Inherited.Image
+	}
+	if c.Image == "" {
+		r.errs = append(r.errs, field.Required(p.Child("image"), fmt.Sprintf(
+			"neither the source %s nor profile %q has an image", r.in.Inherited.Source, r.prof.Name)))
+	}
+	if c.ImagePullPolicy == "" {
+		c.ImagePullPolicy = r.prof.ImagePullPolicy
+	}
+}
+
+// layeredEnv is the env every app container gets under its own: filtered
+// inherited env, then the run's identity from its labels, then the profile.
+func (r *renderer) layeredEnv(hasPrompt bool) []corev1.EnvVar {
+	env := filterEnv(r.in.Inherited.Env, r.in.Config.Source.Env, r.prof.EnvKeys)
+	var run []corev1.EnvVar
+	for _, m := range runEnv {
+		if v := r.job.Labels[m.label]; v != "" {
+			run = append(run, corev1.EnvVar{Name: m.env, Value: v})
+		}
+	}
+	env = config.MergeEnv(env, run)
+	prof := append([]corev1.EnvVar{{Name: "HOME", Value: r.in.Inherited.DataMountPath}}, r.prof.Env...)
+	if hasPrompt {
+		prof = append(prof, corev1.EnvVar{Name: EnvPromptFile, Value: path.Join(PromptDir, PromptFileName)})
+	}
+	return config.MergeEnv(env, prof)
+}
+
+type mountWithVolume struct {
+	mount  corev1.VolumeMount
+	volume corev1.Volume
+}
+
+// sharedMounts is what every app container mounts: the shared data volume,
+// inherited secrets, the prompt and the writable paths.
+func (r *renderer) sharedMounts(prompt *corev1.Volume) []mountWithVolume {
+	inh := r.in.Inherited
+	out := []mountWithVolume{{
+		mount:  corev1.VolumeMount{Name: inh.DataVolume.Name, MountPath: inh.DataMountPath},
+		volume: inh.DataVolume,
+	}}
+	secrets := map[string]corev1.Volume{}
+	for _, v := range inh.SecretVolumes {
+		secrets[v.Name] = v
+	}
+	for _, m := range inh.SecretMounts {
+		out = append(out, mountWithVolume{mount: m, volume: secrets[m.Name]})
+	}
+	if prompt != nil {
+		out = append(out, mountWithVolume{
+			mount:  corev1.VolumeMount{Name: PromptVolume, MountPath: PromptDir, ReadOnly: true},
+			volume: *prompt,
+		})
+	}
+	if r.readOnlyRoot() {
+		for _, wp := range r.prof.WritablePaths {
+			name := writableVolumeName(wp)
+			out = append(out, mountWithVolume{
+				mount:  corev1.VolumeMount{Name: name, MountPath: wp},
+				volume: corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+			})
+		}
+	}
+	return out
+}
+
+// mount adds m to c unless c already mounts something at that path: what
+// the Job mounts itself wins.
+func (r *renderer) mount(c *corev1.Container, m mountWithVolume, p *field.Path) {
+	for _, have := range c.VolumeMounts {
+		if have.MountPath == m.mount.MountPath {
+			return
+		}
+	}
+	c.VolumeMounts = append(c.VolumeMounts, m.mount)
+	for _, v := range r.volumes {
+		if v.Name == m.volume.Name {
+			return
+		}
+	}
+	r.volumes = append(r.volumes, m.volume)
+}
+
+// addVolumes adds the volumes mounted above; a Job volume of the same name
+// but another source is a conflict the client has to resolve.
+func (r *renderer) addVolumes(spec *corev1.PodSpec) {
+	for _, v := range r.volumes {
+		i := volumeIndex(spec.Volumes, v.Name)
+		if i < 0 {
+			spec.Volumes = append(spec.Volumes, v)
+			continue
+		}
+		if !equality.Semantic.DeepEqual(spec.Volumes[i].VolumeSource, v.VolumeSource) {
+			r.errs = append(r.errs, field.Invalid(volumesPath.Index(i).Child("name"), v.Name,
+				"clipjob mounts a volume of this name (from the source or the profile); rename the Job's volume"))
+		}
+	}
+}
+
+func volumeIndex(vs []corev1.Volume, name string) int {
+	for i := range vs {
+		if vs[i].Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+func writableVolumeName(p string) string {
+	name := strings.Trim(strings.NewReplacer("/", "-", "_", "-", ".", "-").Replace(strings.ToLower(p)), "-")
+	name = writableVolumePrefix + name
+	if len(name) > validation.DNS1123LabelMaxLength {
+		sum := sha256.Sum256([]byte(p))
+		name = name[:validation.DNS1123LabelMaxLength-9] + "-" + hex.EncodeToString(sum[:4])
+	}
+	return name
+}
+
+// promptVolume projects the prompt into a file: an inline prompt from the
+// pod-template annotation through the downward API, a large one from a
+// Secret key. It returns nil when the Job carries no prompt.
+func (r *renderer) promptVolume() *corev1.Volume {
+	ann := r.job.Spec.Template.Annotations
+	_, inline := ann[AnnotationInline]
+	secretRef, bySecret := ann[AnnotationPromptSecret]
+	switch {
+	case inline && bySecret:
+		r.errs = append(r.errs, field.Invalid(tplAnnotations.Key(AnnotationPromptSecret), secretRef,
+			"set either "+AnnotationInline+" or "+AnnotationPromptSecret+", not both"))
+		return nil
+	case inline:
+		return &corev1.Volume{Name: PromptVolume, VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
+			Items: []corev1.DownwardAPIVolumeFile{{
+				Path:     PromptFileName,
+				FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.annotations['" + AnnotationInline + "']"},
+			}},
+		}}}
+	case bySecret:
+		name, key, _ := strings.Cut(secretRef, "/")
+		if key == "" {
+			key = DefaultPromptKey
+		}
+		p := tplAnnotations.Key(AnnotationPromptSecret)
+		for _, msg := range validation.IsDNS1123Subdomain(name) {
+			r.errs = append(r.errs, field.Invalid(p, secretRef, "Secret name: "+msg+` (want "name" or "name/key")`))
+		}
+		for _, msg := range validation.IsConfigMapKey(key) {
+			r.errs = append(r.errs, field.Invalid(p, secretRef, "Secret key: "+msg))
+		}
+		return &corev1.Volume{Name: PromptVolume, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName: name,
+			Items:      []corev1.KeyToPath{{Key: key, Path: PromptFileName}},
+		}}}
+	}
+	return nil
+}
+
+// resources fills each resource the container leaves unset from the
+// profile, keeping the pair valid: a default limit never falls below the
+// container's own request, nor a default request above its own limit.
+func (r *renderer) resources(c *corev1.Container) {
+	def := r.prof.Resources
+	if def == nil {
+		return
+	}
+	res := &c.Resources
+	for _, name := range sortedResourceNames(def.Limits) {
+		if _, set := res.Limits[name]; set {
+			continue
+		}
+		lim := def.Limits[name]
+		if req, ok := res.Requests[name]; ok && req.Cmp(lim) > 0 {
+			lim = req
+		}
+		if res.Limits == nil {
+			res.Limits = corev1.ResourceList{}
+		}
+		res.Limits[name] = lim
+	}
+	for _, name := range sortedResourceNames(def.Requests) {
+		if _, set := res.Requests[name]; set {
+			continue
+		}
+		req := def.Requests[name]
+		if lim, ok := res.Limits[name]; ok && req.Cmp(lim) > 0 {
+			req = lim
+		}
+		if res.Requests == nil {
+			res.Requests = corev1.ResourceList{}
+		}
+		res.Requests[name] = req
+	}
+}
+
+func sortedResourceNames(l corev1.ResourceList) []corev1.ResourceName {
+	out := make([]corev1.ResourceName, 0, len(l))
+	for k := range l {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+
+func (r *renderer) warnMissingKeys(c *corev1.Container) {
+	if len(c.EnvFrom) > 0 {
+		return // an envFrom source may provide them; cannot know offline
+	}
+	for _, k := range r.prof.EnvKeys {
+		found := false
+		for _, e := range c.Env {
+			if e.Name == k {
+				found = true
+				break
+			}
+		}
+		if !found {
+			r.warnings = append(r.warnings, fmt.Sprintf("container %q: profile %q expects env %s, which neither the source %s nor the Job sets",
+				c.Name, r.prof.Name, k, r.in.Inherited.Source))
+		}
+	}
+}
+
+func hasEnvFrom(list []corev1.EnvFromSource, e corev1.EnvFromSource) bool {
+	for _, have := range list {
+		if equality.Semantic.DeepEqual(have, e) {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *renderer) pod(spec *corev1.PodSpec) {
+	inh, prof := r.in.Inherited, r.prof
+	for _, s := range inh.ImagePullSecrets {
+		if !containsRef(spec.ImagePullSecrets, s) {
+			spec.ImagePullSecrets = append(spec.ImagePullSecrets, s)
+		}
+	}
+	if (spec.DNSPolicy == "" || spec.DNSPolicy == corev1.DNSClusterFirst) && inh.DNSPolicy != "" {
+		spec.DNSPolicy = inh.DNSPolicy
+	}
+	if spec.DNSConfig == nil && inh.DNSConfig != nil {
+		spec.DNSConfig = inh.DNSConfig.DeepCopy()
+	}
+	if spec.RestartPolicy != corev1.RestartPolicyOnFailure {
+		spec.RestartPolicy = corev1.RestartPolicyNever
+	}
+	if spec.ServiceAccountName == "" {
+		spec.ServiceAccountName = prof.ServiceAccountName
+	}
+	if spec.AutomountServiceAccountToken == nil && prof.AutomountServiceAccountToken != nil {
+		spec.AutomountServiceAccountToken = ptrCopy(prof.AutomountServiceAccountToken)
+	}
+	for k, v := range prof.NodeSelector {
+		if _, set := spec.NodeSelector[k]; !set {
+			if spec.NodeSelector == nil {
+				spec.NodeSelector = map[string]string{}
+			}
+			spec.NodeSelector[k] = v
+		}
+	}
+	for _, t := range prof.Tolerations {
+		if !containsToleration(spec.Tolerations, t) {
+			spec.Tolerations = append(spec.Tolerations, t)
+		}
+	}
+	if spec.RuntimeClassName == nil && prof.RuntimeClassName != nil {
+		spec.RuntimeClassName = ptrCopy(prof.RuntimeClassName)
+	}
+	enforcePodFloor(spec)
+}
+
+func (r *renderer) jobSpec() {
+	s, prof := &r.job.Spec, r.prof
+	if (s.BackoffLimit == nil || *s.BackoffLimit == apiDefaultBackoffLimit) && s.BackoffLimitPerIndex == nil && prof.BackoffLimit != nil {
+		s.BackoffLimit = ptrCopy(prof.BackoffLimit)
+	}
+	if s.TTLSecondsAfterFinished == nil && prof.TTLSecondsAfterFinished != nil {
+		s.TTLSecondsAfterFinished = ptrCopy(prof.TTLSecondsAfterFinished)
+	}
+	if s.ActiveDeadlineSeconds == nil && prof.ActiveDeadlineSeconds != nil {
+		s.ActiveDeadlineSeconds = ptrCopy(prof.ActiveDeadlineSeconds)
+	}
+}
+
+// labels carries the contract labels to the pods, where NetworkPolicies and
+// the log relay select them. Role and egress profile are set, not
+// defaulted: a client cannot pick a wider egress profile.
+func (r *renderer) labels() {
+	tpl := &r.job.Spec.Template
+	if tpl.Labels == nil {
+		tpl.Labels = map[string]string{}
+	}
+	for k, v := range r.job.Labels {
+		if strings.HasPrefix(k, LabelPrefix) {
+			tpl.Labels[k] = v
+		}
+	}
+	tpl.Labels[LabelRole] = RoleAgent
+	tpl.Labels[LabelEgress] = r.prof.EgressProfile
+	r.job.Labels[LabelEgress] = r.prof.EgressProfile
+}
+
+func (r *renderer) annotate() {
+	if r.job.Annotations == nil {
+		r.job.Annotations = map[string]string{}
+	}
+	r.job.Annotations[AnnotationProfile] = r.prof.Name
+	r.job.Annotations[AnnotationSource] = r.in.Inherited.Source + " " + r.in.Inherited.Revision
+	r.job.Annotations[AnnotationTemplateHash] = TemplateHash(r.prof, r.in.Inherited, r.in.Config.Source)
+}
+
+// TemplateHash identifies the inputs a Job was rendered from (profile,
+// inherited values, env filter), not the Job: re-rendering keeps it.
+func TemplateHash(prof config.Resolved, inh *Inherited, src config.Source) string {
+	data, err := json.Marshal(struct {
+		V       string
+		Profile config.Resolved
+		Inh     *Inherited
+		Env     config.EnvFilter
+	}{templateVersion, prof, inh, src.Env})
+	if err != nil {
+		panic("hashing render inputs: " + err.Error()) // plain data; cannot fail
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:8])
+}
+
+func containsRef(list []corev1.LocalObjectReference, r corev1.LocalObjectReference) bool {
+	for _, x := range list {
+		if x.Name == r.Name {
+			return true
+		}
+	}
+	return false
+}
+
+func containsToleration(list []corev1.Toleration, t corev1.Toleration) bool {
+	for _, x := range list {
+		if x.MatchToleration(&t) && x.Effect == t.Effect && x.Value == t.Value {
+			return true
+		}
+	}
+	return false
+}
+
+func ptrCopy[T any](p *T) *T {
+	v := *p
+	return &v
+}
