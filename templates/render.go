@@ -361,7 +361,6 @@ func sortedResourceNames(l corev1.ResourceList) []corev1.ResourceName {
 	return out
 }
 
-
 func (r *renderer) warnMissingKeys(c *corev1.Container) {
 	if len(c.EnvFrom) > 0 {
 		return // an envFrom source may provide them; cannot know offline
