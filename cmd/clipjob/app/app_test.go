@@ -1,0 +1,138 @@
+package app
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/paperclipai/clipjob/internal/golden"
+	"github.com/paperclipai/clipjob/internal/manifest"
+	"github.com/paperclipai/clipjob/templates"
+)
+
+func writeYAML(t *testing.T, dir, name string, obj any) string {
+	t.Helper()
+	data, err := yaml.Marshal(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestRenderGolden runs `clipjob render` over the shared render fixtures:
+// the CLI must print what the core and the webhook produce.
+func TestRenderGolden(t *testing.T) {
+	for _, c := range golden.Cases(t) {
+		t.Run(c.Name, func(t *testing.T) {
+			dir := t.TempDir()
+			c.Job.APIVersion, c.Job.Kind = "batch/v1", "Job"
+			c.Source.APIVersion, c.Source.Kind = "apps/v1", "Deployment"
+			job := writeYAML(t, dir, "job.yaml", c.Job)
+			src := writeYAML(t, dir, "source.yaml", c.Source)
+			cfg := writeYAML(t, dir, "config.yaml", c.Config)
+			var stdout, stderr bytes.Buffer
+			code := Main([]string{"render", "-f", job, "--source", src, "--config", cfg}, nil, &stdout, &stderr)
+			if _, wantErr := c.Render(); wantErr != nil {
+				if code != 1 || !strings.Contains(stderr.String(), wantErr.Error()) {
+					t.Fatalf("exit %d, stderr %q; want 1 and %q", code, stderr.String(), wantErr)
+				}
+				return
+			}
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, stderr.String())
+			}
+			set, err := manifest.Read(&stdout)
+			if err != nil || len(set.Jobs) != 1 {
+				t.Fatalf("output is not one Job: %v", err)
+			}
+			var warnings []string
+			for _, line := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+				if w, ok := strings.CutPrefix(line, "Warning: Job "+c.Job.Name+": "); ok {
+					warnings = append(warnings, w)
+				}
+			}
+			out := set.Jobs[0]
+			golden.Compare(t, c.GoldenPath, golden.Format(out.Annotations[templates.AnnotationProfile], out, warnings, nil))
+		})
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	tests := []struct {
+		args     []string
+		wantCode int
+		wantErr  string
+	}{
+		{nil, 2, "Usage:"},
+		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
+		{[]string{"render"}, 2, "render needs -f and --source"},
+		{[]string{"render", "--nope"}, 2, "flag provided but not defined"},
+		{[]string{"render", "-f", "/does/not/exist.yaml", "--source", "/does/not/exist.yaml"}, 1, "no such file"},
+		{[]string{"help"}, 0, "Usage:"},
+	}
+	for _, tt := range tests {
+		var stdout, stderr bytes.Buffer
+		code := Main(tt.args, nil, &stdout, &stderr)
+		if code != tt.wantCode || !strings.Contains(stderr.String(), tt.wantErr) {
+			t.Errorf("clipjob %v: exit %d stderr %q; want %d and %q", tt.args, code, stderr.String(), tt.wantCode, tt.wantErr)
+		}
+	}
+}
+
+func TestRenderFromStdinPassesOtherJobsThrough(t *testing.T) {
+	c := golden.Cases(t)[0]
+	dir := t.TempDir()
+	c.Source.APIVersion, c.Source.Kind = "apps/v1", "Deployment"
+	src := writeYAML(t, dir, "source.yaml", c.Source)
+	in := `apiVersion: batch/v1
+kind: Job
+metadata: {name: plain}
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: c, image: busybox}]
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: agent
+  labels: {paperclip.io/agent-id: a1, paperclip.io/run-id: r1, paperclip.io/adapter-type: codex_local}
+`
+	var stdout, stderr bytes.Buffer
+	if code := Main([]string{"render", "-f", "-", "--source", src}, strings.NewReader(in), &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	set, err := manifest.Read(&stdout)
+	if err != nil || len(set.Jobs) != 2 {
+		t.Fatalf("want 2 Jobs out: %v", err)
+	}
+	if _, ok := set.Jobs[0].Annotations[templates.AnnotationProfile]; ok {
+		t.Error("a Job without the agent label was rendered")
+	}
+	if got := set.Jobs[1].Annotations[templates.AnnotationProfile]; got != "codex_local" {
+		t.Errorf("agent Job rendered with profile %q", got)
+	}
+	if !strings.Contains(stderr.String(), "Job plain has no label paperclip.io/agent-id") {
+		t.Errorf("stderr does not say the plain Job was left alone: %q", stderr.String())
+	}
+}
+
+func TestRenderStrictManifest(t *testing.T) {
+	dir := t.TempDir()
+	job := filepath.Join(dir, "job.yaml")
+	_ = os.WriteFile(job, []byte("apiVersion: batch/v1\nkind: Job\nmetadata: {name: x}\nspec: {templte: {}}\n"), 0o644)
+	var stdout, stderr bytes.Buffer
+	code := Main([]string{"render", "-f", job, "--source", filepath.Join(golden.Dir(), "source.yaml")}, nil, &stdout, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), `unknown field "spec.templte"`) {
+		t.Errorf("exit %d stderr %q; want the misspelt field named", code, stderr.String())
+	}
+}

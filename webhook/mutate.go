@@ -1,0 +1,203 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"gomodules.xyz/jsonpatch/v2"
+	admissionv1 "k8s.io/api/admission/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	sigsjson "sigs.k8s.io/json"
+
+	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/templates"
+)
+
+// ConfigSource returns the configuration in force (a *config.Store).
+type ConfigSource interface {
+	Current() *config.Config
+}
+
+// InheritedSource returns what agent Jobs inherit under cfg, or a
+// *templates.SourceError saying why they cannot.
+type InheritedSource interface {
+	Inherited(ctx context.Context, cfg *config.Config) (*templates.Inherited, error)
+}
+
+var jobKind = schema.GroupVersionKind{Group: "batch", Version: "v1", Kind: "Job"}
+
+// Mutator completes bare agent Jobs on CREATE.
+type Mutator struct {
+	Configs ConfigSource
+	Sources InheritedSource
+	// Now is the clock for latency metrics. Default time.Now.
+	Now func() time.Time
+}
+
+var _ admission.Handler = (*Mutator)(nil)
+
+// Outcomes of a mutation, as counted in metrics.
+const (
+	OutcomePatched   = "patched"
+	OutcomeUnchanged = "unchanged"
+	OutcomeSkipped   = "skipped"
+	OutcomeDenied    = "denied"
+	OutcomeErrored   = "errored"
+)
+
+// Handle implements admission.Handler; ctx is the HTTP request's context.
+func (m *Mutator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	now := time.Now
+	if m.Now != nil {
+		now = m.Now
+	}
+	start := now()
+	resp, outcome := m.mutate(ctx, req)
+	observe("mutate", outcome, req.DryRun != nil && *req.DryRun, now().Sub(start))
+	l := log.FromContext(ctx).WithValues("job", req.Namespace+"/"+nameOf(req), "outcome", outcome)
+	switch outcome {
+	case OutcomeDenied, OutcomeErrored:
+		l.Info("agent Job refused", "reason", resp.Result.Message)
+	case OutcomePatched:
+		l.V(1).Info("agent Job completed")
+	}
+	return resp
+}
+
+func (m *Mutator) mutate(ctx context.Context, req admission.Request) (admission.Response, string) {
+	if req.Operation != admissionv1.Create {
+		return admission.Allowed("clipjob completes agent Jobs on CREATE only"), OutcomeSkipped
+	}
+	if gvk := schema.GroupVersionKind(req.Kind); gvk != jobKind {
+		return admission.Allowed(fmt.Sprintf("clipjob mutates %s only, not %s", jobKind, gvk)), OutcomeSkipped
+	}
+	job, roundTrip, err := decodeJob(req.Object.Raw)
+	if err != nil {
+		return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
+	}
+	if !templates.IsAgentJob(job.Labels) {
+		return admission.Allowed("not an agent Job: no label " + templates.LabelAgentID), OutcomeSkipped
+	}
+	cfg := m.Configs.Current()
+	inh, err := m.Sources.Inherited(ctx, cfg)
+	if err != nil {
+		return denial(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
+			"clipjob cannot complete agent Jobs: "+err.Error()), OutcomeDenied
+	}
+	res, err := templates.Render(templates.Input{Job: job, Inherited: inh, Config: cfg})
+	if err != nil {
+		var re *templates.RenderError
+		if errors.As(err, &re) {
+			return denial(http.StatusUnprocessableEntity, metav1.StatusReasonInvalid, err.Error()), OutcomeDenied
+		}
+		return admission.Errored(http.StatusInternalServerError, err), OutcomeErrored
+	}
+	if !res.Changed {
+		return admission.Allowed("agent Job already complete").WithWarnings(res.Warnings...), OutcomeUnchanged
+	}
+	rendered, err := json.Marshal(res.Job)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err), OutcomeErrored
+	}
+	resp := admission.PatchResponseFromRaw(req.Object.Raw, rendered)
+	resp.Patches = keepUnknownFields(resp.Patches, roundTrip)
+	return resp.WithWarnings(res.Warnings...), OutcomePatched
+}
+
+// keepUnknownFields drops "remove" operations for paths the decoded Job
+// does not have: fields this build's types do not know (a newer API
+// server), which a diff against the raw request would otherwise delete.
+// This is controller-runtime's CustomDefaulter rule, for the same reason.
+func keepUnknownFields(ops []jsonpatch.JsonPatchOperation, roundTrip []byte) []jsonpatch.JsonPatchOperation {
+	var doc any
+	if err := json.Unmarshal(roundTrip, &doc); err != nil {
+		return ops
+	}
+	out := ops[:0]
+	for _, op := range ops {
+		if op.Operation == "remove" && !pointerExists(doc, op.Path) {
+			continue
+		}
+		out = append(out, op)
+	}
+	return out
+}
+
+// pointerExists reports whether the JSON pointer p (RFC 6901) names a value
+// in doc.
+func pointerExists(doc any, p string) bool {
+	if p == "" {
+		return true
+	}
+	for _, tok := range strings.Split(strings.TrimPrefix(p, "/"), "/") {
+		tok = strings.NewReplacer("~1", "/", "~0", "~").Replace(tok)
+		switch v := doc.(type) {
+		case map[string]any:
+			next, ok := v[tok]
+			if !ok {
+				return false
+			}
+			doc = next
+		case []any:
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 || i >= len(v) {
+				return false
+			}
+			doc = v[i]
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// decodeJob decodes a Job as the API server encodes it and returns it with
+// its re-encoded form, which holds exactly the fields this build knows.
+func decodeJob(raw []byte) (*batchv1.Job, []byte, error) {
+	if len(raw) == 0 {
+		return nil, nil, errors.New("request has no object")
+	}
+	job := &batchv1.Job{}
+	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, job); err != nil {
+		return nil, nil, fmt.Errorf("decoding Job: %w", err)
+	}
+	round, err := json.Marshal(job)
+	if err != nil {
+		return nil, nil, fmt.Errorf("encoding Job: %w", err)
+	}
+	return job, round, nil
+}
+
+func denial(code int32, reason metav1.StatusReason, msg string) admission.Response {
+	resp := admission.Denied(msg)
+	resp.Result.Code = code
+	resp.Result.Reason = reason
+	return resp
+}
+
+func nameOf(req admission.Request) string {
+	if req.Name != "" {
+		return req.Name
+	}
+	var meta struct {
+		Metadata struct {
+			Name         string `json:"name"`
+			GenerateName string `json:"generateName"`
+		} `json:"metadata"`
+	}
+	_ = json.Unmarshal(req.Object.Raw, &meta)
+	if meta.Metadata.Name != "" {
+		return meta.Metadata.Name
+	}
+	return meta.Metadata.GenerateName + "*"
+}

@@ -1,0 +1,199 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	jsonpatch "github.com/evanphx/json-patch/v5"
+	"github.com/google/go-cmp/cmp"
+	admissionv1 "k8s.io/api/admission/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/internal/golden"
+	"github.com/paperclipai/clipjob/templates"
+)
+
+type staticConfig struct{ cfg *config.Config }
+
+func (s staticConfig) Current() *config.Config { return s.cfg }
+
+type staticSource struct {
+	inh *templates.Inherited
+	err error
+}
+
+func (s staticSource) Inherited(context.Context, *config.Config) (*templates.Inherited, error) {
+	return s.inh, s.err
+}
+
+func createRequest(t testing.TB, raw []byte) admission.Request {
+	t.Helper()
+	return admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID:       "uid-1",
+		Operation: admissionv1.Create,
+		Kind:      metav1.GroupVersionKind{Group: "batch", Version: "v1", Kind: "Job"},
+		Namespace: "paperclip",
+		Object:    runtime.RawExtension{Raw: raw},
+	}}
+}
+
+func applyPatch(t testing.TB, raw []byte, resp admission.Response) *batchv1.Job {
+	t.Helper()
+	ops, err := json.Marshal(resp.Patches)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := jsonpatch.DecodePatch(ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := p.Apply(raw)
+	if err != nil {
+		t.Fatalf("applying patch: %v", err)
+	}
+	job := &batchv1.Job{}
+	if err := json.Unmarshal(out, job); err != nil {
+		t.Fatal(err)
+	}
+	return job
+}
+
+// TestMutatorGolden runs the webhook path over the render fixtures: the
+// stored Job (request plus patch) must equal the golden file the core and
+// the CLI are held to; errors must be denials carrying the same message.
+func TestMutatorGolden(t *testing.T) {
+	for _, c := range golden.Cases(t) {
+		t.Run(c.Name, func(t *testing.T) {
+			raw, err := json.Marshal(c.Job)
+			if err != nil {
+				t.Fatal(err)
+			}
+			inh, inhErr := templates.InheritFromDeployment(c.Source, c.Config.Source)
+			m := &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh, inhErr}}
+			resp := m.Handle(context.Background(), createRequest(t, raw))
+			if _, wantErr := c.Render(); wantErr != nil {
+				if resp.Allowed {
+					t.Fatalf("allowed; want denial %q", wantErr)
+				}
+				if !strings.Contains(resp.Result.Message, wantErr.Error()) {
+					t.Errorf("denial %q does not carry %q", resp.Result.Message, wantErr)
+				}
+				return
+			}
+			if !resp.Allowed || resp.PatchType == nil || *resp.PatchType != admissionv1.PatchTypeJSONPatch {
+				t.Fatalf("want an allowed JSON patch, got %+v", resp.Result)
+			}
+			job := applyPatch(t, raw, resp)
+			golden.Compare(t, c.GoldenPath, golden.Format(job.Annotations[templates.AnnotationProfile], job, resp.Warnings, nil))
+
+			// Admitting the stored Job again is a no-op.
+			again, _ := json.Marshal(job)
+			resp2 := m.Handle(context.Background(), createRequest(t, again))
+			if !resp2.Allowed || len(resp2.Patches) != 0 {
+				t.Errorf("second admission patched again: %v", resp2.Patches)
+			}
+		})
+	}
+}
+
+func TestMutatorSkipsAndRefuses(t *testing.T) {
+	cases := golden.Cases(t)
+	c := cases[0]
+	inh, err := templates.InheritFromDeployment(c.Source, c.Config.Source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh, nil}}
+	agent, _ := json.Marshal(c.Job)
+
+	plain := c.Job.DeepCopy()
+	delete(plain.Labels, templates.LabelAgentID)
+	plainRaw, _ := json.Marshal(plain)
+
+	update := createRequest(t, agent)
+	update.Operation = admissionv1.Update
+	pod := createRequest(t, []byte(`{"apiVersion":"v1","kind":"Pod"}`))
+	pod.Kind = metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}
+
+	missing := &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{nil,
+		&templates.SourceError{Source: "paperclip/paperclip", Reason: "not found"}}}
+
+	tests := []struct {
+		name        string
+		m           *Mutator
+		req         admission.Request
+		wantAllowed bool
+		wantCode    int32
+		wantMsg     string
+	}{
+		{"Job without the agent label", m, createRequest(t, plainRaw), true, http.StatusOK, "not an agent Job"},
+		{"UPDATE", m, update, true, http.StatusOK, "on CREATE only"},
+		{"another kind", m, pod, true, http.StatusOK, "not /v1, Kind=Pod"},
+		{"malformed object", m, createRequest(t, []byte(`{"metadata":`)), false, http.StatusBadRequest, "decoding Job"},
+		{"empty object", m, createRequest(t, nil), false, http.StatusBadRequest, "no object"},
+		{"wrong type in object", m, createRequest(t, []byte(`{"spec":{"backoffLimit":"six"}}`)), false, http.StatusBadRequest, "decoding Job"},
+		{"source missing", missing, createRequest(t, agent), false, http.StatusServiceUnavailable,
+			"clipjob cannot complete agent Jobs: source Deployment paperclip/paperclip: not found"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp := tt.m.Handle(context.Background(), tt.req)
+			if resp.Allowed != tt.wantAllowed || resp.Result.Code != tt.wantCode {
+				t.Errorf("allowed %v code %d, want %v %d (%s)", resp.Allowed, resp.Result.Code, tt.wantAllowed, tt.wantCode, resp.Result.Message)
+			}
+			if !strings.Contains(resp.Result.Message, tt.wantMsg) {
+				t.Errorf("message %q does not contain %q", resp.Result.Message, tt.wantMsg)
+			}
+			if len(resp.Patches) > 0 {
+				t.Errorf("patched: %v", resp.Patches)
+			}
+		})
+	}
+}
+
+// TestMutatorKeepsUnknownFields: a field this build's types do not know
+// (a newer API server) must survive the patch.
+func TestMutatorKeepsUnknownFields(t *testing.T) {
+	c := golden.Cases(t)[0]
+	inh, _ := templates.InheritFromDeployment(c.Source, c.Config.Source)
+	m := &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh, nil}}
+	raw, _ := json.Marshal(c.Job)
+	var obj map[string]any
+	_ = json.Unmarshal(raw, &obj)
+	obj["spec"].(map[string]any)["futureField"] = map[string]any{"x": 1.0}
+	raw, _ = json.Marshal(obj)
+	resp := m.Handle(context.Background(), createRequest(t, raw))
+	if !resp.Allowed {
+		t.Fatal(resp.Result.Message)
+	}
+	for _, op := range resp.Patches {
+		if op.Operation == "remove" || strings.Contains(op.Path, "futureField") {
+			t.Errorf("patch touches what it did not render: %+v", op)
+		}
+	}
+}
+
+func TestMutatorDryRunSameAnswer(t *testing.T) {
+	c := golden.Cases(t)[0]
+	inh, _ := templates.InheritFromDeployment(c.Source, c.Config.Source)
+	m := &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh, nil}}
+	raw, _ := json.Marshal(c.Job)
+	req := createRequest(t, raw)
+	wet := m.Handle(context.Background(), req)
+	req.DryRun = ptr.To(true)
+	dry := m.Handle(context.Background(), req)
+	if len(wet.Patches) == 0 {
+		t.Fatal("no patch")
+	}
+	if diff := cmp.Diff(applyPatch(t, raw, wet), applyPatch(t, raw, dry)); diff != "" {
+		t.Errorf("dry-run result differs from a real one (-real +dry):\n%s", diff)
+	}
+}
