@@ -130,6 +130,8 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	// GetWebhookServer is what adds the server to the manager's runnables.
+	server = mgr.GetWebhookServer()
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}

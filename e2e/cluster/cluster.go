@@ -1,0 +1,421 @@
+package cluster
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+)
+
+//go:embed kwok.yaml
+var kwokConfig []byte
+
+// AnnotationExitCode on a running pod makes kwok terminate its containers
+// with that exit code ("0" succeeds the pod, anything else fails it).
+const AnnotationExitCode = "e2e.clipjob.paperclip.io/exit-code"
+
+// NodeName is the kwok node pods are scheduled to.
+const NodeName = "kwok-node-0"
+
+// Options configure Start.
+type Options struct {
+	// BinDir holds the binaries. Default $KUBE_BIN_DIR, else the output of
+	// hack/kube-binaries.sh (which builds them on first use).
+	BinDir string
+	// Dir holds certificates, data and logs. Default a new temporary dir,
+	// removed by Stop.
+	Dir string
+	// Log receives progress lines. Default os.Stderr.
+	Log io.Writer
+}
+
+// Cluster is a running local control plane.
+type Cluster struct {
+	// Dir holds kubeconfig, pki/, logs/ and data.
+	Dir string
+	// Kubeconfig is an admin kubeconfig file.
+	Kubeconfig string
+	// Config is the admin REST config.
+	Config *rest.Config
+	// CA signed every certificate of the cluster; use it for webhook
+	// serving certs so the caBundle is CA.CertPEM.
+	CA *CA
+
+	// KeepDir keeps Dir after Stop (for a failed run's logs).
+	KeepDir bool
+
+	ownDir bool
+	procs  []*process
+	log    io.Writer
+}
+
+type process struct {
+	name string
+	cmd  *exec.Cmd
+	done chan error
+}
+
+// Start brings up etcd, kube-apiserver, kube-controller-manager,
+// kube-scheduler and kwok with one Ready node, and waits until the API
+// server is ready. On error everything started is stopped.
+func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
+	if o.Log == nil {
+		o.Log = os.Stderr
+	}
+	c := &Cluster{Dir: o.Dir, log: o.Log}
+	if c.Dir == "" {
+		if c.Dir, err = os.MkdirTemp("", "clipjob-cluster-"); err != nil {
+			return nil, err
+		}
+		c.ownDir = true
+	}
+	defer func() {
+		if err != nil {
+			c.Stop()
+		}
+	}()
+	bin, err := BinDir(o.BinDir, o.Log)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.writePKI(); err != nil {
+		return nil, err
+	}
+	ports, err := FreePorts(6)
+	if err != nil {
+		return nil, err
+	}
+	etcdPort, peerPort, apiPort, kcmPort, schedPort, kwokPort := ports[0], ports[1], ports[2], ports[3], ports[4], ports[5]
+	pki := func(f string) string { return filepath.Join(c.Dir, "pki", f) }
+
+	c.logf("starting etcd on 127.0.0.1:%d", etcdPort)
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
+	if err := c.run(bin, "etcd",
+		"--data-dir", filepath.Join(c.Dir, "etcd"),
+		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
+		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
+		"--initial-cluster", "default="+peerURL,
+		"--unsafe-no-fsync", "--log-level", "warn"); err != nil {
+		return nil, err
+	}
+
+	c.logf("starting kube-apiserver on https://127.0.0.1:%d", apiPort)
+	if err := c.run(bin, "kube-apiserver",
+		"--etcd-servers", etcdURL,
+		"--bind-address", "127.0.0.1", "--secure-port", strconv.Itoa(apiPort),
+		"--advertise-address", "127.0.0.1", "--endpoint-reconciler-type", "none",
+		"--cert-dir", filepath.Join(c.Dir, "apiserver"),
+		"--tls-cert-file", pki("apiserver.crt"), "--tls-private-key-file", pki("apiserver.key"),
+		"--client-ca-file", pki("ca.crt"),
+		"--kubelet-client-certificate", pki("admin.crt"), "--kubelet-client-key", pki("admin.key"),
+		"--kubelet-certificate-authority", pki("ca.crt"),
+		"--service-cluster-ip-range", "10.0.0.0/24",
+		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file", pki("sa.pub"), "--service-account-signing-key-file", pki("sa.key"),
+		"--authorization-mode", "Node,RBAC",
+		"--enable-priority-and-fairness=false",
+		"--v", "1"); err != nil {
+		return nil, err
+	}
+	c.Kubeconfig = filepath.Join(c.Dir, "kubeconfig")
+	if err := c.writeKubeconfig(apiPort); err != nil {
+		return nil, err
+	}
+	if c.Config, err = clientcmd.BuildConfigFromFlags("", c.Kubeconfig); err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(c.Config)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.waitReady(ctx, cs, 90*time.Second); err != nil {
+		return nil, err
+	}
+
+	common := []string{"--kubeconfig", c.Kubeconfig, "--authentication-kubeconfig", c.Kubeconfig,
+		"--authorization-kubeconfig", c.Kubeconfig, "--leader-elect=false", "--bind-address", "127.0.0.1", "--v", "1"}
+	c.logf("starting kube-controller-manager and kube-scheduler")
+	if err := c.run(bin, "kube-controller-manager", append(common,
+		"--secure-port", strconv.Itoa(kcmPort),
+		"--service-account-private-key-file", pki("sa.key"), "--root-ca-file", pki("ca.crt"),
+		"--use-service-account-credentials=false",
+		"--controllers", "*,-nodeipam")...); err != nil {
+		return nil, err
+	}
+	if err := c.run(bin, "kube-scheduler", append(common, "--secure-port", strconv.Itoa(schedPort))...); err != nil {
+		return nil, err
+	}
+
+	kwokCfg := filepath.Join(c.Dir, "kwok.yaml")
+	if err := os.WriteFile(kwokCfg, kwokConfig, 0o644); err != nil {
+		return nil, err
+	}
+	c.logf("starting kwok (node %s)", NodeName)
+	if err := c.run(bin, "kwok", "--config", kwokCfg, "--kubeconfig", c.Kubeconfig,
+		"--manage-all-nodes=false", "--manage-nodes-with-annotation-selector", "kwok.x-k8s.io/node=fake",
+		"--node-ip", "127.0.0.1", "--node-port", strconv.Itoa(kwokPort),
+		"--server-address", fmt.Sprintf("127.0.0.1:%d", kwokPort),
+		"--tls-cert-file", pki("kwok.crt"), "--tls-private-key-file", pki("kwok.key")); err != nil {
+		return nil, err
+	}
+	if err := c.createNode(ctx, cs); err != nil {
+		return nil, err
+	}
+	if err := c.exited(); err != nil {
+		return nil, err
+	}
+	c.logf("control plane ready; kubeconfig %s", c.Kubeconfig)
+	return c, nil
+}
+
+// Stop ends every process (SIGTERM, then SIGKILL after 5s) and removes the
+// directory if Start created it.
+func (c *Cluster) Stop() {
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		p := c.procs[i]
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(5 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	}
+	c.procs = nil
+	if c.ownDir && !c.KeepDir && os.Getenv("CLIPJOB_KEEP_CLUSTER_DIR") == "" {
+		_ = os.RemoveAll(c.Dir)
+	}
+}
+
+// Clientset returns an admin clientset.
+func (c *Cluster) Clientset() *kubernetes.Clientset {
+	return kubernetes.NewForConfigOrDie(c.Config)
+}
+
+// LogFile is where a component's output goes.
+func (c *Cluster) LogFile(component string) string {
+	return filepath.Join(c.Dir, "logs", component+".log")
+}
+
+func (c *Cluster) logf(format string, args ...any) {
+	fmt.Fprintf(c.log, "cluster: "+format+"\n", args...)
+}
+
+func (c *Cluster) run(bin, name string, args ...string) error {
+	if err := os.MkdirAll(filepath.Join(c.Dir, "logs"), 0o755); err != nil {
+		return err
+	}
+	logf, err := os.Create(c.LogFile(name))
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(filepath.Join(bin, name), args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = loopbackEnv()
+	// Children die with the test process, even when it is killed.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("starting %s: %w", name, err)
+	}
+	p := &process{name: name, cmd: cmd, done: make(chan error, 1)}
+	go func() { p.done <- cmd.Wait(); logf.Close() }()
+	c.procs = append(c.procs, p)
+	return nil
+}
+
+// loopbackEnv is the environment without proxies: every address the
+// control plane uses is on loopback, including the webhooks it calls.
+func loopbackEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch strings.ToLower(k) {
+		case "http_proxy", "https_proxy", "all_proxy", "no_proxy":
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, "NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost")
+}
+
+func (c *Cluster) waitReady(ctx context.Context, cs kubernetes.Interface, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		if err := c.exited(); err != nil {
+			return err
+		}
+		body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if err == nil && string(body) == "ok" {
+			return nil
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("kube-apiserver not ready after %s: %v; see %s", timeout, last, c.LogFile("kube-apiserver"))
+}
+
+// exited returns an error naming the first component that has exited.
+func (c *Cluster) exited() error {
+	for _, p := range c.procs {
+		select {
+		case err := <-p.done:
+			p.done <- err
+			return fmt.Errorf("%s exited (%v); see %s", p.name, err, c.LogFile(p.name))
+		default:
+		}
+	}
+	return nil
+}
+
+func (c *Cluster) createNode(ctx context.Context, cs kubernetes.Interface) error {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+		Name:        NodeName,
+		Annotations: map[string]string{"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+		Labels:      map[string]string{"kubernetes.io/hostname": NodeName, "kubernetes.io/os": "linux", "type": "kwok"},
+	}}
+	if _, err := cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		n, err := cs.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+		if err == nil {
+			for _, cond := range n.Status.Conditions {
+				if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+					return nil
+				}
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("node %s not Ready after 60s; see %s", NodeName, c.LogFile("kwok"))
+}
+
+func (c *Cluster) writePKI() error {
+	dir := filepath.Join(c.Dir, "pki")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	ca, err := NewCA("clipjob-local-ca")
+	if err != nil {
+		return err
+	}
+	c.CA = ca
+	files := map[string][]byte{"ca.crt": ca.CertPEM}
+	add := func(name string, kp *KeyPair, err error) error {
+		if err != nil {
+			return err
+		}
+		files[name+".crt"], files[name+".key"] = kp.CertPEM, kp.KeyPEM
+		return nil
+	}
+	apiserver, err := ca.Serving("kube-apiserver", "127.0.0.1", "localhost", "10.0.0.1",
+		"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")
+	if err := add("apiserver", apiserver, err); err != nil {
+		return err
+	}
+	admin, err := ca.Client("clipjob-admin", "system:masters")
+	if err := add("admin", admin, err); err != nil {
+		return err
+	}
+	kwok, err := ca.Serving(NodeName, "127.0.0.1", "localhost", NodeName)
+	if err := add("kwok", kwok, err); err != nil {
+		return err
+	}
+	priv, pub, err := serviceAccountKeys()
+	if err != nil {
+		return err
+	}
+	files["sa.key"], files["sa.pub"] = priv, pub
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Cluster) writeKubeconfig(port int) error {
+	pki := filepath.Join(c.Dir, "pki")
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["local"] = &clientcmdapi.Cluster{
+		Server:               fmt.Sprintf("https://127.0.0.1:%d", port),
+		CertificateAuthority: filepath.Join(pki, "ca.crt"),
+	}
+	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{
+		ClientCertificate: filepath.Join(pki, "admin.crt"),
+		ClientKey:         filepath.Join(pki, "admin.key"),
+	}
+	cfg.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: "admin"}
+	cfg.CurrentContext = "local"
+	return clientcmd.WriteToFile(*cfg, c.Kubeconfig)
+}
+
+// FreePorts returns n distinct free TCP ports on 127.0.0.1.
+func FreePorts(n int) ([]int, error) {
+	var ports []int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for i := 0; i < n; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// BinDir returns the directory holding the control-plane binaries, building
+// them with hack/kube-binaries.sh when needed.
+func BinDir(dir string, log io.Writer) (string, error) {
+	if dir == "" {
+		dir = os.Getenv("KUBE_BIN_DIR")
+	}
+	if dir != "" {
+		return dir, nil
+	}
+	_, file, _, _ := runtime.Caller(0)
+	script := filepath.Join(filepath.Dir(file), "..", "..", "hack", "kube-binaries.sh")
+	cmd := exec.Command("bash", script)
+	cmd.Stderr = log
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("building the control-plane binaries (%s): %w", script, err)
+	}
+	dir = strings.TrimSpace(string(out))
+	if dir == "" {
+		return "", errors.New("kube-binaries.sh printed no directory")
+	}
+	return dir, nil
+}

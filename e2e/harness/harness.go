@@ -1,0 +1,260 @@
+// Package harness installs clipjob into a local cluster (package cluster)
+// the way the Helm chart would into a real one: it builds and runs the
+// webhook binary with a serving certificate from the cluster's CA, applies
+// the example Paperclip install, and registers the webhook configuration.
+// The e2e suite and the demo both use it.
+package harness
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"syscall"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/paperclipai/clipjob/e2e/cluster"
+	"github.com/paperclipai/clipjob/internal/manifest"
+	"github.com/paperclipai/clipjob/templates"
+	"github.com/paperclipai/clipjob/webhook"
+)
+
+// Root is the repository root.
+func Root() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// Build compiles a command of this module (e.g. "clipjob-webhook") into dir.
+func Build(dir, command string) (string, error) {
+	out := filepath.Join(dir, command)
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/"+command)
+	cmd.Dir = Root()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("go build %s: %w", command, err)
+	}
+	return out, nil
+}
+
+// Webhook is a running clipjob-webhook process.
+type Webhook struct {
+	// Addr is host:port of the TLS admission endpoint.
+	Addr string
+	// ProbeAddr and MetricsAddr serve /readyz and /metrics.
+	ProbeAddr, MetricsAddr string
+	// ConfigFile is the config it watches; rewrite it to reconfigure.
+	ConfigFile string
+	Log        string
+	cmd        *exec.Cmd
+	done       chan error
+}
+
+// StartWebhook runs the binary at bin against c with the config at
+// configFile copied into a directory of its own, and waits until ready.
+func StartWebhook(ctx context.Context, c *cluster.Cluster, bin, name, configFile string) (*Webhook, error) {
+	dir := filepath.Join(c.Dir, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	kp, err := c.CA.Serving("clipjob-webhook", "127.0.0.1", "localhost")
+	if err != nil {
+		return nil, err
+	}
+	certDir := filepath.Join(dir, "certs")
+	if err := kp.WriteTLS(certDir); err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(configFile)
+	if err != nil {
+		return nil, err
+	}
+	w := &Webhook{ConfigFile: filepath.Join(dir, "config.yaml"), Log: filepath.Join(dir, "webhook.log"), done: make(chan error, 1)}
+	if err := os.WriteFile(w.ConfigFile, data, 0o644); err != nil {
+		return nil, err
+	}
+	ports, err := cluster.FreePorts(3)
+	if err != nil {
+		return nil, err
+	}
+	w.Addr = fmt.Sprintf("127.0.0.1:%d", ports[0])
+	w.ProbeAddr = fmt.Sprintf("127.0.0.1:%d", ports[1])
+	w.MetricsAddr = fmt.Sprintf("127.0.0.1:%d", ports[2])
+	logf, err := os.Create(w.Log)
+	if err != nil {
+		return nil, err
+	}
+	w.cmd = exec.Command(bin,
+		"--config", w.ConfigFile, "--config-poll-interval", "200ms",
+		"--cert-dir", certDir, "--host", "127.0.0.1", "--port", strconv.Itoa(ports[0]),
+		"--health-probe-bind-address", w.ProbeAddr, "--metrics-bind-address", w.MetricsAddr,
+		"--kubeconfig", c.Kubeconfig, "--zap-log-level", "debug")
+	w.cmd.Stdout, w.cmd.Stderr = logf, logf
+	w.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := w.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { w.done <- w.cmd.Wait(); logf.Close() }()
+	if err := w.waitReady(ctx, 30*time.Second); err != nil {
+		w.Stop()
+		return nil, err
+	}
+	return w, nil
+}
+
+func (w *Webhook) waitReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-w.done:
+			w.done <- err
+			return fmt.Errorf("clipjob-webhook exited (%v); see %s", err, w.Log)
+		case <-ctx.Done():
+			return ctx.Err()
+		default:
+		}
+		resp, err := http.Get("http://" + w.ProbeAddr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("clipjob-webhook not ready after %s; see %s", timeout, w.Log)
+}
+
+// Stop terminates the webhook.
+func (w *Webhook) Stop() {
+	if w.cmd.Process == nil {
+		return
+	}
+	_ = w.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-w.done:
+	case <-time.After(10 * time.Second):
+		_ = w.cmd.Process.Kill()
+		<-w.done
+	}
+}
+
+// Get fetches a path from the webhook's metrics server (/metrics, /configz).
+func (w *Webhook) Get(path string) (string, error) {
+	resp, err := http.Get("http://" + w.MetricsAddr + path)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// Apply creates every object of a manifest file under examples/ (or an
+// absolute path), leaving existing ones alone.
+func Apply(ctx context.Context, c *cluster.Cluster, file string) error {
+	if !filepath.IsAbs(file) {
+		file = filepath.Join(Root(), file)
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	set, err := manifest.Read(f)
+	if err != nil {
+		return err
+	}
+	cl, err := client.New(c.Config, client.Options{})
+	if err != nil {
+		return err
+	}
+	var objs []client.Object
+	for _, o := range set.Others {
+		objs = append(objs, o.(client.Object))
+	}
+	for _, d := range set.Deployments {
+		objs = append(objs, d)
+	}
+	for _, j := range set.Jobs {
+		objs = append(objs, j)
+	}
+	for _, o := range objs {
+		if err := cl.Create(ctx, o); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating %T %s: %w", o, o.GetName(), err)
+		}
+	}
+	return nil
+}
+
+// MutatingWebhookName is the name of the registered configuration.
+const MutatingWebhookName = "clipjob-mutating"
+
+// RegisterMutating registers the mutating webhook at addr as the chart
+// does: Jobs labeled as agent runs, outside kube-system, CREATE only,
+// failing closed, reinvoked if another webhook changes the Job.
+func RegisterMutating(ctx context.Context, cs kubernetes.Interface, addr string, caBundle []byte) error {
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: MutatingWebhookName},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{{
+			Name: "jobs.clipjob.paperclip.io",
+			ClientConfig: admissionregistrationv1.WebhookClientConfig{
+				URL:      ptr.To("https://" + addr + webhook.MutatePath),
+				CABundle: caBundle,
+			},
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Rule: admissionregistrationv1.Rule{APIGroups: []string{"batch"}, APIVersions: []string{"v1"},
+					Resources: []string{"jobs"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)},
+			}},
+			ObjectSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+				Key: templates.LabelAgentID, Operator: metav1.LabelSelectorOpExists}}},
+			NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+				Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-system"}}}},
+			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
+			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
+			ReinvocationPolicy:      ptr.To(admissionregistrationv1.IfNeededReinvocationPolicy),
+			TimeoutSeconds:          ptr.To[int32](5),
+			AdmissionReviewVersions: []string{"v1"},
+		}},
+	}
+	_, err := cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, mwc, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		old, gerr := cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, mwc.Name, metav1.GetOptions{})
+		if gerr != nil {
+			return gerr
+		}
+		mwc.ResourceVersion = old.ResourceVersion
+		_, err = cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Update(ctx, mwc, metav1.UpdateOptions{})
+	}
+	return err
+}
+
+// WaitTLS waits until addr serves TLS signed by the cluster CA, so the API
+// server's first call does not race the listener.
+func WaitTLS(addr string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // readiness probe only
+		if err == nil {
+			conn.Close()
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return errors.New("no TLS listener at " + addr)
+}

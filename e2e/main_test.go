@@ -1,0 +1,82 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/paperclipai/clipjob/e2e/cluster"
+	"github.com/paperclipai/clipjob/e2e/harness"
+)
+
+// env is the installation every test runs against.
+var env struct {
+	cluster *cluster.Cluster
+	cs      kubernetes.Interface
+	webhook *harness.Webhook
+	binDir  string
+}
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) (code int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	fmt.Fprintln(os.Stderr, "e2e: starting a local control plane (the first run builds Kubernetes from the Go module proxy: several minutes)")
+	c, err := cluster.Start(ctx, cluster.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: cluster:", err)
+		return 1
+	}
+	defer func() {
+		c.KeepDir = code != 0 // a failed run keeps its logs
+		c.Stop()
+	}()
+	env.cluster, env.cs = c, c.Clientset()
+	env.binDir = c.Dir
+	bin, err := harness.Build(c.Dir, "clipjob-webhook")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	if err := harness.Apply(ctx, c, "examples/paperclip.yaml"); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: installing the example Paperclip:", err)
+		return 1
+	}
+	wh, err := harness.StartWebhook(ctx, c, bin, "webhook-0", harness.Root()+"/examples/config.yaml")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: webhook:", err)
+		return 1
+	}
+	defer wh.Stop()
+	env.webhook = wh
+	if err := harness.RegisterMutating(ctx, env.cs, wh.Addr, c.CA.CertPEM); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: registering the webhook:", err)
+		return 1
+	}
+	code = m.Run()
+	if code != 0 {
+		fmt.Fprintf(os.Stderr, "e2e: failed; webhook log %s, cluster logs %s\n", wh.Log, c.Dir+"/logs")
+		if os.Getenv("CI") != "" {
+			dumpLog(wh.Log)
+		}
+	}
+	return code
+}
+
+func dumpLog(path string) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	if len(data) > 20000 {
+		data = data[len(data)-20000:]
+	}
+	fmt.Fprintf(os.Stderr, "---- %s (tail) ----\n%s\n", path, data)
+}
