@@ -86,6 +86,19 @@ func (c *Config) setDefaults() {
 	if s.InheritEnvFrom == nil {
 		s.InheritEnvFrom = ptr.To(true)
 	}
+	cc := &c.Policy.Concurrency
+	if cc.Mode == "" {
+		cc.Mode = ModeReject
+	}
+	if cc.Scope == "" {
+		cc.Scope = ScopeNamespace
+	}
+	if cc.ClaimNamespace == "" {
+		cc.ClaimNamespace = s.Namespace
+	}
+	if cc.PendingGraceSeconds == 0 {
+		cc.PendingGraceSeconds = 15
+	}
 	if c.DefaultProfile == "" {
 		c.DefaultProfile = DefaultProfileName
 	}

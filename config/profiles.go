@@ -183,3 +183,15 @@ func sortedKeys[V any](m map[string]V) []string {
 	sort.Strings(out)
 	return out
 }
+
+// ProfileImages lists the images the profiles set; they are as trusted as
+// the configuration itself.
+func (c *Config) ProfileImages() []string {
+	var out []string
+	for _, n := range sortedKeys(c.resolved) {
+		if img := c.resolved[n].Image; img != "" {
+			out = append(out, img)
+		}
+	}
+	return out
+}

@@ -31,6 +31,9 @@ type Config struct {
 	// (claude_local, codex_local, …) is layered over the built-in.
 	Profiles map[string]Profile `json:"profiles,omitempty"`
 
+	// Policy is what the validating webhook enforces on the final Job.
+	Policy Policy `json:"policy,omitempty"`
+
 	// Derived at load time; a Config is immutable afterwards.
 	resolved map[string]Resolved
 	aliases  map[string]string
@@ -137,4 +140,61 @@ type Profile struct {
 	// writable (HOME is on the shared volume).
 	ReadOnlyRootFilesystem *bool    `json:"readOnlyRootFilesystem,omitempty"`
 	WritablePaths          []string `json:"writablePaths,omitempty"`
+}
+
+// Policy is enforced on the final (mutated) Job by the validating webhook
+// and by `clipjob check`.
+type Policy struct {
+	// Images every container image must match. The source Deployment's
+	// image and the profiles' own images are always allowed, so the empty
+	// default admits exactly the images clipjob itself would put there.
+	Images ImagePolicy `json:"images,omitempty"`
+	// Namespaces agent Jobs may be created in; empty allows every namespace
+	// the webhook is registered for.
+	Namespaces []string `json:"namespaces,omitempty"`
+	// Concurrency keeps at most one active run per agent.
+	Concurrency Concurrency `json:"concurrency,omitempty"`
+}
+
+// ImagePolicy is the image allowlist.
+type ImagePolicy struct {
+	// Allow are image globs compared to normalized references: "*" stays
+	// within one path segment, "busybox" means docker.io/library/busybox,
+	// and a glob without a tag or digest allows every tag of its
+	// repositories (e.g. "ghcr.io/paperclipai/*", "busybox:1.*").
+	Allow []string `json:"allow,omitempty"`
+	// RequireDigest refuses images referenced by tag only.
+	RequireDigest bool `json:"requireDigest,omitempty"`
+}
+
+// ConcurrencyScope is where "one active run per agent" applies.
+type ConcurrencyScope string
+
+// ConcurrencyMode is what happens to a second run of a busy agent.
+type ConcurrencyMode string
+
+const (
+	// ScopeNamespace: one active run per agent id in each namespace.
+	ScopeNamespace ConcurrencyScope = "Namespace"
+	// ScopeCluster: one active run per agent id in the whole cluster.
+	ScopeCluster ConcurrencyScope = "Cluster"
+	// ModeReject refuses the second run with HTTP 409 naming the active Job.
+	ModeReject ConcurrencyMode = "Reject"
+	// ModeOff does not limit runs per agent.
+	ModeOff ConcurrencyMode = "Off"
+)
+
+// Concurrency configures the per-agent run claim.
+type Concurrency struct {
+	// Mode: Reject (default) or Off.
+	Mode ConcurrencyMode `json:"mode,omitempty"`
+	// Scope: Namespace (default) or Cluster.
+	Scope ConcurrencyScope `json:"scope,omitempty"`
+	// ClaimNamespace holds the claims (Leases) when Scope is Cluster.
+	// Default: the source namespace.
+	ClaimNamespace string `json:"claimNamespace,omitempty"`
+	// PendingGraceSeconds is how long a claim holds for a Job that was
+	// admitted but has not appeared (its create may still be in flight, or
+	// may have failed after admission). Default 15.
+	PendingGraceSeconds int32 `json:"pendingGraceSeconds,omitempty"`
 }

@@ -8,6 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/paperclipai/clipjob/internal/imageref"
 )
 
 var (
@@ -37,6 +39,7 @@ func (c *Config) validate() field.ErrorList {
 		errs = append(errs, validateProfile(c.Profiles[name], p)...)
 	}
 	errs = append(errs, c.validateAliases()...)
+	errs = append(errs, validatePolicy(c.Policy, field.NewPath("policy"))...)
 	// Requests above limits can come from two layers (defaults and a
 	// profile), so it is checked on the resolved profiles.
 	for _, name := range sortedKeys(c.resolved) {
@@ -45,6 +48,31 @@ func (c *Config) validate() field.ErrorList {
 			p = defaultsPath.Child("resources")
 		}
 		errs = append(errs, validateRequestsWithinLimits(c.resolved[name].Resources, p)...)
+	}
+	return errs
+}
+
+func validatePolicy(pol Policy, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for i, g := range pol.Images.Allow {
+		if _, err := imageref.ParsePattern(g); err != nil {
+			errs = append(errs, field.Invalid(p.Child("images", "allow").Index(i), g, err.Error()))
+		}
+	}
+	for i, ns := range pol.Namespaces {
+		errs = append(errs, dns(validation.IsDNS1123Label, ns, p.Child("namespaces").Index(i))...)
+	}
+	cp := p.Child("concurrency")
+	c := pol.Concurrency
+	if c.Mode != ModeReject && c.Mode != ModeOff {
+		errs = append(errs, field.NotSupported(cp.Child("mode"), c.Mode, []ConcurrencyMode{ModeReject, ModeOff}))
+	}
+	if c.Scope != ScopeNamespace && c.Scope != ScopeCluster {
+		errs = append(errs, field.NotSupported(cp.Child("scope"), c.Scope, []ConcurrencyScope{ScopeNamespace, ScopeCluster}))
+	}
+	errs = append(errs, dns(validation.IsDNS1123Label, c.ClaimNamespace, cp.Child("claimNamespace"))...)
+	if c.PendingGraceSeconds < 0 {
+		errs = append(errs, field.Invalid(cp.Child("pendingGraceSeconds"), c.PendingGraceSeconds, "must be 0 or more"))
 	}
 	return errs
 }

@@ -1,0 +1,284 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	psaapi "k8s.io/pod-security-admission/api"
+	psapolicy "k8s.io/pod-security-admission/policy"
+
+	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/internal/imageref"
+	"github.com/paperclipai/clipjob/templates"
+)
+
+// Rules, as named in decisions and metrics.
+const (
+	RuleNamespace   = "namespace"
+	RuleLabels      = "labels"
+	RuleImages      = "images"
+	RulePodSecurity = "pod-security"
+	RuleVolume      = "volume"
+	RuleConcurrency = "concurrency"
+)
+
+var (
+	metaPath   = field.NewPath("metadata")
+	labelsPath = metaPath.Child("labels")
+	tplPath    = field.NewPath("spec", "template")
+	podPath    = tplPath.Child("spec")
+)
+
+// Operation is the admission operation being checked.
+type Operation string
+
+const (
+	Create Operation = "CREATE"
+	Update Operation = "UPDATE"
+)
+
+// ClaimLookup returns a PersistentVolumeClaim or an error; a NotFound error
+// means it does not exist.
+type ClaimLookup func(namespace, name string) (*corev1.PersistentVolumeClaim, error)
+
+// Input is what Evaluate checks.
+type Input struct {
+	Operation Operation
+	// Job is the object as it would be stored; Old is the stored one on
+	// UPDATE.
+	Job, Old *batchv1.Job
+	Config   *config.Config
+	// SourceImages are the source Deployment's images, always allowed.
+	SourceImages []string
+	// Claims looks PVCs up; nil skips the volume rule with a warning (an
+	// offline check without the PVC's manifest).
+	Claims ClaimLookup
+}
+
+// Decision is the verdict of Evaluate.
+type Decision struct {
+	// Errs are the violations; none means allowed.
+	Errs field.ErrorList
+	// Warnings are soft findings for the client.
+	Warnings []string
+	// Failed lists the rules that found violations, for metrics.
+	Failed []string
+	// Checked lists the rules evaluated.
+	Checked []string
+}
+
+// Allowed reports whether the Job passed every rule.
+func (d *Decision) Allowed() bool { return len(d.Errs) == 0 }
+
+func (d *Decision) add(rule string, errs field.ErrorList) {
+	d.Checked = append(d.Checked, rule)
+	if len(errs) > 0 {
+		d.Errs = append(d.Errs, errs...)
+		d.Failed = append(d.Failed, rule)
+	}
+}
+
+// Evaluate checks an agent Job. On UPDATE only label integrity is checked:
+// a Job's pod template is immutable once created, and other fields change
+// through controllers (owner references, finalizers) that must not be
+// refused because, say, the claim was deleted later.
+func Evaluate(in Input) *Decision {
+	d := &Decision{}
+	d.add(RuleLabels, checkLabels(in))
+	if in.Operation == Update {
+		return d
+	}
+	d.add(RuleNamespace, checkNamespace(in))
+	imgErrs, imgWarn := checkImages(in)
+	d.add(RuleImages, imgErrs)
+	d.Warnings = append(d.Warnings, imgWarn...)
+	d.add(RulePodSecurity, checkPodSecurity(in.Job))
+	volErrs, volWarn := checkVolume(in)
+	d.add(RuleVolume, volErrs)
+	d.Warnings = append(d.Warnings, volWarn...)
+	return d
+}
+
+func checkNamespace(in Input) field.ErrorList {
+	allowed := in.Config.Policy.Namespaces
+	if len(allowed) == 0 || slices.Contains(allowed, in.Job.Namespace) {
+		return nil
+	}
+	return field.ErrorList{field.Forbidden(metaPath.Child("namespace"), fmt.Sprintf(
+		"agent Jobs may run only in namespaces %s, not %q", strings.Join(allowed, ", "), in.Job.Namespace))}
+}
+
+func checkLabels(in Input) field.ErrorList {
+	var errs field.ErrorList
+	job := in.Job
+	if in.Operation == Update && in.Old != nil {
+		for _, key := range []string{templates.LabelAgentID, templates.LabelRunID} {
+			oldV, hadOld := in.Old.Labels[key]
+			newV, hasNew := job.Labels[key]
+			if hadOld != hasNew || oldV != newV {
+				errs = append(errs, field.Invalid(labelsPath.Key(key), newV, fmt.Sprintf(
+					"is immutable (was %q): an agent run keeps its agent and run; create a new Job instead", oldV)))
+			}
+		}
+		return errs
+	}
+	for _, key := range []string{templates.LabelAgentID, templates.LabelRunID} {
+		v := job.Labels[key]
+		if v == "" {
+			errs = append(errs, field.Required(labelsPath.Key(key), "agent Jobs carry a non-empty "+key))
+			continue
+		}
+		for _, msg := range validation.IsValidLabelValue(v) {
+			errs = append(errs, field.Invalid(labelsPath.Key(key), v, msg))
+		}
+	}
+	tplLabels := job.Spec.Template.Labels
+	for _, key := range []string{templates.LabelAgentID, templates.LabelRunID} {
+		if v, ok := job.Labels[key]; ok && tplLabels[key] != v {
+			errs = append(errs, field.Invalid(tplPath.Child("metadata", "labels").Key(key), tplLabels[key],
+				fmt.Sprintf("must equal the Job's %s %q: pods may not claim another agent or run", key, v)))
+		}
+	}
+	prof, ok := in.Config.Profile(templates.AdapterType(job.Labels))
+	if !ok {
+		return append(errs, field.NotSupported(labelsPath.Key(templates.LabelAdapterType), templates.AdapterType(job.Labels), in.Config.ProfileNames()))
+	}
+	if got := tplLabels[templates.LabelEgress]; got != prof.EgressProfile {
+		errs = append(errs, field.Invalid(tplPath.Child("metadata", "labels").Key(templates.LabelEgress), got,
+			fmt.Sprintf("profile %q assigns egress profile %q; a Job cannot choose its own", prof.Name, prof.EgressProfile)))
+	}
+	if got := tplLabels[templates.LabelRole]; got != templates.RoleAgent {
+		errs = append(errs, field.Invalid(tplPath.Child("metadata", "labels").Key(templates.LabelRole), got,
+			"agent pods carry "+templates.LabelRole+"="+templates.RoleAgent))
+	}
+	return errs
+}
+
+// checkImages applies the allowlist to every container. The source's and
+// the profiles' images are trusted: the operator configured them.
+func checkImages(in Input) (field.ErrorList, []string) {
+	pol := in.Config.Policy.Images
+	patterns := make([]imageref.Pattern, 0, len(pol.Allow))
+	for _, g := range pol.Allow {
+		if p, err := imageref.ParsePattern(g); err == nil { // validated at load
+			patterns = append(patterns, p)
+		}
+	}
+	trusted := map[string]bool{}
+	for _, s := range append(slices.Clone(in.SourceImages), in.Config.ProfileImages()...) {
+		if img, err := imageref.Parse(s); err == nil {
+			trusted[img.String()] = true
+		}
+	}
+	allowedList := strings.Join(append(append([]string{}, pol.Allow...), "the source Deployment's and profiles' images"), ", ")
+
+	var errs field.ErrorList
+	var warnings []string
+	spec := in.Job.Spec.Template.Spec
+	check := func(p *field.Path, c corev1.Container) {
+		img, err := imageref.Parse(c.Image)
+		if err != nil {
+			errs = append(errs, field.Invalid(p.Child("image"), c.Image, err.Error()))
+			return
+		}
+		ok := trusted[img.String()]
+		for _, pat := range patterns {
+			ok = ok || pat.Match(img)
+		}
+		if !ok {
+			errs = append(errs, field.Forbidden(p.Child("image"), fmt.Sprintf(
+				"container %q: image %q (%s) is not allowed; allowed: %s", c.Name, c.Image, img, allowedList)))
+			return
+		}
+		if pol.RequireDigest && img.Digest == "" {
+			errs = append(errs, field.Forbidden(p.Child("image"), fmt.Sprintf(
+				"container %q: image %q must be referenced by digest (policy.images.requireDigest)", c.Name, c.Image)))
+			return
+		}
+		if img.Mutable() {
+			warnings = append(warnings, fmt.Sprintf("container %q: image %q uses the mutable tag latest; pin a version or digest", c.Name, c.Image))
+		}
+	}
+	for i, c := range spec.InitContainers {
+		check(podPath.Child("initContainers").Index(i), c)
+	}
+	for i, c := range spec.Containers {
+		check(podPath.Child("containers").Index(i), c)
+	}
+	for i, c := range spec.EphemeralContainers {
+		check(podPath.Child("ephemeralContainers").Index(i), corev1.Container(c.EphemeralContainerCommon))
+	}
+	return errs, warnings
+}
+
+var restricted = func() psapolicy.Evaluator {
+	e, err := psapolicy.NewEvaluator(psapolicy.DefaultChecks(), nil)
+	if err != nil {
+		panic("pod-security-admission checks: " + err.Error())
+	}
+	return e
+}()
+
+// checkPodSecurity runs Pod Security "restricted" (latest) on the template.
+func checkPodSecurity(job *batchv1.Job) field.ErrorList {
+	tpl := job.Spec.Template
+	results := restricted.EvaluatePod(psaapi.LevelVersion{Level: psaapi.LevelRestricted, Version: psaapi.LatestVersion()},
+		&tpl.ObjectMeta, &tpl.Spec)
+	agg := psapolicy.AggregateCheckResults(results)
+	if agg.Allowed {
+		return nil
+	}
+	var parts []string
+	for i, reason := range agg.ForbiddenReasons {
+		if d := agg.ForbiddenDetails[i]; d != "" {
+			reason += " (" + d + ")"
+		}
+		parts = append(parts, reason)
+	}
+	return field.ErrorList{field.Forbidden(podPath, `violates PodSecurity "restricted:latest": `+strings.Join(parts, ", "))}
+}
+
+// checkVolume requires the claim mounted at the data path to exist in the
+// Job's namespace, and warns unless it is ReadWriteMany.
+func checkVolume(in Input) (field.ErrorList, []string) {
+	spec := in.Job.Spec.Template.Spec
+	dataPath := in.Config.Source.DataMountPath
+	var volName string
+	for _, c := range spec.Containers {
+		for _, m := range c.VolumeMounts {
+			if m.MountPath == dataPath {
+				volName = m.Name
+			}
+		}
+	}
+	for i, v := range spec.Volumes {
+		if v.Name != volName || v.PersistentVolumeClaim == nil {
+			continue
+		}
+		p := podPath.Child("volumes").Index(i).Child("persistentVolumeClaim", "claimName")
+		name := v.PersistentVolumeClaim.ClaimName
+		if in.Claims == nil {
+			return nil, []string{fmt.Sprintf("PersistentVolumeClaim %s not checked (no cluster access)", name)}
+		}
+		pvc, err := in.Claims(in.Job.Namespace, name)
+		switch {
+		case apierrors.IsNotFound(err):
+			return field.ErrorList{field.NotFound(p, fmt.Sprintf(
+				"%s: no PersistentVolumeClaim %q in namespace %s; agent Jobs share Paperclip's data through it, so create the Job in the namespace that has it",
+				name, name, in.Job.Namespace))}, nil
+		case err != nil:
+			return field.ErrorList{field.InternalError(p, fmt.Errorf("looking up PersistentVolumeClaim %s/%s: %w", in.Job.Namespace, name, err))}, nil
+		}
+		if !slices.Contains(pvc.Spec.AccessModes, corev1.ReadWriteMany) {
+			return nil, []string{fmt.Sprintf("PersistentVolumeClaim %s/%s is not ReadWriteMany (%v): the agent pod may not be able to mount it beside the Paperclip server",
+				in.Job.Namespace, name, pvc.Spec.AccessModes)}
+		}
+	}
+	return nil, nil
+}

@@ -1,0 +1,194 @@
+package policy
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/ptr"
+
+	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/internal/golden"
+)
+
+const sourceImage = "ghcr.io/paperclipai/paperclip:v2026.11.3"
+
+// renderedJob is the claude_local golden case after rendering: a Job the
+// mutating webhook produced, which must pass every rule.
+func renderedJob(t *testing.T) *batchv1.Job {
+	t.Helper()
+	for _, c := range golden.Cases(t) {
+		if c.Name == "profile-claude_local" {
+			res, err := c.Render()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res.Job
+		}
+	}
+	t.Fatal("fixture profile-claude_local missing")
+	return nil
+}
+
+func rwx(ns, name string) (*corev1.PersistentVolumeClaim, error) {
+	return &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}},
+	}, nil
+}
+
+func mustConfig(t *testing.T, yaml string) *config.Config {
+	t.Helper()
+	cfg, err := config.Parse([]byte("apiVersion: clipjob.paperclip.io/v1alpha1\nkind: Config\n" + yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func TestEvaluate(t *testing.T) {
+	base := renderedJob(t)
+	defaultCfg := mustConfig(t, "")
+	tests := []struct {
+		name      string
+		cfg       string
+		mutate    func(j *batchv1.Job)
+		claims    ClaimLookup
+		wantErr   []string // substrings of the aggregated error; none: allowed
+		wantWarn  []string
+		wantRules []string // failed rules
+	}{
+		{name: "rendered Job passes", claims: rwx},
+		{name: "image outside the allowlist", mutate: func(j *batchv1.Job) { j.Spec.Template.Spec.Containers[0].Image = "evil.example.com/miner:1" },
+			claims: rwx, wantRules: []string{RuleImages},
+			wantErr: []string{`spec.template.spec.containers[0].image: Forbidden: container "agent": image "evil.example.com/miner:1" (evil.example.com/miner:1) is not allowed; allowed: the source Deployment's and profiles' images`}},
+		{name: "image allowed by glob, normalized", cfg: "policy:\n  images:\n    allow: ['busybox:1.*']\n",
+			mutate: func(j *batchv1.Job) { j.Spec.Template.Spec.Containers[0].Image = "docker.io/library/busybox:1.36" }, claims: rwx},
+		{name: "glob does not cross a slash", cfg: "policy:\n  images:\n    allow: ['ghcr.io/paperclipai/*']\n",
+			mutate:  func(j *batchv1.Job) { j.Spec.Template.Spec.Containers[0].Image = "ghcr.io/paperclipai/x/y:1" },
+			claims:  rwx, wantRules: []string{RuleImages}, wantErr: []string{"allowed: ghcr.io/paperclipai/*, the source"}},
+		{name: "init container image checked too", mutate: func(j *batchv1.Job) {
+			j.Spec.Template.Spec.InitContainers = []corev1.Container{{Name: "setup", Image: "alpine:3", SecurityContext: j.Spec.Template.Spec.Containers[0].SecurityContext}}
+		}, claims: rwx, wantRules: []string{RuleImages}, wantErr: []string{`initContainers[0].image: Forbidden: container "setup"`}},
+		{name: "digest required", cfg: "policy:\n  images:\n    requireDigest: true\n", claims: rwx,
+			wantRules: []string{RuleImages}, wantErr: []string{"must be referenced by digest"}},
+		{name: "mutable tag warns", cfg: "policy:\n  images:\n    allow: [busybox]\n", claims: rwx,
+			mutate:   func(j *batchv1.Job) { j.Spec.Template.Spec.Containers[0].Image = "busybox" },
+			wantWarn: []string{`image "busybox" uses the mutable tag latest`}},
+		{name: "privileged container", mutate: func(j *batchv1.Job) {
+			j.Spec.Template.Spec.Containers[0].SecurityContext.Privileged = ptr.To(true)
+		}, claims: rwx, wantRules: []string{RulePodSecurity}, wantErr: []string{`violates PodSecurity "restricted:latest": privileged (container "agent" must not set securityContext.privileged=true)`}},
+		{name: "hostPath and hostNetwork", mutate: func(j *batchv1.Job) {
+			j.Spec.Template.Spec.HostNetwork = true
+			j.Spec.Template.Spec.Volumes = append(j.Spec.Template.Spec.Volumes, corev1.Volume{Name: "host",
+				VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}})
+		}, claims: rwx, wantRules: []string{RulePodSecurity}, wantErr: []string{"host namespaces (hostNetwork=true)", `restricted volume type "hostPath"`}},
+		{name: "added capability", mutate: func(j *batchv1.Job) {
+			j.Spec.Template.Spec.Containers[0].SecurityContext.Capabilities.Add = []corev1.Capability{"SYS_ADMIN"}
+		}, claims: rwx, wantRules: []string{RulePodSecurity}, wantErr: []string{"SYS_ADMIN"}},
+		{name: "root user", mutate: func(j *batchv1.Job) {
+			j.Spec.Template.Spec.SecurityContext.RunAsUser = ptr.To[int64](0)
+		}, claims: rwx, wantRules: []string{RulePodSecurity}, wantErr: []string{"runAsUser=0"}},
+		{name: "missing run id", mutate: func(j *batchv1.Job) { delete(j.Labels, "paperclip.io/run-id") }, claims: rwx,
+			wantRules: []string{RuleLabels}, wantErr: []string{"metadata.labels[paperclip.io/run-id]: Required value"}},
+		{name: "pod claims another agent", mutate: func(j *batchv1.Job) { j.Spec.Template.Labels["paperclip.io/agent-id"] = "other" }, claims: rwx,
+			wantRules: []string{RuleLabels}, wantErr: []string{`spec.template.metadata.labels[paperclip.io/agent-id]: Invalid value: "other": must equal the Job's paperclip.io/agent-id "agent-7f3a"`}},
+		{name: "wider egress profile", mutate: func(j *batchv1.Job) { j.Spec.Template.Labels["paperclip.io/egress-profile"] = "open-internet" }, claims: rwx,
+			wantRules: []string{RuleLabels}, wantErr: []string{`profile "claude_local" assigns egress profile "anthropic"; a Job cannot choose its own`}},
+		{name: "namespace not allowed", cfg: "policy:\n  namespaces: [agents]\n", claims: rwx,
+			wantRules: []string{RuleNamespace}, wantErr: []string{`metadata.namespace: Forbidden: agent Jobs may run only in namespaces agents, not "paperclip"`}},
+		{name: "claim missing", claims: func(ns, name string) (*corev1.PersistentVolumeClaim, error) {
+			return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "persistentvolumeclaims"}, name)
+		}, wantRules: []string{RuleVolume}, wantErr: []string{`spec.template.spec.volumes[0].persistentVolumeClaim.claimName: Not found: "paperclip-data: no PersistentVolumeClaim \"paperclip-data\" in namespace paperclip`}},
+		{name: "claim lookup fails", claims: func(string, string) (*corev1.PersistentVolumeClaim, error) { return nil, errors.New("connection refused") },
+			wantRules: []string{RuleVolume}, wantErr: []string{"Internal error", "connection refused"}},
+		{name: "claim not RWX warns", claims: func(ns, name string) (*corev1.PersistentVolumeClaim, error) {
+			p, _ := rwx(ns, name)
+			p.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
+			return p, nil
+		}, wantWarn: []string{"PersistentVolumeClaim paperclip/paperclip-data is not ReadWriteMany"}},
+		{name: "offline: claim unchecked", wantWarn: []string{"PersistentVolumeClaim paperclip-data not checked"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			job := base.DeepCopy()
+			if tt.mutate != nil {
+				tt.mutate(job)
+			}
+			cfg := defaultCfg
+			if tt.cfg != "" {
+				cfg = mustConfig(t, tt.cfg)
+			}
+			d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SourceImages: []string{sourceImage}, Claims: tt.claims})
+			msg := ""
+			if !d.Allowed() {
+				msg = d.Errs.ToAggregate().Error()
+			}
+			if len(tt.wantErr) == 0 && !d.Allowed() {
+				t.Fatalf("denied: %s", msg)
+			}
+			for _, w := range tt.wantErr {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error %q\ndoes not contain %q", msg, w)
+				}
+			}
+			if strings.Join(d.Failed, ",") != strings.Join(tt.wantRules, ",") {
+				t.Errorf("failed rules %v, want %v", d.Failed, tt.wantRules)
+			}
+			warn := strings.Join(d.Warnings, "\n")
+			for _, w := range tt.wantWarn {
+				if !strings.Contains(warn, w) {
+					t.Errorf("warnings %q do not contain %q", warn, w)
+				}
+			}
+			if len(tt.wantWarn) == 0 && len(d.Warnings) > 0 {
+				t.Errorf("unexpected warnings %q", d.Warnings)
+			}
+		})
+	}
+}
+
+func TestEvaluateUpdate(t *testing.T) {
+	old := renderedJob(t)
+	cfg := mustConfig(t, "")
+	tests := []struct {
+		name    string
+		mutate  func(j *batchv1.Job)
+		wantErr string
+	}{
+		{"label added by a controller", func(j *batchv1.Job) { j.Labels["team"] = "x" }, ""},
+		{"agent changed", func(j *batchv1.Job) { j.Labels["paperclip.io/agent-id"] = "agent-other" },
+			`metadata.labels[paperclip.io/agent-id]: Invalid value: "agent-other": is immutable (was "agent-7f3a")`},
+		{"agent removed", func(j *batchv1.Job) { delete(j.Labels, "paperclip.io/agent-id") }, "is immutable"},
+		{"run changed", func(j *batchv1.Job) { j.Labels["paperclip.io/run-id"] = "r2" }, "paperclip.io/run-id"},
+		{"other rules not rechecked", func(j *batchv1.Job) { j.Spec.Template.Spec.Containers[0].Image = "evil/x:1" }, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			job := old.DeepCopy()
+			tt.mutate(job)
+			d := Evaluate(Input{Operation: Update, Job: job, Old: old, Config: cfg})
+			if tt.wantErr == "" {
+				if !d.Allowed() {
+					t.Fatalf("denied: %v", d.Errs)
+				}
+				return
+			}
+			if d.Allowed() || !strings.Contains(d.Errs.ToAggregate().Error(), tt.wantErr) {
+				t.Errorf("got %v, want %q", d.Errs, tt.wantErr)
+			}
+		})
+	}
+	// A plain Job gaining the agent label is a change of agent too.
+	plain := old.DeepCopy()
+	delete(plain.Labels, "paperclip.io/agent-id")
+	d := Evaluate(Input{Operation: Update, Job: old, Old: plain, Config: cfg})
+	if d.Allowed() {
+		t.Error("adding paperclip.io/agent-id on UPDATE was allowed")
+	}
+}
