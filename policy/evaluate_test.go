@@ -70,8 +70,8 @@ func TestEvaluate(t *testing.T) {
 		{name: "image allowed by glob, normalized", cfg: "policy:\n  images:\n    allow: ['busybox:1.*']\n",
 			mutate: func(j *batchv1.Job) { j.Spec.Template.Spec.Containers[0].Image = "docker.io/library/busybox:1.36" }, claims: rwx},
 		{name: "glob does not cross a slash", cfg: "policy:\n  images:\n    allow: ['ghcr.io/paperclipai/*']\n",
-			mutate:  func(j *batchv1.Job) { j.Spec.Template.Spec.Containers[0].Image = "ghcr.io/paperclipai/x/y:1" },
-			claims:  rwx, wantRules: []string{RuleImages}, wantErr: []string{"allowed: ghcr.io/paperclipai/*, the source"}},
+			mutate: func(j *batchv1.Job) { j.Spec.Template.Spec.Containers[0].Image = "ghcr.io/paperclipai/x/y:1" },
+			claims: rwx, wantRules: []string{RuleImages}, wantErr: []string{"allowed: ghcr.io/paperclipai/*, the source"}},
 		{name: "init container image checked too", mutate: func(j *batchv1.Job) {
 			j.Spec.Template.Spec.InitContainers = []corev1.Container{{Name: "setup", Image: "alpine:3", SecurityContext: j.Spec.Template.Spec.Containers[0].SecurityContext}}
 		}, claims: rwx, wantRules: []string{RuleImages}, wantErr: []string{`initContainers[0].image: Forbidden: container "setup"`}},
@@ -105,7 +105,9 @@ func TestEvaluate(t *testing.T) {
 		{name: "claim missing", claims: func(ns, name string) (*corev1.PersistentVolumeClaim, error) {
 			return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "persistentvolumeclaims"}, name)
 		}, wantRules: []string{RuleVolume}, wantErr: []string{`spec.template.spec.volumes[0].persistentVolumeClaim.claimName: Not found: "paperclip-data: no PersistentVolumeClaim \"paperclip-data\" in namespace paperclip`}},
-		{name: "claim lookup fails", claims: func(string, string) (*corev1.PersistentVolumeClaim, error) { return nil, errors.New("connection refused") },
+		{name: "claim lookup fails", claims: func(string, string) (*corev1.PersistentVolumeClaim, error) {
+			return nil, errors.New("connection refused")
+		},
 			wantRules: []string{RuleVolume}, wantErr: []string{"Internal error", "connection refused"}},
 		{name: "claim not RWX warns", claims: func(ns, name string) (*corev1.PersistentVolumeClaim, error) {
 			p, _ := rwx(ns, name)
