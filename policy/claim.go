@@ -1,0 +1,251 @@
+package policy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+
+	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/templates"
+)
+
+// Labels and annotations of claim Leases.
+const (
+	LabelClaim            = "clipjob.paperclip.io/claim"
+	ClaimKindAgent        = "agent-run"
+	AnnotationClaimJobUID = "clipjob.paperclip.io/job-uid"
+	AnnotationClaimRunID  = "clipjob.paperclip.io/run-id"
+	AnnotationClaimAgent  = "clipjob.paperclip.io/agent-id"
+)
+
+// LeaseAPI is the slice of the coordination API the claims need. Writes
+// take dryRun so a dry-run admission checks without writing.
+type LeaseAPI interface {
+	Get(ctx context.Context, namespace, name string) (*coordinationv1.Lease, error)
+	Create(ctx context.Context, lease *coordinationv1.Lease, dryRun bool) (*coordinationv1.Lease, error)
+	Update(ctx context.Context, lease *coordinationv1.Lease, dryRun bool) (*coordinationv1.Lease, error)
+	// Delete removes a lease only if it is still at resourceVersion.
+	Delete(ctx context.Context, namespace, name, resourceVersion string) error
+	List(ctx context.Context) ([]coordinationv1.Lease, error)
+}
+
+// JobAPI reads Jobs live (not from a cache: a claim decision must see
+// what the API server has now).
+type JobAPI interface {
+	Get(ctx context.Context, namespace, name string) (*batchv1.Job, error)
+}
+
+// Claims grants at most one active run per agent.
+type Claims struct {
+	Leases LeaseAPI
+	Jobs   JobAPI
+	// Clock is the time source. Default the real clock.
+	Clock clock.PassiveClock
+	// MaxAttempts bounds the read-decide-write loop under write conflicts.
+	// Default 8.
+	MaxAttempts int
+	// OnRetry is called when a write lost a race and the loop goes again.
+	OnRetry func()
+}
+
+// BusyError says an agent has an active run. The webhook answers it with
+// HTTP 409 Conflict, so a client can tell "busy" from "invalid".
+type BusyError struct {
+	Agent  string
+	Holder Holder
+}
+
+func (e *BusyError) Error() string {
+	h := e.Holder
+	msg := fmt.Sprintf("agent %q already has an active run: Job %s/%s", e.Agent, h.Namespace, h.Name)
+	if h.RunID != "" {
+		msg += fmt.Sprintf(" (run %s)", h.RunID)
+	}
+	if !h.Since.IsZero() {
+		msg += ", started " + h.Since.UTC().Format(time.RFC3339)
+	}
+	if h.Pending {
+		msg += ", admitted but not yet stored"
+	}
+	return msg + "; a new run is admitted once it completes, fails or is deleted"
+}
+
+// Holder is the Job a claim names.
+type Holder struct {
+	Namespace, Name, UID, RunID string
+	Since                       time.Time
+	// Pending: admitted, not (yet) found in the API.
+	Pending bool
+}
+
+// ClaimKey is where an agent's claim lives.
+type ClaimKey struct{ Namespace, Name, Agent string }
+
+var nonDNS = regexp.MustCompile(`[^a-z0-9-]+`)
+
+// KeyFor returns the claim of the Job's agent under cfg. The name is
+// readable and safe for any label value: a slug of the agent id and a hash
+// of the scope and id, so distinct ids never share a claim.
+func KeyFor(job *batchv1.Job, cfg config.Concurrency) ClaimKey {
+	agent := job.Labels[templates.LabelAgentID]
+	ns := job.Namespace
+	scope := "ns/" + ns
+	if cfg.Scope == config.ScopeCluster {
+		ns, scope = cfg.ClaimNamespace, "cluster"
+	}
+	sum := sha256.Sum256([]byte(scope + "\x00" + agent))
+	slug := strings.Trim(nonDNS.ReplaceAllString(strings.ToLower(agent), "-"), "-")
+	if len(slug) > 38 { // the name stays a 63-character DNS label
+		slug = strings.TrimRight(slug[:38], "-")
+	}
+	return ClaimKey{Namespace: ns, Name: "clipjob-agent-" + slug + "-" + hex.EncodeToString(sum[:5]), Agent: agent}
+}
+
+func (c *Claims) now() time.Time {
+	if c.Clock == nil {
+		return time.Now()
+	}
+	return c.Clock.Now()
+}
+
+// Acquire claims the Job's agent for it, or returns a *BusyError naming
+// the active run. A dry run decides the same way and writes nothing. The
+// Job must carry its UID (validating admission sees it).
+func (c *Claims) Acquire(ctx context.Context, job *batchv1.Job, cfg config.Concurrency, dryRun bool) error {
+	key := KeyFor(job, cfg)
+	attempts := c.MaxAttempts
+	if attempts <= 0 {
+		attempts = 8
+	}
+	grace := time.Duration(cfg.PendingGraceSeconds) * time.Second
+	for i := 0; i < attempts; i++ {
+		if i > 0 && c.OnRetry != nil {
+			c.OnRetry()
+		}
+		lease, err := c.Leases.Get(ctx, key.Namespace, key.Name)
+		if apierrors.IsNotFound(err) {
+			_, err = c.Leases.Create(ctx, c.newLease(key, job), dryRun)
+			if apierrors.IsAlreadyExists(err) {
+				continue // another admission claimed it first: decide again
+			}
+			return claimErr(key, err)
+		}
+		if err != nil {
+			return claimErr(key, err)
+		}
+		holder := HolderOf(lease)
+		if holder.UID != "" && holder.UID == string(job.UID) {
+			return nil // this Job holds it already
+		}
+		free, holder, err := c.free(ctx, lease, grace)
+		if err != nil {
+			return claimErr(key, err)
+		}
+		if !free {
+			return &BusyError{Agent: key.Agent, Holder: holder}
+		}
+		next := c.newLease(key, job)
+		next.ResourceVersion = lease.ResourceVersion
+		next.Spec.LeaseTransitions = ptr.To(ptr.Deref(lease.Spec.LeaseTransitions, 0) + 1)
+		_, err = c.Leases.Update(ctx, next, dryRun)
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			continue // taken over or released meanwhile: decide again
+		}
+		return claimErr(key, err)
+	}
+	return fmt.Errorf("claim %s/%s for agent %q: still contended after %d attempts; retry", key.Namespace, key.Name, key.Agent, attempts)
+}
+
+func claimErr(key ClaimKey, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("claim %s/%s for agent %q: %w", key.Namespace, key.Name, key.Agent, err)
+}
+
+func (c *Claims) newLease(key ClaimKey, job *batchv1.Job) *coordinationv1.Lease {
+	now := metav1.NewMicroTime(c.now())
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: key.Name, Namespace: key.Namespace,
+			Labels: map[string]string{LabelClaim: ClaimKindAgent, "app.kubernetes.io/managed-by": "clipjob"},
+			Annotations: map[string]string{
+				AnnotationClaimJobUID: string(job.UID),
+				AnnotationClaimRunID:  job.Labels[templates.LabelRunID],
+				AnnotationClaimAgent:  key.Agent,
+			},
+		},
+		Spec: coordinationv1.LeaseSpec{
+			HolderIdentity: ptr.To(job.Namespace + "/" + job.Name),
+			AcquireTime:    &now,
+			RenewTime:      &now,
+		},
+	}
+}
+
+// HolderOf reads the Job a claim names.
+func HolderOf(l *coordinationv1.Lease) Holder {
+	h := Holder{UID: l.Annotations[AnnotationClaimJobUID], RunID: l.Annotations[AnnotationClaimRunID]}
+	h.Namespace, h.Name, _ = strings.Cut(ptr.Deref(l.Spec.HolderIdentity, ""), "/")
+	if l.Spec.AcquireTime != nil {
+		h.Since = l.Spec.AcquireTime.Time
+	}
+	return h
+}
+
+// free decides whether a claim's holder still runs: it is free when the
+// Job finished (Complete or Failed), is being deleted, was replaced by
+// another Job of the same name, or never appeared within the grace window.
+func (c *Claims) free(ctx context.Context, lease *coordinationv1.Lease, grace time.Duration) (bool, Holder, error) {
+	h := HolderOf(lease)
+	if h.Name == "" {
+		return true, h, nil
+	}
+	job, err := c.Jobs.Get(ctx, h.Namespace, h.Name)
+	switch {
+	case apierrors.IsNotFound(err):
+		h.Pending = true
+		return c.now().Sub(h.Since) > grace, h, nil
+	case err != nil:
+		return false, h, err
+	}
+	if job.UID != "" && h.UID != "" && string(job.UID) != h.UID {
+		return true, h, nil
+	}
+	if job.DeletionTimestamp != nil || Finished(job) {
+		return true, h, nil
+	}
+	if job.Status.StartTime != nil {
+		h.Since = job.Status.StartTime.Time
+	}
+	return false, h, nil
+}
+
+// Finished reports whether a Job has completed or failed.
+func Finished(job *batchv1.Job) bool {
+	for _, c := range job.Status.Conditions {
+		if (c.Type == batchv1.JobComplete || c.Type == batchv1.JobFailed) && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}
+
+// IsBusy reports whether err says the agent has an active run.
+func IsBusy(err error) bool {
+	var b *BusyError
+	return errors.As(err, &b)
+}

@@ -1,0 +1,60 @@
+package policy
+
+import (
+	"context"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/paperclipai/clipjob/config"
+)
+
+// Release frees the claim job holds, if it holds one. The controller calls
+// it when a Job finishes or is deleted, so the next run of the agent does
+// not wait for anything. Deleting only at the observed resourceVersion
+// means a claim taken over meanwhile is left alone.
+func (c *Claims) Release(ctx context.Context, job *batchv1.Job, cfg config.Concurrency) (bool, error) {
+	key := KeyFor(job, cfg)
+	lease, err := c.Leases.Get(ctx, key.Namespace, key.Name)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if h := HolderOf(lease); h.UID != string(job.UID) || h.Namespace != job.Namespace || h.Name != job.Name {
+		return false, nil
+	}
+	err = c.Leases.Delete(ctx, key.Namespace, key.Name, lease.ResourceVersion)
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// Sweep deletes every claim whose holder no longer runs: finished, being
+// deleted, replaced, or never stored within grace. It catches what Release
+// missed (the controller was down, the Job was deleted during a restart).
+func (c *Claims) Sweep(ctx context.Context, grace time.Duration) (int, error) {
+	leases, err := c.Leases.List(ctx)
+	if err != nil {
+		return 0, err
+	}
+	released := 0
+	for i := range leases {
+		l := &leases[i]
+		if l.Labels[LabelClaim] != ClaimKindAgent {
+			continue
+		}
+		free, _, err := c.free(ctx, l, grace)
+		if err != nil || !free {
+			continue
+		}
+		err = c.Leases.Delete(ctx, l.Namespace, l.Name, l.ResourceVersion)
+		if err == nil {
+			released++
+		}
+	}
+	return released, nil
+}
