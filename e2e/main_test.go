@@ -9,16 +9,32 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
 )
 
 // env is the installation every test runs against.
-var env struct {
+var env envT
+
+type envT struct {
 	cluster *cluster.Cluster
 	cs      kubernetes.Interface
 	webhook *harness.Webhook
-	binDir  string
+	// webhookAddr is where the webhooks are normally registered.
+	webhookAddr string
+	webhookBin  string
+	// extra replicas started by tests
+	extra []*harness.Webhook
+}
+
+// configNow is the configuration the webhooks run with.
+func (e *envT) configNow() *config.Config {
+	cfg, err := config.Load(e.webhook.ConfigFile)
+	if err != nil {
+		panic(err)
+	}
+	return cfg
 }
 
 func TestMain(m *testing.M) {
@@ -39,7 +55,6 @@ func run(m *testing.M) (code int) {
 		c.Stop()
 	}()
 	env.cluster, env.cs = c, c.Clientset()
-	env.binDir = c.Dir
 	bin, err := harness.Build(c.Dir, "clipjob-webhook")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
@@ -55,8 +70,8 @@ func run(m *testing.M) (code int) {
 		return 1
 	}
 	defer wh.Stop()
-	env.webhook = wh
-	if err := harness.RegisterMutating(ctx, env.cs, wh.Addr, c.CA.CertPEM); err != nil {
+	env.webhook, env.webhookAddr, env.webhookBin = wh, wh.Addr, bin
+	if err := harness.Register(ctx, env.cs, wh.Addr, c.CA.CertPEM); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: registering the webhook:", err)
 		return 1
 	}

@@ -35,6 +35,22 @@ var (
 		Name: "clipjob_config_info",
 		Help: "The configuration in force, by content hash (value 1).",
 	}, []string{"hash"})
+	policyDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "clipjob_policy_decisions_total",
+		Help: "Policy rule evaluations by rule (namespace, labels, images, pod-security, volume, concurrency) and outcome (allowed, denied, error).",
+	}, []string{"rule", "outcome"})
+	claimConflicts = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "clipjob_claim_conflicts_total",
+		Help: "Agent Jobs refused because the agent already has an active run.",
+	})
+	claimRetries = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "clipjob_claim_retries_total",
+		Help: "Claim writes that lost a race (AlreadyExists or Conflict) and were decided again.",
+	})
+	claimsReleased = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "clipjob_claims_released_total",
+		Help: "Claims freed by the releaser, by trigger (finished, deleted, sweep).",
+	}, []string{"trigger"})
 	sourceAvailable = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "clipjob_source_available",
 		Help: "1 if the source Deployment is found and can be inherited from, else 0.",
@@ -46,7 +62,7 @@ var registerOnce sync.Once
 func registerMetrics() {
 	registerOnce.Do(func() {
 		metrics.Registry.MustRegister(admissionTotal, admissionDuration, configReloads,
-			configLastReloadOK, configInfo, sourceAvailable)
+			configLastReloadOK, configInfo, sourceAvailable, policyDecisions, claimConflicts, claimRetries, claimsReleased)
 	})
 }
 

@@ -25,7 +25,8 @@ import (
 
 // Paths the webhook configurations point at.
 const (
-	MutatePath = "/mutate-batch-v1-job"
+	MutatePath   = "/mutate-batch-v1-job"
+	ValidatePath = "/validate-batch-v1-job"
 )
 
 // Options configure Run. Each field's comment gives its default.
@@ -48,6 +49,12 @@ type Options struct {
 	// ShutdownDelay keeps serving after a stop signal, reporting not-ready,
 	// so endpoints drop this replica before it closes. Default 0.
 	ShutdownDelay time.Duration
+	// LeaderElectionNamespace holds the Lease that elects the one replica
+	// running the claim releaser. Default: the pod's namespace
+	// (POD_NAMESPACE), else the source namespace.
+	LeaderElectionNamespace string
+	// SweepInterval between sweeps of stale claims. Default 1m.
+	SweepInterval time.Duration
 	// RestConfig reaches the API server. Required.
 	RestConfig *rest.Config
 	// Log is the logger. Default: discard.
@@ -119,15 +126,35 @@ func Run(ctx context.Context, o Options) error {
 			c.MinVersion = tls.VersionTLS12
 		}},
 	})
+	claims := NewClaims(clientset)
 	server.Register(MutatePath, &admission.Webhook{Handler: &Mutator{Configs: store, Sources: sources}})
+	server.Register(ValidatePath, &admission.Webhook{Handler: &Validator{Configs: store, Sources: sources,
+		PVCs: livePVCs(clientset), Claims: claims}})
+	leNamespace := o.LeaderElectionNamespace
+	if leNamespace == "" {
+		leNamespace = os.Getenv("POD_NAMESPACE")
+	}
+	if leNamespace == "" {
+		leNamespace = cfg.Source.Namespace
+	}
 
 	mgr, err := manager.New(o.RestConfig, manager.Options{
 		Logger:                 log,
 		Metrics:                metricsserver.Options{BindAddress: o.MetricsAddr, ExtraHandlers: map[string]http.Handler{"/configz": configzHandler(store)}},
 		HealthProbeBindAddress: o.ProbeAddr,
 		WebhookServer:          server,
+		// The webhook serves on every replica; election only picks the
+		// replica that releases claims.
+		LeaderElection:                true,
+		LeaderElectionID:              "clipjob-claim-releaser",
+		LeaderElectionNamespace:       leNamespace,
+		LeaderElectionReleaseOnCancel: true,
 	})
 	if err != nil {
+		return err
+	}
+	if err := mgr.Add(&Releaser{Client: clientset, Claims: claims, Configs: store,
+		SweepInterval: o.SweepInterval, Log: log.WithName("releaser")}); err != nil {
 		return err
 	}
 	// GetWebhookServer is what adds the server to the manager's runnables.
@@ -167,7 +194,7 @@ func Run(ctx context.Context, o Options) error {
 			log.Info("configuration reloaded", "hash", c.Hash(), "source", c.Source.Namespace+"/"+c.Source.Deployment)
 		},
 	})
-	log.Info("serving admission webhooks", "port", o.Port, "mutate", MutatePath)
+	log.Info("serving admission webhooks", "port", o.Port, "mutate", MutatePath, "validate", ValidatePath)
 	return mgr.Start(mgrCtx)
 }
 

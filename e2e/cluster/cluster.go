@@ -133,6 +133,8 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		"--service-account-key-file", pki("sa.pub"), "--service-account-signing-key-file", pki("sa.key"),
 		"--authorization-mode", "Node,RBAC",
 		"--enable-priority-and-fairness=false",
+		// As real clusters do, so privileged pods reach admission webhooks.
+		"--allow-privileged=true",
 		"--v", "1"); err != nil {
 		return nil, err
 	}

@@ -73,7 +73,7 @@ func run(keep bool) error {
 		return err
 	}
 	defer wh.Stop()
-	if err := harness.RegisterMutating(ctx, cs, wh.Addr, c.CA.CertPEM); err != nil {
+	if err := harness.Register(ctx, cs, wh.Addr, c.CA.CertPEM); err != nil {
 		return err
 	}
 	fmt.Printf("    Serving on https://%s, log %s\n", wh.Addr, wh.Log)

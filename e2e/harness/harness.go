@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -164,6 +165,34 @@ func (w *Webhook) Get(path string) (string, error) {
 	return string(b), err
 }
 
+// Counter sums the samples of a Prometheus counter whose line starts with
+// prefix and contains every one of match.
+func (w *Webhook) Counter(prefix string, match ...string) (float64, error) {
+	body, err := w.Get("/metrics")
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+lines:
+	for _, line := range strings.Split(body, "\n") {
+		if !strings.HasPrefix(line, prefix) {
+			continue
+		}
+		for _, m := range match {
+			if !strings.Contains(line, m) {
+				continue lines
+			}
+		}
+		fields := strings.Fields(line)
+		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		if err != nil {
+			return 0, fmt.Errorf("metric line %q: %w", line, err)
+		}
+		sum += v
+	}
+	return sum, nil
+}
+
 // Apply creates every object of a manifest file under examples/ (or an
 // absolute path), leaving existing ones alone.
 func Apply(ctx context.Context, c *cluster.Cluster, file string) error {
@@ -201,46 +230,80 @@ func Apply(ctx context.Context, c *cluster.Cluster, file string) error {
 	return nil
 }
 
-// MutatingWebhookName is the name of the registered configuration.
-const MutatingWebhookName = "clipjob-mutating"
+// Names of the registered configurations.
+const (
+	MutatingWebhookName   = "clipjob-mutating"
+	ValidatingWebhookName = "clipjob-validating"
+)
 
-// RegisterMutating registers the mutating webhook at addr as the chart
-// does: Jobs labeled as agent runs, outside kube-system, CREATE only,
-// failing closed, reinvoked if another webhook changes the Job.
-func RegisterMutating(ctx context.Context, cs kubernetes.Interface, addr string, caBundle []byte) error {
+// Register registers both webhooks at addr as the chart does: Jobs labeled
+// as agent runs, outside kube-system, failing closed. Mutation on CREATE,
+// reinvoked if another webhook changes the Job; validation on CREATE and
+// UPDATE, with side effects (the claim) skipped on dry run. Existing
+// configurations are replaced, so tests can re-point them.
+func Register(ctx context.Context, cs kubernetes.Interface, addr string, caBundle []byte) error {
+	return RegisterWithMutatingAt(ctx, cs, addr, addr, caBundle, admissionregistrationv1.Fail)
+}
+
+// RegisterWithMutatingAt is Register with the mutating webhook at its own
+// address and failure policy (tests point it at a dead port to see the
+// validating webhook hold the line alone).
+func RegisterWithMutatingAt(ctx context.Context, cs kubernetes.Interface, mutatingAddr, addr string, caBundle []byte, mutatingFailure admissionregistrationv1.FailurePolicyType) error {
+	objectSelector := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+		Key: templates.LabelAgentID, Operator: metav1.LabelSelectorOpExists}}}
+	nsSelector := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+		Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-system"}}}}
+	rule := func(ops ...admissionregistrationv1.OperationType) []admissionregistrationv1.RuleWithOperations {
+		return []admissionregistrationv1.RuleWithOperations{{
+			Operations: ops,
+			Rule: admissionregistrationv1.Rule{APIGroups: []string{"batch"}, APIVersions: []string{"v1"},
+				Resources: []string{"jobs"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)},
+		}}
+	}
+	client := func(addr, path string) admissionregistrationv1.WebhookClientConfig {
+		return admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://" + addr + path), CABundle: caBundle}
+	}
 	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: MutatingWebhookName},
 		Webhooks: []admissionregistrationv1.MutatingWebhook{{
-			Name: "jobs.clipjob.paperclip.io",
-			ClientConfig: admissionregistrationv1.WebhookClientConfig{
-				URL:      ptr.To("https://" + addr + webhook.MutatePath),
-				CABundle: caBundle,
-			},
-			Rules: []admissionregistrationv1.RuleWithOperations{{
-				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
-				Rule: admissionregistrationv1.Rule{APIGroups: []string{"batch"}, APIVersions: []string{"v1"},
-					Resources: []string{"jobs"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)},
-			}},
-			ObjectSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
-				Key: templates.LabelAgentID, Operator: metav1.LabelSelectorOpExists}}},
-			NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
-				Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-system"}}}},
+			Name:                    "mutate.jobs.clipjob.paperclip.io",
+			ClientConfig:            client(mutatingAddr, webhook.MutatePath),
+			Rules:                   rule(admissionregistrationv1.Create),
+			ObjectSelector:          objectSelector,
+			NamespaceSelector:       nsSelector,
 			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
-			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
+			FailurePolicy:           ptr.To(mutatingFailure),
 			ReinvocationPolicy:      ptr.To(admissionregistrationv1.IfNeededReinvocationPolicy),
 			TimeoutSeconds:          ptr.To[int32](5),
 			AdmissionReviewVersions: []string{"v1"},
 		}},
 	}
-	_, err := cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, mwc, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		old, gerr := cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, mwc.Name, metav1.GetOptions{})
-		if gerr != nil {
-			return gerr
-		}
-		mwc.ResourceVersion = old.ResourceVersion
-		_, err = cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Update(ctx, mwc, metav1.UpdateOptions{})
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: ValidatingWebhookName},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name:                    "validate.jobs.clipjob.paperclip.io",
+			ClientConfig:            client(addr, webhook.ValidatePath),
+			Rules:                   rule(admissionregistrationv1.Create, admissionregistrationv1.Update),
+			ObjectSelector:          objectSelector,
+			NamespaceSelector:       nsSelector,
+			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNoneOnDryRun),
+			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
+			TimeoutSeconds:          ptr.To[int32](10),
+			AdmissionReviewVersions: []string{"v1"},
+		}},
 	}
+	mwcs := cs.AdmissionregistrationV1().MutatingWebhookConfigurations()
+	if err := mwcs.Delete(ctx, mwc.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	if _, err := mwcs.Create(ctx, mwc, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	vwcs := cs.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	if err := vwcs.Delete(ctx, vwc.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	_, err := vwcs.Create(ctx, vwc, metav1.CreateOptions{})
 	return err
 }
 

@@ -1,0 +1,274 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/paperclipai/clipjob/e2e/cluster"
+	"github.com/paperclipai/clipjob/e2e/harness"
+	"github.com/paperclipai/clipjob/policy"
+	"github.com/paperclipai/clipjob/templates"
+)
+
+// (a) A disallowed image is denied with the message a user needs.
+func TestDisallowedImageDenied(t *testing.T) {
+	ctx := ctxT(t)
+	job := bareJob(t, "e2e-evil-image")
+	job.Spec.Template.Spec.Containers = []corev1.Container{{Name: "agent", Image: "evil.example.com/miner:1", Command: []string{"mine"}}}
+	_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Fatalf("want 403 Forbidden, got %v", err)
+	}
+	for _, want := range []string{`denied the request`, `spec.template.spec.containers[0].image`,
+		`container "agent": image "evil.example.com/miner:1"`, `is not allowed; allowed: `} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("message %q lacks %q", err, want)
+		}
+	}
+	assertNoJob(ctx, t, job.Name)
+}
+
+// (b) A privileged container is denied. The mutating webhook would restore
+// the floor, so this runs the case it exists for: mutation failing open
+// (endpoint gone, failurePolicy Ignore) and the validating webhook holding
+// the line on the final object. A hostPath volume, which the mutator does
+// not touch, is denied with both webhooks in place.
+func TestPrivilegedContainerDenied(t *testing.T) {
+	ctx := ctxT(t)
+	dead, _ := cluster.FreePorts(1)
+	if err := harness.RegisterWithMutatingAt(ctx, env.cs, fmt.Sprintf("127.0.0.1:%d", dead[0]), env.webhookAddr, env.cluster.CA.CertPEM, admissionregistrationv1.Ignore); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := harness.Register(context.Background(), env.cs, env.webhookAddr, env.cluster.CA.CertPEM); err != nil {
+			t.Error(err)
+		}
+	})
+	job := bareJob(t, "e2e-privileged")
+	job.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyNever
+	job.Spec.Template.Spec.Containers = []corev1.Container{{Name: "agent", Image: "ghcr.io/paperclipai/paperclip:v2026.11.3",
+		SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)}}}
+	_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `violates PodSecurity "restricted:latest": privileged (container "agent" must not set securityContext.privileged=true)`) {
+		t.Fatalf("want a PodSecurity denial naming the privileged container, got %v", err)
+	}
+	assertNoJob(ctx, t, job.Name)
+
+	if err := harness.Register(ctx, env.cs, env.webhookAddr, env.cluster.CA.CertPEM); err != nil {
+		t.Fatal(err)
+	}
+	hp := bareJob(t, "e2e-hostpath")
+	hp.Spec.Template.Spec.Volumes = []corev1.Volume{{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}}}
+	_, err = env.cs.BatchV1().Jobs(ns).Create(ctx, hp, metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `restricted volume types (volume "host" uses restricted volume type "hostPath")`) {
+		t.Fatalf("want a hostPath denial, got %v", err)
+	}
+}
+
+// (c) 100 concurrent creates for one agent, spread over three webhook
+// replicas, admit exactly one; the others get 409 naming it. Then (d) once
+// that run completes the next one is admitted at once, and (e) deleting a
+// running Job frees its agent.
+func TestOneActiveRunPerAgent(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	replicas := []string{env.webhook.Addr}
+	for i := 1; i < 3; i++ {
+		wh, err := harness.StartWebhook(ctx, env.cluster, env.webhookBin, fmt.Sprintf("webhook-%d", i), harness.Root()+"/examples/config.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(wh.Stop)
+		replicas = append(replicas, wh.Addr)
+		env.extra = append(env.extra, wh)
+	}
+	lb, err := harness.StartBalancer(replicas...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lb.Stop)
+	if err := harness.Register(ctx, env.cs, lb.Addr, env.cluster.CA.CertPEM); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = harness.Register(context.Background(), env.cs, env.webhookAddr, env.cluster.CA.CertPEM) })
+	before := validateCounts(t)
+
+	cfg := *env.cluster.Config
+	cfg.QPS, cfg.Burst = 1000, 1000
+	fast := kubernetes.NewForConfigOrDie(&cfg)
+	const n = 100
+	const agent = "agent-race"
+	var mu sync.Mutex
+	var admitted []string
+	var conflicts int
+	var other []error
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			job := bareJob(t, fmt.Sprintf("e2e-race-%03d", i))
+			job.Labels[templates.LabelAgentID] = agent
+			<-start
+			_, err := fast.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				admitted = append(admitted, job.Name)
+			case apierrors.IsConflict(err) && strings.Contains(err.Error(), `agent "agent-race" already has an active run: Job paperclip/e2e-race-`):
+				conflicts++
+			default:
+				other = append(other, err)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if len(admitted) != 1 || conflicts != n-1 || len(other) > 0 {
+		t.Fatalf("%d concurrent creates: admitted %v, %d conflicts, other errors %v", n, admitted, conflicts, other)
+	}
+	after := validateCounts(t)
+	for i := range replicas {
+		if after[i] <= before[i] {
+			t.Errorf("replica %d handled no validation (%v -> %v): the load did not spread", i, before, after)
+		}
+	}
+	t.Logf("admitted %s; %d refused with 409; validations per replica %v", admitted[0], conflicts, diff(before, after))
+
+	// (d) The admitted run completes (kwok ends its pod); the next run is
+	// admitted with no cleanup step.
+	winner := admitted[0]
+	finishRun(ctx, t, winner, "0")
+	next := bareJob(t, "e2e-race-next")
+	next.Labels[templates.LabelAgentID] = agent
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, next, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("run after completion refused: %v", err)
+	}
+	third := bareJob(t, "e2e-race-third")
+	third.Labels[templates.LabelAgentID] = agent
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, third, metav1.CreateOptions{}); !apierrors.IsConflict(err) {
+		t.Fatalf("a second active run was admitted: %v", err)
+	}
+
+	// (e) Deleting the running Job frees the agent, well inside the grace
+	// window for unseen Jobs: the releaser saw the deletion.
+	if err := env.cs.BatchV1().Jobs(ns).Delete(ctx, next.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)}); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, third, metav1.CreateOptions{})
+		if apierrors.IsConflict(err) {
+			return false, nil
+		}
+		return true, err
+	})
+	if err != nil {
+		t.Fatalf("agent still busy 10s after its Job was deleted: %v", err)
+	}
+	t.Logf("agent freed %s after deletion", time.Since(deleted).Round(10*time.Millisecond))
+}
+
+// (f) A dry-run create checks but writes no claim.
+func TestDryRunWritesNoClaim(t *testing.T) {
+	ctx := ctxT(t)
+	job := bareJob(t, "e2e-dry-claim")
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Fatal(err)
+	}
+	key := policy.KeyFor(job, env.configNow().Policy.Concurrency)
+	if _, err := env.cs.CoordinationV1().Leases(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("dry run wrote claim %s: %v", key.Name, err)
+	}
+	// A real create does write it, and a dry run of a second run is refused.
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.cs.CoordinationV1().Leases(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{}); err != nil {
+		t.Fatalf("real create wrote no claim: %v", err)
+	}
+	second := bareJob(t, "e2e-dry-claim-2")
+	second.Labels[templates.LabelAgentID] = job.Labels[templates.LabelAgentID]
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, second, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); !apierrors.IsConflict(err) {
+		t.Errorf("dry run of a second run: want 409, got %v", err)
+	}
+}
+
+// (g) Changing paperclip.io/agent-id on UPDATE is denied.
+func TestAgentLabelImmutable(t *testing.T) {
+	ctx := ctxT(t)
+	job, err := env.cs.BatchV1().Jobs(ns).Create(ctx, bareJob(t, "e2e-relabel"), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch := []byte(`{"metadata":{"labels":{"paperclip.io/agent-id":"agent-someone-else"}}}`)
+	_, err = env.cs.BatchV1().Jobs(ns).Patch(ctx, job.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `metadata.labels[paperclip.io/agent-id]: Invalid value: "agent-someone-else": is immutable (was "agent-e2e-relabel")`) {
+		t.Fatalf("want the agent-id change denied, got %v", err)
+	}
+	ok := []byte(`{"metadata":{"labels":{"team":"platform"}}}`)
+	if _, err := env.cs.BatchV1().Jobs(ns).Patch(ctx, job.Name, types.MergePatchType, ok, metav1.PatchOptions{}); err != nil {
+		t.Errorf("an unrelated label change was refused: %v", err)
+	}
+}
+
+func assertNoJob(ctx context.Context, t *testing.T, name string) {
+	t.Helper()
+	if _, err := env.cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("Job %s was stored: %v", name, err)
+	}
+}
+
+// finishRun makes kwok end the Job's pod with exitCode and waits for the
+// Job controller to mark the Job finished.
+func finishRun(ctx context.Context, t *testing.T, job, exitCode string) {
+	t.Helper()
+	pod := waitPod(ctx, t, job, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, cluster.AnnotationExitCode, exitCode)
+	if _, err := env.cs.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		j, err := env.cs.BatchV1().Jobs(ns).Get(ctx, job, metav1.GetOptions{})
+		return err == nil && policy.Finished(j), nil
+	})
+	if err != nil {
+		t.Fatalf("Job %s did not finish: %v", job, err)
+	}
+}
+
+func validateCounts(t *testing.T) []float64 {
+	t.Helper()
+	var out []float64
+	for _, w := range append([]*harness.Webhook{env.webhook}, env.extra...) {
+		v, err := w.Counter(`clipjob_admission_requests_total{dry_run="false",`, `webhook="validate"`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+func diff(a, b []float64) []float64 {
+	out := make([]float64, len(b))
+	for i := range b {
+		out[i] = b[i] - a[i]
+	}
+	return out
+}

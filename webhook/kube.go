@@ -1,0 +1,78 @@
+package webhook
+
+import (
+	"context"
+
+	batchv1 "k8s.io/api/batch/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/paperclipai/clipjob/policy"
+)
+
+// The adapters below reach the API server live, never through a cache:
+// claims and PVC checks must see what the API server has now.
+
+type leaseAPI struct{ cs kubernetes.Interface }
+
+var _ policy.LeaseAPI = leaseAPI{}
+
+func dryRunOpt(dryRun bool) []string {
+	if dryRun {
+		return []string{metav1.DryRunAll}
+	}
+	return nil
+}
+
+func (l leaseAPI) Get(ctx context.Context, ns, name string) (*coordinationv1.Lease, error) {
+	return l.cs.CoordinationV1().Leases(ns).Get(ctx, name, metav1.GetOptions{})
+}
+
+func (l leaseAPI) Create(ctx context.Context, lease *coordinationv1.Lease, dryRun bool) (*coordinationv1.Lease, error) {
+	return l.cs.CoordinationV1().Leases(lease.Namespace).Create(ctx, lease, metav1.CreateOptions{DryRun: dryRunOpt(dryRun)})
+}
+
+func (l leaseAPI) Update(ctx context.Context, lease *coordinationv1.Lease, dryRun bool) (*coordinationv1.Lease, error) {
+	return l.cs.CoordinationV1().Leases(lease.Namespace).Update(ctx, lease, metav1.UpdateOptions{DryRun: dryRunOpt(dryRun)})
+}
+
+func (l leaseAPI) Delete(ctx context.Context, ns, name, rv string) error {
+	return l.cs.CoordinationV1().Leases(ns).Delete(ctx, name, metav1.DeleteOptions{
+		Preconditions: &metav1.Preconditions{ResourceVersion: ptr.To(rv)},
+	})
+}
+
+func (l leaseAPI) List(ctx context.Context) ([]coordinationv1.Lease, error) {
+	list, err := l.cs.CoordinationV1().Leases(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		LabelSelector: policy.LabelClaim + "=" + policy.ClaimKindAgent,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return list.Items, nil
+}
+
+type jobAPI struct{ cs kubernetes.Interface }
+
+var _ policy.JobAPI = jobAPI{}
+
+func (j jobAPI) Get(ctx context.Context, ns, name string) (*batchv1.Job, error) {
+	return j.cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
+}
+
+// PVCGetter looks a PersistentVolumeClaim up.
+type PVCGetter func(ctx context.Context, namespace, name string) (*corev1.PersistentVolumeClaim, error)
+
+func livePVCs(cs kubernetes.Interface) PVCGetter {
+	return func(ctx context.Context, ns, name string) (*corev1.PersistentVolumeClaim, error) {
+		return cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
+	}
+}
+
+// NewClaims returns run claims backed by the API server.
+func NewClaims(cs kubernetes.Interface) *policy.Claims {
+	return &policy.Claims{Leases: leaseAPI{cs}, Jobs: jobAPI{cs}, OnRetry: func() { claimRetries.Inc() }}
+}

@@ -1,0 +1,143 @@
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/policy"
+	"github.com/paperclipai/clipjob/templates"
+)
+
+// Validator enforces policy on the final Job and claims the agent's run.
+type Validator struct {
+	Configs ConfigSource
+	// Sources supplies the source Deployment's image, which is always
+	// allowed. A missing source only narrows the allowlist.
+	Sources InheritedSource
+	PVCs    PVCGetter
+	Claims  *policy.Claims
+	Now     func() time.Time
+}
+
+var _ admission.Handler = (*Validator)(nil)
+
+// Handle implements admission.Handler.
+func (v *Validator) Handle(ctx context.Context, req admission.Request) admission.Response {
+	now := time.Now
+	if v.Now != nil {
+		now = v.Now
+	}
+	start := now()
+	resp, outcome := v.validate(ctx, req)
+	observe("validate", outcome, req.DryRun != nil && *req.DryRun, now().Sub(start))
+	if outcome == OutcomeDenied || outcome == OutcomeErrored {
+		log.FromContext(ctx).Info("agent Job refused", "job", req.Namespace+"/"+nameOf(req),
+			"operation", req.Operation, "code", resp.Result.Code, "reason", resp.Result.Message)
+	}
+	return resp
+}
+
+// Outcomes specific to validation.
+const OutcomeAllowed = "allowed"
+
+func (v *Validator) validate(ctx context.Context, req admission.Request) (admission.Response, string) {
+	var op policy.Operation
+	switch req.Operation {
+	case admissionv1.Create:
+		op = policy.Create
+	case admissionv1.Update:
+		op = policy.Update
+	default:
+		return admission.Allowed("clipjob validates CREATE and UPDATE only"), OutcomeSkipped
+	}
+	if gvk := schema.GroupVersionKind(req.Kind); gvk != jobKind {
+		return admission.Allowed(fmt.Sprintf("clipjob validates %s only, not %s", jobKind, gvk)), OutcomeSkipped
+	}
+	job, _, err := decodeJob(req.Object.Raw)
+	if err != nil {
+		return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
+	}
+	var old *batchv1.Job
+	if op == policy.Update {
+		if old, _, err = decodeJob(req.OldObject.Raw); err != nil {
+			return admission.Errored(http.StatusBadRequest, fmt.Errorf("old object: %w", err)), OutcomeErrored
+		}
+	}
+	if !templates.IsAgentJob(job.Labels) && (old == nil || !templates.IsAgentJob(old.Labels)) {
+		return admission.Allowed("not an agent Job"), OutcomeSkipped
+	}
+	if job.Namespace == "" {
+		job.Namespace = req.Namespace
+	}
+	cfg := v.Configs.Current()
+	d := policy.Evaluate(policy.Input{
+		Operation: op, Job: job, Old: old, Config: cfg,
+		SourceImages: v.sourceImages(ctx, cfg),
+		Claims: func(ns, name string) (*corev1.PersistentVolumeClaim, error) {
+			return v.PVCs(ctx, ns, name)
+		},
+	})
+	for _, r := range d.Checked {
+		policyDecisions.WithLabelValues(r, ruleOutcome(r, d.Failed)).Inc()
+	}
+	if !d.Allowed() {
+		if internal := d.Errs.Filter(notInternal); len(internal) > 0 {
+			return admission.Errored(http.StatusInternalServerError, internal.ToAggregate()).WithWarnings(d.Warnings...), OutcomeErrored
+		}
+		return denial(http.StatusForbidden, metav1.StatusReasonForbidden, d.Errs.ToAggregate().Error()).WithWarnings(d.Warnings...), OutcomeDenied
+	}
+	if op == policy.Create && cfg.Policy.Concurrency.Mode == config.ModeReject {
+		dryRun := req.DryRun != nil && *req.DryRun
+		err := v.Claims.Acquire(ctx, job, cfg.Policy.Concurrency, dryRun)
+		switch {
+		case policy.IsBusy(err):
+			claimConflicts.Inc()
+			policyDecisions.WithLabelValues(policy.RuleConcurrency, "denied").Inc()
+			return denial(http.StatusConflict, metav1.StatusReasonConflict, err.Error()).WithWarnings(d.Warnings...), OutcomeDenied
+		case err != nil:
+			policyDecisions.WithLabelValues(policy.RuleConcurrency, "error").Inc()
+			return admission.Errored(http.StatusInternalServerError, err).WithWarnings(d.Warnings...), OutcomeErrored
+		}
+		policyDecisions.WithLabelValues(policy.RuleConcurrency, "allowed").Inc()
+	}
+	return admission.Allowed("").WithWarnings(d.Warnings...), OutcomeAllowed
+}
+
+// notInternal keeps, through Filter, only internal errors (lookups that
+// failed), which fail the request as errors rather than denials.
+func notInternal(err error) bool {
+	fe, ok := err.(*field.Error)
+	return !ok || fe.Type != field.ErrorTypeInternal
+}
+
+func ruleOutcome(rule string, failed []string) string {
+	for _, f := range failed {
+		if f == rule {
+			return "denied"
+		}
+	}
+	return "allowed"
+}
+
+func (v *Validator) sourceImages(ctx context.Context, cfg *config.Config) []string {
+	if v.Sources == nil {
+		return nil
+	}
+	inh, err := v.Sources.Inherited(ctx, cfg)
+	if err != nil {
+		return nil
+	}
+	return []string{inh.Image}
+}
