@@ -214,15 +214,9 @@ func TestCLIRendersWhatTheClusterStores(t *testing.T) {
 	}
 	dep.APIVersion, dep.Kind = "apps/v1", "Deployment"
 	dir := t.TempDir()
-	write := func(name string, obj any) string {
-		data, _ := yaml.Marshal(obj)
-		p := filepath.Join(dir, name)
-		_ = os.WriteFile(p, data, 0o644)
-		return p
-	}
 	job.APIVersion, job.Kind = "batch/v1", "Job"
 	var out, errb bytes.Buffer
-	code := app.Main([]string{"render", "-f", write("job.yaml", job), "--source", write("dep.yaml", dep),
+	code := app.Main([]string{"render", "-f", writeYAMLFile(t, dir, "job.yaml", job), "--source", writeYAMLFile(t, dir, "dep.yaml", dep),
 		"--config", filepath.Join(harness.Root(), "examples", "config.yaml")}, nil, &out, &errb)
 	if code != 0 {
 		t.Fatalf("clipjob render: %s", errb.String())

@@ -1,14 +1,18 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,7 +20,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
+	"github.com/paperclipai/clipjob/cmd/clipjob/app"
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
 	"github.com/paperclipai/clipjob/policy"
@@ -271,4 +277,61 @@ func diff(a, b []float64) []float64 {
 		out[i] = b[i] - a[i]
 	}
 	return out
+}
+
+// TestCheckGivesTheWebhooksVerdict runs `clipjob check` and the cluster on
+// the same Jobs, with the Deployment, PVC and config the webhooks use: the
+// verdicts and the denial text agree.
+func TestCheckGivesTheWebhooksVerdict(t *testing.T) {
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	dep, err := env.cs.AppsV1().Deployments(ns).Get(ctx, "paperclip", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dep.APIVersion, dep.Kind = "apps/v1", "Deployment"
+	pvc, err := env.cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "paperclip-data", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pvc.APIVersion, pvc.Kind = "v1", "PersistentVolumeClaim"
+
+	good := bareJob(t, "e2e-check-good")
+	evil := bareJob(t, "e2e-check-evil")
+	evil.Spec.Template.Spec.Containers = []corev1.Container{{Name: "agent", Image: "quay.io/evil/agent:2", Command: []string{"x"}}}
+	rooted := bareJob(t, "e2e-check-hostpath")
+	rooted.Spec.Template.Spec.Volumes = []corev1.Volume{{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/etc"}}}}
+
+	for _, job := range []*batchv1.Job{good, evil, rooted} {
+		job.APIVersion, job.Kind = "batch/v1", "Job"
+		var out, errb bytes.Buffer
+		code := app.Main([]string{"check", "-f", writeYAMLFile(t, dir, job.Name+".yaml", job),
+			"--source", writeYAMLFile(t, dir, "dep.yaml", dep), "--pvc", writeYAMLFile(t, dir, "pvc.yaml", pvc),
+			"--config", env.webhook.ConfigFile}, nil, &out, &errb)
+		_, werr := env.cs.BatchV1().Jobs(ns).Create(ctx, job.DeepCopy(), metav1.CreateOptions{})
+		cliAllowed := code == 0
+		if cliAllowed != (werr == nil) {
+			t.Errorf("%s: clipjob check exit %d (%s), cluster: %v", job.Name, code, strings.TrimSpace(out.String()), werr)
+			continue
+		}
+		if werr != nil {
+			verdict := strings.TrimSpace(strings.TrimPrefix(out.String(), "job/"+job.Name+": denied: "))
+			if !strings.Contains(werr.Error(), verdict) {
+				t.Errorf("%s: the webhook said\n  %v\nclipjob check said\n  %s", job.Name, werr, verdict)
+			}
+		}
+	}
+}
+
+func writeYAMLFile(t *testing.T, dir, name string, obj any) string {
+	t.Helper()
+	data, err := yaml.Marshal(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

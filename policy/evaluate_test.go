@@ -194,3 +194,19 @@ func TestEvaluateUpdate(t *testing.T) {
 		t.Error("adding paperclip.io/agent-id on UPDATE was allowed")
 	}
 }
+
+// TestEveryRenderedFixturePasses: whatever a client asks for, what the
+// mutating webhook renders satisfies the policy, Pod Security included.
+func TestEveryRenderedFixturePasses(t *testing.T) {
+	for _, c := range golden.Cases(t) {
+		res, err := c.Render()
+		if err != nil {
+			continue // refused by the mutating webhook already
+		}
+		d := Evaluate(Input{Operation: Create, Job: res.Job, Config: c.Config,
+			SourceImages: []string{c.Source.Spec.Template.Spec.Containers[len(c.Source.Spec.Template.Spec.Containers)-1].Image}, Claims: rwx})
+		if !d.Allowed() {
+			t.Errorf("%s: rendered Job denied: %v", c.Name, d.Errs)
+		}
+	}
+}

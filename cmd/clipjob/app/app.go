@@ -20,9 +20,12 @@ const usage = `clipjob renders Paperclip agent Jobs as the clipjob webhook would
 
 Usage:
   clipjob render -f job.yaml --source deployment.yaml [--config config.yaml]
+  clipjob check  -f job.yaml [--source deployment.yaml] [--pvc pvc.yaml] [--config config.yaml]
 
 Commands:
   render   print the complete Job(s) the webhook would store for a bare Job
+  check    evaluate Job(s) against the policy as the validating webhook does;
+           with --source, render them first, as the mutating webhook would
 
 Run 'clipjob COMMAND -h' for the flags of a command.
 `
@@ -40,6 +43,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "render":
 		return run(render, args[1:], stdin, stdout, stderr)
+	case "check":
+		return run(check, args[1:], stdin, stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "clipjob: unknown command %q\n\n%s", args[0], usage)
 		return 2
@@ -65,17 +70,38 @@ func run(cmd func([]string, io.Reader, io.Writer, io.Writer) error, args []strin
 	}
 }
 
-func render(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("render", flag.ContinueOnError)
+// commonFlags are the inputs every command reads.
+type commonFlags struct {
+	fs                        *flag.FlagSet
+	jobFile, cfgFile, srcFile *string
+}
+
+func newFlags(name, jobHelp string, stderr io.Writer) commonFlags {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	jobFile := fs.String("f", "", `Job manifest(s) to render ("-" for stdin); other kinds pass through`)
-	cfgFile := fs.String("config", "", "clipjob Config file (default: the built-in configuration)")
-	srcFile := fs.String("source", "", "manifest of the source Deployment (the Paperclip server)")
-	if err := fs.Parse(args); err != nil {
+	return commonFlags{
+		fs:      fs,
+		jobFile: fs.String("f", "", jobHelp),
+		cfgFile: fs.String("config", "", "clipjob Config file (default: the built-in configuration)"),
+		srcFile: fs.String("source", "", "manifest of the source Deployment (the Paperclip server)"),
+	}
+}
+
+func (c commonFlags) parse(args []string) error {
+	if err := c.fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
 		return usageError{err}
+	}
+	return nil
+}
+
+func render(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	f := newFlags("render", `Job manifest(s) to render ("-" for stdin); other kinds pass through`, stderr)
+	fs, jobFile, cfgFile, srcFile := f.fs, f.jobFile, f.cfgFile, f.srcFile
+	if err := f.parse(args); err != nil {
+		return err
 	}
 	if *jobFile == "" || *srcFile == "" {
 		fs.Usage()

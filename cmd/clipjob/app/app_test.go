@@ -136,3 +136,60 @@ func TestRenderStrictManifest(t *testing.T) {
 		t.Errorf("exit %d stderr %q; want the misspelt field named", code, stderr.String())
 	}
 }
+
+func TestCheck(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(golden.Dir(), "source.yaml")
+	jobs := filepath.Join(dir, "jobs.yaml")
+	_ = os.WriteFile(jobs, []byte(`apiVersion: batch/v1
+kind: Job
+metadata:
+  name: good
+  namespace: paperclip
+  labels: {paperclip.io/agent-id: a1, paperclip.io/run-id: r1, paperclip.io/adapter-type: claude_local}
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: evil
+  namespace: paperclip
+  labels: {paperclip.io/agent-id: a2, paperclip.io/run-id: r2}
+spec:
+  template:
+    spec:
+      containers: [{name: miner, image: "evil.example.com/miner:1"}]
+`), 0o644)
+	pvc := filepath.Join(dir, "pvc.yaml")
+	_ = os.WriteFile(pvc, []byte(`apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: paperclip-data, namespace: paperclip}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+`), 0o644)
+	var stdout, stderr bytes.Buffer
+	code := Main([]string{"check", "-f", jobs, "--source", src, "--pvc", pvc}, nil, &stdout, &stderr)
+	if code != 1 {
+		t.Fatalf("exit %d, want 1 (one Job denied): %s", code, stderr.String())
+	}
+	out := stdout.String()
+	if !strings.Contains(out, "job/good: allowed") {
+		t.Errorf("good Job not allowed:\n%s", out)
+	}
+	if !strings.Contains(out, `job/evil: denied: spec.template.spec.containers[0].image: Forbidden: container "miner": image "evil.example.com/miner:1"`) {
+		t.Errorf("evil Job's denial does not name container and image:\n%s", out)
+	}
+	if !strings.Contains(stderr.String(), "is not ReadWriteMany") {
+		t.Errorf("the RWO claim was not warned about: %s", stderr.String())
+	}
+
+	// Without the claim's manifest the claim is missing: a denial.
+	stdout.Reset()
+	stderr.Reset()
+	empty := filepath.Join(dir, "none.yaml")
+	_ = os.WriteFile(empty, []byte("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: other, namespace: paperclip}\n"), 0o644)
+	Main([]string{"check", "-f", jobs, "--source", src, "--pvc", empty}, nil, &stdout, &stderr)
+	if !strings.Contains(stdout.String(), `job/good: denied: spec.template.spec.volumes[0].persistentVolumeClaim.claimName: Not found`) {
+		t.Errorf("missing claim not denied:\n%s", stdout.String())
+	}
+}

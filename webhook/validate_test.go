@@ -1,0 +1,153 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/paperclipai/clipjob/internal/golden"
+	"github.com/paperclipai/clipjob/policy"
+	"github.com/paperclipai/clipjob/templates"
+)
+
+func renderedCase(t *testing.T) (*batchv1.Job, *Validator, *fake.Clientset) {
+	t.Helper()
+	c := golden.Cases(t)[0]
+	res, err := c.Render()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inh, _ := templates.InheritFromDeployment(c.Source, c.Config.Source)
+	cs := fake.NewClientset(&corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "paperclip-data", Namespace: "paperclip"},
+		Spec:       corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}},
+	})
+	v := &Validator{Configs: staticConfig{c.Config}, Sources: staticSource{inh, nil}, PVCs: livePVCs(cs), Claims: NewClaims(cs)}
+	job := res.Job
+	job.UID = types.UID("uid-" + job.Name)
+	return job, v, cs
+}
+
+func validateRequest(t *testing.T, op admissionv1.Operation, job, old *batchv1.Job, dryRun bool) admission.Request {
+	t.Helper()
+	raw, _ := json.Marshal(job)
+	req := createRequest(t, raw)
+	req.Operation = op
+	req.DryRun = ptr.To(dryRun)
+	if old != nil {
+		req.OldObject = runtime.RawExtension{Raw: mustJSON(old)}
+	}
+	return req
+}
+
+func mustJSON(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}
+
+func TestValidatorAdmitsThenRefusesSecondRun(t *testing.T) {
+	job, v, cs := renderedCase(t)
+	ctx := context.Background()
+	if resp := v.Handle(ctx, validateRequest(t, admissionv1.Create, job, nil, false)); !resp.Allowed {
+		t.Fatalf("rendered Job refused: %v", resp.Result.Message)
+	}
+	leases, _ := cs.CoordinationV1().Leases("paperclip").List(ctx, metav1.ListOptions{LabelSelector: policy.LabelClaim})
+	if len(leases.Items) != 1 {
+		t.Fatalf("%d claims written, want 1", len(leases.Items))
+	}
+	// The holder exists and runs.
+	if _, err := cs.BatchV1().Jobs("paperclip").Create(ctx, job, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	second := job.DeepCopy()
+	second.Name, second.UID = "run-second", "uid-second"
+	resp := v.Handle(ctx, validateRequest(t, admissionv1.Create, second, nil, false))
+	if resp.Allowed || resp.Result.Code != http.StatusConflict || resp.Result.Reason != metav1.StatusReasonConflict {
+		t.Fatalf("second run: allowed %v code %d", resp.Allowed, resp.Result.Code)
+	}
+	if !strings.Contains(resp.Result.Message, `already has an active run: Job paperclip/`+job.Name+` (run run-01jd8x)`) {
+		t.Errorf("409 message %q does not name the active Job", resp.Result.Message)
+	}
+}
+
+func TestValidatorDryRunWritesNoClaim(t *testing.T) {
+	job, v, cs := renderedCase(t)
+	ctx := context.Background()
+	if resp := v.Handle(ctx, validateRequest(t, admissionv1.Create, job, nil, true)); !resp.Allowed {
+		t.Fatal(resp.Result.Message)
+	}
+	// The fake clientset stores dry runs anyway; what matters is that the
+	// write went to the API server as a dry run.
+	creates := 0
+	for _, a := range cs.Actions() {
+		if c, ok := a.(clienttesting.CreateActionImpl); ok && a.GetResource().Resource == "leases" {
+			creates++
+			if len(c.CreateOptions.DryRun) != 1 || c.CreateOptions.DryRun[0] != metav1.DryRunAll {
+				t.Errorf("lease created without dryRun=All: %+v", c.CreateOptions)
+			}
+		}
+	}
+	if creates != 1 {
+		t.Errorf("%d lease creates, want 1 (dry run)", creates)
+	}
+}
+
+func TestValidatorOutcomes(t *testing.T) {
+	job, v, _ := renderedCase(t)
+	ctx := context.Background()
+
+	evil := job.DeepCopy()
+	evil.Spec.Template.Spec.Containers[0].Image = "evil.example.com/x:1"
+	relabeled := job.DeepCopy()
+	relabeled.Labels[templates.LabelAgentID] = "someone-else"
+	plain := job.DeepCopy()
+	delete(plain.Labels, templates.LabelAgentID)
+
+	failingPVCs := *v
+	failingPVCs.PVCs = func(context.Context, string, string) (*corev1.PersistentVolumeClaim, error) {
+		return nil, errors.New("etcdserver: request timed out")
+	}
+	tests := []struct {
+		name     string
+		v        *Validator
+		req      admission.Request
+		allowed  bool
+		code     int32
+		contains string
+	}{
+		{"image denied", v, validateRequest(t, admissionv1.Create, evil, nil, false), false, http.StatusForbidden, `image "evil.example.com/x:1"`},
+		{"agent relabeled on update", v, validateRequest(t, admissionv1.Update, relabeled, job, false), false, http.StatusForbidden, "is immutable"},
+		{"label removed on update", v, validateRequest(t, admissionv1.Update, plain, job, false), false, http.StatusForbidden, "is immutable"},
+		{"plain Job skipped", v, validateRequest(t, admissionv1.Create, plain, nil, false), true, http.StatusOK, "not an agent Job"},
+		{"delete skipped", v, validateRequest(t, admissionv1.Delete, job, nil, false), true, http.StatusOK, "CREATE and UPDATE only"},
+		{"lookup failure is an error, not a denial", &failingPVCs, validateRequest(t, admissionv1.Create, job, nil, false), false, http.StatusInternalServerError, "request timed out"},
+		{"malformed old object", v, func() admission.Request {
+			r := validateRequest(t, admissionv1.Update, job, nil, false)
+			r.OldObject.Raw = []byte(`{`)
+			return r
+		}(), false, http.StatusBadRequest, "old object"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp := tt.v.Handle(ctx, tt.req)
+			if resp.Allowed != tt.allowed || resp.Result.Code != tt.code || !strings.Contains(resp.Result.Message, tt.contains) {
+				t.Errorf("allowed %v code %d message %q; want %v %d containing %q",
+					resp.Allowed, resp.Result.Code, resp.Result.Message, tt.allowed, tt.code, tt.contains)
+			}
+		})
+	}
+}
