@@ -60,9 +60,11 @@ type Webhook struct {
 	ProbeAddr, MetricsAddr string
 	// ConfigFile is the config it watches; rewrite it to reconfigure.
 	ConfigFile string
-	Log        string
-	cmd        *exec.Cmd
-	done       chan error
+	// CertDir holds tls.crt and tls.key; replace them to rotate.
+	CertDir string
+	Log     string
+	cmd     *exec.Cmd
+	done    chan error
 }
 
 // StartWebhook runs the binary at bin against c with the config at
@@ -84,7 +86,7 @@ func StartWebhook(ctx context.Context, c *cluster.Cluster, bin, name, configFile
 	if err != nil {
 		return nil, err
 	}
-	w := &Webhook{ConfigFile: filepath.Join(dir, "config.yaml"), Log: filepath.Join(dir, "webhook.log"), done: make(chan error, 1)}
+	w := &Webhook{ConfigFile: filepath.Join(dir, "config.yaml"), CertDir: certDir, Log: filepath.Join(dir, "webhook.log"), done: make(chan error, 1)}
 	if err := os.WriteFile(w.ConfigFile, data, 0o644); err != nil {
 		return nil, err
 	}
