@@ -8,7 +8,10 @@ KUBE_BIN   = $(shell bash hack/kube-binaries.sh)
 DEMO_FLAGS ?=
 FUZZTIME  ?= 30s
 
-.PHONY: all build test unit e2e demo kube-binaries fuzz lint fmt vet clean
+BENCH_N   ?= 300
+BENCH_C   ?= 1,10,50
+
+.PHONY: all build test unit e2e demo bench kube-binaries fuzz lint fmt vet clean
 
 all: build
 
@@ -30,6 +33,10 @@ unit: ## Unit and golden tests only (no control plane)
 
 e2e: kube-binaries ## The e2e suite alone
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 30m -v ./e2e/
+
+bench: kube-binaries ## Go benchmarks of the hot paths, then Job creation with and without the webhooks
+	$(GOTEST) -run XXX -bench . -benchmem -count 5 ./templates/ ./policy/ ./webhook/
+	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/bench -n $(BENCH_N) -c $(BENCH_C)
 
 fuzz: ## Fuzz the admission decode paths for FUZZTIME each
 	$(GOTEST) -run XXX -fuzz FuzzAdmissionReview -fuzztime $(FUZZTIME) ./webhook/

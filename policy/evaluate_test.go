@@ -20,7 +20,7 @@ const sourceImage = "ghcr.io/paperclipai/paperclip:v2026.11.3"
 
 // renderedJob is the claude_local golden case after rendering: a Job the
 // mutating webhook produced, which must pass every rule.
-func renderedJob(t *testing.T) *batchv1.Job {
+func renderedJob(t testing.TB) *batchv1.Job {
 	t.Helper()
 	for _, c := range golden.Cases(t) {
 		if c.Name == "profile-claude_local" {
@@ -42,7 +42,7 @@ func rwx(ns, name string) (*corev1.PersistentVolumeClaim, error) {
 	}, nil
 }
 
-func mustConfig(t *testing.T, yaml string) *config.Config {
+func mustConfig(t testing.TB, yaml string) *config.Config {
 	t.Helper()
 	cfg, err := config.Parse([]byte("apiVersion: clipjob.paperclip.io/v1alpha1\nkind: Config\n" + yaml))
 	if err != nil {

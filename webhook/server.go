@@ -55,6 +55,11 @@ type Options struct {
 	LeaderElectionNamespace string
 	// SweepInterval between sweeps of stale claims. Default 1m.
 	SweepInterval time.Duration
+	// KubeAPIQPS and KubeAPIBurst bound the webhook's own calls to the API
+	// server (claims, PVC checks). An admission must never wait on a
+	// client-side rate limiter. Default 200 and 400.
+	KubeAPIQPS   float32
+	KubeAPIBurst int
 	// RestConfig reaches the API server. Required.
 	RestConfig *rest.Config
 	// Log is the logger. Default: discard.
@@ -70,6 +75,12 @@ func (o *Options) setDefaults() {
 	}
 	if o.ProbeAddr == "" {
 		o.ProbeAddr = ":8081"
+	}
+	if o.KubeAPIQPS == 0 {
+		o.KubeAPIQPS = 200
+	}
+	if o.KubeAPIBurst == 0 {
+		o.KubeAPIBurst = 400
 	}
 }
 
@@ -96,7 +107,9 @@ func Run(ctx context.Context, o Options) error {
 	log.Info("configuration loaded", "file", o.ConfigFile, "hash", cfg.Hash(),
 		"source", cfg.Source.Namespace+"/"+cfg.Source.Deployment, "profiles", cfg.ProfileNames())
 
-	clientset, err := kubernetes.NewForConfig(o.RestConfig)
+	rc := rest.CopyConfig(o.RestConfig)
+	rc.QPS, rc.Burst = o.KubeAPIQPS, o.KubeAPIBurst
+	clientset, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return err
 	}

@@ -24,9 +24,13 @@ func main() {
 	flag.DurationVar(&o.ShutdownDelay, "shutdown-delay", 0, "keep serving this long after SIGTERM while reporting not ready")
 	flag.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the Lease electing the claim releaser (default $POD_NAMESPACE, else the source namespace)")
 	flag.DurationVar(&o.SweepInterval, "claim-sweep-interval", 0, "how often to delete claims of finished or vanished Jobs (default 1m)")
+	var qps float64
+	flag.Float64Var(&qps, "kube-api-qps", 200, "queries per second to the API server (claims, PVC checks)")
+	flag.IntVar(&o.KubeAPIBurst, "kube-api-burst", 400, "burst of queries to the API server")
 	zo := zap.Options{}
 	zo.BindFlags(flag.CommandLine)
 	flag.Parse()
+	o.KubeAPIQPS = float32(qps)
 
 	o.Log = zap.New(zap.UseFlagOptions(&zo))
 	ctrl.SetLogger(o.Log)

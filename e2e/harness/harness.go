@@ -105,7 +105,7 @@ func StartWebhook(ctx context.Context, c *cluster.Cluster, bin, name, configFile
 		"--config", w.ConfigFile, "--config-poll-interval", "200ms",
 		"--cert-dir", certDir, "--host", "127.0.0.1", "--port", strconv.Itoa(ports[0]),
 		"--health-probe-bind-address", w.ProbeAddr, "--metrics-bind-address", w.MetricsAddr,
-		"--kubeconfig", c.Kubeconfig, "--zap-log-level", "debug")
+		"--kubeconfig", c.Kubeconfig)
 	w.cmd.Stdout, w.cmd.Stderr = logf, logf
 	w.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := w.cmd.Start(); err != nil {
