@@ -55,26 +55,13 @@ func run(m *testing.M) (code int) {
 		c.Stop()
 	}()
 	env.cluster, env.cs = c, c.Clientset()
-	bin, err := harness.Build(c.Dir, "clipjob-webhook")
+	wh, bin, err := harness.Install(ctx, c, "webhook-0")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	if err := harness.Apply(ctx, c, "examples/paperclip.yaml"); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: installing the example Paperclip:", err)
-		return 1
-	}
-	wh, err := harness.StartWebhook(ctx, c, bin, "webhook-0", harness.Root()+"/examples/config.yaml")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: webhook:", err)
-		return 1
-	}
 	defer wh.Stop()
 	env.webhook, env.webhookAddr, env.webhookBin = wh, wh.Addr, bin
-	if err := harness.Register(ctx, env.cs, wh.Addr, c.CA.CertPEM); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: registering the webhook:", err)
-		return 1
-	}
 	code = m.Run()
 	if code != 0 {
 		fmt.Fprintf(os.Stderr, "e2e: failed; webhook log %s, cluster logs %s\n", wh.Log, c.Dir+"/logs")

@@ -18,6 +18,7 @@ import (
 
 	"github.com/paperclipai/clipjob/cmd/clipjob/app"
 	"github.com/paperclipai/clipjob/e2e/harness"
+	"github.com/paperclipai/clipjob/internal/golden"
 	"github.com/paperclipai/clipjob/internal/manifest"
 	"github.com/paperclipai/clipjob/templates"
 )
@@ -216,7 +217,7 @@ func TestCLIRendersWhatTheClusterStores(t *testing.T) {
 	dir := t.TempDir()
 	job.APIVersion, job.Kind = "batch/v1", "Job"
 	var out, errb bytes.Buffer
-	code := app.Main([]string{"render", "-f", writeYAMLFile(t, dir, "job.yaml", job), "--source", writeYAMLFile(t, dir, "dep.yaml", dep),
+	code := app.Main([]string{"render", "-f", golden.WriteYAML(t, dir, "job.yaml", job), "--source", golden.WriteYAML(t, dir, "dep.yaml", dep),
 		"--config", filepath.Join(harness.Root(), "examples", "config.yaml")}, nil, &out, &errb)
 	if code != 0 {
 		t.Fatalf("clipjob render: %s", errb.String())

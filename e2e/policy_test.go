@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -20,11 +18,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/yaml"
 
 	"github.com/paperclipai/clipjob/cmd/clipjob/app"
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
+	"github.com/paperclipai/clipjob/internal/golden"
 	"github.com/paperclipai/clipjob/policy"
 	"github.com/paperclipai/clipjob/templates"
 )
@@ -305,8 +303,8 @@ func TestCheckGivesTheWebhooksVerdict(t *testing.T) {
 	for _, job := range []*batchv1.Job{good, evil, rooted} {
 		job.APIVersion, job.Kind = "batch/v1", "Job"
 		var out, errb bytes.Buffer
-		code := app.Main([]string{"check", "-f", writeYAMLFile(t, dir, job.Name+".yaml", job),
-			"--source", writeYAMLFile(t, dir, "dep.yaml", dep), "--pvc", writeYAMLFile(t, dir, "pvc.yaml", pvc),
+		code := app.Main([]string{"check", "-f", golden.WriteYAML(t, dir, job.Name+".yaml", job),
+			"--source", golden.WriteYAML(t, dir, "dep.yaml", dep), "--pvc", golden.WriteYAML(t, dir, "pvc.yaml", pvc),
 			"--config", env.webhook.ConfigFile}, nil, &out, &errb)
 		_, werr := env.cs.BatchV1().Jobs(ns).Create(ctx, job.DeepCopy(), metav1.CreateOptions{})
 		cliAllowed := code == 0
@@ -321,17 +319,4 @@ func TestCheckGivesTheWebhooksVerdict(t *testing.T) {
 			}
 		}
 	}
-}
-
-func writeYAMLFile(t *testing.T, dir, name string, obj any) string {
-	t.Helper()
-	data, err := yaml.Marshal(obj)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
 }

@@ -40,8 +40,6 @@ var jobKind = schema.GroupVersionKind{Group: "batch", Version: "v1", Kind: "Job"
 type Mutator struct {
 	Configs ConfigSource
 	Sources InheritedSource
-	// Now is the clock for latency metrics. Default time.Now.
-	Now func() time.Time
 }
 
 var _ admission.Handler = (*Mutator)(nil)
@@ -57,19 +55,23 @@ const (
 
 // Handle implements admission.Handler; ctx is the HTTP request's context.
 func (m *Mutator) Handle(ctx context.Context, req admission.Request) admission.Response {
-	now := time.Now
-	if m.Now != nil {
-		now = m.Now
-	}
-	start := now()
-	resp, outcome := m.mutate(ctx, req)
-	observe("mutate", outcome, req.DryRun != nil && *req.DryRun, now().Sub(start))
-	l := log.FromContext(ctx).WithValues("job", req.Namespace+"/"+nameOf(req), "outcome", outcome)
-	switch outcome {
-	case OutcomeDenied, OutcomeErrored:
-		l.Info("agent Job refused", "reason", resp.Result.Message)
-	case OutcomePatched:
-		l.V(1).Info("agent Job completed")
+	return instrumented(ctx, "mutate", req, func() (admission.Response, string) { return m.mutate(ctx, req) })
+}
+
+// instrumented runs one admission, counts its outcome and latency, and
+// logs refusals (and completed Jobs at V(1)). The Job's name is parsed only
+// when a line is written: it is not free on the hot path.
+func instrumented(ctx context.Context, webhook string, req admission.Request, handle func() (admission.Response, string)) admission.Response {
+	start := time.Now()
+	resp, outcome := handle()
+	observe(webhook, outcome, req.DryRun != nil && *req.DryRun, time.Since(start))
+	l := log.FromContext(ctx)
+	switch {
+	case outcome == OutcomeDenied || outcome == OutcomeErrored:
+		l.Info("agent Job refused", "webhook", webhook, "job", req.Namespace+"/"+nameOf(req), "operation", req.Operation,
+			"code", resp.Result.Code, "reason", resp.Result.Message)
+	case outcome == OutcomePatched && l.V(1).Enabled():
+		l.V(1).Info("agent Job completed", "job", req.Namespace+"/"+nameOf(req))
 	}
 	return resp
 }

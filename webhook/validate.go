@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -12,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/paperclipai/clipjob/config"
@@ -28,25 +26,13 @@ type Validator struct {
 	Sources InheritedSource
 	PVCs    PVCGetter
 	Claims  *policy.Claims
-	Now     func() time.Time
 }
 
 var _ admission.Handler = (*Validator)(nil)
 
 // Handle implements admission.Handler.
 func (v *Validator) Handle(ctx context.Context, req admission.Request) admission.Response {
-	now := time.Now
-	if v.Now != nil {
-		now = v.Now
-	}
-	start := now()
-	resp, outcome := v.validate(ctx, req)
-	observe("validate", outcome, req.DryRun != nil && *req.DryRun, now().Sub(start))
-	if outcome == OutcomeDenied || outcome == OutcomeErrored {
-		log.FromContext(ctx).Info("agent Job refused", "job", req.Namespace+"/"+nameOf(req),
-			"operation", req.Operation, "code", resp.Result.Code, "reason", resp.Result.Message)
-	}
-	return resp
+	return instrumented(ctx, "validate", req, func() (admission.Response, string) { return v.validate(ctx, req) })
 }
 
 // Outcomes specific to validation.

@@ -12,7 +12,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -61,14 +60,7 @@ func run(n int, concList string) error {
 		return err
 	}
 	defer c.Stop()
-	if err := harness.Apply(ctx, c, "examples/paperclip.yaml"); err != nil {
-		return err
-	}
-	bin, err := harness.Build(c.Dir, "clipjob-webhook")
-	if err != nil {
-		return err
-	}
-	wh, err := harness.StartWebhook(ctx, c, bin, "webhook", filepath.Join(harness.Root(), "examples", "config.yaml"))
+	wh, _, err := harness.Install(ctx, c, "webhook")
 	if err != nil {
 		return err
 	}
@@ -84,6 +76,9 @@ func run(n int, concList string) error {
 			return err
 		}
 		levels = append(levels, v)
+	}
+	if err := unregister(ctx, cs); err != nil {
+		return err
 	}
 	// Warm up the API server's and the webhook's connections and caches.
 	if _, err := create(ctx, cs, "warm", 50, 10, false); err != nil {

@@ -58,24 +58,12 @@ func run(keep bool) error {
 	}
 	fmt.Printf("    Kubernetes %s is up.\n", v.GitVersion)
 
-	step("Installing a stand-in Paperclip: namespace, ReadWriteMany claim, Deployment (examples/paperclip.yaml)")
-	if err := harness.Apply(ctx, c, "examples/paperclip.yaml"); err != nil {
-		return err
-	}
-
-	step("Building and starting clipjob-webhook, registering its MutatingWebhookConfiguration")
-	bin, err := harness.Build(c.Dir, "clipjob-webhook")
-	if err != nil {
-		return err
-	}
-	wh, err := harness.StartWebhook(ctx, c, bin, "webhook", filepath.Join(harness.Root(), "examples", "config.yaml"))
+	step("Installing a stand-in Paperclip (examples/paperclip.yaml: namespace, ReadWriteMany claim, Deployment),\n    building and starting clipjob-webhook, registering its webhook configurations")
+	wh, _, err := harness.Install(ctx, c, "webhook")
 	if err != nil {
 		return err
 	}
 	defer wh.Stop()
-	if err := harness.Register(ctx, cs, wh.Addr, c.CA.CertPEM); err != nil {
-		return err
-	}
 	fmt.Printf("    Serving on https://%s, log %s\n", wh.Addr, wh.Log)
 
 	bare, err := os.ReadFile(filepath.Join(harness.Root(), "examples", "bare-job.yaml"))

@@ -52,6 +52,30 @@ func Build(dir, command string) (string, error) {
 	return out, nil
 }
 
+// Install is the whole local installation: the example Paperclip
+// (examples/paperclip.yaml), the clipjob-webhook binary built from this
+// checkout, one replica named name running examples/config.yaml, and both
+// webhook configurations pointing at it. It returns the replica and the
+// binary (to start more replicas).
+func Install(ctx context.Context, c *cluster.Cluster, name string) (*Webhook, string, error) {
+	if err := Apply(ctx, c, "examples/paperclip.yaml"); err != nil {
+		return nil, "", fmt.Errorf("installing the example Paperclip: %w", err)
+	}
+	bin, err := Build(c.Dir, "clipjob-webhook")
+	if err != nil {
+		return nil, "", err
+	}
+	wh, err := StartWebhook(ctx, c, bin, name, filepath.Join(Root(), "examples", "config.yaml"))
+	if err != nil {
+		return nil, "", err
+	}
+	if err := Register(ctx, c.Clientset(), wh.Addr, c.CA.CertPEM); err != nil {
+		wh.Stop()
+		return nil, "", fmt.Errorf("registering the webhooks: %w", err)
+	}
+	return wh, bin, nil
+}
+
 // Webhook is a running clipjob-webhook process.
 type Webhook struct {
 	// Addr is host:port of the TLS admission endpoint.

@@ -20,6 +20,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 
 	"github.com/google/go-cmp/cmp"
+	"sigs.k8s.io/yaml"
 
 	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/internal/manifest"
@@ -148,4 +149,19 @@ func mustRead(t testing.TB, path string) *manifest.Set {
 		t.Fatalf("%s: %v", path, err)
 	}
 	return set
+}
+
+// WriteYAML writes obj as YAML to dir/name and returns the path, for tests
+// that hand manifests to the CLI.
+func WriteYAML(t testing.TB, dir, name string, obj any) string {
+	t.Helper()
+	data, err := yaml.Marshal(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -7,25 +7,10 @@ import (
 	"strings"
 	"testing"
 
-	"sigs.k8s.io/yaml"
-
 	"github.com/paperclipai/clipjob/internal/golden"
 	"github.com/paperclipai/clipjob/internal/manifest"
 	"github.com/paperclipai/clipjob/templates"
 )
-
-func writeYAML(t *testing.T, dir, name string, obj any) string {
-	t.Helper()
-	data, err := yaml.Marshal(obj)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
 
 // TestRenderGolden runs `clipjob render` over the shared render fixtures:
 // the CLI must print what the core and the webhook produce.
@@ -35,9 +20,9 @@ func TestRenderGolden(t *testing.T) {
 			dir := t.TempDir()
 			c.Job.APIVersion, c.Job.Kind = "batch/v1", "Job"
 			c.Source.APIVersion, c.Source.Kind = "apps/v1", "Deployment"
-			job := writeYAML(t, dir, "job.yaml", c.Job)
-			src := writeYAML(t, dir, "source.yaml", c.Source)
-			cfg := writeYAML(t, dir, "config.yaml", c.Config)
+			job := golden.WriteYAML(t, dir, "job.yaml", c.Job)
+			src := golden.WriteYAML(t, dir, "source.yaml", c.Source)
+			cfg := golden.WriteYAML(t, dir, "config.yaml", c.Config)
 			var stdout, stderr bytes.Buffer
 			code := Main([]string{"render", "-f", job, "--source", src, "--config", cfg}, nil, &stdout, &stderr)
 			if _, wantErr := c.Render(); wantErr != nil {
@@ -91,7 +76,7 @@ func TestRenderFromStdinPassesOtherJobsThrough(t *testing.T) {
 	c := golden.Cases(t)[0]
 	dir := t.TempDir()
 	c.Source.APIVersion, c.Source.Kind = "apps/v1", "Deployment"
-	src := writeYAML(t, dir, "source.yaml", c.Source)
+	src := golden.WriteYAML(t, dir, "source.yaml", c.Source)
 	in := `apiVersion: batch/v1
 kind: Job
 metadata: {name: plain}
