@@ -1,0 +1,76 @@
+package relay
+
+import (
+	"bytes"
+	"errors"
+	"time"
+)
+
+// A timestamped log line as the API server returns it with
+// timestamps=true: an RFC 3339 timestamp with nanoseconds, a space, the
+// line.
+var errNoTimestamp = errors.New("log line without a timestamp")
+
+// splitTimestamp splits a timestamped line.
+func splitTimestamp(line []byte) (time.Time, []byte, error) {
+	i := bytes.IndexByte(line, ' ')
+	if i <= 0 {
+		return time.Time{}, nil, errNoTimestamp
+	}
+	ts, err := time.Parse(time.RFC3339Nano, string(line[:i]))
+	if err != nil {
+		return time.Time{}, nil, errNoTimestamp
+	}
+	return ts, line[i+1:], nil
+}
+
+// Cursor is how far one container instance's log is stored: the timestamp
+// of the last stored line and how many stored lines carry exactly that
+// timestamp. Timestamps are not unique (a burst shares one), so the count
+// is what makes a resume exact.
+type Cursor struct {
+	// TS is the last stored line's timestamp in Unix nanoseconds.
+	TS int64 `json:"ts"`
+	// Count is how many stored lines have timestamp TS.
+	Count int `json:"count"`
+}
+
+// SinceTime is where a resumed stream must start: the API takes whole
+// seconds, so the second of the last stored line, rounded down.
+func (c Cursor) SinceTime() time.Time {
+	if c.TS == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, c.TS).Truncate(time.Second)
+}
+
+// resume decides, line by line, which lines of a stream started at
+// SinceTime are new. One resume serves one stream session.
+type resume struct {
+	stored Cursor // what the store had when the session started
+	seenAt int    // lines seen in this session with timestamp stored.TS
+	cur    Cursor // the cursor after every accepted line
+}
+
+func newResume(c Cursor) *resume { return &resume{stored: c, cur: c} }
+
+// accept reports whether a line with timestamp ts is new, and advances the
+// cursor if it is.
+func (r *resume) accept(ts time.Time) bool {
+	n := ts.UnixNano()
+	switch {
+	case n < r.stored.TS:
+		return false
+	case n == r.stored.TS:
+		r.seenAt++
+		if r.seenAt <= r.stored.Count {
+			return false
+		}
+	}
+	if n == r.cur.TS {
+		r.cur.Count++
+	} else {
+		r.cur = Cursor{TS: n, Count: 1}
+	}
+	return true
+}

@@ -1,0 +1,93 @@
+package relay
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 11, 21, 10, 0, 5, 0, time.UTC)
+
+func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+
+// session feeds timestamps to a resume from c and returns the accepted
+// indexes and the final cursor.
+func session(c Cursor, ts []time.Time) ([]int, Cursor) {
+	r := newResume(c)
+	var got []int
+	for i, x := range ts {
+		if r.accept(x) {
+			got = append(got, i)
+		}
+	}
+	return got, r.cur
+}
+
+func TestResumeSkipsExactlyWhatIsStored(t *testing.T) {
+	// The log: three lines share one timestamp, mid-second.
+	log := []time.Time{at(100), at(200), at(200), at(200), at(700), at(1300), at(1300)}
+	for stop := 0; stop <= len(log); stop++ {
+		t.Run(fmt.Sprintf("stored %d lines", stop), func(t *testing.T) {
+			first, cur := session(Cursor{}, log[:stop])
+			if len(first) != stop {
+				t.Fatalf("fresh session accepted %d of %d", len(first), stop)
+			}
+			// Reconnect: the API replays from the second of the cursor.
+			since := cur.SinceTime()
+			var replay []time.Time
+			for _, x := range log {
+				if !x.Before(since) {
+					replay = append(replay, x)
+				}
+			}
+			second, _ := session(cur, replay)
+			var got []time.Time
+			for _, i := range second {
+				got = append(got, replay[i])
+			}
+			want := log[stop:]
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("after resume accepted %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+func TestResumeAcrossTwoBreaksInOneSecond(t *testing.T) {
+	log := []time.Time{at(10), at(10), at(20), at(20), at(20), at(30)}
+	_, c1 := session(Cursor{}, log[:3])
+	acc, c2 := session(c1, log[:4]) // broke again after one more line
+	if len(acc) != 1 || c2 != (Cursor{TS: at(20).UnixNano(), Count: 2}) {
+		t.Fatalf("second session accepted %v, cursor %+v", acc, c2)
+	}
+	acc, _ = session(c2, log)
+	if len(acc) != 2 || acc[0] != 4 || acc[1] != 5 {
+		t.Errorf("third session accepted %v, want [4 5]", acc)
+	}
+}
+
+func TestSinceTimeRoundsDown(t *testing.T) {
+	c := Cursor{TS: at(999).UnixNano()}
+	if got := c.SinceTime(); !got.Equal(t0) {
+		t.Errorf("SinceTime %v, want %v", got, t0)
+	}
+	if !(Cursor{}).SinceTime().IsZero() {
+		t.Error("an empty cursor starts from the beginning")
+	}
+}
+
+func TestSplitTimestamp(t *testing.T) {
+	ts, msg, err := splitTimestamp([]byte(`2026-11-21T10:00:05.123456789Z {"type":"system"}`))
+	if err != nil || ts.Nanosecond() != 123456789 || string(msg) != `{"type":"system"}` {
+		t.Errorf("got %v %q %v", ts, msg, err)
+	}
+	ts, msg, err = splitTimestamp([]byte(`2026-11-21T10:00:05Z `))
+	if err != nil || len(msg) != 0 || !ts.Equal(t0) {
+		t.Errorf("empty line: %v %q %v", ts, msg, err)
+	}
+	for _, bad := range []string{"", "no-timestamp here", "2026-13-45T00:00:00Z x"} {
+		if _, _, err := splitTimestamp([]byte(bad)); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}

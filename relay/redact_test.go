@@ -1,0 +1,53 @@
+package relay
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func TestRedact(t *testing.T) {
+	r, err := NewRedactor([]string{`internal-[0-9]{6}`}, []string{`p@ss"word\with-quote`, "short", "hunter2-secret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct{ in, want string }{
+		{`key sk-ant-api03-AbCdEfGhIjKlMnOpQrStUv here`, `key [REDACTED] here`},
+		{`{"type":"tool_result","content":"OPENAI_API_KEY=sk-proj-abcdefghijklmnopqrstuvwxyz012345"}`,
+			`{"type":"tool_result","content":"OPENAI_API_KEY=[REDACTED]"}`},
+		{`{"m":"token ghp_abcdefghijklmnopqrstuvwxyz0123456789"}`, `{"m":"token [REDACTED]"}`},
+		{`Authorization: Bearer abcdefghijklmnop.qrstuv`, `Authorization: [REDACTED]`},
+		{`{"aws":"AKIAABCDEFGHIJKLMNOP"}`, `{"aws":"[REDACTED]"}`},
+		{`id internal-123456`, `id [REDACTED]`},
+		{`the password is hunter2-secret.`, `the password is [REDACTED].`},
+		{`{"v":"p@ss\"word\\with-quote"}`, `{"v":"[REDACTED]"}`}, // literal in JSON-escaped form
+		{`short words stay short`, `short words stay short`},
+		{`{"usage":{"input_tokens":12}}`, `{"usage":{"input_tokens":12}}`},
+	}
+	for _, tt := range tests {
+		got := string(r.Redact([]byte(tt.in)))
+		if got != tt.want {
+			t.Errorf("Redact(%s)\n got %s\nwant %s", tt.in, got, tt.want)
+		}
+		if strings.HasPrefix(tt.in, "{") && !json.Valid([]byte(got)) {
+			t.Errorf("redacting %s broke the JSON: %s", tt.in, got)
+		}
+	}
+	if _, err := NewRedactor([]string{"("}, nil); err == nil {
+		t.Error("a bad pattern was accepted")
+	}
+}
+
+func FuzzRedactKeepsJSONValid(f *testing.F) {
+	r, _ := NewRedactor(nil, []string{`se"cr\et-value`, "another-secret"})
+	f.Add(`{"a":"sk-ant-AAAAAAAAAAAAAAAAAAAAAA","b":"se\"cr\\et-value"}`)
+	f.Add(`{"x":["another-secret",1,{"y":"Bearer aaaaaaaaaaaaaaaaaaaaa"}]}`)
+	f.Fuzz(func(t *testing.T, s string) {
+		if !json.Valid([]byte(s)) {
+			return
+		}
+		if out := r.Redact([]byte(s)); !json.Valid(out) {
+			t.Fatalf("%s became invalid: %s", s, out)
+		}
+	})
+}

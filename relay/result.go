@@ -1,0 +1,190 @@
+package relay
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+)
+
+// Result is what a run produced, read from its log.
+type Result struct {
+	// Format is the log format recognised: "claude-stream-json",
+	// "opencode-json", or "" when the lines are plain text.
+	Format    string `json:"format,omitempty"`
+	SessionID string `json:"sessionId,omitempty"`
+	Model     string `json:"model,omitempty"`
+	// Subtype and IsError come from Claude's result event
+	// ("success", "error_max_turns", …).
+	Subtype string `json:"subtype,omitempty"`
+	IsError bool   `json:"isError,omitempty"`
+	// Text is the final answer: Claude's result, or OpenCode's last text.
+	Text    string   `json:"text,omitempty"`
+	Usage   *Usage   `json:"usage,omitempty"`
+	CostUSD *float64 `json:"costUsd,omitempty"`
+	// Truncated: the agent produced output but no result event, e.g. it
+	// was killed. Reason says what the container's termination suggests.
+	Truncated bool   `json:"truncated,omitempty"`
+	Reason    string `json:"reason,omitempty"`
+}
+
+// Usage is token accounting, summed over the run where the format reports
+// it per step.
+type Usage struct {
+	InputTokens              int64 `json:"inputTokens"`
+	OutputTokens             int64 `json:"outputTokens"`
+	CacheReadInputTokens     int64 `json:"cacheReadInputTokens,omitempty"`
+	CacheCreationInputTokens int64 `json:"cacheCreationInputTokens,omitempty"`
+	ReasoningTokens          int64 `json:"reasoningTokens,omitempty"`
+}
+
+// resultParser reads a run's lines in order. Lines that are not JSON, or
+// JSON of no known shape, are simply not part of the result.
+type resultParser struct {
+	r          Result
+	sawOutput  bool // assistant or text output seen
+	sawResult  bool // a terminal result event seen
+	openCost   float64
+	openTokens Usage
+	openSteps  int
+}
+
+type claudeEvent struct {
+	Type      string   `json:"type"`
+	Subtype   string   `json:"subtype"`
+	SessionID string   `json:"session_id"`
+	Model     string   `json:"model"`
+	IsError   bool     `json:"is_error"`
+	Result    *string  `json:"result"`
+	CostUSD   *float64 `json:"total_cost_usd"`
+	Usage     *struct {
+		InputTokens              int64 `json:"input_tokens"`
+		OutputTokens             int64 `json:"output_tokens"`
+		CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
+		CacheCreationInputTokens int64 `json:"cache_creation_input_tokens"`
+	} `json:"usage"`
+	Message *json.RawMessage `json:"message"`
+}
+
+type openCodeEvent struct {
+	Type      string `json:"type"`
+	SessionID string `json:"sessionID"`
+	Part      *struct {
+		Type   string   `json:"type"`
+		Text   string   `json:"text"`
+		Cost   *float64 `json:"cost"`
+		Tokens *struct {
+			Input     int64 `json:"input"`
+			Output    int64 `json:"output"`
+			Reasoning int64 `json:"reasoning"`
+			Cache     struct {
+				Read  int64 `json:"read"`
+				Write int64 `json:"write"`
+			} `json:"cache"`
+		} `json:"tokens"`
+	} `json:"part"`
+	Error *json.RawMessage `json:"error"`
+}
+
+func (p *resultParser) feed(line []byte) {
+	line = bytes.TrimSpace(line)
+	if len(line) == 0 || line[0] != '{' {
+		return
+	}
+	if bytes.Contains(line, []byte(`"sessionID"`)) {
+		p.feedOpenCode(line)
+		return
+	}
+	var ev claudeEvent
+	if json.Unmarshal(line, &ev) != nil || ev.Type == "" {
+		return
+	}
+	switch ev.Type {
+	case "system":
+		p.r.Format = "claude-stream-json"
+		if ev.Subtype == "init" {
+			p.r.SessionID, p.r.Model = ev.SessionID, ev.Model
+		}
+	case "assistant":
+		p.r.Format = "claude-stream-json"
+		p.sawOutput = true
+	case "result":
+		p.r.Format = "claude-stream-json"
+		p.sawResult = true
+		p.r.Subtype, p.r.IsError, p.r.CostUSD = ev.Subtype, ev.IsError, ev.CostUSD
+		if ev.SessionID != "" {
+			p.r.SessionID = ev.SessionID
+		}
+		if ev.Result != nil {
+			p.r.Text = *ev.Result
+		}
+		if u := ev.Usage; u != nil {
+			p.r.Usage = &Usage{InputTokens: u.InputTokens, OutputTokens: u.OutputTokens,
+				CacheReadInputTokens: u.CacheReadInputTokens, CacheCreationInputTokens: u.CacheCreationInputTokens}
+		}
+	}
+}
+
+func (p *resultParser) feedOpenCode(line []byte) {
+	var ev openCodeEvent
+	if json.Unmarshal(line, &ev) != nil || ev.Type == "" {
+		return
+	}
+	p.r.Format = "opencode-json"
+	if ev.SessionID != "" {
+		p.r.SessionID = ev.SessionID
+	}
+	switch {
+	case ev.Type == "error":
+		p.r.IsError = true
+		if ev.Error != nil {
+			p.r.Text = string(*ev.Error)
+		}
+	case ev.Part == nil:
+	case ev.Part.Type == "text" || ev.Type == "text":
+		p.sawOutput = true
+		p.r.Text = ev.Part.Text
+	case ev.Part.Type == "step-finish" || ev.Type == "step_finish":
+		p.sawResult = true
+		p.openSteps++
+		if ev.Part.Cost != nil {
+			p.openCost += *ev.Part.Cost
+		}
+		if tk := ev.Part.Tokens; tk != nil {
+			p.openTokens.InputTokens += tk.Input
+			p.openTokens.OutputTokens += tk.Output + tk.Reasoning
+			p.openTokens.ReasoningTokens += tk.Reasoning
+			p.openTokens.CacheReadInputTokens += tk.Cache.Read
+			p.openTokens.CacheCreationInputTokens += tk.Cache.Write
+		}
+	}
+}
+
+// Termination is how the agent container ended, from its status.
+type Termination struct {
+	ExitCode int32  `json:"exitCode"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+// result returns what was parsed; term, when the run has ended, decides
+// whether output without a result counts as truncated.
+func (p *resultParser) result(term *Termination) *Result {
+	r := p.r
+	if r.Format == "opencode-json" && p.openSteps > 0 {
+		cost, usage := p.openCost, p.openTokens
+		r.CostUSD, r.Usage = &cost, &usage
+	}
+	if term != nil && p.sawOutput && !p.sawResult {
+		r.Truncated = true
+		r.Reason = fmt.Sprintf("output ended without a result; container exited %d", term.ExitCode)
+		if term.Reason != "" {
+			r.Reason += " (" + term.Reason + ")"
+		}
+		if term.ExitCode == 137 || term.Reason == "OOMKilled" {
+			r.Reason += ": likely killed for memory (OOM); raise the profile's memory limit"
+		}
+	}
+	if r.Format == "" && !r.Truncated {
+		return nil
+	}
+	return &r
+}
