@@ -1,0 +1,327 @@
+package relay
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Why bbolt: one file on the relay's volume, pure Go, crash-safe without
+// recovery (a transaction that did not commit is simply not there), and
+// ordered keys, so "lines of run R after sequence N" is a range scan. Lines
+// and the cursor that says they are stored commit in one transaction, which
+// is what makes a restart exactly-once. Freed pages are reused, so
+// retention keeps the file bounded without compaction.
+
+var (
+	bucketRuns    = []byte("runs")
+	bucketLines   = []byte("lines") // one nested bucket per run: seq -> Line
+	bucketCursors = []byte("cursors")
+)
+
+// Run is what the relay knows of one agent run.
+type Run struct {
+	ID         string   `json:"id"`
+	Namespace  string   `json:"namespace"`
+	Job        string   `json:"job,omitempty"`
+	Pod        string   `json:"pod,omitempty"`
+	PodUID     string   `json:"podUid,omitempty"`
+	Agent      string   `json:"agent,omitempty"`
+	Company    string   `json:"company,omitempty"`
+	Task       string   `json:"task,omitempty"`
+	Session    string   `json:"session,omitempty"`
+	Adapter    string   `json:"adapter,omitempty"`
+	Containers []string `json:"containers,omitempty"`
+	// Phase is the pod's: Pending, Running, Succeeded, Failed, or Unknown
+	// (the pod vanished before it was seen to end).
+	Phase      string     `json:"phase"`
+	StartedAt  *time.Time `json:"startedAt,omitempty"`
+	FinishedAt *time.Time `json:"finishedAt,omitempty"`
+	// ExitCode and Reason are the agent (first) container's termination.
+	ExitCode *int32 `json:"exitCode,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+	// Done: the run ended and every stream was drained; its log is final.
+	Done    bool    `json:"done"`
+	LastSeq uint64  `json:"lastSeq"`
+	Bytes   int64   `json:"bytes"`
+	Result  *Result `json:"result,omitempty"`
+	// SeenAt is when the relay last stored anything for the run.
+	SeenAt time.Time `json:"seenAt"`
+}
+
+// Line is one stored log line.
+type Line struct {
+	Seq       uint64    `json:"seq"`
+	TS        time.Time `json:"ts"`
+	Container string    `json:"container"`
+	Line      string    `json:"line"`
+}
+
+// Store is the relay's embedded store.
+type Store struct {
+	db *bolt.DB
+
+	mu      sync.Mutex
+	changed map[string]chan struct{} // run -> closed on the next change
+}
+
+// OpenStore opens (or creates) the store in dir.
+func OpenStore(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, err
+	}
+	db, err := bolt.Open(filepath.Join(dir, "relay.db"), 0o640, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("opening store in %s: %w", dir, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketRuns, bucketLines, bucketCursors} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	return &Store{db: db, changed: map[string]chan struct{}{}}, nil
+}
+
+// Close flushes and closes the store.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Size is the store file's size in bytes.
+func (s *Store) Size() int64 {
+	var n int64
+	_ = s.db.View(func(tx *bolt.Tx) error { n = tx.Size(); return nil })
+	return n
+}
+
+func seqKey(seq uint64) []byte {
+	k := make([]byte, 8)
+	binary.BigEndian.PutUint64(k, seq)
+	return k
+}
+
+// Append stores lines of one container instance (stream) of run, with the
+// cursor after them, in one transaction, and returns the run's last
+// sequence number. Concurrent appends are batched into few fsyncs.
+func (s *Store) Append(run, stream string, cur Cursor, lines []Line, now time.Time) (uint64, error) {
+	var last uint64
+	err := s.db.Batch(func(tx *bolt.Tx) error {
+		r, err := getRun(tx, run)
+		if err != nil {
+			return err
+		}
+		if r == nil {
+			r = &Run{ID: run, Phase: "Unknown"}
+		}
+		lb, err := tx.Bucket(bucketLines).CreateBucketIfNotExists([]byte(run))
+		if err != nil {
+			return err
+		}
+		for i := range lines {
+			r.LastSeq++
+			lines[i].Seq = r.LastSeq
+			v, err := json.Marshal(&lines[i])
+			if err != nil {
+				return err
+			}
+			if err := lb.Put(seqKey(r.LastSeq), v); err != nil {
+				return err
+			}
+			r.Bytes += int64(len(lines[i].Line))
+		}
+		r.SeenAt = now
+		c, _ := json.Marshal(cur)
+		if err := tx.Bucket(bucketCursors).Put([]byte(stream), c); err != nil {
+			return err
+		}
+		last = r.LastSeq
+		return putRun(tx, r)
+	})
+	if err == nil {
+		s.notify(run)
+	}
+	return last, err
+}
+
+// Cursor returns how far a stream is stored (zero: nothing yet).
+func (s *Store) Cursor(stream string) (Cursor, error) {
+	var c Cursor
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketCursors).Get([]byte(stream)); v != nil {
+			return json.Unmarshal(v, &c)
+		}
+		return nil
+	})
+	return c, err
+}
+
+// UpdateRun applies fn to the run's record, creating it if needed.
+func (s *Store) UpdateRun(id string, fn func(*Run)) (*Run, error) {
+	var out *Run
+	err := s.db.Batch(func(tx *bolt.Tx) error {
+		r, err := getRun(tx, id)
+		if err != nil {
+			return err
+		}
+		if r == nil {
+			r = &Run{ID: id, Phase: "Pending"}
+		}
+		fn(r)
+		out = r
+		return putRun(tx, r)
+	})
+	if err == nil {
+		s.notify(id)
+	}
+	return out, err
+}
+
+// Run returns a run's record, or nil if the relay never saw it.
+func (s *Store) Run(id string) (*Run, error) {
+	var r *Run
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		r, err = getRun(tx, id)
+		return err
+	})
+	return r, err
+}
+
+// Runs returns every run accepted by keep, newest first.
+func (s *Store) Runs(keep func(*Run) bool) ([]Run, error) {
+	var out []Run
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketRuns).ForEach(func(_, v []byte) error {
+			var r Run
+			if err := json.Unmarshal(v, &r); err != nil {
+				return err
+			}
+			if keep == nil || keep(&r) {
+				out = append(out, r)
+			}
+			return nil
+		})
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].SeenAt.After(out[j].SeenAt) })
+	return out, err
+}
+
+// Lines returns up to limit lines of run with sequence numbers above
+// after (limit <= 0: all).
+func (s *Store) Lines(run string, after uint64, limit int) ([]Line, error) {
+	var out []Line
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketLines).Bucket([]byte(run))
+		if b == nil {
+			return nil
+		}
+		c := b.Cursor()
+		for k, v := c.Seek(seqKey(after + 1)); k != nil; k, v = c.Next() {
+			var l Line
+			if err := json.Unmarshal(v, &l); err != nil {
+				return err
+			}
+			out = append(out, l)
+			if limit > 0 && len(out) >= limit {
+				break
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Changed returns a channel closed at the run's next change (lines or
+// record). Take it before reading, then wait on it, to miss nothing.
+func (s *Store) Changed(run string) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch, ok := s.changed[run]
+	if !ok {
+		ch = make(chan struct{})
+		s.changed[run] = ch
+	}
+	return ch
+}
+
+func (s *Store) notify(run string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ch, ok := s.changed[run]; ok {
+		close(ch)
+		delete(s.changed, run)
+	}
+}
+
+// Retain deletes finished runs older than maxAge (by last activity), then
+// the oldest finished runs until the stored line bytes are under maxBytes.
+// Zero disables a limit. Running runs are never deleted.
+func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) (int, error) {
+	runs, err := s.Runs(nil)
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, r := range runs {
+		total += r.Bytes
+	}
+	var drop []string
+	for i := len(runs) - 1; i >= 0; i-- { // oldest first
+		r := runs[i]
+		if !r.Done {
+			continue
+		}
+		if (maxAge > 0 && now.Sub(r.SeenAt) > maxAge) || (maxBytes > 0 && total > maxBytes) {
+			drop = append(drop, r.ID)
+			total -= r.Bytes
+		}
+	}
+	if len(drop) == 0 {
+		return 0, nil
+	}
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		for _, id := range drop {
+			if err := tx.Bucket(bucketRuns).Delete([]byte(id)); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketLines).DeleteBucket([]byte(id)); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+				return err
+			}
+		}
+		return nil
+	})
+	return len(drop), err
+}
+
+func getRun(tx *bolt.Tx, id string) (*Run, error) {
+	v := tx.Bucket(bucketRuns).Get([]byte(id))
+	if v == nil {
+		return nil, nil
+	}
+	var r Run
+	if err := json.Unmarshal(v, &r); err != nil {
+		return nil, fmt.Errorf("run %s: %w", id, err)
+	}
+	return &r, nil
+}
+
+func putRun(tx *bolt.Tx, r *Run) error {
+	v, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucketRuns).Put([]byte(r.ID), v)
+}
