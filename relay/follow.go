@@ -1,0 +1,266 @@
+package relay
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// LogSource opens a container's log, following, with timestamps, from
+// since (zero: from the start).
+type LogSource interface {
+	Stream(ctx context.Context, namespace, pod, container string, since time.Time) (io.ReadCloser, error)
+}
+
+// APILogSource reads logs through the API server's pods/log.
+type APILogSource struct{ Client kubernetes.Interface }
+
+// Stream implements LogSource.
+func (a APILogSource) Stream(ctx context.Context, ns, pod, container string, since time.Time) (io.ReadCloser, error) {
+	opts := &corev1.PodLogOptions{Container: container, Follow: true, Timestamps: true}
+	if !since.IsZero() {
+		opts.SinceTime = &metav1.Time{Time: since}
+	}
+	return a.Client.CoreV1().Pods(ns).GetLogs(pod, opts).Stream(ctx)
+}
+
+// StreamRef names one container instance of an agent pod: a restarted
+// container (new ID) is a new stream of the same run.
+type StreamRef struct {
+	Run, Namespace, Pod, PodUID, Container, ContainerID string
+}
+
+// Key is the stream's cursor key in the store.
+func (r StreamRef) Key() string { return r.PodUID + "/" + r.Container + "/" + r.ContainerID }
+
+// FollowOptions tune followers. Each field's comment gives its default.
+type FollowOptions struct {
+	// MaxStreamLifetime reconnects a stream proactively, before API
+	// servers, proxies or the kubelet cut long requests. Default 30m.
+	MaxStreamLifetime time.Duration
+	// BackoffMin and BackoffMax bound the wait between failed attempts.
+	// Default 200ms and 30s.
+	BackoffMin, BackoffMax time.Duration
+	// DrainIdle: once the container has terminated, the stream is done
+	// after this long without a new line (a kubelet ends the stream itself
+	// at EOF; some servers keep it open). Default 3s.
+	DrainIdle time.Duration
+	// BatchLines and BatchWait bound how long lines wait to be committed.
+	// Default 256 lines, 100ms.
+	BatchLines int
+	BatchWait  time.Duration
+}
+
+func (o *FollowOptions) setDefaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&o.MaxStreamLifetime, 30*time.Minute)
+	def(&o.BackoffMin, 200*time.Millisecond)
+	def(&o.BackoffMax, 30*time.Second)
+	def(&o.DrainIdle, 3*time.Second)
+	def(&o.BatchWait, 100*time.Millisecond)
+	if o.BatchLines <= 0 {
+		o.BatchLines = 256
+	}
+}
+
+// containerState is what the follower needs to know of its container now.
+type containerState struct {
+	ended bool // terminated (or the pod finished)
+	gone  bool // the pod no longer exists
+}
+
+type follower struct {
+	ref    StreamRef
+	src    LogSource
+	store  *Store
+	redact *Redactor
+	opts   FollowOptions
+	state  func() containerState
+	slots  chan struct{} // bounds open streams
+	log    logr.Logger
+}
+
+// run follows until the container's log is drained or ctx ends.
+func (f *follower) run(ctx context.Context) {
+	backoff := f.opts.BackoffMin
+	for ctx.Err() == nil {
+		done, err := f.session(ctx)
+		if done || ctx.Err() != nil {
+			return
+		}
+		st := f.state()
+		if err != nil {
+			if st.gone {
+				f.log.V(1).Info("pod gone; stream closed", "stream", f.ref.Key(), "err", err.Error())
+				return
+			}
+			reconnects.WithLabelValues("error").Inc()
+			f.log.V(1).Info("log stream failed; retrying", "stream", f.ref.Key(), "in", backoff, "err", err.Error())
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(backoff*2, f.opts.BackoffMax)
+			continue
+		}
+		backoff = f.opts.BackoffMin
+	}
+}
+
+type readResult struct {
+	line []byte
+	err  error
+}
+
+// session is one stream: it returns done when the log is drained, or
+// (false, err) to reconnect.
+func (f *follower) session(ctx context.Context) (bool, error) {
+	select {
+	case f.slots <- struct{}{}:
+	default:
+		streamLimitWaits.Inc()
+		select {
+		case f.slots <- struct{}{}:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+	defer func() { <-f.slots }()
+
+	cur, err := f.store.Cursor(f.ref.Key())
+	if err != nil {
+		return false, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, f.opts.MaxStreamLifetime)
+	defer cancel()
+	rc, err := f.src.Stream(sctx, f.ref.Namespace, f.ref.Pod, f.ref.Container, cur.SinceTime())
+	if err != nil {
+		return false, err
+	}
+	defer rc.Close()
+	streamsOpen.Inc()
+	defer streamsOpen.Dec()
+
+	lines := make(chan readResult, 64)
+	stop := make(chan struct{})
+	defer close(stop) // before rc.Close (defers run last-first): the reader exits
+	go func() {
+		defer close(lines)
+		send := func(r readResult) bool {
+			select {
+			case lines <- r:
+				return true
+			case <-stop:
+				return false
+			}
+		}
+		br := bufio.NewReaderSize(rc, 64<<10)
+		for {
+			b, err := br.ReadBytes('\n')
+			if len(b) > 0 && !send(readResult{line: b}) {
+				return
+			}
+			if err != nil {
+				send(readResult{err: err})
+				return
+			}
+		}
+	}()
+
+	res := newResume(cur)
+	var batch []Line
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		now := time.Now()
+		if _, err := f.store.Append(f.ref.Run, f.ref.Key(), res.cur, batch, now); err != nil {
+			return err
+		}
+		var bytes int
+		for _, l := range batch {
+			bytes += len(l.Line)
+			storeLag.Observe(now.Sub(l.TS).Seconds())
+		}
+		linesStored.Add(float64(len(batch)))
+		bytesStored.Add(float64(bytes))
+		batch = batch[:0]
+		return nil
+	}
+	tick := time.NewTicker(f.opts.BatchWait)
+	defer tick.Stop()
+	lastLine := time.Now()
+	for {
+		select {
+		case r, ok := <-lines:
+			if !ok {
+				return false, flush()
+			}
+			if r.err != nil {
+				if err := flush(); err != nil {
+					return false, err
+				}
+				if errors.Is(r.err, io.EOF) {
+					if f.state().ended {
+						return true, nil // the server ended the stream of a finished container
+					}
+					if sctx.Err() != nil && ctx.Err() == nil {
+						reconnects.WithLabelValues("lifetime").Inc()
+						return false, nil
+					}
+					reconnects.WithLabelValues("eof").Inc()
+					return false, nil
+				}
+				if sctx.Err() != nil && ctx.Err() == nil {
+					reconnects.WithLabelValues("lifetime").Inc()
+					return false, nil
+				}
+				return false, r.err
+			}
+			lastLine = time.Now()
+			ts, msg, err := splitTimestamp(trimNewline(r.line))
+			if err != nil {
+				f.log.V(1).Info("skipping a line without timestamp", "stream", f.ref.Key())
+				continue
+			}
+			if !res.accept(ts) {
+				continue
+			}
+			batch = append(batch, Line{TS: ts, Container: f.ref.Container, Line: string(f.redact.Redact(msg))})
+			if len(batch) >= f.opts.BatchLines {
+				if err := flush(); err != nil {
+					return false, err
+				}
+			}
+		case <-tick.C:
+			if err := flush(); err != nil {
+				return false, err
+			}
+			if st := f.state(); (st.ended || st.gone) && time.Since(lastLine) >= f.opts.DrainIdle {
+				return true, nil
+			}
+		}
+	}
+}
+
+func trimNewline(b []byte) []byte {
+	if n := len(b); n > 0 && b[n-1] == '\n' {
+		b = b[:n-1]
+		if n := len(b); n > 0 && b[n-1] == '\r' {
+			b = b[:n-1]
+		}
+	}
+	return b
+}

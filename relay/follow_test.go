@@ -1,0 +1,208 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+)
+
+// fakeLog is a container log the way the API serves it: timestamped
+// lines, from a whole second on, following. breakAfter makes a stream fail
+// after that many lines, as a dropped connection does.
+type fakeLog struct {
+	mu         sync.Mutex
+	lines      []string // "ts msg"
+	grew       chan struct{}
+	breakAfter []int // per stream session, consumed in order
+	sessions   int
+	ended      bool
+}
+
+func newFakeLog() *fakeLog { return &fakeLog{grew: make(chan struct{})} }
+
+func (f *fakeLog) write(ts time.Time, msg string) {
+	f.mu.Lock()
+	f.lines = append(f.lines, ts.Format(time.RFC3339Nano)+" "+msg+"\n")
+	close(f.grew)
+	f.grew = make(chan struct{})
+	f.mu.Unlock()
+}
+
+func (f *fakeLog) Stream(ctx context.Context, _, _, _ string, since time.Time) (io.ReadCloser, error) {
+	f.mu.Lock()
+	limit := -1
+	if f.sessions < len(f.breakAfter) {
+		limit = f.breakAfter[f.sessions]
+	}
+	f.sessions++
+	f.mu.Unlock()
+	pr, pw := io.Pipe()
+	go func() {
+		sent, next := 0, 0
+		for {
+			f.mu.Lock()
+			pending := f.lines[next:]
+			grew, ended := f.grew, f.ended
+			f.mu.Unlock()
+			for _, l := range pending {
+				next++
+				ts, _, _ := splitTimestamp([]byte(strings.TrimSuffix(l, "\n")))
+				if !since.IsZero() && ts.Before(since) {
+					continue
+				}
+				if limit >= 0 && sent == limit {
+					pw.CloseWithError(errors.New("connection reset by peer"))
+					return
+				}
+				if _, err := io.WriteString(pw, l); err != nil {
+					return
+				}
+				sent++
+			}
+			if ended {
+				pw.Close() // a kubelet ends the stream of a finished container
+				return
+			}
+			select {
+			case <-grew:
+			case <-ctx.Done():
+				pw.CloseWithError(ctx.Err())
+				return
+			}
+		}
+	}()
+	return pr, nil
+}
+
+func (f *fakeLog) state() containerState {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return containerState{ended: f.ended}
+}
+
+func newFollower(t *testing.T, s *Store, src *fakeLog) *follower {
+	return &follower{
+		ref: StreamRef{Run: "run-1", Namespace: "ns", Pod: "p", PodUID: "uid", Container: "agent", ContainerID: "c1"},
+		src: src, store: s, state: src.state, slots: make(chan struct{}, 4), log: logr.Discard(),
+		opts: FollowOptions{BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond, DrainIdle: 50 * time.Millisecond,
+			BatchWait: 5 * time.Millisecond, BatchLines: 7, MaxStreamLifetime: time.Hour},
+	}
+}
+
+// writeBurst writes n lines where runs of 3 share a timestamp, spread over
+// several seconds, so breaks land mid-second and mid-timestamp.
+func writeBurst(src *fakeLog, from, n int) {
+	for i := from; i < from+n; i++ {
+		src.write(t0.Add(time.Duration(i/3)*300*time.Millisecond), fmt.Sprintf(`{"n":%d}`, i))
+	}
+}
+
+func assertExactlyOnce(t *testing.T, s *Store, n int) {
+	t.Helper()
+	got, err := s.Lines("run-1", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != n {
+		t.Fatalf("stored %d lines, want %d", len(got), n)
+	}
+	for i, l := range got {
+		if want := fmt.Sprintf(`{"n":%d}`, i); l.Line != want || l.Seq != uint64(i+1) {
+			t.Fatalf("line %d: seq %d %q, want %q", i, l.Seq, l.Line, want)
+		}
+	}
+}
+
+func TestFollowerSurvivesBrokenStreams(t *testing.T) {
+	s, _ := openTestStore(t)
+	src := newFakeLog()
+	src.breakAfter = []int{5, 1, 0, 13, 2, 40}
+	writeBurst(src, 0, 60)
+	f := newFollower(t, s, src)
+	done := make(chan struct{})
+	go func() { f.run(context.Background()); close(done) }()
+	writeBurst(src, 60, 40)
+	src.mu.Lock()
+	src.ended = true
+	close(src.grew)
+	src.grew = make(chan struct{})
+	src.mu.Unlock()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("follower did not finish after the container ended")
+	}
+	assertExactlyOnce(t, s, 100)
+	if src.sessions < 7 {
+		t.Errorf("%d sessions; the breaks were not exercised", src.sessions)
+	}
+}
+
+// TestFollowerResumesAfterRestart: a follower killed mid-stream (context
+// cancelled at an arbitrary point) and a new one on the same store produce
+// every line exactly once.
+func TestFollowerResumesAfterRestart(t *testing.T) {
+	s, _ := openTestStore(t)
+	src := newFakeLog()
+	writeBurst(src, 0, 50)
+	ctx, cancel := context.WithCancel(context.Background())
+	f := newFollower(t, s, src)
+	done := make(chan struct{})
+	go func() { f.run(ctx); close(done) }()
+	for {
+		if got, _ := s.Lines("run-1", 0, 0); len(got) >= 20 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	<-done
+	writeBurst(src, 50, 50)
+	src.mu.Lock()
+	src.ended = true
+	src.mu.Unlock()
+	f2 := newFollower(t, s, src)
+	f2.run(context.Background())
+	assertExactlyOnce(t, s, 100)
+}
+
+func TestFollowerDrainsAnOpenStreamAfterTermination(t *testing.T) {
+	s, _ := openTestStore(t)
+	src := newFakeLog()
+	writeBurst(src, 0, 10)
+	f := newFollower(t, s, src)
+	f.state = func() containerState { return containerState{ended: true} } // never EOF, like kwok
+	start := time.Now()
+	f.run(context.Background())
+	if time.Since(start) > 5*time.Second {
+		t.Error("drain did not end the stream")
+	}
+	assertExactlyOnce(t, s, 10)
+}
+
+func TestFollowerGivesUpWhenPodIsGone(t *testing.T) {
+	s, _ := openTestStore(t)
+	f := newFollower(t, s, nil)
+	f.src = failingSource{}
+	f.state = func() containerState { return containerState{gone: true} }
+	done := make(chan struct{})
+	go func() { f.run(context.Background()); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("follower kept retrying a pod that is gone")
+	}
+}
+
+type failingSource struct{}
+
+func (failingSource) Stream(context.Context, string, string, string, time.Time) (io.ReadCloser, error) {
+	return nil, errors.New(`pods "p" not found`)
+}
