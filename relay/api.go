@@ -1,0 +1,287 @@
+package relay
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	authnv1 "k8s.io/api/authentication/v1"
+)
+
+// API serves runs and their logs.
+//
+//	GET /v1/runs?agent=&company=&phase=   runs the caller may read, newest first
+//	GET /v1/runs/{run}                     one run: status and result
+//	GET /v1/runs/{run}/log?after=N&follow=true
+//	    Accept: text/event-stream      SSE: "id: <seq>" per line, keepalive
+//	                                   comments, a final "end" event;
+//	                                   Last-Event-ID resumes
+//	    Accept: application/x-ndjson   the same events as JSON lines
+//	    otherwise                      the lines as plain text, not following
+type API struct {
+	Store *Store
+	Auth  Authorizer
+	// Keepalive between SSE comments and NDJSON heartbeats. Default 15s.
+	Keepalive time.Duration
+	Log       logr.Logger
+}
+
+// Handler returns the API's routes.
+func (a *API) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/runs", a.listRuns)
+	mux.HandleFunc("GET /v1/runs/{run}", a.getRun)
+	mux.HandleFunc("GET /v1/runs/{run}/log", a.getLog)
+	return mux
+}
+
+type apiError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func fail(w http.ResponseWriter, code int, format string, args ...any) {
+	writeJSON(w, code, apiError{Code: code, Message: fmt.Sprintf(format, args...)})
+}
+
+// user authenticates the request, answering 401 itself on failure.
+func (a *API) user(w http.ResponseWriter, r *http.Request) *authnv1.UserInfo {
+	u, err := a.Auth.Authenticate(r)
+	switch {
+	case errors.Is(err, errUnauthenticated):
+		w.Header().Set("WWW-Authenticate", `Bearer realm="clipjob-relay"`)
+		fail(w, http.StatusUnauthorized, "%v", err)
+		return nil
+	case err != nil:
+		fail(w, http.StatusServiceUnavailable, "checking the token: %v", err)
+		return nil
+	}
+	return u
+}
+
+// run loads a run the caller may read, answering 401/403/404 itself.
+func (a *API) run(w http.ResponseWriter, r *http.Request) *Run {
+	u := a.user(w, r)
+	if u == nil {
+		return nil
+	}
+	id := r.PathValue("run")
+	run, err := a.Store.Run(id)
+	if err != nil {
+		fail(w, http.StatusInternalServerError, "reading run %s: %v", id, err)
+		return nil
+	}
+	if run == nil {
+		fail(w, http.StatusNotFound, "run %q: the relay never saw it", id)
+		return nil
+	}
+	ok, err := a.Auth.Allowed(r.Context(), u, run.Namespace)
+	switch {
+	case err != nil:
+		fail(w, http.StatusServiceUnavailable, "checking access: %v", err)
+		return nil
+	case !ok:
+		fail(w, http.StatusForbidden, "%s may not read logs in namespace %s (needs get pods/log)", u.Username, run.Namespace)
+		return nil
+	}
+	return run
+}
+
+func (a *API) listRuns(w http.ResponseWriter, r *http.Request) {
+	u := a.user(w, r)
+	if u == nil {
+		return
+	}
+	q := r.URL.Query()
+	runs, err := a.Store.Runs(func(run *Run) bool {
+		return match(q.Get("agent"), run.Agent) && match(q.Get("company"), run.Company) && match(q.Get("phase"), run.Phase)
+	})
+	if err != nil {
+		fail(w, http.StatusInternalServerError, "listing runs: %v", err)
+		return
+	}
+	allowed := map[string]bool{}
+	out := []Run{}
+	for _, run := range runs {
+		ok, seen := allowed[run.Namespace]
+		if !seen {
+			ok, err = a.Auth.Allowed(r.Context(), u, run.Namespace)
+			if err != nil {
+				fail(w, http.StatusServiceUnavailable, "checking access: %v", err)
+				return
+			}
+			allowed[run.Namespace] = ok
+		}
+		if ok {
+			out = append(out, run)
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"runs": out})
+}
+
+func match(want, have string) bool { return want == "" || want == have }
+
+func (a *API) getRun(w http.ResponseWriter, r *http.Request) {
+	if run := a.run(w, r); run != nil {
+		writeJSON(w, http.StatusOK, run)
+	}
+}
+
+// event is one item of a log response.
+type event struct {
+	Type string `json:"type"` // line, end
+	*Line
+	*End
+}
+
+// End closes a log: how the run ended and what it produced.
+type End struct {
+	Phase    string  `json:"phase"`
+	ExitCode *int32  `json:"exitCode,omitempty"`
+	Reason   string  `json:"reason,omitempty"`
+	LastSeq  uint64  `json:"lastSeq"`
+	Result   *Result `json:"result,omitempty"`
+}
+
+func (a *API) getLog(w http.ResponseWriter, r *http.Request) {
+	run := a.run(w, r)
+	if run == nil {
+		return
+	}
+	after, err := cursorParam(r)
+	if err != nil {
+		fail(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	accept := r.Header.Get("Accept")
+	sse := strings.Contains(accept, "text/event-stream")
+	ndjson := strings.Contains(accept, "application/x-ndjson")
+	if !sse && !ndjson {
+		a.plainLog(w, run.ID, after)
+		return
+	}
+	follow := r.URL.Query().Get("follow") != "false"
+	if sse && run.Done && after >= run.LastSeq && r.Header.Get("Last-Event-ID") != "" {
+		w.WriteHeader(http.StatusNoContent) // an EventSource reconnecting after the end: stop
+		return
+	}
+	flusher, _ := w.(http.Flusher)
+	if sse {
+		w.Header().Set("Content-Type", "text/event-stream")
+	} else {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+	}
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	write := func(ev event) error {
+		var err error
+		data, _ := json.Marshal(ev)
+		switch {
+		case sse && ev.Line != nil:
+			_, err = fmt.Fprintf(w, "id: %d\nevent: line\ndata: %s\n\n", ev.Seq, data)
+		case sse:
+			_, err = fmt.Fprintf(w, "event: end\ndata: %s\n\n", data)
+		default:
+			_, err = fmt.Fprintf(w, "%s\n", data)
+		}
+		return err
+	}
+	keepalive := a.Keepalive
+	if keepalive <= 0 {
+		keepalive = 15 * time.Second
+	}
+	ctx := r.Context()
+	for {
+		changed := a.Store.Changed(run.ID) // before reading: no change is missed
+		lines, err := a.Store.Lines(run.ID, after, 1000)
+		if err != nil {
+			return
+		}
+		for i := range lines {
+			if write(event{Type: "line", Line: &lines[i]}) != nil {
+				return
+			}
+			after = lines[i].Seq
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		if len(lines) == 1000 {
+			continue
+		}
+		cur, err := a.Store.Run(run.ID)
+		if err != nil || cur == nil {
+			return
+		}
+		if cur.Done && after >= cur.LastSeq {
+			_ = write(event{Type: "end", End: &End{Phase: cur.Phase, ExitCode: cur.ExitCode, Reason: cur.Reason, LastSeq: cur.LastSeq, Result: cur.Result}})
+			if flusher != nil {
+				flusher.Flush()
+			}
+			return
+		}
+		if !follow {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-time.After(keepalive):
+			if sse {
+				_, err = fmt.Fprint(w, ": keepalive\n\n")
+			} else {
+				_, err = fmt.Fprint(w, "{\"type\":\"keepalive\"}\n")
+			}
+			if err != nil {
+				return
+			}
+			if flusher != nil {
+				flusher.Flush()
+			}
+		}
+	}
+}
+
+func (a *API) plainLog(w http.ResponseWriter, run string, after uint64) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	for {
+		lines, err := a.Store.Lines(run, after, 1000)
+		if err != nil || len(lines) == 0 {
+			return
+		}
+		for _, l := range lines {
+			fmt.Fprintln(w, l.Line)
+			after = l.Seq
+		}
+	}
+}
+
+// cursorParam is where a log read starts: Last-Event-ID (an EventSource
+// reconnecting) wins over ?after=.
+func cursorParam(r *http.Request) (uint64, error) {
+	v := r.Header.Get("Last-Event-ID")
+	if v == "" {
+		v = r.URL.Query().Get("after")
+	}
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("after %q: want a sequence number", v)
+	}
+	return n, nil
+}

@@ -1,0 +1,210 @@
+package relay
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	authnv1 "k8s.io/api/authentication/v1"
+	authzv1 "k8s.io/api/authorization/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
+)
+
+// tokenAuth: token "reader" may read namespace "paperclip" only.
+type tokenAuth struct{}
+
+func (tokenAuth) Authenticate(r *http.Request) (*authnv1.UserInfo, error) {
+	switch r.Header.Get("Authorization") {
+	case "Bearer reader":
+		return &authnv1.UserInfo{Username: "reader"}, nil
+	case "Bearer nobody":
+		return &authnv1.UserInfo{Username: "nobody"}, nil
+	}
+	return nil, errUnauthenticated
+}
+
+func (tokenAuth) Allowed(_ context.Context, u *authnv1.UserInfo, ns string) (bool, error) {
+	return u.Username == "reader" && ns == "paperclip", nil
+}
+
+func apiFixture(t *testing.T) (*Store, *httptest.Server) {
+	s, _ := openTestStore(t)
+	for _, run := range []struct{ id, ns, agent string }{{"run-1", "paperclip", "agent-a"}, {"run-2", "paperclip", "agent-b"}, {"run-x", "other", "agent-a"}} {
+		_, _ = s.UpdateRun(run.id, func(r *Run) { r.Namespace, r.Agent, r.Phase = run.ns, run.agent, "Running" })
+	}
+	_, _ = s.Append("run-1", "st", Cursor{TS: 1, Count: 1}, lines("agent", "one", "two", "three"), time.Now())
+	api := &API{Store: s, Auth: tokenAuth{}, Keepalive: 50 * time.Millisecond}
+	srv := httptest.NewServer(api.Handler())
+	t.Cleanup(srv.Close)
+	return s, srv
+}
+
+func get(t *testing.T, url, token, accept string, hdr ...string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+func TestAPIAccess(t *testing.T) {
+	_, srv := apiFixture(t)
+	tests := []struct {
+		path, token string
+		want        int
+	}{
+		{"/v1/runs/run-1", "", http.StatusUnauthorized},
+		{"/v1/runs/run-1", "bogus", http.StatusUnauthorized},
+		{"/v1/runs/run-1", "nobody", http.StatusForbidden},
+		{"/v1/runs/run-x", "reader", http.StatusForbidden},
+		{"/v1/runs/never", "reader", http.StatusNotFound},
+		{"/v1/runs/run-1", "reader", http.StatusOK},
+		{"/v1/runs/run-1/log?after=x", "reader", http.StatusBadRequest},
+	}
+	for _, tt := range tests {
+		if got := get(t, srv.URL+tt.path, tt.token, "").StatusCode; got != tt.want {
+			t.Errorf("%s as %q: %d, want %d", tt.path, tt.token, got, tt.want)
+		}
+	}
+}
+
+func TestAPIListFiltersAndAuthorizes(t *testing.T) {
+	_, srv := apiFixture(t)
+	var body struct{ Runs []Run }
+	_ = json.NewDecoder(get(t, srv.URL+"/v1/runs?agent=agent-a", "reader", "").Body).Decode(&body)
+	if len(body.Runs) != 1 || body.Runs[0].ID != "run-1" {
+		t.Errorf("runs %+v: want run-1 only (run-x is in a namespace reader may not read)", body.Runs)
+	}
+}
+
+func TestAPIPlainLog(t *testing.T) {
+	_, srv := apiFixture(t)
+	resp := get(t, srv.URL+"/v1/runs/run-1/log?after=1", "reader", "")
+	b := new(strings.Builder)
+	_, _ = bufio.NewReader(resp.Body).WriteTo(b)
+	if b.String() != "two\nthree\n" {
+		t.Errorf("plain log %q", b.String())
+	}
+}
+
+func TestAPINDJSONFollowsUntilEnd(t *testing.T) {
+	s, srv := apiFixture(t)
+	resp := get(t, srv.URL+"/v1/runs/run-1/log", "reader", "application/x-ndjson")
+	sc := bufio.NewScanner(resp.Body)
+	var got []string
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		_, _ = s.Append("run-1", "st", Cursor{TS: 2, Count: 1}, lines("agent", "four"), time.Now())
+		code := int32(0)
+		_, _ = s.UpdateRun("run-1", func(r *Run) { r.Done, r.Phase, r.ExitCode = true, "Succeeded", &code })
+	}()
+	for sc.Scan() {
+		var ev struct {
+			Type  string
+			Line  string
+			Phase string
+		}
+		_ = json.Unmarshal(sc.Bytes(), &ev)
+		switch ev.Type {
+		case "line":
+			got = append(got, ev.Line)
+		case "end":
+			got = append(got, "end:"+ev.Phase)
+		}
+	}
+	if strings.Join(got, ",") != "one,two,three,four,end:Succeeded" {
+		t.Errorf("events %v", got)
+	}
+}
+
+func TestAPISSEResumesFromLastEventID(t *testing.T) {
+	s, srv := apiFixture(t)
+	_, _ = s.UpdateRun("run-1", func(r *Run) { r.Done, r.Phase = true, "Failed" })
+	resp := get(t, srv.URL+"/v1/runs/run-1/log", "reader", "text/event-stream", "Last-Event-ID", "2")
+	b := new(strings.Builder)
+	_, _ = bufio.NewReader(resp.Body).WriteTo(b)
+	out := b.String()
+	if !strings.HasPrefix(out, "id: 3\nevent: line\ndata: ") || !strings.Contains(out, `"line":"three"`) ||
+		!strings.Contains(out, "event: end\ndata: ") || strings.Contains(out, `"line":"two"`) {
+		t.Errorf("SSE stream:\n%s", out)
+	}
+	// Reconnecting after the end: 204, the EventSource stops.
+	if code := get(t, srv.URL+"/v1/runs/run-1/log", "reader", "text/event-stream", "Last-Event-ID", "3").StatusCode; code != http.StatusNoContent {
+		t.Errorf("after the end: %d, want 204", code)
+	}
+}
+
+func TestAPISSEKeepalive(t *testing.T) {
+	_, srv := apiFixture(t)
+	resp := get(t, srv.URL+"/v1/runs/run-1/log?after=3", "reader", "text/event-stream")
+	r := bufio.NewReader(resp.Body)
+	line, err := r.ReadString('\n')
+	if err != nil || line != ": keepalive\n" {
+		t.Errorf("first bytes %q (%v), want a keepalive comment", line, err)
+	}
+}
+
+func TestKubeAuthReviewsAndCaches(t *testing.T) {
+	cs := fake.NewClientset()
+	reviews, sars := 0, 0
+	cs.PrependReactor("create", "tokenreviews", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		reviews++
+		tr := a.(clienttesting.CreateAction).GetObject().(*authnv1.TokenReview)
+		if tr.Spec.Token == "good" {
+			tr.Status = authnv1.TokenReviewStatus{Authenticated: true, User: authnv1.UserInfo{Username: "system:serviceaccount:paperclip:server", UID: "u1"}}
+		}
+		return true, tr, nil
+	})
+	cs.PrependReactor("create", "subjectaccessreviews", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		sars++
+		sar := a.(clienttesting.CreateAction).GetObject().(*authzv1.SubjectAccessReview)
+		ra := sar.Spec.ResourceAttributes
+		sar.Status.Allowed = ra.Namespace == "paperclip" && ra.Resource == "pods" && ra.Subresource == "log" && ra.Verb == "get"
+		return true, sar, nil
+	})
+	a := &KubeAuth{Client: cs}
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	if _, err := a.Authenticate(req); !errors.Is(err, errUnauthenticated) {
+		t.Errorf("no token: %v", err)
+	}
+	req.Header.Set("Authorization", "Bearer bad")
+	if _, err := a.Authenticate(req); !errors.Is(err, errUnauthenticated) {
+		t.Errorf("bad token: %v", err)
+	}
+	req.Header.Set("Authorization", "Bearer good")
+	for i := 0; i < 3; i++ {
+		u, err := a.Authenticate(req)
+		if err != nil || u.Username != "system:serviceaccount:paperclip:server" {
+			t.Fatalf("good token: %v %v", u, err)
+		}
+		if ok, _ := a.Allowed(context.Background(), u, "paperclip"); !ok {
+			t.Error("allowed namespace refused")
+		}
+		if ok, _ := a.Allowed(context.Background(), u, "kube-system"); ok {
+			t.Error("other namespace allowed")
+		}
+	}
+	if reviews != 2 || sars != 2 {
+		t.Errorf("%d TokenReviews and %d SARs for repeated calls; want 2 and 2 (cached)", reviews, sars)
+	}
+}

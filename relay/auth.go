@@ -1,0 +1,120 @@
+package relay
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	authnv1 "k8s.io/api/authentication/v1"
+	authzv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Authorizer decides whether a request may read runs of a namespace.
+type Authorizer interface {
+	// Authenticate returns the caller, or an error with the HTTP status
+	// (401) to answer.
+	Authenticate(r *http.Request) (*authnv1.UserInfo, error)
+	// Allowed reports whether the caller may read logs in namespace.
+	Allowed(ctx context.Context, user *authnv1.UserInfo, namespace string) (bool, error)
+}
+
+// errUnauthenticated is answered with 401.
+var errUnauthenticated = errors.New("a Kubernetes bearer token is required (Authorization: Bearer …)")
+
+// KubeAuth authenticates bearer tokens with a TokenReview and authorizes
+// with a SubjectAccessReview for get pods/log in the run's namespace, the
+// permission `kubectl logs` needs. Decisions are cached briefly, as
+// controller-runtime's delegating filters do.
+type KubeAuth struct {
+	Client kubernetes.Interface
+	// Audiences the token must be for; empty accepts the API server's.
+	Audiences []string
+	// TokenTTL, AllowTTL and DenyTTL are cache lifetimes. Default 1m, 30s, 10s.
+	TokenTTL, AllowTTL, DenyTTL time.Duration
+
+	mu     sync.Mutex
+	tokens map[[32]byte]cached[*authnv1.UserInfo]
+	grants map[string]cached[bool]
+}
+
+type cached[T any] struct {
+	v   T
+	exp time.Time
+}
+
+// Authenticate implements Authorizer.
+func (a *KubeAuth) Authenticate(r *http.Request) (*authnv1.UserInfo, error) {
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || strings.TrimSpace(token) == "" {
+		return nil, errUnauthenticated
+	}
+	key := sha256.Sum256([]byte(token))
+	a.mu.Lock()
+	if a.tokens == nil {
+		a.tokens, a.grants = map[[32]byte]cached[*authnv1.UserInfo]{}, map[string]cached[bool]{}
+	}
+	if c, ok := a.tokens[key]; ok && time.Now().Before(c.exp) {
+		a.mu.Unlock()
+		return c.v, nil
+	}
+	a.mu.Unlock()
+	tr, err := a.Client.AuthenticationV1().TokenReviews().Create(r.Context(), &authnv1.TokenReview{
+		Spec: authnv1.TokenReviewSpec{Token: token, Audiences: a.Audiences},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if !tr.Status.Authenticated {
+		return nil, errUnauthenticated
+	}
+	user := tr.Status.User
+	a.mu.Lock()
+	a.tokens[key] = cached[*authnv1.UserInfo]{&user, time.Now().Add(ttl(a.TokenTTL, time.Minute))}
+	a.mu.Unlock()
+	return &user, nil
+}
+
+// Allowed implements Authorizer.
+func (a *KubeAuth) Allowed(ctx context.Context, user *authnv1.UserInfo, namespace string) (bool, error) {
+	key := user.UID + "\x00" + user.Username + "\x00" + namespace
+	a.mu.Lock()
+	if c, ok := a.grants[key]; ok && time.Now().Before(c.exp) {
+		a.mu.Unlock()
+		return c.v, nil
+	}
+	a.mu.Unlock()
+	extra := map[string]authzv1.ExtraValue{}
+	for k, v := range user.Extra {
+		extra[k] = authzv1.ExtraValue(v)
+	}
+	sar, err := a.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{
+		Spec: authzv1.SubjectAccessReviewSpec{
+			User: user.Username, UID: user.UID, Groups: user.Groups, Extra: extra,
+			ResourceAttributes: &authzv1.ResourceAttributes{Namespace: namespace, Verb: "get", Resource: "pods", Subresource: "log"},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return false, err
+	}
+	exp := ttl(a.DenyTTL, 10*time.Second)
+	if sar.Status.Allowed {
+		exp = ttl(a.AllowTTL, 30*time.Second)
+	}
+	a.mu.Lock()
+	a.grants[key] = cached[bool]{sar.Status.Allowed, time.Now().Add(exp)}
+	a.mu.Unlock()
+	return sar.Status.Allowed, nil
+}
+
+func ttl(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}

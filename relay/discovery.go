@@ -1,0 +1,236 @@
+package relay
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/paperclipai/clipjob/templates"
+)
+
+// PodLookup returns the current state of a pod, or nil when it is gone.
+type PodLookup func(namespace, name string) *corev1.Pod
+
+// Collector turns pod events into followers and run records. It is driven
+// by an informer (see Run) but has no informer of its own, so tests call
+// OnPod directly.
+type Collector struct {
+	Store  *Store
+	Source LogSource
+	Redact *Redactor
+	Pods   PodLookup
+	Follow FollowOptions
+	// MaxStreams bounds the log streams open at once. Default 200.
+	MaxStreams int
+	Log        logr.Logger
+
+	ctx   context.Context
+	slots chan struct{}
+	wg    sync.WaitGroup
+
+	mu        sync.Mutex
+	followers map[string]bool               // stream key -> still following
+	byPod     map[types.UID]map[string]bool // pod -> its stream keys
+}
+
+// Start prepares the collector; followers live until ctx ends.
+func (c *Collector) Start(ctx context.Context) {
+	c.Follow.setDefaults()
+	if c.MaxStreams <= 0 {
+		c.MaxStreams = 200
+	}
+	c.ctx = ctx
+	c.slots = make(chan struct{}, c.MaxStreams)
+	c.followers = map[string]bool{}
+	c.byPod = map[types.UID]map[string]bool{}
+}
+
+// Wait blocks until every follower has returned (after ctx ended), so a
+// shutdown has flushed everything to the store.
+func (c *Collector) Wait() { c.wg.Wait() }
+
+// OnPod handles a pod added or updated.
+func (c *Collector) OnPod(pod *corev1.Pod) {
+	run := pod.Labels[templates.LabelRunID]
+	if run == "" {
+		return
+	}
+	rec, err := c.Store.UpdateRun(run, func(r *Run) { describe(r, pod) })
+	if err != nil {
+		c.Log.Error(err, "recording run", "run", run)
+		return
+	}
+	if rec.Done {
+		return // collected completely before (e.g. before a relay restart)
+	}
+	for _, st := range allStatuses(pod) {
+		if st.ContainerID == "" || (st.State.Running == nil && st.State.Terminated == nil) {
+			continue
+		}
+		c.follow(StreamRef{Run: run, Namespace: pod.Namespace, Pod: pod.Name, PodUID: string(pod.UID),
+			Container: st.Name, ContainerID: st.ContainerID})
+	}
+	c.maybeFinish(pod.Namespace, pod.Name, pod.UID, run)
+}
+
+// OnPodDeleted handles a pod that is gone: its followers end once they
+// have read what they can, and the run is finished then.
+func (c *Collector) OnPodDeleted(pod *corev1.Pod) {
+	if run := pod.Labels[templates.LabelRunID]; run != "" {
+		c.maybeFinish(pod.Namespace, pod.Name, pod.UID, run)
+	}
+}
+
+func (c *Collector) follow(ref StreamRef) {
+	key := ref.Key()
+	c.mu.Lock()
+	if _, seen := c.followers[key]; seen {
+		c.mu.Unlock()
+		return
+	}
+	c.followers[key] = true
+	uid := types.UID(ref.PodUID)
+	if c.byPod[uid] == nil {
+		c.byPod[uid] = map[string]bool{}
+	}
+	c.byPod[uid][key] = true
+	c.mu.Unlock()
+
+	f := &follower{ref: ref, src: c.Source, store: c.Store, redact: c.Redact, opts: c.Follow, slots: c.slots,
+		log: c.Log, state: func() containerState { return c.containerState(ref) }}
+	c.Log.V(1).Info("following", "run", ref.Run, "pod", ref.Namespace+"/"+ref.Pod, "container", ref.Container)
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		f.run(c.ctx)
+		if c.ctx.Err() != nil {
+			return // shutting down: not drained, resume after restart
+		}
+		c.mu.Lock()
+		c.followers[key] = false
+		c.mu.Unlock()
+		c.maybeFinish(ref.Namespace, ref.Pod, uid, ref.Run)
+	}()
+}
+
+func (c *Collector) containerState(ref StreamRef) containerState {
+	pod := c.Pods(ref.Namespace, ref.Pod)
+	if pod == nil || string(pod.UID) != ref.PodUID {
+		return containerState{ended: true, gone: true}
+	}
+	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		return containerState{ended: true}
+	}
+	for _, st := range allStatuses(pod) {
+		if st.Name == ref.Container {
+			return containerState{ended: st.ContainerID != ref.ContainerID || st.State.Terminated != nil}
+		}
+	}
+	return containerState{}
+}
+
+// maybeFinish marks the run done once its pod has ended (or is gone) and
+// every stream is drained, and parses its result from the stored lines.
+func (c *Collector) maybeFinish(ns, name string, uid types.UID, run string) {
+	pod := c.Pods(ns, name)
+	gone := pod == nil || pod.UID != uid
+	if !gone && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+		return
+	}
+	c.mu.Lock()
+	for key := range c.byPod[uid] {
+		if c.followers[key] {
+			c.mu.Unlock()
+			return
+		}
+	}
+	c.mu.Unlock()
+	if err := c.finish(run, gone); err != nil {
+		c.Log.Error(err, "finishing run", "run", run)
+	}
+}
+
+func (c *Collector) finish(run string, gone bool) error {
+	var p resultParser
+	for after := uint64(0); ; {
+		lines, err := c.Store.Lines(run, after, 1000)
+		if err != nil {
+			return err
+		}
+		if len(lines) == 0 {
+			break
+		}
+		for _, l := range lines {
+			p.feed([]byte(l.Line))
+		}
+		after = lines[len(lines)-1].Seq
+	}
+	rec, err := c.Store.UpdateRun(run, func(r *Run) {
+		if r.Done {
+			return
+		}
+		if gone && r.Phase != string(corev1.PodSucceeded) && r.Phase != string(corev1.PodFailed) {
+			r.Phase = "Unknown"
+			if r.Reason == "" {
+				r.Reason = "the pod was deleted before it was seen to finish"
+			}
+		}
+		var term *Termination
+		if r.ExitCode != nil {
+			term = &Termination{ExitCode: *r.ExitCode, Reason: r.Reason}
+		} else if gone {
+			term = &Termination{ExitCode: -1, Reason: r.Reason}
+		}
+		r.Result = p.result(term)
+		r.Done = true
+	})
+	if err == nil {
+		c.Log.Info("run collected", "run", run, "phase", rec.Phase, "lines", rec.LastSeq)
+	}
+	return err
+}
+
+// describe copies what the pod says about its run into the record.
+func describe(r *Run, pod *corev1.Pod) {
+	l := pod.Labels
+	r.Namespace, r.Pod, r.PodUID = pod.Namespace, pod.Name, string(pod.UID)
+	r.Job = l["batch.kubernetes.io/job-name"]
+	r.Agent, r.Company = l[templates.LabelAgentID], l[templates.LabelCompanyID]
+	r.Task, r.Session = l[templates.LabelTaskID], l[templates.LabelSessionID]
+	r.Adapter = templates.AdapterType(l)
+	r.Containers = r.Containers[:0]
+	for _, c := range pod.Spec.InitContainers {
+		r.Containers = append(r.Containers, c.Name)
+	}
+	for _, c := range pod.Spec.Containers {
+		r.Containers = append(r.Containers, c.Name)
+	}
+	if pod.Status.Phase != "" {
+		r.Phase = string(pod.Status.Phase)
+	}
+	if t := pod.Status.StartTime; t != nil && r.StartedAt == nil {
+		s := t.Time
+		r.StartedAt = &s
+	}
+	// The agent is the first app container; its exit is the run's.
+	if len(pod.Status.ContainerStatuses) > 0 {
+		if term := pod.Status.ContainerStatuses[0].State.Terminated; term != nil {
+			code := term.ExitCode
+			r.ExitCode, r.Reason = &code, term.Reason
+			f := term.FinishedAt.Time
+			if f.IsZero() {
+				f = time.Now()
+			}
+			r.FinishedAt = &f
+		}
+	}
+}
+
+func allStatuses(pod *corev1.Pod) []corev1.ContainerStatus {
+	out := append([]corev1.ContainerStatus{}, pod.Status.InitContainerStatuses...)
+	return append(out, pod.Status.ContainerStatuses...)
+}
