@@ -16,7 +16,7 @@ import (
 type PodLookup func(namespace, name string) *corev1.Pod
 
 // Collector turns pod events into followers and run records. It is driven
-// by an informer (see Run) but has no informer of its own, so tests call
+// by an informer (see Serve) but has no informer of its own, so tests call
 // OnPod directly.
 type Collector struct {
 	Store  *Store
@@ -233,4 +233,25 @@ func describe(r *Run, pod *corev1.Pod) {
 func allStatuses(pod *corev1.Pod) []corev1.ContainerStatus {
 	out := append([]corev1.ContainerStatus{}, pod.Status.InitContainerStatuses...)
 	return append(out, pod.Status.ContainerStatuses...)
+}
+
+// Reconcile finishes runs left unfinished in the store whose pod no
+// longer exists (deleted while the relay was down): their log is what was
+// stored, and their phase is Unknown unless it was seen to end.
+func (c *Collector) Reconcile() (int, error) {
+	runs, err := c.Store.Runs(func(r *Run) bool { return !r.Done })
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, r := range runs {
+		if p := c.Pods(r.Namespace, r.Pod); p != nil && string(p.UID) == r.PodUID {
+			continue
+		}
+		if err := c.finish(r.ID, true); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }
