@@ -17,16 +17,22 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/yaml"
 )
 
 //go:embed kwok.yaml
 var kwokConfig []byte
+
+//go:embed kwok-logs-crd.yaml
+var kwokLogsCRD []byte
 
 // AnnotationExitCode on a running pod makes kwok terminate its containers
 // with that exit code ("0" succeeds the pod, anything else fails it).
@@ -68,9 +74,10 @@ type Cluster struct {
 }
 
 type process struct {
-	name string
-	cmd  *exec.Cmd
-	done chan error
+	name, bin string
+	args      []string
+	cmd       *exec.Cmd
+	done      chan error
 }
 
 // Start brings up etcd, kube-apiserver, kube-controller-manager,
@@ -167,6 +174,9 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 
+	if err := c.installLogsCRD(ctx); err != nil {
+		return nil, err
+	}
 	kwokCfg := filepath.Join(c.Dir, "kwok.yaml")
 	if err := os.WriteFile(kwokCfg, kwokConfig, 0o644); err != nil {
 		return nil, err
@@ -176,7 +186,8 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		"--manage-all-nodes=false", "--manage-nodes-with-annotation-selector", "kwok.x-k8s.io/node=fake",
 		"--node-ip", "127.0.0.1", "--node-port", strconv.Itoa(kwokPort),
 		"--server-address", fmt.Sprintf("127.0.0.1:%d", kwokPort),
-		"--tls-cert-file", pki("kwok.crt"), "--tls-private-key-file", pki("kwok.key")); err != nil {
+		"--tls-cert-file", pki("kwok.crt"), "--tls-private-key-file", pki("kwok.key"),
+		"--enable-crds", "Logs"); err != nil {
 		return nil, err
 	}
 	if err := c.createNode(ctx, cs); err != nil {
@@ -223,26 +234,53 @@ func (c *Cluster) logf(format string, args ...any) {
 }
 
 func (c *Cluster) run(bin, name string, args ...string) error {
+	p := &process{name: name, bin: filepath.Join(bin, name), args: args}
+	if err := c.start(p); err != nil {
+		return err
+	}
+	c.procs = append(c.procs, p)
+	return nil
+}
+
+func (c *Cluster) start(p *process) error {
 	if err := os.MkdirAll(filepath.Join(c.Dir, "logs"), 0o755); err != nil {
 		return err
 	}
-	logf, err := os.Create(c.LogFile(name))
+	logf, err := os.OpenFile(c.LogFile(p.name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(filepath.Join(bin, name), args...)
+	cmd := exec.Command(p.bin, p.args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = loopbackEnv()
 	// Children die with the test process, even when it is killed.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return fmt.Errorf("starting %s: %w", name, err)
+		return fmt.Errorf("starting %s: %w", p.name, err)
 	}
-	p := &process{name: name, cmd: cmd, done: make(chan error, 1)}
+	p.cmd, p.done = cmd, make(chan error, 1)
 	go func() { p.done <- cmd.Wait(); logf.Close() }()
-	c.procs = append(c.procs, p)
 	return nil
+}
+
+// Restart stops a component (SIGTERM) and starts it again with the same
+// arguments, e.g. "kwok" to break every log stream it serves.
+func (c *Cluster) Restart(component string) error {
+	for _, p := range c.procs {
+		if p.name != component {
+			continue
+		}
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(5 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		return c.start(p)
+	}
+	return fmt.Errorf("no component %q", component)
 }
 
 // loopbackEnv is the environment without proxies: every address the
@@ -279,6 +317,34 @@ func (c *Cluster) waitReady(ctx context.Context, cs kubernetes.Interface, timeou
 		}
 	}
 	return fmt.Errorf("kube-apiserver not ready after %s: %v; see %s", timeout, last, c.LogFile("kube-apiserver"))
+}
+
+// installLogsCRD installs kwok's Logs CRD and waits until it is served.
+func (c *Cluster) installLogsCRD(ctx context.Context) error {
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := yaml.Unmarshal(kwokLogsCRD, crd); err != nil {
+		return err
+	}
+	cs, err := apiextensionsclient.NewForConfig(c.Config)
+	if err != nil {
+		return err
+	}
+	if _, err := cs.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		got, err := cs.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
+		if err == nil {
+			for _, cond := range got.Status.Conditions {
+				if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+					return nil
+				}
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return errors.New("kwok Logs CRD not established after 30s")
 }
 
 // exited returns an error naming the first component that has exited.

@@ -18,7 +18,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -78,17 +77,15 @@ func Install(ctx context.Context, c *cluster.Cluster, name string) (*Webhook, st
 
 // Webhook is a running clipjob-webhook process.
 type Webhook struct {
+	*Process
 	// Addr is host:port of the TLS admission endpoint.
 	Addr string
-	// ProbeAddr and MetricsAddr serve /readyz and /metrics.
-	ProbeAddr, MetricsAddr string
+	// MetricsAddr serves /metrics and /configz.
+	MetricsAddr string
 	// ConfigFile is the config it watches; rewrite it to reconfigure.
 	ConfigFile string
 	// CertDir holds tls.crt and tls.key; replace them to rotate.
 	CertDir string
-	Log     string
-	cmd     *exec.Cmd
-	done    chan error
 }
 
 // StartWebhook runs the binary at bin against c with the config at
@@ -110,7 +107,7 @@ func StartWebhook(ctx context.Context, c *cluster.Cluster, bin, name, configFile
 	if err != nil {
 		return nil, err
 	}
-	w := &Webhook{ConfigFile: filepath.Join(dir, "config.yaml"), CertDir: certDir, Log: filepath.Join(dir, "webhook.log"), done: make(chan error, 1)}
+	w := &Webhook{ConfigFile: filepath.Join(dir, "config.yaml"), CertDir: certDir}
 	if err := os.WriteFile(w.ConfigFile, data, 0o644); err != nil {
 		return nil, err
 	}
@@ -119,65 +116,17 @@ func StartWebhook(ctx context.Context, c *cluster.Cluster, bin, name, configFile
 		return nil, err
 	}
 	w.Addr = fmt.Sprintf("127.0.0.1:%d", ports[0])
-	w.ProbeAddr = fmt.Sprintf("127.0.0.1:%d", ports[1])
+	probe := fmt.Sprintf("127.0.0.1:%d", ports[1])
 	w.MetricsAddr = fmt.Sprintf("127.0.0.1:%d", ports[2])
-	logf, err := os.Create(w.Log)
+	w.Process, err = StartProcess(ctx, filepath.Join(dir, "webhook.log"), probe, bin,
+		"--config", w.ConfigFile, "--config-poll-interval", "200ms",
+		"--cert-dir", certDir, "--host", "127.0.0.1", "--port", strconv.Itoa(ports[0]),
+		"--health-probe-bind-address", probe, "--metrics-bind-address", w.MetricsAddr,
+		"--kubeconfig", c.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
-	w.cmd = exec.Command(bin,
-		"--config", w.ConfigFile, "--config-poll-interval", "200ms",
-		"--cert-dir", certDir, "--host", "127.0.0.1", "--port", strconv.Itoa(ports[0]),
-		"--health-probe-bind-address", w.ProbeAddr, "--metrics-bind-address", w.MetricsAddr,
-		"--kubeconfig", c.Kubeconfig)
-	w.cmd.Stdout, w.cmd.Stderr = logf, logf
-	w.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := w.cmd.Start(); err != nil {
-		return nil, err
-	}
-	go func() { w.done <- w.cmd.Wait(); logf.Close() }()
-	if err := w.waitReady(ctx, 30*time.Second); err != nil {
-		w.Stop()
-		return nil, err
-	}
 	return w, nil
-}
-
-func (w *Webhook) waitReady(ctx context.Context, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		select {
-		case err := <-w.done:
-			w.done <- err
-			return fmt.Errorf("clipjob-webhook exited (%v); see %s", err, w.Log)
-		case <-ctx.Done():
-			return ctx.Err()
-		default:
-		}
-		resp, err := http.Get("http://" + w.ProbeAddr + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("clipjob-webhook not ready after %s; see %s", timeout, w.Log)
-}
-
-// Stop terminates the webhook.
-func (w *Webhook) Stop() {
-	if w.cmd.Process == nil {
-		return
-	}
-	_ = w.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-w.done:
-	case <-time.After(10 * time.Second):
-		_ = w.cmd.Process.Kill()
-		<-w.done
-	}
 }
 
 // Get fetches a path from the webhook's metrics server (/metrics, /configz).
