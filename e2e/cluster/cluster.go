@@ -184,7 +184,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	c.logf("starting kwok (node %s)", NodeName)
 	if err := c.run(bin, "kwok", "--config", kwokCfg, "--kubeconfig", c.Kubeconfig,
 		"--manage-all-nodes=false", "--manage-nodes-with-annotation-selector", "kwok.x-k8s.io/node=fake",
-		"--node-ip", "127.0.0.1", "--node-port", strconv.Itoa(kwokPort),
+		"--node-ip", "127.0.0.1", "--node-port", strconv.Itoa(kwokPort), "--cidr", "10.244.0.0/16",
 		"--server-address", fmt.Sprintf("127.0.0.1:%d", kwokPort),
 		"--tls-cert-file", pki("kwok.crt"), "--tls-private-key-file", pki("kwok.key"),
 		"--enable-crds", "Logs"); err != nil {
@@ -277,6 +277,14 @@ func (c *Cluster) Restart(component string) error {
 		case <-time.After(5 * time.Second):
 			_ = p.cmd.Process.Kill()
 			<-p.done
+		}
+		if component == "kwok" {
+			// kwok holds the node's Lease; a new instance would wait for it
+			// to expire (40s) before managing the node and its pods again.
+			err := c.Clientset().CoordinationV1().Leases("kube-node-lease").Delete(context.Background(), NodeName, metav1.DeleteOptions{})
+			if err != nil && !apierrors.IsNotFound(err) {
+				return err
+			}
 		}
 		return c.start(p)
 	}

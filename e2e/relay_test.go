@@ -1,0 +1,414 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/paperclipai/clipjob/e2e/cluster"
+	"github.com/paperclipai/clipjob/e2e/harness"
+	"github.com/paperclipai/clipjob/relay"
+	"github.com/paperclipai/clipjob/templates"
+)
+
+var relayOnce struct {
+	sync.Once
+	r                       *harness.Relay
+	readerToken, strangerTk string
+	err                     error
+}
+
+// theRelay starts one relay for the relay tests, and the tokens of a
+// ServiceAccount allowed to read pod logs in the namespace and of one that
+// is not.
+func theRelay(t *testing.T) (*harness.Relay, string, string) {
+	t.Helper()
+	relayOnce.Do(func() {
+		ctx := context.Background()
+		bin, err := harness.Build(env.cluster.Dir, "clipjob-relay")
+		if err != nil {
+			relayOnce.err = err
+			return
+		}
+		relayOnce.r, err = harness.StartRelay(ctx, env.cluster, bin, "relay", ns)
+		if err != nil {
+			relayOnce.err = err
+			return
+		}
+		relayOnce.readerToken, err = saToken(ctx, "paperclip-server", true)
+		if err != nil {
+			relayOnce.err = err
+			return
+		}
+		relayOnce.strangerTk, relayOnce.err = saToken(ctx, "stranger", false)
+	})
+	if relayOnce.err != nil {
+		t.Fatal(relayOnce.err)
+	}
+	return relayOnce.r, relayOnce.readerToken, relayOnce.strangerTk
+}
+
+func saToken(ctx context.Context, name string, canReadLogs bool) (string, error) {
+	cs := env.cs
+	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return "", err
+	}
+	if canReadLogs {
+		role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name + "-logs"}, Rules: []rbacv1.PolicyRule{{
+			APIGroups: []string{""}, Resources: []string{"pods/log"}, Verbs: []string{"get"}}}}
+		if _, err := cs.RbacV1().Roles(ns).Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return "", err
+		}
+		rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name + "-logs"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: role.Name},
+			Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: name, Namespace: ns}}}
+		if _, err := cs.RbacV1().RoleBindings(ns).Create(ctx, rb, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return "", err
+		}
+	}
+	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}, metav1.CreateOptions{})
+	if err != nil {
+		return "", err
+	}
+	return tr.Status.Token, nil
+}
+
+// agentRun creates a bare agent Job, waits for its pod to run and points
+// the pod's log at a file the test writes.
+func agentRun(ctx context.Context, t *testing.T, name string) (*corev1.Pod, *cluster.PodLog) {
+	t.Helper()
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, bareJob(t, name), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := waitPod(ctx, t, name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	log, err := env.cluster.PodLog(ctx, ns, pod.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pod, log
+}
+
+func relayGet(t *testing.T, r *harness.Relay, path, token, accept string) (*http.Response, error) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+r.APIAddr+path, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	return http.DefaultClient.Do(req)
+}
+
+func relayRun(t *testing.T, r *harness.Relay, token, run string) (*relay.Run, int) {
+	t.Helper()
+	resp, err := relayGet(t, r, "/v1/runs/"+run, token, "")
+	if err != nil {
+		return nil, 0
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, resp.StatusCode
+	}
+	var out relay.Run
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	return &out, resp.StatusCode
+}
+
+func waitRun(ctx context.Context, t *testing.T, r *harness.Relay, token, run string, ok func(*relay.Run) bool) *relay.Run {
+	t.Helper()
+	var last *relay.Run
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		last, _ = relayRun(t, r, token, run)
+		return last != nil && ok(last), nil
+	})
+	if err != nil {
+		t.Fatalf("run %s: %v (last: %+v)", run, err, last)
+	}
+	return last
+}
+
+func plainLog(t *testing.T, r *harness.Relay, token, run string) []string {
+	t.Helper()
+	resp, err := relayGet(t, r, "/v1/runs/"+run+"/log", token, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("log of %s: %d %s", run, resp.StatusCode, b)
+	}
+	s := strings.TrimSuffix(string(b), "\n")
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, "\n")
+}
+
+// exactlyOnce checks the stored log is want in order, no line lost or twice.
+func exactlyOnce(t *testing.T, got, want []string) {
+	t.Helper()
+	if len(got) != len(want) {
+		seen := map[string]int{}
+		for _, g := range got {
+			seen[g]++
+		}
+		var dup, lost []string
+		for _, w := range want {
+			if seen[w] == 0 {
+				lost = append(lost, w)
+			} else if seen[w] > 1 {
+				dup = append(dup, w)
+			}
+		}
+		t.Fatalf("stored %d lines, want %d; lost %d %v, duplicated %d %v", len(got), len(want), len(lost), head(lost), len(dup), head(dup))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("line %d is %q, want %q", i, got[i], want[i])
+		}
+	}
+}
+
+func head(s []string) []string {
+	if len(s) > 5 {
+		return s[:5]
+	}
+	return s
+}
+
+const claudeInit = `{"type":"system","subtype":"init","session_id":"sess-e2e","model":"claude-sonnet-4-5"}`
+
+func claudeResult(text string) string {
+	return fmt.Sprintf(`{"type":"result","subtype":"success","is_error":false,"result":%q,"session_id":"sess-e2e","total_cost_usd":0.42,"usage":{"input_tokens":10,"output_tokens":20}}`, text)
+}
+
+// TestRelayStreamsLinesLive: an SSE client sees each line while the run is
+// still writing, then an end event with the exit code and parsed result.
+func TestRelayStreamsLinesLive(t *testing.T) {
+	ctx := ctxT(t)
+	r, token, _ := theRelay(t)
+	pod, log := agentRun(ctx, t, "e2e-relay-live")
+	run := pod.Labels[templates.LabelRunID]
+	waitRun(ctx, t, r, token, run, func(*relay.Run) bool { return true })
+
+	resp, err := relayGet(t, r, "/v1/runs/"+run+"/log", token, "text/event-stream")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("SSE: %v %v", err, resp)
+	}
+	defer resp.Body.Close()
+	events := make(chan string, 100)
+	go func() {
+		defer close(events)
+		sc := bufio.NewScanner(resp.Body)
+		var ev []string
+		for sc.Scan() {
+			if sc.Text() == "" {
+				events <- strings.Join(ev, "\n")
+				ev = nil
+				continue
+			}
+			ev = append(ev, sc.Text())
+		}
+	}()
+	next := func() string {
+		t.Helper()
+		for {
+			select {
+			case e, ok := <-events:
+				if !ok {
+					t.Fatal("SSE stream ended early")
+				}
+				if strings.HasPrefix(e, ":") {
+					continue // keepalive
+				}
+				return e
+			case <-time.After(20 * time.Second):
+				t.Fatal("no SSE event within 20s")
+			}
+		}
+	}
+	lines := []string{claudeInit, `{"type":"assistant","message":{"content":[{"type":"text","text":"working"}]}}`, "plain progress line", claudeResult("all done")}
+	for i, l := range lines {
+		if err := log.Write(l); err != nil {
+			t.Fatal(err)
+		}
+		e := next() // arrives before the next line is even written
+		if !strings.HasPrefix(e, fmt.Sprintf("id: %d\nevent: line\ndata: ", i+1)) || !strings.Contains(e, jsonString(l)) {
+			t.Fatalf("event %d:\n%s\nwant line %q", i+1, e, l)
+		}
+	}
+	finishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
+	end := next()
+	if !strings.HasPrefix(end, "event: end\ndata: ") {
+		t.Fatalf("want the end event, got %s", end)
+	}
+	var data struct {
+		Phase    string
+		ExitCode *int32
+		LastSeq  uint64
+		Result   *relay.Result
+	}
+	_ = json.Unmarshal([]byte(strings.TrimPrefix(end, "event: end\ndata: ")), &data)
+	if data.Phase != "Succeeded" || data.ExitCode == nil || *data.ExitCode != 0 || data.LastSeq != 4 ||
+		data.Result == nil || data.Result.SessionID != "sess-e2e" || data.Result.Text != "all done" || *data.Result.CostUSD != 0.42 {
+		t.Errorf("end event %s", end)
+	}
+}
+
+func jsonString(s string) string {
+	b, _ := json.Marshal(s)
+	return strings.Trim(string(b), `"`)
+}
+
+// TestRelayKilledMidRun: the relay is SIGKILLed while a run writes, then
+// started again on the same store: every line is stored exactly once.
+func TestRelayKilledMidRun(t *testing.T) {
+	ctx := ctxT(t)
+	r, token, _ := theRelay(t)
+	pod, log := agentRun(ctx, t, "e2e-relay-kill")
+	run := pod.Labels[templates.LabelRunID]
+	var before uint64
+	want := writeLinesInBackground(t, log, 300, func(i int) {
+		if i == 150 {
+			before = waitStored(ctx, t, r, token, run)
+			r.Kill()
+			if err := r.Start(ctx); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	if before == 0 || before >= 300 {
+		t.Fatalf("relay had stored %d lines when killed; the test must kill it mid-run", before)
+	}
+	finishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
+	waitRun(ctx, t, r, token, run, func(x *relay.Run) bool { return x.Done })
+	exactlyOnce(t, plainLog(t, r, token, run), want)
+}
+
+// TestRelayResumesAfterKwokRestart: restarting kwok (the kubelet serving
+// the log) breaks the stream mid-run; the relay reconnects and resumes
+// without losing or repeating a line.
+func TestRelayResumesAfterKwokRestart(t *testing.T) {
+	ctx := ctxT(t)
+	r, token, _ := theRelay(t)
+	pod, log := agentRun(ctx, t, "e2e-relay-kwok")
+	run := pod.Labels[templates.LabelRunID]
+	var before uint64
+	want := writeLinesInBackground(t, log, 300, func(i int) {
+		if i == 120 {
+			before = waitStored(ctx, t, r, token, run)
+			if err := env.cluster.Restart("kwok"); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	if before == 0 || before >= 300 {
+		t.Fatalf("relay had stored %d lines at the restart; the test must break the stream mid-run", before)
+	}
+	finishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
+	waitRun(ctx, t, r, token, run, func(x *relay.Run) bool { return x.Done })
+	exactlyOnce(t, plainLog(t, r, token, run), want)
+}
+
+// waitStored waits until the relay has stored some lines of run and
+// returns how many.
+func waitStored(ctx context.Context, t *testing.T, r *harness.Relay, token, run string) uint64 {
+	t.Helper()
+	return waitRun(ctx, t, r, token, run, func(x *relay.Run) bool { return x.LastSeq > 0 }).LastSeq
+}
+
+// writeLinesInBackground writes n lines, three per timestamp (a burst),
+// calling during(i) before line i; it returns the lines once all are
+// written and the relay had the chance to read them.
+func writeLinesInBackground(t *testing.T, log *cluster.PodLog, n int, during func(int)) []string {
+	t.Helper()
+	var want []string
+	ts := time.Now()
+	for i := 0; i < n; i++ {
+		during(i)
+		if i%3 == 0 {
+			ts = time.Now()
+		}
+		l := fmt.Sprintf(`{"type":"assistant","n":%d}`, i)
+		if err := log.WriteAt(ts, l); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, l)
+		time.Sleep(3 * time.Millisecond)
+	}
+	return want
+}
+
+// TestRelayKeepsRunAfterJobDeleted: after the TTL controller's kind of
+// deletion (Foreground: the pods go first), status, result and the whole
+// log are still served; and access is refused without a token (401) or
+// without permission to read pod logs in the namespace (403).
+func TestRelayKeepsRunAfterJobDeleted(t *testing.T) {
+	ctx := ctxT(t)
+	r, token, stranger := theRelay(t)
+	pod, log := agentRun(ctx, t, "e2e-relay-ttl")
+	run := pod.Labels[templates.LabelRunID]
+	lines := []string{claudeInit, "compiling", claudeResult("kept")}
+	for _, l := range lines {
+		if err := log.Write(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	job := pod.Labels["batch.kubernetes.io/job-name"]
+	finishRun(ctx, t, job, "0")
+	waitRun(ctx, t, r, token, run, func(x *relay.Run) bool { return x.Done })
+	if err := env.cs.BatchV1().Jobs(ns).Delete(ctx, job, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)}); err != nil {
+		t.Fatal(err)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := env.cs.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatal("pod not deleted")
+	}
+	got := waitRun(ctx, t, r, token, run, func(*relay.Run) bool { return true })
+	if got.Phase != "Succeeded" || got.Result == nil || got.Result.Text != "kept" || got.Job != job || got.Agent != "agent-e2e-relay-ttl" {
+		t.Errorf("run after deletion: %+v", got)
+	}
+	exactlyOnce(t, plainLog(t, r, token, run), lines)
+
+	for _, c := range []struct {
+		token string
+		want  int
+	}{{"", http.StatusUnauthorized}, {"not-a-token", http.StatusUnauthorized}, {stranger, http.StatusForbidden}, {token, http.StatusOK}} {
+		for _, path := range []string{"/v1/runs/" + run, "/v1/runs/" + run + "/log"} {
+			resp, err := relayGet(t, r, path, c.token, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != c.want {
+				t.Errorf("%s with token %.10q: %d, want %d", path, c.token, resp.StatusCode, c.want)
+			}
+		}
+	}
+	if _, code := relayRun(t, r, token, "never-seen"); code != http.StatusNotFound {
+		t.Errorf("unknown run: %d, want 404", code)
+	}
+}
