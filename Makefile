@@ -35,7 +35,7 @@ e2e: kube-binaries ## The e2e suite alone
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 30m -v ./e2e/
 
 bench: kube-binaries ## Go benchmarks of the hot paths, then Job creation with and without the webhooks
-	$(GOTEST) -run XXX -bench . -benchmem -count 5 ./templates/ ./policy/ ./webhook/
+	$(GOTEST) -run XXX -bench . -benchmem -count 5 ./templates/ ./policy/ ./webhook/ ./relay/
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/bench -n $(BENCH_N) -c $(BENCH_C)
 
 fuzz: ## Fuzz the admission decode paths for FUZZTIME each

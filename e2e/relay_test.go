@@ -412,3 +412,35 @@ func TestRelayKeepsRunAfterJobDeleted(t *testing.T) {
 		t.Errorf("unknown run: %d, want 404", code)
 	}
 }
+
+// TestRelayCollectsRunFinishedBeforeItWasSeen: a relay that starts after a
+// run ended (a new install, or one that was down) still collects the whole
+// log and result while the pod exists.
+func TestRelayCollectsRunFinishedBeforeItWasSeen(t *testing.T) {
+	ctx := ctxT(t)
+	_, token, _ := theRelay(t)
+	pod, log := agentRun(ctx, t, "e2e-relay-late")
+	lines := []string{claudeInit, "step 1", "step 2", claudeResult("done before the relay came")}
+	for _, l := range lines {
+		if err := log.Write(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	finishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
+
+	bin, err := harness.Build(env.cluster.Dir, "clipjob-relay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	late, err := harness.StartRelay(ctx, env.cluster, bin, "relay-late", ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Stop()
+	run := pod.Labels[templates.LabelRunID]
+	got := waitRun(ctx, t, late, token, run, func(x *relay.Run) bool { return x.Done })
+	if got.Phase != "Succeeded" || got.Result == nil || got.Result.Text != "done before the relay came" {
+		t.Errorf("late relay's run: %+v", got)
+	}
+	exactlyOnce(t, plainLog(t, late, token, run), lines)
+}

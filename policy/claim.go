@@ -135,13 +135,15 @@ func (c *Claims) Acquire(ctx context.Context, job *batchv1.Job, cfg config.Concu
 		if i > 0 && c.OnRetry != nil {
 			c.OnRetry()
 		}
+		// Create first: an idle agent has no claim (the releaser deletes
+		// them), so this is one round trip in the common case.
+		_, err := c.Leases.Create(ctx, c.newLease(key, job), dryRun)
+		if err == nil || !apierrors.IsAlreadyExists(err) {
+			return claimErr(key, err)
+		}
 		lease, err := c.Leases.Get(ctx, key.Namespace, key.Name)
 		if apierrors.IsNotFound(err) {
-			_, err = c.Leases.Create(ctx, c.newLease(key, job), dryRun)
-			if apierrors.IsAlreadyExists(err) {
-				continue // another admission claimed it first: decide again
-			}
-			return claimErr(key, err)
+			continue // released meanwhile: create again
 		}
 		if err != nil {
 			return claimErr(key, err)

@@ -33,7 +33,7 @@ type fakeLeases struct {
 	rv          int
 	items       map[string]coordinationv1.Lease
 	writes      int
-	beforeWrite func()
+	beforeWrite func(op string)
 }
 
 func newFakeLeases() *fakeLeases { return &fakeLeases{items: map[string]coordinationv1.Lease{}} }
@@ -50,7 +50,7 @@ func (f *fakeLeases) Get(_ context.Context, ns, name string) (*coordinationv1.Le
 
 func (f *fakeLeases) Create(_ context.Context, l *coordinationv1.Lease, dryRun bool) (*coordinationv1.Lease, error) {
 	if f.beforeWrite != nil {
-		f.beforeWrite()
+		f.beforeWrite("create")
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -71,7 +71,7 @@ func (f *fakeLeases) Create(_ context.Context, l *coordinationv1.Lease, dryRun b
 
 func (f *fakeLeases) Update(_ context.Context, l *coordinationv1.Lease, dryRun bool) (*coordinationv1.Lease, error) {
 	if f.beforeWrite != nil {
-		f.beforeWrite()
+		f.beforeWrite("update")
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -159,26 +159,26 @@ func newClaims() (*Claims, *fakeLeases, *fakeJobs, *clocktesting.FakeClock) {
 	return &Claims{Leases: leases, Jobs: jobs, Clock: clk}, leases, jobs, clk
 }
 
-// barrier returns a beforeWrite hook that holds the first n writers until
-// all n have arrived, so they all decided on the same state.
-func barrier(n int) func() {
+// barrier returns a beforeWrite hook that holds the first n writes of
+// kind op until all n have arrived, so they all decided on the same state.
+func barrier(n int, op string) func(string) {
 	var wg sync.WaitGroup
 	wg.Add(n)
 	var arrived atomic.Int32
-	return func() {
-		if arrived.Add(1) <= int32(n) {
+	return func(got string) {
+		if got == op && arrived.Add(1) <= int32(n) {
 			wg.Done()
 			wg.Wait()
 		}
 	}
 }
 
-// TestTwoClaimantsInterleaved holds two admissions after both read "no
-// claim" and before either writes: exactly one is admitted, the other gets
-// a BusyError naming the winner.
+// TestTwoClaimantsInterleaved holds two admissions at the point where both
+// create the claim at once: exactly one is admitted, the other gets a
+// BusyError naming the winner.
 func TestTwoClaimantsInterleaved(t *testing.T) {
 	c, leases, _, _ := newClaims()
-	leases.beforeWrite = barrier(2)
+	leases.beforeWrite = barrier(2, "create")
 	a, b := agentJob("run-a", "agent-1"), agentJob("run-b", "agent-1")
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
@@ -219,7 +219,7 @@ func TestTakeOverRaceAfterFinish(t *testing.T) {
 		t.Fatal(err)
 	}
 	jobs.put(finish(old, batchv1.JobComplete))
-	leases.beforeWrite = barrier(2)
+	leases.beforeWrite = barrier(2, "update")
 	errs := make(chan error, 2)
 	for _, name := range []string{"run-x", "run-y"} {
 		go func() { errs <- c.Acquire(context.Background(), agentJob(name, "agent-1"), nsScope, false) }()

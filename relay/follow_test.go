@@ -7,10 +7,12 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // fakeLog is a container log the way the API serves it: timestamped
@@ -87,7 +89,7 @@ func (f *fakeLog) state() containerState {
 	return containerState{ended: f.ended}
 }
 
-func newFollower(t *testing.T, s *Store, src *fakeLog) *follower {
+func newFollower(_ testing.TB, s *Store, src *fakeLog) *follower {
 	return &follower{
 		ref: StreamRef{Run: "run-1", Namespace: "ns", Pod: "p", PodUID: "uid", Container: "agent", ContainerID: "c1"},
 		src: src, store: s, state: src.state, slots: make(chan struct{}, 4), log: logr.Discard(),
@@ -205,4 +207,86 @@ type failingSource struct{}
 
 func (failingSource) Stream(context.Context, string, string, string, time.Time) (io.ReadCloser, error) {
 	return nil, errors.New(`pods "p" not found`)
+}
+
+// TestFollowerReconnectsBeforeLifetime: streams are cut proactively (as
+// before an API server's long-request limit) and resumed exactly-once.
+func TestFollowerReconnectsBeforeLifetime(t *testing.T) {
+	s, _ := openTestStore(t)
+	src := newFakeLog()
+	f := newFollower(t, s, src)
+	f.opts.MaxStreamLifetime = 20 * time.Millisecond
+	done := make(chan struct{})
+	go func() { f.run(context.Background()); close(done) }()
+	for i := 0; i < 10; i++ {
+		writeBurst(src, i*9, 9)
+		time.Sleep(15 * time.Millisecond)
+	}
+	src.mu.Lock()
+	src.ended = true
+	close(src.grew)
+	src.grew = make(chan struct{})
+	src.mu.Unlock()
+	<-done
+	assertExactlyOnce(t, s, 90)
+	if src.sessions < 4 {
+		t.Errorf("%d sessions in ~150ms with a 20ms lifetime", src.sessions)
+	}
+}
+
+// countingSource records how many streams are open at once.
+type countingSource struct {
+	LogSource
+	open, max *atomic.Int32
+}
+
+type countedStream struct {
+	io.ReadCloser
+	open *atomic.Int32
+}
+
+func (c countedStream) Close() error { c.open.Add(-1); return c.ReadCloser.Close() }
+
+func (c countingSource) Stream(ctx context.Context, ns, pod, ctr string, since time.Time) (io.ReadCloser, error) {
+	rc, err := c.LogSource.Stream(ctx, ns, pod, ctr, since)
+	if err != nil {
+		return nil, err
+	}
+	if n := c.open.Add(1); n > c.max.Load() {
+		c.max.Store(n)
+	}
+	return countedStream{rc, c.open}, nil
+}
+
+// TestStreamBound: with one slot, two containers are followed one after
+// the other, never at once, the wait is counted, and both complete.
+func TestStreamBound(t *testing.T) {
+	s, _ := openTestStore(t)
+	slots := make(chan struct{}, 1)
+	var open, max atomic.Int32
+	waitsBefore := testutil.ToFloat64(streamLimitWaits)
+	var wg sync.WaitGroup
+	for i, name := range []string{"a", "b"} {
+		src := newFakeLog()
+		for j := 0; j < 5; j++ {
+			src.write(at(j), fmt.Sprintf("%s-%d", name, j))
+		}
+		src.ended = true
+		f := newFollower(t, s, src)
+		f.ref.Container, f.ref.ContainerID = name, fmt.Sprint(i)
+		f.slots = slots
+		f.src = countingSource{src, &open, &max}
+		wg.Add(1)
+		go func() { defer wg.Done(); f.run(context.Background()) }()
+	}
+	wg.Wait()
+	if max.Load() != 1 {
+		t.Errorf("%d streams open at once with a bound of 1", max.Load())
+	}
+	if got, _ := s.Lines("run-1", 0, 0); len(got) != 10 {
+		t.Errorf("%d lines stored, want 10", len(got))
+	}
+	if testutil.ToFloat64(streamLimitWaits) <= waitsBefore {
+		t.Error("waiting for a stream slot was not counted")
+	}
 }

@@ -82,6 +82,9 @@ func OpenStore(dir string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening store in %s: %w", dir, err)
 	}
+	// Concurrent appends of many streams share one commit (and fsync); a
+	// lone stream waits at most this long for company.
+	db.MaxBatchDelay = 2 * time.Millisecond
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketRuns, bucketLines, bucketCursors} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {

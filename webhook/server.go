@@ -57,7 +57,8 @@ type Options struct {
 	SweepInterval time.Duration
 	// KubeAPIQPS and KubeAPIBurst bound the webhook's own calls to the API
 	// server (claims, PVC checks). An admission must never wait on a
-	// client-side rate limiter. Default 200 and 400.
+	// client-side rate limiter; the API server's priority and fairness is
+	// what protects it. Default 1000 and 2000.
 	KubeAPIQPS   float32
 	KubeAPIBurst int
 	// RestConfig reaches the API server. Required.
@@ -77,10 +78,10 @@ func (o *Options) setDefaults() {
 		o.ProbeAddr = ":8081"
 	}
 	if o.KubeAPIQPS == 0 {
-		o.KubeAPIQPS = 200
+		o.KubeAPIQPS = 1000
 	}
 	if o.KubeAPIBurst == 0 {
-		o.KubeAPIBurst = 400
+		o.KubeAPIBurst = 2000
 	}
 }
 

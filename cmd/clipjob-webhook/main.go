@@ -25,8 +25,8 @@ func main() {
 	flag.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the Lease electing the claim releaser (default $POD_NAMESPACE, else the source namespace)")
 	flag.DurationVar(&o.SweepInterval, "claim-sweep-interval", 0, "how often to delete claims of finished or vanished Jobs (default 1m)")
 	var qps float64
-	flag.Float64Var(&qps, "kube-api-qps", 200, "queries per second to the API server (claims, PVC checks)")
-	flag.IntVar(&o.KubeAPIBurst, "kube-api-burst", 400, "burst of queries to the API server")
+	flag.Float64Var(&qps, "kube-api-qps", 1000, "queries per second to the API server (claims, PVC checks)")
+	flag.IntVar(&o.KubeAPIBurst, "kube-api-burst", 2000, "burst of queries to the API server")
 	zo := zap.Options{}
 	zo.BindFlags(flag.CommandLine)
 	flag.Parse()

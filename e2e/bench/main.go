@@ -189,7 +189,13 @@ func unregister(ctx context.Context, cs kubernetes.Interface) error {
 	if err := cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(ctx, harness.MutatingWebhookName, metav1.DeleteOptions{}); err != nil {
 		return err
 	}
-	return cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, harness.ValidatingWebhookName, metav1.DeleteOptions{})
+	if err := cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, harness.ValidatingWebhookName, metav1.DeleteOptions{}); err != nil {
+		return err
+	}
+	// The API server learns of the deletion through a watch; give it a
+	// moment so the baseline really runs without webhooks.
+	time.Sleep(time.Second)
+	return nil
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }

@@ -75,6 +75,10 @@ func Install(ctx context.Context, c *cluster.Cluster, name string) (*Webhook, st
 	return wh, bin, nil
 }
 
+// SystemNamespace is where clipjob's own ServiceAccounts and its
+// leader-election Lease live, as the chart's release namespace would be.
+const SystemNamespace = "clipjob-system"
+
 // Webhook is a running clipjob-webhook process.
 type Webhook struct {
 	*Process
@@ -118,11 +122,15 @@ func StartWebhook(ctx context.Context, c *cluster.Cluster, bin, name, configFile
 	w.Addr = fmt.Sprintf("127.0.0.1:%d", ports[0])
 	probe := fmt.Sprintf("127.0.0.1:%d", ports[1])
 	w.MetricsAddr = fmt.Sprintf("127.0.0.1:%d", ports[2])
+	kubeconfig, err := ServiceAccountKubeconfig(ctx, c, SystemNamespace, "clipjob-webhook", WebhookRules)
+	if err != nil {
+		return nil, err
+	}
 	w.Process, err = StartProcess(ctx, filepath.Join(dir, "webhook.log"), probe, bin,
 		"--config", w.ConfigFile, "--config-poll-interval", "200ms",
 		"--cert-dir", certDir, "--host", "127.0.0.1", "--port", strconv.Itoa(ports[0]),
 		"--health-probe-bind-address", probe, "--metrics-bind-address", w.MetricsAddr,
-		"--kubeconfig", c.Kubeconfig)
+		"--kubeconfig", kubeconfig, "--leader-election-namespace", SystemNamespace)
 	if err != nil {
 		return nil, err
 	}

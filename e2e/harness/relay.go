@@ -31,7 +31,11 @@ func StartRelay(ctx context.Context, c *cluster.Cluster, bin, name, namespace st
 	}
 	r := &Relay{APIAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]), DataDir: filepath.Join(dir, "data")}
 	probe := fmt.Sprintf("127.0.0.1:%d", ports[1])
-	args := append([]string{"--kubeconfig", c.Kubeconfig, "--namespace", namespace, "--data-dir", r.DataDir,
+	kubeconfig, err := ServiceAccountKubeconfig(ctx, c, SystemNamespace, "clipjob-relay", RelayRules)
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{"--kubeconfig", kubeconfig, "--namespace", namespace, "--data-dir", r.DataDir,
 		"--api-address", r.APIAddr, "--health-probe-bind-address", probe,
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", ports[2]),
 		"--drain-idle", "1s", "--zap-log-level", "debug"}, extra...)
