@@ -55,7 +55,10 @@ type resume struct {
 func newResume(c Cursor) *resume { return &resume{stored: c, cur: c} }
 
 // accept reports whether a line with timestamp ts is new, and advances the
-// cursor if it is.
+// cursor if it is. The cursor never moves back: a runtime stamps a line
+// before it takes the write lock, so stdout and stderr lines can reach the
+// file slightly out of order, and a cursor lowered to the older one would
+// make a resume store the newer one again.
 func (r *resume) accept(ts time.Time) bool {
 	n := ts.UnixNano()
 	switch {
@@ -67,9 +70,10 @@ func (r *resume) accept(ts time.Time) bool {
 			return false
 		}
 	}
-	if n == r.cur.TS {
+	switch {
+	case n == r.cur.TS:
 		r.cur.Count++
-	} else {
+	case n > r.cur.TS:
 		r.cur = Cursor{TS: n, Count: 1}
 	}
 	return true

@@ -91,3 +91,18 @@ func TestSplitTimestamp(t *testing.T) {
 		}
 	}
 }
+
+// TestResumeWithOutOfOrderTimestamps: a runtime can write a line stamped
+// earlier after one stamped later (stdout and stderr race for the file).
+// The cursor must not move back, or the resume stores the later line again.
+func TestResumeWithOutOfOrderTimestamps(t *testing.T) {
+	log := []time.Time{at(10), at(30), at(20), at(40)}
+	_, cur := session(Cursor{}, log[:3]) // stored: 10, 30, 20
+	if cur.TS != at(30).UnixNano() {
+		t.Fatalf("cursor moved back to %v", time.Unix(0, cur.TS))
+	}
+	acc, _ := session(cur, log)
+	if len(acc) != 1 || acc[0] != 3 {
+		t.Errorf("resume accepted %v, want only the 4th line", acc)
+	}
+}

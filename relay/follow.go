@@ -14,17 +14,18 @@ import (
 )
 
 // LogSource opens a container's log, following, with timestamps, from
-// since (zero: from the start).
+// since (zero: from the start). previous asks for the container's previous
+// instance, once a restart replaced the one being followed.
 type LogSource interface {
-	Stream(ctx context.Context, namespace, pod, container string, since time.Time) (io.ReadCloser, error)
+	Stream(ctx context.Context, namespace, pod, container string, since time.Time, previous bool) (io.ReadCloser, error)
 }
 
 // APILogSource reads logs through the API server's pods/log.
 type APILogSource struct{ Client kubernetes.Interface }
 
 // Stream implements LogSource.
-func (a APILogSource) Stream(ctx context.Context, ns, pod, container string, since time.Time) (io.ReadCloser, error) {
-	opts := &corev1.PodLogOptions{Container: container, Follow: true, Timestamps: true}
+func (a APILogSource) Stream(ctx context.Context, ns, pod, container string, since time.Time, previous bool) (io.ReadCloser, error) {
+	opts := &corev1.PodLogOptions{Container: container, Follow: !previous, Timestamps: true, Previous: previous}
 	if !since.IsZero() {
 		opts.SinceTime = &metav1.Time{Time: since}
 	}
@@ -50,8 +51,10 @@ type FollowOptions struct {
 	BackoffMin, BackoffMax time.Duration
 	// DrainIdle: once the container has terminated, the stream is done
 	// after this long without a new line (a kubelet ends the stream itself
-	// at EOF; some servers keep it open). Default 3s.
-	DrainIdle time.Duration
+	// at EOF; some servers keep it open). Default 3s. DrainMax is how long
+	// to wait for a terminated container's stream to send anything at all
+	// (a kubelet may scan a large file for SinceTime). Default 30s.
+	DrainIdle, DrainMax time.Duration
 	// BatchLines and BatchWait bound how long lines wait to be committed.
 	// Default 256 lines, 100ms.
 	BatchLines int
@@ -68,6 +71,7 @@ func (o *FollowOptions) setDefaults() {
 	def(&o.BackoffMin, 200*time.Millisecond)
 	def(&o.BackoffMax, 30*time.Second)
 	def(&o.DrainIdle, 3*time.Second)
+	def(&o.DrainMax, 30*time.Second)
 	def(&o.BatchWait, 100*time.Millisecond)
 	if o.BatchLines <= 0 {
 		o.BatchLines = 256
@@ -76,9 +80,14 @@ func (o *FollowOptions) setDefaults() {
 
 // containerState is what the follower needs to know of its container now.
 type containerState struct {
-	ended bool // terminated (or the pod finished)
-	gone  bool // the pod no longer exists
+	ended    bool // terminated, replaced, or the pod finished
+	replaced bool // a restart replaced this instance: read it as "previous"
+	gone     bool // the pod no longer exists
 }
+
+// errEndedEarly is a stream that ended while its container still runs: a
+// server or proxy cut it. Reconnect, with backoff.
+var errEndedEarly = errors.New("log stream ended while the container runs")
 
 type follower struct {
 	ref    StreamRef
@@ -145,7 +154,7 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	}
 	sctx, cancel := context.WithTimeout(ctx, f.opts.MaxStreamLifetime)
 	defer cancel()
-	rc, err := f.src.Stream(sctx, f.ref.Namespace, f.ref.Pod, f.ref.Container, cur.SinceTime())
+	rc, err := f.src.Stream(sctx, f.ref.Namespace, f.ref.Pod, f.ref.Container, cur.SinceTime(), f.state().replaced)
 	if err != nil {
 		return false, err
 	}
@@ -169,7 +178,10 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 		br := bufio.NewReaderSize(rc, 64<<10)
 		for {
 			b, err := br.ReadBytes('\n')
-			if len(b) > 0 && !send(readResult{line: b}) {
+			// A fragment before an error is a line cut in the middle: it is
+			// dropped, and the resume reads it whole (its timestamp has not
+			// been counted).
+			if err == nil && !send(readResult{line: b}) {
 				return
 			}
 			if err != nil {
@@ -201,7 +213,8 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	}
 	tick := time.NewTicker(f.opts.BatchWait)
 	defer tick.Stop()
-	lastLine := time.Now()
+	started := time.Now()
+	var lastLine time.Time // zero until the stream sends anything
 	for {
 		select {
 		case r, ok := <-lines:
@@ -221,7 +234,7 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 						return false, nil
 					}
 					reconnects.WithLabelValues("eof").Inc()
-					return false, nil
+					return false, errEndedEarly
 				}
 				if sctx.Err() != nil && ctx.Err() == nil {
 					reconnects.WithLabelValues("lifetime").Inc()
@@ -248,8 +261,12 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 			if err := flush(); err != nil {
 				return false, err
 			}
-			if st := f.state(); (st.ended || st.gone) && time.Since(lastLine) >= f.opts.DrainIdle {
-				return true, nil
+			if st := f.state(); st.ended || st.gone {
+				quiet := !lastLine.IsZero() && time.Since(lastLine) >= f.opts.DrainIdle
+				silent := lastLine.IsZero() && time.Since(started) >= f.opts.DrainMax
+				if quiet || silent {
+					return true, nil
+				}
 			}
 		}
 	}

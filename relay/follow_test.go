@@ -23,6 +23,7 @@ type fakeLog struct {
 	lines      []string // "ts msg"
 	grew       chan struct{}
 	breakAfter []int // per stream session, consumed in order
+	cutMidLine bool  // a break sends half of the next line first
 	sessions   int
 	ended      bool
 }
@@ -37,7 +38,7 @@ func (f *fakeLog) write(ts time.Time, msg string) {
 	f.mu.Unlock()
 }
 
-func (f *fakeLog) Stream(ctx context.Context, _, _, _ string, since time.Time) (io.ReadCloser, error) {
+func (f *fakeLog) Stream(ctx context.Context, _, _, _ string, since time.Time, _ bool) (io.ReadCloser, error) {
 	f.mu.Lock()
 	limit := -1
 	if f.sessions < len(f.breakAfter) {
@@ -60,6 +61,9 @@ func (f *fakeLog) Stream(ctx context.Context, _, _, _ string, since time.Time) (
 					continue
 				}
 				if limit >= 0 && sent == limit {
+					if f.cutMidLine {
+						_, _ = io.WriteString(pw, l[:len(l)-4]) // timestamp intact, message cut
+					}
 					pw.CloseWithError(errors.New("connection reset by peer"))
 					return
 				}
@@ -205,7 +209,7 @@ func TestFollowerGivesUpWhenPodIsGone(t *testing.T) {
 
 type failingSource struct{}
 
-func (failingSource) Stream(context.Context, string, string, string, time.Time) (io.ReadCloser, error) {
+func (failingSource) Stream(context.Context, string, string, string, time.Time, bool) (io.ReadCloser, error) {
 	return nil, errors.New(`pods "p" not found`)
 }
 
@@ -247,8 +251,8 @@ type countedStream struct {
 
 func (c countedStream) Close() error { c.open.Add(-1); return c.ReadCloser.Close() }
 
-func (c countingSource) Stream(ctx context.Context, ns, pod, ctr string, since time.Time) (io.ReadCloser, error) {
-	rc, err := c.LogSource.Stream(ctx, ns, pod, ctr, since)
+func (c countingSource) Stream(ctx context.Context, ns, pod, ctr string, since time.Time, prev bool) (io.ReadCloser, error) {
+	rc, err := c.LogSource.Stream(ctx, ns, pod, ctr, since, prev)
 	if err != nil {
 		return nil, err
 	}
@@ -289,4 +293,17 @@ func TestStreamBound(t *testing.T) {
 	if testutil.ToFloat64(streamLimitWaits) <= waitsBefore {
 		t.Error("waiting for a stream slot was not counted")
 	}
+}
+
+// TestFollowerDropsLinesCutMidway: a stream broken in the middle of a line
+// must not store the fragment (its timestamp would then hide the whole
+// line on resume).
+func TestFollowerDropsLinesCutMidway(t *testing.T) {
+	s, _ := openTestStore(t)
+	src := newFakeLog()
+	src.breakAfter, src.cutMidLine = []int{4, 3, 7}, true
+	writeBurst(src, 0, 30)
+	src.ended = true
+	newFollower(t, s, src).run(context.Background())
+	assertExactlyOnce(t, s, 30)
 }
