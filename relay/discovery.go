@@ -33,6 +33,7 @@ type Collector struct {
 	wg    sync.WaitGroup
 
 	mu        sync.Mutex
+	stopped   bool
 	followers map[string]bool               // stream key -> still following
 	byPod     map[types.UID]map[string]bool // pod -> its stream keys
 }
@@ -49,9 +50,14 @@ func (c *Collector) Start(ctx context.Context) {
 	c.byPod = map[types.UID]map[string]bool{}
 }
 
-// Wait blocks until every follower has returned (after ctx ended), so a
-// shutdown has flushed everything to the store.
-func (c *Collector) Wait() { c.wg.Wait() }
+// Stop starts no more followers and waits until every follower has
+// returned (after ctx ended), so a shutdown has flushed everything.
+func (c *Collector) Stop() {
+	c.mu.Lock()
+	c.stopped = true
+	c.mu.Unlock()
+	c.wg.Wait()
+}
 
 // OnPod handles a pod added or updated.
 func (c *Collector) OnPod(pod *corev1.Pod) {
@@ -59,21 +65,25 @@ func (c *Collector) OnPod(pod *corev1.Pod) {
 	if run == "" {
 		return
 	}
-	rec, err := c.Store.UpdateRun(run, func(r *Run) { describe(r, pod) })
+	rec, err := c.Store.UpdateRun(run, func(r *Run) {
+		if r.PodUID != "" && r.PodUID != string(pod.UID) {
+			if r.PodCreated != nil && pod.CreationTimestamp.Time.Before(*r.PodCreated) {
+				return // an older attempt of the run: the record follows the newest
+			}
+			// A newer pod of the same run (the Job retried): the run goes
+			// on, and its log continues with the new pod's lines.
+			r.Done, r.ExitCode, r.Reason, r.FinishedAt, r.Result = false, nil, "", nil, nil
+		}
+		describe(r, pod)
+	})
 	if err != nil {
 		c.Log.Error(err, "recording run", "run", run)
 		return
 	}
-	if rec.Done {
+	if rec.Done && rec.PodUID == string(pod.UID) {
 		return // collected completely before (e.g. before a relay restart)
 	}
-	for _, st := range allStatuses(pod) {
-		if st.ContainerID == "" || (st.State.Running == nil && st.State.Terminated == nil) {
-			continue
-		}
-		c.follow(StreamRef{Run: run, Namespace: pod.Namespace, Pod: pod.Name, PodUID: string(pod.UID),
-			Container: st.Name, ContainerID: st.ContainerID})
-	}
+	c.followAll(pod, run)
 	c.maybeFinish(pod.Namespace, pod.Name, pod.UID, run)
 }
 
@@ -85,10 +95,28 @@ func (c *Collector) OnPodDeleted(pod *corev1.Pod) {
 	}
 }
 
+// followAll starts a follower for every container instance of the pod
+// that has a log: running or terminated, and instances a restart replaced.
+func (c *Collector) followAll(pod *corev1.Pod, run string) {
+	for _, st := range allStatuses(pod) {
+		ids := []string{st.ContainerID}
+		if t := st.LastTerminationState.Terminated; t != nil && t.ContainerID != "" {
+			ids = append(ids, t.ContainerID)
+		}
+		for _, id := range ids {
+			if id == "" || (id == st.ContainerID && st.State.Running == nil && st.State.Terminated == nil) {
+				continue
+			}
+			c.follow(StreamRef{Run: run, Namespace: pod.Namespace, Pod: pod.Name, PodUID: string(pod.UID),
+				Container: st.Name, ContainerID: id})
+		}
+	}
+}
+
 func (c *Collector) follow(ref StreamRef) {
 	key := ref.Key()
 	c.mu.Lock()
-	if _, seen := c.followers[key]; seen {
+	if _, seen := c.followers[key]; seen || c.stopped {
 		c.mu.Unlock()
 		return
 	}
@@ -127,7 +155,8 @@ func (c *Collector) containerState(ref StreamRef) containerState {
 	}
 	for _, st := range allStatuses(pod) {
 		if st.Name == ref.Container {
-			return containerState{ended: st.ContainerID != ref.ContainerID || st.State.Terminated != nil}
+			replaced := st.ContainerID != ref.ContainerID
+			return containerState{ended: replaced || st.State.Terminated != nil, replaced: replaced}
 		}
 	}
 	return containerState{}
@@ -141,12 +170,24 @@ func (c *Collector) maybeFinish(ns, name string, uid types.UID, run string) {
 	if !gone && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
 		return
 	}
+	if !gone {
+		// The cache can show the pod finished before this collector saw
+		// every container start: follow what is not followed yet first.
+		c.followAll(pod, run)
+	}
 	c.mu.Lock()
 	for key := range c.byPod[uid] {
 		if c.followers[key] {
 			c.mu.Unlock()
 			return
 		}
+	}
+	if gone {
+		// Nothing more can come from this pod: forget its streams.
+		for key := range c.byPod[uid] {
+			delete(c.followers, key)
+		}
+		delete(c.byPod, uid)
 	}
 	c.mu.Unlock()
 	if err := c.finish(run, gone); err != nil {
@@ -198,6 +239,8 @@ func (c *Collector) finish(run string, gone bool) error {
 func describe(r *Run, pod *corev1.Pod) {
 	l := pod.Labels
 	r.Namespace, r.Pod, r.PodUID = pod.Namespace, pod.Name, string(pod.UID)
+	created := pod.CreationTimestamp.Time
+	r.PodCreated = &created
 	r.Job = l["batch.kubernetes.io/job-name"]
 	r.Agent, r.Company = l[templates.LabelAgentID], l[templates.LabelCompanyID]
 	r.Task, r.Session = l[templates.LabelTaskID], l[templates.LabelSessionID]

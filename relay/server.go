@@ -210,7 +210,7 @@ loop:
 		_ = s.Shutdown(shutdown)
 	}
 	stopCollecting()
-	coll.Wait()
+	coll.Stop()
 	return runErr
 }
 

@@ -29,17 +29,20 @@ var (
 
 // Run is what the relay knows of one agent run.
 type Run struct {
-	ID         string   `json:"id"`
-	Namespace  string   `json:"namespace"`
-	Job        string   `json:"job,omitempty"`
-	Pod        string   `json:"pod,omitempty"`
-	PodUID     string   `json:"podUid,omitempty"`
-	Agent      string   `json:"agent,omitempty"`
-	Company    string   `json:"company,omitempty"`
-	Task       string   `json:"task,omitempty"`
-	Session    string   `json:"session,omitempty"`
-	Adapter    string   `json:"adapter,omitempty"`
-	Containers []string `json:"containers,omitempty"`
+	ID        string `json:"id"`
+	Namespace string `json:"namespace"`
+	Job       string `json:"job,omitempty"`
+	Pod       string `json:"pod,omitempty"`
+	PodUID    string `json:"podUid,omitempty"`
+	// PodCreated orders the pods of a run a Job retried: the record
+	// describes the newest.
+	PodCreated *time.Time `json:"podCreated,omitempty"`
+	Agent      string     `json:"agent,omitempty"`
+	Company    string     `json:"company,omitempty"`
+	Task       string     `json:"task,omitempty"`
+	Session    string     `json:"session,omitempty"`
+	Adapter    string     `json:"adapter,omitempty"`
+	Containers []string   `json:"containers,omitempty"`
 	// Phase is the pod's: Pending, Running, Succeeded, Failed, or Unknown
 	// (the pod vanished before it was seen to end).
 	Phase      string     `json:"phase"`

@@ -1,0 +1,165 @@
+package relay
+
+import (
+	"context"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/paperclipai/clipjob/templates"
+)
+
+// podLogs serves one fakeLog per (pod, container).
+type podLogs struct {
+	mu   sync.Mutex
+	logs map[string]*fakeLog
+}
+
+func (p *podLogs) get(pod, container string) *fakeLog {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k := pod + "/" + container
+	if p.logs[k] == nil {
+		p.logs[k] = newFakeLog()
+	}
+	return p.logs[k]
+}
+
+func (p *podLogs) Stream(ctx context.Context, ns, pod, ctr string, since time.Time, prev bool) (io.ReadCloser, error) {
+	return p.get(pod, ctr).Stream(ctx, ns, pod, ctr, since, prev)
+}
+
+type podCache struct {
+	mu   sync.Mutex
+	pods map[string]*corev1.Pod
+}
+
+func (c *podCache) set(p *corev1.Pod) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pods[p.Name] = p.DeepCopy()
+}
+
+func (c *podCache) get(_, name string) *corev1.Pod {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pods[name]
+}
+
+func terminated(name, id string) corev1.ContainerStatus {
+	return corev1.ContainerStatus{Name: name, ContainerID: id, State: corev1.ContainerState{
+		Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed"}}}
+}
+
+func agentPod(name, uid string, created time.Time) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(uid),
+		CreationTimestamp: metav1.Time{Time: created},
+		Labels:            map[string]string{templates.LabelRunID: "run-1", templates.LabelAgentID: "a"}},
+		Spec: corev1.PodSpec{InitContainers: []corev1.Container{{Name: "setup"}}, Containers: []corev1.Container{{Name: "agent"}}}}
+}
+
+func newCollector(t *testing.T) (*Collector, *podLogs, *podCache, *Store) {
+	s, _ := openTestStore(t)
+	logs, cache := &podLogs{logs: map[string]*fakeLog{}}, &podCache{pods: map[string]*corev1.Pod{}}
+	c := &Collector{Store: s, Source: logs, Pods: cache.get, Log: logr.Discard(),
+		Follow: FollowOptions{DrainIdle: 50 * time.Millisecond, DrainMax: 500 * time.Millisecond, BatchWait: 5 * time.Millisecond, BackoffMin: time.Millisecond}}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); c.Stop() })
+	c.Start(ctx)
+	return c, logs, cache, s
+}
+
+func waitDone(t *testing.T, s *Store) *Run {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if r, _ := s.Run("run-1"); r != nil && r.Done {
+			return r
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("run not finished")
+	return nil
+}
+
+func storedText(t *testing.T, s *Store) string {
+	lines, _ := s.Lines("run-1", 0, 0)
+	var out []string
+	for _, l := range lines {
+		out = append(out, l.Line)
+	}
+	return strings.Join(out, ",")
+}
+
+// TestCollectorFinishesOnlyAfterEveryContainer: the event that reaches the
+// collector shows only the init container, while the cache already has the
+// pod finished. The run must not be finished until the agent container's
+// log (with the result) is collected too.
+func TestCollectorFinishesOnlyAfterEveryContainer(t *testing.T) {
+	c, logs, cache, s := newCollector(t)
+	final := agentPod("p1", "uid-1", time.Now())
+	final.Status.Phase = corev1.PodSucceeded
+	final.Status.InitContainerStatuses = []corev1.ContainerStatus{terminated("setup", "c-setup")}
+	final.Status.ContainerStatuses = []corev1.ContainerStatus{terminated("agent", "c-agent")}
+	cache.set(final)
+	logs.get("p1", "setup").write(at(0), "setup done")
+	logs.get("p1", "agent").write(at(1), `{"type":"system","subtype":"init","session_id":"s1"}`)
+	logs.get("p1", "agent").write(at(2), `{"type":"result","subtype":"success","result":"ok","session_id":"s1"}`)
+
+	early := final.DeepCopy()
+	early.Status.Phase = corev1.PodPending
+	early.Status.ContainerStatuses = nil
+	c.OnPod(early)
+	r := waitDone(t, s)
+	if got := storedText(t, s); !strings.Contains(got, "setup done") || !strings.Contains(got, `"result":"ok"`) {
+		t.Fatalf("run finished with lines %q: the agent container was not collected", got)
+	}
+	if r.Result == nil || r.Result.Text != "ok" {
+		t.Errorf("result %+v", r.Result)
+	}
+}
+
+// TestCollectorRetriedPodContinuesRun: a Job that retries makes a second
+// pod with the same run id; its lines continue the run.
+func TestCollectorRetriedPodContinuesRun(t *testing.T) {
+	c, logs, cache, s := newCollector(t)
+	first := agentPod("p1", "uid-1", time.Now())
+	first.Status.Phase = corev1.PodFailed
+	first.Status.ContainerStatuses = []corev1.ContainerStatus{terminated("agent", "c1")}
+	first.Spec.InitContainers = nil
+	cache.set(first)
+	logs.get("p1", "agent").write(at(0), "attempt 1")
+	c.OnPod(first)
+	waitDone(t, s)
+
+	second := agentPod("p2", "uid-2", time.Now().Add(time.Minute))
+	second.Status.Phase = corev1.PodSucceeded
+	second.Status.ContainerStatuses = []corev1.ContainerStatus{terminated("agent", "c2")}
+	second.Spec.InitContainers = nil
+	cache.set(second)
+	logs.get("p2", "agent").write(at(5), "attempt 2")
+	c.OnPod(second)
+	deadline := time.Now().Add(10 * time.Second)
+	for storedText(t, s) != "attempt 1,attempt 2" && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	r := waitDone(t, s)
+	if got := storedText(t, s); got != "attempt 1,attempt 2" {
+		t.Fatalf("lines %q", got)
+	}
+	if r.PodUID != "uid-2" || r.Phase != "Succeeded" {
+		t.Errorf("record describes %s %s, want the newest pod", r.PodUID, r.Phase)
+	}
+	// A late event of the older pod does not take the record back.
+	c.OnPod(first)
+	if r, _ := s.Run("run-1"); r.PodUID != "uid-2" || !r.Done {
+		t.Errorf("older pod's event changed the record: %+v", r)
+	}
+}
