@@ -97,7 +97,7 @@ func (c *Config) setDefaults() {
 		cc.ClaimNamespace = s.Namespace
 	}
 	if cc.PendingGraceSeconds == 0 {
-		cc.PendingGraceSeconds = 15
+		cc.PendingGraceSeconds = 60
 	}
 	if c.DefaultProfile == "" {
 		c.DefaultProfile = DefaultProfileName

@@ -195,6 +195,7 @@ type Concurrency struct {
 	ClaimNamespace string `json:"claimNamespace,omitempty"`
 	// PendingGraceSeconds is how long a claim holds for a Job that was
 	// admitted but has not appeared (its create may still be in flight, or
-	// may have failed after admission). Default 15.
+	// may have failed after admission). It must outlast the slowest
+	// admission: validating webhooks may take up to 30s each. Default 60.
 	PendingGraceSeconds int32 `json:"pendingGraceSeconds,omitempty"`
 }

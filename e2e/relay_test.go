@@ -259,8 +259,8 @@ func TestRelayStreamsLinesLive(t *testing.T) {
 	}
 	finishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
 	end := next()
-	if !strings.HasPrefix(end, "event: end\ndata: ") {
-		t.Fatalf("want the end event, got %s", end)
+	if !strings.HasPrefix(end, "id: 4\nevent: end\ndata: ") {
+		t.Fatalf("want the end event (id 4, the last line), got %s", end)
 	}
 	var data struct {
 		Phase    string
@@ -268,7 +268,7 @@ func TestRelayStreamsLinesLive(t *testing.T) {
 		LastSeq  uint64
 		Result   *relay.Result
 	}
-	_ = json.Unmarshal([]byte(strings.TrimPrefix(end, "event: end\ndata: ")), &data)
+	_ = json.Unmarshal([]byte(strings.TrimPrefix(end, "id: 4\nevent: end\ndata: ")), &data)
 	if data.Phase != "Succeeded" || data.ExitCode == nil || *data.ExitCode != 0 || data.LastSeq != 4 ||
 		data.Result == nil || data.Result.SessionID != "sess-e2e" || data.Result.Text != "all done" || *data.Result.CostUSD != 0.42 {
 		t.Errorf("end event %s", end)

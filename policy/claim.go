@@ -209,8 +209,11 @@ func HolderOf(l *coordinationv1.Lease) Holder {
 }
 
 // free decides whether a claim's holder still runs: it is free when the
-// Job finished (Complete or Failed), is being deleted, was replaced by
-// another Job of the same name, or never appeared within the grace window.
+// Job finished (Complete or Failed), is being deleted with no pod left,
+// was replaced by another Job of the same name, or never appeared within
+// the grace window. The window must outlast the slowest admission (every
+// validating webhook answers before the Job is stored); the clocks of the
+// replicas compared across it are assumed to agree within seconds.
 func (c *Claims) free(ctx context.Context, lease *coordinationv1.Lease, grace time.Duration) (bool, Holder, error) {
 	h := HolderOf(lease)
 	if h.Name == "" {
@@ -227,7 +230,7 @@ func (c *Claims) free(ctx context.Context, lease *coordinationv1.Lease, grace ti
 	if job.UID != "" && h.UID != "" && string(job.UID) != h.UID {
 		return true, h, nil
 	}
-	if job.DeletionTimestamp != nil || Finished(job) {
+	if Finished(job) || Deleted(job) {
 		return true, h, nil
 	}
 	if job.Status.StartTime != nil {
@@ -244,6 +247,12 @@ func Finished(job *batchv1.Job) bool {
 		}
 	}
 	return false
+}
+
+// Deleted reports whether a Job is being deleted and has no active pod
+// left (with orphan or foreground deletion its pods can outlive the mark).
+func Deleted(job *batchv1.Job) bool {
+	return job.DeletionTimestamp != nil && job.Status.Active == 0 && ptr.Deref(job.Status.Terminating, 0) == 0
 }
 
 // IsBusy reports whether err says the agent has an active run.

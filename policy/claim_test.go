@@ -272,6 +272,11 @@ func TestHolderStates(t *testing.T) {
 		{"completed", func(j *batchv1.Job) *batchv1.Job { return finish(j, batchv1.JobComplete) }, 0, true},
 		{"failed", func(j *batchv1.Job) *batchv1.Job { return finish(j, batchv1.JobFailed) }, 0, true},
 		{"being deleted", func(j *batchv1.Job) *batchv1.Job { j.DeletionTimestamp = &metav1.Time{Time: time.Now()}; return j }, 0, true},
+		{"being deleted, pod still active", func(j *batchv1.Job) *batchv1.Job {
+			j.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+			j.Status.Active = 1
+			return j
+		}, 0, false},
 		{"replaced by a Job of the same name", func(j *batchv1.Job) *batchv1.Job { j.UID = "another"; return j }, 0, true},
 		{"not stored yet, within grace", nil, 5 * time.Second, false},
 		{"never stored, grace over", nil, 16 * time.Second, true},

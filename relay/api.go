@@ -192,7 +192,9 @@ func (a *API) getLog(w http.ResponseWriter, r *http.Request) {
 		case sse && ev.Line != nil:
 			_, err = fmt.Fprintf(w, "id: %d\nevent: line\ndata: %s\n\n", ev.Seq, data)
 		case sse:
-			_, err = fmt.Fprintf(w, "event: end\ndata: %s\n\n", data)
+			// The end carries the last sequence as its id, so an EventSource
+			// that reconnects gets 204 and stops, even for an empty log.
+			_, err = fmt.Fprintf(w, "id: %d\nevent: end\ndata: %s\n\n", ev.LastSeq, data)
 		default:
 			_, err = fmt.Fprintf(w, "%s\n", data)
 		}

@@ -208,3 +208,45 @@ func TestKubeAuthReviewsAndCaches(t *testing.T) {
 		t.Errorf("%d TokenReviews and %d SARs for repeated calls; want 2 and 2 (cached)", reviews, sars)
 	}
 }
+
+func TestKubeAuthChecksAudiencesAndKeysOnGroups(t *testing.T) {
+	cs := fake.NewClientset()
+	sars := 0
+	cs.PrependReactor("create", "tokenreviews", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		tr := a.(clienttesting.CreateAction).GetObject().(*authnv1.TokenReview)
+		// An authenticator that ignores the audiences it was asked for.
+		groups := []string{"team-a"}
+		if tr.Spec.Token == "b" {
+			groups = []string{"team-b"}
+		}
+		tr.Status = authnv1.TokenReviewStatus{Authenticated: true, Audiences: []string{"https://kubernetes.default.svc"},
+			User: authnv1.UserInfo{Username: "alice", Groups: groups}}
+		return true, tr, nil
+	})
+	cs.PrependReactor("create", "subjectaccessreviews", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		sars++
+		sar := a.(clienttesting.CreateAction).GetObject().(*authzv1.SubjectAccessReview)
+		sar.Status.Allowed = len(sar.Spec.Groups) == 1 && sar.Spec.Groups[0] == "team-a"
+		return true, sar, nil
+	})
+	req := func(tok string) *http.Request {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.Header.Set("Authorization", "Bearer "+tok)
+		return r
+	}
+	strict := &KubeAuth{Client: cs, Audiences: []string{"clipjob-relay"}}
+	if _, err := strict.Authenticate(req("a")); !errors.Is(err, errUnauthenticated) {
+		t.Errorf("a token for another audience was accepted: %v", err)
+	}
+	a := &KubeAuth{Client: cs}
+	ua, _ := a.Authenticate(req("a"))
+	ub, _ := a.Authenticate(req("b"))
+	okA, _ := a.Allowed(context.Background(), ua, "paperclip")
+	okB, _ := a.Allowed(context.Background(), ub, "paperclip")
+	if !okA || okB {
+		t.Errorf("same user name, different groups: allowed %v and %v, want true and false", okA, okB)
+	}
+	if sars != 2 {
+		t.Errorf("%d SubjectAccessReviews; the second caller reused the first one's decision", sars)
+	}
+}

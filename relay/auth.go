@@ -3,8 +3,10 @@ package relay
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"net/http"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -73,8 +75,14 @@ func (a *KubeAuth) Authenticate(r *http.Request) (*authnv1.UserInfo, error) {
 	if !tr.Status.Authenticated {
 		return nil, errUnauthenticated
 	}
+	// An authenticator may ignore the audiences asked for; the answer
+	// says which it checked, and one of ours must be among them.
+	if len(a.Audiences) > 0 && !overlaps(a.Audiences, tr.Status.Audiences) {
+		return nil, errUnauthenticated
+	}
 	user := tr.Status.User
 	a.mu.Lock()
+	prune(a.tokens)
 	a.tokens[key] = cached[*authnv1.UserInfo]{&user, time.Now().Add(ttl(a.TokenTTL, time.Minute))}
 	a.mu.Unlock()
 	return &user, nil
@@ -82,7 +90,7 @@ func (a *KubeAuth) Authenticate(r *http.Request) (*authnv1.UserInfo, error) {
 
 // Allowed implements Authorizer.
 func (a *KubeAuth) Allowed(ctx context.Context, user *authnv1.UserInfo, namespace string) (bool, error) {
-	key := user.UID + "\x00" + user.Username + "\x00" + namespace
+	key := userKey(user) + "\x00" + namespace
 	a.mu.Lock()
 	if c, ok := a.grants[key]; ok && time.Now().Before(c.exp) {
 		a.mu.Unlock()
@@ -107,9 +115,44 @@ func (a *KubeAuth) Allowed(ctx context.Context, user *authnv1.UserInfo, namespac
 		exp = ttl(a.AllowTTL, 30*time.Second)
 	}
 	a.mu.Lock()
+	prune(a.grants)
 	a.grants[key] = cached[bool]{sar.Status.Allowed, time.Now().Add(exp)}
 	a.mu.Unlock()
 	return sar.Status.Allowed, nil
+}
+
+// userKey identifies everything a SubjectAccessReview is decided on: two
+// tokens of one user name with different groups are different callers.
+func userKey(u *authnv1.UserInfo) string {
+	groups := append([]string{}, u.Groups...)
+	sort.Strings(groups)
+	extra, _ := json.Marshal(u.Extra) // map keys are sorted
+	sum := sha256.Sum256([]byte(u.Username + "\x00" + u.UID + "\x00" + strings.Join(groups, "\x00") + "\x00" + string(extra)))
+	return string(sum[:])
+}
+
+// prune drops expired entries once a cache grows large.
+func prune[K comparable, V any](m map[K]cached[V]) {
+	if len(m) < 10000 {
+		return
+	}
+	now := time.Now()
+	for k, v := range m {
+		if now.After(v.exp) {
+			delete(m, k)
+		}
+	}
+}
+
+func overlaps(a, b []string) bool {
+	for _, x := range a {
+		for _, y := range b {
+			if x == y {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func ttl(d, def time.Duration) time.Duration {

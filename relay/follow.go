@@ -148,7 +148,7 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	}
 	defer func() { <-f.slots }()
 
-	cur, err := f.store.Cursor(f.ref.Key())
+	cur, err := f.store.Cursor(f.ref.Run, f.ref.Key())
 	if err != nil {
 		return false, err
 	}

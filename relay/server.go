@@ -122,6 +122,9 @@ func Serve(ctx context.Context, o Options) error {
 	collectCtx, stopCollecting := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopCollecting()
 	coll.Start(collectCtx)
+	// Every lister is registered before any informer starts: handlers of
+	// one namespace read the map while later ones would be added.
+	var factories []informers.SharedInformerFactory
 	for _, ns := range namespaces {
 		f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns),
 			informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.LabelSelector = templates.LabelRunID }))
@@ -143,6 +146,9 @@ func Serve(ctx context.Context, o Options) error {
 			return err
 		}
 		synced = append(synced, inf.Informer().HasSynced)
+		factories = append(factories, f)
+	}
+	for _, f := range factories {
 		f.Start(collectCtx.Done())
 	}
 	ready := func() error {
@@ -165,8 +171,12 @@ func Serve(ctx context.Context, o Options) error {
 	}()
 
 	api := &API{Store: store, Auth: &KubeAuth{Client: client, Audiences: o.TokenAudiences}, Log: log.WithName("api")}
+	// Following log responses end when the relay stops.
+	apiCtx, stopAPI := context.WithCancel(context.Background())
+	defer stopAPI()
 	servers := []*http.Server{
-		{Addr: o.APIAddr, Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second},
+		{Addr: o.APIAddr, Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second,
+			BaseContext: func(net.Listener) context.Context { return apiCtx }},
 		{Addr: o.MetricsAddr, Handler: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second},
 		{Addr: o.ProbeAddr, Handler: probes(ready), ReadHeaderTimeout: 10 * time.Second},
 	}
@@ -204,6 +214,7 @@ loop:
 		}
 	}
 	log.Info("stopping: closing streams and flushing the store")
+	stopAPI()
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, s := range servers {

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -150,7 +151,7 @@ func (s *Store) Append(run, stream string, cur Cursor, lines []Line, now time.Ti
 		}
 		r.SeenAt = now
 		c, _ := json.Marshal(cur)
-		if err := tx.Bucket(bucketCursors).Put([]byte(stream), c); err != nil {
+		if err := tx.Bucket(bucketCursors).Put(cursorKey(run, stream), c); err != nil {
 			return err
 		}
 		last = r.LastSeq
@@ -162,11 +163,15 @@ func (s *Store) Append(run, stream string, cur Cursor, lines []Line, now time.Ti
 	return last, err
 }
 
-// Cursor returns how far a stream is stored (zero: nothing yet).
-func (s *Store) Cursor(stream string) (Cursor, error) {
+// cursorKey keeps a run's cursors together, so retention removes them
+// with the run.
+func cursorKey(run, stream string) []byte { return []byte(run + "\x00" + stream) }
+
+// Cursor returns how far a stream of run is stored (zero: nothing yet).
+func (s *Store) Cursor(run, stream string) (Cursor, error) {
 	var c Cursor
 	err := s.db.View(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucketCursors).Get([]byte(stream)); v != nil {
+		if v := tx.Bucket(bucketCursors).Get(cursorKey(run, stream)); v != nil {
 			return json.Unmarshal(v, &c)
 		}
 		return nil
@@ -305,6 +310,13 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) (int
 			}
 			if err := tx.Bucket(bucketLines).DeleteBucket([]byte(id)); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
 				return err
+			}
+			c := tx.Bucket(bucketCursors).Cursor()
+			prefix := cursorKey(id, "")
+			for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Seek(prefix) {
+				if err := c.Delete(); err != nil {
+					return err
+				}
 			}
 		}
 		return nil

@@ -40,7 +40,7 @@ func TestAppendAssignsSequenceAcrossStreams(t *testing.T) {
 	if len(got) != 2 || got[0].Seq != 2 || got[0].Line != "a2" || got[1].Seq != 3 || got[1].Container != "b" {
 		t.Errorf("lines after 1: %+v", got)
 	}
-	if c, _ := s.Cursor("pod/b/1"); c != (Cursor{TS: 7, Count: 2}) {
+	if c, _ := s.Cursor("run-1", "pod/b/1"); c != (Cursor{TS: 7, Count: 2}) {
 		t.Errorf("cursor %+v", c)
 	}
 	r, _ := s.Run("run-1")
@@ -66,7 +66,7 @@ func TestStoreSurvivesReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s2.Close()
-	if c, _ := s2.Cursor("st"); c.TS != 9 {
+	if c, _ := s2.Cursor("run-1", "st"); c.TS != 9 {
 		t.Errorf("cursor lost: %+v", c)
 	}
 	if got, _ := s2.Lines("run-1", 0, 0); len(got) != 2 {
@@ -152,5 +152,11 @@ func TestRetain(t *testing.T) {
 	}
 	if got, _ := s.Lines("new-done-a", 0, 0); len(got) != 0 {
 		t.Error("lines of a deleted run remain")
+	}
+	if c, _ := s.Cursor("new-done-a", "new-done-a"); c.TS != 0 {
+		t.Error("cursors of a deleted run remain")
+	}
+	if c, _ := s.Cursor("new-done-b", "new-done-b"); c.TS == 0 {
+		t.Error("cursors of a kept run were deleted")
 	}
 }

@@ -51,7 +51,7 @@ func (r *Releaser) Start(ctx context.Context) error {
 	inf := cache.NewSharedIndexInformer(lw, &batchv1.Job{}, 0, cache.Indexers{})
 	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: func(_, obj any) {
-			if job, ok := obj.(*batchv1.Job); ok && (policy.Finished(job) || job.DeletionTimestamp != nil) {
+			if job, ok := obj.(*batchv1.Job); ok && (policy.Finished(job) || policy.Deleted(job)) {
 				r.release(ctx, job, "finished")
 			}
 		},
