@@ -33,6 +33,9 @@ func (p *podLogs) get(pod, container string) *fakeLog {
 }
 
 func (p *podLogs) Stream(ctx context.Context, ns, pod, ctr string, since time.Time, prev bool) (io.ReadCloser, error) {
+	if prev {
+		ctr += "@previous"
+	}
 	return p.get(pod, ctr).Stream(ctx, ns, pod, ctr, since, prev)
 }
 
@@ -161,5 +164,28 @@ func TestCollectorRetriedPodContinuesRun(t *testing.T) {
 	c.OnPod(first)
 	if r, _ := s.Run("run-1"); r.PodUID != "uid-2" || !r.Done {
 		t.Errorf("older pod's event changed the record: %+v", r)
+	}
+}
+
+// TestCollectorRestartedContainer: a container that restarted (new
+// container ID) is a new stream of the same run; the replaced instance is
+// read as "previous", and both instances' lines are kept once each.
+func TestCollectorRestartedContainer(t *testing.T) {
+	c, logs, cache, s := newCollector(t)
+	pod := agentPod("p1", "uid-1", time.Now())
+	pod.Spec.InitContainers = nil
+	pod.Status.Phase = corev1.PodSucceeded
+	st := terminated("agent", "c2")
+	st.RestartCount = 1
+	st.LastTerminationState.Terminated = &corev1.ContainerStateTerminated{ExitCode: 137, Reason: "OOMKilled", ContainerID: "c1"}
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{st}
+	cache.set(pod)
+	logs.get("p1", "agent@previous").write(at(0), "first instance")
+	logs.get("p1", "agent").write(at(10), "second instance")
+	c.OnPod(pod)
+	waitDone(t, s)
+	got := storedText(t, s)
+	if got != "first instance,second instance" && got != "second instance,first instance" {
+		t.Errorf("lines %q, want both instances once", got)
 	}
 }

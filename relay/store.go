@@ -321,6 +321,16 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) (int
 		}
 		return nil
 	})
+	if err == nil {
+		s.mu.Lock()
+		for _, id := range drop {
+			if ch, ok := s.changed[id]; ok {
+				close(ch) // followers of a deleted run re-read and find it gone
+				delete(s.changed, id)
+			}
+		}
+		s.mu.Unlock()
+	}
 	return len(drop), err
 }
 
