@@ -150,16 +150,14 @@ func (c *Collector) containerState(ref StreamRef) containerState {
 	if pod == nil || string(pod.UID) != ref.PodUID {
 		return containerState{ended: true, gone: true}
 	}
-	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
-		return containerState{ended: true}
-	}
+	finished := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 	for _, st := range allStatuses(pod) {
 		if st.Name == ref.Container {
 			replaced := st.ContainerID != ref.ContainerID
-			return containerState{ended: replaced || st.State.Terminated != nil, replaced: replaced}
+			return containerState{ended: finished || replaced || st.State.Terminated != nil, replaced: replaced}
 		}
 	}
-	return containerState{}
+	return containerState{ended: finished}
 }
 
 // maybeFinish marks the run done once its pod has ended (or is gone) and
