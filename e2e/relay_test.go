@@ -3,6 +3,8 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -25,6 +27,21 @@ import (
 	"github.com/paperclipai/clipjob/relay"
 	"github.com/paperclipai/clipjob/templates"
 )
+
+var relayHTTP struct {
+	sync.Once
+	c *http.Client
+}
+
+// relayClient trusts the cluster CA, which signed the relay's API cert.
+func relayClient() *http.Client {
+	relayHTTP.Do(func() {
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(env.cluster.CA.CertPEM)
+		relayHTTP.c = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	})
+	return relayHTTP.c
+}
 
 var relayOnce struct {
 	sync.Once
@@ -106,14 +123,14 @@ func agentRun(ctx context.Context, t *testing.T, name string) (*corev1.Pod, *clu
 
 func relayGet(t *testing.T, r *harness.Relay, path, token, accept string) (*http.Response, error) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, "http://"+r.APIAddr+path, nil)
+	req, _ := http.NewRequest(http.MethodGet, "https://"+r.APIAddr+path, nil)
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	if accept != "" {
 		req.Header.Set("Accept", accept)
 	}
-	return http.DefaultClient.Do(req)
+	return relayClient().Do(req)
 }
 
 func relayRun(t *testing.T, r *harness.Relay, token, run string) (*relay.Run, int) {

@@ -2,10 +2,12 @@ package relay
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"path/filepath"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -17,6 +19,7 @@ import (
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/paperclipai/clipjob/templates"
@@ -30,6 +33,10 @@ type Options struct {
 	Namespaces []string
 	// APIAddr serves the HTTP API. Default ":8090".
 	APIAddr string
+	// CertDir holds tls.crt and tls.key for the API, reloaded when they
+	// change. Callers send bearer tokens, so serve TLS anywhere but
+	// loopback. Default: plain HTTP.
+	CertDir string
 	// MetricsAddr serves /metrics; ProbeAddr /healthz and /readyz.
 	// Default ":8080" and ":8081".
 	MetricsAddr, ProbeAddr string
@@ -180,11 +187,22 @@ func Serve(ctx context.Context, o Options) error {
 		{Addr: o.MetricsAddr, Handler: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second},
 		{Addr: o.ProbeAddr, Handler: probes(ready), ReadHeaderTimeout: 10 * time.Second},
 	}
+	if o.CertDir != "" {
+		cw, err := certwatcher.New(filepath.Join(o.CertDir, "tls.crt"), filepath.Join(o.CertDir, "tls.key"))
+		if err != nil {
+			return fmt.Errorf("API certificate: %w", err)
+		}
+		go func() { _ = cw.Start(collectCtx) }()
+		servers[0].TLSConfig = &tls.Config{GetCertificate: cw.GetCertificate, MinVersion: tls.VersionTLS12}
+	}
 	errc := make(chan error, len(servers))
 	for _, s := range servers {
 		ln, err := net.Listen("tcp", s.Addr)
 		if err != nil {
 			return err
+		}
+		if s.TLSConfig != nil {
+			ln = tls.NewListener(ln, s.TLSConfig)
 		}
 		go func() {
 			if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -192,7 +210,7 @@ func Serve(ctx context.Context, o Options) error {
 			}
 		}()
 	}
-	log.Info("relay serving", "api", o.APIAddr, "namespaces", o.Namespaces, "data", o.DataDir)
+	log.Info("relay serving", "api", o.APIAddr, "tls", o.CertDir != "", "namespaces", o.Namespaces, "data", o.DataDir)
 
 	retention := time.NewTicker(o.RetentionInterval)
 	defer retention.Stop()

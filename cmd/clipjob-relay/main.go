@@ -27,6 +27,7 @@ func main() {
 	flag.StringVar(&o.DataDir, "data-dir", "/var/lib/clipjob-relay", "directory of the store (a persistent volume)")
 	flag.Var(&namespaces, "namespace", "namespace to collect agent pods from (repeatable; default all)")
 	flag.StringVar(&o.APIAddr, "api-address", ":8090", "HTTP API address")
+	flag.StringVar(&o.CertDir, "cert-dir", "", "directory with tls.crt and tls.key to serve the API over TLS (reloaded on change; default plain HTTP)")
 	flag.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8080", "metrics address")
 	flag.StringVar(&o.ProbeAddr, "health-probe-bind-address", ":8081", "/healthz and /readyz address")
 	flag.IntVar(&o.MaxStreams, "max-streams", 200, "log streams open at once")

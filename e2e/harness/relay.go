@@ -12,7 +12,7 @@ import (
 // Relay is a running clipjob-relay.
 type Relay struct {
 	*Process
-	// APIAddr serves the relay's HTTP API.
+	// APIAddr serves the relay's HTTP API over TLS (cluster CA).
 	APIAddr string
 	// DataDir is its store; a restarted relay keeps it.
 	DataDir string
@@ -30,13 +30,20 @@ func StartRelay(ctx context.Context, c *cluster.Cluster, bin, name, namespace st
 		return nil, err
 	}
 	r := &Relay{APIAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]), DataDir: filepath.Join(dir, "data")}
+	kp, err := c.CA.Serving("clipjob-relay", "127.0.0.1", "localhost")
+	if err != nil {
+		return nil, err
+	}
+	if err := kp.WriteTLS(filepath.Join(dir, "certs")); err != nil {
+		return nil, err
+	}
 	probe := fmt.Sprintf("127.0.0.1:%d", ports[1])
 	kubeconfig, err := ServiceAccountKubeconfig(ctx, c, SystemNamespace, "clipjob-relay", RelayRules)
 	if err != nil {
 		return nil, err
 	}
 	args := append([]string{"--kubeconfig", kubeconfig, "--namespace", namespace, "--data-dir", r.DataDir,
-		"--api-address", r.APIAddr, "--health-probe-bind-address", probe,
+		"--api-address", r.APIAddr, "--cert-dir", filepath.Join(dir, "certs"), "--health-probe-bind-address", probe,
 		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", ports[2]),
 		"--drain-idle", "1s", "--zap-log-level", "debug"}, extra...)
 	r.Process, err = StartProcess(ctx, filepath.Join(dir, "relay.log"), probe, bin, args...)
