@@ -193,6 +193,8 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 
 	res := newResume(cur)
 	var batch []Line
+	started := time.Now()
+	var lastLine time.Time // zero until the stream sends anything
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
@@ -209,12 +211,13 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 		linesStored.Add(float64(len(batch)))
 		bytesStored.Add(float64(bytes))
 		batch = batch[:0]
+		// Time spent committing is not idle time: lines may have queued
+		// up behind a slow fsync.
+		lastLine = time.Now()
 		return nil
 	}
 	tick := time.NewTicker(f.opts.BatchWait)
 	defer tick.Stop()
-	started := time.Now()
-	var lastLine time.Time // zero until the stream sends anything
 	for {
 		select {
 		case r, ok := <-lines:
@@ -261,7 +264,7 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 			if err := flush(); err != nil {
 				return false, err
 			}
-			if st := f.state(); st.ended || st.gone {
+			if st := f.state(); (st.ended || st.gone) && len(lines) == 0 {
 				quiet := !lastLine.IsZero() && time.Since(lastLine) >= f.opts.DrainIdle
 				silent := lastLine.IsZero() && time.Since(started) >= f.opts.DrainMax
 				if quiet || silent {

@@ -307,3 +307,16 @@ func TestFollowerDropsLinesCutMidway(t *testing.T) {
 	newFollower(t, s, src).run(context.Background())
 	assertExactlyOnce(t, s, 30)
 }
+
+// TestFollowerDrainOutlastsSlowCommits: a commit (fsync) slower than the
+// drain idle time must not end the stream while lines wait to be read.
+func TestFollowerDrainOutlastsSlowCommits(t *testing.T) {
+	s, _ := openTestStore(t)
+	src := newFakeLog()
+	writeBurst(src, 0, 3000)
+	src.ended = true
+	f := newFollower(t, s, src)
+	f.opts.DrainIdle, f.opts.BatchLines, f.opts.BatchWait = time.Microsecond, 20, time.Millisecond
+	f.run(context.Background())
+	assertExactlyOnce(t, s, 3000)
+}
