@@ -38,9 +38,13 @@ bench: kube-binaries ## Go benchmarks of the hot paths, then Job creation with a
 	$(GOTEST) -run XXX -bench . -benchmem -count 5 ./templates/ ./policy/ ./webhook/ ./relay/
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/bench -n $(BENCH_N) -c $(BENCH_C)
 
-fuzz: ## Fuzz the admission decode paths for FUZZTIME each
-	$(GOTEST) -run XXX -fuzz FuzzAdmissionReview -fuzztime $(FUZZTIME) ./webhook/
-	$(GOTEST) -run XXX -fuzz FuzzMutateObject -fuzztime $(FUZZTIME) ./webhook/
+fuzz: ## Fuzz every decoder for FUZZTIME each
+	$(GOTEST) -run XXX -fuzz '^FuzzAdmissionReview$$' -fuzztime $(FUZZTIME) ./webhook/
+	$(GOTEST) -run XXX -fuzz '^FuzzMutateObject$$' -fuzztime $(FUZZTIME) ./webhook/
+	$(GOTEST) -run XXX -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./config/
+	$(GOTEST) -run XXX -fuzz '^FuzzRead$$' -fuzztime $(FUZZTIME) ./internal/manifest/
+	$(GOTEST) -run XXX -fuzz '^FuzzLineDecoding$$' -fuzztime $(FUZZTIME) ./relay/
+	$(GOTEST) -run XXX -fuzz '^FuzzRedactKeepsJSONValid$$' -fuzztime $(FUZZTIME) ./relay/
 
 golden: ## Rewrite golden files after an intended change (review the diff!)
 	REFRESH_GOLDEN=true $(GOTEST) ./templates/

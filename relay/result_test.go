@@ -69,3 +69,19 @@ func TestPlainLinesHaveNoResult(t *testing.T) {
 		t.Errorf("plain output parsed as %+v", r)
 	}
 }
+
+// FuzzLineDecoding: whatever a container prints, splitting the timestamp
+// and parsing the result never panic.
+func FuzzLineDecoding(f *testing.F) {
+	f.Add([]byte(`2026-11-21T10:00:05.123456789Z {"type":"result","usage":{"input_tokens":1},"total_cost_usd":0.1}`))
+	f.Add([]byte(`2026-11-21T10:00:05Z {"type":"step_finish","sessionID":"s","part":{"type":"step-finish","tokens":{"input":1},"cost":1}}`))
+	f.Add([]byte(`no timestamp at all`))
+	f.Fuzz(func(t *testing.T, line []byte) {
+		var p resultParser
+		if _, msg, err := splitTimestamp(line); err == nil {
+			p.feed(msg)
+		}
+		p.feed(line)
+		_ = p.result(&Termination{ExitCode: 137, Reason: "OOMKilled"})
+	})
+}
