@@ -300,47 +300,39 @@ func jsonString(s string) string {
 // TestRelayKilledMidRun: the relay is SIGKILLed while a run writes, then
 // started again on the same store: every line is stored exactly once.
 func TestRelayKilledMidRun(t *testing.T) {
-	ctx := ctxT(t)
-	r, token, _ := theRelay(t)
-	pod, log := agentRun(ctx, t, "e2e-relay-kill")
-	run := pod.Labels[templates.LabelRunID]
-	var before uint64
-	want := writeLinesInBackground(t, log, 300, func(i int) {
-		if i == 150 {
-			before = waitStored(ctx, t, r, token, run)
-			r.Kill()
-			if err := r.Start(ctx); err != nil {
-				t.Error(err)
-			}
-		}
+	r, _, _ := theRelay(t)
+	breakMidRun(t, "e2e-relay-kill", func(ctx context.Context) error {
+		r.Kill()
+		return r.Start(ctx)
 	})
-	if before == 0 || before >= 300 {
-		t.Fatalf("relay had stored %d lines when killed; the test must kill it mid-run", before)
-	}
-	finishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
-	waitRun(ctx, t, r, token, run, func(x *relay.Run) bool { return x.Done })
-	exactlyOnce(t, plainLog(t, r, token, run), want)
 }
 
 // TestRelayResumesAfterKwokRestart: restarting kwok (the kubelet serving
 // the log) breaks the stream mid-run; the relay reconnects and resumes
 // without losing or repeating a line.
 func TestRelayResumesAfterKwokRestart(t *testing.T) {
+	breakMidRun(t, "e2e-relay-kwok", func(context.Context) error { return env.cluster.Restart("kwok") })
+}
+
+// breakMidRun writes 300 lines to a run and calls breakIt once the relay
+// has stored some of them (and asserts it had not stored all), finishes
+// the run and requires every line stored exactly once.
+func breakMidRun(t *testing.T, name string, breakIt func(context.Context) error) {
 	ctx := ctxT(t)
 	r, token, _ := theRelay(t)
-	pod, log := agentRun(ctx, t, "e2e-relay-kwok")
+	pod, log := agentRun(ctx, t, name)
 	run := pod.Labels[templates.LabelRunID]
 	var before uint64
 	want := writeLinesInBackground(t, log, 300, func(i int) {
 		if i == 120 {
 			before = waitStored(ctx, t, r, token, run)
-			if err := env.cluster.Restart("kwok"); err != nil {
+			if err := breakIt(ctx); err != nil {
 				t.Error(err)
 			}
 		}
 	})
 	if before == 0 || before >= 300 {
-		t.Fatalf("relay had stored %d lines at the restart; the test must break the stream mid-run", before)
+		t.Fatalf("the relay had stored %d lines when the stream broke; the test must break it mid-run", before)
 	}
 	finishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
 	waitRun(ctx, t, r, token, run, func(x *relay.Run) bool { return x.Done })

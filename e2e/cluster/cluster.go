@@ -204,14 +204,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 // directory if Start created it.
 func (c *Cluster) Stop() {
 	for i := len(c.procs) - 1; i >= 0; i-- {
-		p := c.procs[i]
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(5 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
+		c.procs[i].terminate()
 	}
 	c.procs = nil
 	if c.ownDir && !c.KeepDir && os.Getenv("CLIPJOB_KEEP_CLUSTER_DIR") == "" {
@@ -271,13 +264,7 @@ func (c *Cluster) Restart(component string) error {
 		if p.name != component {
 			continue
 		}
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(5 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
+		p.terminate()
 		if component == "kwok" {
 			// kwok holds the node's Lease; a new instance would wait for it
 			// to expire (40s) before managing the node and its pods again.
@@ -289,6 +276,18 @@ func (c *Cluster) Restart(component string) error {
 		return c.start(p)
 	}
 	return fmt.Errorf("no component %q", component)
+}
+
+// terminate sends SIGTERM and, after 5s, SIGKILL, and waits for the exit.
+func (p *process) terminate() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.done:
+		p.done <- err
+	case <-time.After(5 * time.Second):
+		_ = p.cmd.Process.Kill()
+		p.done <- <-p.done
+	}
 }
 
 // loopbackEnv is the environment without proxies: every address the
