@@ -14,9 +14,7 @@ import (
 	"testing"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -67,43 +65,17 @@ func theRelay(t *testing.T) (*harness.Relay, string, string) {
 			relayOnce.err = err
 			return
 		}
-		relayOnce.readerToken, err = saToken(ctx, "paperclip-server", true)
+		relayOnce.readerToken, err = harness.ServiceAccountToken(ctx, env.cluster, ns, "paperclip-server", harness.LogReaderRules)
 		if err != nil {
 			relayOnce.err = err
 			return
 		}
-		relayOnce.strangerTk, relayOnce.err = saToken(ctx, "stranger", false)
+		relayOnce.strangerTk, relayOnce.err = harness.ServiceAccountToken(ctx, env.cluster, ns, "stranger", nil)
 	})
 	if relayOnce.err != nil {
 		t.Fatal(relayOnce.err)
 	}
 	return relayOnce.r, relayOnce.readerToken, relayOnce.strangerTk
-}
-
-func saToken(ctx context.Context, name string, canReadLogs bool) (string, error) {
-	cs := env.cs
-	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return "", err
-	}
-	if canReadLogs {
-		role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name + "-logs"}, Rules: []rbacv1.PolicyRule{{
-			APIGroups: []string{""}, Resources: []string{"pods/log"}, Verbs: []string{"get"}}}}
-		if _, err := cs.RbacV1().Roles(ns).Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return "", err
-		}
-		rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name + "-logs"},
-			RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: role.Name},
-			Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: name, Namespace: ns}}}
-		if _, err := cs.RbacV1().RoleBindings(ns).Create(ctx, rb, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return "", err
-		}
-	}
-	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}, metav1.CreateOptions{})
-	if err != nil {
-		return "", err
-	}
-	return tr.Status.Token, nil
 }
 
 // agentRun creates a bare agent Job, waits for its pod to run and points

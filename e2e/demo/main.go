@@ -1,15 +1,24 @@
 // Command demo is `make demo`: it starts a local control plane, runs the
-// clipjob webhook against it, installs a stand-in Paperclip (Deployment and
+// clipjob webhooks against it, installs a stand-in Paperclip (Deployment and
 // ReadWriteMany claim), submits examples/bare-job.yaml and prints the Job
-// the API server stored and the Pod made from it.
+// the API server stored and the Pod made from it; then it runs the log
+// relay, lets the agent write and finish, deletes the Job as the TTL
+// controller would, and shows the run's status, result and log the relay
+// still serves.
 //
 // With -keep it leaves everything running and prints how to reach it.
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -19,8 +28,11 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
@@ -112,15 +124,120 @@ func run(keep bool) error {
 		pod.Spec.Containers[0].Image, *pod.Spec.SecurityContext.RunAsUser,
 		pod.Labels["paperclip.io/egress-profile"], claimOf(pod), "/paperclip")
 
+	r, err := showRelay(ctx, c, pod, job.Name)
+	if err != nil {
+		return err
+	}
+	defer r.Stop()
+
 	if !keep {
 		step("Done. Run `make demo DEMO_FLAGS=-keep` to keep the cluster up and explore it with kubectl.")
 		return nil
 	}
 	step("Still running. In another shell:")
-	fmt.Printf("    export KUBECONFIG=%s\n    kubectl get jobs,pods -n paperclip\n    kubectl get job -n paperclip %s -o yaml\n", c.Kubeconfig, job.Name)
+	fmt.Printf("    export KUBECONFIG=%s\n    kubectl get jobs,pods -n paperclip\n    kubectl apply -f examples/bare-job.yaml   # admitted again: the first run finished\n", c.Kubeconfig)
+	fmt.Printf("    The relay's API is at https://%s (cluster CA: %s/pki/ca.crt; token: kubectl create token paperclip-server -n paperclip)\n", r.APIAddr, c.Dir)
 	fmt.Println("    Press Ctrl-C to stop.")
 	<-ctx.Done()
 	return nil
+}
+
+// agentLog is what a Claude Code run prints (stream-json); kwok has no
+// containers, so the demo writes it into the pod's log for the agent.
+var agentLog = []string{
+	`{"type":"system","subtype":"init","session_id":"7c1e9d20-demo","model":"claude-sonnet-4-5"}`,
+	`{"type":"assistant","message":{"content":[{"type":"text","text":"Running the tests in pkg/foo."}]}}`,
+	`{"type":"user","message":{"content":[{"type":"tool_result","content":"ANTHROPIC_API_KEY=sk-ant-api03-demo0000000000000000000000"}]}}`,
+	`{"type":"result","subtype":"success","is_error":false,"result":"Fixed the off-by-one in pkg/foo.","session_id":"7c1e9d20-demo","total_cost_usd":0.0871,"usage":{"input_tokens":812,"output_tokens":1290}}`,
+}
+
+// showRelay runs the log relay, lets the agent write and finish, deletes
+// the Job as the TTL controller would, and shows what the relay kept.
+func showRelay(ctx context.Context, c *cluster.Cluster, pod *corev1.Pod, job string) (_ *harness.Relay, err error) {
+	step("Starting clipjob-relay; the agent writes its stream-json log (kwok plays the container)")
+	bin, err := harness.Build(c.Dir, "clipjob-relay")
+	if err != nil {
+		return nil, err
+	}
+	r, err := harness.StartRelay(ctx, c, bin, "relay", pod.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			r.Stop()
+		}
+	}()
+	log, err := c.PodLog(ctx, pod.Namespace, pod.Name)
+	if err != nil {
+		return nil, err
+	}
+	if err := log.Write(agentLog...); err != nil {
+		return nil, err
+	}
+	token, err := harness.ServiceAccountToken(ctx, c, pod.Namespace, "paperclip-server", harness.LogReaderRules)
+	if err != nil {
+		return nil, err
+	}
+	cs := c.Clientset()
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"0"}}}`, cluster.AnnotationExitCode)
+	if _, err := cs.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		return nil, err
+	}
+	run := pod.Labels["paperclip.io/run-id"]
+	var status map[string]any
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		body, err := relayGET(c, r, token, "/v1/runs/"+run)
+		if err != nil {
+			return false, nil
+		}
+		status = map[string]any{}
+		return json.Unmarshal(body, &status) == nil && status["done"] == true, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("waiting for the relay to collect the run: %w", err)
+	}
+	step("The run finished; deleting Job %s the way the TTL controller does (pods first)", job)
+	if err := cs.BatchV1().Jobs(pod.Namespace).Delete(ctx, job, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)}); err != nil {
+		return nil, err
+	}
+	_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := cs.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	step("What the relay still serves (GET /v1/runs/%s, with a ServiceAccount token that may get pods/log):", run)
+	body, err := relayGET(c, r, token, "/v1/runs/"+run)
+	if err != nil {
+		return nil, err
+	}
+	var pretty bytes.Buffer
+	_ = json.Indent(&pretty, body, "", "  ")
+	fmt.Print(indent(pretty.String()))
+	step("Its log (GET /v1/runs/%s/log; note the API key redacted before storage):", run)
+	logBody, err := relayGET(c, r, token, "/v1/runs/"+run+"/log")
+	if err != nil {
+		return nil, err
+	}
+	fmt.Print(indent(string(logBody)))
+	return r, nil
+}
+
+func relayGET(c *cluster.Cluster, r *harness.Relay, token, path string) ([]byte, error) {
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(c.CA.CertPEM)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	req, _ := http.NewRequest(http.MethodGet, "https://"+r.APIAddr+path, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s %s", path, resp.Status, body)
+	}
+	return body, err
 }
 
 func claimOf(p *corev1.Pod) string {

@@ -36,6 +36,38 @@ var (
 	}
 )
 
+// ServiceAccountToken creates ServiceAccount namespace/name, bound by a
+// Role in its namespace to rules (none: no permission at all), and returns
+// a token for it, as a client such as the Paperclip server would hold.
+func ServiceAccountToken(ctx context.Context, c *cluster.Cluster, namespace, name string, rules []rbacv1.PolicyRule) (string, error) {
+	cs := c.Clientset()
+	if _, err := cs.CoreV1().ServiceAccounts(namespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return "", err
+	}
+	if len(rules) > 0 {
+		role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}
+		if _, err := cs.RbacV1().Roles(namespace).Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return "", err
+		}
+		rb := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: namespace}}}
+		if _, err := cs.RbacV1().RoleBindings(namespace).Create(ctx, rb, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return "", err
+		}
+	}
+	tr, err := cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](6 * 3600)}}, metav1.CreateOptions{})
+	if err != nil {
+		return "", err
+	}
+	return tr.Status.Token, nil
+}
+
+// LogReaderRules is what a consumer of the relay needs: the same right
+// `kubectl logs` needs.
+var LogReaderRules = []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods/log"}, Verbs: []string{"get"}}}
+
 // ServiceAccountKubeconfig creates ServiceAccount namespace/name bound to
 // rules (cluster-wide) and writes a kubeconfig with a token for it.
 func ServiceAccountKubeconfig(ctx context.Context, c *cluster.Cluster, namespace, name string, rules []rbacv1.PolicyRule) (string, error) {
