@@ -65,6 +65,12 @@ func TestPrivilegedContainerDenied(t *testing.T) {
 	job.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyNever
 	job.Spec.Template.Spec.Containers = []corev1.Container{{Name: "agent", Image: "ghcr.io/paperclipai/paperclip:v2026.11.3",
 		SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)}}}
+	// The API server sees the re-pointed configuration through a watch:
+	// wait (with dry runs, which store nothing) until mutation is bypassed.
+	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		dry, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err != nil || dry.Annotations[templates.AnnotationProfile] == "", nil
+	})
 	_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `violates PodSecurity "restricted:latest": privileged (container "agent" must not set securityContext.privileged=true)`) {
 		t.Fatalf("want a PodSecurity denial naming the privileged container, got %v", err)
@@ -108,6 +114,21 @@ func TestOneActiveRunPerAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = harness.Register(context.Background(), env.cs, env.webhookAddr, env.cluster.CA.CertPEM) })
+	// Wait until the API server calls through the balancer: dry runs (no
+	// claims written) until a new replica answers one.
+	probe := bareJob(t, "e2e-race-probe")
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, _ = env.cs.BatchV1().Jobs(ns).Create(ctx, probe.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		var n float64
+		for _, w := range env.extra {
+			v, _ := w.Counter(`clipjob_admission_requests_total{dry_run="true",`, `webhook="validate"`)
+			n += v
+		}
+		return n > 0, nil
+	})
+	if err != nil {
+		t.Fatal("the API server never called the new replicas through the balancer")
+	}
 	before := validateCounts(t)
 
 	cfg := *env.cluster.Config

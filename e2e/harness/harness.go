@@ -275,15 +275,22 @@ func RegisterWithMutatingAt(ctx context.Context, cs kubernetes.Interface, mutati
 			AdmissionReviewVersions: []string{"v1"},
 		}},
 	}
+	// Update in place: deleting and recreating would leave the API server
+	// a moment with no webhook at all, admitting whatever comes then.
 	mwcs := cs.AdmissionregistrationV1().MutatingWebhookConfigurations()
-	if err := mwcs.Delete(ctx, mwc.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return err
-	}
-	if _, err := mwcs.Create(ctx, mwc, metav1.CreateOptions{}); err != nil {
+	if old, err := mwcs.Get(ctx, mwc.Name, metav1.GetOptions{}); err == nil {
+		mwc.ResourceVersion = old.ResourceVersion
+		_, err = mwcs.Update(ctx, mwc, metav1.UpdateOptions{})
+		if err != nil {
+			return err
+		}
+	} else if _, err := mwcs.Create(ctx, mwc, metav1.CreateOptions{}); err != nil {
 		return err
 	}
 	vwcs := cs.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-	if err := vwcs.Delete(ctx, vwc.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	if old, err := vwcs.Get(ctx, vwc.Name, metav1.GetOptions{}); err == nil {
+		vwc.ResourceVersion = old.ResourceVersion
+		_, err = vwcs.Update(ctx, vwc, metav1.UpdateOptions{})
 		return err
 	}
 	_, err := vwcs.Create(ctx, vwc, metav1.CreateOptions{})
