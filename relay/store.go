@@ -13,6 +13,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // Why bbolt: one file on the relay's volume, pure Go, crash-safe without
@@ -308,7 +309,7 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) (int
 			if err := tx.Bucket(bucketRuns).Delete([]byte(id)); err != nil {
 				return err
 			}
-			if err := tx.Bucket(bucketLines).DeleteBucket([]byte(id)); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+			if err := tx.Bucket(bucketLines).DeleteBucket([]byte(id)); err != nil && !errors.Is(err, berrors.ErrBucketNotFound) {
 				return err
 			}
 			c := tx.Bucket(bucketCursors).Cursor()

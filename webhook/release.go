@@ -39,11 +39,11 @@ func (r *Releaser) Start(ctx context.Context) error {
 		r.SweepInterval = time.Minute
 	}
 	lw := &cache.ListWatch{
-		ListFunc: func(o metav1.ListOptions) (runtime.Object, error) {
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.LabelSelector = templates.LabelAgentID
 			return r.Client.BatchV1().Jobs(metav1.NamespaceAll).List(ctx, o)
 		},
-		WatchFunc: func(o metav1.ListOptions) (watch.Interface, error) {
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.LabelSelector = templates.LabelAgentID
 			return r.Client.BatchV1().Jobs(metav1.NamespaceAll).Watch(ctx, o)
 		},

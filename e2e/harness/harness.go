@@ -7,8 +7,6 @@ package harness
 
 import (
 	"context"
-	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,7 +16,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -295,19 +292,4 @@ func RegisterWithMutatingAt(ctx context.Context, cs kubernetes.Interface, mutati
 	}
 	_, err := vwcs.Create(ctx, vwc, metav1.CreateOptions{})
 	return err
-}
-
-// WaitTLS waits until addr serves TLS signed by the cluster CA, so the API
-// server's first call does not race the listener.
-func WaitTLS(addr string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // readiness probe only
-		if err == nil {
-			conn.Close()
-			return nil
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return errors.New("no TLS listener at " + addr)
 }

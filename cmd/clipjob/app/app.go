@@ -132,7 +132,7 @@ func render(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		} else {
 			res, err := templates.Render(templates.Input{Job: job, Inherited: inh, Config: cfg})
 			if err != nil {
-				return fmt.Errorf("Job %s: %w", job.Name, err)
+				return fmt.Errorf("job %s: %w", job.Name, err)
 			}
 			for _, w := range res.Warnings {
 				fmt.Fprintf(stderr, "Warning: Job %s: %s\n", job.Name, w)
