@@ -41,8 +41,8 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"negative ttl", header + "defaults:\n  ttlSecondsAfterFinished: -1\n", []string{"defaults.ttlSecondsAfterFinished: Invalid value: -1"}},
 		{"relative writable path", header + "defaults:\n  writablePaths: [tmp]\n", []string{"defaults.writablePaths[0]: Invalid value: \"tmp\""}},
 		{"bad image glob", header + "policy:\n  images:\n    allow: ['ghcr.io/Bad Name/*']\n", []string{"policy.images.allow[0]: Invalid value"}},
-		{"bad concurrency", header + "policy:\n  concurrency:\n    mode: Queue\n    scope: Galaxy\n",
-			[]string{`policy.concurrency.mode: Unsupported value: "Queue"`, `policy.concurrency.scope: Unsupported value: "Galaxy"`}},
+		{"bad concurrency", header + "policy:\n  concurrency:\n    mode: Later\n    scope: Galaxy\n",
+			[]string{`policy.concurrency.mode: Unsupported value: "Later"`, `policy.concurrency.scope: Unsupported value: "Galaxy"`}},
 		{"bad namespace", header + "policy:\n  namespaces: [Agents]\n", []string{"policy.namespaces[0]: Invalid value"}},
 		{"bad pull policy", header + "defaults:\n  imagePullPolicy: Sometimes\n", []string{"defaults.imagePullPolicy: Unsupported value"}},
 	}

@@ -180,13 +180,16 @@ const (
 	ScopeCluster ConcurrencyScope = "Cluster"
 	// ModeReject refuses the second run with HTTP 409 naming the active Job.
 	ModeReject ConcurrencyMode = "Reject"
+	// ModeQueue admits a busy agent's run suspended and starts it when the
+	// agent's previous run ends, oldest first.
+	ModeQueue ConcurrencyMode = "Queue"
 	// ModeOff does not limit runs per agent.
 	ModeOff ConcurrencyMode = "Off"
 )
 
 // Concurrency configures the per-agent run claim.
 type Concurrency struct {
-	// Mode: Reject (default) or Off.
+	// Mode: Reject (default), Queue or Off.
 	Mode ConcurrencyMode `json:"mode,omitempty"`
 	// Scope: Namespace (default) or Cluster.
 	Scope ConcurrencyScope `json:"scope,omitempty"`

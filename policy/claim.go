@@ -233,6 +233,11 @@ func (c *Claims) free(ctx context.Context, lease *coordinationv1.Lease, grace ti
 	if Finished(job) || Deleted(job) {
 		return true, h, nil
 	}
+	// A holder still suspended after the grace window was never started
+	// (Queue mode: claimed, then its unsuspend failed): it runs nothing.
+	if job.Spec.Suspend != nil && *job.Spec.Suspend && c.now().Sub(h.Since) > grace {
+		return true, h, nil
+	}
 	if job.Status.StartTime != nil {
 		h.Since = job.Status.StartTime.Time
 	}

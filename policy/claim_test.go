@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/templates"
@@ -278,6 +279,8 @@ func TestHolderStates(t *testing.T) {
 			return j
 		}, 0, false},
 		{"replaced by a Job of the same name", func(j *batchv1.Job) *batchv1.Job { j.UID = "another"; return j }, 0, true},
+		{"claimed but still suspended, within grace", func(j *batchv1.Job) *batchv1.Job { j.Spec.Suspend = ptr.To(true); return j }, 5 * time.Second, false},
+		{"claimed but never started", func(j *batchv1.Job) *batchv1.Job { j.Spec.Suspend = ptr.To(true); return j }, 16 * time.Second, true},
 		{"not stored yet, within grace", nil, 5 * time.Second, false},
 		{"never stored, grace over", nil, 16 * time.Second, true},
 	}

@@ -26,6 +26,9 @@ const (
 	AnnotationProfile      = "clipjob.paperclip.io/profile"
 	AnnotationTemplateHash = "clipjob.paperclip.io/template-hash"
 	AnnotationSource       = "clipjob.paperclip.io/source"
+	// AnnotationQueued marks a Job admitted suspended in Queue mode: the
+	// claim controller starts it when its agent is free.
+	AnnotationQueued = "clipjob.paperclip.io/queued"
 )
 
 // Names and paths of what Render adds to the pod.

@@ -441,6 +441,16 @@ func (r *renderer) jobSpec() {
 	if s.ActiveDeadlineSeconds == nil && prof.ActiveDeadlineSeconds != nil {
 		s.ActiveDeadlineSeconds = ptrCopy(prof.ActiveDeadlineSeconds)
 	}
+	// In Queue mode every agent run starts suspended and waits for its
+	// turn; the claim controller unsuspends it. Marked once, so a
+	// re-render leaves a started Job alone.
+	if r.in.Config.Policy.Concurrency.Mode == config.ModeQueue && r.job.Annotations[AnnotationQueued] == "" {
+		if r.job.Annotations == nil {
+			r.job.Annotations = map[string]string{}
+		}
+		r.job.Annotations[AnnotationQueued] = "true"
+		s.Suspend = ptrTo(true)
+	}
 }
 
 // labels carries the contract labels to the pods, where NetworkPolicies and

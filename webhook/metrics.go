@@ -51,6 +51,10 @@ var (
 		Name: "clipjob_claims_released_total",
 		Help: "Claims freed by the releaser, by trigger (finished, deleted, sweep).",
 	}, []string{"trigger"})
+	queueStarts = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "clipjob_queue_started_total",
+		Help: "Queued runs (Queue mode) started because their agent became free.",
+	})
 	sourceAvailable = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "clipjob_source_available",
 		Help: "1 if the source Deployment is found and can be inherited from, else 0.",
@@ -62,7 +66,7 @@ var registerOnce sync.Once
 func registerMetrics() {
 	registerOnce.Do(func() {
 		metrics.Registry.MustRegister(admissionTotal, admissionDuration, configReloads,
-			configLastReloadOK, configInfo, sourceAvailable, policyDecisions, claimConflicts, claimRetries, claimsReleased)
+			configLastReloadOK, configInfo, sourceAvailable, policyDecisions, claimConflicts, claimRetries, claimsReleased, queueStarts)
 	})
 }
 

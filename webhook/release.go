@@ -2,25 +2,29 @@ package webhook
 
 import (
 	"context"
+	"sort"
 	"time"
 
 	"github.com/go-logr/logr"
 	batchv1 "k8s.io/api/batch/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/policy"
 	"github.com/paperclipai/clipjob/templates"
 )
 
-// Releaser frees an agent's claim as soon as its Job finishes or is
-// deleted, and sweeps stale claims periodically. It runs on the elected
-// leader only; the admission path never depends on it (a claim whose Job
-// finished is free to take anyway), it only keeps claims from piling up
-// and makes "deleted" visible without waiting for the grace window.
+// Releaser is the claim controller. It frees an agent's claim as soon as
+// its Job finishes or is deleted, sweeps stale claims periodically, and in
+// Queue mode starts the oldest queued run of an agent that became free. It
+// runs on the elected leader only. Admission never depends on it for
+// safety: a claim whose Job finished is free to take anyway, and starting
+// a queued run goes through the validating webhook like any unsuspend.
 type Releaser struct {
 	Client  kubernetes.Interface
 	Claims  *policy.Claims
@@ -28,10 +32,14 @@ type Releaser struct {
 	// SweepInterval between full sweeps. Default 1m.
 	SweepInterval time.Duration
 	Log           logr.Logger
+
+	jobs cache.Indexer
 }
 
 // NeedLeaderElection makes the manager run it on the leader only.
 func (r *Releaser) NeedLeaderElection() bool { return true }
+
+const byAgent = "agent"
 
 // Start implements manager.Runnable.
 func (r *Releaser) Start(ctx context.Context) error {
@@ -48,8 +56,16 @@ func (r *Releaser) Start(ctx context.Context) error {
 			return r.Client.BatchV1().Jobs(metav1.NamespaceAll).Watch(ctx, o)
 		},
 	}
-	inf := cache.NewSharedIndexInformer(lw, &batchv1.Job{}, 0, cache.Indexers{})
+	inf := cache.NewSharedIndexInformer(lw, &batchv1.Job{}, 0, cache.Indexers{byAgent: func(obj any) ([]string, error) {
+		return []string{obj.(*batchv1.Job).Labels[templates.LabelAgentID]}, nil
+	}})
+	r.jobs = inf.GetIndexer()
 	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if job, ok := obj.(*batchv1.Job); ok && queued(job) {
+				r.startNext(ctx, job)
+			}
+		},
 		UpdateFunc: func(_, obj any) {
 			if job, ok := obj.(*batchv1.Job); ok && (policy.Finished(job) || policy.Deleted(job)) {
 				r.release(ctx, job, "finished")
@@ -68,7 +84,7 @@ func (r *Releaser) Start(ctx context.Context) error {
 		return err
 	}
 	go inf.Run(ctx.Done())
-	r.Log.Info("claim releaser started", "sweepInterval", r.SweepInterval)
+	r.Log.Info("claim controller started", "sweepInterval", r.SweepInterval)
 	t := time.NewTicker(r.SweepInterval)
 	defer t.Stop()
 	for {
@@ -85,6 +101,7 @@ func (r *Releaser) Start(ctx context.Context) error {
 				claimsReleased.WithLabelValues("sweep").Add(float64(n))
 				r.Log.Info("released stale claims", "count", n)
 			}
+			r.startAllQueued(ctx)
 		}
 	}
 }
@@ -98,5 +115,75 @@ func (r *Releaser) release(ctx context.Context, job *batchv1.Job, trigger string
 	if ok {
 		claimsReleased.WithLabelValues(trigger).Inc()
 		r.Log.V(1).Info("claim released", "job", job.Namespace+"/"+job.Name, "agent", job.Labels[templates.LabelAgentID], "trigger", trigger)
+	}
+	r.startNext(ctx, job)
+}
+
+// queued reports whether a Job waits for its turn.
+func queued(job *batchv1.Job) bool {
+	return job.Annotations[templates.AnnotationQueued] == "true" && job.Spec.Suspend != nil && *job.Spec.Suspend &&
+		job.DeletionTimestamp == nil && !policy.Finished(job)
+}
+
+// startNext starts the oldest queued run of job's agent (in the claim's
+// scope) if the agent is free: it takes the claim for it, then unsuspends
+// it. The unsuspend is admitted because that Job now holds the claim.
+func (r *Releaser) startNext(ctx context.Context, job *batchv1.Job) {
+	cc := r.Configs.Current().Policy.Concurrency
+	if cc.Mode != config.ModeQueue || r.jobs == nil {
+		return
+	}
+	objs, err := r.jobs.ByIndex(byAgent, job.Labels[templates.LabelAgentID])
+	if err != nil {
+		return
+	}
+	var waiting []*batchv1.Job
+	for _, o := range objs {
+		j := o.(*batchv1.Job)
+		if queued(j) && (cc.Scope == config.ScopeCluster || j.Namespace == job.Namespace) {
+			waiting = append(waiting, j)
+		}
+	}
+	if len(waiting) == 0 {
+		return
+	}
+	sort.Slice(waiting, func(a, b int) bool {
+		ta, tb := waiting[a].CreationTimestamp, waiting[b].CreationTimestamp
+		if !ta.Equal(&tb) {
+			return ta.Before(&tb)
+		}
+		return waiting[a].Name < waiting[b].Name
+	})
+	next := waiting[0]
+	if err := r.Claims.Acquire(ctx, next, cc, false); err != nil {
+		if !policy.IsBusy(err) {
+			r.Log.Error(err, "claiming for a queued run", "job", next.Namespace+"/"+next.Name)
+		}
+		return
+	}
+	patch := []byte(`{"spec":{"suspend":false}}`)
+	if _, err := r.Client.BatchV1().Jobs(next.Namespace).Patch(ctx, next.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		r.Log.Error(err, "starting a queued run", "job", next.Namespace+"/"+next.Name)
+		_, _ = r.Claims.Release(ctx, next, cc)
+		return
+	}
+	queueStarts.Inc()
+	r.Log.Info("queued run started", "job", next.Namespace+"/"+next.Name, "agent", next.Labels[templates.LabelAgentID], "waiting", len(waiting)-1)
+}
+
+// startAllQueued catches runs whose agent became free while no event said
+// so (a claim swept, the controller restarted).
+func (r *Releaser) startAllQueued(ctx context.Context) {
+	if r.jobs == nil || r.Configs.Current().Policy.Concurrency.Mode != config.ModeQueue {
+		return
+	}
+	seen := map[string]bool{}
+	for _, o := range r.jobs.List() {
+		j := o.(*batchv1.Job)
+		key := j.Namespace + "/" + j.Labels[templates.LabelAgentID]
+		if queued(j) && !seen[key] {
+			seen[key] = true
+			r.startNext(ctx, j)
+		}
 	}
 }

@@ -84,7 +84,7 @@ func (v *Validator) validate(ctx context.Context, req admission.Request) (admiss
 		}
 		return denial(http.StatusForbidden, metav1.StatusReasonForbidden, d.Errs.ToAggregate().Error()).WithWarnings(d.Warnings...), OutcomeDenied
 	}
-	if op == policy.Create && cfg.Policy.Concurrency.Mode == config.ModeReject {
+	if needsClaim(op, job, old, cfg.Policy.Concurrency.Mode) {
 		dryRun := req.DryRun != nil && *req.DryRun
 		err := v.Claims.Acquire(ctx, job, cfg.Policy.Concurrency, dryRun)
 		switch {
@@ -99,6 +99,22 @@ func (v *Validator) validate(ctx context.Context, req admission.Request) (admiss
 		policyDecisions.WithLabelValues(policy.RuleConcurrency, "allowed").Inc()
 	}
 	return admission.Allowed("").WithWarnings(d.Warnings...), OutcomeAllowed
+}
+
+// needsClaim says whether this admission must hold the agent's claim: a
+// run that starts now. In Reject mode every created run claims; in Queue
+// mode a run created suspended waits without one. In both, unsuspending a
+// run claims, so nobody starts a queued run out of turn.
+func needsClaim(op policy.Operation, job, old *batchv1.Job, mode config.ConcurrencyMode) bool {
+	suspended := func(j *batchv1.Job) bool { return j.Spec.Suspend != nil && *j.Spec.Suspend }
+	switch {
+	case mode == config.ModeOff:
+		return false
+	case op == policy.Create:
+		return mode == config.ModeReject || !suspended(job)
+	default:
+		return old != nil && suspended(old) && !suspended(job)
+	}
 }
 
 // notInternal keeps, through Filter, only internal errors (lookups that

@@ -1,0 +1,84 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/paperclipai/clipjob/templates"
+)
+
+func suspended(j *batchv1.Job) bool { return j.Spec.Suspend != nil && *j.Spec.Suspend }
+
+// waitStarted waits until the claim controller has unsuspended the Job.
+func waitStarted(ctx context.Context, t *testing.T, name string) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		j, err := env.cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
+		return err == nil && !suspended(j), nil
+	})
+	if err != nil {
+		t.Fatalf("queued run %s was not started", name)
+	}
+}
+
+func assertWaiting(ctx context.Context, t *testing.T, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		j, err := env.cs.BatchV1().Jobs(ns).Get(ctx, n, metav1.GetOptions{})
+		if err != nil || !suspended(j) {
+			t.Errorf("run %s should still wait (suspended); err %v", n, err)
+		}
+	}
+}
+
+// TestQueueMode: with policy.concurrency.mode Queue, three runs of one
+// agent are all admitted, start one at a time in creation order as each
+// previous run ends, and nobody can start one out of turn.
+func TestQueueMode(t *testing.T) {
+	ctx := ctxT(t)
+	original, err := os.ReadFile(env.webhook.ConfigFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { writeConfig(context.Background(), t, string(original), true) })
+	writeConfig(ctx, t, string(original)+"policy:\n  concurrency:\n    mode: Queue\n", true)
+
+	var names []string
+	for i := 0; i < 3; i++ {
+		job := bareJob(t, fmt.Sprintf("e2e-queue-%d", i))
+		job.Labels[templates.LabelAgentID] = "agent-queue"
+		stored, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("run %d refused in Queue mode: %v", i, err)
+		}
+		if stored.Annotations[templates.AnnotationQueued] != "true" || !suspended(stored) {
+			t.Fatalf("run %d not admitted as queued: suspend %v", i, stored.Spec.Suspend)
+		}
+		names = append(names, job.Name)
+		time.Sleep(1100 * time.Millisecond) // creation order is by the second
+	}
+	waitStarted(ctx, t, names[0])
+	assertWaiting(ctx, t, names[1], names[2])
+
+	// Starting a waiting run by hand takes the claim, which is held: 409.
+	_, err = env.cs.BatchV1().Jobs(ns).Patch(ctx, names[2], types.MergePatchType, []byte(`{"spec":{"suspend":false}}`), metav1.PatchOptions{})
+	if !apierrors.IsConflict(err) {
+		t.Fatalf("unsuspending a queued run out of turn: want 409, got %v", err)
+	}
+
+	finishRun(ctx, t, names[0], "0")
+	waitStarted(ctx, t, names[1])
+	assertWaiting(ctx, t, names[2])
+
+	finishRun(ctx, t, names[1], "1")
+	waitStarted(ctx, t, names[2])
+}
