@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -41,6 +43,9 @@ func relayClient() *http.Client {
 	return relayHTTP.c
 }
 
+// sharedDir stands in for the shared volume the relay mirrors runs to.
+func sharedDir() string { return filepath.Join(env.cluster.Dir, "shared") }
+
 var relayOnce struct {
 	sync.Once
 	r                       *harness.Relay
@@ -60,7 +65,7 @@ func theRelay(t *testing.T) (*harness.Relay, string, string) {
 			relayOnce.err = err
 			return
 		}
-		relayOnce.r, err = harness.StartRelay(ctx, env.cluster, bin, "relay", ns)
+		relayOnce.r, err = harness.StartRelay(ctx, env.cluster, bin, "relay", ns, "--mirror-dir", sharedDir())
 		if err != nil {
 			relayOnce.err = err
 			return
@@ -309,6 +314,11 @@ func breakMidRun(t *testing.T, name string, breakIt func(context.Context) error)
 	finishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
 	waitRun(ctx, t, r, token, run, func(x *relay.Run) bool { return x.Done })
 	exactlyOnce(t, plainLog(t, r, token, run), want)
+	mirror, err := os.ReadFile(filepath.Join(sharedDir(), "run-logs", "acme", "agent-"+name, run+".pod.ndjson"))
+	if err != nil {
+		t.Fatalf("no NDJSON mirror: %v", err)
+	}
+	exactlyOnce(t, strings.Split(strings.TrimSuffix(string(mirror), "\n"), "\n"), want)
 }
 
 // waitStored waits until the relay has stored some lines of run and
@@ -373,6 +383,12 @@ func TestRelayKeepsRunAfterJobDeleted(t *testing.T) {
 		t.Errorf("run after deletion: %+v", got)
 	}
 	exactlyOnce(t, plainLog(t, r, token, run), lines)
+	// The NDJSON mirror, where Paperclip's Claude adapter reads it.
+	mirror, err := os.ReadFile(filepath.Join(sharedDir(), "run-logs", "acme", "agent-e2e-relay-ttl", run+".pod.ndjson"))
+	if err != nil {
+		t.Fatalf("no NDJSON mirror: %v", err)
+	}
+	exactlyOnce(t, strings.Split(strings.TrimSuffix(string(mirror), "\n"), "\n"), lines)
 
 	for _, c := range []struct {
 		token string

@@ -26,7 +26,9 @@ type Collector struct {
 	Follow FollowOptions
 	// MaxStreams bounds the log streams open at once. Default 200.
 	MaxStreams int
-	Log        logr.Logger
+	// Mirror, when set, keeps each run's NDJSON file on the shared volume.
+	Mirror *Mirror
+	Log    logr.Logger
 
 	ctx   context.Context
 	slots chan struct{}
@@ -129,7 +131,7 @@ func (c *Collector) follow(ref StreamRef) {
 	c.mu.Unlock()
 
 	f := &follower{ref: ref, src: c.Source, store: c.Store, redact: c.Redact, opts: c.Follow, slots: c.slots,
-		log: c.Log, state: func() containerState { return c.containerState(ref) }}
+		log: c.Log, state: func() containerState { return c.containerState(ref) }, committed: func() { c.mirror(ref.Run) }}
 	c.Log.V(1).Info("following", "run", ref.Run, "pod", ref.Namespace+"/"+ref.Pod, "container", ref.Container)
 	c.wg.Add(1)
 	go func() {
@@ -228,9 +230,16 @@ func (c *Collector) finish(run string, gone bool) error {
 		r.Done = true
 	})
 	if err == nil {
+		c.mirror(run)
 		c.Log.Info("run collected", "run", run, "phase", rec.Phase, "lines", rec.LastSeq)
 	}
 	return err
+}
+
+func (c *Collector) mirror(run string) {
+	if err := c.Mirror.Sync(run); err != nil {
+		c.Log.Error(err, "mirroring the run's NDJSON file", "run", run)
+	}
 }
 
 // describe copies what the pod says about its run into the record.
@@ -249,6 +258,9 @@ func describe(r *Run, pod *corev1.Pod) {
 	}
 	for _, c := range pod.Spec.Containers {
 		r.Containers = append(r.Containers, c.Name)
+	}
+	if len(pod.Spec.Containers) > 0 {
+		r.MainContainer = pod.Spec.Containers[0].Name
 	}
 	if pod.Status.Phase != "" {
 		r.Phase = string(pod.Status.Phase)

@@ -98,6 +98,8 @@ type follower struct {
 	state  func() containerState
 	slots  chan struct{} // bounds open streams
 	log    logr.Logger
+	// committed, when set, runs after each commit (the NDJSON mirror).
+	committed func()
 }
 
 // run follows until the container's log is drained or ctx ends.
@@ -214,6 +216,9 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 		// Time spent committing is not idle time: lines may have queued
 		// up behind a slow fsync.
 		lastLine = time.Now()
+		if f.committed != nil {
+			f.committed()
+		}
 		return nil
 	}
 	tick := time.NewTicker(f.opts.BatchWait)

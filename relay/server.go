@@ -53,6 +53,10 @@ type Options struct {
 	// secrets) are removed from lines before storage, besides the built-in
 	// token patterns.
 	RedactPatterns, RedactValues []string
+	// MirrorDir, when set, is the shared volume's data directory: each
+	// run's agent output is kept as run-logs/<company>/<agent>/<run>.pod.ndjson
+	// there, where Paperclip's Claude adapter reads it. Default: off.
+	MirrorDir string
 	// TokenAudiences a caller's token must be for. Default: the API
 	// server's.
 	TokenAudiences []string
@@ -109,7 +113,7 @@ func Serve(ctx context.Context, o Options) error {
 	listers := map[string]listersv1.PodLister{}
 	var synced []cache.InformerSynced
 	coll := &Collector{Store: store, Source: APILogSource{Client: client}, Redact: redact, Follow: o.Follow,
-		MaxStreams: o.MaxStreams, Log: log.WithName("collector"),
+		MaxStreams: o.MaxStreams, Log: log.WithName("collector"), Mirror: &Mirror{Dir: o.MirrorDir, Store: store},
 		Pods: func(ns, name string) *corev1.Pod {
 			l, ok := listers[ns]
 			if !ok {

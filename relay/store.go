@@ -45,6 +45,8 @@ type Run struct {
 	Session    string     `json:"session,omitempty"`
 	Adapter    string     `json:"adapter,omitempty"`
 	Containers []string   `json:"containers,omitempty"`
+	// MainContainer is the agent's (first app) container.
+	MainContainer string `json:"mainContainer,omitempty"`
 	// Phase is the pod's: Pending, Running, Succeeded, Failed, or Unknown
 	// (the pod vanished before it was seen to end).
 	Phase      string     `json:"phase"`
@@ -311,6 +313,11 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) (int
 			}
 			if err := tx.Bucket(bucketLines).DeleteBucket([]byte(id)); err != nil && !errors.Is(err, berrors.ErrBucketNotFound) {
 				return err
+			}
+			if b := tx.Bucket(bucketMirror); b != nil {
+				if err := b.Delete([]byte(id)); err != nil {
+					return err
+				}
 			}
 			c := tx.Bucket(bucketCursors).Cursor()
 			prefix := cursorKey(id, "")

@@ -37,6 +37,7 @@ func main() {
 	flag.Int64Var(&o.RetentionMaxBytes, "retention-max-bytes", 0, "delete the oldest finished runs beyond this many stored bytes (default unbounded)")
 	flag.Var(&patterns, "redact-pattern", "regular expression to redact before storage (repeatable)")
 	flag.StringVar(&valuesFile, "redact-values-file", "", "file of secret values to redact, one per line (e.g. a mounted Secret)")
+	flag.StringVar(&o.MirrorDir, "mirror-dir", "", "also keep each run's agent output as run-logs/<company>/<agent>/<run>.pod.ndjson under this directory (the shared volume), as Paperclip's Claude adapter reads it")
 	flag.Var(&audiences, "token-audience", "audience callers' tokens must be for (repeatable; default the API server's)")
 	zo := zap.Options{}
 	zo.BindFlags(flag.CommandLine)
