@@ -48,10 +48,19 @@ type JobAPI interface {
 	Get(ctx context.Context, namespace, name string) (*batchv1.Job, error)
 }
 
+// PodsAPI counts a Job's pods that have not finished, whatever became of
+// the Job: a Job deleted in the background, or marked Failed, can leave
+// pods still terminating, and they still write to the shared volume.
+type PodsAPI interface {
+	Running(ctx context.Context, namespace, jobUID string) (int, error)
+}
+
 // Claims grants at most one active run per agent.
 type Claims struct {
 	Leases LeaseAPI
 	Jobs   JobAPI
+	// Pods, when set, keeps a claim until its Job's pods are gone.
+	Pods PodsAPI
 	// Clock is the time source. Default the real clock.
 	Clock clock.PassiveClock
 	// MaxAttempts bounds the read-decide-write loop under write conflicts.
@@ -80,6 +89,9 @@ func (e *BusyError) Error() string {
 	if h.Pending {
 		msg += ", admitted but not yet stored"
 	}
+	if h.Terminating > 0 {
+		msg += fmt.Sprintf(", ended but %d pod(s) still terminating", h.Terminating)
+	}
 	return msg + "; a new run is admitted once it completes, fails or is deleted"
 }
 
@@ -89,6 +101,8 @@ type Holder struct {
 	Since                       time.Time
 	// Pending: admitted, not (yet) found in the API.
 	Pending bool
+	// Terminating counts pods of an ended Job that have not finished.
+	Terminating int
 }
 
 // ClaimKey is where an agent's claim lives.
@@ -219,29 +233,49 @@ func (c *Claims) free(ctx context.Context, lease *coordinationv1.Lease, grace ti
 	if h.Name == "" {
 		return true, h, nil
 	}
+	ended, err := c.ended(ctx, &h, grace)
+	if err != nil || !ended {
+		return false, h, err
+	}
+	// The run is over as far as the Job goes; its pods may not be.
+	if c.Pods != nil && h.UID != "" {
+		n, err := c.Pods.Running(ctx, h.Namespace, h.UID)
+		if err != nil {
+			return false, h, err
+		}
+		h.Terminating = n
+		return n == 0, h, nil
+	}
+	return true, h, nil
+}
+
+// ended decides from the holder Job alone: completed or failed, being
+// deleted with no pod left, replaced by another Job of the same name,
+// never started (suspended) or never stored within the grace window.
+func (c *Claims) ended(ctx context.Context, h *Holder, grace time.Duration) (bool, error) {
 	job, err := c.Jobs.Get(ctx, h.Namespace, h.Name)
 	switch {
 	case apierrors.IsNotFound(err):
 		h.Pending = true
-		return c.now().Sub(h.Since) > grace, h, nil
+		return c.now().Sub(h.Since) > grace, nil
 	case err != nil:
-		return false, h, err
+		return false, err
 	}
 	if job.UID != "" && h.UID != "" && string(job.UID) != h.UID {
-		return true, h, nil
+		return true, nil
 	}
 	if Finished(job) || Deleted(job) {
-		return true, h, nil
+		return true, nil
 	}
 	// A holder still suspended after the grace window was never started
 	// (Queue mode: claimed, then its unsuspend failed): it runs nothing.
-	if job.Spec.Suspend != nil && *job.Spec.Suspend && c.now().Sub(h.Since) > grace {
-		return true, h, nil
+	if job.Spec.Suspend != nil && *job.Spec.Suspend && job.Status.Active == 0 && c.now().Sub(h.Since) > grace {
+		return true, nil
 	}
 	if job.Status.StartTime != nil {
 		h.Since = job.Status.StartTime.Time
 	}
-	return false, h, nil
+	return false, nil
 }
 
 // Finished reports whether a Job has completed or failed.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -386,5 +387,36 @@ func TestKeyFor(t *testing.T) {
 			t.Errorf("agents %q and %q share claim %s", prev, agent, k.Name)
 		}
 		seen[k.Name] = agent
+	}
+}
+
+type fakePods map[string]int // job UID -> pods not finished
+
+func (f fakePods) Running(_ context.Context, _, uid string) (int, error) { return f[uid], nil }
+
+// TestClaimHeldWhilePodsTerminate: a Job that failed, or was deleted in
+// the background, can leave pods still running; its agent stays busy until
+// they are gone, and the releaser does not free the claim early.
+func TestClaimHeldWhilePodsTerminate(t *testing.T) {
+	ctx := context.Background()
+	c, _, jobs, _ := newClaims()
+	pods := fakePods{}
+	c.Pods = pods
+	holder := agentJob("run-1", "agent-1")
+	if err := c.Acquire(ctx, holder, nsScope, false); err != nil {
+		t.Fatal(err)
+	}
+	jobs.put(finish(holder.DeepCopy(), batchv1.JobFailed))
+	pods[string(holder.UID)] = 1
+	err := c.Acquire(ctx, agentJob("run-2", "agent-1"), nsScope, false)
+	if !IsBusy(err) || !strings.Contains(err.Error(), "ended but 1 pod(s) still terminating") {
+		t.Fatalf("want busy while the pod terminates, got %v", err)
+	}
+	if ok, _ := c.Release(ctx, holder, nsScope); ok {
+		t.Fatal("released while a pod still runs")
+	}
+	pods[string(holder.UID)] = 0
+	if err := c.Acquire(ctx, agentJob("run-2", "agent-1"), nsScope, false); err != nil {
+		t.Fatalf("agent not free once the pods are gone: %v", err)
 	}
 }

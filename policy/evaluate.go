@@ -7,6 +7,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -26,6 +27,7 @@ const (
 	RulePodSecurity = "pod-security"
 	RuleVolume      = "volume"
 	RuleConcurrency = "concurrency"
+	RuleTemplate    = "template"
 )
 
 var (
@@ -84,14 +86,15 @@ func (d *Decision) add(rule string, errs field.ErrorList) {
 	}
 }
 
-// Evaluate checks an agent Job. On UPDATE only label integrity is checked:
-// a Job's pod template is immutable once created, and other fields change
-// through controllers (owner references, finalizers) that must not be
-// refused because, say, the claim was deleted later.
+// Evaluate checks an agent Job. On UPDATE only label integrity and the
+// unchanged pod template are checked: other fields change through
+// controllers (owner references, finalizers) that must not be refused
+// because, say, the claim was deleted later.
 func Evaluate(in Input) *Decision {
 	d := &Decision{}
 	d.add(RuleLabels, checkLabels(in))
 	if in.Operation == Update {
+		d.add(RuleTemplate, checkTemplateUnchanged(in))
 		return d
 	}
 	d.add(RuleNamespace, checkNamespace(in))
@@ -103,6 +106,20 @@ func Evaluate(in Input) *Decision {
 	d.add(RuleVolume, volErrs)
 	d.Warnings = append(d.Warnings, volWarn...)
 	return d
+}
+
+// checkTemplateUnchanged keeps the pod template as it was admitted. The
+// API server lets a Job that is suspended and never started change its
+// template's labels, annotations, node selector, tolerations and
+// scheduling gates; a queued agent run is exactly such a Job, and every
+// other rule was checked on the template it had then.
+func checkTemplateUnchanged(in Input) field.ErrorList {
+	if in.Old == nil || !templates.IsAgentJob(in.Old.Labels) ||
+		equality.Semantic.DeepEqual(in.Old.Spec.Template, in.Job.Spec.Template) {
+		return nil
+	}
+	return field.ErrorList{field.Forbidden(tplPath,
+		"the pod template of an agent Job is fixed once admitted (clipjob checked that one); create a new Job instead")}
 }
 
 func checkNamespace(in Input) field.ErrorList {

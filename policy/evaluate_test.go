@@ -168,7 +168,11 @@ func TestEvaluateUpdate(t *testing.T) {
 			`metadata.labels[paperclip.io/agent-id]: Invalid value: "agent-other": is immutable (was "agent-7f3a")`},
 		{"agent removed", func(j *batchv1.Job) { delete(j.Labels, "paperclip.io/agent-id") }, "is immutable"},
 		{"run changed", func(j *batchv1.Job) { j.Labels["paperclip.io/run-id"] = "r2" }, "paperclip.io/run-id"},
-		{"other rules not rechecked", func(j *batchv1.Job) { j.Spec.Template.Spec.Containers[0].Image = "evil/x:1" }, ""},
+		{"suspend toggled", func(j *batchv1.Job) { j.Spec.Suspend = ptr.To(false) }, ""},
+		{"template changed while suspended", func(j *batchv1.Job) {
+			j.Spec.Template.Spec.Tolerations = []corev1.Toleration{{Operator: corev1.TolerationOpExists}}
+		}, "spec.template: Forbidden: the pod template of an agent Job is fixed once admitted"},
+		{"egress label widened on the template", func(j *batchv1.Job) { j.Spec.Template.Labels["paperclip.io/egress-profile"] = "open" }, "spec.template: Forbidden"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

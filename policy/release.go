@@ -26,6 +26,11 @@ func (c *Claims) Release(ctx context.Context, job *batchv1.Job, cfg config.Concu
 	if h := HolderOf(lease); h.UID != string(job.UID) || h.Namespace != job.Namespace || h.Name != job.Name {
 		return false, nil
 	}
+	if c.Pods != nil {
+		if n, err := c.Pods.Running(ctx, job.Namespace, string(job.UID)); err != nil || n > 0 {
+			return false, err // not yet: the caller retries, the sweep catches it
+		}
+	}
 	err = c.Leases.Delete(ctx, key.Namespace, key.Name, lease.ResourceVersion)
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		return false, nil

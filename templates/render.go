@@ -442,9 +442,10 @@ func (r *renderer) jobSpec() {
 		s.ActiveDeadlineSeconds = ptrCopy(prof.ActiveDeadlineSeconds)
 	}
 	// In Queue mode every agent run starts suspended and waits for its
-	// turn; the claim controller unsuspends it. Marked once, so a
-	// re-render leaves a started Job alone.
-	if r.in.Config.Policy.Concurrency.Mode == config.ModeQueue && r.job.Annotations[AnnotationQueued] == "" {
+	// turn; the claim controller unsuspends it. Always, whatever the client
+	// set: the mutating webhook sees only CREATE, so a started Job is never
+	// re-rendered, and a client cannot skip the queue.
+	if r.in.Config.Policy.Concurrency.Mode == config.ModeQueue {
 		if r.job.Annotations == nil {
 			r.job.Annotations = map[string]string{}
 		}

@@ -72,7 +72,27 @@ func livePVCs(cs kubernetes.Interface) PVCGetter {
 	}
 }
 
+type podsAPI struct{ cs kubernetes.Interface }
+
+var _ policy.PodsAPI = podsAPI{}
+
+// Running counts the Job's pods (by the controller-uid label the Job
+// controller sets) that have not succeeded or failed.
+func (p podsAPI) Running(ctx context.Context, ns, jobUID string) (int, error) {
+	list, err := p.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: batchv1.ControllerUidLabel + "=" + jobUID})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, pod := range list.Items {
+		if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+			n++
+		}
+	}
+	return n, nil
+}
+
 // NewClaims returns run claims backed by the API server.
 func NewClaims(cs kubernetes.Interface) *policy.Claims {
-	return &policy.Claims{Leases: leaseAPI{cs}, Jobs: jobAPI{cs}, OnRetry: func() { claimRetries.Inc() }}
+	return &policy.Claims{Leases: leaseAPI{cs}, Jobs: jobAPI{cs}, Pods: podsAPI{cs}, OnRetry: func() { claimRetries.Inc() }}
 }

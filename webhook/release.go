@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"time"
 
@@ -107,16 +108,36 @@ func (r *Releaser) Start(ctx context.Context) error {
 }
 
 func (r *Releaser) release(ctx context.Context, job *batchv1.Job, trigger string) {
+	r.releaseOrRetry(ctx, job, trigger, 0)
+}
+
+// releaseOrRetry frees job's claim once its pods are gone, looking again
+// a few times (a deleted Job's pods terminate for up to their grace
+// period); the sweep catches anything later. It then starts the agent's
+// next queued run, whatever happened to the release.
+func (r *Releaser) releaseOrRetry(ctx context.Context, job *batchv1.Job, trigger string, attempt int) {
 	ok, err := r.Claims.Release(ctx, job, r.Configs.Current().Policy.Concurrency)
-	if err != nil {
+	switch {
+	case err != nil:
 		r.Log.Error(err, "releasing claim", "job", job.Namespace+"/"+job.Name)
-		return
-	}
-	if ok {
+	case ok:
 		claimsReleased.WithLabelValues(trigger).Inc()
 		r.Log.V(1).Info("claim released", "job", job.Namespace+"/"+job.Name, "agent", job.Labels[templates.LabelAgentID], "trigger", trigger)
+	case attempt < 30 && r.holds(ctx, job):
+		time.AfterFunc(2*time.Second, func() {
+			if ctx.Err() == nil {
+				r.releaseOrRetry(ctx, job, trigger, attempt+1)
+			}
+		})
 	}
 	r.startNext(ctx, job)
+}
+
+// holds reports whether job still holds its agent's claim.
+func (r *Releaser) holds(ctx context.Context, job *batchv1.Job) bool {
+	key := policy.KeyFor(job, r.Configs.Current().Policy.Concurrency)
+	lease, err := r.Claims.Leases.Get(ctx, key.Namespace, key.Name)
+	return err == nil && policy.HolderOf(lease).UID == string(job.UID)
 }
 
 // queued reports whether a Job waits for its turn.
@@ -130,7 +151,7 @@ func queued(job *batchv1.Job) bool {
 // it. The unsuspend is admitted because that Job now holds the claim.
 func (r *Releaser) startNext(ctx context.Context, job *batchv1.Job) {
 	cc := r.Configs.Current().Policy.Concurrency
-	if cc.Mode != config.ModeQueue || r.jobs == nil {
+	if r.jobs == nil {
 		return
 	}
 	objs, err := r.jobs.ByIndex(byAgent, job.Labels[templates.LabelAgentID])
@@ -140,7 +161,15 @@ func (r *Releaser) startNext(ctx context.Context, job *batchv1.Job) {
 	var waiting []*batchv1.Job
 	for _, o := range objs {
 		j := o.(*batchv1.Job)
-		if queued(j) && (cc.Scope == config.ScopeCluster || j.Namespace == job.Namespace) {
+		if cc.Scope != config.ScopeCluster && j.Namespace != job.Namespace {
+			continue
+		}
+		if running(j) && cc.Mode != config.ModeOff {
+			// A run of this agent is going, claimed or not (it may predate
+			// a switch to Queue mode): the next one waits.
+			return
+		}
+		if queued(j) {
 			waiting = append(waiting, j)
 		}
 	}
@@ -155,26 +184,41 @@ func (r *Releaser) startNext(ctx context.Context, job *batchv1.Job) {
 		return waiting[a].Name < waiting[b].Name
 	})
 	next := waiting[0]
-	if err := r.Claims.Acquire(ctx, next, cc, false); err != nil {
-		if !policy.IsBusy(err) {
-			r.Log.Error(err, "claiming for a queued run", "job", next.Namespace+"/"+next.Name)
+	if cc.Mode != config.ModeOff {
+		if err := r.Claims.Acquire(ctx, next, cc, false); err != nil {
+			if !policy.IsBusy(err) {
+				r.Log.Error(err, "claiming for a queued run", "job", next.Namespace+"/"+next.Name)
+			}
+			return
 		}
-		return
 	}
-	patch := []byte(`{"spec":{"suspend":false}}`)
+	// The UID makes the patch fail on another Job recreated under the name.
+	patch := []byte(fmt.Sprintf(`{"metadata":{"uid":%q},"spec":{"suspend":false}}`, next.UID))
 	if _, err := r.Client.BatchV1().Jobs(next.Namespace).Patch(ctx, next.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		r.Log.Error(err, "starting a queued run", "job", next.Namespace+"/"+next.Name)
-		_, _ = r.Claims.Release(ctx, next, cc)
+		// The patch may have landed although the answer was lost: free the
+		// claim only if the Job is still waiting (the grace window frees a
+		// claim of a Job that never started anyway).
+		if cur, gerr := r.Client.BatchV1().Jobs(next.Namespace).Get(ctx, next.Name, metav1.GetOptions{}); gerr == nil && cur.UID == next.UID && queued(cur) {
+			_, _ = r.Claims.Release(ctx, next, cc)
+		}
 		return
 	}
 	queueStarts.Inc()
 	r.Log.Info("queued run started", "job", next.Namespace+"/"+next.Name, "agent", next.Labels[templates.LabelAgentID], "waiting", len(waiting)-1)
 }
 
+// running reports whether a Job is a run going on now.
+func running(job *batchv1.Job) bool {
+	return (job.Spec.Suspend == nil || !*job.Spec.Suspend) && !policy.Finished(job) && job.DeletionTimestamp == nil
+}
+
 // startAllQueued catches runs whose agent became free while no event said
-// so (a claim swept, the controller restarted).
+// so (a claim swept, the controller restarted, the mode changed). Queued
+// runs are served in every mode: switching away from Queue does not strand
+// them.
 func (r *Releaser) startAllQueued(ctx context.Context) {
-	if r.jobs == nil || r.Configs.Current().Policy.Concurrency.Mode != config.ModeQueue {
+	if r.jobs == nil {
 		return
 	}
 	seen := map[string]bool{}
