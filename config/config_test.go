@@ -44,6 +44,7 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"bad concurrency", header + "policy:\n  concurrency:\n    mode: Later\n    scope: Galaxy\n",
 			[]string{`policy.concurrency.mode: Unsupported value: "Later"`, `policy.concurrency.scope: Unsupported value: "Galaxy"`}},
 		{"bad namespace", header + "policy:\n  namespaces: [Agents]\n", []string{"policy.namespaces[0]: Invalid value"}},
+		{"YAML 1.1 boolean for a mode", header + "policy:\n  concurrency:\n    mode: Off\n", []string{"policy.concurrency.mode"}},
 		{"bad pull policy", header + "defaults:\n  imagePullPolicy: Sometimes\n", []string{"defaults.imagePullPolicy: Unsupported value"}},
 	}
 	for _, tt := range tests {

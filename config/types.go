@@ -183,13 +183,14 @@ const (
 	// ModeQueue admits a busy agent's run suspended and starts it when the
 	// agent's previous run ends, oldest first.
 	ModeQueue ConcurrencyMode = "Queue"
-	// ModeOff does not limit runs per agent.
-	ModeOff ConcurrencyMode = "Off"
+	// ModeDisabled does not limit runs per agent. (Not "Off": YAML 1.1
+	// reads an unquoted Off as the boolean false.)
+	ModeDisabled ConcurrencyMode = "Disabled"
 )
 
 // Concurrency configures the per-agent run claim.
 type Concurrency struct {
-	// Mode: Reject (default), Queue or Off.
+	// Mode: Reject (default), Queue or Disabled.
 	Mode ConcurrencyMode `json:"mode,omitempty"`
 	// Scope: Namespace (default) or Cluster.
 	Scope ConcurrencyScope `json:"scope,omitempty"`

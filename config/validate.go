@@ -64,8 +64,8 @@ func validatePolicy(pol Policy, p *field.Path) field.ErrorList {
 	}
 	cp := p.Child("concurrency")
 	c := pol.Concurrency
-	if c.Mode != ModeReject && c.Mode != ModeQueue && c.Mode != ModeOff {
-		errs = append(errs, field.NotSupported(cp.Child("mode"), c.Mode, []ConcurrencyMode{ModeReject, ModeQueue, ModeOff}))
+	if c.Mode != ModeReject && c.Mode != ModeQueue && c.Mode != ModeDisabled {
+		errs = append(errs, field.NotSupported(cp.Child("mode"), c.Mode, []ConcurrencyMode{ModeReject, ModeQueue, ModeDisabled}))
 	}
 	if c.Scope != ScopeNamespace && c.Scope != ScopeCluster {
 		errs = append(errs, field.NotSupported(cp.Child("scope"), c.Scope, []ConcurrencyScope{ScopeNamespace, ScopeCluster}))

@@ -164,7 +164,7 @@ func (r *Releaser) startNext(ctx context.Context, job *batchv1.Job) {
 		if cc.Scope != config.ScopeCluster && j.Namespace != job.Namespace {
 			continue
 		}
-		if running(j) && cc.Mode != config.ModeOff {
+		if running(j) && cc.Mode != config.ModeDisabled {
 			// A run of this agent is going, claimed or not (it may predate
 			// a switch to Queue mode): the next one waits.
 			return
@@ -184,7 +184,7 @@ func (r *Releaser) startNext(ctx context.Context, job *batchv1.Job) {
 		return waiting[a].Name < waiting[b].Name
 	})
 	next := waiting[0]
-	if cc.Mode != config.ModeOff {
+	if cc.Mode != config.ModeDisabled {
 		if err := r.Claims.Acquire(ctx, next, cc, false); err != nil {
 			if !policy.IsBusy(err) {
 				r.Log.Error(err, "claiming for a queued run", "job", next.Namespace+"/"+next.Name)

@@ -108,7 +108,7 @@ func (v *Validator) validate(ctx context.Context, req admission.Request) (admiss
 func needsClaim(op policy.Operation, job, old *batchv1.Job, mode config.ConcurrencyMode) bool {
 	suspended := func(j *batchv1.Job) bool { return j.Spec.Suspend != nil && *j.Spec.Suspend }
 	switch {
-	case mode == config.ModeOff:
+	case mode == config.ModeDisabled:
 		return false
 	case op == policy.Create:
 		return mode == config.ModeReject || !suspended(job)
