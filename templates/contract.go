@@ -29,6 +29,9 @@ const (
 	// AnnotationQueued marks a Job admitted suspended in Queue mode: the
 	// claim controller starts it when its agent is free.
 	AnnotationQueued = "clipjob.paperclip.io/queued"
+	// AnnotationQueueError marks a queued run that could not be started
+	// (the last error); the queue moves past it. Remove it to retry.
+	AnnotationQueueError = "clipjob.paperclip.io/queue-error"
 )
 
 // Names and paths of what Render adds to the pod.

@@ -2,8 +2,10 @@ package webhook
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -35,7 +37,14 @@ type Releaser struct {
 	Log           logr.Logger
 
 	jobs cache.Indexer
+
+	mu       sync.Mutex
+	failures map[types.UID]int // failed starts of a queued run
 }
+
+// maxStartFailures is how often the oldest queued run may fail to start
+// before the queue moves past it.
+const maxStartFailures = 3
 
 // NeedLeaderElection makes the manager run it on the leader only.
 func (r *Releaser) NeedLeaderElection() bool { return true }
@@ -142,8 +151,8 @@ func (r *Releaser) holds(ctx context.Context, job *batchv1.Job) bool {
 
 // queued reports whether a Job waits for its turn.
 func queued(job *batchv1.Job) bool {
-	return job.Annotations[templates.AnnotationQueued] == "true" && job.Spec.Suspend != nil && *job.Spec.Suspend &&
-		job.DeletionTimestamp == nil && !policy.Finished(job)
+	return job.Annotations[templates.AnnotationQueued] == "true" && job.Annotations[templates.AnnotationQueueError] == "" &&
+		job.Spec.Suspend != nil && *job.Spec.Suspend && job.DeletionTimestamp == nil && !policy.Finished(job)
 }
 
 // startNext starts the oldest queued run of job's agent (in the claim's
@@ -201,11 +210,43 @@ func (r *Releaser) startNext(ctx context.Context, job *batchv1.Job) {
 		// claim of a Job that never started anyway).
 		if cur, gerr := r.Client.BatchV1().Jobs(next.Namespace).Get(ctx, next.Name, metav1.GetOptions{}); gerr == nil && cur.UID == next.UID && queued(cur) {
 			_, _ = r.Claims.Release(ctx, next, cc)
+			r.startFailed(ctx, next, err)
 		}
 		return
 	}
+	r.mu.Lock()
+	delete(r.failures, next.UID)
+	r.mu.Unlock()
 	queueStarts.Inc()
 	r.Log.Info("queued run started", "job", next.Namespace+"/"+next.Name, "agent", next.Labels[templates.LabelAgentID], "waiting", len(waiting)-1)
+}
+
+// startFailed counts a failed start; after maxStartFailures the run is
+// marked with the error and the queue moves past it, so one run that can
+// never start (say another admission policy refuses it) does not block
+// its agent forever.
+func (r *Releaser) startFailed(ctx context.Context, job *batchv1.Job, cause error) {
+	r.mu.Lock()
+	if r.failures == nil {
+		r.failures = map[types.UID]int{}
+	}
+	r.failures[job.UID]++
+	n := r.failures[job.UID]
+	r.mu.Unlock()
+	if n < maxStartFailures {
+		return
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"uid": job.UID,
+		"annotations": map[string]string{templates.AnnotationQueueError: cause.Error()}}})
+	if _, err := r.Client.BatchV1().Jobs(job.Namespace).Patch(ctx, job.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		r.Log.Error(err, "marking a queued run that cannot start", "job", job.Namespace+"/"+job.Name)
+		return
+	}
+	r.mu.Lock()
+	delete(r.failures, job.UID)
+	r.mu.Unlock()
+	r.Log.Info("queued run skipped: it failed to start "+fmt.Sprint(maxStartFailures)+" times; remove the annotation to retry it",
+		"job", job.Namespace+"/"+job.Name, "annotation", templates.AnnotationQueueError, "error", cause.Error())
 }
 
 // running reports whether a Job is a run going on now.

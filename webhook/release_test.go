@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,5 +130,33 @@ func TestStartNextFailedPatch(t *testing.T) {
 		if !landed && len(leases.Items) != 0 {
 			t.Error("the claim of a run that never started was kept")
 		}
+	}
+}
+
+// TestStartNextMovesPastARunThatCannotStart: a run whose start always
+// fails is marked after maxStartFailures attempts and the next one starts.
+func TestStartNextMovesPastARunThatCannotStart(t *testing.T) {
+	now := time.Now()
+	stuck, next := queueJob("stuck", now, true, true), queueJob("next", now.Add(time.Second), true, true)
+	r, cs := testController(t, "Queue", stuck, next)
+	cs.PrependReactor("patch", "jobs", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		p := a.(clienttesting.PatchAction)
+		if p.GetName() == "stuck" && strings.Contains(string(p.GetPatch()), "suspend") {
+			return true, nil, errors.New(`admission webhook "other.policy" denied the request`)
+		}
+		return false, nil, nil
+	})
+	for i := 0; i < maxStartFailures; i++ {
+		r.startNext(context.Background(), stuck)
+	}
+	j, _ := cs.BatchV1().Jobs("paperclip").Get(context.Background(), "stuck", metav1.GetOptions{})
+	if j.Annotations[templates.AnnotationQueueError] == "" {
+		t.Fatalf("the run that cannot start was not marked: %v", j.Annotations)
+	}
+	_ = r.jobs.Update(j) // as the informer would show it
+	r.startNext(context.Background(), stuck)
+	got, _ := cs.BatchV1().Jobs("paperclip").Get(context.Background(), "next", metav1.GetOptions{})
+	if got.Spec.Suspend == nil || *got.Spec.Suspend {
+		t.Error("the queue did not move past the run that cannot start")
 	}
 }
