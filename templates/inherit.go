@@ -2,7 +2,9 @@ package templates
 
 import (
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -35,6 +37,12 @@ type Inherited struct {
 	// Env is the container's env, literal and valueFrom, unfiltered.
 	Env     []corev1.EnvVar        `json:"env,omitempty"`
 	EnvFrom []corev1.EnvFromSource `json:"envFrom,omitempty"`
+
+	// hashes memoizes TemplateHash per configuration and profile: it is a
+	// third of a render's time and depends on nothing in the Job. The
+	// webhook keeps one Inherited per source revision, so this lives as
+	// long as the values it hashes.
+	hashes sync.Map
 }
 
 // SourceError says why a source workload cannot be inherited from. The
@@ -117,19 +125,10 @@ func filterEnv(env []corev1.EnvVar, f config.EnvFilter, envKeys []string) []core
 		if config.MatchAny(f.Deny, e.Name) {
 			continue
 		}
-		if len(f.Allow) > 0 && !config.MatchAny(f.Allow, e.Name) && !contains(envKeys, e.Name) {
+		if len(f.Allow) > 0 && !config.MatchAny(f.Allow, e.Name) && !slices.Contains(envKeys, e.Name) {
 			continue
 		}
 		out = append(out, e)
 	}
 	return out
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

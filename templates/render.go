@@ -478,7 +478,17 @@ func (r *renderer) annotate() {
 	}
 	r.job.Annotations[AnnotationProfile] = r.prof.Name
 	r.job.Annotations[AnnotationSource] = r.in.Inherited.Source + " " + r.in.Inherited.Revision
-	r.job.Annotations[AnnotationTemplateHash] = TemplateHash(r.prof, r.in.Inherited, r.in.Config.Source)
+	r.job.Annotations[AnnotationTemplateHash] = r.templateHash()
+}
+
+func (r *renderer) templateHash() string {
+	key := r.in.Config.Hash() + "\x00" + r.prof.Name
+	if h, ok := r.in.Inherited.hashes.Load(key); ok {
+		return h.(string)
+	}
+	h := TemplateHash(r.prof, r.in.Inherited, r.in.Config.Source)
+	r.in.Inherited.hashes.Store(key, h)
+	return h
 }
 
 // TemplateHash identifies the inputs a Job was rendered from (profile,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -83,7 +84,7 @@ func (m *Mutator) mutate(ctx context.Context, req admission.Request) (admission.
 	if gvk := schema.GroupVersionKind(req.Kind); gvk != jobKind {
 		return admission.Allowed(fmt.Sprintf("clipjob mutates %s only, not %s", jobKind, gvk)), OutcomeSkipped
 	}
-	job, roundTrip, err := decodeJob(req.Object.Raw)
+	job, err := decodeJob(req.Object.Raw)
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
 	}
@@ -112,7 +113,7 @@ func (m *Mutator) mutate(ctx context.Context, req admission.Request) (admission.
 		return admission.Errored(http.StatusInternalServerError, err), OutcomeErrored
 	}
 	resp := admission.PatchResponseFromRaw(req.Object.Raw, rendered)
-	resp.Patches = keepUnknownFields(resp.Patches, roundTrip)
+	resp.Patches = keepUnknownFields(resp.Patches, job)
 	return resp.WithWarnings(res.Warnings...), OutcomePatched
 }
 
@@ -120,9 +121,15 @@ func (m *Mutator) mutate(ctx context.Context, req admission.Request) (admission.
 // does not have: fields this build's types do not know (a newer API
 // server), which a diff against the raw request would otherwise delete.
 // This is controller-runtime's CustomDefaulter rule, for the same reason.
-func keepUnknownFields(ops []jsonpatch.JsonPatchOperation, roundTrip []byte) []jsonpatch.JsonPatchOperation {
+// Render only adds, so a patch rarely has a "remove": the decoded Job is
+// re-encoded only then.
+func keepUnknownFields(ops []jsonpatch.JsonPatchOperation, decoded *batchv1.Job) []jsonpatch.JsonPatchOperation {
+	if !slices.ContainsFunc(ops, func(op jsonpatch.JsonPatchOperation) bool { return op.Operation == "remove" }) {
+		return ops
+	}
 	var doc any
-	if err := json.Unmarshal(roundTrip, &doc); err != nil {
+	roundTrip, err := json.Marshal(decoded)
+	if err != nil || json.Unmarshal(roundTrip, &doc) != nil {
 		return ops
 	}
 	out := ops[:0]
@@ -163,21 +170,16 @@ func pointerExists(doc any, p string) bool {
 	return true
 }
 
-// decodeJob decodes a Job as the API server encodes it and returns it with
-// its re-encoded form, which holds exactly the fields this build knows.
-func decodeJob(raw []byte) (*batchv1.Job, []byte, error) {
+// decodeJob decodes a Job as the API server encodes it.
+func decodeJob(raw []byte) (*batchv1.Job, error) {
 	if len(raw) == 0 {
-		return nil, nil, errors.New("request has no object")
+		return nil, errors.New("request has no object")
 	}
 	job := &batchv1.Job{}
 	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, job); err != nil {
-		return nil, nil, fmt.Errorf("decoding Job: %w", err)
+		return nil, fmt.Errorf("decoding Job: %w", err)
 	}
-	round, err := json.Marshal(job)
-	if err != nil {
-		return nil, nil, fmt.Errorf("encoding Job: %w", err)
-	}
-	return job, round, nil
+	return job, nil
 }
 
 func denial(code int32, reason metav1.StatusReason, msg string) admission.Response {

@@ -51,13 +51,13 @@ func (v *Validator) validate(ctx context.Context, req admission.Request) (admiss
 	if gvk := schema.GroupVersionKind(req.Kind); gvk != jobKind {
 		return admission.Allowed(fmt.Sprintf("clipjob validates %s only, not %s", jobKind, gvk)), OutcomeSkipped
 	}
-	job, _, err := decodeJob(req.Object.Raw)
+	job, err := decodeJob(req.Object.Raw)
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
 	}
 	var old *batchv1.Job
 	if op == policy.Update {
-		if old, _, err = decodeJob(req.OldObject.Raw); err != nil {
+		if old, err = decodeJob(req.OldObject.Raw); err != nil {
 			return admission.Errored(http.StatusBadRequest, fmt.Errorf("old object: %w", err)), OutcomeErrored
 		}
 	}
