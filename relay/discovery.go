@@ -196,6 +196,11 @@ func (c *Collector) maybeFinish(ns, name string, uid types.UID, run string) {
 }
 
 func (c *Collector) finish(run string, gone bool) error {
+	// Every stream's end and the pod's deletion each come here; the log is
+	// read and parsed once.
+	if rec, err := c.Store.Run(run); err != nil || (rec != nil && rec.Done) {
+		return err
+	}
 	var p resultParser
 	for after := uint64(0); ; {
 		lines, err := c.Store.Lines(run, after, 1000)
