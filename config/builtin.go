@@ -87,8 +87,3 @@ func builtinProfiles() map[string]Profile {
 		},
 	}
 }
-
-// BuiltinProfileNames lists the profiles every configuration has.
-func BuiltinProfileNames() []string {
-	return sortedKeys(builtinProfiles())
-}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -77,7 +78,7 @@ func (a *KubeAuth) Authenticate(r *http.Request) (*authnv1.UserInfo, error) {
 	}
 	// An authenticator may ignore the audiences asked for; the answer
 	// says which it checked, and one of ours must be among them.
-	if len(a.Audiences) > 0 && !overlaps(a.Audiences, tr.Status.Audiences) {
+	if len(a.Audiences) > 0 && !slices.ContainsFunc(a.Audiences, func(x string) bool { return slices.Contains(tr.Status.Audiences, x) }) {
 		return nil, errUnauthenticated
 	}
 	user := tr.Status.User
@@ -142,17 +143,6 @@ func prune[K comparable, V any](m map[K]cached[V]) {
 			delete(m, k)
 		}
 	}
-}
-
-func overlaps(a, b []string) bool {
-	for _, x := range a {
-		for _, y := range b {
-			if x == y {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 func ttl(d, def time.Duration) time.Duration {

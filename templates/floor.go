@@ -1,7 +1,10 @@
 package templates
 
 import (
+	"slices"
+
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 )
 
 // The security floor: what Pod Security "restricted" requires, plus a fixed
@@ -20,15 +23,15 @@ func enforcePodFloor(spec *corev1.PodSpec) {
 		spec.SecurityContext = &corev1.PodSecurityContext{}
 	}
 	sc := spec.SecurityContext
-	sc.RunAsNonRoot = ptrTo(true)
+	sc.RunAsNonRoot = ptr.To(true)
 	if sc.RunAsUser == nil || *sc.RunAsUser == 0 {
-		sc.RunAsUser = ptrTo(floorUID)
+		sc.RunAsUser = ptr.To(floorUID)
 	}
 	if sc.RunAsGroup == nil || *sc.RunAsGroup == 0 {
-		sc.RunAsGroup = ptrTo(floorGID)
+		sc.RunAsGroup = ptr.To(floorGID)
 	}
 	if sc.FSGroup == nil || *sc.FSGroup == 0 {
-		sc.FSGroup = ptrTo(floorGID)
+		sc.FSGroup = ptr.To(floorGID)
 	}
 	if sc.FSGroupChangePolicy == nil {
 		p := corev1.FSGroupChangeOnRootMismatch
@@ -45,12 +48,12 @@ func enforceContainerFloor(c *corev1.Container, readOnlyRoot bool) {
 		c.SecurityContext = &corev1.SecurityContext{}
 	}
 	sc := c.SecurityContext
-	sc.AllowPrivilegeEscalation = ptrTo(false)
+	sc.AllowPrivilegeEscalation = ptr.To(false)
 	if sc.Privileged != nil {
-		sc.Privileged = ptrTo(false)
+		sc.Privileged = ptr.To(false)
 	}
 	if sc.RunAsNonRoot != nil && !*sc.RunAsNonRoot {
-		sc.RunAsNonRoot = ptrTo(true)
+		sc.RunAsNonRoot = ptr.To(true)
 	}
 	if sc.RunAsUser != nil && *sc.RunAsUser == 0 {
 		sc.RunAsUser = nil
@@ -65,7 +68,7 @@ func enforceContainerFloor(c *corev1.Container, readOnlyRoot bool) {
 		sc.Capabilities = &corev1.Capabilities{}
 	}
 	caps := sc.Capabilities
-	if !hasCap(caps.Drop, "ALL") {
+	if !slices.Contains(caps.Drop, "ALL") {
 		caps.Drop = append([]corev1.Capability{"ALL"}, caps.Drop...)
 	}
 	// "restricted" allows adding back only NET_BIND_SERVICE.
@@ -77,7 +80,7 @@ func enforceContainerFloor(c *corev1.Container, readOnlyRoot bool) {
 	}
 	caps.Add = add
 	if readOnlyRoot {
-		sc.ReadOnlyRootFilesystem = ptrTo(true)
+		sc.ReadOnlyRootFilesystem = ptr.To(true)
 	}
 }
 
@@ -87,14 +90,3 @@ func restrictedSeccomp(p *corev1.SeccompProfile) *corev1.SeccompProfile {
 	}
 	return &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
 }
-
-func hasCap(list []corev1.Capability, c corev1.Capability) bool {
-	for _, x := range list {
-		if x == c {
-			return true
-		}
-	}
-	return false
-}
-
-func ptrTo[T any](v T) *T { return &v }

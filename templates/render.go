@@ -5,8 +5,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path"
-	"sort"
+	"slices"
 	"strings"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/config"
 )
@@ -245,7 +247,7 @@ func (r *renderer) mount(c *corev1.Container, m mountWithVolume, p *field.Path) 
 // but another source is a conflict the client has to resolve.
 func (r *renderer) addVolumes(spec *corev1.PodSpec) {
 	for _, v := range r.volumes {
-		i := volumeIndex(spec.Volumes, v.Name)
+		i := slices.IndexFunc(spec.Volumes, func(have corev1.Volume) bool { return have.Name == v.Name })
 		if i < 0 {
 			spec.Volumes = append(spec.Volumes, v)
 			continue
@@ -255,15 +257,6 @@ func (r *renderer) addVolumes(spec *corev1.PodSpec) {
 				"clipjob mounts a volume of this name (from the source or the profile); rename the Job's volume"))
 		}
 	}
-}
-
-func volumeIndex(vs []corev1.Volume, name string) int {
-	for i := range vs {
-		if vs[i].Name == name {
-			return i
-		}
-	}
-	return -1
 }
 
 func writableVolumeName(p string) string {
@@ -324,7 +317,7 @@ func (r *renderer) resources(c *corev1.Container) {
 		return
 	}
 	res := &c.Resources
-	for _, name := range sortedResourceNames(def.Limits) {
+	for _, name := range slices.Sorted(maps.Keys(def.Limits)) {
 		if _, set := res.Limits[name]; set {
 			continue
 		}
@@ -337,7 +330,7 @@ func (r *renderer) resources(c *corev1.Container) {
 		}
 		res.Limits[name] = lim
 	}
-	for _, name := range sortedResourceNames(def.Requests) {
+	for _, name := range slices.Sorted(maps.Keys(def.Requests)) {
 		if _, set := res.Requests[name]; set {
 			continue
 		}
@@ -350,15 +343,6 @@ func (r *renderer) resources(c *corev1.Container) {
 		}
 		res.Requests[name] = req
 	}
-}
-
-func sortedResourceNames(l corev1.ResourceList) []corev1.ResourceName {
-	out := make([]corev1.ResourceName, 0, len(l))
-	for k := range l {
-		out = append(out, k)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
-	return out
 }
 
 func (r *renderer) warnMissingKeys(c *corev1.Container) {
@@ -392,7 +376,7 @@ func hasEnvFrom(list []corev1.EnvFromSource, e corev1.EnvFromSource) bool {
 func (r *renderer) pod(spec *corev1.PodSpec) {
 	inh, prof := r.in.Inherited, r.prof
 	for _, s := range inh.ImagePullSecrets {
-		if !containsRef(spec.ImagePullSecrets, s) {
+		if !slices.Contains(spec.ImagePullSecrets, s) {
 			spec.ImagePullSecrets = append(spec.ImagePullSecrets, s)
 		}
 	}
@@ -409,7 +393,7 @@ func (r *renderer) pod(spec *corev1.PodSpec) {
 		spec.ServiceAccountName = prof.ServiceAccountName
 	}
 	if spec.AutomountServiceAccountToken == nil && prof.AutomountServiceAccountToken != nil {
-		spec.AutomountServiceAccountToken = ptrCopy(prof.AutomountServiceAccountToken)
+		spec.AutomountServiceAccountToken = ptr.To(*prof.AutomountServiceAccountToken)
 	}
 	for k, v := range prof.NodeSelector {
 		if _, set := spec.NodeSelector[k]; !set {
@@ -425,7 +409,7 @@ func (r *renderer) pod(spec *corev1.PodSpec) {
 		}
 	}
 	if spec.RuntimeClassName == nil && prof.RuntimeClassName != nil {
-		spec.RuntimeClassName = ptrCopy(prof.RuntimeClassName)
+		spec.RuntimeClassName = ptr.To(*prof.RuntimeClassName)
 	}
 	enforcePodFloor(spec)
 }
@@ -433,13 +417,13 @@ func (r *renderer) pod(spec *corev1.PodSpec) {
 func (r *renderer) jobSpec() {
 	s, prof := &r.job.Spec, r.prof
 	if (s.BackoffLimit == nil || *s.BackoffLimit == apiDefaultBackoffLimit) && s.BackoffLimitPerIndex == nil && prof.BackoffLimit != nil {
-		s.BackoffLimit = ptrCopy(prof.BackoffLimit)
+		s.BackoffLimit = ptr.To(*prof.BackoffLimit)
 	}
 	if s.TTLSecondsAfterFinished == nil && prof.TTLSecondsAfterFinished != nil {
-		s.TTLSecondsAfterFinished = ptrCopy(prof.TTLSecondsAfterFinished)
+		s.TTLSecondsAfterFinished = ptr.To(*prof.TTLSecondsAfterFinished)
 	}
 	if s.ActiveDeadlineSeconds == nil && prof.ActiveDeadlineSeconds != nil {
-		s.ActiveDeadlineSeconds = ptrCopy(prof.ActiveDeadlineSeconds)
+		s.ActiveDeadlineSeconds = ptr.To(*prof.ActiveDeadlineSeconds)
 	}
 	// In Queue mode every agent run starts suspended and waits for its
 	// turn; the claim controller unsuspends it. Always, whatever the client
@@ -450,7 +434,7 @@ func (r *renderer) jobSpec() {
 			r.job.Annotations = map[string]string{}
 		}
 		r.job.Annotations[AnnotationQueued] = "true"
-		s.Suspend = ptrTo(true)
+		s.Suspend = ptr.To(true)
 	}
 }
 
@@ -507,15 +491,6 @@ func TemplateHash(prof config.Resolved, inh *Inherited, src config.Source) strin
 	return hex.EncodeToString(sum[:8])
 }
 
-func containsRef(list []corev1.LocalObjectReference, r corev1.LocalObjectReference) bool {
-	for _, x := range list {
-		if x.Name == r.Name {
-			return true
-		}
-	}
-	return false
-}
-
 func containsToleration(list []corev1.Toleration, t corev1.Toleration) bool {
 	for _, x := range list {
 		if x.MatchToleration(&t) && x.Effect == t.Effect && x.Value == t.Value {
@@ -523,9 +498,4 @@ func containsToleration(list []corev1.Toleration, t corev1.Toleration) bool {
 		}
 	}
 	return false
-}
-
-func ptrCopy[T any](p *T) *T {
-	v := *p
-	return &v
 }

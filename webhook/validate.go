@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -76,7 +77,7 @@ func (v *Validator) validate(ctx context.Context, req admission.Request) (admiss
 		},
 	})
 	for _, r := range d.Checked {
-		policyDecisions.WithLabelValues(r, ruleOutcome(r, d.Failed)).Inc()
+		policyDecisions.WithLabelValues(r, outcomeOf(slices.Contains(d.Failed, r))).Inc()
 	}
 	if !d.Allowed() {
 		if internal := d.Errs.Filter(notInternal); len(internal) > 0 {
@@ -101,6 +102,13 @@ func (v *Validator) validate(ctx context.Context, req admission.Request) (admiss
 	return admission.Allowed("").WithWarnings(d.Warnings...), OutcomeAllowed
 }
 
+func outcomeOf(failed bool) string {
+	if failed {
+		return "denied"
+	}
+	return "allowed"
+}
+
 // needsClaim says whether this admission must hold the agent's claim: a
 // run that starts now. In Reject mode every created run claims; in Queue
 // mode a run created suspended waits without one. In both, unsuspending a
@@ -122,15 +130,6 @@ func needsClaim(op policy.Operation, job, old *batchv1.Job, mode config.Concurre
 func notInternal(err error) bool {
 	fe, ok := err.(*field.Error)
 	return !ok || fe.Type != field.ErrorTypeInternal
-}
-
-func ruleOutcome(rule string, failed []string) string {
-	for _, f := range failed {
-		if f == rule {
-			return "denied"
-		}
-	}
-	return "allowed"
 }
 
 func (v *Validator) sourceImages(ctx context.Context, cfg *config.Config) []string {
