@@ -3,8 +3,6 @@ package e2e
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -27,21 +25,6 @@ import (
 	"github.com/paperclipai/clipjob/relay"
 	"github.com/paperclipai/clipjob/templates"
 )
-
-var relayHTTP struct {
-	sync.Once
-	c *http.Client
-}
-
-// relayClient trusts the cluster CA, which signed the relay's API cert.
-func relayClient() *http.Client {
-	relayHTTP.Do(func() {
-		pool := x509.NewCertPool()
-		pool.AppendCertsFromPEM(env.cluster.CA.CertPEM)
-		relayHTTP.c = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	})
-	return relayHTTP.c
-}
 
 // sharedDir stands in for the shared volume the relay mirrors runs to.
 func sharedDir() string { return filepath.Join(env.cluster.Dir, "shared") }
@@ -107,7 +90,7 @@ func relayGet(t *testing.T, r *harness.Relay, path, token, accept string) (*http
 	if accept != "" {
 		req.Header.Set("Accept", accept)
 	}
-	return relayClient().Do(req)
+	return env.cluster.CA.HTTPClient().Do(req)
 }
 
 func relayRun(t *testing.T, r *harness.Relay, token, run string) (*relay.Run, int) {

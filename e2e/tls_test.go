@@ -14,9 +14,7 @@ import (
 
 func servedSerial(t *testing.T, addr string) string {
 	t.Helper()
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(env.cluster.CA.CertPEM)
-	conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+	conn, err := tls.Dial("tcp", addr, env.cluster.CA.TLSConfig())
 	if err != nil {
 		t.Fatalf("TLS to the webhook: %v", err)
 	}

@@ -149,7 +149,7 @@ func (c *Claims) Acquire(ctx context.Context, job *batchv1.Job, cfg config.Concu
 		if i > 0 && c.OnRetry != nil {
 			c.OnRetry()
 		}
-		// Create first: an idle agent has no claim (the releaser deletes
+		// Create first: an idle agent has no claim (the claim controller deletes
 		// them), so this is one round trip in the common case.
 		_, err := c.Leases.Create(ctx, c.newLease(key, job), dryRun)
 		if err == nil || !apierrors.IsAlreadyExists(err) {

@@ -13,5 +13,5 @@
 // the arbiter: a coordination.k8s.io Lease per agent, created or taken over
 // with optimistic concurrency, so two concurrent creates on any number of
 // webhook replicas cannot both pass. A cache or a LIST would be
-// check-then-act. Releaser frees claims whose Job finished or vanished.
+// check-then-act. Release and Sweep free claims whose Job finished or vanished.
 package policy

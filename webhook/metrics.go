@@ -49,7 +49,7 @@ var (
 	})
 	claimsReleased = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "clipjob_claims_released_total",
-		Help: "Claims freed by the releaser, by trigger (finished, deleted, sweep).",
+		Help: "Claims freed by the claim controller, by trigger (finished, deleted, sweep).",
 	}, []string{"trigger"})
 	queueStarts = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "clipjob_queue_started_total",

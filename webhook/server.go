@@ -50,7 +50,7 @@ type Options struct {
 	// so endpoints drop this replica before it closes. Default 0.
 	ShutdownDelay time.Duration
 	// LeaderElectionNamespace holds the Lease that elects the one replica
-	// running the claim releaser. Default: the pod's namespace
+	// running the claim controller. Default: the pod's namespace
 	// (POD_NAMESPACE), else the source namespace.
 	LeaderElectionNamespace string
 	// SweepInterval between sweeps of stale claims. Default 1m.
@@ -160,15 +160,15 @@ func Run(ctx context.Context, o Options) error {
 		// The webhook serves on every replica; election only picks the
 		// replica that releases claims.
 		LeaderElection:                true,
-		LeaderElectionID:              "clipjob-claim-releaser",
+		LeaderElectionID:              "clipjob-claim-controller",
 		LeaderElectionNamespace:       leNamespace,
 		LeaderElectionReleaseOnCancel: true,
 	})
 	if err != nil {
 		return err
 	}
-	if err := mgr.Add(&Releaser{Client: clientset, Claims: claims, Configs: store,
-		SweepInterval: o.SweepInterval, Log: log.WithName("releaser")}); err != nil {
+	if err := mgr.Add(&ClaimController{Client: clientset, Claims: claims, Configs: store,
+		SweepInterval: o.SweepInterval, Log: log.WithName("claim-controller")}); err != nil {
 		return err
 	}
 	// GetWebhookServer is what adds the server to the manager's runnables.

@@ -22,7 +22,7 @@ func main() {
 	flag.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8080", `metrics and /configz address ("0" disables)`)
 	flag.StringVar(&o.ProbeAddr, "health-probe-bind-address", ":8081", "/healthz and /readyz address")
 	flag.DurationVar(&o.ShutdownDelay, "shutdown-delay", 0, "keep serving this long after SIGTERM while reporting not ready")
-	flag.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the Lease electing the claim releaser (default $POD_NAMESPACE, else the source namespace)")
+	flag.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the Lease electing the claim controller (default $POD_NAMESPACE, else the source namespace)")
 	flag.DurationVar(&o.SweepInterval, "claim-sweep-interval", 0, "how often to delete claims of finished or vanished Jobs (default 1m)")
 	var qps float64
 	flag.Float64Var(&qps, "kube-api-qps", 1000, "queries per second to the API server (claims, PVC checks)")

@@ -4,11 +4,13 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"time"
@@ -130,4 +132,17 @@ func serviceAccountKeys() (priv, pub []byte, err error) {
 		return nil, nil, err
 	}
 	return pemBlock("EC PRIVATE KEY", kder), pemBlock("PUBLIC KEY", pder), nil
+}
+
+// TLSConfig trusts exactly this CA, for clients of servers it signed
+// (the webhook, the relay's API).
+func (ca *CA) TLSConfig() *tls.Config {
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+}
+
+// HTTPClient is an HTTPS client that trusts this CA.
+func (ca *CA) HTTPClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: ca.TLSConfig()}}
 }

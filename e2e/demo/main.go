@@ -12,8 +12,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -223,12 +221,9 @@ func showRelay(ctx context.Context, c *cluster.Cluster, pod *corev1.Pod, job str
 }
 
 func relayGET(c *cluster.Cluster, r *harness.Relay, token, path string) ([]byte, error) {
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(c.CA.CertPEM)
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	req, _ := http.NewRequest(http.MethodGet, "https://"+r.APIAddr+path, nil)
 	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := client.Do(req)
+	resp, err := c.CA.HTTPClient().Do(req)
 	if err != nil {
 		return nil, err
 	}

@@ -32,7 +32,7 @@ func queueJob(name string, created time.Time, suspended, queuedRun bool) *batchv
 	return j
 }
 
-func testController(t *testing.T, mode string, jobs ...*batchv1.Job) (*Releaser, *fake.Clientset) {
+func testController(t *testing.T, mode string, jobs ...*batchv1.Job) (*ClaimController, *fake.Clientset) {
 	t.Helper()
 	var objs []runtime.Object
 	for _, j := range jobs {
@@ -49,7 +49,7 @@ func testController(t *testing.T, mode string, jobs ...*batchv1.Job) (*Releaser,
 	for _, j := range jobs {
 		_ = idx.Add(j)
 	}
-	return &Releaser{Client: cs, Claims: NewClaims(cs), Configs: staticConfig{cfg}, Log: logr.Discard(), jobs: idx}, cs
+	return &ClaimController{Client: cs, Claims: NewClaims(cs), Configs: staticConfig{cfg}, Log: logr.Discard(), jobs: idx}, cs
 }
 
 func started(t *testing.T, cs *fake.Clientset) []string {

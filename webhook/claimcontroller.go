@@ -22,13 +22,13 @@ import (
 	"github.com/paperclipai/clipjob/templates"
 )
 
-// Releaser is the claim controller. It frees an agent's claim as soon as
+// ClaimController frees an agent's claim as soon as
 // its Job finishes or is deleted, sweeps stale claims periodically, and in
 // Queue mode starts the oldest queued run of an agent that became free. It
 // runs on the elected leader only. Admission never depends on it for
 // safety: a claim whose Job finished is free to take anyway, and starting
 // a queued run goes through the validating webhook like any unsuspend.
-type Releaser struct {
+type ClaimController struct {
 	Client  kubernetes.Interface
 	Claims  *policy.Claims
 	Configs ConfigSource
@@ -47,12 +47,12 @@ type Releaser struct {
 const maxStartFailures = 3
 
 // NeedLeaderElection makes the manager run it on the leader only.
-func (r *Releaser) NeedLeaderElection() bool { return true }
+func (r *ClaimController) NeedLeaderElection() bool { return true }
 
 const byAgent = "agent"
 
 // Start implements manager.Runnable.
-func (r *Releaser) Start(ctx context.Context) error {
+func (r *ClaimController) Start(ctx context.Context) error {
 	if r.SweepInterval <= 0 {
 		r.SweepInterval = time.Minute
 	}
@@ -116,7 +116,7 @@ func (r *Releaser) Start(ctx context.Context) error {
 	}
 }
 
-func (r *Releaser) release(ctx context.Context, job *batchv1.Job, trigger string) {
+func (r *ClaimController) release(ctx context.Context, job *batchv1.Job, trigger string) {
 	r.releaseOrRetry(ctx, job, trigger, 0)
 }
 
@@ -124,7 +124,7 @@ func (r *Releaser) release(ctx context.Context, job *batchv1.Job, trigger string
 // a few times (a deleted Job's pods terminate for up to their grace
 // period); the sweep catches anything later. It then starts the agent's
 // next queued run, whatever happened to the release.
-func (r *Releaser) releaseOrRetry(ctx context.Context, job *batchv1.Job, trigger string, attempt int) {
+func (r *ClaimController) releaseOrRetry(ctx context.Context, job *batchv1.Job, trigger string, attempt int) {
 	ok, err := r.Claims.Release(ctx, job, r.Configs.Current().Policy.Concurrency)
 	switch {
 	case err != nil:
@@ -143,7 +143,7 @@ func (r *Releaser) releaseOrRetry(ctx context.Context, job *batchv1.Job, trigger
 }
 
 // holds reports whether job still holds its agent's claim.
-func (r *Releaser) holds(ctx context.Context, job *batchv1.Job) bool {
+func (r *ClaimController) holds(ctx context.Context, job *batchv1.Job) bool {
 	key := policy.KeyFor(job, r.Configs.Current().Policy.Concurrency)
 	lease, err := r.Claims.Leases.Get(ctx, key.Namespace, key.Name)
 	return err == nil && policy.HolderOf(lease).UID == string(job.UID)
@@ -158,7 +158,7 @@ func queued(job *batchv1.Job) bool {
 // startNext starts the oldest queued run of job's agent (in the claim's
 // scope) if the agent is free: it takes the claim for it, then unsuspends
 // it. The unsuspend is admitted because that Job now holds the claim.
-func (r *Releaser) startNext(ctx context.Context, job *batchv1.Job) {
+func (r *ClaimController) startNext(ctx context.Context, job *batchv1.Job) {
 	cc := r.Configs.Current().Policy.Concurrency
 	if r.jobs == nil {
 		return
@@ -225,7 +225,7 @@ func (r *Releaser) startNext(ctx context.Context, job *batchv1.Job) {
 // marked with the error and the queue moves past it, so one run that can
 // never start (say another admission policy refuses it) does not block
 // its agent forever.
-func (r *Releaser) startFailed(ctx context.Context, job *batchv1.Job, cause error) {
+func (r *ClaimController) startFailed(ctx context.Context, job *batchv1.Job, cause error) {
 	r.mu.Lock()
 	if r.failures == nil {
 		r.failures = map[types.UID]int{}
@@ -258,7 +258,7 @@ func running(job *batchv1.Job) bool {
 // so (a claim swept, the controller restarted, the mode changed). Queued
 // runs are served in every mode: switching away from Queue does not strand
 // them.
-func (r *Releaser) startAllQueued(ctx context.Context) {
+func (r *ClaimController) startAllQueued(ctx context.Context) {
 	if r.jobs == nil {
 		return
 	}
