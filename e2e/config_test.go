@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/paperclipai/clipjob/templates"
+	"github.com/paperclipai/clipjob/contract"
 )
 
 type configz struct {
@@ -74,7 +74,7 @@ func TestConfigReload(t *testing.T) {
 	if err != nil {
 		t.Fatalf("previous config stopped serving: %v", err)
 	}
-	if stored.Annotations[templates.AnnotationProfile] != "claude_local" {
+	if stored.Annotations[contract.AnnotationProfile] != "claude_local" {
 		t.Error("Job not completed under the previous config")
 	}
 	metrics, _ := env.webhook.Get("/metrics")
@@ -85,12 +85,12 @@ func TestConfigReload(t *testing.T) {
 
 	writeConfig(ctx, t, string(original)+"defaultProfile: codex_local\n", true)
 	job := bareJob(t, "e2e-reloaded")
-	delete(job.Labels, templates.LabelAdapterType)
+	delete(job.Labels, contract.LabelAdapterType)
 	stored, err = env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := stored.Annotations[templates.AnnotationProfile]; got != "codex_local" {
+	if got := stored.Annotations[contract.AnnotationProfile]; got != "codex_local" {
 		t.Errorf("reloaded default profile not applied: %q", got)
 	}
 

@@ -17,10 +17,10 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/paperclipai/clipjob/cmd/clipjob/app"
+	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/harness"
 	"github.com/paperclipai/clipjob/internal/golden"
 	"github.com/paperclipai/clipjob/internal/manifest"
-	"github.com/paperclipai/clipjob/templates"
 )
 
 const ns = "paperclip"
@@ -40,8 +40,8 @@ func bareJob(t *testing.T, name string) *batchv1.Job {
 	}
 	job := set.Jobs[0]
 	job.Name = name
-	job.Labels[templates.LabelAgentID] = "agent-" + name
-	job.Labels[templates.LabelRunID] = name
+	job.Labels[contract.LabelAgentID] = "agent-" + name
+	job.Labels[contract.LabelRunID] = name
 	return job
 }
 
@@ -98,10 +98,10 @@ func TestBareJobBecomesARunningAgentPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := stored.Annotations[templates.AnnotationProfile]; got != "claude_local" {
+	if got := stored.Annotations[contract.AnnotationProfile]; got != "claude_local" {
 		t.Errorf("profile annotation %q, want claude_local", got)
 	}
-	if stored.Annotations[templates.AnnotationTemplateHash] == "" {
+	if stored.Annotations[contract.AnnotationTemplateHash] == "" {
 		t.Error("no template-hash annotation")
 	}
 	if *stored.Spec.BackoffLimit != 0 || stored.Spec.TTLSecondsAfterFinished == nil || *stored.Spec.TTLSecondsAfterFinished != 300 {
@@ -124,16 +124,16 @@ func TestBareJobBecomesARunningAgentPod(t *testing.T) {
 			t.Errorf("%s reached the agent", denied)
 		}
 	}
-	if env["HOME"].Value != "/paperclip" || env[templates.EnvPromptFile].Value == "" || env["PAPERCLIP_AGENT_ID"].Value != "agent-e2e-bare" {
-		t.Errorf("HOME %q prompt file %q agent id %q", env["HOME"].Value, env[templates.EnvPromptFile].Value, env["PAPERCLIP_AGENT_ID"].Value)
+	if env["HOME"].Value != "/paperclip" || env[contract.EnvPromptFile].Value == "" || env["PAPERCLIP_AGENT_ID"].Value != "agent-e2e-bare" {
+		t.Errorf("HOME %q prompt file %q agent id %q", env["HOME"].Value, env[contract.EnvPromptFile].Value, env["PAPERCLIP_AGENT_ID"].Value)
 	}
 	if len(spec.ImagePullSecrets) != 1 || spec.ImagePullSecrets[0].Name != "ghcr-pull" {
 		t.Errorf("pull secrets %+v", spec.ImagePullSecrets)
 	}
 
 	pod := waitPod(ctx, t, created.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
-	if pod.Labels[templates.LabelRole] != templates.RoleAgent || pod.Labels[templates.LabelEgress] != "anthropic" ||
-		pod.Labels[templates.LabelAgentID] != "agent-e2e-bare" || pod.Labels[templates.LabelRunID] != "e2e-bare" {
+	if pod.Labels[contract.LabelRole] != contract.RoleAgent || pod.Labels[contract.LabelEgress] != "anthropic" ||
+		pod.Labels[contract.LabelAgentID] != "agent-e2e-bare" || pod.Labels[contract.LabelRunID] != "e2e-bare" {
 		t.Errorf("pod labels %v", pod.Labels)
 	}
 	sc := pod.Spec.SecurityContext
@@ -170,7 +170,7 @@ func TestJobWithoutAgentLabelUntouched(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := stored.Annotations[templates.AnnotationProfile]; ok {
+	if _, ok := stored.Annotations[contract.AnnotationProfile]; ok {
 		t.Error("a Job without the agent label was mutated")
 	}
 	c := stored.Spec.Template.Spec.Containers[0]
@@ -227,7 +227,7 @@ func TestCLIRendersWhatTheClusterStores(t *testing.T) {
 		t.Fatal(err)
 	}
 	offline := set.Jobs[0]
-	if a, b := offline.Annotations[templates.AnnotationTemplateHash], stored.Annotations[templates.AnnotationTemplateHash]; a != b {
+	if a, b := offline.Annotations[contract.AnnotationTemplateHash], stored.Annotations[contract.AnnotationTemplateHash]; a != b {
 		t.Errorf("template hash: CLI %s, webhook %s", a, b)
 	}
 	oc, sc := offline.Spec.Template.Spec.Containers[0], stored.Spec.Template.Spec.Containers[0]

@@ -20,11 +20,11 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/cmd/clipjob/app"
+	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
 	"github.com/paperclipai/clipjob/internal/golden"
 	"github.com/paperclipai/clipjob/policy"
-	"github.com/paperclipai/clipjob/templates"
 )
 
 // (a) A disallowed image is denied with the message a user needs.
@@ -69,7 +69,7 @@ func TestPrivilegedContainerDenied(t *testing.T) {
 	// wait (with dry runs, which store nothing) until mutation is bypassed.
 	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
 		dry, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return err != nil || dry.Annotations[templates.AnnotationProfile] == "", nil
+		return err != nil || dry.Annotations[contract.AnnotationProfile] == "", nil
 	})
 	_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `violates PodSecurity "restricted:latest": privileged (container "agent" must not set securityContext.privileged=true)`) {
@@ -147,7 +147,7 @@ func TestOneActiveRunPerAgent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			job := bareJob(t, fmt.Sprintf("e2e-race-%03d", i))
-			job.Labels[templates.LabelAgentID] = agent
+			job.Labels[contract.LabelAgentID] = agent
 			<-start
 			_, err := fast.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
 			mu.Lock()
@@ -180,12 +180,12 @@ func TestOneActiveRunPerAgent(t *testing.T) {
 	winner := admitted[0]
 	finishRun(ctx, t, winner, "0")
 	next := bareJob(t, "e2e-race-next")
-	next.Labels[templates.LabelAgentID] = agent
+	next.Labels[contract.LabelAgentID] = agent
 	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, next, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("run after completion refused: %v", err)
 	}
 	third := bareJob(t, "e2e-race-third")
-	third.Labels[templates.LabelAgentID] = agent
+	third.Labels[contract.LabelAgentID] = agent
 	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, third, metav1.CreateOptions{}); !apierrors.IsConflict(err) {
 		t.Fatalf("a second active run was admitted: %v", err)
 	}
@@ -228,7 +228,7 @@ func TestDryRunWritesNoClaim(t *testing.T) {
 		t.Fatalf("real create wrote no claim: %v", err)
 	}
 	second := bareJob(t, "e2e-dry-claim-2")
-	second.Labels[templates.LabelAgentID] = job.Labels[templates.LabelAgentID]
+	second.Labels[contract.LabelAgentID] = job.Labels[contract.LabelAgentID]
 	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, second, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); !apierrors.IsConflict(err) {
 		t.Errorf("dry run of a second run: want 409, got %v", err)
 	}

@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/paperclipai/clipjob/templates"
+	"github.com/paperclipai/clipjob/contract"
 )
 
 func suspended(j *batchv1.Job) bool { return j.Spec.Suspend != nil && *j.Spec.Suspend }
@@ -55,12 +55,12 @@ func TestQueueMode(t *testing.T) {
 	var names []string
 	for i := 0; i < 3; i++ {
 		job := bareJob(t, fmt.Sprintf("e2e-queue-%d", i))
-		job.Labels[templates.LabelAgentID] = "agent-queue"
+		job.Labels[contract.LabelAgentID] = "agent-queue"
 		stored, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatalf("run %d refused in Queue mode: %v", i, err)
 		}
-		if stored.Annotations[templates.AnnotationQueued] != "true" || !suspended(stored) {
+		if stored.Annotations[contract.AnnotationQueued] != "true" || !suspended(stored) {
 			t.Fatalf("run %d not admitted as queued: suspend %v", i, stored.Spec.Suspend)
 		}
 		names = append(names, job.Name)

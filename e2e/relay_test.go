@@ -20,10 +20,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
 	"github.com/paperclipai/clipjob/relay"
-	"github.com/paperclipai/clipjob/templates"
 )
 
 // sharedDir stands in for the shared volume the relay mirrors runs to.
@@ -185,7 +185,7 @@ func TestRelayStreamsLinesLive(t *testing.T) {
 	ctx := ctxT(t)
 	r, token, _ := theRelay(t)
 	pod, log := agentRun(ctx, t, "e2e-relay-live")
-	run := pod.Labels[templates.LabelRunID]
+	run := pod.Labels[contract.LabelRunID]
 	waitRun(ctx, t, r, token, run, func(*relay.Run) bool { return true })
 
 	resp, err := relayGet(t, r, "/v1/runs/"+run+"/log", token, "text/event-stream")
@@ -281,7 +281,7 @@ func breakMidRun(t *testing.T, name string, breakIt func(context.Context) error)
 	ctx := ctxT(t)
 	r, token, _ := theRelay(t)
 	pod, log := agentRun(ctx, t, name)
-	run := pod.Labels[templates.LabelRunID]
+	run := pod.Labels[contract.LabelRunID]
 	var before uint64
 	want := writeLinesInBackground(t, log, 300, func(i int) {
 		if i == 120 {
@@ -341,7 +341,7 @@ func TestRelayKeepsRunAfterJobDeleted(t *testing.T) {
 	ctx := ctxT(t)
 	r, token, stranger := theRelay(t)
 	pod, log := agentRun(ctx, t, "e2e-relay-ttl")
-	run := pod.Labels[templates.LabelRunID]
+	run := pod.Labels[contract.LabelRunID]
 	lines := []string{claudeInit, "compiling", claudeResult("kept")}
 	for _, l := range lines {
 		if err := log.Write(l); err != nil {
@@ -417,7 +417,7 @@ func TestRelayCollectsRunFinishedBeforeItWasSeen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer late.Stop()
-	run := pod.Labels[templates.LabelRunID]
+	run := pod.Labels[contract.LabelRunID]
 	got := waitRun(ctx, t, late, token, run, func(x *relay.Run) bool { return x.Done })
 	if got.Phase != "Succeeded" || got.Result == nil || got.Result.Text != "done before the relay came" {
 		t.Errorf("late relay's run: %+v", got)

@@ -19,7 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/config"
-	"github.com/paperclipai/clipjob/templates"
+	"github.com/paperclipai/clipjob/contract"
 )
 
 // Labels and annotations of claim Leases.
@@ -114,7 +114,7 @@ var nonDNS = regexp.MustCompile(`[^a-z0-9-]+`)
 // readable and safe for any label value: a slug of the agent id and a hash
 // of the scope and id, so distinct ids never share a claim.
 func KeyFor(job *batchv1.Job, cfg config.Concurrency) ClaimKey {
-	agent := job.Labels[templates.LabelAgentID]
+	agent := job.Labels[contract.LabelAgentID]
 	ns := job.Namespace
 	scope := "ns/" + ns
 	if cfg.Scope == config.ScopeCluster {
@@ -200,7 +200,7 @@ func (c *Claims) newLease(key ClaimKey, job *batchv1.Job) *coordinationv1.Lease 
 			Labels: map[string]string{LabelClaim: ClaimKindAgent, "app.kubernetes.io/managed-by": "clipjob"},
 			Annotations: map[string]string{
 				AnnotationClaimJobUID: string(job.UID),
-				AnnotationClaimRunID:  job.Labels[templates.LabelRunID],
+				AnnotationClaimRunID:  job.Labels[contract.LabelRunID],
 				AnnotationClaimAgent:  key.Agent,
 			},
 		},

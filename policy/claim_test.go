@@ -21,7 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/config"
-	"github.com/paperclipai/clipjob/templates"
+	"github.com/paperclipai/clipjob/contract"
 )
 
 var leaseGR = schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
@@ -144,7 +144,7 @@ func (f *fakeJobs) put(j *batchv1.Job) {
 func agentJob(name, agent string) *batchv1.Job {
 	return &batchv1.Job{ObjectMeta: metav1.ObjectMeta{
 		Name: name, Namespace: "paperclip", UID: types.UID("uid-" + name),
-		Labels: map[string]string{templates.LabelAgentID: agent, templates.LabelRunID: "run-" + name},
+		Labels: map[string]string{contract.LabelAgentID: agent, contract.LabelRunID: "run-" + name},
 	}}
 }
 

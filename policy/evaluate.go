@@ -15,8 +15,8 @@ import (
 	psapolicy "k8s.io/pod-security-admission/policy"
 
 	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/imageref"
-	"github.com/paperclipai/clipjob/templates"
 )
 
 // Rules, as named in decisions and metrics.
@@ -114,7 +114,7 @@ func Evaluate(in Input) *Decision {
 // scheduling gates; a queued agent run is exactly such a Job, and every
 // other rule was checked on the template it had then.
 func checkTemplateUnchanged(in Input) field.ErrorList {
-	if in.Old == nil || !templates.IsAgentJob(in.Old.Labels) ||
+	if in.Old == nil || !contract.IsAgentJob(in.Old.Labels) ||
 		equality.Semantic.DeepEqual(in.Old.Spec.Template, in.Job.Spec.Template) {
 		return nil
 	}
@@ -135,7 +135,7 @@ func checkLabels(in Input) field.ErrorList {
 	var errs field.ErrorList
 	job := in.Job
 	if in.Operation == Update && in.Old != nil {
-		for _, key := range []string{templates.LabelAgentID, templates.LabelRunID} {
+		for _, key := range []string{contract.LabelAgentID, contract.LabelRunID} {
 			oldV, hadOld := in.Old.Labels[key]
 			newV, hasNew := job.Labels[key]
 			if hadOld != hasNew || oldV != newV {
@@ -145,7 +145,7 @@ func checkLabels(in Input) field.ErrorList {
 		}
 		return errs
 	}
-	for _, key := range []string{templates.LabelAgentID, templates.LabelRunID} {
+	for _, key := range []string{contract.LabelAgentID, contract.LabelRunID} {
 		v := job.Labels[key]
 		if v == "" {
 			errs = append(errs, field.Required(labelsPath.Key(key), "agent Jobs carry a non-empty "+key))
@@ -156,23 +156,23 @@ func checkLabels(in Input) field.ErrorList {
 		}
 	}
 	tplLabels := job.Spec.Template.Labels
-	for _, key := range []string{templates.LabelAgentID, templates.LabelRunID} {
+	for _, key := range []string{contract.LabelAgentID, contract.LabelRunID} {
 		if v, ok := job.Labels[key]; ok && tplLabels[key] != v {
 			errs = append(errs, field.Invalid(tplPath.Child("metadata", "labels").Key(key), tplLabels[key],
 				fmt.Sprintf("must equal the Job's %s %q: pods may not claim another agent or run", key, v)))
 		}
 	}
-	prof, ok := in.Config.Profile(templates.AdapterType(job.Labels))
+	prof, ok := in.Config.Profile(contract.AdapterType(job.Labels))
 	if !ok {
-		return append(errs, field.NotSupported(labelsPath.Key(templates.LabelAdapterType), templates.AdapterType(job.Labels), in.Config.ProfileNames()))
+		return append(errs, field.NotSupported(labelsPath.Key(contract.LabelAdapterType), contract.AdapterType(job.Labels), in.Config.ProfileNames()))
 	}
-	if got := tplLabels[templates.LabelEgress]; got != prof.EgressProfile {
-		errs = append(errs, field.Invalid(tplPath.Child("metadata", "labels").Key(templates.LabelEgress), got,
+	if got := tplLabels[contract.LabelEgress]; got != prof.EgressProfile {
+		errs = append(errs, field.Invalid(tplPath.Child("metadata", "labels").Key(contract.LabelEgress), got,
 			fmt.Sprintf("profile %q assigns egress profile %q; a Job cannot choose its own", prof.Name, prof.EgressProfile)))
 	}
-	if got := tplLabels[templates.LabelRole]; got != templates.RoleAgent {
-		errs = append(errs, field.Invalid(tplPath.Child("metadata", "labels").Key(templates.LabelRole), got,
-			"agent pods carry "+templates.LabelRole+"="+templates.RoleAgent))
+	if got := tplLabels[contract.LabelRole]; got != contract.RoleAgent {
+		errs = append(errs, field.Invalid(tplPath.Child("metadata", "labels").Key(contract.LabelRole), got,
+			"agent pods carry "+contract.LabelRole+"="+contract.RoleAgent))
 	}
 	return errs
 }

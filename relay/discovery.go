@@ -9,7 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/paperclipai/clipjob/templates"
+	"github.com/paperclipai/clipjob/contract"
 )
 
 // PodLookup returns the current state of a pod, or nil when it is gone.
@@ -63,7 +63,7 @@ func (c *Collector) Stop() {
 
 // OnPod handles a pod added or updated.
 func (c *Collector) OnPod(pod *corev1.Pod) {
-	run := pod.Labels[templates.LabelRunID]
+	run := pod.Labels[contract.LabelRunID]
 	if run == "" {
 		return
 	}
@@ -92,7 +92,7 @@ func (c *Collector) OnPod(pod *corev1.Pod) {
 // OnPodDeleted handles a pod that is gone: its followers end once they
 // have read what they can, and the run is finished then.
 func (c *Collector) OnPodDeleted(pod *corev1.Pod) {
-	if run := pod.Labels[templates.LabelRunID]; run != "" {
+	if run := pod.Labels[contract.LabelRunID]; run != "" {
 		c.maybeFinish(pod.Namespace, pod.Name, pod.UID, run)
 	}
 }
@@ -254,9 +254,9 @@ func describe(r *Run, pod *corev1.Pod) {
 	created := pod.CreationTimestamp.Time
 	r.PodCreated = &created
 	r.Job = l["batch.kubernetes.io/job-name"]
-	r.Agent, r.Company = l[templates.LabelAgentID], l[templates.LabelCompanyID]
-	r.Task, r.Session = l[templates.LabelTaskID], l[templates.LabelSessionID]
-	r.Adapter = templates.AdapterType(l)
+	r.Agent, r.Company = l[contract.LabelAgentID], l[contract.LabelCompanyID]
+	r.Task, r.Session = l[contract.LabelTaskID], l[contract.LabelSessionID]
+	r.Adapter = contract.AdapterType(l)
 	r.Containers = r.Containers[:0]
 	for _, c := range pod.Spec.InitContainers {
 		r.Containers = append(r.Containers, c.Name)

@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/paperclipai/clipjob/templates"
+	"github.com/paperclipai/clipjob/contract"
 )
 
 // podLogs serves one fakeLog per (pod, container).
@@ -64,7 +64,7 @@ func terminated(name, id string) corev1.ContainerStatus {
 func agentPod(name, uid string, created time.Time) *corev1.Pod {
 	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(uid),
 		CreationTimestamp: metav1.Time{Time: created},
-		Labels:            map[string]string{templates.LabelRunID: "run-1", templates.LabelAgentID: "a"}},
+		Labels:            map[string]string{contract.LabelRunID: "run-1", contract.LabelAgentID: "a"}},
 		Spec: corev1.PodSpec{InitContainers: []corev1.Container{{Name: "setup"}}, Containers: []corev1.Container{{Name: "agent"}}}}
 }
 

@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
-	"github.com/paperclipai/clipjob/templates"
+	"github.com/paperclipai/clipjob/contract"
 )
 
 // Options configure Serve. Each field's comment gives its default.
@@ -138,7 +138,7 @@ func Serve(ctx context.Context, o Options) error {
 	var factories []informers.SharedInformerFactory
 	for _, ns := range namespaces {
 		f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns),
-			informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.LabelSelector = templates.LabelRunID }))
+			informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.LabelSelector = contract.LabelRunID }))
 		inf := f.Core().V1().Pods()
 		listers[ns] = inf.Lister()
 		_, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{

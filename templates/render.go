@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/contract"
 )
 
 // templateVersion is hashed with the inputs, so a change to what Render does
@@ -64,15 +65,15 @@ func (e *RenderError) Error() string { return e.Errs.ToAggregate().Error() }
 
 // Render completes an agent Job; see the package documentation.
 func Render(in Input) (*Result, error) {
-	if !IsAgentJob(in.Job.Labels) {
-		return nil, &RenderError{field.ErrorList{field.Required(labelsPath.Key(LabelAgentID), "an agent Job carries this label")}}
+	if !contract.IsAgentJob(in.Job.Labels) {
+		return nil, &RenderError{field.ErrorList{field.Required(labelsPath.Key(contract.LabelAgentID), "an agent Job carries this label")}}
 	}
-	adapter := AdapterType(in.Job.Labels)
+	adapter := contract.AdapterType(in.Job.Labels)
 	prof, ok := in.Config.Profile(adapter)
 	if !ok {
-		key := LabelAdapterType
-		if in.Job.Labels[LabelAdapterType] == "" {
-			key = LabelAdapter
+		key := contract.LabelAdapterType
+		if in.Job.Labels[contract.LabelAdapterType] == "" {
+			key = contract.LabelAdapter
 		}
 		return nil, &RenderError{field.ErrorList{field.NotSupported(labelsPath.Key(key), adapter, in.Config.ProfileNames())}}
 	}
@@ -105,7 +106,7 @@ func (r *renderer) render() {
 		if len(r.prof.Command) == 0 {
 			r.errs = append(r.errs, field.Required(containersPath, fmt.Sprintf(
 				"the Job has no container and profile %q has no command: add a container with a command, or set label %s to one of %s",
-				r.prof.Name, LabelAdapterType, strings.Join(r.in.Config.ProfileNames(), ", "))))
+				r.prof.Name, contract.LabelAdapterType, strings.Join(r.in.Config.ProfileNames(), ", "))))
 			return
 		}
 		spec.Containers = []corev1.Container{{Name: r.prof.ContainerName, Command: r.prof.Command, Args: r.prof.Args}}
@@ -175,15 +176,15 @@ func (r *renderer) image(c *corev1.Container, p *field.Path) {
 func (r *renderer) layeredEnv(hasPrompt bool) []corev1.EnvVar {
 	env := filterEnv(r.in.Inherited.Env, r.in.Config.Source.Env, r.prof.EnvKeys)
 	var run []corev1.EnvVar
-	for _, m := range runEnv {
-		if v := r.job.Labels[m.label]; v != "" {
-			run = append(run, corev1.EnvVar{Name: m.env, Value: v})
+	for _, m := range contract.RunEnv {
+		if v := r.job.Labels[m.Label]; v != "" {
+			run = append(run, corev1.EnvVar{Name: m.Env, Value: v})
 		}
 	}
 	env = config.MergeEnv(env, run)
 	prof := append([]corev1.EnvVar{{Name: "HOME", Value: r.in.Inherited.DataMountPath}}, r.prof.Env...)
 	if hasPrompt {
-		prof = append(prof, corev1.EnvVar{Name: EnvPromptFile, Value: path.Join(PromptDir, PromptFileName)})
+		prof = append(prof, corev1.EnvVar{Name: contract.EnvPromptFile, Value: path.Join(contract.PromptDir, contract.PromptFileName)})
 	}
 	return config.MergeEnv(env, prof)
 }
@@ -210,7 +211,7 @@ func (r *renderer) sharedMounts(prompt *corev1.Volume) []mountWithVolume {
 	}
 	if prompt != nil {
 		out = append(out, mountWithVolume{
-			mount:  corev1.VolumeMount{Name: PromptVolume, MountPath: PromptDir, ReadOnly: true},
+			mount:  corev1.VolumeMount{Name: PromptVolume, MountPath: contract.PromptDir, ReadOnly: true},
 			volume: *prompt,
 		})
 	}
@@ -274,26 +275,26 @@ func writableVolumeName(p string) string {
 // Secret key. It returns nil when the Job carries no prompt.
 func (r *renderer) promptVolume() *corev1.Volume {
 	ann := r.job.Spec.Template.Annotations
-	_, inline := ann[AnnotationInline]
-	secretRef, bySecret := ann[AnnotationPromptSecret]
+	_, inline := ann[contract.AnnotationPrompt]
+	secretRef, bySecret := ann[contract.AnnotationPromptSecret]
 	switch {
 	case inline && bySecret:
-		r.errs = append(r.errs, field.Invalid(tplAnnotations.Key(AnnotationPromptSecret), secretRef,
-			"set either "+AnnotationInline+" or "+AnnotationPromptSecret+", not both"))
+		r.errs = append(r.errs, field.Invalid(tplAnnotations.Key(contract.AnnotationPromptSecret), secretRef,
+			"set either "+contract.AnnotationPrompt+" or "+contract.AnnotationPromptSecret+", not both"))
 		return nil
 	case inline:
 		return &corev1.Volume{Name: PromptVolume, VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
 			Items: []corev1.DownwardAPIVolumeFile{{
-				Path:     PromptFileName,
-				FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.annotations['" + AnnotationInline + "']"},
+				Path:     contract.PromptFileName,
+				FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.annotations['" + contract.AnnotationPrompt + "']"},
 			}},
 		}}}
 	case bySecret:
 		name, key, _ := strings.Cut(secretRef, "/")
 		if key == "" {
-			key = DefaultPromptKey
+			key = contract.DefaultPromptKey
 		}
-		p := tplAnnotations.Key(AnnotationPromptSecret)
+		p := tplAnnotations.Key(contract.AnnotationPromptSecret)
 		for _, msg := range validation.IsDNS1123Subdomain(name) {
 			r.errs = append(r.errs, field.Invalid(p, secretRef, "Secret name: "+msg+` (want "name" or "name/key")`))
 		}
@@ -302,7 +303,7 @@ func (r *renderer) promptVolume() *corev1.Volume {
 		}
 		return &corev1.Volume{Name: PromptVolume, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 			SecretName: name,
-			Items:      []corev1.KeyToPath{{Key: key, Path: PromptFileName}},
+			Items:      []corev1.KeyToPath{{Key: key, Path: contract.PromptFileName}},
 		}}}
 	}
 	return nil
@@ -433,7 +434,7 @@ func (r *renderer) jobSpec() {
 		if r.job.Annotations == nil {
 			r.job.Annotations = map[string]string{}
 		}
-		r.job.Annotations[AnnotationQueued] = "true"
+		r.job.Annotations[contract.AnnotationQueued] = "true"
 		s.Suspend = ptr.To(true)
 	}
 }
@@ -447,22 +448,22 @@ func (r *renderer) labels() {
 		tpl.Labels = map[string]string{}
 	}
 	for k, v := range r.job.Labels {
-		if strings.HasPrefix(k, LabelPrefix) {
+		if strings.HasPrefix(k, contract.Prefix) {
 			tpl.Labels[k] = v
 		}
 	}
-	tpl.Labels[LabelRole] = RoleAgent
-	tpl.Labels[LabelEgress] = r.prof.EgressProfile
-	r.job.Labels[LabelEgress] = r.prof.EgressProfile
+	tpl.Labels[contract.LabelRole] = contract.RoleAgent
+	tpl.Labels[contract.LabelEgress] = r.prof.EgressProfile
+	r.job.Labels[contract.LabelEgress] = r.prof.EgressProfile
 }
 
 func (r *renderer) annotate() {
 	if r.job.Annotations == nil {
 		r.job.Annotations = map[string]string{}
 	}
-	r.job.Annotations[AnnotationProfile] = r.prof.Name
-	r.job.Annotations[AnnotationSource] = r.in.Inherited.Source + " " + r.in.Inherited.Revision
-	r.job.Annotations[AnnotationTemplateHash] = r.templateHash()
+	r.job.Annotations[contract.AnnotationProfile] = r.prof.Name
+	r.job.Annotations[contract.AnnotationSource] = r.in.Inherited.Source + " " + r.in.Inherited.Revision
+	r.job.Annotations[contract.AnnotationTemplateHash] = r.templateHash()
 }
 
 func (r *renderer) templateHash() string {

@@ -10,12 +10,7 @@ import (
 // BenchmarkRender is the core of every mutating admission: one bare Job
 // (no containers, inline prompt) rendered with the claude_local profile.
 func BenchmarkRender(b *testing.B) {
-	var c golden.Case
-	for _, x := range golden.Cases(b) {
-		if x.Name == "profile-claude_local" {
-			c = x
-		}
-	}
+	c := golden.Case(b, "profile-claude_local")
 	inh, err := templates.InheritFromDeployment(c.Source, c.Config.Source)
 	if err != nil {
 		b.Fatal(err)

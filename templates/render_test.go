@@ -5,8 +5,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/golden"
-	"github.com/paperclipai/clipjob/templates"
 )
 
 // TestRenderGolden renders every fixture, compares it with its golden file,
@@ -41,7 +41,7 @@ func TestRenderGolden(t *testing.T) {
 }
 
 func TestRenderDoesNotModifyInput(t *testing.T) {
-	c := golden.Cases(t)[0]
+	c := golden.Case(t, "alias-adapter-label")
 	before := c.Job.DeepCopy()
 	if _, err := c.Render(); err != nil {
 		t.Fatal(err)
@@ -52,10 +52,10 @@ func TestRenderDoesNotModifyInput(t *testing.T) {
 }
 
 func TestIsAgentJob(t *testing.T) {
-	if templates.IsAgentJob(map[string]string{"app": "x"}) {
+	if contract.IsAgentJob(map[string]string{"app": "x"}) {
 		t.Error("a Job without the agent label is not an agent Job")
 	}
-	if !templates.IsAgentJob(map[string]string{templates.LabelAgentID: ""}) {
+	if !contract.IsAgentJob(map[string]string{contract.LabelAgentID: ""}) {
 		t.Error("the label's presence marks an agent Job")
 	}
 }

@@ -18,8 +18,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/policy"
-	"github.com/paperclipai/clipjob/templates"
 )
 
 // ClaimController frees an agent's claim as soon as
@@ -58,16 +58,16 @@ func (r *ClaimController) Start(ctx context.Context) error {
 	}
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.LabelSelector = templates.LabelAgentID
+			o.LabelSelector = contract.LabelAgentID
 			return r.Client.BatchV1().Jobs(metav1.NamespaceAll).List(ctx, o)
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.LabelSelector = templates.LabelAgentID
+			o.LabelSelector = contract.LabelAgentID
 			return r.Client.BatchV1().Jobs(metav1.NamespaceAll).Watch(ctx, o)
 		},
 	}
 	inf := cache.NewSharedIndexInformer(lw, &batchv1.Job{}, 0, cache.Indexers{byAgent: func(obj any) ([]string, error) {
-		return []string{obj.(*batchv1.Job).Labels[templates.LabelAgentID]}, nil
+		return []string{obj.(*batchv1.Job).Labels[contract.LabelAgentID]}, nil
 	}})
 	r.jobs = inf.GetIndexer()
 	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -131,7 +131,7 @@ func (r *ClaimController) releaseOrRetry(ctx context.Context, job *batchv1.Job, 
 		r.Log.Error(err, "releasing claim", "job", job.Namespace+"/"+job.Name)
 	case ok:
 		claimsReleased.WithLabelValues(trigger).Inc()
-		r.Log.V(1).Info("claim released", "job", job.Namespace+"/"+job.Name, "agent", job.Labels[templates.LabelAgentID], "trigger", trigger)
+		r.Log.V(1).Info("claim released", "job", job.Namespace+"/"+job.Name, "agent", job.Labels[contract.LabelAgentID], "trigger", trigger)
 	case attempt < 30 && r.holds(ctx, job):
 		time.AfterFunc(2*time.Second, func() {
 			if ctx.Err() == nil {
@@ -151,7 +151,7 @@ func (r *ClaimController) holds(ctx context.Context, job *batchv1.Job) bool {
 
 // queued reports whether a Job waits for its turn.
 func queued(job *batchv1.Job) bool {
-	return job.Annotations[templates.AnnotationQueued] == "true" && job.Annotations[templates.AnnotationQueueError] == "" &&
+	return job.Annotations[contract.AnnotationQueued] == "true" && job.Annotations[contract.AnnotationQueueError] == "" &&
 		job.Spec.Suspend != nil && *job.Spec.Suspend && job.DeletionTimestamp == nil && !policy.Finished(job)
 }
 
@@ -163,7 +163,7 @@ func (r *ClaimController) startNext(ctx context.Context, job *batchv1.Job) {
 	if r.jobs == nil {
 		return
 	}
-	objs, err := r.jobs.ByIndex(byAgent, job.Labels[templates.LabelAgentID])
+	objs, err := r.jobs.ByIndex(byAgent, job.Labels[contract.LabelAgentID])
 	if err != nil {
 		return
 	}
@@ -218,7 +218,7 @@ func (r *ClaimController) startNext(ctx context.Context, job *batchv1.Job) {
 	delete(r.failures, next.UID)
 	r.mu.Unlock()
 	queueStarts.Inc()
-	r.Log.Info("queued run started", "job", next.Namespace+"/"+next.Name, "agent", next.Labels[templates.LabelAgentID], "waiting", len(waiting)-1)
+	r.Log.Info("queued run started", "job", next.Namespace+"/"+next.Name, "agent", next.Labels[contract.LabelAgentID], "waiting", len(waiting)-1)
 }
 
 // startFailed counts a failed start; after maxStartFailures the run is
@@ -237,7 +237,7 @@ func (r *ClaimController) startFailed(ctx context.Context, job *batchv1.Job, cau
 		return
 	}
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"uid": job.UID,
-		"annotations": map[string]string{templates.AnnotationQueueError: cause.Error()}}})
+		"annotations": map[string]string{contract.AnnotationQueueError: cause.Error()}}})
 	if _, err := r.Client.BatchV1().Jobs(job.Namespace).Patch(ctx, job.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		r.Log.Error(err, "marking a queued run that cannot start", "job", job.Namespace+"/"+job.Name)
 		return
@@ -246,7 +246,7 @@ func (r *ClaimController) startFailed(ctx context.Context, job *batchv1.Job, cau
 	delete(r.failures, job.UID)
 	r.mu.Unlock()
 	r.Log.Info("queued run skipped: it failed to start "+fmt.Sprint(maxStartFailures)+" times; remove the annotation to retry it",
-		"job", job.Namespace+"/"+job.Name, "annotation", templates.AnnotationQueueError, "error", cause.Error())
+		"job", job.Namespace+"/"+job.Name, "annotation", contract.AnnotationQueueError, "error", cause.Error())
 }
 
 // running reports whether a Job is a run going on now.
@@ -265,7 +265,7 @@ func (r *ClaimController) startAllQueued(ctx context.Context) {
 	seen := map[string]bool{}
 	for _, o := range r.jobs.List() {
 		j := o.(*batchv1.Job)
-		key := j.Namespace + "/" + j.Labels[templates.LabelAgentID]
+		key := j.Namespace + "/" + j.Labels[contract.LabelAgentID]
 		if queued(j) && !seen[key] {
 			seen[key] = true
 			r.startNext(ctx, j)

@@ -18,16 +18,16 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/config"
-	"github.com/paperclipai/clipjob/templates"
+	"github.com/paperclipai/clipjob/contract"
 )
 
 func queueJob(name string, created time.Time, suspended, queuedRun bool) *batchv1.Job {
 	j := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "paperclip", UID: types.UID("uid-" + name),
 		CreationTimestamp: metav1.Time{Time: created}, Annotations: map[string]string{},
-		Labels: map[string]string{templates.LabelAgentID: "agent-q", templates.LabelRunID: name}},
+		Labels: map[string]string{contract.LabelAgentID: "agent-q", contract.LabelRunID: name}},
 		Spec: batchv1.JobSpec{Suspend: ptr.To(suspended)}}
 	if queuedRun {
-		j.Annotations[templates.AnnotationQueued] = "true"
+		j.Annotations[contract.AnnotationQueued] = "true"
 	}
 	return j
 }
@@ -44,7 +44,7 @@ func testController(t *testing.T, mode string, jobs ...*batchv1.Job) (*ClaimCont
 		t.Fatal(err)
 	}
 	idx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{byAgent: func(obj any) ([]string, error) {
-		return []string{obj.(*batchv1.Job).Labels[templates.LabelAgentID]}, nil
+		return []string{obj.(*batchv1.Job).Labels[contract.LabelAgentID]}, nil
 	}})
 	for _, j := range jobs {
 		_ = idx.Add(j)
@@ -150,7 +150,7 @@ func TestStartNextMovesPastARunThatCannotStart(t *testing.T) {
 		r.startNext(context.Background(), stuck)
 	}
 	j, _ := cs.BatchV1().Jobs("paperclip").Get(context.Background(), "stuck", metav1.GetOptions{})
-	if j.Annotations[templates.AnnotationQueueError] == "" {
+	if j.Annotations[contract.AnnotationQueueError] == "" {
 		t.Fatalf("the run that cannot start was not marked: %v", j.Annotations)
 	}
 	_ = r.jobs.Update(j) // as the informer would show it

@@ -16,19 +16,14 @@ import (
 	"github.com/paperclipai/clipjob/templates"
 )
 
-func benchCase(b *testing.B) (golden.Case, *Mutator, []byte) {
-	for _, c := range golden.Cases(b) {
-		if c.Name == "profile-claude_local" {
-			inh, err := templates.InheritFromDeployment(c.Source, c.Config.Source)
-			if err != nil {
-				b.Fatal(err)
-			}
-			raw, _ := json.Marshal(c.Job)
-			return c, &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh, nil}}, raw
-		}
+func benchCase(b *testing.B) (golden.Fixture, *Mutator, []byte) {
+	c := golden.Case(b, "profile-claude_local")
+	inh, err := templates.InheritFromDeployment(c.Source, c.Config.Source)
+	if err != nil {
+		b.Fatal(err)
 	}
-	b.Fatal("fixture missing")
-	return golden.Case{}, nil, nil
+	raw, _ := json.Marshal(c.Job)
+	return c, &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh, nil}}, raw
 }
 
 // BenchmarkMutate is the mutating handler without HTTP: decode, render,

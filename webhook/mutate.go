@@ -21,6 +21,7 @@ import (
 	sigsjson "sigs.k8s.io/json"
 
 	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/templates"
 )
 
@@ -88,8 +89,8 @@ func (m *Mutator) mutate(ctx context.Context, req admission.Request) (admission.
 	if err != nil {
 		return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
 	}
-	if !templates.IsAgentJob(job.Labels) {
-		return admission.Allowed("not an agent Job: no label " + templates.LabelAgentID), OutcomeSkipped
+	if !contract.IsAgentJob(job.Labels) {
+		return admission.Allowed("not an agent Job: no label " + contract.LabelAgentID), OutcomeSkipped
 	}
 	cfg := m.Configs.Current()
 	inh, err := m.Sources.Inherited(ctx, cfg)

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/golden"
 	"github.com/paperclipai/clipjob/templates"
 )
@@ -92,7 +93,7 @@ func TestMutatorGolden(t *testing.T) {
 				t.Fatalf("want an allowed JSON patch, got %+v", resp.Result)
 			}
 			job := applyPatch(t, raw, resp)
-			golden.Compare(t, c.GoldenPath, golden.Format(job.Annotations[templates.AnnotationProfile], job, resp.Warnings, nil))
+			golden.Compare(t, c.GoldenPath, golden.Format(job.Annotations[contract.AnnotationProfile], job, resp.Warnings, nil))
 
 			// Admitting the stored Job again is a no-op.
 			again, _ := json.Marshal(job)
@@ -115,7 +116,7 @@ func TestMutatorSkipsAndRefuses(t *testing.T) {
 	agent, _ := json.Marshal(c.Job)
 
 	plain := c.Job.DeepCopy()
-	delete(plain.Labels, templates.LabelAgentID)
+	delete(plain.Labels, contract.LabelAgentID)
 	plainRaw, _ := json.Marshal(plain)
 
 	update := createRequest(t, agent)
@@ -162,7 +163,7 @@ func TestMutatorSkipsAndRefuses(t *testing.T) {
 // TestMutatorKeepsUnknownFields: a field this build's types do not know
 // (a newer API server) must survive the patch.
 func TestMutatorKeepsUnknownFields(t *testing.T) {
-	c := golden.Cases(t)[0]
+	c := golden.Case(t, "alias-adapter-label")
 	inh, _ := templates.InheritFromDeployment(c.Source, c.Config.Source)
 	m := &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh, nil}}
 	raw, _ := json.Marshal(c.Job)
@@ -182,7 +183,7 @@ func TestMutatorKeepsUnknownFields(t *testing.T) {
 }
 
 func TestMutatorDryRunSameAnswer(t *testing.T) {
-	c := golden.Cases(t)[0]
+	c := golden.Case(t, "alias-adapter-label")
 	inh, _ := templates.InheritFromDeployment(c.Source, c.Config.Source)
 	m := &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh, nil}}
 	raw, _ := json.Marshal(c.Job)

@@ -15,8 +15,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/policy"
-	"github.com/paperclipai/clipjob/templates"
 )
 
 // Validator enforces policy on the final Job and claims the agent's run.
@@ -62,7 +62,7 @@ func (v *Validator) validate(ctx context.Context, req admission.Request) (admiss
 			return admission.Errored(http.StatusBadRequest, fmt.Errorf("old object: %w", err)), OutcomeErrored
 		}
 	}
-	if !templates.IsAgentJob(job.Labels) && (old == nil || !templates.IsAgentJob(old.Labels)) {
+	if !contract.IsAgentJob(job.Labels) && (old == nil || !contract.IsAgentJob(old.Labels)) {
 		return admission.Allowed("not an agent Job"), OutcomeSkipped
 	}
 	if job.Namespace == "" {

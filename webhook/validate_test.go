@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/golden"
 	"github.com/paperclipai/clipjob/policy"
 	"github.com/paperclipai/clipjob/templates"
@@ -26,7 +27,7 @@ import (
 
 func renderedCase(t *testing.T) (*batchv1.Job, *Validator, *fake.Clientset) {
 	t.Helper()
-	c := golden.Cases(t)[0]
+	c := golden.Case(t, "alias-adapter-label")
 	res, err := c.Render()
 	if err != nil {
 		t.Fatal(err)
@@ -113,9 +114,9 @@ func TestValidatorOutcomes(t *testing.T) {
 	evil := job.DeepCopy()
 	evil.Spec.Template.Spec.Containers[0].Image = "evil.example.com/x:1"
 	relabeled := job.DeepCopy()
-	relabeled.Labels[templates.LabelAgentID] = "someone-else"
+	relabeled.Labels[contract.LabelAgentID] = "someone-else"
 	plain := job.DeepCopy()
-	delete(plain.Labels, templates.LabelAgentID)
+	delete(plain.Labels, contract.LabelAgentID)
 
 	failingPVCs := *v
 	failingPVCs.PVCs = func(context.Context, string, string) (*corev1.PersistentVolumeClaim, error) {

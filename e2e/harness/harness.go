@@ -24,9 +24,9 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/internal/manifest"
-	"github.com/paperclipai/clipjob/templates"
 	"github.com/paperclipai/clipjob/webhook"
 )
 
@@ -230,7 +230,7 @@ func Register(ctx context.Context, cs kubernetes.Interface, addr string, caBundl
 // validating webhook hold the line alone).
 func RegisterWithMutatingAt(ctx context.Context, cs kubernetes.Interface, mutatingAddr, addr string, caBundle []byte, mutatingFailure admissionregistrationv1.FailurePolicyType) error {
 	objectSelector := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
-		Key: templates.LabelAgentID, Operator: metav1.LabelSelectorOpExists}}}
+		Key: contract.LabelAgentID, Operator: metav1.LabelSelectorOpExists}}}
 	nsSelector := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 		Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-system"}}}}
 	rule := func(ops ...admissionregistrationv1.OperationType) []admissionregistrationv1.RuleWithOperations {

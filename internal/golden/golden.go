@@ -27,8 +27,9 @@ import (
 	"github.com/paperclipai/clipjob/templates"
 )
 
-// Case is one render fixture.
-type Case struct {
+// Fixture is one render case: a Job, the Config and source Deployment it
+// renders with, and the golden file holding the expected output.
+type Fixture struct {
 	Name       string
 	Job        *batchv1.Job
 	Config     *config.Config
@@ -43,7 +44,7 @@ func Dir() string {
 }
 
 // Cases loads every fixture and fails the test on stale golden files.
-func Cases(t testing.TB) []Case {
+func Cases(t testing.TB) []Fixture {
 	t.Helper()
 	dir := Dir()
 	baseCfg := mustRead(t, filepath.Join(dir, "config.yaml"))
@@ -53,7 +54,7 @@ func Cases(t testing.TB) []Case {
 		t.Fatalf("no fixtures in %s: %v", dir, err)
 	}
 	sort.Strings(files)
-	var cases []Case
+	var cases []Fixture
 	want := map[string]bool{}
 	for _, f := range files {
 		name := strings.TrimSuffix(filepath.Base(f), ".yaml")
@@ -72,7 +73,7 @@ func Cases(t testing.TB) []Case {
 		if err != nil {
 			t.Fatalf("%s: config: %v", f, err)
 		}
-		c := Case{Name: name, Job: set.Jobs[0], Config: cfg, Source: srcs[0],
+		c := Fixture{Name: name, Job: set.Jobs[0], Config: cfg, Source: srcs[0],
 			GoldenPath: filepath.Join(dir, "cases", name+".golden")}
 		want[c.GoldenPath] = true
 		cases = append(cases, c)
@@ -86,9 +87,22 @@ func Cases(t testing.TB) []Case {
 	return cases
 }
 
+// Case loads the fixture called name (cases/NAME.yaml), so a test that needs
+// one particular Job says which.
+func Case(t testing.TB, name string) Fixture {
+	t.Helper()
+	for _, c := range Cases(t) {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("no golden fixture %q in %s", name, filepath.Join(Dir(), "cases"))
+	return Fixture{}
+}
+
 // Render runs the core the way the CLI does: inherit from the case's
 // source, then render.
-func (c Case) Render() (*templates.Result, error) {
+func (c Fixture) Render() (*templates.Result, error) {
 	inh, err := templates.InheritFromDeployment(c.Source, c.Config.Source)
 	if err != nil {
 		return nil, err

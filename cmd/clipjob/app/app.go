@@ -12,6 +12,7 @@ import (
 	"os"
 
 	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/manifest"
 	"github.com/paperclipai/clipjob/templates"
 )
@@ -127,8 +128,8 @@ func render(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		if i > 0 {
 			out.WriteString("---\n")
 		}
-		if !templates.IsAgentJob(job.Labels) {
-			fmt.Fprintf(stderr, "clipjob: Job %s has no label %s; left as it is\n", job.Name, templates.LabelAgentID)
+		if !contract.IsAgentJob(job.Labels) {
+			fmt.Fprintf(stderr, "clipjob: Job %s has no label %s; left as it is\n", job.Name, contract.LabelAgentID)
 		} else {
 			res, err := templates.Render(templates.Input{Job: job, Inherited: inh, Config: cfg})
 			if err != nil {

@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/golden"
 	"github.com/paperclipai/clipjob/internal/manifest"
-	"github.com/paperclipai/clipjob/templates"
 )
 
 // TestRenderGolden runs `clipjob render` over the shared render fixtures:
@@ -45,7 +45,7 @@ func TestRenderGolden(t *testing.T) {
 				}
 			}
 			out := set.Jobs[0]
-			golden.Compare(t, c.GoldenPath, golden.Format(out.Annotations[templates.AnnotationProfile], out, warnings, nil))
+			golden.Compare(t, c.GoldenPath, golden.Format(out.Annotations[contract.AnnotationProfile], out, warnings, nil))
 		})
 	}
 }
@@ -73,7 +73,7 @@ func TestUsageErrors(t *testing.T) {
 }
 
 func TestRenderFromStdinPassesOtherJobsThrough(t *testing.T) {
-	c := golden.Cases(t)[0]
+	c := golden.Case(t, "alias-adapter-label")
 	dir := t.TempDir()
 	c.Source.APIVersion, c.Source.Kind = "apps/v1", "Deployment"
 	src := golden.WriteYAML(t, dir, "source.yaml", c.Source)
@@ -100,10 +100,10 @@ metadata:
 	if err != nil || len(set.Jobs) != 2 {
 		t.Fatalf("want 2 Jobs out: %v", err)
 	}
-	if _, ok := set.Jobs[0].Annotations[templates.AnnotationProfile]; ok {
+	if _, ok := set.Jobs[0].Annotations[contract.AnnotationProfile]; ok {
 		t.Error("a Job without the agent label was rendered")
 	}
-	if got := set.Jobs[1].Annotations[templates.AnnotationProfile]; got != "codex_local" {
+	if got := set.Jobs[1].Annotations[contract.AnnotationProfile]; got != "codex_local" {
 		t.Errorf("agent Job rendered with profile %q", got)
 	}
 	if !strings.Contains(stderr.String(), "Job plain has no label paperclip.io/agent-id") {

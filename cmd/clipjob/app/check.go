@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
+	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/policy"
 	"github.com/paperclipai/clipjob/templates"
 )
@@ -66,8 +67,8 @@ func check(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	}
 	denied := false
 	for _, job := range jobs.Jobs {
-		if !templates.IsAgentJob(job.Labels) {
-			fmt.Fprintf(stdout, "job/%s: skipped (no label %s)\n", job.Name, templates.LabelAgentID)
+		if !contract.IsAgentJob(job.Labels) {
+			fmt.Fprintf(stdout, "job/%s: skipped (no label %s)\n", job.Name, contract.LabelAgentID)
 			continue
 		}
 		if inh != nil {

@@ -1,24 +1,42 @@
-package templates
+package contract
 
 // Labels of the bare-Job contract. A Job is an agent run when it carries
 // LabelAgentID.
 const (
-	LabelPrefix      = "paperclip.io/"
+	Prefix           = "paperclip.io/"
 	LabelAgentID     = "paperclip.io/agent-id"
 	LabelRunID       = "paperclip.io/run-id"
 	LabelCompanyID   = "paperclip.io/company-id"
 	LabelAdapterType = "paperclip.io/adapter-type"
 	// LabelAdapter is the alias Paperclip's sandbox plugin writes.
-	LabelAdapter     = "paperclip.io/adapter"
-	LabelTaskID      = "paperclip.io/task-id"
-	LabelSessionID   = "paperclip.io/session-id"
-	LabelRole        = "paperclip.io/role"
-	LabelEgress      = "paperclip.io/egress-profile"
-	RoleAgent        = "agent"
-	AnnotationInline = "paperclip.io/prompt"
+	LabelAdapter   = "paperclip.io/adapter"
+	LabelTaskID    = "paperclip.io/task-id"
+	LabelSessionID = "paperclip.io/session-id"
+)
+
+// Labels clipjob sets on an agent run's pods, for NetworkPolicies and for
+// the checks that the pods belong to the run.
+const (
+	LabelRole   = "paperclip.io/role"
+	LabelEgress = "paperclip.io/egress-profile"
+	RoleAgent   = "agent"
+)
+
+// Pod-template annotations that carry the prompt.
+const (
+	// AnnotationPrompt holds a small prompt inline.
+	AnnotationPrompt = "paperclip.io/prompt"
 	// AnnotationPromptSecret names a Secret holding the prompt, as
-	// "name" (key "prompt") or "name/key".
+	// "name" (key DefaultPromptKey) or "name/key".
 	AnnotationPromptSecret = "paperclip.io/prompt-secret"
+	DefaultPromptKey       = "prompt"
+)
+
+// Where an agent container finds the prompt, whichever way it came.
+const (
+	PromptDir      = "/var/run/paperclip/prompt"
+	PromptFileName = "prompt"
+	EnvPromptFile  = "PAPERCLIP_PROMPT_FILE"
 )
 
 // Annotations clipjob writes on the Job to say what it did.
@@ -34,19 +52,9 @@ const (
 	AnnotationQueueError = "clipjob.paperclip.io/queue-error"
 )
 
-// Names and paths of what Render adds to the pod.
-const (
-	PromptVolume         = "clipjob-prompt"
-	PromptDir            = "/var/run/paperclip/prompt"
-	PromptFileName       = "prompt"
-	EnvPromptFile        = "PAPERCLIP_PROMPT_FILE"
-	DefaultPromptKey     = "prompt"
-	writableVolumePrefix = "clipjob-writable-"
-	dataVolumeDefault    = "paperclip-data"
-)
-
-// runEnv maps contract labels to the env vars agents read them from.
-var runEnv = []struct{ label, env string }{
+// RunEnv maps the contract's labels to the env vars an agent reads them
+// from, in the order they are set.
+var RunEnv = []struct{ Label, Env string }{
 	{LabelAgentID, "PAPERCLIP_AGENT_ID"},
 	{LabelRunID, "PAPERCLIP_RUN_ID"},
 	{LabelCompanyID, "PAPERCLIP_COMPANY_ID"},
@@ -60,7 +68,8 @@ func IsAgentJob(labels map[string]string) bool {
 	return ok
 }
 
-// AdapterType returns the adapter a Job names, preferring the canonical key.
+// AdapterType returns the adapter a Job names, preferring the canonical
+// label to its alias.
 func AdapterType(labels map[string]string) string {
 	if v := labels[LabelAdapterType]; v != "" {
 		return v

@@ -1,0 +1,40 @@
+package contract
+
+import "testing"
+
+func TestIsAgentJob(t *testing.T) {
+	cases := []struct {
+		name   string
+		labels map[string]string
+		want   bool
+	}{
+		{name: "no labels", labels: nil, want: false},
+		{name: "run id alone", labels: map[string]string{LabelRunID: "r"}, want: false},
+		{name: "agent id", labels: map[string]string{LabelAgentID: "a"}, want: true},
+		{name: "empty agent id still marks a run", labels: map[string]string{LabelAgentID: ""}, want: true},
+	}
+	for _, c := range cases {
+		if got := IsAgentJob(c.labels); got != c.want {
+			t.Errorf("%s: IsAgentJob = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+func TestAdapterType(t *testing.T) {
+	cases := []struct {
+		name   string
+		labels map[string]string
+		want   string
+	}{
+		{name: "none", labels: map[string]string{}, want: ""},
+		{name: "canonical", labels: map[string]string{LabelAdapterType: "claude_local"}, want: "claude_local"},
+		{name: "alias", labels: map[string]string{LabelAdapter: "opencode_k8s"}, want: "opencode_k8s"},
+		{name: "canonical wins", labels: map[string]string{LabelAdapterType: "claude_local", LabelAdapter: "opencode_k8s"}, want: "claude_local"},
+		{name: "empty canonical falls back", labels: map[string]string{LabelAdapterType: "", LabelAdapter: "pi"}, want: "pi"},
+	}
+	for _, c := range cases {
+		if got := AdapterType(c.labels); got != c.want {
+			t.Errorf("%s: AdapterType = %q, want %q", c.name, got, c.want)
+		}
+	}
+}
