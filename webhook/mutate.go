@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"gomodules.xyz/jsonpatch/v2"
@@ -114,61 +112,40 @@ func (m *Mutator) mutate(ctx context.Context, req admission.Request) (admission.
 		return admission.Errored(http.StatusInternalServerError, err), OutcomeErrored
 	}
 	resp := admission.PatchResponseFromRaw(req.Object.Raw, rendered)
-	resp.Patches = keepUnknownFields(resp.Patches, job)
+	if resp.Patches, err = keepUnknownFields(resp.Patches, req.Object.Raw, job); err != nil {
+		return admission.Errored(http.StatusInternalServerError, err), OutcomeErrored
+	}
 	return resp.WithWarnings(res.Warnings...), OutcomePatched
 }
 
-// keepUnknownFields drops "remove" operations for paths the decoded Job
-// does not have: fields this build's types do not know (a newer API
-// server), which a diff against the raw request would otherwise delete.
-// This is controller-runtime's CustomDefaulter rule, for the same reason.
-// Render only adds, so a patch rarely has a "remove": the decoded Job is
-// re-encoded only then.
-func keepUnknownFields(ops []jsonpatch.JsonPatchOperation, decoded *batchv1.Job) []jsonpatch.JsonPatchOperation {
-	if !slices.ContainsFunc(ops, func(op jsonpatch.JsonPatchOperation) bool { return op.Operation == "remove" }) {
-		return ops
+// keepUnknownFields drops the "remove" operations that only undo decoding:
+// fields this build's types do not know (a newer API server), which a diff
+// against the raw request would otherwise delete. It is controller-runtime's
+// CustomDefaulter rule (dropSchemeRemovals): a removal is the decoder's when
+// re-encoding the decoded Job alone removes the same path. Render only adds,
+// so a patch rarely has a "remove", and the Job is re-encoded only then.
+func keepUnknownFields(ops []jsonpatch.JsonPatchOperation, raw []byte, decoded *batchv1.Job) ([]jsonpatch.JsonPatchOperation, error) {
+	isRemove := func(op jsonpatch.JsonPatchOperation) bool { return op.Operation == "remove" }
+	if !slices.ContainsFunc(ops, isRemove) {
+		return ops, nil
 	}
-	var doc any
 	roundTrip, err := json.Marshal(decoded)
-	if err != nil || json.Unmarshal(roundTrip, &doc) != nil {
-		return ops
+	if err != nil {
+		return nil, err
 	}
-	out := ops[:0]
-	for _, op := range ops {
-		if op.Operation == "remove" && !pointerExists(doc, op.Path) {
-			continue
-		}
-		out = append(out, op)
+	lost, err := jsonpatch.CreatePatch(raw, roundTrip)
+	if err != nil {
+		return nil, err
 	}
-	return out
-}
-
-// pointerExists reports whether the JSON pointer p (RFC 6901) names a value
-// in doc.
-func pointerExists(doc any, p string) bool {
-	if p == "" {
-		return true
-	}
-	for _, tok := range strings.Split(strings.TrimPrefix(p, "/"), "/") {
-		tok = strings.NewReplacer("~1", "/", "~0", "~").Replace(tok)
-		switch v := doc.(type) {
-		case map[string]any:
-			next, ok := v[tok]
-			if !ok {
-				return false
-			}
-			doc = next
-		case []any:
-			i, err := strconv.Atoi(tok)
-			if err != nil || i < 0 || i >= len(v) {
-				return false
-			}
-			doc = v[i]
-		default:
-			return false
+	byDecoding := map[string]bool{}
+	for _, op := range lost {
+		if isRemove(op) {
+			byDecoding[op.Path] = true
 		}
 	}
-	return true
+	return slices.DeleteFunc(ops, func(op jsonpatch.JsonPatchOperation) bool {
+		return isRemove(op) && byDecoding[op.Path]
+	}), nil
 }
 
 // decodeJob decodes a Job as the API server encodes it.
