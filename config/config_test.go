@@ -155,27 +155,39 @@ func TestFullExampleParses(t *testing.T) {
 func TestWatchKeepsServingOnRefusedConfig(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "config.yaml")
+	// Replaced whole, as a mounted ConfigMap is, so a read never sees
+	// half a file.
 	write := func(s string) {
-		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
 			t.Fatal(err)
 		}
 	}
-	initial := header
-	write(initial)
-	store := NewStore(Default(), time.Now())
+	write(header)
+	store, err := LoadStore(path, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
 	clk := clocktesting.NewFakeClock(time.Now())
 	results := make(chan error, 10)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go store.Watch(ctx, path, []byte(initial), WatchOptions{Interval: time.Second, Clock: clk,
+	go store.Watch(ctx, path, WatchOptions{Interval: time.Second, Clock: clk,
 		OnReload: func(_ *Config, err error) { results <- err }})
 
-	tick := func() error {
+	step := func() {
 		t.Helper()
 		for !clk.HasWaiters() {
 			time.Sleep(time.Millisecond)
 		}
 		clk.Step(time.Second)
+	}
+	tick := func() error {
+		t.Helper()
+		step()
 		select {
 		case err := <-results:
 			return err
@@ -183,6 +195,13 @@ func TestWatchKeepsServingOnRefusedConfig(t *testing.T) {
 			t.Fatal("no reload reported")
 			return nil
 		}
+	}
+
+	// The content the Store was loaded from is not a change: no reload.
+	step()
+	step()
+	if len(results) != 0 {
+		t.Fatalf("unchanged file reloaded: %v", <-results)
 	}
 
 	write(header + "defaultProfile: claude_local\n")
@@ -221,5 +240,36 @@ func TestWatchKeepsServingOnRefusedConfig(t *testing.T) {
 	}
 	if store.Current().DefaultProfile != "codex_local" {
 		t.Error("a missing file replaced the serving config")
+	}
+}
+
+// TestLoadStore: the first load is strict, since there is no previous
+// Config to keep serving, and its errors name the file.
+func TestLoadStore(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := LoadStore(filepath.Join(dir, "missing.yaml"), time.Now()); err == nil || !strings.Contains(err.Error(), "reading config") {
+		t.Fatalf("missing file: got %v", err)
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte(header+"bogus: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadStore(bad, time.Now()); err == nil || !strings.Contains(err.Error(), "config "+bad+": ") || !strings.Contains(err.Error(), `unknown field "bogus"`) {
+		t.Fatalf("invalid file: got %v", err)
+	}
+	good := filepath.Join(dir, "good.yaml")
+	if err := os.WriteFile(good, []byte(header+"defaultProfile: claude_local\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	store, err := LoadStore(good, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := store.Current().DefaultProfile; got != "claude_local" {
+		t.Errorf("default profile %q", got)
+	}
+	if st := store.Status(); st.Hash != store.Current().Hash() || !st.LoadedAt.Equal(now) || st.Refused != "" {
+		t.Errorf("status %+v", st)
 	}
 }

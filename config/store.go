@@ -18,6 +18,9 @@ type Store struct {
 
 	mu     sync.Mutex
 	status Status
+	// content is the file content the Config in force came from, so Watch
+	// applies only a change; nil for a Store made from a parsed Config.
+	content []byte
 }
 
 // Status describes the last reload attempt, for logs, metrics and probes.
@@ -42,6 +45,19 @@ func NewStore(cfg *Config, now time.Time) *Store {
 	return s
 }
 
+// LoadStore reads the file at path into a new Store, loaded at now. Unlike
+// a reload, a file that cannot be read or parsed is an error: there is no
+// previous Config to keep serving.
+func LoadStore(path string, now time.Time) (*Store, error) {
+	cfg, data, err := load(path)
+	if err != nil {
+		return nil, err
+	}
+	s := NewStore(cfg, now)
+	s.content = data
+	return s, nil
+}
+
 // Current returns the Config in force.
 func (s *Store) Current() *Config { return s.current.Load() }
 
@@ -64,6 +80,7 @@ func (s *Store) Apply(data []byte, now time.Time) (*Config, error) {
 	}
 	s.current.Store(cfg)
 	s.status = Status{Hash: cfg.Hash(), LoadedAt: now}
+	s.content = data
 	return cfg, nil
 }
 
@@ -81,16 +98,19 @@ type WatchOptions struct {
 }
 
 // Watch re-reads path until ctx ends and applies it whenever its content
-// changes. initial is the content the Store was created from. A file that
-// cannot be read counts as refused content; the Config in force stays.
-func (s *Store) Watch(ctx context.Context, path string, initial []byte, opts WatchOptions) {
+// differs from what was last read (at first, what the Store was loaded
+// from). A file that cannot be read counts as refused content; the Config
+// in force stays.
+func (s *Store) Watch(ctx context.Context, path string, opts WatchOptions) {
 	if opts.Interval <= 0 {
 		opts.Interval = 2 * time.Second
 	}
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	last, lastReadErr := initial, ""
+	s.mu.Lock()
+	last, lastReadErr := s.content, ""
+	s.mu.Unlock()
 	t := opts.Clock.NewTicker(opts.Interval)
 	defer t.Stop()
 	for {

@@ -29,82 +29,21 @@ const (
 	ValidatePath = "/validate-batch-v1-job"
 )
 
-// Options configure Run. Each field's comment gives its default.
-type Options struct {
-	// ConfigFile is the clipjob Config to load and watch. Required.
-	ConfigFile string
-	// ConfigPollInterval between reads of ConfigFile. Default 2s.
-	ConfigPollInterval time.Duration
-	// CertDir holds tls.crt and tls.key; they are reloaded when they
-	// change. Default <tmp>/k8s-webhook-server/serving-certs.
-	CertDir string
-	// Host and Port of the webhook server. Default all addresses, 9443.
-	Host string
-	Port int
-	// MetricsAddr serves Prometheus metrics and /configz. Default ":8080";
-	// "0" disables.
-	MetricsAddr string
-	// ProbeAddr serves /healthz and /readyz. Default ":8081".
-	ProbeAddr string
-	// ShutdownDelay keeps serving after a stop signal, reporting not-ready,
-	// so endpoints drop this replica before it closes. Default 0.
-	ShutdownDelay time.Duration
-	// LeaderElectionNamespace holds the Lease that elects the one replica
-	// running the claim controller. Default: the pod's namespace
-	// (POD_NAMESPACE), else the source namespace.
-	LeaderElectionNamespace string
-	// SweepInterval between sweeps of stale claims. Default 1m.
-	SweepInterval time.Duration
-	// KubeAPIQPS and KubeAPIBurst bound the webhook's own calls to the API
-	// server (claims, PVC checks). An admission must never wait on a
-	// client-side rate limiter; the API server's priority and fairness is
-	// what protects it. Default 1000 and 2000.
-	KubeAPIQPS   float32
-	KubeAPIBurst int
-	// RestConfig reaches the API server. Required.
-	RestConfig *rest.Config
-	// Log is the logger. Default: discard.
-	Log logr.Logger
-}
-
-func (o *Options) setDefaults() {
-	if o.Port == 0 {
-		o.Port = 9443
-	}
-	if o.MetricsAddr == "" {
-		o.MetricsAddr = ":8080"
-	}
-	if o.ProbeAddr == "" {
-		o.ProbeAddr = ":8081"
-	}
-	if o.KubeAPIQPS == 0 {
-		o.KubeAPIQPS = 1000
-	}
-	if o.KubeAPIBurst == 0 {
-		o.KubeAPIBurst = 2000
-	}
-}
-
 // Run serves the admission webhooks until ctx ends (plus ShutdownDelay).
 // It refuses to start on an invalid configuration: there is no previous
 // one to keep serving.
 func Run(ctx context.Context, o Options) error {
-	o.setDefaults()
-	if o.RestConfig == nil || o.ConfigFile == "" {
-		return errors.New("webhook: RestConfig and ConfigFile are required")
+	if err := o.validate(); err != nil {
+		return fmt.Errorf("webhook options: %w", err)
 	}
 	log := o.Log
-	initial, err := os.ReadFile(o.ConfigFile)
+	store, err := config.LoadStore(o.ConfigFile, time.Now())
 	if err != nil {
-		return fmt.Errorf("reading config: %w", err)
+		return err
 	}
-	cfg, err := config.Parse(initial)
-	if err != nil {
-		return fmt.Errorf("config %s: %w", o.ConfigFile, err)
-	}
+	cfg := store.Current()
 	registerMetrics()
 	recordConfig(cfg, nil)
-	store := config.NewStore(cfg, time.Now())
 	log.Info("configuration loaded", "file", o.ConfigFile, "hash", cfg.Hash(),
 		"source", cfg.Source.Namespace+"/"+cfg.Source.Deployment, "profiles", cfg.ProfileNames())
 
@@ -114,23 +53,58 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-
-	var stopping atomic.Bool
-	mgrCtx, stopMgr := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopMgr()
-	go func() {
-		<-ctx.Done()
-		stopping.Store(true)
-		if o.ShutdownDelay > 0 {
-			log.Info("stop requested; still serving while endpoints drop this replica", "delay", o.ShutdownDelay)
-			time.Sleep(o.ShutdownDelay)
-		}
-		stopMgr()
-	}()
+	mgrCtx, stopping, stop := drainOnStop(ctx, o.ShutdownDelay, log)
+	defer stop()
 
 	sources := NewSourceCache(mgrCtx, clientset)
 	sources.Watch(cfg.Source)
+	mgr, err := newManager(o, store, cfg.Source.Namespace)
+	if err != nil {
+		return err
+	}
+	server := mgr.GetWebhookServer() // adds it to the manager's runnables
+	claims := NewClaims(clientset)
+	server.Register(MutatePath, &admission.Webhook{Handler: &Mutator{Configs: store, Sources: sources}})
+	server.Register(ValidatePath, &admission.Webhook{Handler: &Validator{Configs: store, Sources: sources,
+		PVCs: livePVCs(clientset), Claims: claims}})
+	if err := mgr.Add(&ClaimController{Client: clientset, Claims: claims, Configs: store,
+		SweepInterval: o.SweepInterval, Log: log.WithName("claim-controller")}); err != nil {
+		return err
+	}
+	if err := addProbes(mgr, server, sources, stopping); err != nil {
+		return err
+	}
+	go watchConfig(mgrCtx, store, o, sources)
+	log.Info("serving admission webhooks", "port", o.Port, "mutate", MutatePath, "validate", ValidatePath)
+	return mgr.Start(mgrCtx)
+}
 
+// drainOnStop returns the context the manager runs under: it ends delay
+// after ctx does, and stopping is set meanwhile, so readiness fails and
+// endpoints drop this replica while it still answers admissions.
+func drainOnStop(ctx context.Context, delay time.Duration, log logr.Logger) (mgrCtx context.Context, stopping *atomic.Bool, stop func()) {
+	stopping = &atomic.Bool{}
+	mgrCtx, stop = context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-mgrCtx.Done():
+			return
+		}
+		stopping.Store(true)
+		if delay > 0 {
+			log.Info("stop requested; still serving while endpoints drop this replica", "delay", delay)
+			time.Sleep(delay)
+		}
+		stop()
+	}()
+	return mgrCtx, stopping, stop
+}
+
+// newManager builds the controller-runtime manager: the TLS webhook
+// server, metrics with /configz, probes, and the election of the replica
+// that runs the claim controller.
+func newManager(o Options, store *config.Store, sourceNamespace string) (manager.Manager, error) {
 	server := crwebhook.NewServer(crwebhook.Options{
 		Host: o.Host, Port: o.Port, CertDir: o.CertDir,
 		TLSOpts: []func(*tls.Config){func(c *tls.Config) {
@@ -140,20 +114,15 @@ func Run(ctx context.Context, o Options) error {
 			c.MinVersion = tls.VersionTLS12
 		}},
 	})
-	claims := NewClaims(clientset)
-	server.Register(MutatePath, &admission.Webhook{Handler: &Mutator{Configs: store, Sources: sources}})
-	server.Register(ValidatePath, &admission.Webhook{Handler: &Validator{Configs: store, Sources: sources,
-		PVCs: livePVCs(clientset), Claims: claims}})
 	leNamespace := o.LeaderElectionNamespace
 	if leNamespace == "" {
 		leNamespace = os.Getenv("POD_NAMESPACE")
 	}
 	if leNamespace == "" {
-		leNamespace = cfg.Source.Namespace
+		leNamespace = sourceNamespace
 	}
-
-	mgr, err := manager.New(o.RestConfig, manager.Options{
-		Logger:                 log,
+	return manager.New(o.RestConfig, manager.Options{
+		Logger:                 o.Log,
 		Metrics:                metricsserver.Options{BindAddress: o.MetricsAddr, ExtraHandlers: map[string]http.Handler{"/configz": configzHandler(store)}},
 		HealthProbeBindAddress: o.ProbeAddr,
 		WebhookServer:          server,
@@ -164,15 +133,11 @@ func Run(ctx context.Context, o Options) error {
 		LeaderElectionNamespace:       leNamespace,
 		LeaderElectionReleaseOnCancel: true,
 	})
-	if err != nil {
-		return err
-	}
-	if err := mgr.Add(&ClaimController{Client: clientset, Claims: claims, Configs: store,
-		SweepInterval: o.SweepInterval, Log: log.WithName("claim-controller")}); err != nil {
-		return err
-	}
-	// GetWebhookServer is what adds the server to the manager's runnables.
-	server = mgr.GetWebhookServer()
+}
+
+// addProbes: ready once the webhook server is up and the source
+// Deployment listed, and not while draining.
+func addProbes(mgr manager.Manager, server crwebhook.Server, sources *SourceCache, stopping *atomic.Bool) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
@@ -195,8 +160,14 @@ func Run(ctx context.Context, o Options) error {
 			return err
 		}
 	}
+	return nil
+}
 
-	go store.Watch(mgrCtx, o.ConfigFile, initial, config.WatchOptions{
+// watchConfig applies changes of the config file until ctx ends; a
+// refused one is logged and counted, and the previous one keeps serving.
+func watchConfig(ctx context.Context, store *config.Store, o Options, sources *SourceCache) {
+	log := o.Log
+	store.Watch(ctx, o.ConfigFile, config.WatchOptions{
 		Interval: o.ConfigPollInterval,
 		OnReload: func(c *config.Config, err error) {
 			recordConfig(c, err)
@@ -208,8 +179,6 @@ func Run(ctx context.Context, o Options) error {
 			log.Info("configuration reloaded", "hash", c.Hash(), "source", c.Source.Namespace+"/"+c.Source.Deployment)
 		},
 	})
-	log.Info("serving admission webhooks", "port", o.Port, "mutate", MutatePath, "validate", ValidatePath)
-	return mgr.Start(mgrCtx)
 }
 
 // configzHandler shows the configuration in force and the last refusal.

@@ -1,0 +1,88 @@
+package webhook
+
+import (
+	"errors"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/rest"
+)
+
+// Options configure Run. DefaultOptions holds every default; the
+// command's flags start from it, so a default is written once.
+type Options struct {
+	// ConfigFile is the clipjob Config to load and watch.
+	ConfigFile string
+	// ConfigPollInterval between reads of ConfigFile.
+	ConfigPollInterval time.Duration
+	// CertDir holds tls.crt and tls.key; they are reloaded when they
+	// change. Empty means controller-runtime's default,
+	// <tmp>/k8s-webhook-server/serving-certs.
+	CertDir string
+	// Host and Port of the webhook server. An empty Host is all addresses.
+	Host string
+	Port int
+	// MetricsAddr serves Prometheus metrics and /configz; "0" disables.
+	MetricsAddr string
+	// ProbeAddr serves /healthz and /readyz.
+	ProbeAddr string
+	// ShutdownDelay keeps serving after a stop signal, reporting not-ready,
+	// so endpoints drop this replica before it closes.
+	ShutdownDelay time.Duration
+	// LeaderElectionNamespace holds the Lease that elects the one replica
+	// running the claim controller. Empty means the pod's namespace
+	// (POD_NAMESPACE), else the source namespace.
+	LeaderElectionNamespace string
+	// SweepInterval between sweeps of stale claims.
+	SweepInterval time.Duration
+	// KubeAPIQPS and KubeAPIBurst bound the webhook's own calls to the API
+	// server (claims, PVC checks). An admission must never wait on a
+	// client-side rate limiter; the API server's priority and fairness is
+	// what protects it.
+	KubeAPIQPS   float32
+	KubeAPIBurst int
+	// RestConfig reaches the API server. Required.
+	RestConfig *rest.Config
+	// Log is the logger.
+	Log logr.Logger
+}
+
+// DefaultOptions returns the options of a webhook started with no flags,
+// as the chart runs it: everything but RestConfig.
+func DefaultOptions() Options {
+	return Options{
+		ConfigFile:         "/etc/clipjob/config.yaml",
+		ConfigPollInterval: 2 * time.Second,
+		Port:               9443,
+		MetricsAddr:        ":8080",
+		ProbeAddr:          ":8081",
+		SweepInterval:      time.Minute,
+		KubeAPIQPS:         1000,
+		KubeAPIBurst:       2000,
+		Log:                logr.Discard(),
+	}
+}
+
+// validate names the first option Run cannot start with.
+func (o *Options) validate() error {
+	var errs []error
+	if o.RestConfig == nil {
+		errs = append(errs, errors.New("RestConfig is required"))
+	}
+	if o.ConfigFile == "" {
+		errs = append(errs, errors.New("ConfigFile is required"))
+	}
+	if o.Port <= 0 || o.Port > 65535 {
+		errs = append(errs, errors.New("Port must be 1-65535"))
+	}
+	if o.ConfigPollInterval <= 0 {
+		errs = append(errs, errors.New("ConfigPollInterval must be positive"))
+	}
+	if o.SweepInterval <= 0 {
+		errs = append(errs, errors.New("SweepInterval must be positive"))
+	}
+	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
+		errs = append(errs, errors.New("KubeAPIQPS and KubeAPIBurst must be positive"))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,52 @@
+package webhook
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/client-go/rest"
+)
+
+// TestRunRefusesToStart: options it cannot serve with, and a config file
+// that is missing or invalid, stop Run before it reaches the API server,
+// with an error that names what to fix.
+func TestRunRefusesToStart(t *testing.T) {
+	dir := t.TempDir()
+	invalid := filepath.Join(dir, "invalid.yaml")
+	if err := os.WriteFile(invalid, []byte("apiVersion: clipjob.paperclip.io/v1alpha1\nkind: Config\nbogus: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	unreachable := &rest.Config{Host: "https://127.0.0.1:1"}
+	withDefaults := func(f func(*Options)) Options {
+		o := DefaultOptions()
+		o.RestConfig = unreachable
+		f(&o)
+		return o
+	}
+	for _, tc := range []struct {
+		name string
+		opts Options
+		want []string
+	}{
+		{name: "zero options", opts: Options{}, want: []string{"RestConfig is required", "ConfigFile is required", "Port must be 1-65535"}},
+		{name: "bad port", opts: withDefaults(func(o *Options) { o.Port = 70000 }), want: []string{"Port must be 1-65535"}},
+		{name: "no poll interval", opts: withDefaults(func(o *Options) { o.ConfigPollInterval = 0 }), want: []string{"ConfigPollInterval must be positive"}},
+		{name: "missing config", opts: withDefaults(func(o *Options) { o.ConfigFile = filepath.Join(dir, "none.yaml") }), want: []string{"reading config"}},
+		{name: "invalid config", opts: withDefaults(func(o *Options) { o.ConfigFile = invalid }), want: []string{"config " + invalid, `unknown field "bogus"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := Run(context.Background(), tc.opts)
+			if err == nil {
+				t.Fatal("Run started")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
+	}
+}
