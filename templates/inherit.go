@@ -37,12 +37,25 @@ type Inherited struct {
 	// Env is the container's env, literal and valueFrom, unfiltered.
 	Env     []corev1.EnvVar        `json:"env,omitempty"`
 	EnvFrom []corev1.EnvFromSource `json:"envFrom,omitempty"`
+}
 
-	// hashes memoizes TemplateHash per configuration and profile: it is a
-	// third of a render's time and depends on nothing in the Job. The
-	// webhook keeps one Inherited per source revision, so this lives as
-	// long as the values it hashes.
-	hashes sync.Map
+// TemplateHashes memoizes TemplateHash by profile for one Inherited under
+// one Config: the hash is a third of a render's time and depends on nothing
+// in the Job. Whoever keeps an Inherited per source revision and Config
+// (the webhook's source cache) keeps one of these beside it; a nil
+// *TemplateHashes computes the hash on every render.
+type TemplateHashes struct{ byProfile sync.Map }
+
+func (h *TemplateHashes) get(prof config.Resolved, inh *Inherited, src config.Source) string {
+	if h == nil {
+		return TemplateHash(prof, inh, src)
+	}
+	if v, ok := h.byProfile.Load(prof.Name); ok {
+		return v.(string)
+	}
+	v := TemplateHash(prof, inh, src)
+	h.byProfile.Store(prof.Name, v)
+	return v
 }
 
 // SourceError says why a source workload cannot be inherited from. The

@@ -44,6 +44,9 @@ type Input struct {
 	Inherited *Inherited
 	// Config selects and shapes the profile.
 	Config *config.Config
+	// Hashes, if set, memoizes the template hash; it must belong to this
+	// Inherited and Config.
+	Hashes *TemplateHashes
 }
 
 // Result is a rendered Job and what a client should know about it.
@@ -463,17 +466,7 @@ func (r *renderer) annotate() {
 	}
 	r.job.Annotations[contract.AnnotationProfile] = r.prof.Name
 	r.job.Annotations[contract.AnnotationSource] = r.in.Inherited.Source + " " + r.in.Inherited.Revision
-	r.job.Annotations[contract.AnnotationTemplateHash] = r.templateHash()
-}
-
-func (r *renderer) templateHash() string {
-	key := r.in.Config.Hash() + "\x00" + r.prof.Name
-	if h, ok := r.in.Inherited.hashes.Load(key); ok {
-		return h.(string)
-	}
-	h := TemplateHash(r.prof, r.in.Inherited, r.in.Config.Source)
-	r.in.Inherited.hashes.Store(key, h)
-	return h
+	r.job.Annotations[contract.AnnotationTemplateHash] = r.in.Hashes.get(r.prof, r.in.Inherited, r.in.Config.Source)
 }
 
 // TemplateHash identifies the inputs a Job was rendered from (profile,

@@ -15,7 +15,7 @@ func BenchmarkRender(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	in := templates.Input{Job: c.Job, Inherited: inh, Config: c.Config}
+	in := templates.Input{Job: c.Job, Inherited: inh, Config: c.Config, Hashes: &templates.TemplateHashes{}}
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := templates.Render(in); err != nil {

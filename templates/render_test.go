@@ -7,6 +7,8 @@ import (
 
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/golden"
+	"github.com/paperclipai/clipjob/internal/testing/jobs"
+	"github.com/paperclipai/clipjob/templates"
 )
 
 // TestRenderGolden renders every fixture, compares it with its golden file,
@@ -51,11 +53,34 @@ func TestRenderDoesNotModifyInput(t *testing.T) {
 	}
 }
 
-func TestIsAgentJob(t *testing.T) {
-	if contract.IsAgentJob(map[string]string{"app": "x"}) {
-		t.Error("a Job without the agent label is not an agent Job")
+// TestTemplateHashesMemo: a memo shared by renders of one source and
+// Config gives each profile the hash a fresh render computes, never
+// another profile's.
+func TestTemplateHashesMemo(t *testing.T) {
+	c := golden.Case(t, "profile-claude_local")
+	inh, err := templates.InheritFromDeployment(c.Source, c.Config.Source)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !contract.IsAgentJob(map[string]string{contract.LabelAgentID: ""}) {
-		t.Error("the label's presence marks an agent Job")
+	memo := &templates.TemplateHashes{}
+	seen := map[string]string{}
+	for _, adapter := range []string{"claude_local", "codex_local", "claude_local", "opencode_local", "codex_local"} {
+		job := jobs.MakeJob("run-1", "paperclip").Agent("a").Adapter(adapter).Obj()
+		fresh, err := templates.Render(templates.Input{Job: job, Inherited: inh, Config: c.Config})
+		if err != nil {
+			t.Fatal(err)
+		}
+		memoized, err := templates.Render(templates.Input{Job: job, Inherited: inh, Config: c.Config, Hashes: memo})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, got := fresh.Job.Annotations[contract.AnnotationTemplateHash], memoized.Job.Annotations[contract.AnnotationTemplateHash]
+		if want == "" || got != want {
+			t.Errorf("%s: memoized hash %q, fresh %q", adapter, got, want)
+		}
+		seen[adapter] = want
+	}
+	if seen["claude_local"] == seen["codex_local"] || seen["codex_local"] == seen["opencode_local"] {
+		t.Errorf("profiles share a hash: %v", seen)
 	}
 }

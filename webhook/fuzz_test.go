@@ -22,7 +22,7 @@ func fuzzMutator(f *testing.F) *Mutator {
 	if err != nil {
 		f.Fatal(err)
 	}
-	return &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh, nil}}
+	return &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh: inh}}
 }
 
 // FuzzMutateObject feeds arbitrary bytes as the Job of a CREATE request to

@@ -23,7 +23,7 @@ func benchCase(b *testing.B) (golden.Fixture, *Mutator, []byte) {
 		b.Fatal(err)
 	}
 	raw, _ := json.Marshal(c.Job)
-	return c, &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh, nil}}, raw
+	return c, &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh: inh, hashes: &templates.TemplateHashes{}}}, raw
 }
 
 // BenchmarkMutate is the mutating handler without HTTP: decode, render,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"slices"
 	"time"
@@ -13,13 +12,10 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
-	sigsjson "sigs.k8s.io/json"
 
 	"github.com/paperclipai/clipjob/config"
-	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/templates"
 )
 
@@ -28,13 +24,12 @@ type ConfigSource interface {
 	Current() *config.Config
 }
 
-// InheritedSource returns what agent Jobs inherit under cfg, or a
-// *templates.SourceError saying why they cannot.
+// InheritedSource returns what agent Jobs inherit under cfg, with the memo
+// of template hashes that belongs to it (nil computes them on each
+// render), or a *templates.SourceError saying why they cannot.
 type InheritedSource interface {
-	Inherited(ctx context.Context, cfg *config.Config) (*templates.Inherited, error)
+	Inherited(ctx context.Context, cfg *config.Config) (*templates.Inherited, *templates.TemplateHashes, error)
 }
-
-var jobKind = schema.GroupVersionKind{Group: "batch", Version: "v1", Kind: "Job"}
 
 // Mutator completes bare agent Jobs on CREATE.
 type Mutator struct {
@@ -77,26 +72,18 @@ func instrumented(ctx context.Context, webhook string, req admission.Request, ha
 }
 
 func (m *Mutator) mutate(ctx context.Context, req admission.Request) (admission.Response, string) {
-	if req.Operation != admissionv1.Create {
-		return admission.Allowed("clipjob completes agent Jobs on CREATE only"), OutcomeSkipped
+	ar, skipped, outcome := decodeAgentRequest(req, "completes", admissionv1.Create)
+	if skipped != nil {
+		return *skipped, outcome
 	}
-	if gvk := schema.GroupVersionKind(req.Kind); gvk != jobKind {
-		return admission.Allowed(fmt.Sprintf("clipjob mutates %s only, not %s", jobKind, gvk)), OutcomeSkipped
-	}
-	job, err := decodeJob(req.Object.Raw)
-	if err != nil {
-		return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
-	}
-	if !contract.IsAgentJob(job.Labels) {
-		return admission.Allowed("not an agent Job: no label " + contract.LabelAgentID), OutcomeSkipped
-	}
+	job := ar.Job
 	cfg := m.Configs.Current()
-	inh, err := m.Sources.Inherited(ctx, cfg)
+	inh, hashes, err := m.Sources.Inherited(ctx, cfg)
 	if err != nil {
 		return denial(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
 			"clipjob cannot complete agent Jobs: "+err.Error()), OutcomeDenied
 	}
-	res, err := templates.Render(templates.Input{Job: job, Inherited: inh, Config: cfg})
+	res, err := templates.Render(templates.Input{Job: job, Inherited: inh, Config: cfg, Hashes: hashes})
 	if err != nil {
 		var re *templates.RenderError
 		if errors.As(err, &re) {
@@ -148,38 +135,9 @@ func keepUnknownFields(ops []jsonpatch.JsonPatchOperation, raw []byte, decoded *
 	}), nil
 }
 
-// decodeJob decodes a Job as the API server encodes it.
-func decodeJob(raw []byte) (*batchv1.Job, error) {
-	if len(raw) == 0 {
-		return nil, errors.New("request has no object")
-	}
-	job := &batchv1.Job{}
-	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, job); err != nil {
-		return nil, fmt.Errorf("decoding Job: %w", err)
-	}
-	return job, nil
-}
-
 func denial(code int32, reason metav1.StatusReason, msg string) admission.Response {
 	resp := admission.Denied(msg)
 	resp.Result.Code = code
 	resp.Result.Reason = reason
 	return resp
-}
-
-func nameOf(req admission.Request) string {
-	if req.Name != "" {
-		return req.Name
-	}
-	var meta struct {
-		Metadata struct {
-			Name         string `json:"name"`
-			GenerateName string `json:"generateName"`
-		} `json:"metadata"`
-	}
-	_ = json.Unmarshal(req.Object.Raw, &meta)
-	if meta.Metadata.Name != "" {
-		return meta.Metadata.Name
-	}
-	return meta.Metadata.GenerateName + "*"
 }

@@ -26,13 +26,16 @@ type staticConfig struct{ cfg *config.Config }
 
 func (s staticConfig) Current() *config.Config { return s.cfg }
 
+// staticSource serves one Inherited; without hashes, the template hash is
+// computed on every render.
 type staticSource struct {
-	inh *templates.Inherited
-	err error
+	inh    *templates.Inherited
+	err    error
+	hashes *templates.TemplateHashes
 }
 
-func (s staticSource) Inherited(context.Context, *config.Config) (*templates.Inherited, error) {
-	return s.inh, s.err
+func (s staticSource) Inherited(context.Context, *config.Config) (*templates.Inherited, *templates.TemplateHashes, error) {
+	return s.inh, s.hashes, s.err
 }
 
 func createRequest(t testing.TB, raw []byte) admission.Request {
@@ -78,7 +81,7 @@ func TestMutatorGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 			inh, inhErr := templates.InheritFromDeployment(c.Source, c.Config.Source)
-			m := &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh, inhErr}}
+			m := &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh: inh, err: inhErr}}
 			resp := m.Handle(context.Background(), createRequest(t, raw))
 			if _, wantErr := c.Render(); wantErr != nil {
 				if resp.Allowed {
@@ -112,7 +115,7 @@ func TestMutatorSkipsAndRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh, nil}}
+	m := &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh: inh}}
 	agent, _ := json.Marshal(c.Job)
 
 	plain := c.Job.DeepCopy()
@@ -124,8 +127,7 @@ func TestMutatorSkipsAndRefuses(t *testing.T) {
 	pod := createRequest(t, []byte(`{"apiVersion":"v1","kind":"Pod"}`))
 	pod.Kind = metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}
 
-	missing := &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{nil,
-		&templates.SourceError{Source: "paperclip/paperclip", Reason: "not found"}}}
+	missing := &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{err: &templates.SourceError{Source: "paperclip/paperclip", Reason: "not found"}}}
 
 	tests := []struct {
 		name        string
@@ -165,7 +167,7 @@ func TestMutatorSkipsAndRefuses(t *testing.T) {
 func TestMutatorKeepsUnknownFields(t *testing.T) {
 	c := golden.Case(t, "alias-adapter-label")
 	inh, _ := templates.InheritFromDeployment(c.Source, c.Config.Source)
-	m := &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh, nil}}
+	m := &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh: inh}}
 	raw, _ := json.Marshal(c.Job)
 	var obj map[string]any
 	_ = json.Unmarshal(raw, &obj)
@@ -185,7 +187,7 @@ func TestMutatorKeepsUnknownFields(t *testing.T) {
 func TestMutatorDryRunSameAnswer(t *testing.T) {
 	c := golden.Case(t, "alias-adapter-label")
 	inh, _ := templates.InheritFromDeployment(c.Source, c.Config.Source)
-	m := &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh, nil}}
+	m := &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh: inh}}
 	raw, _ := json.Marshal(c.Job)
 	req := createRequest(t, raw)
 	wet := m.Handle(context.Background(), req)

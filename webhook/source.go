@@ -35,6 +35,7 @@ type SourceCache struct {
 		sync.Mutex
 		rv, cfgHash string
 		inh         *templates.Inherited
+		hashes      *templates.TemplateHashes
 		err         error
 	}
 }
@@ -72,8 +73,9 @@ func (s *SourceCache) HasSynced() bool {
 }
 
 // Inherited implements InheritedSource. It computes the inherited values
-// once per source resourceVersion and configuration.
-func (s *SourceCache) Inherited(ctx context.Context, cfg *config.Config) (*templates.Inherited, error) {
+// once per source resourceVersion and configuration, and keeps the template
+// hashes of that pair beside them.
+func (s *SourceCache) Inherited(ctx context.Context, cfg *config.Config) (*templates.Inherited, *templates.TemplateHashes, error) {
 	s.Watch(cfg.Source)
 	s.mu.Lock()
 	store, synced := s.store, s.synced
@@ -84,30 +86,30 @@ func (s *SourceCache) Inherited(ctx context.Context, cfg *config.Config) (*templ
 		defer cancel()
 		if !cache.WaitForCacheSync(wait.Done(), synced) {
 			sourceAvailable.Set(0)
-			return nil, &templates.SourceError{Source: ref, Reason: "not listed yet (is the API server reachable, and may clipjob get deployments in namespace " + cfg.Source.Namespace + "?)"}
+			return nil, nil, &templates.SourceError{Source: ref, Reason: "not listed yet (is the API server reachable, and may clipjob get deployments in namespace " + cfg.Source.Namespace + "?)"}
 		}
 	}
 	obj, ok, err := store.GetByKey(ref)
 	if err != nil || !ok {
 		sourceAvailable.Set(0)
-		return nil, &templates.SourceError{Source: ref, Reason: "not found; deploy Paperclip there or set source.namespace and source.deployment in the clipjob config"}
+		return nil, nil, &templates.SourceError{Source: ref, Reason: "not found; deploy Paperclip there or set source.namespace and source.deployment in the clipjob config"}
 	}
 	d, isDeployment := obj.(*appsv1.Deployment)
 	if !isDeployment {
-		return nil, fmt.Errorf("source cache holds %T, not a Deployment", obj)
+		return nil, nil, fmt.Errorf("source cache holds %T, not a Deployment", obj)
 	}
 
 	s.memo.Lock()
 	defer s.memo.Unlock()
 	if s.memo.rv == d.ResourceVersion && s.memo.cfgHash == cfg.Hash() {
-		return s.memo.inh, s.memo.err
+		return s.memo.inh, s.memo.hashes, s.memo.err
 	}
 	inh, err := templates.InheritFromDeployment(d, cfg.Source)
-	s.memo.rv, s.memo.cfgHash, s.memo.inh, s.memo.err = d.ResourceVersion, cfg.Hash(), inh, err
+	s.memo.rv, s.memo.cfgHash, s.memo.inh, s.memo.hashes, s.memo.err = d.ResourceVersion, cfg.Hash(), inh, &templates.TemplateHashes{}, err
 	if err != nil {
 		sourceAvailable.Set(0)
 	} else {
 		sourceAvailable.Set(1)
 	}
-	return inh, err
+	return inh, s.memo.hashes, err
 }

@@ -2,7 +2,6 @@ package webhook
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"slices"
 
@@ -10,12 +9,10 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/paperclipai/clipjob/config"
-	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/policy"
 )
 
@@ -40,33 +37,16 @@ func (v *Validator) Handle(ctx context.Context, req admission.Request) admission
 const OutcomeAllowed = "allowed"
 
 func (v *Validator) validate(ctx context.Context, req admission.Request) (admission.Response, string) {
-	var op policy.Operation
-	switch req.Operation {
-	case admissionv1.Create:
-		op = policy.Create
-	case admissionv1.Update:
+	ar, skipped, outcome := decodeAgentRequest(req, "validates", admissionv1.Create, admissionv1.Update)
+	if skipped != nil {
+		return *skipped, outcome
+	}
+	job, old, op := ar.Job, ar.Old, policy.Create
+	if req.Operation == admissionv1.Update {
 		op = policy.Update
-	default:
-		return admission.Allowed("clipjob validates CREATE and UPDATE only"), OutcomeSkipped
-	}
-	if gvk := schema.GroupVersionKind(req.Kind); gvk != jobKind {
-		return admission.Allowed(fmt.Sprintf("clipjob validates %s only, not %s", jobKind, gvk)), OutcomeSkipped
-	}
-	job, err := decodeJob(req.Object.Raw)
-	if err != nil {
-		return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
-	}
-	var old *batchv1.Job
-	if op == policy.Update {
-		if old, err = decodeJob(req.OldObject.Raw); err != nil {
-			return admission.Errored(http.StatusBadRequest, fmt.Errorf("old object: %w", err)), OutcomeErrored
-		}
-	}
-	if !contract.IsAgentJob(job.Labels) && (old == nil || !contract.IsAgentJob(old.Labels)) {
-		return admission.Allowed("not an agent Job"), OutcomeSkipped
 	}
 	if job.Namespace == "" {
-		job.Namespace = req.Namespace
+		job.Namespace = req.Namespace // the claim is keyed by it
 	}
 	cfg := v.Configs.Current()
 	d := policy.Evaluate(policy.Input{
@@ -136,7 +116,7 @@ func (v *Validator) sourceImages(ctx context.Context, cfg *config.Config) []stri
 	if v.Sources == nil {
 		return nil
 	}
-	inh, err := v.Sources.Inherited(ctx, cfg)
+	inh, _, err := v.Sources.Inherited(ctx, cfg)
 	if err != nil {
 		return nil
 	}

@@ -37,7 +37,7 @@ func renderedCase(t *testing.T) (*batchv1.Job, *Validator, *fake.Clientset) {
 		ObjectMeta: metav1.ObjectMeta{Name: "paperclip-data", Namespace: "paperclip"},
 		Spec:       corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}},
 	})
-	v := &Validator{Configs: staticConfig{c.Config}, Sources: staticSource{inh, nil}, PVCs: livePVCs(cs), Claims: NewClaims(cs)}
+	v := &Validator{Configs: staticConfig{c.Config}, Sources: staticSource{inh: inh}, PVCs: livePVCs(cs), Claims: NewClaims(cs)}
 	job := res.Job
 	job.UID = types.UID("uid-" + job.Name)
 	return job, v, cs
