@@ -2,14 +2,20 @@ package config
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	yamlv3 "go.yaml.in/yaml/v3"
 	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/yaml"
 )
 
 const header = "apiVersion: clipjob.paperclip.io/v1alpha1\nkind: Config\n"
@@ -143,10 +149,117 @@ profiles:
 	}
 }
 
-func TestFullExampleParses(t *testing.T) {
-	if _, err := Load(filepath.Join("testdata", "full.yaml")); err != nil {
+// TestFullExample pins testdata/full.yaml to what it claims: it parses,
+// it shows every field, each "# default X" comment is the default, and its
+// defaults block is the built-in one.
+func TestFullExample(t *testing.T) {
+	path := filepath.Join("testdata", "full.yaml")
+	if _, err := Load(path); err != nil {
 		t.Fatal(err)
 	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc yamlv3.Node
+	if err := yamlv3.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	shown := map[string]bool{}
+	claimed := map[string]string{}
+	walkYAML(doc.Content[0], "", func(path string, key, value *yamlv3.Node) {
+		shown[path] = true
+		if m := defaultComment.FindStringSubmatch(key.LineComment + value.LineComment); m != nil {
+			claimed[path] = m[1]
+		}
+	})
+
+	for _, f := range configFields(reflect.TypeFor[Config](), "") {
+		if !shown[f] {
+			t.Errorf("full.yaml does not show field %s", f)
+		}
+	}
+	for _, f := range configFields(reflect.TypeFor[Profile](), "profiles.claude_local") {
+		if !shown[f] {
+			t.Errorf("full.yaml does not show profile field %s", f)
+		}
+	}
+
+	if len(claimed) < 8 {
+		t.Fatalf("found %d \"# default\" comments; the walk lost them", len(claimed))
+	}
+	js, err := json.Marshal(Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var defaults map[string]any
+	if err := json.Unmarshal(js, &defaults); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range claimed {
+		var v any = defaults
+		for _, k := range strings.Split(path, ".") {
+			m, _ := v.(map[string]any)
+			v = m[k]
+		}
+		if v == nil { // omitted as empty
+			v = map[string]string{"false": "false", "0": "0"}[want]
+		}
+		if got := fmt.Sprint(v); got != want {
+			t.Errorf("%s: full.yaml says the default is %s, it is %s", path, want, got)
+		}
+	}
+
+	var raw Config
+	if err := yaml.UnmarshalStrict(data, &raw); err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(builtinDefaults(), raw.Defaults); d != "" {
+		t.Errorf("full.yaml's defaults block is not the built-in one (-built-in +file):\n%s", d)
+	}
+}
+
+var defaultComment = regexp.MustCompile(`#\s*default\s+([^\s;,]+)`)
+
+// walkYAML calls visit for every key of every mapping under n, with its
+// dotted path; list items are not descended into.
+func walkYAML(n *yamlv3.Node, prefix string, visit func(path string, key, value *yamlv3.Node)) {
+	if n.Kind != yamlv3.MappingNode {
+		return
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		key, value := n.Content[i], n.Content[i+1]
+		path := key.Value
+		if prefix != "" {
+			path = prefix + "." + path
+		}
+		visit(path, key, value)
+		walkYAML(value, path, visit)
+	}
+}
+
+// configFields lists the JSON paths of t's fields, descending into the
+// config package's own structs (not into Kubernetes types, maps, or a
+// Profile, which is checked once on its own).
+func configFields(t reflect.Type, prefix string) []string {
+	var out []string
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		path := name
+		if prefix != "" {
+			path = prefix + "." + name
+		}
+		out = append(out, path)
+		ft := f.Type
+		if ft.Kind() == reflect.Struct && ft.PkgPath() == t.PkgPath() && ft != reflect.TypeFor[Profile]() {
+			out = append(out, configFields(ft, path)...)
+		}
+	}
+	return out
 }
 
 // TestWatchKeepsServingOnRefusedConfig drives the reloader with a fake clock:

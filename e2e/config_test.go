@@ -55,16 +55,29 @@ func writeConfig(ctx context.Context, t *testing.T, content string, applied bool
 	return z
 }
 
+// restoreConfigAfter returns the webhook's config file content and puts
+// it back, waiting until it is served, when t ends.
+func restoreConfigAfter(t *testing.T) []byte {
+	t.Helper()
+	original, err := os.ReadFile(env.webhook.ConfigFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if now, err := os.ReadFile(env.webhook.ConfigFile); err == nil && string(now) == string(original) {
+			return
+		}
+		writeConfig(context.Background(), t, string(original), true)
+	})
+	return original
+}
+
 // TestConfigReload: a refused config keeps the previous one serving; an
 // applied one takes effect on the next Job, including a source that is
 // missing, which is a clear denial rather than a half-built Job.
 func TestConfigReload(t *testing.T) {
 	ctx := ctxT(t)
-	original, err := os.ReadFile(env.webhook.ConfigFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { writeConfig(context.Background(), t, string(original), true) })
+	original := restoreConfigAfter(t)
 
 	z := writeConfig(ctx, t, string(original)+"profiles:\n  claude_local:\n    imagee: typo\n", false)
 	if !strings.Contains(z.Refused, `unknown field "profiles.claude_local.imagee"`) {

@@ -1,10 +1,16 @@
 // Package e2e is clipjob's end-to-end suite. It runs against a real
-// kube-apiserver: by default a local control plane started by package
-// cluster (etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
-// kwok as host processes), with the clipjob-webhook binary running on the
-// host and registered through a MutatingWebhookConfiguration with a
-// caBundle, exactly as the API server would call it in a cluster.
+// kube-apiserver: a local control plane started by package cluster (etcd,
+// kube-apiserver, kube-controller-manager, kube-scheduler and kwok as host
+// processes). The clipjob-webhook and clipjob-relay binaries run on the
+// host, built from this module by package harness, which registers the
+// webhooks through Mutating and ValidatingWebhookConfigurations with a
+// caBundle and runs each binary as a ServiceAccount holding only the RBAC
+// rules of harness/rbac.go, so the API server calls them, and they call
+// it, exactly as in a cluster.
 //
-// Run it with `make e2e` (or go test ./e2e/). The first run builds the
+// Each test is named after the behaviour it pins and tries to break it the
+// way a client would, not only to show it working.
+//
+// Run it with `make e2e` (or `go test ./e2e/`). The first run builds the
 // Kubernetes binaries from the Go module proxy, which takes several minutes.
 package e2e

@@ -27,7 +27,8 @@ import (
 	"github.com/paperclipai/clipjob/policy"
 )
 
-// (a) A disallowed image is denied with the message a user needs.
+// TestDisallowedImageDenied: a disallowed image is denied with the message a
+// user needs.
 func TestDisallowedImageDenied(t *testing.T) {
 	ctx := ctxT(t)
 	job := bareJob(t, "e2e-evil-image")
@@ -45,11 +46,12 @@ func TestDisallowedImageDenied(t *testing.T) {
 	assertNoJob(ctx, t, job.Name)
 }
 
-// (b) A privileged container is denied. The mutating webhook would restore
-// the floor, so this runs the case it exists for: mutation failing open
-// (endpoint gone, failurePolicy Ignore) and the validating webhook holding
-// the line on the final object. A hostPath volume, which the mutator does
-// not touch, is denied with both webhooks in place.
+// TestPrivilegedContainerDenied: a privileged container is denied. The
+// mutating webhook would restore the floor, so this runs the case it exists
+// for: mutation failing open (endpoint gone, failurePolicy Ignore) and the
+// validating webhook holding the line on the final object. A hostPath
+// volume, which the mutator does not touch, is denied with both webhooks in
+// place.
 func TestPrivilegedContainerDenied(t *testing.T) {
 	ctx := ctxT(t)
 	dead, _ := cluster.FreePorts(1)
@@ -88,10 +90,10 @@ func TestPrivilegedContainerDenied(t *testing.T) {
 	}
 }
 
-// (c) 100 concurrent creates for one agent, spread over three webhook
-// replicas, admit exactly one; the others get 409 naming it. Then (d) once
-// that run completes the next one is admitted at once, and (e) deleting a
-// running Job frees its agent.
+// TestOneActiveRunPerAgent: 100 concurrent creates for one agent, spread
+// over three webhook replicas, admit exactly one; the others get 409 naming
+// it. Then (d) once that run completes the next one is admitted at once, and
+// (e) deleting a running Job frees its agent.
 func TestOneActiveRunPerAgent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -209,7 +211,7 @@ func TestOneActiveRunPerAgent(t *testing.T) {
 	t.Logf("agent freed %s after deletion", time.Since(deleted).Round(10*time.Millisecond))
 }
 
-// (f) A dry-run create checks but writes no claim.
+// TestDryRunWritesNoClaim: a dry-run create checks but writes no claim.
 func TestDryRunWritesNoClaim(t *testing.T) {
 	ctx := ctxT(t)
 	job := bareJob(t, "e2e-dry-claim")
@@ -234,7 +236,8 @@ func TestDryRunWritesNoClaim(t *testing.T) {
 	}
 }
 
-// (g) Changing paperclip.io/agent-id on UPDATE is denied.
+// TestAgentLabelImmutable: changing paperclip.io/agent-id on UPDATE is
+// denied.
 func TestAgentLabelImmutable(t *testing.T) {
 	ctx := ctxT(t)
 	job, err := env.cs.BatchV1().Jobs(ns).Create(ctx, bareJob(t, "e2e-relabel"), metav1.CreateOptions{})

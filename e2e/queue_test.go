@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -45,11 +44,7 @@ func assertWaiting(ctx context.Context, t *testing.T, names ...string) {
 // previous run ends, and nobody can start one out of turn.
 func TestQueueMode(t *testing.T) {
 	ctx := ctxT(t)
-	original, err := os.ReadFile(env.webhook.ConfigFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { writeConfig(context.Background(), t, string(original), true) })
+	original := restoreConfigAfter(t)
 	writeConfig(ctx, t, string(original)+"policy:\n  concurrency:\n    mode: Queue\n", true)
 
 	var names []string
@@ -70,7 +65,7 @@ func TestQueueMode(t *testing.T) {
 	assertWaiting(ctx, t, names[1], names[2])
 
 	// Starting a waiting run by hand takes the claim, which is held: 409.
-	_, err = env.cs.BatchV1().Jobs(ns).Patch(ctx, names[2], types.MergePatchType, []byte(`{"spec":{"suspend":false}}`), metav1.PatchOptions{})
+	_, err := env.cs.BatchV1().Jobs(ns).Patch(ctx, names[2], types.MergePatchType, []byte(`{"spec":{"suspend":false}}`), metav1.PatchOptions{})
 	if !apierrors.IsConflict(err) {
 		t.Fatalf("unsuspending a queued run out of turn: want 409, got %v", err)
 	}

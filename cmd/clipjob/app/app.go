@@ -1,6 +1,7 @@
-// Package app is the clipjob command line: offline render (and, as they
-// land, check and doctor) of agent Jobs, calling the same core as the
-// webhook, the way istioctl kube-inject calls Istio's injector.
+// Package app is the clipjob command line: `render` and `check` of agent
+// Jobs offline, calling the same cores as the webhook (templates.Render,
+// policy.Evaluate), the way istioctl kube-inject calls Istio's injector.
+// main only calls Main, so every command is tested without a process.
 package app
 
 import (
