@@ -98,61 +98,64 @@ func TestBareJobBecomesARunningAgentPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := stored.Annotations[contract.AnnotationProfile]; got != "claude_local" {
-		t.Errorf("profile annotation %q, want claude_local", got)
-	}
-	if stored.Annotations[contract.AnnotationTemplateHash] == "" {
-		t.Error("no template-hash annotation")
-	}
-	if *stored.Spec.BackoffLimit != 0 || stored.Spec.TTLSecondsAfterFinished == nil || *stored.Spec.TTLSecondsAfterFinished != 300 {
-		t.Errorf("job defaults: backoffLimit %v ttl %v", *stored.Spec.BackoffLimit, stored.Spec.TTLSecondsAfterFinished)
-	}
-	spec := stored.Spec.Template.Spec
-	if len(spec.Containers) != 1 || spec.Containers[0].Name != "agent" {
-		t.Fatalf("containers %+v", spec.Containers)
-	}
-	agent := spec.Containers[0]
-	if agent.Image != "ghcr.io/paperclipai/paperclip:v2026.11.3" {
-		t.Errorf("image %q not inherited", agent.Image)
-	}
-	env := envNames(agent)
-	if _, ok := env["ANTHROPIC_API_KEY"]; !ok {
-		t.Error("ANTHROPIC_API_KEY (valueFrom) not inherited")
-	}
-	for _, denied := range []string{"DATABASE_URL", "BETTER_AUTH_SECRET"} {
-		if _, ok := env[denied]; ok {
-			t.Errorf("%s reached the agent", denied)
+	t.Run("the stored Job has the profile, the source's values and the Job defaults", func(t *testing.T) {
+		if got := stored.Annotations[contract.AnnotationProfile]; got != "claude_local" {
+			t.Errorf("profile annotation %q, want claude_local", got)
 		}
-	}
-	if env["HOME"].Value != "/paperclip" || env[contract.EnvPromptFile].Value == "" || env["PAPERCLIP_AGENT_ID"].Value != "agent-e2e-bare" {
-		t.Errorf("HOME %q prompt file %q agent id %q", env["HOME"].Value, env[contract.EnvPromptFile].Value, env["PAPERCLIP_AGENT_ID"].Value)
-	}
-	if len(spec.ImagePullSecrets) != 1 || spec.ImagePullSecrets[0].Name != "ghcr-pull" {
-		t.Errorf("pull secrets %+v", spec.ImagePullSecrets)
-	}
-
-	pod := waitPod(ctx, t, created.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
-	if pod.Labels[contract.LabelRole] != contract.RoleAgent || pod.Labels[contract.LabelEgress] != "anthropic" ||
-		pod.Labels[contract.LabelAgentID] != "agent-e2e-bare" || pod.Labels[contract.LabelRunID] != "e2e-bare" {
-		t.Errorf("pod labels %v", pod.Labels)
-	}
-	sc := pod.Spec.SecurityContext
-	if sc == nil || !*sc.RunAsNonRoot || *sc.RunAsUser != 1000 || *sc.FSGroup != 1000 || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
-		t.Errorf("pod security context %+v", sc)
-	}
-	csc := pod.Spec.Containers[0].SecurityContext
-	if csc == nil || *csc.AllowPrivilegeEscalation || csc.Capabilities.Drop[0] != "ALL" || !*csc.ReadOnlyRootFilesystem {
-		t.Errorf("container security context %+v", csc)
-	}
-	var claim string
-	for _, v := range pod.Spec.Volumes {
-		if v.PersistentVolumeClaim != nil {
-			claim = v.PersistentVolumeClaim.ClaimName
+		if stored.Annotations[contract.AnnotationTemplateHash] == "" {
+			t.Error("no template-hash annotation")
 		}
-	}
-	if claim != "paperclip-data" {
-		t.Errorf("pod mounts claim %q, want paperclip-data", claim)
-	}
+		if *stored.Spec.BackoffLimit != 0 || stored.Spec.TTLSecondsAfterFinished == nil || *stored.Spec.TTLSecondsAfterFinished != 300 {
+			t.Errorf("job defaults: backoffLimit %v ttl %v", *stored.Spec.BackoffLimit, stored.Spec.TTLSecondsAfterFinished)
+		}
+		spec := stored.Spec.Template.Spec
+		if len(spec.Containers) != 1 || spec.Containers[0].Name != "agent" {
+			t.Fatalf("containers %+v", spec.Containers)
+		}
+		agent := spec.Containers[0]
+		if agent.Image != "ghcr.io/paperclipai/paperclip:v2026.11.3" {
+			t.Errorf("image %q not inherited", agent.Image)
+		}
+		env := envNames(agent)
+		if _, ok := env["ANTHROPIC_API_KEY"]; !ok {
+			t.Error("ANTHROPIC_API_KEY (valueFrom) not inherited")
+		}
+		for _, denied := range []string{"DATABASE_URL", "BETTER_AUTH_SECRET"} {
+			if _, ok := env[denied]; ok {
+				t.Errorf("%s reached the agent", denied)
+			}
+		}
+		if env["HOME"].Value != "/paperclip" || env[contract.EnvPromptFile].Value == "" || env["PAPERCLIP_AGENT_ID"].Value != "agent-e2e-bare" {
+			t.Errorf("HOME %q prompt file %q agent id %q", env["HOME"].Value, env[contract.EnvPromptFile].Value, env["PAPERCLIP_AGENT_ID"].Value)
+		}
+		if len(spec.ImagePullSecrets) != 1 || spec.ImagePullSecrets[0].Name != "ghcr-pull" {
+			t.Errorf("pull secrets %+v", spec.ImagePullSecrets)
+		}
+	})
+	t.Run("its pod runs with the agent labels, the floor and the shared volume", func(t *testing.T) {
+		pod := waitPod(ctx, t, created.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+		if pod.Labels[contract.LabelRole] != contract.RoleAgent || pod.Labels[contract.LabelEgress] != "anthropic" ||
+			pod.Labels[contract.LabelAgentID] != "agent-e2e-bare" || pod.Labels[contract.LabelRunID] != "e2e-bare" {
+			t.Errorf("pod labels %v", pod.Labels)
+		}
+		sc := pod.Spec.SecurityContext
+		if sc == nil || !*sc.RunAsNonRoot || *sc.RunAsUser != 1000 || *sc.FSGroup != 1000 || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+			t.Errorf("pod security context %+v", sc)
+		}
+		csc := pod.Spec.Containers[0].SecurityContext
+		if csc == nil || *csc.AllowPrivilegeEscalation || csc.Capabilities.Drop[0] != "ALL" || !*csc.ReadOnlyRootFilesystem {
+			t.Errorf("container security context %+v", csc)
+		}
+		var claim string
+		for _, v := range pod.Spec.Volumes {
+			if v.PersistentVolumeClaim != nil {
+				claim = v.PersistentVolumeClaim.ClaimName
+			}
+		}
+		if claim != "paperclip-data" {
+			t.Errorf("pod mounts claim %q, want paperclip-data", claim)
+		}
+	})
 }
 
 // TestJobWithoutAgentLabelUntouched: the objectSelector keeps the webhook

@@ -90,15 +90,81 @@ func TestPrivilegedContainerDenied(t *testing.T) {
 	}
 }
 
-// TestOneActiveRunPerAgent: 100 concurrent creates for one agent, spread
-// over three webhook replicas, admit exactly one; the others get 409 naming
-// it. Then (d) once that run completes the next one is admitted at once, and
-// (e) deleting a running Job frees its agent.
+// TestOneActiveRunPerAgent: concurrent creates for one agent, spread over
+// three webhook replicas, admit exactly one; once that run ends, or its Job
+// is deleted, the agent is free again at once.
 func TestOneActiveRunPerAgent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	const agent = "agent-race"
+	agentJob := func(name string) *batchv1.Job {
+		job := bareJob(t, name)
+		job.Labels[contract.LabelAgentID] = agent
+		return job
+	}
+	var winner string
+	ok := t.Run("100 concurrent creates over three replicas admit one", func(t *testing.T) {
+		replicas := startReplicas(ctx, t, 3)
+		before := validateCounts(t)
+		admitted, conflicts, other := createConcurrently(ctx, t, 100, agentJob)
+		if len(admitted) != 1 || conflicts != 99 || len(other) > 0 {
+			t.Fatalf("100 concurrent creates: admitted %v, %d conflicts, other errors %v", admitted, conflicts, other)
+		}
+		after := validateCounts(t)
+		for i := range replicas {
+			if after[i] <= before[i] {
+				t.Errorf("replica %d handled no validation (%v -> %v): the load did not spread", i, before, after)
+			}
+		}
+		winner = admitted[0]
+		t.Logf("admitted %s; %d refused with 409; validations per replica %v", winner, conflicts, diff(before, after))
+	})
+	if !ok {
+		return
+	}
+	next, third := agentJob("e2e-race-next"), agentJob("e2e-race-third")
+	ok = t.Run("a finished run frees the agent", func(t *testing.T) {
+		// kwok ends the pod; the next run is admitted with no cleanup step.
+		finishRun(ctx, t, winner, "0")
+		if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, next, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("run after completion refused: %v", err)
+		}
+		if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, third, metav1.CreateOptions{}); !apierrors.IsConflict(err) {
+			t.Fatalf("a second active run was admitted: %v", err)
+		}
+	})
+	if !ok {
+		return
+	}
+	t.Run("a deleted run frees the agent", func(t *testing.T) {
+		// Well inside the grace window for unseen Jobs: the claim
+		// controller saw the deletion.
+		if err := env.cs.BatchV1().Jobs(ns).Delete(ctx, next.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)}); err != nil {
+			t.Fatal(err)
+		}
+		deleted := time.Now()
+		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+			_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, third, metav1.CreateOptions{})
+			if apierrors.IsConflict(err) {
+				return false, nil
+			}
+			return true, err
+		})
+		if err != nil {
+			t.Fatalf("agent still busy 10s after its Job was deleted: %v", err)
+		}
+		t.Logf("agent freed %s after deletion", time.Since(deleted).Round(10*time.Millisecond))
+	})
+}
+
+// startReplicas runs n webhook replicas (the suite's own and n-1 more)
+// behind a balancer, registers the balancer for the rest of t, and waits
+// until the API server's calls reach the new replicas. It returns their
+// addresses, the suite's first.
+func startReplicas(ctx context.Context, t *testing.T, n int) []string {
+	t.Helper()
 	replicas := []string{env.webhook.Addr}
-	for i := 1; i < 3; i++ {
+	for i := 1; i < n; i++ {
 		wh, err := harness.StartWebhook(ctx, env.cluster, env.webhookBin, fmt.Sprintf("webhook-%d", i), harness.Root()+"/examples/config.yaml")
 		if err != nil {
 			t.Fatal(err)
@@ -116,8 +182,7 @@ func TestOneActiveRunPerAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = harness.Register(context.Background(), env.cs, env.webhookAddr, env.cluster.CA.CertPEM) })
-	// Wait until the API server calls through the balancer: dry runs (no
-	// claims written) until a new replica answers one.
+	// Dry runs (no claims written) until a new replica answers one.
 	probe := bareJob(t, "e2e-race-probe")
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
 		_, _ = env.cs.BatchV1().Jobs(ns).Create(ctx, probe.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
@@ -131,33 +196,32 @@ func TestOneActiveRunPerAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal("the API server never called the new replicas through the balancer")
 	}
-	before := validateCounts(t)
+	return replicas
+}
 
+// createConcurrently creates n Jobs made by job at once, from a client
+// whose own rate limit does not serialize them, and sorts the answers.
+func createConcurrently(ctx context.Context, t *testing.T, n int, job func(name string) *batchv1.Job) (admitted []string, conflicts int, other []error) {
+	t.Helper()
 	cfg := *env.cluster.Config
 	cfg.QPS, cfg.Burst = 1000, 1000
 	fast := kubernetes.NewForConfigOrDie(&cfg)
-	const n = 100
-	const agent = "agent-race"
 	var mu sync.Mutex
-	var admitted []string
-	var conflicts int
-	var other []error
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for i := 0; i < n; i++ {
+		j := job(fmt.Sprintf("e2e-race-%03d", i))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			job := bareJob(t, fmt.Sprintf("e2e-race-%03d", i))
-			job.Labels[contract.LabelAgentID] = agent
 			<-start
-			_, err := fast.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+			_, err := fast.BatchV1().Jobs(ns).Create(ctx, j, metav1.CreateOptions{})
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
 			case err == nil:
-				admitted = append(admitted, job.Name)
-			case apierrors.IsConflict(err) && strings.Contains(err.Error(), `agent "agent-race" already has an active run: Job paperclip/e2e-race-`):
+				admitted = append(admitted, j.Name)
+			case apierrors.IsConflict(err) && strings.Contains(err.Error(), "already has an active run: Job "+ns+"/e2e-race-"):
 				conflicts++
 			default:
 				other = append(other, err)
@@ -166,49 +230,7 @@ func TestOneActiveRunPerAgent(t *testing.T) {
 	}
 	close(start)
 	wg.Wait()
-	if len(admitted) != 1 || conflicts != n-1 || len(other) > 0 {
-		t.Fatalf("%d concurrent creates: admitted %v, %d conflicts, other errors %v", n, admitted, conflicts, other)
-	}
-	after := validateCounts(t)
-	for i := range replicas {
-		if after[i] <= before[i] {
-			t.Errorf("replica %d handled no validation (%v -> %v): the load did not spread", i, before, after)
-		}
-	}
-	t.Logf("admitted %s; %d refused with 409; validations per replica %v", admitted[0], conflicts, diff(before, after))
-
-	// (d) The admitted run completes (kwok ends its pod); the next run is
-	// admitted with no cleanup step.
-	winner := admitted[0]
-	finishRun(ctx, t, winner, "0")
-	next := bareJob(t, "e2e-race-next")
-	next.Labels[contract.LabelAgentID] = agent
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, next, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("run after completion refused: %v", err)
-	}
-	third := bareJob(t, "e2e-race-third")
-	third.Labels[contract.LabelAgentID] = agent
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, third, metav1.CreateOptions{}); !apierrors.IsConflict(err) {
-		t.Fatalf("a second active run was admitted: %v", err)
-	}
-
-	// (e) Deleting the running Job frees the agent, well inside the grace
-	// window for unseen Jobs: the releaser saw the deletion.
-	if err := env.cs.BatchV1().Jobs(ns).Delete(ctx, next.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)}); err != nil {
-		t.Fatal(err)
-	}
-	deleted := time.Now()
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
-		_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, third, metav1.CreateOptions{})
-		if apierrors.IsConflict(err) {
-			return false, nil
-		}
-		return true, err
-	})
-	if err != nil {
-		t.Fatalf("agent still busy 10s after its Job was deleted: %v", err)
-	}
-	t.Logf("agent freed %s after deletion", time.Since(deleted).Round(10*time.Millisecond))
+	return admitted, conflicts, other
 }
 
 // TestDryRunWritesNoClaim: a dry-run create checks but writes no claim.

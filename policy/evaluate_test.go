@@ -22,17 +22,11 @@ const sourceImage = "ghcr.io/paperclipai/paperclip:v2026.11.3"
 // mutating webhook produced, which must pass every rule.
 func renderedJob(t testing.TB) *batchv1.Job {
 	t.Helper()
-	for _, c := range golden.Cases(t) {
-		if c.Name == "profile-claude_local" {
-			res, err := c.Render()
-			if err != nil {
-				t.Fatal(err)
-			}
-			return res.Job
-		}
+	res, err := golden.Case(t, "profile-claude_local").Render()
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("fixture profile-claude_local missing")
-	return nil
+	return res.Job
 }
 
 func rwx(ns, name string) (*corev1.PersistentVolumeClaim, error) {
