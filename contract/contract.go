@@ -50,6 +50,10 @@ const (
 	// AnnotationQueueError marks a queued run that could not be started
 	// (the last error); the queue moves past it. Remove it to retry.
 	AnnotationQueueError = "clipjob.paperclip.io/queue-error"
+	// AnnotationStartFailures counts the failed starts of a queued run;
+	// the third sets AnnotationQueueError (and clears the count, so
+	// removing the error gives the run three more tries).
+	AnnotationStartFailures = "clipjob.paperclip.io/start-failures"
 )
 
 // RunEnv maps the contract's labels to the env vars an agent reads them

@@ -19,12 +19,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/paperclipai/clipjob/claim"
 	"github.com/paperclipai/clipjob/cmd/clipjob/app"
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
 	"github.com/paperclipai/clipjob/internal/golden"
-	"github.com/paperclipai/clipjob/policy"
 )
 
 // TestDisallowedImageDenied: a disallowed image is denied with the message a
@@ -240,7 +240,7 @@ func TestDryRunWritesNoClaim(t *testing.T) {
 	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
 		t.Fatal(err)
 	}
-	key := policy.KeyFor(job, env.configNow().Policy.Concurrency)
+	key := claim.KeyFor(job, env.configNow().Policy.Concurrency)
 	if _, err := env.cs.CoordinationV1().Leases(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("dry run wrote claim %s: %v", key.Name, err)
 	}
@@ -295,7 +295,7 @@ func finishRun(ctx context.Context, t *testing.T, job, exitCode string) {
 	}
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		j, err := env.cs.BatchV1().Jobs(ns).Get(ctx, job, metav1.GetOptions{})
-		return err == nil && policy.Finished(j), nil
+		return err == nil && claim.Finished(j), nil
 	})
 	if err != nil {
 		t.Fatalf("Job %s did not finish: %v", job, err)

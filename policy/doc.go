@@ -1,5 +1,4 @@
-// Package policy is clipjob's pure core for validation, and the per-agent
-// run claim.
+// Package policy is clipjob's pure core for validation.
 //
 // Evaluate checks a final (mutated) Job against the configured policy and
 // returns the violations as a field.ErrorList, plus warnings: image
@@ -9,9 +8,6 @@
 // comes through a lookup function. The validating webhook and
 // `clipjob check` both call it, so they give the same verdict.
 //
-// Claims enforces "at most one active run per agent" with the API server as
-// the arbiter: a coordination.k8s.io Lease per agent, created or taken over
-// with optimistic concurrency, so two concurrent creates on any number of
-// webhook replicas cannot both pass. A cache or a LIST would be
-// check-then-act. Release and Sweep free claims whose Job finished or vanished.
+// "One active run per agent" is not a rule of this package: it needs the
+// API server as the arbiter, and lives in package claim.
 package policy

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/paperclipai/clipjob/claim"
 	"github.com/paperclipai/clipjob/config"
 )
 
@@ -43,18 +44,6 @@ var (
 		Name: "clipjob_claim_conflicts_total",
 		Help: "Agent Jobs refused because the agent already has an active run.",
 	})
-	claimRetries = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "clipjob_claim_retries_total",
-		Help: "Claim writes that lost a race (AlreadyExists or Conflict) and were decided again.",
-	})
-	claimsReleased = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "clipjob_claims_released_total",
-		Help: "Claims freed by the claim controller, by trigger (finished, deleted, sweep).",
-	}, []string{"trigger"})
-	queueStarts = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "clipjob_queue_started_total",
-		Help: "Queued runs (Queue mode) started because their agent became free.",
-	})
 	sourceAvailable = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "clipjob_source_available",
 		Help: "1 if the source Deployment is found and can be inherited from, else 0.",
@@ -66,7 +55,8 @@ var registerOnce sync.Once
 func registerMetrics() {
 	registerOnce.Do(func() {
 		metrics.Registry.MustRegister(admissionTotal, admissionDuration, configReloads,
-			configLastReloadOK, configInfo, sourceAvailable, policyDecisions, claimConflicts, claimRetries, claimsReleased, queueStarts)
+			configLastReloadOK, configInfo, sourceAvailable, policyDecisions, claimConflicts)
+		claim.RegisterMetrics()
 	})
 }
 

@@ -12,15 +12,22 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	batchv1 "k8s.io/api/batch/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/paperclipai/clipjob/claim"
 	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/contract"
 )
 
 // Paths the webhook configurations point at.
@@ -63,12 +70,13 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	server := mgr.GetWebhookServer() // adds it to the manager's runnables
-	claims := NewClaims(clientset)
+	lock := claim.NewLock(clientset)
 	server.Register(MutatePath, &admission.Webhook{Handler: &Mutator{Configs: store, Sources: sources}})
 	server.Register(ValidatePath, &admission.Webhook{Handler: &Validator{Configs: store, Sources: sources,
-		PVCs: livePVCs(clientset), Claims: claims}})
-	if err := mgr.Add(&ClaimController{Client: clientset, Claims: claims, Configs: store,
-		SweepInterval: o.SweepInterval, Log: log.WithName("claim-controller")}); err != nil {
+		PVCs: livePVCs(clientset), Claims: lock}})
+	controller := &claim.Controller{Jobs: mgr.GetCache(), Client: clientset, Lock: lock, Configs: store,
+		Log: log.WithName("claim-controller")}
+	if err := controller.SetupWithManager(mgrCtx, mgr, claim.Options{SweepInterval: o.SweepInterval}); err != nil {
 		return err
 	}
 	if err := addProbes(mgr, server, sources, stopping); err != nil {
@@ -78,6 +86,15 @@ func Run(ctx context.Context, o Options) error {
 	log.Info("serving admission webhooks", "port", o.Port, "mutate", MutatePath, "validate", ValidatePath)
 	return mgr.Start(mgrCtx)
 }
+
+// agentJobs selects the Jobs that carry the agent label.
+var agentJobs = func() labels.Selector {
+	req, err := labels.NewRequirement(contract.LabelAgentID, selection.Exists, nil)
+	if err != nil {
+		panic(err)
+	}
+	return labels.NewSelector().Add(*req)
+}()
 
 // drainOnStop returns the context the manager runs under: it ends delay
 // after ctx does, and stopping is set meanwhile, so readiness fails and
@@ -122,7 +139,11 @@ func newManager(o Options, store *config.Store, sourceNamespace string) (manager
 		leNamespace = sourceNamespace
 	}
 	return manager.New(o.RestConfig, manager.Options{
-		Logger:                 o.Log,
+		Logger: o.Log,
+		// The cache holds agent Jobs only, for the claim controller.
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&batchv1.Job{}: {Label: agentJobs},
+		}},
 		Metrics:                metricsserver.Options{BindAddress: o.MetricsAddr, ExtraHandlers: map[string]http.Handler{"/configz": configzHandler(store)}},
 		HealthProbeBindAddress: o.ProbeAddr,
 		WebhookServer:          server,

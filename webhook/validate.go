@@ -10,8 +10,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/paperclipai/clipjob/claim"
 	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/policy"
 )
@@ -23,7 +25,18 @@ type Validator struct {
 	// allowed. A missing source only narrows the allowlist.
 	Sources InheritedSource
 	PVCs    PVCGetter
-	Claims  *policy.Claims
+	Claims  *claim.Lock
+}
+
+// PVCGetter looks a PersistentVolumeClaim up.
+type PVCGetter func(ctx context.Context, namespace, name string) (*corev1.PersistentVolumeClaim, error)
+
+// livePVCs reads PVCs from the API server, not a cache: the check must see
+// the claim as it is now.
+func livePVCs(cs kubernetes.Interface) PVCGetter {
+	return func(ctx context.Context, ns, name string) (*corev1.PersistentVolumeClaim, error) {
+		return cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
+	}
 }
 
 var _ admission.Handler = (*Validator)(nil)
@@ -69,7 +82,7 @@ func (v *Validator) validate(ctx context.Context, req admission.Request) (admiss
 		dryRun := req.DryRun != nil && *req.DryRun
 		err := v.Claims.Acquire(ctx, job, cfg.Policy.Concurrency, dryRun)
 		switch {
-		case policy.IsBusy(err):
+		case claim.IsBusy(err):
 			claimConflicts.Inc()
 			policyDecisions.WithLabelValues(policy.RuleConcurrency, "denied").Inc()
 			return denial(http.StatusConflict, metav1.StatusReasonConflict, err.Error()).WithWarnings(d.Warnings...), OutcomeDenied

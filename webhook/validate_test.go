@@ -19,9 +19,9 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/paperclipai/clipjob/claim"
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/golden"
-	"github.com/paperclipai/clipjob/policy"
 	"github.com/paperclipai/clipjob/templates"
 )
 
@@ -37,7 +37,7 @@ func renderedCase(t *testing.T) (*batchv1.Job, *Validator, *fake.Clientset) {
 		ObjectMeta: metav1.ObjectMeta{Name: "paperclip-data", Namespace: "paperclip"},
 		Spec:       corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}},
 	})
-	v := &Validator{Configs: staticConfig{c.Config}, Sources: staticSource{inh: inh}, PVCs: livePVCs(cs), Claims: NewClaims(cs)}
+	v := &Validator{Configs: staticConfig{c.Config}, Sources: staticSource{inh: inh}, PVCs: livePVCs(cs), Claims: claim.NewLock(cs)}
 	job := res.Job
 	job.UID = types.UID("uid-" + job.Name)
 	return job, v, cs
@@ -66,7 +66,7 @@ func TestValidatorAdmitsThenRefusesSecondRun(t *testing.T) {
 	if resp := v.Handle(ctx, validateRequest(t, admissionv1.Create, job, nil, false)); !resp.Allowed {
 		t.Fatalf("rendered Job refused: %v", resp.Result.Message)
 	}
-	leases, _ := cs.CoordinationV1().Leases("paperclip").List(ctx, metav1.ListOptions{LabelSelector: policy.LabelClaim})
+	leases, _ := cs.CoordinationV1().Leases("paperclip").List(ctx, metav1.ListOptions{LabelSelector: claim.Label})
 	if len(leases.Items) != 1 {
 		t.Fatalf("%d claims written, want 1", len(leases.Items))
 	}

@@ -1,4 +1,4 @@
-package policy
+package claim
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 
 func TestReleaseOnlyTheHolder(t *testing.T) {
 	ctx := context.Background()
-	c, leases, jobs, _ := newClaims()
+	c, leases, jobs, _ := newLock()
 	holder := agentJob("run-1", "agent-1")
 	if err := c.Acquire(ctx, holder, nsScope, false); err != nil {
 		t.Fatal(err)
@@ -32,7 +32,7 @@ func TestReleaseOnlyTheHolder(t *testing.T) {
 
 func TestSweepRemovesStaleClaimsOnly(t *testing.T) {
 	ctx := context.Background()
-	c, leases, jobs, clk := newClaims()
+	c, leases, jobs, clk := newLock()
 	running := agentJob("run-live", "agent-live")
 	done := agentJob("run-done", "agent-done")
 	ghost := agentJob("run-ghost", "agent-ghost") // admitted, never stored

@@ -1,4 +1,4 @@
-package webhook
+package claim
 
 import (
 	"context"
@@ -9,16 +9,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
-
-	"github.com/paperclipai/clipjob/policy"
 )
 
-// The adapters below reach the API server live, never through a cache:
-// claims and PVC checks must see what the API server has now.
+// The adapters below reach the API server live, never through a cache: a
+// claim decision must see what the API server has now.
 
 type leaseAPI struct{ cs kubernetes.Interface }
 
-var _ policy.LeaseAPI = leaseAPI{}
+var _ LeaseAPI = leaseAPI{}
 
 func dryRunOpt(dryRun bool) []string {
 	if dryRun {
@@ -47,7 +45,7 @@ func (l leaseAPI) Delete(ctx context.Context, ns, name, rv string) error {
 
 func (l leaseAPI) List(ctx context.Context) ([]coordinationv1.Lease, error) {
 	list, err := l.cs.CoordinationV1().Leases(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
-		LabelSelector: policy.LabelClaim + "=" + policy.ClaimKindAgent,
+		LabelSelector: Label + "=" + KindAgentRun,
 	})
 	if err != nil {
 		return nil, err
@@ -57,24 +55,15 @@ func (l leaseAPI) List(ctx context.Context) ([]coordinationv1.Lease, error) {
 
 type jobAPI struct{ cs kubernetes.Interface }
 
-var _ policy.JobAPI = jobAPI{}
+var _ JobAPI = jobAPI{}
 
 func (j jobAPI) Get(ctx context.Context, ns, name string) (*batchv1.Job, error) {
 	return j.cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
 }
 
-// PVCGetter looks a PersistentVolumeClaim up.
-type PVCGetter func(ctx context.Context, namespace, name string) (*corev1.PersistentVolumeClaim, error)
-
-func livePVCs(cs kubernetes.Interface) PVCGetter {
-	return func(ctx context.Context, ns, name string) (*corev1.PersistentVolumeClaim, error) {
-		return cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
-	}
-}
-
 type podsAPI struct{ cs kubernetes.Interface }
 
-var _ policy.PodsAPI = podsAPI{}
+var _ PodsAPI = podsAPI{}
 
 // Running counts the Job's pods (by the controller-uid label the Job
 // controller sets) that have not succeeded or failed.
@@ -92,7 +81,8 @@ func (p podsAPI) Running(ctx context.Context, ns, jobUID string) (int, error) {
 	return n, nil
 }
 
-// NewClaims returns run claims backed by the API server.
-func NewClaims(cs kubernetes.Interface) *policy.Claims {
-	return &policy.Claims{Leases: leaseAPI{cs}, Jobs: jobAPI{cs}, Pods: podsAPI{cs}, OnRetry: func() { claimRetries.Inc() }}
+// NewLock returns the lock backed by the API server, counting lost write
+// races in clipjob_claim_retries_total.
+func NewLock(cs kubernetes.Interface) *Lock {
+	return &Lock{Leases: leaseAPI{cs}, Jobs: jobAPI{cs}, Pods: podsAPI{cs}, OnRetry: func() { retries.Inc() }}
 }

@@ -1,4 +1,4 @@
-package policy
+package claim
 
 import (
 	"context"
@@ -155,10 +155,10 @@ func finish(j *batchv1.Job, t batchv1.JobConditionType) *batchv1.Job {
 
 var nsScope = config.Concurrency{Mode: config.ModeReject, Scope: config.ScopeNamespace, PendingGraceSeconds: 15}
 
-func newClaims() (*Claims, *fakeLeases, *fakeJobs, *clocktesting.FakeClock) {
+func newLock() (*Lock, *fakeLeases, *fakeJobs, *clocktesting.FakeClock) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 21, 10, 0, 0, 0, time.UTC))
 	leases, jobs := newFakeLeases(), &fakeJobs{jobs: map[string]*batchv1.Job{}}
-	return &Claims{Leases: leases, Jobs: jobs, Clock: clk}, leases, jobs, clk
+	return &Lock{Leases: leases, Jobs: jobs, Clock: clk}, leases, jobs, clk
 }
 
 // barrier returns a beforeWrite hook that holds the first n writes of
@@ -179,7 +179,7 @@ func barrier(n int, op string) func(string) {
 // create the claim at once: exactly one is admitted, the other gets a
 // BusyError naming the winner.
 func TestTwoClaimantsInterleaved(t *testing.T) {
-	c, leases, _, _ := newClaims()
+	c, leases, _, _ := newLock()
 	leases.beforeWrite = barrier(2, "create")
 	a, b := agentJob("run-a", "agent-1"), agentJob("run-b", "agent-1")
 	errs := make([]error, 2)
@@ -213,7 +213,7 @@ func asBusy(err error, b **BusyError) bool {
 // see it finished and race to take the claim over. One update wins, the
 // other conflicts, re-reads and finds the winner active.
 func TestTakeOverRaceAfterFinish(t *testing.T) {
-	c, leases, jobs, _ := newClaims()
+	c, leases, jobs, _ := newLock()
 	var retries atomic.Int32
 	c.OnRetry = func() { retries.Add(1) }
 	old := agentJob("run-old", "agent-1")
@@ -238,7 +238,7 @@ func TestTakeOverRaceAfterFinish(t *testing.T) {
 // TestManyConcurrentClaimants: whatever the interleaving, one of many.
 func TestManyConcurrentClaimants(t *testing.T) {
 	for round := 0; round < 20; round++ {
-		c, _, _, _ := newClaims()
+		c, _, _, _ := newLock()
 		const n = 50
 		var admitted atomic.Int32
 		var wg sync.WaitGroup
@@ -287,7 +287,7 @@ func TestHolderStates(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, leases, jobs, clk := newClaims()
+			c, leases, jobs, clk := newLock()
 			holder := agentJob("run-1", "agent-1")
 			if err := c.Acquire(ctx, holder, nsScope, false); err != nil {
 				t.Fatal(err)
@@ -314,7 +314,7 @@ func TestHolderStates(t *testing.T) {
 }
 
 func TestDryRunWritesNothing(t *testing.T) {
-	c, leases, jobs, _ := newClaims()
+	c, leases, jobs, _ := newLock()
 	ctx := context.Background()
 	if err := c.Acquire(ctx, agentJob("run-1", "agent-1"), nsScope, true); err != nil {
 		t.Fatal(err)
@@ -342,7 +342,7 @@ func TestDryRunWritesNothing(t *testing.T) {
 }
 
 func TestSameJobAgainIsAdmitted(t *testing.T) {
-	c, _, _, _ := newClaims()
+	c, _, _, _ := newLock()
 	j := agentJob("run-1", "agent-1")
 	for i := 0; i < 2; i++ {
 		if err := c.Acquire(context.Background(), j, nsScope, false); err != nil {
@@ -352,7 +352,7 @@ func TestSameJobAgainIsAdmitted(t *testing.T) {
 }
 
 func TestAgentsAndScopesAreIndependent(t *testing.T) {
-	c, _, _, _ := newClaims()
+	c, _, _, _ := newLock()
 	ctx := context.Background()
 	if err := c.Acquire(ctx, agentJob("a", "agent-1"), nsScope, false); err != nil {
 		t.Fatal(err)
@@ -399,7 +399,7 @@ func (f fakePods) Running(_ context.Context, _, uid string) (int, error) { retur
 // they are gone, and the releaser does not free the claim early.
 func TestClaimHeldWhilePodsTerminate(t *testing.T) {
 	ctx := context.Background()
-	c, _, jobs, _ := newClaims()
+	c, _, jobs, _ := newLock()
 	pods := fakePods{}
 	c.Pods = pods
 	holder := agentJob("run-1", "agent-1")

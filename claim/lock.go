@@ -1,4 +1,4 @@
-package policy
+package claim
 
 import (
 	"context"
@@ -24,11 +24,11 @@ import (
 
 // Labels and annotations of claim Leases.
 const (
-	LabelClaim            = "clipjob.paperclip.io/claim"
-	ClaimKindAgent        = "agent-run"
-	AnnotationClaimJobUID = "clipjob.paperclip.io/job-uid"
-	AnnotationClaimRunID  = "clipjob.paperclip.io/run-id"
-	AnnotationClaimAgent  = "clipjob.paperclip.io/agent-id"
+	Label            = "clipjob.paperclip.io/claim"
+	KindAgentRun     = "agent-run"
+	AnnotationJobUID = "clipjob.paperclip.io/job-uid"
+	AnnotationRunID  = "clipjob.paperclip.io/run-id"
+	AnnotationAgent  = "clipjob.paperclip.io/agent-id"
 )
 
 // LeaseAPI is the slice of the coordination API the claims need. Writes
@@ -55,8 +55,9 @@ type PodsAPI interface {
 	Running(ctx context.Context, namespace, jobUID string) (int, error)
 }
 
-// Claims grants at most one active run per agent.
-type Claims struct {
+// Lock grants at most one active run per agent: the run holds the agent's
+// claim, a Lease written only through Acquire's read-decide-write loop.
+type Lock struct {
 	Leases LeaseAPI
 	Jobs   JobAPI
 	// Pods, when set, keeps a claim until its Job's pods are gone.
@@ -105,15 +106,15 @@ type Holder struct {
 	Terminating int
 }
 
-// ClaimKey is where an agent's claim lives.
-type ClaimKey struct{ Namespace, Name, Agent string }
+// Key is where an agent's claim lives.
+type Key struct{ Namespace, Name, Agent string }
 
 var nonDNS = regexp.MustCompile(`[^a-z0-9-]+`)
 
 // KeyFor returns the claim of the Job's agent under cfg. The name is
 // readable and safe for any label value: a slug of the agent id and a hash
 // of the scope and id, so distinct ids never share a claim.
-func KeyFor(job *batchv1.Job, cfg config.Concurrency) ClaimKey {
+func KeyFor(job *batchv1.Job, cfg config.Concurrency) Key {
 	agent := job.Labels[contract.LabelAgentID]
 	ns := job.Namespace
 	scope := "ns/" + ns
@@ -125,10 +126,10 @@ func KeyFor(job *batchv1.Job, cfg config.Concurrency) ClaimKey {
 	if len(slug) > 38 { // the name stays a 63-character DNS label
 		slug = strings.TrimRight(slug[:38], "-")
 	}
-	return ClaimKey{Namespace: ns, Name: "clipjob-agent-" + slug + "-" + hex.EncodeToString(sum[:5]), Agent: agent}
+	return Key{Namespace: ns, Name: "clipjob-agent-" + slug + "-" + hex.EncodeToString(sum[:5]), Agent: agent}
 }
 
-func (c *Claims) now() time.Time {
+func (c *Lock) now() time.Time {
 	if c.Clock == nil {
 		return time.Now()
 	}
@@ -138,7 +139,7 @@ func (c *Claims) now() time.Time {
 // Acquire claims the Job's agent for it, or returns a *BusyError naming
 // the active run. A dry run decides the same way and writes nothing. The
 // Job must carry its UID (validating admission sees it).
-func (c *Claims) Acquire(ctx context.Context, job *batchv1.Job, cfg config.Concurrency, dryRun bool) error {
+func (c *Lock) Acquire(ctx context.Context, job *batchv1.Job, cfg config.Concurrency, dryRun bool) error {
 	key := KeyFor(job, cfg)
 	attempts := c.MaxAttempts
 	if attempts <= 0 {
@@ -185,23 +186,23 @@ func (c *Claims) Acquire(ctx context.Context, job *batchv1.Job, cfg config.Concu
 	return fmt.Errorf("claim %s/%s for agent %q: still contended after %d attempts; retry", key.Namespace, key.Name, key.Agent, attempts)
 }
 
-func claimErr(key ClaimKey, err error) error {
+func claimErr(key Key, err error) error {
 	if err == nil {
 		return nil
 	}
 	return fmt.Errorf("claim %s/%s for agent %q: %w", key.Namespace, key.Name, key.Agent, err)
 }
 
-func (c *Claims) newLease(key ClaimKey, job *batchv1.Job) *coordinationv1.Lease {
+func (c *Lock) newLease(key Key, job *batchv1.Job) *coordinationv1.Lease {
 	now := metav1.NewMicroTime(c.now())
 	return &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: key.Name, Namespace: key.Namespace,
-			Labels: map[string]string{LabelClaim: ClaimKindAgent, "app.kubernetes.io/managed-by": "clipjob"},
+			Labels: map[string]string{Label: KindAgentRun, "app.kubernetes.io/managed-by": "clipjob"},
 			Annotations: map[string]string{
-				AnnotationClaimJobUID: string(job.UID),
-				AnnotationClaimRunID:  job.Labels[contract.LabelRunID],
-				AnnotationClaimAgent:  key.Agent,
+				AnnotationJobUID: string(job.UID),
+				AnnotationRunID:  job.Labels[contract.LabelRunID],
+				AnnotationAgent:  key.Agent,
 			},
 		},
 		Spec: coordinationv1.LeaseSpec{
@@ -214,7 +215,7 @@ func (c *Claims) newLease(key ClaimKey, job *batchv1.Job) *coordinationv1.Lease 
 
 // HolderOf reads the Job a claim names.
 func HolderOf(l *coordinationv1.Lease) Holder {
-	h := Holder{UID: l.Annotations[AnnotationClaimJobUID], RunID: l.Annotations[AnnotationClaimRunID]}
+	h := Holder{UID: l.Annotations[AnnotationJobUID], RunID: l.Annotations[AnnotationRunID]}
 	h.Namespace, h.Name, _ = strings.Cut(ptr.Deref(l.Spec.HolderIdentity, ""), "/")
 	if l.Spec.AcquireTime != nil {
 		h.Since = l.Spec.AcquireTime.Time
@@ -228,7 +229,7 @@ func HolderOf(l *coordinationv1.Lease) Holder {
 // the grace window. The window must outlast the slowest admission (every
 // validating webhook answers before the Job is stored); the clocks of the
 // replicas compared across it are assumed to agree within seconds.
-func (c *Claims) free(ctx context.Context, lease *coordinationv1.Lease, grace time.Duration) (bool, Holder, error) {
+func (c *Lock) free(ctx context.Context, lease *coordinationv1.Lease, grace time.Duration) (bool, Holder, error) {
 	h := HolderOf(lease)
 	if h.Name == "" {
 		return true, h, nil
@@ -252,7 +253,7 @@ func (c *Claims) free(ctx context.Context, lease *coordinationv1.Lease, grace ti
 // ended decides from the holder Job alone: completed or failed, being
 // deleted with no pod left, replaced by another Job of the same name,
 // never started (suspended) or never stored within the grace window.
-func (c *Claims) ended(ctx context.Context, h *Holder, grace time.Duration) (bool, error) {
+func (c *Lock) ended(ctx context.Context, h *Holder, grace time.Duration) (bool, error) {
 	job, err := c.Jobs.Get(ctx, h.Namespace, h.Name)
 	switch {
 	case apierrors.IsNotFound(err):

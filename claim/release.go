@@ -1,4 +1,4 @@
-package policy
+package claim
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 // it when a Job finishes or is deleted, so the next run of the agent does
 // not wait for anything. Deleting only at the observed resourceVersion
 // means a claim taken over meanwhile is left alone.
-func (c *Claims) Release(ctx context.Context, job *batchv1.Job, cfg config.Concurrency) (bool, error) {
+func (c *Lock) Release(ctx context.Context, job *batchv1.Job, cfg config.Concurrency) (bool, error) {
 	key := KeyFor(job, cfg)
 	lease, err := c.Leases.Get(ctx, key.Namespace, key.Name)
 	if apierrors.IsNotFound(err) {
@@ -41,7 +41,7 @@ func (c *Claims) Release(ctx context.Context, job *batchv1.Job, cfg config.Concu
 // Sweep deletes every claim whose holder no longer runs: finished, being
 // deleted, replaced, or never stored within grace. It catches what Release
 // missed (the controller was down, the Job was deleted during a restart).
-func (c *Claims) Sweep(ctx context.Context, grace time.Duration) (int, error) {
+func (c *Lock) Sweep(ctx context.Context, grace time.Duration) (int, error) {
 	leases, err := c.Leases.List(ctx)
 	if err != nil {
 		return 0, err
@@ -49,7 +49,7 @@ func (c *Claims) Sweep(ctx context.Context, grace time.Duration) (int, error) {
 	released := 0
 	for i := range leases {
 		l := &leases[i]
-		if l.Labels[LabelClaim] != ClaimKindAgent {
+		if l.Labels[Label] != KindAgentRun {
 			continue
 		}
 		free, _, err := c.free(ctx, l, grace)
