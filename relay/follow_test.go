@@ -93,11 +93,14 @@ func (f *fakeLog) state() containerState {
 	return containerState{ended: f.ended}
 }
 
+// newFollower's DrainIdle is far above any stall of a loaded test machine:
+// the fake's streams end with EOF, so it costs nothing unless a test leaves
+// a stream open, and then the test sets its own.
 func newFollower(_ testing.TB, s *Store, src *fakeLog) *follower {
 	return &follower{
 		ref: StreamRef{Run: "run-1", Namespace: "ns", Pod: "p", PodUID: "uid", Container: "agent", ContainerID: "c1"},
 		src: src, store: s, state: src.state, slots: make(chan struct{}, 4), log: logr.Discard(),
-		opts: FollowOptions{BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond, DrainIdle: 50 * time.Millisecond,
+		opts: FollowOptions{BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond, DrainIdle: 5 * time.Second,
 			BatchWait: 5 * time.Millisecond, BatchLines: 7, MaxStreamLifetime: time.Hour},
 	}
 }
@@ -185,6 +188,7 @@ func TestFollowerDrainsAnOpenStreamAfterTermination(t *testing.T) {
 	writeBurst(src, 0, 10)
 	f := newFollower(t, s, src)
 	f.state = func() containerState { return containerState{ended: true} } // never EOF, like kwok
+	f.opts.DrainIdle = 200 * time.Millisecond
 	start := time.Now()
 	f.run(context.Background())
 	if time.Since(start) > 5*time.Second {
