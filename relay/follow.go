@@ -61,20 +61,35 @@ type FollowOptions struct {
 	BatchWait  time.Duration
 }
 
+// DefaultFollowOptions are the values the comments above name.
+func DefaultFollowOptions() FollowOptions {
+	return FollowOptions{
+		MaxStreamLifetime: 30 * time.Minute,
+		BackoffMin:        200 * time.Millisecond,
+		BackoffMax:        30 * time.Second,
+		DrainIdle:         3 * time.Second,
+		DrainMax:          30 * time.Second,
+		BatchLines:        256,
+		BatchWait:         100 * time.Millisecond,
+	}
+}
+
+// setDefaults fills what is unset from DefaultFollowOptions.
 func (o *FollowOptions) setDefaults() {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
+	d := DefaultFollowOptions()
+	def := func(v *time.Duration, dv time.Duration) {
+		if *v <= 0 {
+			*v = dv
 		}
 	}
-	def(&o.MaxStreamLifetime, 30*time.Minute)
-	def(&o.BackoffMin, 200*time.Millisecond)
-	def(&o.BackoffMax, 30*time.Second)
-	def(&o.DrainIdle, 3*time.Second)
-	def(&o.DrainMax, 30*time.Second)
-	def(&o.BatchWait, 100*time.Millisecond)
+	def(&o.MaxStreamLifetime, d.MaxStreamLifetime)
+	def(&o.BackoffMin, d.BackoffMin)
+	def(&o.BackoffMax, d.BackoffMax)
+	def(&o.DrainIdle, d.DrainIdle)
+	def(&o.DrainMax, d.DrainMax)
+	def(&o.BatchWait, d.BatchWait)
 	if o.BatchLines <= 0 {
-		o.BatchLines = 256
+		o.BatchLines = d.BatchLines
 	}
 }
 

@@ -11,84 +11,30 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/kubernetes"
-	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/paperclipai/clipjob/contract"
 )
 
-// Options configure Serve. Each field's comment gives its default.
-type Options struct {
-	// DataDir holds the store (a volume that outlives the pod). Required.
-	DataDir string
-	// Namespaces to collect agent pods from. Default all.
-	Namespaces []string
-	// APIAddr serves the HTTP API. Default ":8090".
-	APIAddr string
-	// CertDir holds tls.crt and tls.key for the API, reloaded when they
-	// change. Callers send bearer tokens, so serve TLS anywhere but
-	// loopback. Default: plain HTTP.
-	CertDir string
-	// MetricsAddr serves /metrics; ProbeAddr /healthz and /readyz.
-	// Default ":8080" and ":8081".
-	MetricsAddr, ProbeAddr string
-	// MaxStreams bounds open log streams. Default 200.
-	MaxStreams int
-	Follow     FollowOptions
-	// RetentionMaxAge and RetentionMaxBytes bound what is kept of finished
-	// runs. Default 7 days, no size bound. RetentionInterval between
-	// sweeps. Default 1m.
-	RetentionMaxAge   time.Duration
-	RetentionMaxBytes int64
-	RetentionInterval time.Duration
-	// RedactPatterns (regular expressions) and RedactValues (literal
-	// secrets) are removed from lines before storage, besides the built-in
-	// token patterns.
-	RedactPatterns, RedactValues []string
-	// MirrorDir, when set, is the shared volume's data directory: each
-	// run's agent output is kept as run-logs/<company>/<agent>/<run>.pod.ndjson
-	// there, where Paperclip's Claude adapter reads it. Default: off.
-	MirrorDir string
-	// TokenAudiences a caller's token must be for. Default: the API
-	// server's.
-	TokenAudiences []string
-	RestConfig     *rest.Config
-	Log            logr.Logger
-}
-
-func (o *Options) setDefaults() {
-	def := func(s *string, v string) {
-		if *s == "" {
-			*s = v
-		}
-	}
-	def(&o.APIAddr, ":8090")
-	def(&o.MetricsAddr, ":8080")
-	def(&o.ProbeAddr, ":8081")
-	if o.RetentionMaxAge == 0 {
-		o.RetentionMaxAge = 7 * 24 * time.Hour
-	}
-	if o.RetentionInterval <= 0 {
-		o.RetentionInterval = time.Minute
-	}
-}
-
-// Serve collects and serves logs until ctx ends, then stops following,
-// flushes what it read to the store and closes it.
+// Serve collects and serves logs until ctx ends, then stops the API,
+// stops following (flushing what was read) and closes the store, in that
+// order. Metrics, probes and the pod informers run on a controller-runtime
+// manager, like the webhook's.
 func Serve(ctx context.Context, o Options) error {
-	o.setDefaults()
-	if o.DataDir == "" || o.RestConfig == nil {
-		return errors.New("relay: DataDir and RestConfig are required")
+	if err := o.validate(); err != nil {
+		return fmt.Errorf("relay options: %w", err)
 	}
-	log := o.Log
 	registerMetrics()
 	redact, err := NewRedactor(o.RedactPatterns, o.RedactValues)
 	if err != nil {
@@ -98,164 +44,212 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	defer store.Close()
+	defer store.Close() // last: after the manager has stopped every runnable
 	rc := rest.CopyConfig(o.RestConfig)
 	rc.QPS, rc.Burst = 100, 200
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return err
 	}
-
-	namespaces := o.Namespaces
-	if len(namespaces) == 0 {
-		namespaces = []string{metav1.NamespaceAll}
+	mgr, err := newManager(o)
+	if err != nil {
+		return err
 	}
-	listers := map[string]listersv1.PodLister{}
-	var synced []cache.InformerSynced
-	coll := &Collector{Store: store, Source: APILogSource{Client: client}, Redact: redact, Follow: o.Follow,
-		MaxStreams: o.MaxStreams, Log: log.WithName("collector"), Mirror: &Mirror{Dir: o.MirrorDir, Store: store},
-		Pods: func(ns, name string) *corev1.Pod {
-			l, ok := listers[ns]
-			if !ok {
-				l = listers[metav1.NamespaceAll]
-			}
-			if l == nil {
-				return nil
-			}
-			p, err := l.Pods(ns).Get(name)
-			if err != nil {
-				return nil
-			}
-			return p
-		}}
-	// Followers get their own context: on shutdown the servers stop first,
-	// then the followers, which flush before the store closes.
-	collectCtx, stopCollecting := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopCollecting()
-	coll.Start(collectCtx)
-	// Every lister is registered before any informer starts: handlers of
-	// one namespace read the map while later ones would be added.
-	var factories []informers.SharedInformerFactory
-	for _, ns := range namespaces {
-		f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns),
-			informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.LabelSelector = contract.LabelRunID }))
-		inf := f.Core().V1().Pods()
-		listers[ns] = inf.Lister()
-		_, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { coll.OnPod(obj.(*corev1.Pod)) },
-			UpdateFunc: func(_, obj any) { coll.OnPod(obj.(*corev1.Pod)) },
-			DeleteFunc: func(obj any) {
-				if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-					obj = d.Obj
-				}
-				if p, ok := obj.(*corev1.Pod); ok {
-					coll.OnPodDeleted(p)
-				}
-			},
-		})
-		if err != nil {
-			return err
-		}
-		synced = append(synced, inf.Informer().HasSynced)
-		factories = append(factories, f)
+	svc := &service{opts: o, store: store, client: client, cache: mgr.GetCache(), log: o.Log}
+	svc.coll = &Collector{Store: store, Source: APILogSource{Client: client}, Redact: redact, Follow: o.Follow,
+		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Mirror: &Mirror{Dir: o.MirrorDir, Store: store},
+		Pods: svc.pod}
+	pods, err := mgr.GetCache().GetInformer(ctx, &corev1.Pod{})
+	if err != nil {
+		return err
 	}
-	for _, f := range factories {
-		f.Start(collectCtx.Done())
+	if _, err := pods.AddEventHandler(podEvents(svc.coll)); err != nil {
+		return err
 	}
-	ready := func() error {
-		for _, s := range synced {
-			if !s() {
-				return errors.New("pod informer not synced")
-			}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("pod-informer", func(*http.Request) error {
+		if !pods.HasSynced() {
+			return errors.New("pod informer not synced")
 		}
 		return nil
+	}); err != nil {
+		return err
 	}
-	go func() {
-		if cache.WaitForCacheSync(collectCtx.Done(), synced...) {
-			n, err := coll.Reconcile()
-			if err != nil {
-				log.Error(err, "finishing runs whose pods vanished while the relay was away")
-			} else if n > 0 {
-				log.Info("finished runs whose pods vanished while the relay was away", "runs", n)
-			}
-		}
-	}()
+	if err := mgr.Add(svc); err != nil {
+		return err
+	}
+	o.Log.Info("relay serving", "api", o.APIAddr, "tls", o.CertDir != "", "namespaces", o.Namespaces, "data", o.DataDir)
+	return mgr.Start(ctx)
+}
 
-	api := &API{Store: store, Auth: &KubeAuth{Client: client, Audiences: o.TokenAudiences}, Log: log.WithName("api")}
-	// Following log responses end when the relay stops.
-	apiCtx, stopAPI := context.WithCancel(context.Background())
-	defer stopAPI()
-	servers := []*http.Server{
-		{Addr: o.APIAddr, Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second,
-			BaseContext: func(net.Listener) context.Context { return apiCtx }},
-		{Addr: o.MetricsAddr, Handler: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second},
-		{Addr: o.ProbeAddr, Handler: probes(ready), ReadHeaderTimeout: 10 * time.Second},
+// newManager serves metrics and probes, and caches the pods of agent runs
+// in the namespaces collected from.
+func newManager(o Options) (manager.Manager, error) {
+	runPods, err := labels.NewRequirement(contract.LabelRunID, selection.Exists, nil)
+	if err != nil {
+		return nil, err
 	}
-	if o.CertDir != "" {
-		cw, err := certwatcher.New(filepath.Join(o.CertDir, "tls.crt"), filepath.Join(o.CertDir, "tls.key"))
-		if err != nil {
-			return fmt.Errorf("API certificate: %w", err)
+	co := cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&corev1.Pod{}: {Label: labels.NewSelector().Add(*runPods)},
+	}}
+	if len(o.Namespaces) > 0 {
+		co.DefaultNamespaces = map[string]cache.Config{}
+		for _, ns := range o.Namespaces {
+			co.DefaultNamespaces[ns] = cache.Config{}
 		}
-		go func() { _ = cw.Start(collectCtx) }()
-		servers[0].TLSConfig = &tls.Config{GetCertificate: cw.GetCertificate, MinVersion: tls.VersionTLS12}
 	}
-	errc := make(chan error, len(servers))
-	for _, s := range servers {
-		ln, err := net.Listen("tcp", s.Addr)
-		if err != nil {
-			return err
-		}
-		if s.TLSConfig != nil {
-			ln = tls.NewListener(ln, s.TLSConfig)
-		}
-		go func() {
-			if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errc <- err
-			}
-		}()
-	}
-	log.Info("relay serving", "api", o.APIAddr, "tls", o.CertDir != "", "namespaces", o.Namespaces, "data", o.DataDir)
+	return manager.New(o.RestConfig, manager.Options{
+		Logger:                 o.Log,
+		Cache:                  co,
+		Metrics:                metricsserver.Options{BindAddress: o.MetricsAddr},
+		HealthProbeBindAddress: o.ProbeAddr,
+	})
+}
 
-	retention := time.NewTicker(o.RetentionInterval)
-	defer retention.Stop()
-	var runErr error
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case runErr = <-errc:
-			break loop
-		case <-retention.C:
-			n, err := store.Retain(o.RetentionMaxAge, o.RetentionMaxBytes, time.Now())
-			if err != nil {
-				log.Error(err, "retention")
+// podEvents hands pod events to the collector; it only starts and stops
+// followers, it writes nothing to the API.
+func podEvents(coll *Collector) toolscache.ResourceEventHandler {
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { coll.OnPod(obj.(*corev1.Pod)) },
+		UpdateFunc: func(_, obj any) { coll.OnPod(obj.(*corev1.Pod)) },
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
 			}
-			runsRetired.Add(float64(n))
-			storeSize.Set(float64(store.Size()))
-		}
+			if p, ok := obj.(*corev1.Pod); ok {
+				coll.OnPodDeleted(p)
+			}
+		},
 	}
-	log.Info("stopping: closing streams and flushing the store")
-	stopAPI()
-	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for _, s := range servers {
-		_ = s.Shutdown(shutdown)
+}
+
+// service is the relay's own work as one manager runnable: collection, the
+// API and retention. It owns the shutdown order that correctness needs.
+type service struct {
+	opts   Options
+	store  *Store
+	client kubernetes.Interface
+	cache  cache.Cache
+	coll   *Collector
+	log    logr.Logger
+}
+
+// pod looks a pod up in the informer cache.
+func (s *service) pod(ns, name string) *corev1.Pod {
+	var p corev1.Pod
+	if err := s.cache.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
+		return nil
 	}
+	return &p
+}
+
+// Start implements manager.Runnable. Until ctx ends it collects, serves
+// the API and applies retention; then it stops, in this order:
+//  1. the API, so no reader waits on a run that has stopped changing;
+//  2. collection: followers stop and flush what they read to the store.
+//
+// Serve closes the store once the manager returns.
+func (s *service) Start(ctx context.Context) error {
+	// Collection outlives ctx until step 2.
+	collectCtx, stopCollecting := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopCollecting()
+	s.coll.Start(collectCtx)
+	go s.finishVanishedRuns(collectCtx)
+
+	api, serveErr, err := s.serveAPI(collectCtx)
+	if err != nil {
+		return err
+	}
+	runErr := s.retainUntil(ctx, serveErr)
+
+	s.log.Info("stopping: closing streams and flushing the store")
+	api.stop(s.opts.ShutdownTimeout)
 	stopCollecting()
-	coll.Stop()
+	s.coll.Stop()
 	return runErr
 }
 
-func probes(ready func() error) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := ready(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
+// finishVanishedRuns, once the pod cache has synced, finishes the runs
+// whose pods vanished while the relay was away.
+func (s *service) finishVanishedRuns(ctx context.Context) {
+	if !s.cache.WaitForCacheSync(ctx) {
+		return
+	}
+	n, err := s.coll.Reconcile()
+	if err != nil {
+		s.log.Error(err, "finishing runs whose pods vanished while the relay was away")
+	} else if n > 0 {
+		s.log.Info("finished runs whose pods vanished while the relay was away", "runs", n)
+	}
+}
+
+// retainUntil applies retention every RetentionInterval until ctx ends or
+// the API server fails, and returns that failure.
+func (s *service) retainUntil(ctx context.Context, serveErr <-chan error) error {
+	t := time.NewTicker(s.opts.RetentionInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-serveErr:
+			return err
+		case <-t.C:
+			n, err := s.store.Retain(s.opts.RetentionMaxAge, s.opts.RetentionMaxBytes, time.Now())
+			if err != nil {
+				s.log.Error(err, "retention")
+			}
+			runsRetired.Add(float64(n))
+			storeSize.Set(float64(s.store.Size()))
 		}
-		_, _ = w.Write([]byte("ok"))
-	})
-	return mux
+	}
+}
+
+// apiServer is the running HTTP API.
+type apiServer struct {
+	srv *http.Server
+	// cancel ends the responses that follow a run, which would otherwise
+	// hold Shutdown for its whole timeout.
+	cancel context.CancelFunc
+}
+
+func (a *apiServer) stop(timeout time.Duration) {
+	a.cancel()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	_ = a.srv.Shutdown(ctx)
+}
+
+// serveAPI listens on APIAddr (TLS with a reloading certificate when
+// CertDir is set) and serves until stopped; a serving failure arrives on
+// the channel.
+func (s *service) serveAPI(ctx context.Context) (*apiServer, <-chan error, error) {
+	api := &API{Store: s.store, Auth: &KubeAuth{Client: s.client, Audiences: s.opts.TokenAudiences}, Log: s.log.WithName("api")}
+	reqCtx, cancel := context.WithCancel(context.Background())
+	srv := &http.Server{Addr: s.opts.APIAddr, Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return reqCtx }}
+	ln, err := net.Listen("tcp", s.opts.APIAddr)
+	if err != nil {
+		cancel()
+		return nil, nil, err
+	}
+	if s.opts.CertDir != "" {
+		cw, err := certwatcher.New(filepath.Join(s.opts.CertDir, "tls.crt"), filepath.Join(s.opts.CertDir, "tls.key"))
+		if err != nil {
+			cancel()
+			_ = ln.Close()
+			return nil, nil, fmt.Errorf("API certificate: %w", err)
+		}
+		go func() { _ = cw.Start(ctx) }()
+		ln = tls.NewListener(ln, &tls.Config{GetCertificate: cw.GetCertificate, MinVersion: tls.VersionTLS12})
+	}
+	errc := make(chan error, 1)
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}()
+	return &apiServer{srv: srv, cancel: cancel}, errc, nil
 }

@@ -10,13 +10,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strconv"
 
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/paperclipai/clipjob/internal/command"
 	"github.com/paperclipai/clipjob/webhook"
 )
 
@@ -43,7 +41,7 @@ func NewFlags(o *Options) *flag.FlagSet {
 	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", o.ShutdownDelay, "keep serving this long after SIGTERM while reporting not ready")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "namespace of the Lease electing the claim controller (default $POD_NAMESPACE, else the source namespace)")
 	fs.DurationVar(&o.SweepInterval, "claim-sweep-interval", o.SweepInterval, "how often to delete claims of finished or vanished Jobs")
-	fs.Var((*float32Value)(&o.KubeAPIQPS), "kube-api-qps", "queries per second to the API server (claims, PVC checks)")
+	fs.Var((*command.Float32)(&o.KubeAPIQPS), "kube-api-qps", "queries per second to the API server (claims, PVC checks)")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "burst of queries to the API server")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig file (default in-cluster, else $KUBECONFIG or ~/.kube/config)")
 	o.Zap.BindFlags(fs)
@@ -79,7 +77,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer, run func(context
 	o.Zap.DestWriter = stderr
 	o.Log = zap.New(zap.UseFlagOptions(&o.Zap))
 	ctrl.SetLogger(o.Log)
-	if o.RestConfig, err = restConfig(o.Kubeconfig); err != nil {
+	if o.RestConfig, err = command.RestConfig(o.Kubeconfig); err != nil {
 		fmt.Fprintln(stderr, "clipjob-webhook: no Kubernetes API access:", err)
 		return 1
 	}
@@ -88,27 +86,4 @@ func Main(ctx context.Context, args []string, stderr io.Writer, run func(context
 		return 1
 	}
 	return 0
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		return clientcmd.BuildConfigFromFlags("", kubeconfig)
-	}
-	return ctrl.GetConfig()
-}
-
-// float32Value is a flag.Value for the client's float32 QPS.
-type float32Value float32
-
-func (f *float32Value) String() string {
-	return strconv.FormatFloat(float64(*f), 'g', -1, 32)
-}
-
-func (f *float32Value) Set(s string) error {
-	v, err := strconv.ParseFloat(s, 32)
-	if err != nil {
-		return err
-	}
-	*f = float32Value(v)
-	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/paperclipai/clipjob/internal/testing/kube"
 	"github.com/paperclipai/clipjob/webhook"
 )
 
@@ -100,23 +100,14 @@ func TestFlagsRefused(t *testing.T) {
 // TestMainStartsWebhook runs the command to the point of starting the webhook: the
 // options it starts with, API access from --kubeconfig, and exit codes.
 func TestMainStartsWebhook(t *testing.T) {
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := kube.Kubeconfig(t)
 	var started webhook.Options
 	run := func(_ context.Context, o webhook.Options) error { started = o; return nil }
 	var stderr bytes.Buffer
 	if code := Main(context.Background(), []string{"--kubeconfig", kubeconfig, "--port", "10250"}, &stderr, run); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
-	if started.RestConfig == nil || started.RestConfig.Host != "https://127.0.0.1:6443" || started.RestConfig.BearerToken != "t" {
+	if started.RestConfig == nil || started.RestConfig.Host != kube.Host || started.RestConfig.BearerToken != kube.Token {
 		t.Errorf("API access %+v, want the kubeconfig's", started.RestConfig)
 	}
 	if started.Port != 10250 || started.ConfigFile != "/etc/clipjob/config.yaml" {

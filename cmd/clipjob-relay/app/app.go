@@ -1,0 +1,122 @@
+// Package app is the clipjob-relay command: its flags, bound to
+// relay.DefaultOptions so each default is written once, and the start of
+// relay.Serve with a logger, API access and the redaction values file.
+// main only calls Main, so the whole command is testable without a
+// cluster.
+package app
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/paperclipai/clipjob/internal/command"
+	"github.com/paperclipai/clipjob/relay"
+)
+
+// Options are the relay's options and what the command alone needs.
+type Options struct {
+	relay.Options
+	// RedactValuesFile holds secret values to redact, one per line (e.g. a
+	// mounted Secret); read at start into RedactValues.
+	RedactValuesFile string
+	// Kubeconfig is a kubeconfig file; empty means in-cluster, else
+	// $KUBECONFIG or ~/.kube/config.
+	Kubeconfig string
+	Zap        zap.Options
+}
+
+// NewFlags returns the command's flags bound to o; their defaults are
+// o's values.
+func NewFlags(o *Options) *flag.FlagSet {
+	fs := flag.NewFlagSet("clipjob-relay", flag.ContinueOnError)
+	fs.StringVar(&o.DataDir, "data-dir", o.DataDir, "directory of the store (a persistent volume)")
+	fs.Var((*command.List)(&o.Namespaces), "namespace", "namespace to collect agent pods from (repeatable; default all)")
+	fs.StringVar(&o.APIAddr, "api-address", o.APIAddr, "HTTP API address")
+	fs.StringVar(&o.CertDir, "cert-dir", o.CertDir, "directory with tls.crt and tls.key to serve the API over TLS (reloaded on change; default plain HTTP)")
+	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", o.MetricsAddr, `metrics address ("0" disables)`)
+	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", o.ProbeAddr, "/healthz and /readyz address")
+	fs.IntVar(&o.MaxStreams, "max-streams", o.MaxStreams, "log streams open at once")
+	fs.DurationVar(&o.Follow.MaxStreamLifetime, "max-stream-lifetime", o.Follow.MaxStreamLifetime, "reconnect streams proactively after this long")
+	fs.DurationVar(&o.Follow.DrainIdle, "drain-idle", o.Follow.DrainIdle, "after a container ended, stop following after this long without a line")
+	fs.DurationVar(&o.RetentionMaxAge, "retention-max-age", o.RetentionMaxAge, "delete finished runs idle this long")
+	fs.Int64Var(&o.RetentionMaxBytes, "retention-max-bytes", o.RetentionMaxBytes, "delete the oldest finished runs beyond this many stored bytes (0: unbounded)")
+	fs.Var((*command.List)(&o.RedactPatterns), "redact-pattern", "regular expression to redact before storage (repeatable)")
+	fs.StringVar(&o.RedactValuesFile, "redact-values-file", o.RedactValuesFile, "file of secret values to redact, one per line (e.g. a mounted Secret)")
+	fs.StringVar(&o.MirrorDir, "mirror-dir", o.MirrorDir, "also keep each run's agent output as run-logs/<company>/<agent>/<run>.pod.ndjson under this directory (the shared volume), as Paperclip's Claude adapter reads it")
+	fs.Var((*command.List)(&o.TokenAudiences), "token-audience", "audience callers' tokens must be for (repeatable; default the API server's)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig file (default in-cluster, else $KUBECONFIG or ~/.kube/config)")
+	o.Zap.BindFlags(fs)
+	return fs
+}
+
+// Parse returns the options that args select, starting from the defaults.
+func Parse(args []string, stderr io.Writer) (*Options, error) {
+	o := &Options{Options: relay.DefaultOptions()}
+	fs := NewFlags(o)
+	fs.SetOutput(stderr)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q: clipjob-relay takes only flags", fs.Args())
+	}
+	return o, nil
+}
+
+// Main runs the command with args and returns the process exit code: 0
+// after a clean stop, 1 when the relay fails or cannot start, 2 on a usage
+// error. run is relay.Serve outside tests.
+func Main(ctx context.Context, args []string, stderr io.Writer, run func(context.Context, relay.Options) error) int {
+	o, err := Parse(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "clipjob-relay:", err)
+		return 2
+	}
+	o.Zap.DestWriter = stderr
+	o.Log = zap.New(zap.UseFlagOptions(&o.Zap))
+	ctrl.SetLogger(o.Log)
+	if o.RedactValuesFile != "" {
+		if o.RedactValues, err = readValues(o.RedactValuesFile); err != nil {
+			fmt.Fprintln(stderr, "clipjob-relay: --redact-values-file:", err)
+			return 1
+		}
+	}
+	if o.RestConfig, err = command.RestConfig(o.Kubeconfig); err != nil {
+		fmt.Fprintln(stderr, "clipjob-relay: no Kubernetes API access:", err)
+		return 1
+	}
+	if err := run(ctx, o.Options); err != nil {
+		o.Log.Error(err, "clipjob-relay stopped")
+		return 1
+	}
+	return 0
+}
+
+// readValues reads one secret value per non-empty line.
+func readValues(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var values []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v := strings.TrimSpace(sc.Text()); v != "" {
+			values = append(values, v)
+		}
+	}
+	return values, sc.Err()
+}

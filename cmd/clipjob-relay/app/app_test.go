@@ -1,0 +1,117 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/paperclipai/clipjob/internal/testing/kube"
+	"github.com/paperclipai/clipjob/relay"
+)
+
+var ignored = cmpopts.IgnoreFields(relay.Options{}, "Log", "RestConfig")
+
+// TestDefaults: no flags means relay.DefaultOptions, the values the README
+// and the chart document.
+func TestDefaults(t *testing.T) {
+	o, err := Parse(nil, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(relay.DefaultOptions(), o.Options, ignored); d != "" {
+		t.Errorf("defaults differ from relay.DefaultOptions (-want +got):\n%s", d)
+	}
+	want := relay.Options{DataDir: "/var/lib/clipjob-relay", APIAddr: ":8090", MetricsAddr: ":8080", ProbeAddr: ":8081",
+		MaxStreams: 200, Follow: relay.DefaultFollowOptions(), RetentionMaxAge: 168 * time.Hour,
+		RetentionInterval: time.Minute, ShutdownTimeout: 5 * time.Second}
+	if d := cmp.Diff(want, o.Options, ignored); d != "" {
+		t.Errorf("documented defaults changed (-want +got):\n%s", d)
+	}
+	if f := o.Follow; f.MaxStreamLifetime != 30*time.Minute || f.DrainIdle != 3*time.Second {
+		t.Errorf("follow defaults changed: %+v", f)
+	}
+}
+
+// TestFlags sets every flag and checks the option it lands in.
+func TestFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want func(*Options)
+	}{
+		{name: "data-dir", args: []string{"--data-dir", "/data"}, want: func(o *Options) { o.DataDir = "/data" }},
+		{name: "namespaces repeat", args: []string{"--namespace", "a", "--namespace", "b"}, want: func(o *Options) { o.Namespaces = []string{"a", "b"} }},
+		{name: "api-address", args: []string{"--api-address", "127.0.0.1:9"}, want: func(o *Options) { o.APIAddr = "127.0.0.1:9" }},
+		{name: "cert-dir", args: []string{"--cert-dir", "/certs"}, want: func(o *Options) { o.CertDir = "/certs" }},
+		{name: "metrics and probes", args: []string{"--metrics-bind-address", "0", "--health-probe-bind-address", ":9"}, want: func(o *Options) { o.MetricsAddr, o.ProbeAddr = "0", ":9" }},
+		{name: "max-streams", args: []string{"--max-streams", "7"}, want: func(o *Options) { o.MaxStreams = 7 }},
+		{name: "stream timing", args: []string{"--max-stream-lifetime", "5m", "--drain-idle", "1s"}, want: func(o *Options) { o.Follow.MaxStreamLifetime, o.Follow.DrainIdle = 5*time.Minute, time.Second }},
+		{name: "retention", args: []string{"--retention-max-age", "24h", "--retention-max-bytes", "1000"}, want: func(o *Options) { o.RetentionMaxAge, o.RetentionMaxBytes = 24*time.Hour, 1000 }},
+		{name: "redaction", args: []string{"--redact-pattern", "a+", "--redact-pattern", "b+", "--redact-values-file", "/v"}, want: func(o *Options) {
+			o.RedactPatterns, o.RedactValuesFile = []string{"a+", "b+"}, "/v"
+		}},
+		{name: "mirror-dir", args: []string{"--mirror-dir", "/paperclip"}, want: func(o *Options) { o.MirrorDir = "/paperclip" }},
+		{name: "token-audience", args: []string{"--token-audience", "clipjob-relay"}, want: func(o *Options) { o.TokenAudiences = []string{"clipjob-relay"} }},
+		{name: "kubeconfig", args: []string{"--kubeconfig", "/kc"}, want: func(o *Options) { o.Kubeconfig = "/kc" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Parse(tc.args, &bytes.Buffer{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := &Options{Options: relay.DefaultOptions()}
+			tc.want(want)
+			if d := cmp.Diff(want, got, ignored, cmpopts.IgnoreFields(Options{}, "Zap")); d != "" {
+				t.Errorf("(-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+// TestMainStartsRelay runs the command up to relay.Serve: the redaction
+// values file is read (and a missing one refuses to start), API access
+// comes from --kubeconfig, and each failure has its exit code.
+func TestMainStartsRelay(t *testing.T) {
+	kubeconfig := kube.Kubeconfig(t)
+	values := filepath.Join(t.TempDir(), "values")
+	if err := os.WriteFile(values, []byte("s3cret\n\n  other-value  \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var started relay.Options
+	run := func(_ context.Context, o relay.Options) error { started = o; return nil }
+	var stderr bytes.Buffer
+	if code := Main(context.Background(), []string{"--kubeconfig", kubeconfig, "--redact-values-file", values}, &stderr, run); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	if d := cmp.Diff([]string{"s3cret", "other-value"}, started.RedactValues); d != "" {
+		t.Errorf("redact values (-want +got):\n%s", d)
+	}
+	if started.RestConfig == nil || started.RestConfig.Host != kube.Host {
+		t.Errorf("API access %+v", started.RestConfig)
+	}
+	for _, tc := range []struct {
+		args []string
+		run  func(context.Context, relay.Options) error
+		code int
+		want string
+	}{
+		{args: []string{"--kubeconfig", kubeconfig, "--redact-values-file", filepath.Join(t.TempDir(), "none")}, run: run, code: 1, want: "--redact-values-file"},
+		{args: []string{"--kubeconfig", filepath.Join(t.TempDir(), "none")}, run: run, code: 1, want: "no Kubernetes API access"},
+		{args: []string{"--kubeconfig", kubeconfig}, run: func(context.Context, relay.Options) error { return errors.New("store locked") }, code: 1, want: "store locked"},
+		{args: []string{"--max-streams", "many"}, run: run, code: 2, want: `invalid value "many" for flag -max-streams`},
+		{args: []string{"serve"}, run: run, code: 2, want: `unexpected arguments ["serve"]`},
+	} {
+		stderr.Reset()
+		if code := Main(context.Background(), tc.args, &stderr, tc.run); code != tc.code || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %d and %q", tc.args, code, stderr.String(), tc.code, tc.want)
+		}
+	}
+}

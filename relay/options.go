@@ -1,0 +1,93 @@
+package relay
+
+import (
+	"errors"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/rest"
+)
+
+// Options configure Serve. DefaultOptions holds every default; the
+// command's flags start from it, so a default is written once.
+type Options struct {
+	// DataDir holds the store (a volume that outlives the pod).
+	DataDir string
+	// Namespaces to collect agent pods from; empty means all.
+	Namespaces []string
+	// APIAddr serves the HTTP API.
+	APIAddr string
+	// CertDir holds tls.crt and tls.key for the API, reloaded when they
+	// change. Callers send bearer tokens, so serve TLS anywhere but
+	// loopback. Empty means plain HTTP.
+	CertDir string
+	// MetricsAddr serves /metrics ("0" disables); ProbeAddr /healthz and
+	// /readyz.
+	MetricsAddr, ProbeAddr string
+	// MaxStreams bounds open log streams.
+	MaxStreams int
+	Follow     FollowOptions
+	// RetentionMaxAge and RetentionMaxBytes (0: no size bound) bound what
+	// is kept of finished runs; RetentionInterval between sweeps.
+	RetentionMaxAge   time.Duration
+	RetentionMaxBytes int64
+	RetentionInterval time.Duration
+	// ShutdownTimeout bounds how long the API waits for open responses
+	// when the relay stops.
+	ShutdownTimeout time.Duration
+	// RedactPatterns (regular expressions) and RedactValues (literal
+	// secrets) are removed from lines before storage, besides the built-in
+	// token patterns.
+	RedactPatterns, RedactValues []string
+	// MirrorDir, when set, is the shared volume's data directory: each
+	// run's agent output is kept as run-logs/<company>/<agent>/<run>.pod.ndjson
+	// there, where Paperclip's Claude adapter reads it. Empty: off.
+	MirrorDir string
+	// TokenAudiences a caller's token must be for; empty means the API
+	// server's.
+	TokenAudiences []string
+	// RestConfig reaches the API server. Required.
+	RestConfig *rest.Config
+	Log        logr.Logger
+}
+
+// DefaultOptions returns the options of a relay started with no flags:
+// everything but RestConfig.
+func DefaultOptions() Options {
+	return Options{
+		DataDir:           "/var/lib/clipjob-relay",
+		APIAddr:           ":8090",
+		MetricsAddr:       ":8080",
+		ProbeAddr:         ":8081",
+		MaxStreams:        200,
+		Follow:            DefaultFollowOptions(),
+		RetentionMaxAge:   7 * 24 * time.Hour,
+		RetentionInterval: time.Minute,
+		ShutdownTimeout:   5 * time.Second,
+		Log:               logr.Discard(),
+	}
+}
+
+// validate names every option Serve cannot start with.
+func (o *Options) validate() error {
+	var errs []error
+	if o.RestConfig == nil {
+		errs = append(errs, errors.New("RestConfig is required"))
+	}
+	if o.DataDir == "" {
+		errs = append(errs, errors.New("DataDir is required"))
+	}
+	if o.APIAddr == "" || o.ProbeAddr == "" {
+		errs = append(errs, errors.New("APIAddr and ProbeAddr are required"))
+	}
+	if o.MaxStreams <= 0 {
+		errs = append(errs, errors.New("MaxStreams must be positive"))
+	}
+	if o.RetentionMaxAge <= 0 || o.RetentionInterval <= 0 {
+		errs = append(errs, errors.New("RetentionMaxAge and RetentionInterval must be positive"))
+	}
+	if o.RetentionMaxBytes < 0 {
+		errs = append(errs, errors.New("RetentionMaxBytes must not be negative"))
+	}
+	return errors.Join(errs...)
+}
