@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -166,72 +167,50 @@ func (a *API) getLog(w http.ResponseWriter, r *http.Request) {
 	}
 	accept := r.Header.Get("Accept")
 	sse := strings.Contains(accept, "text/event-stream")
-	ndjson := strings.Contains(accept, "application/x-ndjson")
-	if !sse && !ndjson {
+	if !sse && !strings.Contains(accept, "application/x-ndjson") {
 		a.plainLog(w, run.ID, after)
 		return
 	}
-	follow := r.URL.Query().Get("follow") != "false"
 	if sse && run.Done && after >= run.LastSeq && r.Header.Get("Last-Event-ID") != "" {
 		w.WriteHeader(http.StatusNoContent) // an EventSource reconnecting after the end: stop
 		return
 	}
-	flusher, _ := w.(http.Flusher)
-	if sse {
-		w.Header().Set("Content-Type", "text/event-stream")
-	} else {
-		w.Header().Set("Content-Type", "application/x-ndjson")
-	}
-	w.Header().Set("Cache-Control", "no-cache")
-	w.Header().Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	write := func(ev event) error {
-		var err error
-		data, _ := json.Marshal(ev)
-		switch {
-		case sse && ev.Line != nil:
-			_, err = fmt.Fprintf(w, "id: %d\nevent: line\ndata: %s\n\n", ev.Seq, data)
-		case sse:
-			// The end carries the last sequence as its id, so an EventSource
-			// that reconnects gets 204 and stops, even for an empty log.
-			_, err = fmt.Fprintf(w, "id: %d\nevent: end\ndata: %s\n\n", ev.LastSeq, data)
-		default:
-			_, err = fmt.Fprintf(w, "%s\n", data)
-		}
-		return err
-	}
+	ew := newEventWriter(w, sse)
 	keepalive := a.Keepalive
 	if keepalive <= 0 {
 		keepalive = 15 * time.Second
 	}
-	ctx := r.Context()
+	a.streamLog(r.Context(), ew, run.ID, after, r.URL.Query().Get("follow") != "false", keepalive)
+}
+
+// streamLog writes the run's lines after the cursor, then its end once the
+// run is done; following, it waits for more, with keepalives meanwhile. It
+// returns when the run ended, the client left or a write failed.
+func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after uint64, follow bool, keepalive time.Duration) {
+	const page = 1000
 	for {
-		changed := a.Store.Changed(run.ID) // before reading: no change is missed
-		lines, err := a.Store.Lines(run.ID, after, 1000)
+		changed := a.Store.Changed(run) // before reading: no change is missed
+		lines, err := a.Store.Lines(run, after, page)
 		if err != nil {
 			return
 		}
 		for i := range lines {
-			if write(event{Type: "line", Line: &lines[i]}) != nil {
+			if ew.write(event{Type: "line", Line: &lines[i]}) != nil {
 				return
 			}
 			after = lines[i].Seq
 		}
-		if flusher != nil {
-			flusher.Flush()
-		}
-		if len(lines) == 1000 {
+		ew.flush()
+		if len(lines) == page {
 			continue
 		}
-		cur, err := a.Store.Run(run.ID)
+		cur, err := a.Store.Run(run)
 		if err != nil || cur == nil {
 			return
 		}
 		if cur.Done && after >= cur.LastSeq {
-			_ = write(event{Type: "end", End: &End{Phase: cur.Phase, ExitCode: cur.ExitCode, Reason: cur.Reason, LastSeq: cur.LastSeq, Result: cur.Result}})
-			if flusher != nil {
-				flusher.Flush()
-			}
+			_ = ew.write(event{Type: "end", End: &End{Phase: cur.Phase, ExitCode: cur.ExitCode, Reason: cur.Reason, LastSeq: cur.LastSeq, Result: cur.Result}})
+			ew.flush()
 			return
 		}
 		if !follow {
@@ -242,18 +221,66 @@ func (a *API) getLog(w http.ResponseWriter, r *http.Request) {
 			return
 		case <-changed:
 		case <-time.After(keepalive):
-			if sse {
-				_, err = fmt.Fprint(w, ": keepalive\n\n")
-			} else {
-				_, err = fmt.Fprint(w, "{\"type\":\"keepalive\"}\n")
-			}
-			if err != nil {
+			if ew.keepalive() != nil {
 				return
 			}
-			if flusher != nil {
-				flusher.Flush()
-			}
 		}
+	}
+}
+
+// eventWriter writes log events as SSE or NDJSON, flushing when asked.
+type eventWriter struct {
+	w       http.ResponseWriter
+	flusher http.Flusher
+	sse     bool
+}
+
+// newEventWriter sends the headers of an event stream.
+func newEventWriter(w http.ResponseWriter, sse bool) *eventWriter {
+	if sse {
+		w.Header().Set("Content-Type", "text/event-stream")
+	} else {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+	}
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	flusher, _ := w.(http.Flusher)
+	return &eventWriter{w: w, flusher: flusher, sse: sse}
+}
+
+func (ew *eventWriter) write(ev event) error {
+	var err error
+	data, _ := json.Marshal(ev)
+	switch {
+	case ew.sse && ev.Line != nil:
+		_, err = fmt.Fprintf(ew.w, "id: %d\nevent: line\ndata: %s\n\n", ev.Seq, data)
+	case ew.sse:
+		// The end carries the last sequence as its id, so an EventSource
+		// that reconnects gets 204 and stops, even for an empty log.
+		_, err = fmt.Fprintf(ew.w, "id: %d\nevent: end\ndata: %s\n\n", ev.LastSeq, data)
+	default:
+		_, err = fmt.Fprintf(ew.w, "%s\n", data)
+	}
+	return err
+}
+
+func (ew *eventWriter) keepalive() error {
+	var err error
+	if ew.sse {
+		_, err = fmt.Fprint(ew.w, ": keepalive\n\n")
+	} else {
+		_, err = fmt.Fprint(ew.w, "{\"type\":\"keepalive\"}\n")
+	}
+	if err == nil {
+		ew.flush()
+	}
+	return err
+}
+
+func (ew *eventWriter) flush() {
+	if ew.flusher != nil {
+		ew.flusher.Flush()
 	}
 }
 

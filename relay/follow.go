@@ -153,15 +153,8 @@ type readResult struct {
 // session is one stream: it returns done when the log is drained, or
 // (false, err) to reconnect.
 func (f *follower) session(ctx context.Context) (bool, error) {
-	select {
-	case f.slots <- struct{}{}:
-	default:
-		streamLimitWaits.Inc()
-		select {
-		case f.slots <- struct{}{}:
-		case <-ctx.Done():
-			return false, ctx.Err()
-		}
+	if !f.takeSlot(ctx) {
+		return false, ctx.Err()
 	}
 	defer func() { <-f.slots }()
 
@@ -178,10 +171,61 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	defer rc.Close()
 	streamsOpen.Inc()
 	defer streamsOpen.Dec()
-
-	lines := make(chan readResult, 64)
 	stop := make(chan struct{})
 	defer close(stop) // before rc.Close (defers run last-first): the reader exits
+	lines := readLines(rc, stop)
+
+	b := &batch{f: f, res: newResume(cur)}
+	started := time.Now()
+	tick := time.NewTicker(f.opts.BatchWait)
+	defer tick.Stop()
+	for {
+		select {
+		case r, ok := <-lines:
+			if !ok {
+				return false, b.flush()
+			}
+			if r.err != nil {
+				if err := b.flush(); err != nil {
+					return false, err
+				}
+				return f.streamEnded(ctx, sctx, r.err)
+			}
+			if err := b.add(r.line); err != nil {
+				return false, err
+			}
+		case <-tick.C:
+			if err := b.flush(); err != nil {
+				return false, err
+			}
+			if f.drained(len(lines), b.lastLine, started) {
+				return true, nil
+			}
+		}
+	}
+}
+
+// takeSlot waits for one of the open-stream slots, counting the wait.
+func (f *follower) takeSlot(ctx context.Context) bool {
+	select {
+	case f.slots <- struct{}{}:
+		return true
+	default:
+		streamLimitWaits.Inc()
+	}
+	select {
+	case f.slots <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// readLines reads whole lines from rc until an error, which it sends last.
+// A fragment before an error is a line cut in the middle: it is dropped,
+// and the resume reads it whole (its timestamp has not been counted).
+func readLines(rc io.Reader, stop <-chan struct{}) <-chan readResult {
+	lines := make(chan readResult, 64)
 	go func() {
 		defer close(lines)
 		send := func(r readResult) bool {
@@ -195,9 +239,6 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 		br := bufio.NewReaderSize(rc, 64<<10)
 		for {
 			b, err := br.ReadBytes('\n')
-			// A fragment before an error is a line cut in the middle: it is
-			// dropped, and the resume reads it whole (its timestamp has not
-			// been counted).
 			if err == nil && !send(readResult{line: b}) {
 				return
 			}
@@ -207,92 +248,93 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 			}
 		}
 	}()
+	return lines
+}
 
-	res := newResume(cur)
-	var batch []Line
-	started := time.Now()
-	var lastLine time.Time // zero until the stream sends anything
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		now := time.Now()
-		if _, err := f.store.Append(f.ref.Run, f.ref.Key(), res.cur, batch, now); err != nil {
-			return err
-		}
-		var bytes int
-		for _, l := range batch {
-			bytes += len(l.Line)
-			storeLag.Observe(now.Sub(l.TS).Seconds())
-		}
-		linesStored.Add(float64(len(batch)))
-		bytesStored.Add(float64(bytes))
-		batch = batch[:0]
-		// Time spent committing is not idle time: lines may have queued
-		// up behind a slow fsync.
-		lastLine = time.Now()
-		if f.committed != nil {
-			f.committed()
-		}
+// streamEnded decides what the end of a stream means: done for the EOF of
+// a finished container, a quiet reconnect at the proactive lifetime, else
+// an error to reconnect after.
+func (f *follower) streamEnded(ctx, sctx context.Context, err error) (bool, error) {
+	lifetime := sctx.Err() != nil && ctx.Err() == nil
+	switch {
+	case errors.Is(err, io.EOF) && f.state().ended:
+		return true, nil // the server ended the stream of a finished container
+	case lifetime:
+		reconnects.WithLabelValues("lifetime").Inc()
+		return false, nil
+	case errors.Is(err, io.EOF):
+		reconnects.WithLabelValues("eof").Inc()
+		return false, errEndedEarly
+	}
+	return false, err
+}
+
+// drained reports whether a stream the server keeps open after its
+// container ended has said all it will: nothing queued, and quiet for
+// DrainIdle since the last line, or silent for DrainMax from the start.
+func (f *follower) drained(queued int, lastLine, started time.Time) bool {
+	if st := f.state(); !(st.ended || st.gone) || queued > 0 {
+		return false
+	}
+	if lastLine.IsZero() {
+		return time.Since(started) >= f.opts.DrainMax
+	}
+	return time.Since(lastLine) >= f.opts.DrainIdle
+}
+
+// batch collects a stream's lines and commits them together.
+type batch struct {
+	f     *follower
+	res   *resume
+	lines []Line
+	// lastLine is when the stream last sent a line or a commit ended;
+	// zero until the stream sends anything.
+	lastLine time.Time
+}
+
+// add takes one raw line, skipping what the store already has, and
+// commits when the batch is full.
+func (b *batch) add(raw []byte) error {
+	b.lastLine = time.Now()
+	ts, msg, err := splitTimestamp(trimNewline(raw))
+	if err != nil {
+		b.f.log.V(1).Info("skipping a line without timestamp", "stream", b.f.ref.Key())
 		return nil
 	}
-	tick := time.NewTicker(f.opts.BatchWait)
-	defer tick.Stop()
-	for {
-		select {
-		case r, ok := <-lines:
-			if !ok {
-				return false, flush()
-			}
-			if r.err != nil {
-				if err := flush(); err != nil {
-					return false, err
-				}
-				if errors.Is(r.err, io.EOF) {
-					if f.state().ended {
-						return true, nil // the server ended the stream of a finished container
-					}
-					if sctx.Err() != nil && ctx.Err() == nil {
-						reconnects.WithLabelValues("lifetime").Inc()
-						return false, nil
-					}
-					reconnects.WithLabelValues("eof").Inc()
-					return false, errEndedEarly
-				}
-				if sctx.Err() != nil && ctx.Err() == nil {
-					reconnects.WithLabelValues("lifetime").Inc()
-					return false, nil
-				}
-				return false, r.err
-			}
-			lastLine = time.Now()
-			ts, msg, err := splitTimestamp(trimNewline(r.line))
-			if err != nil {
-				f.log.V(1).Info("skipping a line without timestamp", "stream", f.ref.Key())
-				continue
-			}
-			if !res.accept(ts) {
-				continue
-			}
-			batch = append(batch, Line{TS: ts, Container: f.ref.Container, Line: string(f.redact.Redact(msg))})
-			if len(batch) >= f.opts.BatchLines {
-				if err := flush(); err != nil {
-					return false, err
-				}
-			}
-		case <-tick.C:
-			if err := flush(); err != nil {
-				return false, err
-			}
-			if st := f.state(); (st.ended || st.gone) && len(lines) == 0 {
-				quiet := !lastLine.IsZero() && time.Since(lastLine) >= f.opts.DrainIdle
-				silent := lastLine.IsZero() && time.Since(started) >= f.opts.DrainMax
-				if quiet || silent {
-					return true, nil
-				}
-			}
-		}
+	if !b.res.accept(ts) {
+		return nil
 	}
+	b.lines = append(b.lines, Line{TS: ts, Container: b.f.ref.Container, Line: string(b.f.redact.Redact(msg))})
+	if len(b.lines) >= b.f.opts.BatchLines {
+		return b.flush()
+	}
+	return nil
+}
+
+// flush commits the batch with the stream's cursor.
+func (b *batch) flush() error {
+	if len(b.lines) == 0 {
+		return nil
+	}
+	now := time.Now()
+	if _, err := b.f.store.Append(b.f.ref.Run, b.f.ref.Key(), b.res.cur, b.lines, now); err != nil {
+		return err
+	}
+	var bytes int
+	for _, l := range b.lines {
+		bytes += len(l.Line)
+		storeLag.Observe(now.Sub(l.TS).Seconds())
+	}
+	linesStored.Add(float64(len(b.lines)))
+	bytesStored.Add(float64(bytes))
+	b.lines = b.lines[:0]
+	// Time spent committing is not idle time: lines may have queued up
+	// behind a slow fsync.
+	b.lastLine = time.Now()
+	if b.f.committed != nil {
+		b.f.committed()
+	}
+	return nil
 }
 
 func trimNewline(b []byte) []byte {

@@ -55,10 +55,19 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	svc := &service{opts: o, store: store, client: client, cache: mgr.GetCache(), log: o.Log}
+	// Collection runs from before the first pod event until the service
+	// stops it, after the API (see service.Start).
+	collectCtx, stopCollecting := context.WithCancel(context.WithoutCancel(ctx))
+	svc := &service{opts: o, store: store, client: client, cache: mgr.GetCache(), log: o.Log,
+		collectCtx: collectCtx, stopCollecting: stopCollecting}
 	svc.coll = &Collector{Store: store, Source: APILogSource{Client: client}, Redact: redact, Follow: o.Follow,
 		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Mirror: &Mirror{Dir: o.MirrorDir, Store: store},
 		Pods: svc.pod}
+	svc.coll.Start(collectCtx)
+	// If the service never ran its ordered stop: followers end, then flush,
+	// then (deferred first) the store closes.
+	defer svc.coll.Stop()
+	defer stopCollecting()
 	pods, err := mgr.GetCache().GetInformer(ctx, &corev1.Pod{})
 	if err != nil {
 		return err
@@ -134,6 +143,9 @@ type service struct {
 	cache  cache.Cache
 	coll   *Collector
 	log    logr.Logger
+	// collectCtx is the followers' context, ended by stopCollecting.
+	collectCtx     context.Context
+	stopCollecting context.CancelFunc
 }
 
 // pod looks a pod up in the informer cache.
@@ -152,13 +164,9 @@ func (s *service) pod(ns, name string) *corev1.Pod {
 //
 // Serve closes the store once the manager returns.
 func (s *service) Start(ctx context.Context) error {
-	// Collection outlives ctx until step 2.
-	collectCtx, stopCollecting := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopCollecting()
-	s.coll.Start(collectCtx)
-	go s.finishVanishedRuns(collectCtx)
+	go s.finishVanishedRuns(s.collectCtx)
 
-	api, serveErr, err := s.serveAPI(collectCtx)
+	api, serveErr, err := s.serveAPI(s.collectCtx)
 	if err != nil {
 		return err
 	}
@@ -166,7 +174,7 @@ func (s *service) Start(ctx context.Context) error {
 
 	s.log.Info("stopping: closing streams and flushing the store")
 	api.stop(s.opts.ShutdownTimeout)
-	stopCollecting()
+	s.stopCollecting()
 	s.coll.Stop()
 	return runErr
 }
