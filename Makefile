@@ -35,7 +35,7 @@ e2e: kube-binaries ## The e2e suite alone
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 30m -v ./e2e/
 
 bench: kube-binaries ## Go benchmarks of the hot paths, then Job creation with and without the webhooks
-	$(GOTEST) -run XXX -bench . -benchmem -count 5 ./templates/ ./policy/ ./webhook/ ./relay/
+	$(GOTEST) -run XXX -bench . -benchmem -count 5 ./templates/ ./policy/ ./webhook/ ./relay/...
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/bench -n $(BENCH_N) -c $(BENCH_C)
 
 fuzz: ## Fuzz every decoder for FUZZTIME each
@@ -43,8 +43,8 @@ fuzz: ## Fuzz every decoder for FUZZTIME each
 	$(GOTEST) -run XXX -fuzz '^FuzzMutateObject$$' -fuzztime $(FUZZTIME) ./webhook/
 	$(GOTEST) -run XXX -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./config/
 	$(GOTEST) -run XXX -fuzz '^FuzzRead$$' -fuzztime $(FUZZTIME) ./internal/manifest/
-	$(GOTEST) -run XXX -fuzz '^FuzzLineDecoding$$' -fuzztime $(FUZZTIME) ./relay/
-	$(GOTEST) -run XXX -fuzz '^FuzzRedactKeepsJSONValid$$' -fuzztime $(FUZZTIME) ./relay/
+	$(GOTEST) -run XXX -fuzz '^FuzzLineDecoding$$' -fuzztime $(FUZZTIME) ./relay/collect/
+	$(GOTEST) -run XXX -fuzz '^FuzzRedactKeepsJSONValid$$' -fuzztime $(FUZZTIME) ./relay/collect/
 
 golden: ## Rewrite golden files after an intended change (review the diff!)
 	REFRESH_GOLDEN=true $(GOTEST) ./templates/

@@ -23,7 +23,8 @@ import (
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
-	"github.com/paperclipai/clipjob/relay"
+	"github.com/paperclipai/clipjob/relay/result"
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // sharedDir stands in for the shared volume the relay mirrors runs to.
@@ -93,7 +94,7 @@ func relayGet(t *testing.T, r *harness.Relay, path, token, accept string) (*http
 	return env.cluster.CA.HTTPClient().Do(req)
 }
 
-func relayRun(t *testing.T, r *harness.Relay, token, run string) (*relay.Run, int) {
+func relayRun(t *testing.T, r *harness.Relay, token, run string) (*store.Run, int) {
 	t.Helper()
 	resp, err := relayGet(t, r, "/v1/runs/"+run, token, "")
 	if err != nil {
@@ -103,16 +104,16 @@ func relayRun(t *testing.T, r *harness.Relay, token, run string) (*relay.Run, in
 	if resp.StatusCode != http.StatusOK {
 		return nil, resp.StatusCode
 	}
-	var out relay.Run
+	var out store.Run
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
 		t.Fatal(err)
 	}
 	return &out, resp.StatusCode
 }
 
-func waitRun(ctx context.Context, t *testing.T, r *harness.Relay, token, run string, ok func(*relay.Run) bool) *relay.Run {
+func waitRun(ctx context.Context, t *testing.T, r *harness.Relay, token, run string, ok func(*store.Run) bool) *store.Run {
 	t.Helper()
-	var last *relay.Run
+	var last *store.Run
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 		last, _ = relayRun(t, r, token, run)
 		return last != nil && ok(last), nil
@@ -186,7 +187,7 @@ func TestRelayStreamsLinesLive(t *testing.T) {
 	r, token, _ := theRelay(t)
 	pod, log := agentRun(ctx, t, "e2e-relay-live")
 	run := pod.Labels[contract.LabelRunID]
-	waitRun(ctx, t, r, token, run, func(*relay.Run) bool { return true })
+	waitRun(ctx, t, r, token, run, func(*store.Run) bool { return true })
 
 	resp, err := relayGet(t, r, "/v1/runs/"+run+"/log", token, "text/event-stream")
 	if err != nil || resp.StatusCode != http.StatusOK {
@@ -243,7 +244,7 @@ func TestRelayStreamsLinesLive(t *testing.T) {
 		Phase    string
 		ExitCode *int32
 		LastSeq  uint64
-		Result   *relay.Result
+		Result   *result.Result
 	}
 	_ = json.Unmarshal([]byte(strings.TrimPrefix(end, "id: 4\nevent: end\ndata: ")), &data)
 	if data.Phase != "Succeeded" || data.ExitCode == nil || *data.ExitCode != 0 || data.LastSeq != 4 ||
@@ -295,7 +296,7 @@ func breakMidRun(t *testing.T, name string, breakIt func(context.Context) error)
 		t.Fatalf("the relay had stored %d lines when the stream broke; the test must break it mid-run", before)
 	}
 	finishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
-	waitRun(ctx, t, r, token, run, func(x *relay.Run) bool { return x.Done })
+	waitRun(ctx, t, r, token, run, func(x *store.Run) bool { return x.Done })
 	exactlyOnce(t, plainLog(t, r, token, run), want)
 	mirror, err := os.ReadFile(filepath.Join(sharedDir(), "run-logs", "acme", "agent-"+name, run+".pod.ndjson"))
 	if err != nil {
@@ -308,7 +309,7 @@ func breakMidRun(t *testing.T, name string, breakIt func(context.Context) error)
 // returns how many.
 func waitStored(ctx context.Context, t *testing.T, r *harness.Relay, token, run string) uint64 {
 	t.Helper()
-	return waitRun(ctx, t, r, token, run, func(x *relay.Run) bool { return x.LastSeq > 0 }).LastSeq
+	return waitRun(ctx, t, r, token, run, func(x *store.Run) bool { return x.LastSeq > 0 }).LastSeq
 }
 
 // writeLinesInBackground writes n lines, three per timestamp (a burst),
@@ -350,7 +351,7 @@ func TestRelayKeepsRunAfterJobDeleted(t *testing.T) {
 	}
 	job := pod.Labels["batch.kubernetes.io/job-name"]
 	finishRun(ctx, t, job, "0")
-	waitRun(ctx, t, r, token, run, func(x *relay.Run) bool { return x.Done })
+	waitRun(ctx, t, r, token, run, func(x *store.Run) bool { return x.Done })
 	if err := env.cs.BatchV1().Jobs(ns).Delete(ctx, job, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)}); err != nil {
 		t.Fatal(err)
 	}
@@ -361,7 +362,7 @@ func TestRelayKeepsRunAfterJobDeleted(t *testing.T) {
 	if err != nil {
 		t.Fatal("pod not deleted")
 	}
-	got := waitRun(ctx, t, r, token, run, func(*relay.Run) bool { return true })
+	got := waitRun(ctx, t, r, token, run, func(*store.Run) bool { return true })
 	if got.Phase != "Succeeded" || got.Result == nil || got.Result.Text != "kept" || got.Job != job || got.Agent != "agent-e2e-relay-ttl" {
 		t.Errorf("run after deletion: %+v", got)
 	}
@@ -418,7 +419,7 @@ func TestRelayCollectsRunFinishedBeforeItWasSeen(t *testing.T) {
 	}
 	defer late.Stop()
 	run := pod.Labels[contract.LabelRunID]
-	got := waitRun(ctx, t, late, token, run, func(x *relay.Run) bool { return x.Done })
+	got := waitRun(ctx, t, late, token, run, func(x *store.Run) bool { return x.Done })
 	if got.Phase != "Succeeded" || got.Result == nil || got.Result.Text != "done before the relay came" {
 		t.Errorf("late relay's run: %+v", got)
 	}

@@ -4,23 +4,18 @@
 // result, and serves runs and their logs over HTTP — still there after the
 // Job and its pods are gone.
 //
-// The pieces, from the wire inward:
+// One room per job, from the wire inward:
 //
-//   - discovery.go watches pods labeled paperclip.io/run-id and starts one
-//     follower per container instance (pod UID, container, container ID).
-//   - follow.go streams a container's log with timestamps, resumes after a
-//     broken stream or a restart from the stored cursor, and reconnects
-//     before the API server's long-request cut-offs.
-//   - cursor.go is the exactly-once rule: SinceTime has one-second
-//     resolution, so a resume re-reads the second it stopped in and skips
-//     what the cursor (last timestamp, lines seen at it) says is stored.
-//   - store.go keeps lines, cursors and run metadata in bbolt; lines and
-//     their cursor commit in one transaction.
-//   - redact.go removes known secret values and token patterns before
-//     anything is stored; result.go reads Claude stream-json and OpenCode
-//     JSON results.
-//   - api.go serves the HTTP API (SSE and NDJSON) behind TokenReview and
+//   - collect finds agent pods (labeled paperclip.io/run-id), follows one
+//     stream per container instance with exactly-once resume, redacts
+//     secrets, and keeps the NDJSON mirror on the shared volume;
+//   - store keeps runs, lines and each stream's cursor in bbolt;
+//   - result reads the run's result from its lines;
+//   - api serves runs and logs (JSON, SSE, NDJSON) behind TokenReview and
 //     SubjectAccessReview.
 //
+// This package wires them on a controller-runtime manager (metrics,
+// probes, the pod informer) and owns the shutdown order correctness
+// needs — the API, then collection, then the store — in server.go.
 // cmd/clipjob-relay runs it.
 package relay

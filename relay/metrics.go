@@ -5,43 +5,23 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/paperclipai/clipjob/relay/collect"
 )
 
 var (
-	streamsOpen = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "clipjob_relay_streams_open", Help: "Log streams open to the API server.",
-	})
-	streamLimitWaits = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "clipjob_relay_stream_limit_waits_total",
-		Help: "Times a follower waited because the bound on open streams (--max-streams) was reached.",
-	})
-	linesStored = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "clipjob_relay_lines_stored_total", Help: "Log lines stored.",
-	})
-	bytesStored = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "clipjob_relay_bytes_stored_total", Help: "Bytes of log lines stored (after redaction).",
-	})
-	storeLag = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "clipjob_relay_store_lag_seconds",
-		Help:    "From a line's timestamp to its commit in the store.",
-		Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300},
-	})
-	reconnects = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "clipjob_relay_reconnects_total",
-		Help: "Log stream reconnects by cause (error, eof before the container ended, lifetime: proactive).",
-	}, []string{"cause"})
 	storeSize = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "clipjob_relay_store_bytes", Help: "Size of the store file.",
 	})
 	runsRetired = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "clipjob_relay_runs_deleted_total", Help: "Runs deleted by retention.",
 	})
+	registerOnce sync.Once
 )
-
-var registerOnce sync.Once
 
 func registerMetrics() {
 	registerOnce.Do(func() {
-		metrics.Registry.MustRegister(streamsOpen, streamLimitWaits, linesStored, bytesStored, storeLag, reconnects, storeSize, runsRetired)
+		metrics.Registry.MustRegister(storeSize, runsRetired)
+		collect.RegisterMetrics()
 	})
 }

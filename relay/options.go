@@ -6,6 +6,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
+
+	"github.com/paperclipai/clipjob/relay/collect"
 )
 
 // Options configure Serve. DefaultOptions holds every default; the
@@ -26,7 +28,7 @@ type Options struct {
 	MetricsAddr, ProbeAddr string
 	// MaxStreams bounds open log streams.
 	MaxStreams int
-	Follow     FollowOptions
+	Follow     collect.FollowOptions
 	// RetentionMaxAge and RetentionMaxBytes (0: no size bound) bound what
 	// is kept of finished runs; RetentionInterval between sweeps.
 	RetentionMaxAge   time.Duration
@@ -60,7 +62,7 @@ func DefaultOptions() Options {
 		MetricsAddr:       ":8080",
 		ProbeAddr:         ":8081",
 		MaxStreams:        200,
-		Follow:            DefaultFollowOptions(),
+		Follow:            collect.DefaultFollowOptions(),
 		RetentionMaxAge:   7 * 24 * time.Hour,
 		RetentionInterval: time.Minute,
 		ShutdownTimeout:   5 * time.Second,

@@ -25,6 +25,9 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/relay/api"
+	"github.com/paperclipai/clipjob/relay/collect"
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // Serve collects and serves logs until ctx ends, then stops the API,
@@ -36,11 +39,11 @@ func Serve(ctx context.Context, o Options) error {
 		return fmt.Errorf("relay options: %w", err)
 	}
 	registerMetrics()
-	redact, err := NewRedactor(o.RedactPatterns, o.RedactValues)
+	redact, err := collect.NewRedactor(o.RedactPatterns, o.RedactValues)
 	if err != nil {
 		return fmt.Errorf("redaction patterns: %w", err)
 	}
-	store, err := OpenStore(o.DataDir)
+	store, err := store.OpenStore(o.DataDir)
 	if err != nil {
 		return err
 	}
@@ -60,8 +63,8 @@ func Serve(ctx context.Context, o Options) error {
 	collectCtx, stopCollecting := context.WithCancel(context.WithoutCancel(ctx))
 	svc := &service{opts: o, store: store, client: client, cache: mgr.GetCache(), log: o.Log,
 		collectCtx: collectCtx, stopCollecting: stopCollecting}
-	svc.coll = &Collector{Store: store, Source: APILogSource{Client: client}, Redact: redact, Follow: o.Follow,
-		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Mirror: &Mirror{Dir: o.MirrorDir, Store: store},
+	svc.coll = &collect.Collector{Store: store, Source: collect.APILogSource{Client: client}, Redact: redact, Follow: o.Follow,
+		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Mirror: &collect.Mirror{Dir: o.MirrorDir, Store: store},
 		Pods: svc.pod}
 	svc.coll.Start(collectCtx)
 	// If the service never ran its ordered stop: followers end, then flush,
@@ -119,7 +122,7 @@ func newManager(o Options) (manager.Manager, error) {
 
 // podEvents hands pod events to the collector; it only starts and stops
 // followers, it writes nothing to the API.
-func podEvents(coll *Collector) toolscache.ResourceEventHandler {
+func podEvents(coll *collect.Collector) toolscache.ResourceEventHandler {
 	return toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { coll.OnPod(obj.(*corev1.Pod)) },
 		UpdateFunc: func(_, obj any) { coll.OnPod(obj.(*corev1.Pod)) },
@@ -138,10 +141,10 @@ func podEvents(coll *Collector) toolscache.ResourceEventHandler {
 // API and retention. It owns the shutdown order that correctness needs.
 type service struct {
 	opts   Options
-	store  *Store
+	store  *store.Store
 	client kubernetes.Interface
 	cache  cache.Cache
-	coll   *Collector
+	coll   *collect.Collector
 	log    logr.Logger
 	// collectCtx is the followers' context, ended by stopCollecting.
 	collectCtx     context.Context
@@ -234,7 +237,7 @@ func (a *apiServer) stop(timeout time.Duration) {
 // CertDir is set) and serves until stopped; a serving failure arrives on
 // the channel.
 func (s *service) serveAPI(ctx context.Context) (*apiServer, <-chan error, error) {
-	api := &API{Store: s.store, Auth: &KubeAuth{Client: s.client, Audiences: s.opts.TokenAudiences}, Log: s.log.WithName("api")}
+	api := &api.API{Store: s.store, Auth: &api.KubeAuth{Client: s.client, Audiences: s.opts.TokenAudiences}, Log: s.log.WithName("api")}
 	reqCtx, cancel := context.WithCancel(context.Background())
 	srv := &http.Server{Addr: s.opts.APIAddr, Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return reqCtx }}

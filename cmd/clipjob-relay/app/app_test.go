@@ -15,6 +15,7 @@ import (
 
 	"github.com/paperclipai/clipjob/internal/testing/kube"
 	"github.com/paperclipai/clipjob/relay"
+	"github.com/paperclipai/clipjob/relay/collect"
 )
 
 var ignored = cmpopts.IgnoreFields(relay.Options{}, "Log", "RestConfig")
@@ -30,7 +31,7 @@ func TestDefaults(t *testing.T) {
 		t.Errorf("defaults differ from relay.DefaultOptions (-want +got):\n%s", d)
 	}
 	want := relay.Options{DataDir: "/var/lib/clipjob-relay", APIAddr: ":8090", MetricsAddr: ":8080", ProbeAddr: ":8081",
-		MaxStreams: 200, Follow: relay.DefaultFollowOptions(), RetentionMaxAge: 168 * time.Hour,
+		MaxStreams: 200, Follow: collect.DefaultFollowOptions(), RetentionMaxAge: 168 * time.Hour,
 		RetentionInterval: time.Minute, ShutdownTimeout: 5 * time.Second}
 	if d := cmp.Diff(want, o.Options, ignored); d != "" {
 		t.Errorf("documented defaults changed (-want +got):\n%s", d)

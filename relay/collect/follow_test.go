@@ -1,4 +1,4 @@
-package relay
+package collect
 
 import (
 	"context"
@@ -13,6 +13,9 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
 
 // fakeLog is a container log the way the API serves it: timestamped
@@ -96,7 +99,7 @@ func (f *fakeLog) state() containerState {
 // newFollower's DrainIdle is far above any stall of a loaded test machine:
 // the fake's streams end with EOF, so it costs nothing unless a test leaves
 // a stream open, and then the test sets its own.
-func newFollower(_ testing.TB, s *Store, src *fakeLog) *follower {
+func newFollower(_ testing.TB, s *store.Store, src *fakeLog) *follower {
 	return &follower{
 		ref: StreamRef{Run: "run-1", Namespace: "ns", Pod: "p", PodUID: "uid", Container: "agent", ContainerID: "c1"},
 		src: src, store: s, state: src.state, slots: make(chan struct{}, 4), log: logr.Discard(),
@@ -113,7 +116,7 @@ func writeBurst(src *fakeLog, from, n int) {
 	}
 }
 
-func assertExactlyOnce(t *testing.T, s *Store, n int) {
+func assertExactlyOnce(t *testing.T, s *store.Store, n int) {
 	t.Helper()
 	got, err := s.Lines("run-1", 0, 0)
 	if err != nil {
@@ -130,7 +133,7 @@ func assertExactlyOnce(t *testing.T, s *Store, n int) {
 }
 
 func TestFollowerSurvivesBrokenStreams(t *testing.T) {
-	s, _ := openTestStore(t)
+	s, _ := storetest.Open(t)
 	src := newFakeLog()
 	src.breakAfter = []int{5, 1, 0, 13, 2, 40}
 	writeBurst(src, 0, 60)
@@ -158,7 +161,7 @@ func TestFollowerSurvivesBrokenStreams(t *testing.T) {
 // cancelled at an arbitrary point) and a new one on the same store produce
 // every line exactly once.
 func TestFollowerResumesAfterRestart(t *testing.T) {
-	s, _ := openTestStore(t)
+	s, _ := storetest.Open(t)
 	src := newFakeLog()
 	writeBurst(src, 0, 50)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -183,7 +186,7 @@ func TestFollowerResumesAfterRestart(t *testing.T) {
 }
 
 func TestFollowerDrainsAnOpenStreamAfterTermination(t *testing.T) {
-	s, _ := openTestStore(t)
+	s, _ := storetest.Open(t)
 	src := newFakeLog()
 	writeBurst(src, 0, 10)
 	f := newFollower(t, s, src)
@@ -198,7 +201,7 @@ func TestFollowerDrainsAnOpenStreamAfterTermination(t *testing.T) {
 }
 
 func TestFollowerGivesUpWhenPodIsGone(t *testing.T) {
-	s, _ := openTestStore(t)
+	s, _ := storetest.Open(t)
 	f := newFollower(t, s, nil)
 	f.src = failingSource{}
 	f.state = func() containerState { return containerState{gone: true} }
@@ -220,7 +223,7 @@ func (failingSource) Stream(context.Context, string, string, string, time.Time, 
 // TestFollowerReconnectsBeforeLifetime: streams are cut proactively (as
 // before an API server's long-request limit) and resumed exactly-once.
 func TestFollowerReconnectsBeforeLifetime(t *testing.T) {
-	s, _ := openTestStore(t)
+	s, _ := storetest.Open(t)
 	src := newFakeLog()
 	f := newFollower(t, s, src)
 	f.opts.MaxStreamLifetime = 20 * time.Millisecond
@@ -269,7 +272,7 @@ func (c countingSource) Stream(ctx context.Context, ns, pod, ctr string, since t
 // TestStreamBound: with one slot, two containers are followed one after
 // the other, never at once, the wait is counted, and both complete.
 func TestStreamBound(t *testing.T) {
-	s, _ := openTestStore(t)
+	s, _ := storetest.Open(t)
 	slots := make(chan struct{}, 1)
 	var open, max atomic.Int32
 	waitsBefore := testutil.ToFloat64(streamLimitWaits)
@@ -303,7 +306,7 @@ func TestStreamBound(t *testing.T) {
 // must not store the fragment (its timestamp would then hide the whole
 // line on resume).
 func TestFollowerDropsLinesCutMidway(t *testing.T) {
-	s, _ := openTestStore(t)
+	s, _ := storetest.Open(t)
 	src := newFakeLog()
 	src.breakAfter, src.cutMidLine = []int{4, 3, 7}, true
 	writeBurst(src, 0, 30)
@@ -315,7 +318,7 @@ func TestFollowerDropsLinesCutMidway(t *testing.T) {
 // TestFollowerDrainOutlastsSlowCommits: a commit (fsync) slower than the
 // drain idle time must not end the stream while lines wait to be read.
 func TestFollowerDrainOutlastsSlowCommits(t *testing.T) {
-	s, _ := openTestStore(t)
+	s, _ := storetest.Open(t)
 	src := newFakeLog()
 	writeBurst(src, 0, 3000)
 	src.ended = true

@@ -1,4 +1,4 @@
-package relay
+package result
 
 import (
 	"bufio"
@@ -17,12 +17,12 @@ func parseFile(t *testing.T, name string, term *Termination) *Result {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var p resultParser
+	var p Parser
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		p.feed(sc.Bytes())
+		p.Feed(sc.Bytes())
 	}
-	return p.result(term)
+	return p.Result(term)
 }
 
 func TestClaudeResult(t *testing.T) {
@@ -61,27 +61,11 @@ func TestOpenCodeResult(t *testing.T) {
 }
 
 func TestPlainLinesHaveNoResult(t *testing.T) {
-	var p resultParser
+	var p Parser
 	for _, l := range []string{"hello", `{"not":"an event"}`, "", `{"type":`} {
-		p.feed([]byte(l))
+		p.Feed([]byte(l))
 	}
-	if r := p.result(&Termination{ExitCode: 1}); r != nil {
+	if r := p.Result(&Termination{ExitCode: 1}); r != nil {
 		t.Errorf("plain output parsed as %+v", r)
 	}
-}
-
-// FuzzLineDecoding: whatever a container prints, splitting the timestamp
-// and parsing the result never panic.
-func FuzzLineDecoding(f *testing.F) {
-	f.Add([]byte(`2026-11-21T10:00:05.123456789Z {"type":"result","usage":{"input_tokens":1},"total_cost_usd":0.1}`))
-	f.Add([]byte(`2026-11-21T10:00:05Z {"type":"step_finish","sessionID":"s","part":{"type":"step-finish","tokens":{"input":1},"cost":1}}`))
-	f.Add([]byte(`no timestamp at all`))
-	f.Fuzz(func(t *testing.T, line []byte) {
-		var p resultParser
-		if _, msg, err := splitTimestamp(line); err == nil {
-			p.feed(msg)
-		}
-		p.feed(line)
-		_ = p.result(&Termination{ExitCode: 137, Reason: "OOMKilled"})
-	})
 }

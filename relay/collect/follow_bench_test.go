@@ -1,36 +1,13 @@
-package relay
+package collect
 
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
-)
 
-// BenchmarkStoreAppend commits batches of 64 stream-json-sized lines with
-// their cursor, one transaction (and fsync) per batch.
-func BenchmarkStoreAppend(b *testing.B) {
-	s, err := OpenStore(b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
-	line := `{"type":"assistant","message":{"id":"msg_01","content":[{"type":"text","text":"` + strings.Repeat("x", 300) + `"}]}}`
-	batch := make([]Line, 64)
-	b.ReportAllocs()
-	b.SetBytes(int64(len(line) * len(batch)))
-	i := 0
-	for b.Loop() {
-		for j := range batch {
-			batch[j] = Line{TS: time.Unix(0, int64(i*64+j)), Container: "agent", Line: line}
-		}
-		if _, err := s.Append("run-1", "stream", Cursor{TS: int64(i*64 + 63), Count: 1}, batch, time.Now()); err != nil {
-			b.Fatal(err)
-		}
-		i++
-	}
-}
+	"github.com/paperclipai/clipjob/relay/store"
+)
 
 // BenchmarkFollowLines is the relay's line loop end to end: read a
 // timestamped stream, decide what is new, redact, batch and commit.
@@ -44,7 +21,7 @@ func BenchmarkFollowLines(b *testing.B) {
 	redact, _ := NewRedactor(nil, []string{"some-configured-secret-value"})
 	b.ReportAllocs()
 	for b.Loop() {
-		s, err := OpenStore(b.TempDir())
+		s, err := store.OpenStore(b.TempDir())
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,9 +1,11 @@
-package relay
+package collect
 
 import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 var t0 = time.Date(2026, 11, 21, 10, 0, 5, 0, time.UTC)
@@ -12,7 +14,7 @@ func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) 
 
 // session feeds timestamps to a resume from c and returns the accepted
 // indexes and the final cursor.
-func session(c Cursor, ts []time.Time) ([]int, Cursor) {
+func session(c store.Cursor, ts []time.Time) ([]int, store.Cursor) {
 	r := newResume(c)
 	var got []int
 	for i, x := range ts {
@@ -28,7 +30,7 @@ func TestResumeSkipsExactlyWhatIsStored(t *testing.T) {
 	log := []time.Time{at(100), at(200), at(200), at(200), at(700), at(1300), at(1300)}
 	for stop := 0; stop <= len(log); stop++ {
 		t.Run(fmt.Sprintf("stored %d lines", stop), func(t *testing.T) {
-			first, cur := session(Cursor{}, log[:stop])
+			first, cur := session(store.Cursor{}, log[:stop])
 			if len(first) != stop {
 				t.Fatalf("fresh session accepted %d of %d", len(first), stop)
 			}
@@ -55,24 +57,14 @@ func TestResumeSkipsExactlyWhatIsStored(t *testing.T) {
 
 func TestResumeAcrossTwoBreaksInOneSecond(t *testing.T) {
 	log := []time.Time{at(10), at(10), at(20), at(20), at(20), at(30)}
-	_, c1 := session(Cursor{}, log[:3])
+	_, c1 := session(store.Cursor{}, log[:3])
 	acc, c2 := session(c1, log[:4]) // broke again after one more line
-	if len(acc) != 1 || c2 != (Cursor{TS: at(20).UnixNano(), Count: 2}) {
+	if len(acc) != 1 || c2 != (store.Cursor{TS: at(20).UnixNano(), Count: 2}) {
 		t.Fatalf("second session accepted %v, cursor %+v", acc, c2)
 	}
 	acc, _ = session(c2, log)
 	if len(acc) != 2 || acc[0] != 4 || acc[1] != 5 {
 		t.Errorf("third session accepted %v, want [4 5]", acc)
-	}
-}
-
-func TestSinceTimeRoundsDown(t *testing.T) {
-	c := Cursor{TS: at(999).UnixNano()}
-	if got := c.SinceTime(); !got.Equal(t0) {
-		t.Errorf("SinceTime %v, want %v", got, t0)
-	}
-	if !(Cursor{}).SinceTime().IsZero() {
-		t.Error("an empty cursor starts from the beginning")
 	}
 }
 
@@ -97,7 +89,7 @@ func TestSplitTimestamp(t *testing.T) {
 // The cursor must not move back, or the resume stores the later line again.
 func TestResumeWithOutOfOrderTimestamps(t *testing.T) {
 	log := []time.Time{at(10), at(30), at(20), at(40)}
-	_, cur := session(Cursor{}, log[:3]) // stored: 10, 30, 20
+	_, cur := session(store.Cursor{}, log[:3]) // stored: 10, 30, 20
 	if cur.TS != at(30).UnixNano() {
 		t.Fatalf("cursor moved back to %v", time.Unix(0, cur.TS))
 	}

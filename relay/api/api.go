@@ -1,4 +1,4 @@
-package relay
+package api
 
 import (
 	"context"
@@ -12,6 +12,9 @@ import (
 
 	"github.com/go-logr/logr"
 	authnv1 "k8s.io/api/authentication/v1"
+
+	"github.com/paperclipai/clipjob/relay/result"
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // API serves runs and their logs.
@@ -25,7 +28,7 @@ import (
 //	    Accept: application/x-ndjson   the same events as JSON lines
 //	    otherwise                      the lines as plain text, not following
 type API struct {
-	Store *Store
+	Store *store.Store
 	Auth  Authorizer
 	// Keepalive between SSE comments and NDJSON heartbeats. Default 15s.
 	Keepalive time.Duration
@@ -72,7 +75,7 @@ func (a *API) user(w http.ResponseWriter, r *http.Request) *authnv1.UserInfo {
 }
 
 // run loads a run the caller may read, answering 401/403/404 itself.
-func (a *API) run(w http.ResponseWriter, r *http.Request) *Run {
+func (a *API) run(w http.ResponseWriter, r *http.Request) *store.Run {
 	u := a.user(w, r)
 	if u == nil {
 		return nil
@@ -105,7 +108,7 @@ func (a *API) listRuns(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	runs, err := a.Store.Runs(func(run *Run) bool {
+	runs, err := a.Store.Runs(func(run *store.Run) bool {
 		return match(q.Get("agent"), run.Agent) && match(q.Get("company"), run.Company) && match(q.Get("phase"), run.Phase)
 	})
 	if err != nil {
@@ -113,7 +116,7 @@ func (a *API) listRuns(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	allowed := map[string]bool{}
-	out := []Run{}
+	out := []store.Run{}
 	for _, run := range runs {
 		ok, seen := allowed[run.Namespace]
 		if !seen {
@@ -142,17 +145,17 @@ func (a *API) getRun(w http.ResponseWriter, r *http.Request) {
 // event is one item of a log response.
 type event struct {
 	Type string `json:"type"` // line, end
-	*Line
+	*store.Line
 	*End
 }
 
 // End closes a log: how the run ended and what it produced.
 type End struct {
-	Phase    string  `json:"phase"`
-	ExitCode *int32  `json:"exitCode,omitempty"`
-	Reason   string  `json:"reason,omitempty"`
-	LastSeq  uint64  `json:"lastSeq"`
-	Result   *Result `json:"result,omitempty"`
+	Phase    string         `json:"phase"`
+	ExitCode *int32         `json:"exitCode,omitempty"`
+	Reason   string         `json:"reason,omitempty"`
+	LastSeq  uint64         `json:"lastSeq"`
+	Result   *result.Result `json:"result,omitempty"`
 }
 
 func (a *API) getLog(w http.ResponseWriter, r *http.Request) {

@@ -1,4 +1,4 @@
-package relay
+package collect
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
 
 // podLogs serves one fakeLog per (pod, container).
@@ -68,8 +70,8 @@ func agentPod(name, uid string, created time.Time) *corev1.Pod {
 		Spec: corev1.PodSpec{InitContainers: []corev1.Container{{Name: "setup"}}, Containers: []corev1.Container{{Name: "agent"}}}}
 }
 
-func newCollector(t *testing.T) (*Collector, *podLogs, *podCache, *Store) {
-	s, _ := openTestStore(t)
+func newCollector(t *testing.T) (*Collector, *podLogs, *podCache, *store.Store) {
+	s, _ := storetest.Open(t)
 	logs, cache := &podLogs{logs: map[string]*fakeLog{}}, &podCache{pods: map[string]*corev1.Pod{}}
 	c := &Collector{Store: s, Source: logs, Pods: cache.get, Log: logr.Discard(),
 		Follow: FollowOptions{DrainIdle: 50 * time.Millisecond, DrainMax: 500 * time.Millisecond, BatchWait: 5 * time.Millisecond, BackoffMin: time.Millisecond}}
@@ -79,7 +81,7 @@ func newCollector(t *testing.T) (*Collector, *podLogs, *podCache, *Store) {
 	return c, logs, cache, s
 }
 
-func waitDone(t *testing.T, s *Store) *Run {
+func waitDone(t *testing.T, s *store.Store) *store.Run {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
@@ -92,7 +94,7 @@ func waitDone(t *testing.T, s *Store) *Run {
 	return nil
 }
 
-func storedText(t *testing.T, s *Store) string {
+func storedText(t *testing.T, s *store.Store) string {
 	lines, _ := s.Lines("run-1", 0, 0)
 	var out []string
 	for _, l := range lines {

@@ -1,4 +1,4 @@
-package relay
+package api
 
 import (
 	"bufio"
@@ -16,6 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
+
+	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
 
 // tokenAuth: token "reader" may read namespace "paperclip" only.
@@ -35,12 +38,12 @@ func (tokenAuth) Allowed(_ context.Context, u *authnv1.UserInfo, ns string) (boo
 	return u.Username == "reader" && ns == "paperclip", nil
 }
 
-func apiFixture(t *testing.T) (*Store, *httptest.Server) {
-	s, _ := openTestStore(t)
+func apiFixture(t *testing.T) (*store.Store, *httptest.Server) {
+	s, _ := storetest.Open(t)
 	for _, run := range []struct{ id, ns, agent string }{{"run-1", "paperclip", "agent-a"}, {"run-2", "paperclip", "agent-b"}, {"run-x", "other", "agent-a"}} {
-		_, _ = s.UpdateRun(run.id, func(r *Run) { r.Namespace, r.Agent, r.Phase = run.ns, run.agent, "Running" })
+		_, _ = s.UpdateRun(run.id, func(r *store.Run) { r.Namespace, r.Agent, r.Phase = run.ns, run.agent, "Running" })
 	}
-	_, _ = s.Append("run-1", "st", Cursor{TS: 1, Count: 1}, lines("agent", "one", "two", "three"), time.Now())
+	_, _ = s.Append("run-1", "st", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "one", "two", "three"), time.Now())
 	api := &API{Store: s, Auth: tokenAuth{}, Keepalive: 50 * time.Millisecond}
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(srv.Close)
@@ -90,7 +93,7 @@ func TestAPIAccess(t *testing.T) {
 
 func TestAPIListFiltersAndAuthorizes(t *testing.T) {
 	_, srv := apiFixture(t)
-	var body struct{ Runs []Run }
+	var body struct{ Runs []store.Run }
 	_ = json.NewDecoder(get(t, srv.URL+"/v1/runs?agent=agent-a", "reader", "").Body).Decode(&body)
 	if len(body.Runs) != 1 || body.Runs[0].ID != "run-1" {
 		t.Errorf("runs %+v: want run-1 only (run-x is in a namespace reader may not read)", body.Runs)
@@ -114,9 +117,9 @@ func TestAPINDJSONFollowsUntilEnd(t *testing.T) {
 	var got []string
 	go func() {
 		time.Sleep(100 * time.Millisecond)
-		_, _ = s.Append("run-1", "st", Cursor{TS: 2, Count: 1}, lines("agent", "four"), time.Now())
+		_, _ = s.Append("run-1", "st", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", "four"), time.Now())
 		code := int32(0)
-		_, _ = s.UpdateRun("run-1", func(r *Run) { r.Done, r.Phase, r.ExitCode = true, "Succeeded", &code })
+		_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Done, r.Phase, r.ExitCode = true, "Succeeded", &code })
 	}()
 	for sc.Scan() {
 		var ev struct {
@@ -139,7 +142,7 @@ func TestAPINDJSONFollowsUntilEnd(t *testing.T) {
 
 func TestAPISSEResumesFromLastEventID(t *testing.T) {
 	s, srv := apiFixture(t)
-	_, _ = s.UpdateRun("run-1", func(r *Run) { r.Done, r.Phase = true, "Failed" })
+	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Done, r.Phase = true, "Failed" })
 	resp := get(t, srv.URL+"/v1/runs/run-1/log", "reader", "text/event-stream", "Last-Event-ID", "2")
 	b := new(strings.Builder)
 	_, _ = bufio.NewReader(resp.Body).WriteTo(b)

@@ -1,15 +1,20 @@
-package relay
+package collect
 
 import (
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
 
-func mirrorFixture(t *testing.T) (*Store, *Mirror) {
-	s, _ := openTestStore(t)
-	_, _ = s.UpdateRun("run-1", func(r *Run) { r.Namespace, r.Agent, r.Company, r.MainContainer = "ns", "agent-a", "acme", "agent" })
+func mirrorFixture(t *testing.T) (*store.Store, *Mirror) {
+	s, _ := storetest.Open(t)
+	_, _ = s.UpdateRun("run-1", func(r *store.Run) {
+		r.Namespace, r.Agent, r.Company, r.MainContainer = "ns", "agent-a", "acme", "agent"
+	})
 	return s, &Mirror{Dir: t.TempDir(), Store: s}
 }
 
@@ -25,8 +30,8 @@ func readMirror(t *testing.T, m *Mirror) string {
 
 func TestMirrorWritesTheAgentsLinesInTheAdapterLayout(t *testing.T) {
 	s, m := mirrorFixture(t)
-	_, _ = s.Append("run-1", "init", Cursor{TS: 1, Count: 1}, lines("setup", "cloning"), time.Now())
-	_, _ = s.Append("run-1", "agent", Cursor{TS: 2, Count: 1}, lines("agent", `{"type":"system"}`, `{"type":"result"}`), time.Now())
+	_, _ = s.Append("run-1", "init", store.Cursor{TS: 1, Count: 1}, storetest.Lines("setup", "cloning"), time.Now())
+	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", `{"type":"system"}`, `{"type":"result"}`), time.Now())
 	if err := m.Sync("run-1"); err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +43,7 @@ func TestMirrorWritesTheAgentsLinesInTheAdapterLayout(t *testing.T) {
 		t.Errorf("mirror %q: want only the agent container's lines", got)
 	}
 	// Later lines are appended, nothing twice.
-	_, _ = s.Append("run-1", "agent", Cursor{TS: 3, Count: 1}, lines("agent", `{"type":"late"}`), time.Now())
+	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 3, Count: 1}, storetest.Lines("agent", `{"type":"late"}`), time.Now())
 	_ = m.Sync("run-1")
 	_ = m.Sync("run-1")
 	if got := readMirror(t, m); strings.Count(got, "\n") != 3 || !strings.HasSuffix(got, "{\"type\":\"late\"}\n") {
@@ -51,9 +56,9 @@ func TestMirrorWritesTheAgentsLinesInTheAdapterLayout(t *testing.T) {
 // written again once, so the file holds every line exactly once.
 func TestMirrorRecoversFromACrashMidWrite(t *testing.T) {
 	s, m := mirrorFixture(t)
-	_, _ = s.Append("run-1", "agent", Cursor{TS: 1, Count: 1}, lines("agent", "one", "two"), time.Now())
+	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "one", "two"), time.Now())
 	_ = m.Sync("run-1")
-	_, _ = s.Append("run-1", "agent", Cursor{TS: 2, Count: 1}, lines("agent", "three"), time.Now())
+	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", "three"), time.Now())
 	r, _ := s.Run("run-1")
 	f, _ := os.OpenFile(m.Path(r), os.O_APPEND|os.O_WRONLY, 0)
 	_, _ = f.WriteString("three\nfo") // written, then the relay died before recording it

@@ -1,9 +1,11 @@
-package relay
+package collect
 
 import (
 	"bytes"
 	"errors"
 	"time"
+
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // A timestamped log line as the API server returns it with
@@ -24,35 +26,15 @@ func splitTimestamp(line []byte) (time.Time, []byte, error) {
 	return ts, line[i+1:], nil
 }
 
-// Cursor is how far one container instance's log is stored: the timestamp
-// of the last stored line and how many stored lines carry exactly that
-// timestamp. Timestamps are not unique (a burst shares one), so the count
-// is what makes a resume exact.
-type Cursor struct {
-	// TS is the last stored line's timestamp in Unix nanoseconds.
-	TS int64 `json:"ts"`
-	// Count is how many stored lines have timestamp TS.
-	Count int `json:"count"`
-}
-
-// SinceTime is where a resumed stream must start: the API takes whole
-// seconds, so the second of the last stored line, rounded down.
-func (c Cursor) SinceTime() time.Time {
-	if c.TS == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, c.TS).Truncate(time.Second)
-}
-
 // resume decides, line by line, which lines of a stream started at
 // SinceTime are new. One resume serves one stream session.
 type resume struct {
-	stored Cursor // what the store had when the session started
-	seenAt int    // lines seen in this session with timestamp stored.TS
-	cur    Cursor // the cursor after every accepted line
+	stored store.Cursor // what the store had when the session started
+	seenAt int          // lines seen in this session with timestamp stored.TS
+	cur    store.Cursor // the cursor after every accepted line
 }
 
-func newResume(c Cursor) *resume { return &resume{stored: c, cur: c} }
+func newResume(c store.Cursor) *resume { return &resume{stored: c, cur: c} }
 
 // accept reports whether a line with timestamp ts is new, and advances the
 // cursor if it is. The cursor never moves back: a runtime stamps a line
@@ -74,7 +56,7 @@ func (r *resume) accept(ts time.Time) bool {
 	case n == r.cur.TS:
 		r.cur.Count++
 	case n > r.cur.TS:
-		r.cur = Cursor{TS: n, Count: 1}
+		r.cur = store.Cursor{TS: n, Count: 1}
 	}
 	return true
 }

@@ -1,4 +1,4 @@
-package relay
+package store
 
 import (
 	"bytes"
@@ -14,6 +14,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/paperclipai/clipjob/relay/result"
 )
 
 // Why bbolt: one file on the relay's volume, pure Go, crash-safe without
@@ -56,10 +58,10 @@ type Run struct {
 	ExitCode *int32 `json:"exitCode,omitempty"`
 	Reason   string `json:"reason,omitempty"`
 	// Done: the run ended and every stream was drained; its log is final.
-	Done    bool    `json:"done"`
-	LastSeq uint64  `json:"lastSeq"`
-	Bytes   int64   `json:"bytes"`
-	Result  *Result `json:"result,omitempty"`
+	Done    bool           `json:"done"`
+	LastSeq uint64         `json:"lastSeq"`
+	Bytes   int64          `json:"bytes"`
+	Result  *result.Result `json:"result,omitempty"`
 	// SeenAt is when the relay last stored anything for the run.
 	SeenAt time.Time `json:"seenAt"`
 }

@@ -1,13 +1,12 @@
-package relay
+package collect
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
 
-	bolt "go.etcd.io/bbolt"
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // Mirror writes each run's agent output as NDJSON on the shared volume, in
@@ -21,21 +20,14 @@ import (
 // after the last record, then appends from the recorded sequence.
 type Mirror struct {
 	Dir   string
-	Store *Store
+	Store *store.Store
 
 	mu     sync.Mutex
 	perRun map[string]*sync.Mutex
 }
 
-var bucketMirror = []byte("mirror")
-
-type mirrorState struct {
-	Seq  uint64 `json:"seq"`
-	Size int64  `json:"size"`
-}
-
 // Path is where run's mirror file is.
-func (m *Mirror) Path(r *Run) string {
+func (m *Mirror) Path(r *store.Run) string {
 	company := r.Company
 	if company == "" {
 		company = "_"
@@ -75,7 +67,7 @@ func (m *Mirror) Sync(run string) error {
 	if err != nil || r == nil || r.Agent == "" {
 		return err
 	}
-	st, err := m.Store.mirrorState(run)
+	st, err := m.Store.MirrorState(run)
 	if err != nil {
 		return err
 	}
@@ -93,7 +85,7 @@ func (m *Mirror) Sync(run string) error {
 		return err
 	}
 	if info.Size() < st.Size {
-		st = mirrorState{} // the file lost content (replaced by hand): rebuild it
+		st = store.MirrorState{} // the file lost content (replaced by hand): rebuild it
 	}
 	if err := f.Truncate(st.Size); err != nil {
 		return err
@@ -125,31 +117,5 @@ func (m *Mirror) Sync(run string) error {
 		return err
 	}
 	st.Size = size
-	return m.Store.setMirrorState(run, st)
-}
-
-func (s *Store) mirrorState(run string) (mirrorState, error) {
-	var st mirrorState
-	err := s.db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketMirror)
-		if b == nil {
-			return nil
-		}
-		if v := b.Get([]byte(run)); v != nil {
-			return json.Unmarshal(v, &st)
-		}
-		return nil
-	})
-	return st, err
-}
-
-func (s *Store) setMirrorState(run string, st mirrorState) error {
-	v, _ := json.Marshal(st)
-	return s.db.Update(func(tx *bolt.Tx) error {
-		b, err := tx.CreateBucketIfNotExists(bucketMirror)
-		if err != nil {
-			return err
-		}
-		return b.Put([]byte(run), v)
-	})
+	return m.Store.SetMirrorState(run, st)
 }

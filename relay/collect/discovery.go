@@ -1,4 +1,4 @@
-package relay
+package collect
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/relay/result"
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // PodLookup returns the current state of a pod, or nil when it is gone.
@@ -19,7 +21,7 @@ type PodLookup func(namespace, name string) *corev1.Pod
 // by an informer (see Serve) but has no informer of its own, so tests call
 // OnPod directly.
 type Collector struct {
-	Store  *Store
+	Store  *store.Store
 	Source LogSource
 	Redact *Redactor
 	Pods   PodLookup
@@ -67,7 +69,7 @@ func (c *Collector) OnPod(pod *corev1.Pod) {
 	if run == "" {
 		return
 	}
-	rec, err := c.Store.UpdateRun(run, func(r *Run) {
+	rec, err := c.Store.UpdateRun(run, func(r *store.Run) {
 		if r.PodUID != "" && r.PodUID != string(pod.UID) {
 			if r.PodCreated != nil && pod.CreationTimestamp.Time.Before(*r.PodCreated) {
 				return // an older attempt of the run: the record follows the newest
@@ -201,7 +203,7 @@ func (c *Collector) finish(run string, gone bool) error {
 	if rec, err := c.Store.Run(run); err != nil || (rec != nil && rec.Done) {
 		return err
 	}
-	var p resultParser
+	var p result.Parser
 	for after := uint64(0); ; {
 		lines, err := c.Store.Lines(run, after, 1000)
 		if err != nil {
@@ -211,11 +213,11 @@ func (c *Collector) finish(run string, gone bool) error {
 			break
 		}
 		for _, l := range lines {
-			p.feed([]byte(l.Line))
+			p.Feed([]byte(l.Line))
 		}
 		after = lines[len(lines)-1].Seq
 	}
-	rec, err := c.Store.UpdateRun(run, func(r *Run) {
+	rec, err := c.Store.UpdateRun(run, func(r *store.Run) {
 		if r.Done {
 			return
 		}
@@ -225,13 +227,13 @@ func (c *Collector) finish(run string, gone bool) error {
 				r.Reason = "the pod was deleted before it was seen to finish"
 			}
 		}
-		var term *Termination
+		var term *result.Termination
 		if r.ExitCode != nil {
-			term = &Termination{ExitCode: *r.ExitCode, Reason: r.Reason}
+			term = &result.Termination{ExitCode: *r.ExitCode, Reason: r.Reason}
 		} else if gone {
-			term = &Termination{ExitCode: -1, Reason: r.Reason}
+			term = &result.Termination{ExitCode: -1, Reason: r.Reason}
 		}
-		r.Result = p.result(term)
+		r.Result = p.Result(term)
 		r.Done = true
 	})
 	if err == nil {
@@ -248,7 +250,7 @@ func (c *Collector) mirror(run string) {
 }
 
 // describe copies what the pod says about its run into the record.
-func describe(r *Run, pod *corev1.Pod) {
+func describe(r *store.Run, pod *corev1.Pod) {
 	l := pod.Labels
 	r.Namespace, r.Pod, r.PodUID = pod.Namespace, pod.Name, string(pod.UID)
 	created := pod.CreationTimestamp.Time
@@ -297,7 +299,7 @@ func allStatuses(pod *corev1.Pod) []corev1.ContainerStatus {
 // longer exists (deleted while the relay was down): their log is what was
 // stored, and their phase is Unknown unless it was seen to end.
 func (c *Collector) Reconcile() (int, error) {
-	runs, err := c.Store.Runs(func(r *Run) bool { return !r.Done })
+	runs, err := c.Store.Runs(func(r *store.Run) bool { return !r.Done })
 	if err != nil {
 		return 0, err
 	}

@@ -1,4 +1,4 @@
-package relay
+package result
 
 import (
 	"bytes"
@@ -37,9 +37,9 @@ type Usage struct {
 	ReasoningTokens          int64 `json:"reasoningTokens,omitempty"`
 }
 
-// resultParser reads a run's lines in order. Lines that are not JSON, or
+// Parser reads a run's lines in order. Lines that are not JSON, or
 // JSON of no known shape, are simply not part of the result.
-type resultParser struct {
+type Parser struct {
 	r          Result
 	sawOutput  bool // assistant or text output seen
 	sawResult  bool // a terminal result event seen
@@ -85,7 +85,7 @@ type openCodeEvent struct {
 	Error *json.RawMessage `json:"error"`
 }
 
-func (p *resultParser) feed(line []byte) {
+func (p *Parser) Feed(line []byte) {
 	line = bytes.TrimSpace(line)
 	if len(line) == 0 || line[0] != '{' {
 		return
@@ -124,7 +124,7 @@ func (p *resultParser) feed(line []byte) {
 	}
 }
 
-func (p *resultParser) feedOpenCode(line []byte) {
+func (p *Parser) feedOpenCode(line []byte) {
 	var ev openCodeEvent
 	if json.Unmarshal(line, &ev) != nil || ev.Type == "" {
 		return
@@ -167,7 +167,7 @@ type Termination struct {
 
 // result returns what was parsed; term, when the run has ended, decides
 // whether output without a result counts as truncated.
-func (p *resultParser) result(term *Termination) *Result {
+func (p *Parser) Result(term *Termination) *Result {
 	r := p.r
 	if r.Format == "opencode-json" && p.openSteps > 0 {
 		cost, usage := p.openCost, p.openTokens

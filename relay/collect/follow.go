@@ -1,4 +1,4 @@
-package relay
+package collect
 
 import (
 	"bufio"
@@ -11,6 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // LogSource opens a container's log, following, with timestamps, from
@@ -107,7 +109,7 @@ var errEndedEarly = errors.New("log stream ended while the container runs")
 type follower struct {
 	ref    StreamRef
 	src    LogSource
-	store  *Store
+	store  *store.Store
 	redact *Redactor
 	opts   FollowOptions
 	state  func() containerState
@@ -286,7 +288,7 @@ func (f *follower) drained(queued int, lastLine, started time.Time) bool {
 type batch struct {
 	f     *follower
 	res   *resume
-	lines []Line
+	lines []store.Line
 	// lastLine is when the stream last sent a line or a commit ended;
 	// zero until the stream sends anything.
 	lastLine time.Time
@@ -304,7 +306,7 @@ func (b *batch) add(raw []byte) error {
 	if !b.res.accept(ts) {
 		return nil
 	}
-	b.lines = append(b.lines, Line{TS: ts, Container: b.f.ref.Container, Line: string(b.f.redact.Redact(msg))})
+	b.lines = append(b.lines, store.Line{TS: ts, Container: b.f.ref.Container, Line: string(b.f.redact.Redact(msg))})
 	if len(b.lines) >= b.f.opts.BatchLines {
 		return b.flush()
 	}

@@ -1,4 +1,4 @@
-package relay
+package collect
 
 import (
 	"bytes"

@@ -1,0 +1,43 @@
+package collect
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+var (
+	streamsOpen = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "clipjob_relay_streams_open", Help: "Log streams open to the API server.",
+	})
+	streamLimitWaits = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "clipjob_relay_stream_limit_waits_total",
+		Help: "Times a follower waited because the bound on open streams (--max-streams) was reached.",
+	})
+	linesStored = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "clipjob_relay_lines_stored_total", Help: "Log lines stored.",
+	})
+	bytesStored = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "clipjob_relay_bytes_stored_total", Help: "Bytes of log lines stored (after redaction).",
+	})
+	storeLag = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "clipjob_relay_store_lag_seconds",
+		Help:    "From a line's timestamp to its commit in the store.",
+		Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300},
+	})
+	reconnects = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "clipjob_relay_reconnects_total",
+		Help: "Log stream reconnects by cause (error, eof before the container ended, lifetime: proactive).",
+	}, []string{"cause"})
+)
+
+var registerOnce sync.Once
+
+// RegisterMetrics adds the collection metrics to controller-runtime's
+// registry, which the manager serves on /metrics.
+func RegisterMetrics() {
+	registerOnce.Do(func() {
+		metrics.Registry.MustRegister(streamsOpen, streamLimitWaits, linesStored, bytesStored, storeLag, reconnects)
+	})
+}

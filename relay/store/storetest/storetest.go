@@ -1,0 +1,32 @@
+// Package storetest opens throwaway stores for tests.
+package storetest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/paperclipai/clipjob/relay/store"
+)
+
+// Open opens a store in a temporary directory, closed when t ends, and
+// returns it with its directory.
+func Open(t testing.TB) (*store.Store, string) {
+	t.Helper()
+	dir := t.TempDir()
+	s, err := store.OpenStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, dir
+}
+
+// Lines makes one line per text for container, a millisecond apart.
+func Lines(container string, texts ...string) []store.Line {
+	t0 := time.Date(2026, 11, 21, 10, 0, 5, 0, time.UTC)
+	var out []store.Line
+	for i, x := range texts {
+		out = append(out, store.Line{TS: t0.Add(time.Duration(i) * time.Millisecond), Container: container, Line: x})
+	}
+	return out
+}
