@@ -16,12 +16,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/config"
-	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/internal/testing/jobs"
 )
 
 var leaseGR = schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
@@ -142,10 +141,7 @@ func (f *fakeJobs) put(j *batchv1.Job) {
 }
 
 func agentJob(name, agent string) *batchv1.Job {
-	return &batchv1.Job{ObjectMeta: metav1.ObjectMeta{
-		Name: name, Namespace: "paperclip", UID: types.UID("uid-" + name),
-		Labels: map[string]string{contract.LabelAgentID: agent, contract.LabelRunID: "run-" + name},
-	}}
+	return jobs.MakeJob(name, "paperclip").Agent(agent).Run("run-" + name).Obj()
 }
 
 func finish(j *batchv1.Job, t batchv1.JobConditionType) *batchv1.Job {
