@@ -2,6 +2,7 @@ package collect
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -245,6 +246,10 @@ func (c *Collector) finish(run string, gone bool) error {
 
 func (c *Collector) mirror(run string) {
 	if err := c.Mirror.Sync(run); err != nil {
+		var unsafe *UnsafePathError
+		if errors.As(err, &unsafe) {
+			mirrorRefused.Inc()
+		}
 		c.Log.Error(err, "mirroring the run's NDJSON file", "run", run)
 	}
 }

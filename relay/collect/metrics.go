@@ -26,6 +26,10 @@ var (
 		Help:    "From a line's timestamp to its commit in the store.",
 		Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300},
 	})
+	mirrorRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "clipjob_relay_mirror_refused_total",
+		Help: "Mirror writes refused because the path on the shared volume was a symlink, hard link or other non-regular file.",
+	})
 	reconnects = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "clipjob_relay_reconnects_total",
 		Help: "Log stream reconnects by cause (error, eof before the container ended, lifetime: proactive).",
@@ -38,6 +42,6 @@ var registerOnce sync.Once
 // registry, which the manager serves on /metrics.
 func RegisterMetrics() {
 	registerOnce.Do(func() {
-		metrics.Registry.MustRegister(streamsOpen, streamLimitWaits, linesStored, bytesStored, storeLag, reconnects)
+		metrics.Registry.MustRegister(streamsOpen, streamLimitWaits, linesStored, bytesStored, storeLag, reconnects, mirrorRefused)
 	})
 }

@@ -1,10 +1,14 @@
 package collect
 
 import (
+	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/storetest"
@@ -68,5 +72,74 @@ func TestMirrorRecoversFromACrashMidWrite(t *testing.T) {
 	}
 	if got := readMirror(t, m); got != "one\ntwo\nthree\n" {
 		t.Errorf("mirror after crash recovery %q", got)
+	}
+}
+
+// TestMirrorRefusesPlantedPaths: an agent can write anywhere on the shared
+// volume, so it can plant a symlink, hard link or FIFO where the mirror
+// will write. The relay must then write nothing, leave the target alone,
+// and say so; a legitimate run of the same volume still mirrors.
+func TestMirrorRefusesPlantedPaths(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		plant  func(t *testing.T, dir, victim string)
+		reason string
+	}{
+		{name: "symlink as the file", plant: func(t *testing.T, dir, victim string) {
+			mkdirs(t, dir, "run-logs/acme/agent-a")
+			must(t, os.Symlink(victim, filepath.Join(dir, "run-logs/acme/agent-a/run-1.pod.ndjson")))
+		}, reason: "a symlink"},
+		{name: "symlink as a directory", plant: func(t *testing.T, dir, victim string) {
+			mkdirs(t, dir, "run-logs")
+			must(t, os.Symlink(filepath.Dir(victim), filepath.Join(dir, "run-logs/acme")))
+		}, reason: "a symlink"},
+		{name: "symlink as the top directory", plant: func(t *testing.T, dir, victim string) {
+			must(t, os.Symlink(filepath.Dir(victim), filepath.Join(dir, "run-logs")))
+		}, reason: "a symlink"},
+		{name: "hard link as the file", plant: func(t *testing.T, dir, victim string) {
+			mkdirs(t, dir, "run-logs/acme/agent-a")
+			must(t, os.Link(victim, filepath.Join(dir, "run-logs/acme/agent-a/run-1.pod.ndjson")))
+		}, reason: "a hard link"},
+		{name: "FIFO as the file", plant: func(t *testing.T, dir, _ string) {
+			mkdirs(t, dir, "run-logs/acme/agent-a")
+			must(t, unix.Mkfifo(filepath.Join(dir, "run-logs/acme/agent-a/run-1.pod.ndjson"), 0o644))
+		}, reason: "a FIFO"},
+		{name: "file as a directory", plant: func(t *testing.T, dir, _ string) {
+			mkdirs(t, dir, "run-logs/acme")
+			must(t, os.WriteFile(filepath.Join(dir, "run-logs/acme/agent-a"), nil, 0o644))
+		}, reason: "not a directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, m := mirrorFixture(t)
+			// The victim sits on the same volume (a hard link needs that),
+			// as Paperclip's own files do.
+			victimDir := filepath.Join(m.Dir, "instances", "default")
+			mkdirs(t, m.Dir, "instances/default")
+			victim := filepath.Join(victimDir, "run-1.pod.ndjson")
+			must(t, os.WriteFile(victim, []byte("the server's data\n"), 0o644))
+			tc.plant(t, m.Dir, victim)
+			_, _ = s.Append("run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", `{"type":"forged"}`), time.Now())
+
+			err := m.Sync("run-1")
+			var unsafe *UnsafePathError
+			if !errors.As(err, &unsafe) || !strings.Contains(err.Error(), tc.reason) {
+				t.Fatalf("want a refusal naming %q, got %v", tc.reason, err)
+			}
+			if b, _ := os.ReadFile(victim); string(b) != "the server's data\n" {
+				t.Errorf("the planted path's target was changed: %q", b)
+			}
+		})
+	}
+}
+
+func mkdirs(t *testing.T, dir, rel string) {
+	t.Helper()
+	must(t, os.MkdirAll(filepath.Join(dir, rel), 0o755))
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }
