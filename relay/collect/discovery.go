@@ -3,11 +3,13 @@ package collect
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/paperclipai/clipjob/contract"
@@ -64,25 +66,42 @@ func (c *Collector) Stop() {
 	c.wg.Wait()
 }
 
-// OnPod handles a pod added or updated.
+// OnPod handles a pod added or updated. Only a pod that a Job controls
+// is part of a run, and only of the run bound to that Job and namespace
+// when first seen: the run id is a label anyone creating pods can copy.
 func (c *Collector) OnPod(pod *corev1.Pod) {
 	run := pod.Labels[contract.LabelRunID]
 	if run == "" {
 		return
 	}
+	job := metav1.GetControllerOf(pod)
+	if job == nil || job.Kind != "Job" || !strings.HasPrefix(job.APIVersion, "batch/") {
+		c.ignore(pod, run, "no-job", "not controlled by a Job")
+		return
+	}
+	var refused string
 	rec, err := c.Store.UpdateRun(run, func(r *store.Run) {
+		if reason := bound(r, pod.Namespace, job.UID); reason != "" {
+			refused = reason
+			return
+		}
 		if r.PodUID != "" && r.PodUID != string(pod.UID) {
 			if r.PodCreated != nil && pod.CreationTimestamp.Time.Before(*r.PodCreated) {
 				return // an older attempt of the run: the record follows the newest
 			}
-			// A newer pod of the same run (the Job retried): the run goes
-			// on, and its log continues with the new pod's lines.
+			// A newer pod of the same Job (it retried): the run goes on,
+			// and its log continues with the new pod's lines.
 			r.Done, r.ExitCode, r.Reason, r.FinishedAt, r.Result = false, nil, "", nil, nil
 		}
+		r.JobUID = string(job.UID)
 		describe(r, pod)
 	})
 	if err != nil {
 		c.Log.Error(err, "recording run", "run", run)
+		return
+	}
+	if refused != "" {
+		c.ignore(pod, run, refused, "the run id belongs to another Job or namespace")
 		return
 	}
 	if rec.Done && rec.PodUID == string(pod.UID) {
@@ -92,12 +111,39 @@ func (c *Collector) OnPod(pod *corev1.Pod) {
 	c.maybeFinish(pod.Namespace, pod.Name, pod.UID, run)
 }
 
-// OnPodDeleted handles a pod that is gone: its followers end once they
-// have read what they can, and the run is finished then.
-func (c *Collector) OnPodDeleted(pod *corev1.Pod) {
-	if run := pod.Labels[contract.LabelRunID]; run != "" {
-		c.maybeFinish(pod.Namespace, pod.Name, pod.UID, run)
+// bound says why a pod of namespace ns controlled by Job jobUID is not
+// part of run r, or "" if it is. Records from before runs were bound to a
+// Job bind to the first Job seen.
+func bound(r *store.Run, ns string, jobUID types.UID) string {
+	switch {
+	case r.Namespace != "" && r.Namespace != ns:
+		return "namespace"
+	case r.JobUID != "" && r.JobUID != string(jobUID):
+		return "job"
 	}
+	return ""
+}
+
+// ignore counts and logs a pod labeled with a run id that is not part of
+// the run.
+func (c *Collector) ignore(pod *corev1.Pod, run, reason, why string) {
+	podsIgnored.WithLabelValues(reason).Inc()
+	c.Log.Info("ignoring pod: "+why, "pod", pod.Namespace+"/"+pod.Name, "run", run)
+}
+
+// OnPodDeleted handles a pod that is gone: its followers end once they
+// have read what they can, and the run is finished then. The deletion of
+// a pod that is not part of the run changes nothing.
+func (c *Collector) OnPodDeleted(pod *corev1.Pod) {
+	run := pod.Labels[contract.LabelRunID]
+	job := metav1.GetControllerOf(pod)
+	if run == "" || job == nil {
+		return
+	}
+	if r, err := c.Store.Run(run); err != nil || r == nil || bound(r, pod.Namespace, job.UID) != "" {
+		return
+	}
+	c.maybeFinish(pod.Namespace, pod.Name, pod.UID, run)
 }
 
 // followAll starts a follower for every container instance of the pod

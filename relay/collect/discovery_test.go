@@ -9,11 +9,13 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/internal/testing/jobs"
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
@@ -63,11 +65,14 @@ func terminated(name, id string) corev1.ContainerStatus {
 		Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed"}}}
 }
 
+// runJob is the Job that controls the test pods.
+var runJob = jobs.MakeJob("job-1", "ns").Agent("a").Run("run-1").Obj()
+
 func agentPod(name, uid string, created time.Time) *corev1.Pod {
-	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(uid),
-		CreationTimestamp: metav1.Time{Time: created},
-		Labels:            map[string]string{contract.LabelRunID: "run-1", contract.LabelAgentID: "a"}},
-		Spec: corev1.PodSpec{InitContainers: []corev1.Container{{Name: "setup"}}, Containers: []corev1.Container{{Name: "agent"}}}}
+	p := jobs.MakePod(name, "ns").OwnedBy(runJob).Obj()
+	p.UID, p.CreationTimestamp = types.UID(uid), metav1.Time{Time: created}
+	p.Spec = corev1.PodSpec{InitContainers: []corev1.Container{{Name: "setup"}}, Containers: []corev1.Container{{Name: "agent"}}}
+	return p
 }
 
 func newCollector(t *testing.T) (*Collector, *podLogs, *podCache, *store.Store) {
@@ -189,5 +194,66 @@ func TestCollectorRestartedContainer(t *testing.T) {
 	got := storedText(t, s)
 	if got != "first instance,second instance" && got != "second instance,first instance" {
 		t.Errorf("lines %q, want both instances once", got)
+	}
+}
+
+// TestCollectorIgnoresPodsOutsideTheRun: a run id is a label anyone who
+// creates pods can copy. A bare pod, a pod in another namespace, or a pod
+// of another Job carrying a run's id neither joins it (no line of theirs
+// is stored, the run does not move namespace) nor finishes or reopens it.
+func TestCollectorIgnoresPodsOutsideTheRun(t *testing.T) {
+	c, logs, cache, s := newCollector(t)
+	real := agentPod("p1", "uid-1", time.Now())
+	real.Status.Phase = corev1.PodRunning
+	real.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "agent", ContainerID: "c1",
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+	real.Spec.InitContainers = nil
+	cache.set(real)
+	logs.get("p1", "agent").write(at(0), "the agent's line")
+	c.OnPod(real)
+
+	otherJob := jobs.MakeJob("job-x", "ns").Agent("a").Run("run-1").Obj()
+	intruders := map[string]*corev1.Pod{
+		"bare pod":          jobs.MakePod("bare", "ns").Label(contract.LabelRunID, "run-1").Obj(),
+		"another namespace": jobs.MakePod("pb", "team-b").OwnedBy(jobs.MakeJob("job-1", "team-b").Run("run-1").UID("job-1-uid").Obj()).Obj(),
+		"another Job":       jobs.MakePod("px", "ns").OwnedBy(otherJob).Obj(),
+	}
+	before := testutil.ToFloat64(podsIgnored.WithLabelValues("namespace"))
+	for name, p := range intruders {
+		p.Spec.Containers = []corev1.Container{{Name: "agent"}}
+		p.Status.Phase = corev1.PodSucceeded
+		p.Status.ContainerStatuses = []corev1.ContainerStatus{terminated("agent", "cx-"+p.Name)}
+		logs.get(p.Name, "agent").write(at(1), `{"type":"result","result":"forged by `+name+`"}`)
+		cache.set(p)
+		c.OnPod(p)
+		c.OnPodDeleted(p)
+	}
+	time.Sleep(200 * time.Millisecond) // followers an intruder would have started
+	r, _ := s.Run("run-1")
+	if r.Namespace != "ns" || r.PodUID != "uid-1" || r.JobUID != string(runJob.UID) {
+		t.Errorf("the run moved to an intruder: %+v", r)
+	}
+	if r.Done {
+		t.Error("an intruder's end finished the run")
+	}
+	if got := storedText(t, s); got != "the agent's line" {
+		t.Errorf("stored %q: an intruder's lines joined the run", got)
+	}
+	if testutil.ToFloat64(podsIgnored.WithLabelValues("namespace")) <= before {
+		t.Error("the ignored pod was not counted")
+	}
+
+	// Once the run is over, a pod of another Job does not reopen it.
+	real.Status.Phase = corev1.PodSucceeded
+	real.Status.ContainerStatuses = []corev1.ContainerStatus{terminated("agent", "c1")}
+	cache.set(real)
+	c.OnPod(real)
+	waitDone(t, s)
+	late := jobs.MakePod("late", "ns").OwnedBy(otherJob).Obj()
+	late.Spec.Containers = []corev1.Container{{Name: "agent"}}
+	cache.set(late)
+	c.OnPod(late)
+	if r, _ := s.Run("run-1"); !r.Done || r.PodUID != "uid-1" {
+		t.Errorf("a finished run was reopened: %+v", r)
 	}
 }

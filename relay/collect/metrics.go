@@ -30,6 +30,10 @@ var (
 		Name: "clipjob_relay_mirror_refused_total",
 		Help: "Mirror writes refused because the path on the shared volume was a symlink, hard link or other non-regular file.",
 	})
+	podsIgnored = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "clipjob_relay_pods_ignored_total",
+		Help: "Pods labeled with a run id that are not part of the run, by reason (no-job: no controlling Job; namespace or job: the run is bound to another).",
+	}, []string{"reason"})
 	reconnects = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "clipjob_relay_reconnects_total",
 		Help: "Log stream reconnects by cause (error, eof before the container ended, lifetime: proactive).",
@@ -42,6 +46,6 @@ var registerOnce sync.Once
 // registry, which the manager serves on /metrics.
 func RegisterMetrics() {
 	registerOnce.Do(func() {
-		metrics.Registry.MustRegister(streamsOpen, streamLimitWaits, linesStored, bytesStored, storeLag, reconnects, mirrorRefused)
+		metrics.Registry.MustRegister(streamsOpen, streamLimitWaits, linesStored, bytesStored, storeLag, reconnects, mirrorRefused, podsIgnored)
 	})
 }

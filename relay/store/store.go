@@ -36,6 +36,10 @@ type Run struct {
 	ID        string `json:"id"`
 	Namespace string `json:"namespace"`
 	Job       string `json:"job,omitempty"`
+	// JobUID is the Job that controls the run's pods. A run is bound to
+	// its namespace and this Job when first seen: a pod of another Job or
+	// namespace that copies the run id is not part of it.
+	JobUID string `json:"jobUid,omitempty"`
 	Pod       string `json:"pod,omitempty"`
 	PodUID    string `json:"podUid,omitempty"`
 	// PodCreated orders the pods of a run a Job retried: the record
