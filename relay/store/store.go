@@ -40,8 +40,8 @@ type Run struct {
 	// its namespace and this Job when first seen: a pod of another Job or
 	// namespace that copies the run id is not part of it.
 	JobUID string `json:"jobUid,omitempty"`
-	Pod       string `json:"pod,omitempty"`
-	PodUID    string `json:"podUid,omitempty"`
+	Pod    string `json:"pod,omitempty"`
+	PodUID string `json:"podUid,omitempty"`
 	// PodCreated orders the pods of a run a Job retried: the record
 	// describes the newest.
 	PodCreated *time.Time `json:"podCreated,omitempty"`
