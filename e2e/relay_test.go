@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -424,4 +425,75 @@ func TestRelayCollectsRunFinishedBeforeItWasSeen(t *testing.T) {
 		t.Errorf("late relay's run: %+v", got)
 	}
 	exactlyOnce(t, plainLog(t, late, token, run), lines)
+}
+
+// TestRelayRunCannotBeTakenOver: the run id is a label anyone who creates
+// pods can copy. A Job in another namespace whose pod carries a run's id,
+// and a bare pod beside the run with it, do not join the run: it stays in
+// its namespace (so a reader allowed only there cannot read it), keeps
+// only its own lines, and is not finished by them.
+func TestRelayRunCannotBeTakenOver(t *testing.T) {
+	ctx := ctxT(t)
+	const other = "e2e-team-b"
+	if _, err := env.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: other}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	_, reader, _ := theRelay(t)
+	otherReader, err := harness.ServiceAccountToken(ctx, env.cluster, other, "reader", harness.LogReaderRules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin, err := harness.Build(env.cluster.Dir, "clipjob-relay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := harness.StartRelay(ctx, env.cluster, bin, "relay-takeover", ns, "--namespace", other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop()
+
+	pod, log := agentRun(ctx, t, "e2e-relay-takeover")
+	run := pod.Labels[contract.LabelRunID]
+	if err := log.Write("the agent's line"); err != nil {
+		t.Fatal(err)
+	}
+	waitRun(ctx, t, r, reader, run, func(x *store.Run) bool { return x.LastSeq >= 1 })
+
+	// An ordinary Job elsewhere whose pods copy the run id, and a bare pod.
+	labels := map[string]string{contract.LabelRunID: run, contract.LabelAgentID: pod.Labels[contract.LabelAgentID]}
+	// Its own label keeps the API server from copying the template's labels
+	// onto the Job (and clipjob's webhooks, which select on them, away).
+	intruder := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "intruder", Namespace: other, Labels: map[string]string{"app": "intruder"}},
+		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
+			Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{Name: "agent", Image: "busybox:1.36", Command: []string{"true"}}}}}}}
+	if _, err := env.cs.BatchV1().Jobs(other).Create(ctx, intruder, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	bare := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "e2e-bare-intruder", Namespace: ns, Labels: labels},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Image: "busybox:1.36"}}}}
+	if _, err := env.cs.CoreV1().Pods(ns).Create(ctx, bare, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		foreign, _ := r.Counter("clipjob_relay_pods_ignored_total", `reason="namespace"`)
+		unowned, _ := r.Counter("clipjob_relay_pods_ignored_total", `reason="no-job"`)
+		return foreign > 0 && unowned > 0, nil
+	})
+	if err != nil {
+		t.Fatal("the relay never saw the intruding pods")
+	}
+	if err := env.cs.CoreV1().Pods(ns).Delete(ctx, bare.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+
+	got, code := relayRun(t, r, reader, run)
+	if code != http.StatusOK || got.Namespace != ns || got.Pod != pod.Name || got.Done {
+		t.Fatalf("run after the intrusion (HTTP %d): %+v", code, got)
+	}
+	if _, code := relayRun(t, r, otherReader, run); code == http.StatusOK {
+		t.Error("a reader allowed only in the intruder's namespace reads the run")
+	}
+	exactlyOnce(t, plainLog(t, r, reader, run), []string{"the agent's line"})
 }

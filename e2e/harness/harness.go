@@ -135,8 +135,16 @@ func StartWebhook(ctx context.Context, c *cluster.Cluster, bin, name, configFile
 }
 
 // Get fetches a path from the webhook's metrics server (/metrics, /configz).
-func (w *Webhook) Get(path string) (string, error) {
-	resp, err := http.Get("http://" + w.MetricsAddr + path)
+func (w *Webhook) Get(path string) (string, error) { return httpGet(w.MetricsAddr, path) }
+
+// Counter sums the samples of a Prometheus counter whose line starts with
+// prefix and contains every one of match.
+func (w *Webhook) Counter(prefix string, match ...string) (float64, error) {
+	return scrapeCounter(w.MetricsAddr, prefix, match...)
+}
+
+func httpGet(addr, path string) (string, error) {
+	resp, err := http.Get("http://" + addr + path)
 	if err != nil {
 		return "", err
 	}
@@ -145,10 +153,8 @@ func (w *Webhook) Get(path string) (string, error) {
 	return string(b), err
 }
 
-// Counter sums the samples of a Prometheus counter whose line starts with
-// prefix and contains every one of match.
-func (w *Webhook) Counter(prefix string, match ...string) (float64, error) {
-	body, err := w.Get("/metrics")
+func scrapeCounter(addr, prefix string, match ...string) (float64, error) {
+	body, err := httpGet(addr, "/metrics")
 	if err != nil {
 		return 0, err
 	}

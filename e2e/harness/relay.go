@@ -16,6 +16,14 @@ type Relay struct {
 	APIAddr string
 	// DataDir is its store; a restarted relay keeps it.
 	DataDir string
+	// MetricsAddr serves /metrics.
+	MetricsAddr string
+}
+
+// Counter sums the samples of a Prometheus counter whose line starts with
+// prefix and contains every one of match.
+func (r *Relay) Counter(prefix string, match ...string) (float64, error) {
+	return scrapeCounter(r.MetricsAddr, prefix, match...)
 }
 
 // StartRelay builds nothing: it runs bin against c, collecting namespace,
@@ -29,7 +37,8 @@ func StartRelay(ctx context.Context, c *cluster.Cluster, bin, name, namespace st
 	if err != nil {
 		return nil, err
 	}
-	r := &Relay{APIAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]), DataDir: filepath.Join(dir, "data")}
+	r := &Relay{APIAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]), DataDir: filepath.Join(dir, "data"),
+		MetricsAddr: fmt.Sprintf("127.0.0.1:%d", ports[2])}
 	kp, err := c.CA.Serving("clipjob-relay", "127.0.0.1", "localhost")
 	if err != nil {
 		return nil, err
@@ -44,7 +53,7 @@ func StartRelay(ctx context.Context, c *cluster.Cluster, bin, name, namespace st
 	}
 	args := append([]string{"--kubeconfig", kubeconfig, "--namespace", namespace, "--data-dir", r.DataDir,
 		"--api-address", r.APIAddr, "--cert-dir", filepath.Join(dir, "certs"), "--health-probe-bind-address", probe,
-		"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", ports[2]),
+		"--metrics-bind-address", r.MetricsAddr,
 		"--drain-idle", "1s", "--zap-log-level", "debug"}, extra...)
 	r.Process, err = StartProcess(ctx, filepath.Join(dir, "relay.log"), probe, bin, args...)
 	if err != nil {
