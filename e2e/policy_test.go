@@ -366,3 +366,39 @@ func TestCheckGivesTheWebhooksVerdict(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentRunIsOnePod: a client cannot run several agent pods under one
+// claim. Asking for parallel pods at create is overridden to one; raising
+// parallelism on a running run, loosening the replacement policy, or
+// selecting pods by hand is refused.
+func TestAgentRunIsOnePod(t *testing.T) {
+	ctx := ctxT(t)
+	job := bareJob(t, "e2e-one-pod")
+	job.Spec.Parallelism, job.Spec.Completions = ptr.To[int32](6), ptr.To[int32](6)
+	stored, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *stored.Spec.Parallelism != 1 || *stored.Spec.Completions != 1 || *stored.Spec.PodReplacementPolicy != batchv1.Failed {
+		t.Fatalf("stored parallelism %d completions %d replacement %s", *stored.Spec.Parallelism, *stored.Spec.Completions, *stored.Spec.PodReplacementPolicy)
+	}
+	for _, tc := range []struct{ patch, want string }{
+		{`{"spec":{"parallelism":6}}`, "spec.parallelism: Invalid value: 6"},
+		{`{"spec":{"podReplacementPolicy":"TerminatingOrFailed"}}`, "spec.podReplacementPolicy"},
+	} {
+		_, err := env.cs.BatchV1().Jobs(ns).Patch(ctx, job.Name, types.MergePatchType, []byte(tc.patch), metav1.PatchOptions{})
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("patch %s: want 403 naming %q, got %v", tc.patch, tc.want, err)
+		}
+	}
+
+	manual := bareJob(t, "e2e-manual-selector")
+	manual.Spec.ManualSelector = ptr.To(true)
+	manual.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{contract.LabelRunID: manual.Name}}
+	manual.Spec.Template.Labels = map[string]string{contract.LabelRunID: manual.Name}
+	_, err = env.cs.BatchV1().Jobs(ns).Create(ctx, manual, metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "spec.manualSelector: Forbidden") {
+		t.Errorf("manualSelector: want 403, got %v", err)
+	}
+	assertNoJob(ctx, t, manual.Name)
+}

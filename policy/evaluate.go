@@ -28,6 +28,7 @@ const (
 	RuleVolume      = "volume"
 	RuleConcurrency = "concurrency"
 	RuleTemplate    = "template"
+	RuleOnePod      = "one-pod"
 )
 
 var (
@@ -93,6 +94,7 @@ func (d *Decision) add(rule string, errs field.ErrorList) {
 func Evaluate(in Input) *Decision {
 	d := &Decision{}
 	d.add(RuleLabels, checkLabels(in))
+	d.add(RuleOnePod, checkOnePod(in.Job))
 	if in.Operation == Update {
 		d.add(RuleTemplate, checkTemplateUnchanged(in))
 		return d
@@ -106,6 +108,36 @@ func Evaluate(in Input) *Decision {
 	d.add(RuleVolume, volErrs)
 	d.Warnings = append(d.Warnings, volWarn...)
 	return d
+}
+
+// checkOnePod keeps an agent run to one pod at a time, on CREATE and on
+// every UPDATE (parallelism can be patched on a running Job). Without it
+// one claim would cover several agent processes: parallelism or
+// completions above 1, a replacement pod started while the one it replaces
+// still terminates, or a manual selector, which lets an orphaned pod
+// outlive its Job unseen by the claim.
+func checkOnePod(job *batchv1.Job) field.ErrorList {
+	var errs field.ErrorList
+	spec := field.NewPath("spec")
+	if p := job.Spec.Parallelism; p != nil && *p > 1 {
+		errs = append(errs, field.Invalid(spec.Child("parallelism"), *p, "an agent run is one pod: must be 1, 0 to pause, or unset"))
+	}
+	if c := job.Spec.Completions; c != nil && *c != 1 {
+		errs = append(errs, field.Invalid(spec.Child("completions"), *c, "an agent run is one pod: must be 1 or unset"))
+	}
+	if p := job.Spec.PodReplacementPolicy; p == nil || *p != batchv1.Failed {
+		got := "unset (TerminatingOrFailed)"
+		if p != nil {
+			got = string(*p)
+		}
+		errs = append(errs, field.Invalid(spec.Child("podReplacementPolicy"), got,
+			"must be Failed: a replacement pod may start only once the one it replaces has stopped writing to the shared volume"))
+	}
+	if job.Spec.ManualSelector != nil && *job.Spec.ManualSelector {
+		errs = append(errs, field.Forbidden(spec.Child("manualSelector"),
+			"agent Jobs use the Job controller's own selector, which is what ties every pod to its run"))
+	}
+	return errs
 }
 
 // checkTemplateUnchanged keeps the pod template as it was admitted. The

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -149,6 +150,39 @@ func TestEvaluate(t *testing.T) {
 	}
 }
 
+// TestOnePodPerRun: an agent Job that could run more than one pod at once
+// (in parallel, or a replacement beside a terminating pod), or whose pods
+// are selected by hand, is refused; what the renderer sets passes.
+func TestOnePodPerRun(t *testing.T) {
+	cfg := mustConfig(t, "")
+	for _, tc := range []struct {
+		name   string
+		mutate func(j *batchv1.Job)
+		want   string
+	}{
+		{name: "parallel pods", mutate: func(j *batchv1.Job) { j.Spec.Parallelism = ptr.To[int32](6) }, want: "spec.parallelism: Invalid value: 6"},
+		{name: "several completions", mutate: func(j *batchv1.Job) { j.Spec.Completions = ptr.To[int32](3) }, want: "spec.completions: Invalid value: 3"},
+		{name: "replacement while terminating", mutate: func(j *batchv1.Job) { j.Spec.PodReplacementPolicy = nil }, want: "spec.podReplacementPolicy: Invalid value: \"unset (TerminatingOrFailed)\""},
+		{name: "manual selector", mutate: func(j *batchv1.Job) { j.Spec.ManualSelector = ptr.To(true) }, want: "spec.manualSelector: Forbidden"},
+		{name: "unset counts are one", mutate: func(j *batchv1.Job) { j.Spec.Parallelism, j.Spec.Completions = nil, nil }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			job := renderedJob(t)
+			tc.mutate(job)
+			d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SourceImages: []string{sourceImage}, Claims: rwx})
+			if tc.want == "" {
+				if !d.Allowed() {
+					t.Fatalf("denied: %v", d.Errs)
+				}
+				return
+			}
+			if d.Allowed() || !strings.Contains(d.Errs.ToAggregate().Error(), tc.want) || !slices.Contains(d.Failed, RuleOnePod) {
+				t.Errorf("got %v (failed %v), want %q", d.Errs, d.Failed, tc.want)
+			}
+		})
+	}
+}
+
 func TestEvaluateUpdate(t *testing.T) {
 	old := renderedJob(t)
 	cfg := mustConfig(t, "")
@@ -167,6 +201,11 @@ func TestEvaluateUpdate(t *testing.T) {
 			j.Spec.Template.Spec.Tolerations = []corev1.Toleration{{Operator: corev1.TolerationOpExists}}
 		}, "spec.template: Forbidden: the pod template of an agent Job is fixed once admitted"},
 		{"egress label widened on the template", func(j *batchv1.Job) { j.Spec.Template.Labels["paperclip.io/egress-profile"] = "open" }, "spec.template: Forbidden"},
+		{"parallelism patched up on a running run", func(j *batchv1.Job) { j.Spec.Parallelism = ptr.To[int32](6) },
+			"spec.parallelism: Invalid value: 6: an agent run is one pod"},
+		{"replacement policy loosened", func(j *batchv1.Job) { j.Spec.PodReplacementPolicy = ptr.To(batchv1.TerminatingOrFailed) },
+			`spec.podReplacementPolicy: Invalid value: "TerminatingOrFailed": must be Failed`},
+		{"parallelism 0 pauses the run", func(j *batchv1.Job) { j.Spec.Parallelism = ptr.To[int32](0) }, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

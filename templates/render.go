@@ -429,6 +429,12 @@ func (r *renderer) jobSpec() {
 	if s.ActiveDeadlineSeconds == nil && prof.ActiveDeadlineSeconds != nil {
 		s.ActiveDeadlineSeconds = ptr.To(*prof.ActiveDeadlineSeconds)
 	}
+	// One agent pod at a time, whatever the client set: more would be
+	// several runs of one agent under one claim, and a replacement pod must
+	// wait until the one it replaces has stopped writing to the shared
+	// volume (the API's default starts it while that one terminates).
+	s.Parallelism, s.Completions = ptr.To[int32](1), ptr.To[int32](1)
+	s.PodReplacementPolicy = ptr.To(batchv1.Failed)
 	// In Queue mode every agent run starts suspended and waits for its
 	// turn; the claim controller unsuspends it. Always, whatever the client
 	// set: the mutating webhook sees only CREATE, so a started Job is never
