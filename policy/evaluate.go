@@ -94,7 +94,9 @@ func (d *Decision) add(rule string, errs field.ErrorList) {
 func Evaluate(in Input) *Decision {
 	d := &Decision{}
 	d.add(RuleLabels, checkLabels(in))
-	d.add(RuleOnePod, checkOnePod(in.Job))
+	if in.Operation == Create || podShapeChanged(in.Old, in.Job) {
+		d.add(RuleOnePod, checkOnePod(in.Job))
+	}
 	if in.Operation == Update {
 		d.add(RuleTemplate, checkTemplateUnchanged(in))
 		return d
@@ -138,6 +140,19 @@ func checkOnePod(job *batchv1.Job) field.ErrorList {
 			"agent Jobs use the Job controller's own selector, which is what ties every pod to its run"))
 	}
 	return errs
+}
+
+// podShapeChanged reports whether an UPDATE touches what checkOnePod
+// checks. Unchanged, it is left alone: a Job admitted before the rule
+// existed must still take its unsuspend, labels and finalizers.
+func podShapeChanged(old, job *batchv1.Job) bool {
+	if old == nil {
+		return true
+	}
+	o, n := old.Spec, job.Spec
+	return !equality.Semantic.DeepEqual(
+		[]any{o.Parallelism, o.Completions, o.PodReplacementPolicy, o.ManualSelector},
+		[]any{n.Parallelism, n.Completions, n.PodReplacementPolicy, n.ManualSelector})
 }
 
 // checkTemplateUnchanged keeps the pod template as it was admitted. The

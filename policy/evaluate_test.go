@@ -223,6 +223,14 @@ func TestEvaluateUpdate(t *testing.T) {
 			}
 		})
 	}
+	// A Job admitted before the one-pod rule still takes its unsuspend.
+	legacy := old.DeepCopy()
+	legacy.Spec.PodReplacementPolicy, legacy.Spec.Suspend = nil, ptr.To(true)
+	started := legacy.DeepCopy()
+	started.Spec.Suspend = ptr.To(false)
+	if d := Evaluate(Input{Operation: Update, Job: started, Old: legacy, Config: cfg}); !d.Allowed() {
+		t.Errorf("an unchanged pod shape was judged on UPDATE: %v", d.Errs)
+	}
 	// A plain Job gaining the agent label is a change of agent too.
 	plain := old.DeepCopy()
 	delete(plain.Labels, "paperclip.io/agent-id")
