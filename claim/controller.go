@@ -143,7 +143,7 @@ func (r *Controller) startNext(ctx context.Context, req Request, cc config.Concu
 	}
 	var waiting []*batchv1.Job
 	for _, j := range jobs {
-		if running(j) && cc.Mode != config.ModeDisabled {
+		if Running(j) && cc.Mode != config.ModeDisabled {
 			// A run of this agent is going, claimed or not (it may predate
 			// a switch to Queue mode): the next one waits.
 			return nil
@@ -181,19 +181,15 @@ func (r *Controller) startNext(ctx context.Context, req Request, cc config.Concu
 }
 
 // agentJobs lists the cached Jobs of the request's agent in the claim's
-// scope: its namespace, or every namespace for scope Cluster.
+// scope.
 func (r *Controller) agentJobs(ctx context.Context, req Request, cc config.Concurrency) ([]*batchv1.Job, error) {
-	opts := []client.ListOption{client.MatchingFields{IndexAgent: req.Agent}}
-	if cc.Scope != config.ScopeCluster {
-		opts = append(opts, client.InNamespace(req.Namespace))
+	list, err := listAgentJobs(ctx, r.Jobs, req.Namespace, req.Agent, cc)
+	if err != nil {
+		return nil, err
 	}
-	var list batchv1.JobList
-	if err := r.Jobs.List(ctx, &list, opts...); err != nil {
-		return nil, fmt.Errorf("listing the Jobs of agent %q: %w", req.Agent, err)
-	}
-	out := make([]*batchv1.Job, len(list.Items))
-	for i := range list.Items {
-		out[i] = &list.Items[i]
+	out := make([]*batchv1.Job, len(list))
+	for i := range list {
+		out[i] = &list[i]
 	}
 	return out, nil
 }
@@ -237,11 +233,6 @@ func (r *Controller) startFailed(ctx context.Context, job *batchv1.Job, cc confi
 func queued(job *batchv1.Job) bool {
 	return job.Annotations[contract.AnnotationQueued] == "true" && job.Annotations[contract.AnnotationQueueError] == "" &&
 		job.Spec.Suspend != nil && *job.Spec.Suspend && job.DeletionTimestamp == nil && !Finished(job)
-}
-
-// running reports whether a Job is a run going on now.
-func running(job *batchv1.Job) bool {
-	return (job.Spec.Suspend == nil || !*job.Spec.Suspend) && !Finished(job) && job.DeletionTimestamp == nil
 }
 
 // jobEvents maps Job events to requests: a queued run wakes its agent, a

@@ -2,6 +2,7 @@ package claim
 
 import (
 	"context"
+	"fmt"
 
 	batchv1 "k8s.io/api/batch/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -9,6 +10,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/paperclipai/clipjob/config"
 )
 
 // The adapters below reach the API server live, never through a cache: a
@@ -85,4 +89,26 @@ func (p podsAPI) Running(ctx context.Context, ns, jobUID string) (int, error) {
 // races in clipjob_claim_retries_total.
 func NewLock(cs kubernetes.Interface) *Lock {
 	return &Lock{Leases: leaseAPI{cs}, Jobs: jobAPI{cs}, Pods: podsAPI{cs}, OnRetry: func() { retries.Inc() }}
+}
+
+// CachedActiveRuns lists an agent's Jobs from r, the manager's cache with
+// the IndexAgent index (see Controller.SetupWithManager).
+func CachedActiveRuns(r client.Reader) ActiveRuns {
+	return func(ctx context.Context, key Key, cfg config.Concurrency) ([]batchv1.Job, error) {
+		return listAgentJobs(ctx, r, key.Namespace, key.Agent, cfg)
+	}
+}
+
+// listAgentJobs lists the agent's Jobs in the claim's scope: namespace ns,
+// or every namespace for scope Cluster.
+func listAgentJobs(ctx context.Context, r client.Reader, ns, agent string, cfg config.Concurrency) ([]batchv1.Job, error) {
+	opts := []client.ListOption{client.MatchingFields{IndexAgent: agent}}
+	if cfg.Scope != config.ScopeCluster {
+		opts = append(opts, client.InNamespace(ns))
+	}
+	var list batchv1.JobList
+	if err := r.List(ctx, &list, opts...); err != nil {
+		return nil, fmt.Errorf("listing the Jobs of agent %q: %w", agent, err)
+	}
+	return list.Items, nil
 }

@@ -69,7 +69,16 @@ type Lock struct {
 	MaxAttempts int
 	// OnRetry is called when a write lost a race and the loop goes again.
 	OnRetry func()
+	// Active, when set, lists the agent's Jobs from a cache. Acquire then
+	// also refuses while another of them runs, which a Lease alone cannot
+	// see if the Lease was deleted, or the claim's scope or mode changed,
+	// while that run went on. The cache lags; the Lease closes that window.
+	Active ActiveRuns
 }
+
+// ActiveRuns lists the Jobs of the agent of key in the claim's scope: its
+// namespace, or every namespace for scope Cluster.
+type ActiveRuns func(ctx context.Context, key Key, cfg config.Concurrency) ([]batchv1.Job, error)
 
 // BusyError says an agent has an active run. The webhook answers it with
 // HTTP 409 Conflict, so a client can tell "busy" from "invalid".
@@ -93,17 +102,23 @@ func (e *BusyError) Error() string {
 	if h.Terminating > 0 {
 		msg += fmt.Sprintf(", ended but %d pod(s) still terminating", h.Terminating)
 	}
+	if h.Unclaimed {
+		msg += ", running without its claim"
+	}
 	return msg + "; a new run is admitted once it completes, fails or is deleted"
 }
 
 // Holder is the Job a claim names.
 type Holder struct {
-	Namespace, Name, UID, RunID string
-	Since                       time.Time
+	Namespace, Name, UID, RunID, Agent string
+	Since                              time.Time
 	// Pending: admitted, not (yet) found in the API.
 	Pending bool
 	// Terminating counts pods of an ended Job that have not finished.
 	Terminating int
+	// Unclaimed: the Job runs without holding the claim (the claim was
+	// deleted, or the scope changed under it).
+	Unclaimed bool
 }
 
 // Key is where an agent's claim lives.
@@ -146,6 +161,9 @@ func (c *Lock) Acquire(ctx context.Context, job *batchv1.Job, cfg config.Concurr
 		attempts = 8
 	}
 	grace := time.Duration(cfg.PendingGraceSeconds) * time.Second
+	if err := c.checkUnclaimed(ctx, key, job, cfg); err != nil {
+		return err
+	}
 	for i := 0; i < attempts; i++ {
 		if i > 0 && c.OnRetry != nil {
 			c.OnRetry()
@@ -186,6 +204,37 @@ func (c *Lock) Acquire(ctx context.Context, job *batchv1.Job, cfg config.Concurr
 	return fmt.Errorf("claim %s/%s for agent %q: still contended after %d attempts; retry", key.Namespace, key.Name, key.Agent, attempts)
 }
 
+// checkUnclaimed refuses while another run of the agent is going, claim or
+// not.
+func (c *Lock) checkUnclaimed(ctx context.Context, key Key, job *batchv1.Job, cfg config.Concurrency) error {
+	if c.Active == nil {
+		return nil
+	}
+	jobs, err := c.Active(ctx, key, cfg)
+	if err != nil {
+		return claimErr(key, err)
+	}
+	for i := range jobs {
+		j := &jobs[i]
+		if j.UID == job.UID || !Running(j) {
+			continue
+		}
+		h := Holder{Namespace: j.Namespace, Name: j.Name, UID: string(j.UID), RunID: j.Labels[contract.LabelRunID],
+			Agent: key.Agent, Unclaimed: true}
+		if j.Status.StartTime != nil {
+			h.Since = j.Status.StartTime.Time
+		}
+		return &BusyError{Agent: key.Agent, Holder: h}
+	}
+	return nil
+}
+
+// Running reports whether a Job is a run going on now: started (not
+// suspended), not finished, not being deleted.
+func Running(job *batchv1.Job) bool {
+	return (job.Spec.Suspend == nil || !*job.Spec.Suspend) && !Finished(job) && job.DeletionTimestamp == nil
+}
+
 func claimErr(key Key, err error) error {
 	if err == nil {
 		return nil
@@ -215,7 +264,7 @@ func (c *Lock) newLease(key Key, job *batchv1.Job) *coordinationv1.Lease {
 
 // HolderOf reads the Job a claim names.
 func HolderOf(l *coordinationv1.Lease) Holder {
-	h := Holder{UID: l.Annotations[AnnotationJobUID], RunID: l.Annotations[AnnotationRunID]}
+	h := Holder{UID: l.Annotations[AnnotationJobUID], RunID: l.Annotations[AnnotationRunID], Agent: l.Annotations[AnnotationAgent]}
 	h.Namespace, h.Name, _ = strings.Cut(ptr.Deref(l.Spec.HolderIdentity, ""), "/")
 	if l.Spec.AcquireTime != nil {
 		h.Since = l.Spec.AcquireTime.Time
@@ -231,8 +280,8 @@ func HolderOf(l *coordinationv1.Lease) Holder {
 // replicas compared across it are assumed to agree within seconds.
 func (c *Lock) free(ctx context.Context, lease *coordinationv1.Lease, grace time.Duration) (bool, Holder, error) {
 	h := HolderOf(lease)
-	if h.Name == "" {
-		return true, h, nil
+	if h.Name == "" || h.UID == "" {
+		return true, h, nil // not a claim clipjob wrote: every claim names its Job's UID
 	}
 	ended, err := c.ended(ctx, &h, grace)
 	if err != nil || !ended {
@@ -263,6 +312,11 @@ func (c *Lock) ended(ctx context.Context, h *Holder, grace time.Duration) (bool,
 		return false, err
 	}
 	if job.UID != "" && h.UID != "" && string(job.UID) != h.UID {
+		return true, nil
+	}
+	// A Lease naming a Job that is not a run of its agent was not written
+	// by Acquire (a squatter, or a copy): it holds nothing.
+	if job.Labels[contract.LabelAgentID] != h.Agent {
 		return true, nil
 	}
 	if Finished(job) || Deleted(job) {

@@ -2,6 +2,7 @@ package claim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/testing/jobs"
 )
 
@@ -278,6 +280,8 @@ func TestHolderStates(t *testing.T) {
 		{"replaced by a Job of the same name", func(j *batchv1.Job) *batchv1.Job { j.UID = "another"; return j }, 0, true},
 		{"claimed but still suspended, within grace", func(j *batchv1.Job) *batchv1.Job { j.Spec.Suspend = ptr.To(true); return j }, 5 * time.Second, false},
 		{"claimed but never started", func(j *batchv1.Job) *batchv1.Job { j.Spec.Suspend = ptr.To(true); return j }, 16 * time.Second, true},
+		{"a Job of another agent (a squatted claim)", func(j *batchv1.Job) *batchv1.Job { j.Labels[contract.LabelAgentID] = "agent-2"; return j }, 0, true},
+		{"a Job that is no agent's (a squatted claim)", func(j *batchv1.Job) *batchv1.Job { delete(j.Labels, contract.LabelAgentID); return j }, 0, true},
 		{"not stored yet, within grace", nil, 5 * time.Second, false},
 		{"never stored, grace over", nil, 16 * time.Second, true},
 	}
@@ -414,5 +418,69 @@ func TestClaimHeldWhilePodsTerminate(t *testing.T) {
 	pods[string(holder.UID)] = 0
 	if err := c.Acquire(ctx, agentJob("run-2", "agent-1"), nsScope, false); err != nil {
 		t.Fatalf("agent not free once the pods are gone: %v", err)
+	}
+}
+
+// TestSquattedClaimWithoutUID: a Lease at an agent's claim name that
+// Acquire did not write (no Job UID) never blocks the agent.
+func TestSquattedClaimWithoutUID(t *testing.T) {
+	ctx := context.Background()
+	c, leases, jobs, _ := newLock()
+	squatter := agentJob("some-running-job", "agent-1")
+	jobs.put(squatter)
+	key := KeyFor(squatter, nsScope)
+	lease := c.newLease(key, squatter)
+	delete(lease.Annotations, AnnotationJobUID)
+	if _, err := leases.Create(ctx, lease, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Acquire(ctx, agentJob("run-2", "agent-1"), nsScope, false); err != nil {
+		t.Fatalf("a Lease without a Job UID blocked the agent: %v", err)
+	}
+}
+
+// TestRunWithoutItsClaimKeepsTheAgentBusy: deleting an agent's claim, or
+// changing the claim's scope, while its run goes on must not let a second
+// run in: the lock also looks at the agent's running Jobs.
+func TestRunWithoutItsClaimKeepsTheAgentBusy(t *testing.T) {
+	ctx := context.Background()
+	running := agentJob("run-1", "agent-1")
+	running.Status.StartTime = &metav1.Time{Time: time.Date(2026, 11, 21, 9, 0, 0, 0, time.UTC)}
+	queued := jobs.MakeJob("queued", "paperclip").Agent("agent-1").Queued().Obj()
+	done := finish(agentJob("done", "agent-1"), batchv1.JobComplete)
+	for _, tc := range []struct {
+		name   string
+		active []batchv1.Job
+		busy   bool
+	}{
+		{name: "a running Job without a claim", active: []batchv1.Job{*running}, busy: true},
+		{name: "only queued and finished runs", active: []batchv1.Job{*queued, *done}},
+		{name: "the claimant itself", active: []batchv1.Job{*agentJob("run-2", "agent-1")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, leases, _, _ := newLock()
+			var asked Key
+			c.Active = func(_ context.Context, key Key, _ config.Concurrency) ([]batchv1.Job, error) {
+				asked = key
+				return tc.active, nil
+			}
+			err := c.Acquire(ctx, agentJob("run-2", "agent-1"), nsScope, false)
+			if asked.Agent != "agent-1" || asked.Namespace != "paperclip" {
+				t.Errorf("asked for %+v", asked)
+			}
+			if !tc.busy {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			var b *BusyError
+			if !errors.As(err, &b) || b.Holder.Name != "run-1" || !strings.Contains(err.Error(), "running without its claim") {
+				t.Fatalf("want busy naming run-1, got %v", err)
+			}
+			if leases.writes != 0 {
+				t.Error("a refused claimant wrote a claim")
+			}
+		})
 	}
 }

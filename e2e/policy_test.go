@@ -402,3 +402,26 @@ func TestAgentRunIsOnePod(t *testing.T) {
 	}
 	assertNoJob(ctx, t, manual.Name)
 }
+
+// TestDeletedClaimDoesNotFreeTheAgent: whoever deletes an agent's claim
+// Lease while its run goes on does not get a second run in: the webhook
+// also sees the agent's running Job.
+func TestDeletedClaimDoesNotFreeTheAgent(t *testing.T) {
+	ctx := ctxT(t)
+	first := bareJob(t, "e2e-claim-deleted")
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, first, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPod(ctx, t, first.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	key := claim.KeyFor(first, env.configNow().Policy.Concurrency)
+	if err := env.cs.CoordinationV1().Leases(key.Namespace).Delete(ctx, key.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	second := bareJob(t, "e2e-claim-deleted-2")
+	second.Labels[contract.LabelAgentID] = first.Labels[contract.LabelAgentID]
+	_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, second, metav1.CreateOptions{})
+	if !apierrors.IsConflict(err) || !strings.Contains(err.Error(), "Job "+ns+"/"+first.Name) || !strings.Contains(err.Error(), "running without its claim") {
+		t.Fatalf("a second run after the claim was deleted: want 409 naming %s, got %v", first.Name, err)
+	}
+	assertNoJob(ctx, t, second.Name)
+}

@@ -71,6 +71,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	server := mgr.GetWebhookServer() // adds it to the manager's runnables
 	lock := claim.NewLock(clientset)
+	lock.Active = claim.CachedActiveRuns(mgr.GetCache())
 	server.Register(MutatePath, &admission.Webhook{Handler: &Mutator{Configs: store, Sources: sources}})
 	server.Register(ValidatePath, &admission.Webhook{Handler: &Validator{Configs: store, Sources: sources,
 		PVCs: livePVCs(clientset), Claims: lock}})
@@ -79,7 +80,11 @@ func Run(ctx context.Context, o Options) error {
 	if err := controller.SetupWithManager(mgrCtx, mgr, claim.Options{SweepInterval: o.SweepInterval}); err != nil {
 		return err
 	}
-	if err := addProbes(mgr, server, sources, stopping); err != nil {
+	jobs, err := mgr.GetCache().GetInformer(mgrCtx, &batchv1.Job{})
+	if err != nil {
+		return err
+	}
+	if err := addProbes(mgr, server, sources, jobs.HasSynced, stopping); err != nil {
 		return err
 	}
 	go watchConfig(mgrCtx, store, o, sources)
@@ -157,8 +162,8 @@ func newManager(o Options, store *config.Store, sourceNamespace string) (manager
 }
 
 // addProbes: ready once the webhook server is up and the source
-// Deployment listed, and not while draining.
-func addProbes(mgr manager.Manager, server crwebhook.Server, sources *SourceCache, stopping *atomic.Bool) error {
+// Deployment and agent Jobs listed, and not while draining.
+func addProbes(mgr manager.Manager, server crwebhook.Server, sources *SourceCache, jobsSynced func() bool, stopping *atomic.Bool) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
@@ -167,6 +172,13 @@ func addProbes(mgr manager.Manager, server crwebhook.Server, sources *SourceCach
 		"source-cache": func(*http.Request) error {
 			if !sources.HasSynced() {
 				return errors.New("source Deployment not listed yet")
+			}
+			return nil
+		},
+		// The claim checks a run against the agent's other Jobs in it.
+		"job-cache": func(*http.Request) error {
+			if !jobsSynced() {
+				return errors.New("agent Jobs not listed yet")
 			}
 			return nil
 		},
