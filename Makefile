@@ -41,6 +41,7 @@ bench: kube-binaries ## Go benchmarks of the hot paths, then Job creation with a
 fuzz: ## Fuzz every decoder for FUZZTIME each
 	$(GOTEST) -run XXX -fuzz '^FuzzAdmissionReview$$' -fuzztime $(FUZZTIME) ./webhook/
 	$(GOTEST) -run XXX -fuzz '^FuzzMutateObject$$' -fuzztime $(FUZZTIME) ./webhook/
+	$(GOTEST) -run XXX -fuzz '^FuzzValidateObject$$' -fuzztime $(FUZZTIME) ./webhook/
 	$(GOTEST) -run XXX -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./config/
 	$(GOTEST) -run XXX -fuzz '^FuzzRead$$' -fuzztime $(FUZZTIME) ./internal/manifest/
 	$(GOTEST) -run XXX -fuzz '^FuzzLineDecoding$$' -fuzztime $(FUZZTIME) ./relay/collect/

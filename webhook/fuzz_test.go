@@ -79,3 +79,27 @@ func FuzzAdmissionReview(f *testing.F) {
 		}
 	})
 }
+
+// FuzzValidateObject feeds arbitrary bytes as the Job, and as the stored
+// Job on UPDATE, to the validating handler directly: it must answer, and a
+// refusal must say why. The claim is written to a fake API.
+func FuzzValidateObject(f *testing.F) {
+	job, v, _ := renderedCase(f)
+	raw := mustJSON(job)
+	f.Add(raw, []byte(nil), false)
+	f.Add(raw, raw, true)
+	f.Add([]byte(`{"metadata":{"labels":{"paperclip.io/agent-id":"a"}},"spec":{"parallelism":6}}`), raw, true)
+	f.Add([]byte(`{"metadata":{"labels":{"paperclip.io/agent-id":""}}}`), []byte(`null`), true)
+	f.Add([]byte(`null`), []byte(`{`), true)
+	f.Fuzz(func(t *testing.T, obj, old []byte, update bool) {
+		req := validateRequest(t, admissionv1.Create, job, nil, false)
+		req.Object.Raw = obj
+		if update {
+			req.Operation, req.OldObject.Raw = admissionv1.Update, old
+		}
+		resp := v.Handle(context.Background(), req)
+		if !resp.Allowed && (resp.Result == nil || resp.Result.Message == "") {
+			t.Fatalf("refusal without a message")
+		}
+	})
+}

@@ -25,7 +25,7 @@ import (
 	"github.com/paperclipai/clipjob/templates"
 )
 
-func renderedCase(t *testing.T) (*batchv1.Job, *Validator, *fake.Clientset) {
+func renderedCase(t testing.TB) (*batchv1.Job, *Validator, *fake.Clientset) {
 	t.Helper()
 	c := golden.Case(t, "alias-adapter-label")
 	res, err := c.Render()
@@ -43,7 +43,7 @@ func renderedCase(t *testing.T) (*batchv1.Job, *Validator, *fake.Clientset) {
 	return job, v, cs
 }
 
-func validateRequest(t *testing.T, op admissionv1.Operation, job, old *batchv1.Job, dryRun bool) admission.Request {
+func validateRequest(t testing.TB, op admissionv1.Operation, job, old *batchv1.Job, dryRun bool) admission.Request {
 	t.Helper()
 	raw, _ := json.Marshal(job)
 	req := createRequest(t, raw)
