@@ -67,6 +67,11 @@ func (e *UnsafePathError) Error() string {
 // this runs; the file must be a regular file with one link.
 func (m *Mirror) open(r *store.Run) (*os.File, error) {
 	parts := mirrorPath(r)
+	// Dir itself is the operator's (a mount point); only what is under it
+	// is the agents' to plant things in.
+	if err := os.MkdirAll(m.Dir, 0o755); err != nil {
+		return nil, err
+	}
 	dir, err := unix.Open(m.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: m.Dir, Err: err}

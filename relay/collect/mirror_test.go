@@ -19,7 +19,8 @@ func mirrorFixture(t *testing.T) (*store.Store, *Mirror) {
 	_, _ = s.UpdateRun("run-1", func(r *store.Run) {
 		r.Namespace, r.Agent, r.Company, r.MainContainer = "ns", "agent-a", "acme", "agent"
 	})
-	return s, &Mirror{Dir: t.TempDir(), Store: s}
+	// Not created yet, as on a fresh volume.
+	return s, &Mirror{Dir: filepath.Join(t.TempDir(), "shared"), Store: s}
 }
 
 func readMirror(t *testing.T, m *Mirror) string {
