@@ -23,6 +23,10 @@ var defaultPatterns = []string{
 	`xox[abpr]-[A-Za-z0-9-]{10,}`,                                   // Slack
 	`(?i)bearer [A-Za-z0-9._~+/-]{16,}=*`,                           // bearer tokens
 	`eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}`, // JWTs
+	`glpat-[A-Za-z0-9_-]{20,}`,                                      // GitLab
+	`(sk|rk)_(live|test)_[A-Za-z0-9]{16,}`,                          // Stripe
+	`npm_[A-Za-z0-9]{36}`,                                           // npm
+	`[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@"\\]+:[^\s/@"\\]+@`,           // user:password@ in URLs (postgres://…)
 }
 
 // Redactor removes secrets from log lines before they are stored.

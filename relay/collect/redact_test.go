@@ -21,6 +21,13 @@ func TestRedact(t *testing.T) {
 		{`id internal-123456`, `id [REDACTED]`},
 		{`the password is hunter2-secret.`, `the password is [REDACTED].`},
 		{`{"v":"p@ss\"word\\with-quote"}`, `{"v":"[REDACTED]"}`}, // literal in JSON-escaped form
+		{`{"url":"postgres://paperclip:s3cr3t@db:5432/paperclip"}`, `{"url":"[REDACTED]db:5432/paperclip"}`},
+		{`DATABASE_URL=postgresql://u:p%40ss@10.0.0.5/db`, `DATABASE_URL=[REDACTED]10.0.0.5/db`},
+		{`git clone https://oauth2:glpat-abcdefghij0123456789@gitlab.com/x`, `git clone [REDACTED]gitlab.com/x`},
+		{`token glpat-abcdefghij0123456789xy`, `token [REDACTED]`},
+		{`{"stripe":"sk_live_abcdefghijklmnop1234"}`, `{"stripe":"[REDACTED]"}`},
+		{`NPM_TOKEN=npm_abcdefghijklmnopqrstuvwxyz0123456789`, `NPM_TOKEN=[REDACTED]`},
+		{`see https://example.com/a@b and mailto:x@y`, `see https://example.com/a@b and mailto:x@y`},
 		{`short words stay short`, `short words stay short`},
 		{`{"usage":{"input_tokens":12}}`, `{"usage":{"input_tokens":12}}`},
 	}
