@@ -1,5 +1,7 @@
 package contract
 
+import "strings"
+
 // Labels of the bare-Job contract. A Job is an agent run when it carries
 // LabelAgentID.
 const (
@@ -70,6 +72,21 @@ var RunEnv = []struct{ Label, Env string }{
 func IsAgentJob(labels map[string]string) bool {
 	_, ok := labels[LabelAgentID]
 	return ok
+}
+
+// HasContractLabel reports whether any of the label sets carries a
+// paperclip.io/ label. A Job or Pod that does is clipjob's to check: the
+// relay, the egress policies and Paperclip read those labels, so carrying
+// one is claiming to be an agent run.
+func HasContractLabel(sets ...map[string]string) bool {
+	for _, labels := range sets {
+		for k := range labels {
+			if strings.HasPrefix(k, Prefix) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // AdapterType returns the adapter a Job names, preferring the canonical

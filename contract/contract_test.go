@@ -38,3 +38,20 @@ func TestAdapterType(t *testing.T) {
 		}
 	}
 }
+
+func TestHasContractLabel(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sets []map[string]string
+		want bool
+	}{
+		{name: "none", sets: []map[string]string{nil, {"app": "x"}}},
+		{name: "on the Job", sets: []map[string]string{{LabelAgentID: "a"}, nil}, want: true},
+		{name: "only on the template", sets: []map[string]string{{"app": "x"}, {LabelEgress: "open"}}, want: true},
+		{name: "a look-alike prefix", sets: []map[string]string{{"paperclip.io.evil/x": "1", "xpaperclip.io/y": "1"}}},
+	} {
+		if got := HasContractLabel(tc.sets...); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -425,3 +425,98 @@ func TestDeletedClaimDoesNotFreeTheAgent(t *testing.T) {
 	}
 	assertNoJob(ctx, t, second.Name)
 }
+
+// TestAgentLabelsCannotBeSmuggled: whatever carries a paperclip.io/ label
+// goes through clipjob — a Job labeled otherwise whose pods carry the agent
+// labels, a bare agent pod, and a container added to a running agent pod
+// with kubectl debug are all refused.
+func TestAgentLabelsCannotBeSmuggled(t *testing.T) {
+	ctx := ctxT(t)
+	t.Run("a Job whose pods alone carry the agent labels", func(t *testing.T) {
+		job := bareJob(t, "e2e-smuggled-template")
+		job.Spec.Template.Labels = map[string]string{contract.LabelAgentID: "agent-x", contract.LabelRunID: "r", contract.LabelRole: contract.RoleAgent}
+		job.Labels = map[string]string{"app": "not-an-agent"}
+		job.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyNever
+		job.Spec.Template.Spec.Containers = []corev1.Container{{Name: "agent", Image: "evil.example.com/root:1",
+			SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)}}}
+		_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "metadata.labels[paperclip.io/agent-id]: Required value") {
+			t.Fatalf("want 403, got %v", err)
+		}
+	})
+	t.Run("a bare pod with the agent labels", func(t *testing.T) {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "e2e-smuggled-pod", Namespace: ns,
+			Labels: map[string]string{contract.LabelAgentID: "agent-x", contract.LabelRunID: "r"}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Image: "evil.example.com/root:1"}}}}
+		_, err := env.cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "agent pods are made by the Job controller") {
+			t.Fatalf("want 403, got %v", err)
+		}
+	})
+	t.Run("kubectl debug on a running agent pod", func(t *testing.T) {
+		if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, bareJob(t, "e2e-debugged"), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		pod := waitPod(ctx, t, "e2e-debugged", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+		pod.Spec.EphemeralContainers = append(pod.Spec.EphemeralContainers, corev1.EphemeralContainer{
+			EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debugger", Image: "busybox:1.36",
+				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)}}})
+		_, err := env.cs.CoreV1().Pods(ns).UpdateEphemeralContainers(ctx, pod.Name, pod, metav1.UpdateOptions{})
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "agent pods take no ephemeral containers") {
+			t.Fatalf("want 403, got %v", err)
+		}
+	})
+}
+
+// TestWebhookOutage: with clipjob unreachable, agent Jobs fail closed, but
+// ordinary Jobs and Pods are admitted (matchConditions are evaluated in the
+// API server) and agent Jobs can still be deleted, which takes the garbage
+// collector's updates.
+func TestWebhookOutage(t *testing.T) {
+	ctx := ctxT(t)
+	victim := bareJob(t, "e2e-outage-delete")
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, victim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPod(ctx, t, victim.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+
+	dead, _ := cluster.FreePorts(1)
+	if err := harness.Register(ctx, env.cs, fmt.Sprintf("127.0.0.1:%d", dead[0]), env.cluster.CA.CertPEM); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := harness.Register(context.Background(), env.cs, env.webhookAddr, env.cluster.CA.CertPEM); err != nil {
+			t.Error(err)
+		}
+	})
+
+	plain := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "e2e-outage-plain", Namespace: ns, Labels: map[string]string{"app": "plain"}},
+		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{Name: "c", Image: "busybox:1.36"}}}}}}
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, plain, metav1.CreateOptions{}); err != nil {
+		t.Errorf("an ordinary Job waited on clipjob: %v", err)
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "e2e-outage-pod", Namespace: ns},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox:1.36"}}}}
+	if _, err := env.cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Errorf("an ordinary pod waited on clipjob: %v", err)
+	}
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, bareJob(t, "e2e-outage-agent"), metav1.CreateOptions{}); err == nil {
+		t.Error("an agent Job was admitted with clipjob down")
+	}
+	patch := []byte(`{"metadata":{"labels":{"paperclip.io/agent-id":"agent-other"}}}`)
+	if _, err := env.cs.BatchV1().Jobs(ns).Patch(ctx, victim.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err == nil {
+		t.Error("an agent Job's labels changed with clipjob down")
+	}
+
+	if err := env.cs.BatchV1().Jobs(ns).Delete(ctx, victim.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)}); err != nil {
+		t.Fatal(err)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := env.cs.BatchV1().Jobs(ns).Get(ctx, victim.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatal("an agent Job could not be deleted while clipjob was down")
+	}
+}

@@ -26,14 +26,25 @@ type agentRequest struct {
 	Old *batchv1.Job
 }
 
+// isAgentJob is what the mutator completes: a Job labeled as an agent run.
+func isAgentJob(j *batchv1.Job) bool { return contract.IsAgentJob(j.Labels) }
+
+// claimsContract is what the validator checks: a Job carrying any
+// paperclip.io/ label, on itself or on its pods. The API server copies a
+// template's labels onto a Job that has none, but not onto one with labels
+// of its own, so the template must be looked at too.
+func claimsContract(j *batchv1.Job) bool {
+	return contract.HasContractLabel(j.Labels, j.Spec.Template.Labels)
+}
+
 // decodeAgentRequest is the first step of both handlers: it answers, with
 // the outcome to count, every request that is not theirs (an operation
-// outside ops, another kind, a Job that is not an agent's) and every one
-// that cannot be decoded. The webhook configurations already narrow what
-// is sent; this is what makes a too-wide configuration harmless. A Job is
-// an agent's when it or, on UPDATE, its stored version carries the label,
-// so removing the label is itself checked.
-func decodeAgentRequest(req admission.Request, verb string, ops ...admissionv1.Operation) (*agentRequest, *admission.Response, string) {
+// outside ops, another kind, a Job that agent does not match) and every
+// one that cannot be decoded. The webhook configurations already narrow
+// what is sent; this is what makes a too-wide configuration harmless. On
+// UPDATE the stored version counts too, so removing a label is itself
+// checked.
+func decodeAgentRequest(req admission.Request, verb string, agent func(*batchv1.Job) bool, ops ...admissionv1.Operation) (*agentRequest, *admission.Response, string) {
 	skip := func(msg string) (*agentRequest, *admission.Response, string) {
 		resp := admission.Allowed(msg)
 		return nil, &resp, OutcomeSkipped
@@ -62,16 +73,18 @@ func decodeAgentRequest(req admission.Request, verb string, ops ...admissionv1.O
 			return fail(fmt.Errorf("old object: %w", err))
 		}
 	}
-	if !contract.IsAgentJob(ar.Job.Labels) && (ar.Old == nil || !contract.IsAgentJob(ar.Old.Labels)) {
+	if !agent(ar.Job) && (ar.Old == nil || !agent(ar.Old)) {
 		return skip("not an agent Job: no label " + contract.LabelAgentID)
 	}
 	return ar, nil, ""
 }
 
+var errNoObject = errors.New("request has no object")
+
 // decodeJob decodes a Job as the API server encodes it.
 func decodeJob(raw []byte) (*batchv1.Job, error) {
 	if len(raw) == 0 {
-		return nil, errors.New("request has no object")
+		return nil, errNoObject
 	}
 	job := &batchv1.Job{}
 	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, job); err != nil {

@@ -72,7 +72,7 @@ func instrumented(ctx context.Context, webhook string, req admission.Request, ha
 }
 
 func (m *Mutator) mutate(ctx context.Context, req admission.Request) (admission.Response, string) {
-	ar, skipped, outcome := decodeAgentRequest(req, "completes", admissionv1.Create)
+	ar, skipped, outcome := decodeAgentRequest(req, "completes", isAgentJob, admissionv1.Create)
 	if skipped != nil {
 		return *skipped, outcome
 	}

@@ -75,6 +75,7 @@ func Run(ctx context.Context, o Options) error {
 	server.Register(MutatePath, &admission.Webhook{Handler: &Mutator{Configs: store, Sources: sources}})
 	server.Register(ValidatePath, &admission.Webhook{Handler: &Validator{Configs: store, Sources: sources,
 		PVCs: livePVCs(clientset), Claims: lock}})
+	server.Register(PodPath, &admission.Webhook{Handler: &PodValidator{}})
 	controller := &claim.Controller{Jobs: mgr.GetCache(), Client: clientset, Lock: lock, Configs: store,
 		Log: log.WithName("claim-controller")}
 	if err := controller.SetupWithManager(mgrCtx, mgr, claim.Options{SweepInterval: o.SweepInterval}); err != nil {
@@ -88,7 +89,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	go watchConfig(mgrCtx, store, o, sources)
-	log.Info("serving admission webhooks", "port", o.Port, "mutate", MutatePath, "validate", ValidatePath)
+	log.Info("serving admission webhooks", "port", o.Port, "mutate", MutatePath, "validate", ValidatePath, "pods", PodPath)
 	return mgr.Start(mgrCtx)
 }
 

@@ -50,7 +50,7 @@ func (v *Validator) Handle(ctx context.Context, req admission.Request) admission
 const OutcomeAllowed = "allowed"
 
 func (v *Validator) validate(ctx context.Context, req admission.Request) (admission.Response, string) {
-	ar, skipped, outcome := decodeAgentRequest(req, "validates", admissionv1.Create, admissionv1.Update)
+	ar, skipped, outcome := decodeAgentRequest(req, "validates", claimsContract, admissionv1.Create, admissionv1.Update)
 	if skipped != nil {
 		return *skipped, outcome
 	}

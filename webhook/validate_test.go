@@ -22,6 +22,7 @@ import (
 	"github.com/paperclipai/clipjob/claim"
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/golden"
+	"github.com/paperclipai/clipjob/internal/testing/jobs"
 	"github.com/paperclipai/clipjob/templates"
 )
 
@@ -115,8 +116,14 @@ func TestValidatorOutcomes(t *testing.T) {
 	evil.Spec.Template.Spec.Containers[0].Image = "evil.example.com/x:1"
 	relabeled := job.DeepCopy()
 	relabeled.Labels[contract.LabelAgentID] = "someone-else"
-	plain := job.DeepCopy()
-	delete(plain.Labels, contract.LabelAgentID)
+	unlabeled := job.DeepCopy()
+	delete(unlabeled.Labels, contract.LabelAgentID)
+	// An ordinary Job: no paperclip.io/ label anywhere.
+	plain := jobs.MakeJob("plain", "paperclip").Label("app", "x").Container("c", "busybox:1.36").Obj()
+	// Agent labels on the pods only, the Job labeled otherwise: the API
+	// server does not copy the template's labels then.
+	podsOnly := job.DeepCopy()
+	podsOnly.Labels = map[string]string{"app": "x"}
 
 	failingPVCs := *v
 	failingPVCs.PVCs = func(context.Context, string, string) (*corev1.PersistentVolumeClaim, error) {
@@ -132,8 +139,10 @@ func TestValidatorOutcomes(t *testing.T) {
 	}{
 		{"image denied", v, validateRequest(t, admissionv1.Create, evil, nil, false), false, http.StatusForbidden, `image "evil.example.com/x:1"`},
 		{"agent relabeled on update", v, validateRequest(t, admissionv1.Update, relabeled, job, false), false, http.StatusForbidden, "is immutable"},
-		{"label removed on update", v, validateRequest(t, admissionv1.Update, plain, job, false), false, http.StatusForbidden, "is immutable"},
+		{"label removed on update", v, validateRequest(t, admissionv1.Update, unlabeled, job, false), false, http.StatusForbidden, "is immutable"},
 		{"plain Job skipped", v, validateRequest(t, admissionv1.Create, plain, nil, false), true, http.StatusOK, "not an agent Job"},
+		{"agent labels on the pods only", v, validateRequest(t, admissionv1.Create, podsOnly, nil, false), false, http.StatusForbidden,
+			"metadata.labels[paperclip.io/agent-id]: Required value"},
 		{"delete skipped", v, validateRequest(t, admissionv1.Delete, job, nil, false), true, http.StatusOK, "CREATE and UPDATE only"},
 		{"lookup failure is an error, not a denial", &failingPVCs, validateRequest(t, admissionv1.Create, job, nil, false), false, http.StatusInternalServerError, "request timed out"},
 		{"malformed old object", v, func() admission.Request {

@@ -163,11 +163,14 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	common := []string{"--kubeconfig", c.Kubeconfig, "--authentication-kubeconfig", c.Kubeconfig,
 		"--authorization-kubeconfig", c.Kubeconfig, "--leader-elect=false", "--bind-address", "127.0.0.1", "--v", "1"}
 	c.logf("starting kube-controller-manager and kube-scheduler")
-	if err := c.run(bin, "kube-controller-manager", append(common,
+	kcmKubeconfig := c.controllerManagerKubeconfig()
+	if err := c.run(bin, "kube-controller-manager",
+		"--kubeconfig", kcmKubeconfig, "--authentication-kubeconfig", kcmKubeconfig,
+		"--authorization-kubeconfig", kcmKubeconfig, "--leader-elect=false", "--bind-address", "127.0.0.1", "--v", "1",
 		"--secure-port", strconv.Itoa(kcmPort),
 		"--service-account-private-key-file", pki("sa.key"), "--root-ca-file", pki("ca.crt"),
-		"--use-service-account-credentials=false",
-		"--controllers", "*,-nodeipam")...); err != nil {
+		"--use-service-account-credentials=true",
+		"--controllers", "*,-nodeipam"); err != nil {
 		return nil, err
 	}
 	if err := c.run(bin, "kube-scheduler", append(common, "--secure-port", strconv.Itoa(schedPort))...); err != nil {
@@ -418,6 +421,13 @@ func (c *Cluster) writePKI() error {
 	if err := add("admin", admin, err); err != nil {
 		return err
 	}
+	// The controller manager's own identity, as kubeadm and kind give it:
+	// its controllers then act as their own ServiceAccounts, so a pod the
+	// Job controller creates is known by who created it.
+	kcm, err := ca.Client("system:kube-controller-manager")
+	if err := add("controller-manager", kcm, err); err != nil {
+		return err
+	}
 	kwok, err := ca.Serving(NodeName, "127.0.0.1", "localhost", NodeName)
 	if err := add("kwok", kwok, err); err != nil {
 		return err
@@ -436,19 +446,32 @@ func (c *Cluster) writePKI() error {
 }
 
 func (c *Cluster) writeKubeconfig(port int) error {
+	if err := c.writeKubeconfigFor(port, "admin", c.Kubeconfig); err != nil {
+		return err
+	}
+	return c.writeKubeconfigFor(port, "controller-manager", c.controllerManagerKubeconfig())
+}
+
+func (c *Cluster) controllerManagerKubeconfig() string {
+	return filepath.Join(c.Dir, "controller-manager.kubeconfig")
+}
+
+// writeKubeconfigFor writes a kubeconfig to path for the client
+// certificate pki/<user>.crt.
+func (c *Cluster) writeKubeconfigFor(port int, user, path string) error {
 	pki := filepath.Join(c.Dir, "pki")
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["local"] = &clientcmdapi.Cluster{
 		Server:               fmt.Sprintf("https://127.0.0.1:%d", port),
 		CertificateAuthority: filepath.Join(pki, "ca.crt"),
 	}
-	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{
-		ClientCertificate: filepath.Join(pki, "admin.crt"),
-		ClientKey:         filepath.Join(pki, "admin.key"),
+	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{
+		ClientCertificate: filepath.Join(pki, user+".crt"),
+		ClientKey:         filepath.Join(pki, user+".key"),
 	}
-	cfg.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: "admin"}
+	cfg.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: user}
 	cfg.CurrentContext = "local"
-	return clientcmd.WriteToFile(*cfg, c.Kubeconfig)
+	return clientcmd.WriteToFile(*cfg, path)
 }
 
 // FreePorts returns n distinct free TCP ports on 127.0.0.1.

@@ -222,14 +222,59 @@ const (
 	ValidatingWebhookName = "clipjob-validating"
 )
 
-// Register registers both webhooks at addr as the chart does: Jobs labeled
-// as agent runs, outside kube-system, failing closed. Mutation on CREATE,
-// reinvoked if another webhook changes the Job; validation on CREATE and
-// UPDATE, with side effects (the claim) skipped on dry run. Existing
-// configurations are replaced, so tests can re-point them.
+// Register registers the webhooks at addr as the chart does, outside
+// kube-system, failing closed. Mutation of Jobs labeled as agent runs on
+// CREATE, reinvoked if another webhook changes the Job. Validation of every
+// Job and Pod that carries a paperclip.io/ label, on itself or its pods,
+// selected by matchConditions (CEL evaluated in the API server, so other
+// Jobs and Pods cost nothing and never wait on clipjob); on UPDATE only
+// when something clipjob checks changes, so a Job's deletion never does.
+// Side effects (the claim) are skipped on dry run. Existing configurations
+// are replaced, so tests can re-point them.
 func Register(ctx context.Context, cs kubernetes.Interface, addr string, caBundle []byte) error {
 	return RegisterWithMutatingAt(ctx, cs, addr, addr, caBundle, admissionregistrationv1.Fail)
 }
+
+// paperclipLabel is true when the labels map at path has a paperclip.io/
+// key (CEL; has() guards a map the object may not have).
+func paperclipLabel(path string) string {
+	return "(has(" + path + ") && " + path + ".exists(k, k.startsWith('" + contract.Prefix + "')))"
+}
+
+// JobMatchConditions select the Jobs clipjob validates: every Job with a
+// paperclip.io/ label on itself, its pods, or (on UPDATE) its stored
+// version; and on UPDATE only if a field clipjob checks changes, so the
+// garbage collector's and other controllers' updates (finalizers, status
+// of deletion) never depend on clipjob being up.
+var JobMatchConditions = []admissionregistrationv1.MatchCondition{{
+	Name: "carries-paperclip-labels",
+	Expression: paperclipLabel("object.metadata.labels") + " || " +
+		"(has(object.spec.template.metadata) && " + paperclipLabel("object.spec.template.metadata.labels") + ") || " +
+		"(oldObject != null && " + paperclipLabel("oldObject.metadata.labels") + ")",
+}, {
+	Name: "changes-what-clipjob-checks",
+	Expression: "request.operation != 'UPDATE'" +
+		" || has(object.metadata.labels) != has(oldObject.metadata.labels)" +
+		" || (has(object.metadata.labels) && object.metadata.labels != oldObject.metadata.labels)" +
+		" || object.spec.template != oldObject.spec.template" +
+		optionalChanged("suspend", "false") + optionalChanged("parallelism", "1") + optionalChanged("completions", "1") +
+		optionalChanged("podReplacementPolicy", "''") + optionalChanged("manualSelector", "false"),
+}}
+
+// optionalChanged is a CEL term true when spec.field differs between the
+// object and the stored one, an absent field counting as def.
+func optionalChanged(field, def string) string {
+	v := func(o string) string {
+		return "(has(" + o + ".spec." + field + ") ? " + o + ".spec." + field + " : " + def + ")"
+	}
+	return " || " + v("object") + " != " + v("oldObject")
+}
+
+// PodMatchConditions select the pods clipjob validates: those with a
+// paperclip.io/ label.
+var PodMatchConditions = []admissionregistrationv1.MatchCondition{{
+	Name: "carries-paperclip-labels", Expression: paperclipLabel("object.metadata.labels"),
+}}
 
 // RegisterWithMutatingAt is Register with the mutating webhook at its own
 // address and failure policy (tests point it at a dead port to see the
@@ -270,11 +315,29 @@ func RegisterWithMutatingAt(ctx context.Context, cs kubernetes.Interface, mutati
 			Name:                    "validate.jobs.clipjob.paperclip.io",
 			ClientConfig:            client(addr, webhook.ValidatePath),
 			Rules:                   rule(admissionregistrationv1.Create, admissionregistrationv1.Update),
-			ObjectSelector:          objectSelector,
+			MatchConditions:         JobMatchConditions,
 			NamespaceSelector:       nsSelector,
 			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNoneOnDryRun),
 			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
 			TimeoutSeconds:          ptr.To[int32](10),
+			AdmissionReviewVersions: []string{"v1"},
+		}, {
+			Name:         "validate.pods.clipjob.paperclip.io",
+			ClientConfig: client(addr, webhook.PodPath),
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"},
+					Resources: []string{"pods"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)},
+			}, {
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+				Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"},
+					Resources: []string{"pods/ephemeralcontainers"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)},
+			}},
+			MatchConditions:         PodMatchConditions,
+			NamespaceSelector:       nsSelector,
+			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
+			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
+			TimeoutSeconds:          ptr.To[int32](5),
 			AdmissionReviewVersions: []string{"v1"},
 		}},
 	}

@@ -1,0 +1,55 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// JobControllers are the users the API server names when the Job
+// controller creates a pod: its own ServiceAccount when the controller
+// manager runs with --use-service-account-credentials (kind, most
+// distributions), else the controller manager's identity.
+var JobControllers = []string{"system:serviceaccount:kube-system:job-controller", "system:kube-controller-manager"}
+
+// PodInput is the admission of a pod that carries paperclip.io/ labels.
+type PodInput struct {
+	Pod *corev1.Pod
+	// Creator is the user the API server says sent the request.
+	Creator string
+	// Subresource is "ephemeralcontainers" for `kubectl debug`, else "".
+	Subresource string
+}
+
+// EvaluatePod admits an agent pod only as the Job controller's copy of an
+// agent Job's template. Every rule was checked on that template when the
+// Job was admitted (a Job whose pods carry paperclip.io/ labels goes
+// through clipjob), so a pod made any other way would skip them all: a
+// bare pod, or one whose owner reference is written by hand. Ephemeral
+// containers are refused outright: `kubectl debug` would add a container
+// of any image, with any security context, beside the agent and its
+// shared volume, after admission; agents are read through their logs.
+func EvaluatePod(in PodInput) field.ErrorList {
+	if in.Subresource == "ephemeralcontainers" {
+		return field.ErrorList{field.Forbidden(field.NewPath("spec", "ephemeralContainers"),
+			"agent pods take no ephemeral containers (kubectl debug): one would run beside the agent unchecked; read the run through its logs or the relay")}
+	}
+	if in.Subresource != "" {
+		return nil
+	}
+	ref := metav1.GetControllerOf(in.Pod)
+	if ref == nil || ref.Kind != "Job" || !strings.HasPrefix(ref.APIVersion, "batch/") {
+		return field.ErrorList{field.Forbidden(field.NewPath("metadata", "ownerReferences"),
+			"a pod labeled paperclip.io/ is an agent pod, and agent pods are made by the Job controller from an agent Job clipjob admitted; create a Job labeled paperclip.io/agent-id instead")}
+	}
+	if !slices.Contains(JobControllers, in.Creator) {
+		return field.ErrorList{field.Forbidden(field.NewPath("metadata", "ownerReferences"),
+			fmt.Sprintf("agent pods are made by the Job controller (%s), not by %q; create a Job labeled paperclip.io/agent-id instead",
+				strings.Join(JobControllers, " or "), in.Creator))}
+	}
+	return nil
+}
