@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -142,6 +143,39 @@ func checkOnePod(job *batchv1.Job) field.ErrorList {
 	return errs
 }
 
+// checkPodContractLabels: the pods carry exactly the Job's paperclip.io/
+// labels (plus the role and egress labels clipjob assigns), since the
+// relay, the egress policies and Paperclip read them from the pods: a pod
+// label the Job does not carry, or carries otherwise, would claim another
+// company, agent, run or task.
+func checkPodContractLabels(jobLabels, podLabels map[string]string) field.ErrorList {
+	var errs field.ErrorList
+	path := tplPath.Child("metadata", "labels")
+	keys := map[string]bool{}
+	for k := range jobLabels {
+		keys[k] = true
+	}
+	for k := range podLabels {
+		keys[k] = true
+	}
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		if !strings.HasPrefix(k, contract.Prefix) || k == contract.LabelRole || k == contract.LabelEgress {
+			continue
+		}
+		jv, onJob := jobLabels[k]
+		pv, onPod := podLabels[k]
+		switch {
+		case onJob && pv != jv:
+			errs = append(errs, field.Invalid(path.Key(k), pv,
+				fmt.Sprintf("must equal the Job's %s %q: pods may not claim another agent, run or company", k, jv)))
+		case onPod && !onJob:
+			errs = append(errs, field.Forbidden(path.Key(k),
+				fmt.Sprintf("the Job does not carry %s: pods carry only the Job's paperclip.io/ labels", k)))
+		}
+	}
+	return errs
+}
+
 // podShapeChanged reports whether an UPDATE touches what checkOnePod
 // checks. Unchanged, it is left alone: a Job admitted before the rule
 // existed must still take its unsuspend, labels and finalizers.
@@ -203,12 +237,7 @@ func checkLabels(in Input) field.ErrorList {
 		}
 	}
 	tplLabels := job.Spec.Template.Labels
-	for _, key := range []string{contract.LabelAgentID, contract.LabelRunID} {
-		if v, ok := job.Labels[key]; ok && tplLabels[key] != v {
-			errs = append(errs, field.Invalid(tplPath.Child("metadata", "labels").Key(key), tplLabels[key],
-				fmt.Sprintf("must equal the Job's %s %q: pods may not claim another agent or run", key, v)))
-		}
-	}
+	errs = append(errs, checkPodContractLabels(job.Labels, tplLabels)...)
 	prof, ok := in.Config.Profile(contract.AdapterType(job.Labels))
 	if !ok {
 		return append(errs, field.NotSupported(labelsPath.Key(contract.LabelAdapterType), contract.AdapterType(job.Labels), in.Config.ProfileNames()))

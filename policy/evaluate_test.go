@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/golden"
 )
 
@@ -178,6 +179,44 @@ func TestOnePodPerRun(t *testing.T) {
 			}
 			if d.Allowed() || !strings.Contains(d.Errs.ToAggregate().Error(), tc.want) || !slices.Contains(d.Failed, RuleOnePod) {
 				t.Errorf("got %v (failed %v), want %q", d.Errs, d.Failed, tc.want)
+			}
+		})
+	}
+}
+
+// TestPodsCarryOnlyTheJobsContractLabels: a pod label the Job does not
+// carry, or carries otherwise, is refused: the relay files a run under the
+// company its pods name, and the egress policies select on them.
+func TestPodsCarryOnlyTheJobsContractLabels(t *testing.T) {
+	cfg := mustConfig(t, "")
+	for _, tc := range []struct {
+		name   string
+		mutate func(j *batchv1.Job)
+		want   string
+	}{
+		{name: "another company on the pods", mutate: func(j *batchv1.Job) { j.Spec.Template.Labels[contract.LabelCompanyID] = "victim-co" },
+			want: `spec.template.metadata.labels[paperclip.io/company-id]: Invalid value: "victim-co": must equal the Job's`},
+		{name: "a label on the pods only", mutate: func(j *batchv1.Job) { j.Spec.Template.Labels[contract.LabelSessionID] = "s9" },
+			want: "spec.template.metadata.labels[paperclip.io/session-id]: Forbidden: the Job does not carry paperclip.io/session-id"},
+		{name: "a task the Job names otherwise", mutate: func(j *batchv1.Job) {
+			j.Labels[contract.LabelTaskID], j.Spec.Template.Labels[contract.LabelTaskID] = "t1", "t2"
+		}, want: `spec.template.metadata.labels[paperclip.io/task-id]: Invalid value: "t2": must equal the Job's paperclip.io/task-id "t1"`},
+		{name: "the Job's label missing on the pods", mutate: func(j *batchv1.Job) { j.Labels[contract.LabelSessionID] = "s1" },
+			want: `spec.template.metadata.labels[paperclip.io/session-id]: Invalid value: ""`},
+		{name: "other labels are the Job's business", mutate: func(j *batchv1.Job) { j.Spec.Template.Labels["team"] = "x" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			job := renderedJob(t)
+			tc.mutate(job)
+			d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SourceImages: []string{sourceImage}, Claims: rwx})
+			if tc.want == "" {
+				if !d.Allowed() {
+					t.Fatalf("denied: %v", d.Errs)
+				}
+				return
+			}
+			if d.Allowed() || !strings.Contains(d.Errs.ToAggregate().Error(), tc.want) {
+				t.Errorf("got %v, want %q", d.Errs, tc.want)
 			}
 		})
 	}

@@ -456,6 +456,14 @@ func (r *renderer) labels() {
 	if tpl.Labels == nil {
 		tpl.Labels = map[string]string{}
 	}
+	// The pods carry exactly the Job's contract labels: the relay, the
+	// egress policies and Paperclip trust them, so one the Job does not
+	// carry (a company id of another tenant) is dropped.
+	for k := range tpl.Labels {
+		if strings.HasPrefix(k, contract.Prefix) {
+			delete(tpl.Labels, k)
+		}
+	}
 	for k, v := range r.job.Labels {
 		if strings.HasPrefix(k, contract.Prefix) {
 			tpl.Labels[k] = v
