@@ -155,45 +155,20 @@ func TestEvaluate(t *testing.T) {
 // (in parallel, or a replacement beside a terminating pod), or whose pods
 // are selected by hand, is refused; what the renderer sets passes.
 func TestOnePodPerRun(t *testing.T) {
-	cfg := mustConfig(t, "")
-	for _, tc := range []struct {
-		name   string
-		mutate func(j *batchv1.Job)
-		want   string
-	}{
+	runCreateCases(t, RuleOnePod, []createCase{
 		{name: "parallel pods", mutate: func(j *batchv1.Job) { j.Spec.Parallelism = ptr.To[int32](6) }, want: "spec.parallelism: Invalid value: 6"},
 		{name: "several completions", mutate: func(j *batchv1.Job) { j.Spec.Completions = ptr.To[int32](3) }, want: "spec.completions: Invalid value: 3"},
 		{name: "replacement while terminating", mutate: func(j *batchv1.Job) { j.Spec.PodReplacementPolicy = nil }, want: "spec.podReplacementPolicy: Invalid value: \"unset (TerminatingOrFailed)\""},
 		{name: "manual selector", mutate: func(j *batchv1.Job) { j.Spec.ManualSelector = ptr.To(true) }, want: "spec.manualSelector: Forbidden"},
 		{name: "unset counts are one", mutate: func(j *batchv1.Job) { j.Spec.Parallelism, j.Spec.Completions = nil, nil }},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			job := renderedJob(t)
-			tc.mutate(job)
-			d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SourceImages: []string{sourceImage}, Claims: rwx})
-			if tc.want == "" {
-				if !d.Allowed() {
-					t.Fatalf("denied: %v", d.Errs)
-				}
-				return
-			}
-			if d.Allowed() || !strings.Contains(d.Errs.ToAggregate().Error(), tc.want) || !slices.Contains(d.Failed, RuleOnePod) {
-				t.Errorf("got %v (failed %v), want %q", d.Errs, d.Failed, tc.want)
-			}
-		})
-	}
+	})
 }
 
 // TestPodsCarryOnlyTheJobsContractLabels: a pod label the Job does not
 // carry, or carries otherwise, is refused: the relay files a run under the
 // company its pods name, and the egress policies select on them.
 func TestPodsCarryOnlyTheJobsContractLabels(t *testing.T) {
-	cfg := mustConfig(t, "")
-	for _, tc := range []struct {
-		name   string
-		mutate func(j *batchv1.Job)
-		want   string
-	}{
+	runCreateCases(t, RuleLabels, []createCase{
 		{name: "another company on the pods", mutate: func(j *batchv1.Job) { j.Spec.Template.Labels[contract.LabelCompanyID] = "victim-co" },
 			want: `spec.template.metadata.labels[paperclip.io/company-id]: Invalid value: "victim-co": must equal the Job's`},
 		{name: "a label on the pods only", mutate: func(j *batchv1.Job) { j.Spec.Template.Labels[contract.LabelSessionID] = "s9" },
@@ -204,22 +179,7 @@ func TestPodsCarryOnlyTheJobsContractLabels(t *testing.T) {
 		{name: "the Job's label missing on the pods", mutate: func(j *batchv1.Job) { j.Labels[contract.LabelSessionID] = "s1" },
 			want: `spec.template.metadata.labels[paperclip.io/session-id]: Invalid value: ""`},
 		{name: "other labels are the Job's business", mutate: func(j *batchv1.Job) { j.Spec.Template.Labels["team"] = "x" }},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			job := renderedJob(t)
-			tc.mutate(job)
-			d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SourceImages: []string{sourceImage}, Claims: rwx})
-			if tc.want == "" {
-				if !d.Allowed() {
-					t.Fatalf("denied: %v", d.Errs)
-				}
-				return
-			}
-			if d.Allowed() || !strings.Contains(d.Errs.ToAggregate().Error(), tc.want) {
-				t.Errorf("got %v, want %q", d.Errs, tc.want)
-			}
-		})
-	}
+	})
 }
 
 func TestEvaluateUpdate(t *testing.T) {
@@ -292,5 +252,35 @@ func TestEveryRenderedFixturePasses(t *testing.T) {
 		if !d.Allowed() {
 			t.Errorf("%s: rendered Job denied: %v", c.Name, d.Errs)
 		}
+	}
+}
+
+// createCase is a rendered Job changed by mutate, evaluated on CREATE:
+// allowed when want is empty, else refused by rule with a message that
+// contains want.
+type createCase struct {
+	name   string
+	mutate func(j *batchv1.Job)
+	want   string
+}
+
+func runCreateCases(t *testing.T, rule string, cases []createCase) {
+	t.Helper()
+	cfg := mustConfig(t, "")
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			job := renderedJob(t)
+			tc.mutate(job)
+			d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SourceImages: []string{sourceImage}, Claims: rwx})
+			if tc.want == "" {
+				if !d.Allowed() {
+					t.Fatalf("denied: %v", d.Errs)
+				}
+				return
+			}
+			if d.Allowed() || !strings.Contains(d.Errs.ToAggregate().Error(), tc.want) || !slices.Contains(d.Failed, rule) {
+				t.Errorf("got %v (failed %v), want %q from rule %s", d.Errs, d.Failed, tc.want, rule)
+			}
+		})
 	}
 }
