@@ -204,12 +204,12 @@ func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after 
 			after = lines[i].Seq
 		}
 		ew.flush()
-		if len(lines) == page {
-			continue
-		}
 		cur, err := a.Store.Run(run)
 		if err != nil || cur == nil {
 			return
+		}
+		if after < cur.LastSeq && len(lines) > 0 {
+			continue // a page ended (by lines or bytes) before the log did
 		}
 		if cur.Done && after >= cur.LastSeq {
 			_ = ew.write(event{Type: "end", End: &End{Phase: cur.Phase, ExitCode: cur.ExitCode, Reason: cur.Reason, LastSeq: cur.LastSeq, Result: cur.Result}})

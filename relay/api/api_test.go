@@ -253,3 +253,35 @@ func TestKubeAuthChecksAudiencesAndKeysOnGroups(t *testing.T) {
 		t.Errorf("%d SubjectAccessReviews; the second caller reused the first one's decision", sars)
 	}
 }
+
+// TestAPIPagesByBytes: a log of long lines is served in pages bounded by
+// bytes (store.PageBytes), and a page that ends early is not mistaken for
+// the end of the log.
+func TestAPIPagesByBytes(t *testing.T) {
+	s, srv := apiFixture(t)
+	long := strings.Repeat("x", store.PageBytes/2+1)
+	texts := []string{long + "a", long + "b", long + "c", long + "d"}
+	_, _ = s.Append("run-1", "st", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", texts...), time.Now())
+	if page, _ := s.Lines("run-1", 3, 0); len(page) != 2 {
+		t.Fatalf("a page holds %d long lines, want 2 (bounded by bytes)", len(page))
+	}
+	code := int32(0)
+	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Done, r.Phase, r.ExitCode = true, "Succeeded", &code })
+	resp := get(t, srv.URL+"/v1/runs/run-1/log?follow=false", "reader", "application/x-ndjson")
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 4*store.PageBytes)
+	var lines, ends int
+	for sc.Scan() {
+		var ev struct{ Type string }
+		_ = json.Unmarshal(sc.Bytes(), &ev)
+		switch ev.Type {
+		case "line":
+			lines++
+		case "end":
+			ends++
+		}
+	}
+	if lines != 7 || ends != 1 {
+		t.Errorf("%d lines and %d ends, want all 7 lines then the end", lines, ends)
+	}
+}

@@ -2,9 +2,11 @@ package collect
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
+	"math"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -48,6 +50,9 @@ type FollowOptions struct {
 	// MaxStreamLifetime reconnects a stream proactively, before API
 	// servers, proxies or the kubelet cut long requests. Default 30m.
 	MaxStreamLifetime time.Duration
+	// MaxLineBytes bounds a stored line; longer ones are cut, marked with
+	// TruncatedMarker and counted. Default 1 MiB.
+	MaxLineBytes int
 	// BackoffMin and BackoffMax bound the wait between failed attempts.
 	// Default 200ms and 30s.
 	BackoffMin, BackoffMax time.Duration
@@ -72,6 +77,7 @@ func DefaultFollowOptions() FollowOptions {
 		DrainIdle:         3 * time.Second,
 		DrainMax:          30 * time.Second,
 		BatchLines:        256,
+		MaxLineBytes:      1 << 20,
 		BatchWait:         100 * time.Millisecond,
 	}
 }
@@ -92,6 +98,9 @@ func (o *FollowOptions) setDefaults() {
 	def(&o.BatchWait, d.BatchWait)
 	if o.BatchLines <= 0 {
 		o.BatchLines = d.BatchLines
+	}
+	if o.MaxLineBytes <= 0 {
+		o.MaxLineBytes = d.MaxLineBytes
 	}
 }
 
@@ -175,7 +184,7 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	defer streamsOpen.Dec()
 	stop := make(chan struct{})
 	defer close(stop) // before rc.Close (defers run last-first): the reader exits
-	lines := readLines(rc, stop)
+	lines := readLines(rc, f.opts.MaxLineBytes, stop)
 
 	b := &batch{f: f, res: newResume(cur)}
 	started := time.Now()
@@ -226,7 +235,7 @@ func (f *follower) takeSlot(ctx context.Context) bool {
 // readLines reads whole lines from rc until an error, which it sends last.
 // A fragment before an error is a line cut in the middle: it is dropped,
 // and the resume reads it whole (its timestamp has not been counted).
-func readLines(rc io.Reader, stop <-chan struct{}) <-chan readResult {
+func readLines(rc io.Reader, maxLine int, stop <-chan struct{}) <-chan readResult {
 	lines := make(chan readResult, 64)
 	go func() {
 		defer close(lines)
@@ -240,7 +249,7 @@ func readLines(rc io.Reader, stop <-chan struct{}) <-chan readResult {
 		}
 		br := bufio.NewReaderSize(rc, 64<<10)
 		for {
-			b, err := br.ReadBytes('\n')
+			b, err := readLine(br, maxLine)
 			if err == nil && !send(readResult{line: b}) {
 				return
 			}
@@ -251,6 +260,43 @@ func readLines(rc io.Reader, stop <-chan struct{}) <-chan readResult {
 		}
 	}()
 	return lines
+}
+
+// TruncatedMarker ends a line cut at MaxLineBytes, so a reader sees that
+// the line was longer.
+const TruncatedMarker = " [clipjob: line truncated]"
+
+// readLine reads one line, newline included, keeping at most max bytes of
+// it (max <= 0: no bound): the rest is read and dropped, and the kept part
+// ends with TruncatedMarker. A container printing one enormous line costs
+// max bytes, not the line.
+func readLine(br *bufio.Reader, max int) ([]byte, error) {
+	if max <= 0 {
+		max = math.MaxInt
+	}
+	var line []byte
+	cut := false
+	for {
+		frag, err := br.ReadSlice('\n')
+		if !cut {
+			if room := max - len(line); len(frag) > room {
+				line, cut = append(line, frag[:room]...), true
+			} else {
+				line = append(line, frag...)
+			}
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if cut {
+			linesTruncated.Inc()
+			line = append(append(bytes.TrimRight(line, "\n"), TruncatedMarker...), '\n')
+		}
+		return line, nil
+	}
 }
 
 // streamEnded decides what the end of a stream means: done for the EOF of

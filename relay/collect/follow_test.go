@@ -327,3 +327,24 @@ func TestFollowerDrainOutlastsSlowCommits(t *testing.T) {
 	f.run(context.Background())
 	assertExactlyOnce(t, s, 3000)
 }
+
+// TestLongLinesAreCut: a line longer than MaxLineBytes is stored cut, with
+// a marker a reader can see, and the lines after it are whole.
+func TestLongLinesAreCut(t *testing.T) {
+	s, _ := storetest.Open(t)
+	src := newFakeLog()
+	src.write(at(0), strings.Repeat("y", 5000))
+	src.write(at(1), "after")
+	src.ended = true
+	f := newFollower(t, s, src)
+	f.opts.MaxLineBytes = 1000
+	before := testutil.ToFloat64(linesTruncated)
+	f.run(context.Background())
+	got, _ := s.Lines("run-1", 0, 0)
+	if len(got) != 2 || !strings.HasSuffix(got[0].Line, TruncatedMarker) || len(got[0].Line) > 1000+len(TruncatedMarker) || got[1].Line != "after" {
+		t.Fatalf("stored %d lines: %.60q… (%d bytes), %q", len(got), got[0].Line, len(got[0].Line), got[len(got)-1].Line)
+	}
+	if testutil.ToFloat64(linesTruncated) != before+1 {
+		t.Error("the cut was not counted")
+	}
+}

@@ -30,6 +30,10 @@ var (
 		Name: "clipjob_relay_mirror_refused_total",
 		Help: "Mirror writes refused because the path on the shared volume was a symlink, hard link or other non-regular file.",
 	})
+	linesTruncated = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "clipjob_relay_lines_truncated_total",
+		Help: "Log lines longer than --max-line-bytes, stored cut and marked.",
+	})
 	podsIgnored = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "clipjob_relay_pods_ignored_total",
 		Help: "Pods labeled with a run id that are not part of the run, by reason (no-job: no controlling Job; namespace or job: the run is bound to another).",
@@ -46,6 +50,6 @@ var registerOnce sync.Once
 // registry, which the manager serves on /metrics.
 func RegisterMetrics() {
 	registerOnce.Do(func() {
-		metrics.Registry.MustRegister(streamsOpen, streamLimitWaits, linesStored, bytesStored, storeLag, reconnects, mirrorRefused, podsIgnored)
+		metrics.Registry.MustRegister(streamsOpen, streamLimitWaits, linesStored, bytesStored, storeLag, reconnects, mirrorRefused, podsIgnored, linesTruncated)
 	})
 }

@@ -239,10 +239,16 @@ func (s *Store) Runs(keep func(*Run) bool) ([]Run, error) {
 	return out, err
 }
 
-// Lines returns up to limit lines of run with sequence numbers above
-// after (limit <= 0: all).
+// PageBytes bounds the text one Lines call returns (at least one line):
+// a page of long lines must not hold a response's worth of memory.
+const PageBytes = 4 << 20
+
+// Lines returns the lines of run with sequence numbers above after, in
+// order: up to limit of them (limit <= 0: no count bound) and about
+// PageBytes of text. Page on with the last line's Seq until none come.
 func (s *Store) Lines(run string, after uint64, limit int) ([]Line, error) {
 	var out []Line
+	size := 0
 	err := s.db.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketLines).Bucket([]byte(run))
 		if b == nil {
@@ -255,7 +261,8 @@ func (s *Store) Lines(run string, after uint64, limit int) ([]Line, error) {
 				return err
 			}
 			out = append(out, l)
-			if limit > 0 && len(out) >= limit {
+			size += len(l.Line)
+			if (limit > 0 && len(out) >= limit) || size >= PageBytes {
 				break
 			}
 		}

@@ -46,6 +46,7 @@ func NewFlags(o *Options) *flag.FlagSet {
 	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", o.ProbeAddr, "/healthz and /readyz address")
 	fs.IntVar(&o.MaxStreams, "max-streams", o.MaxStreams, "log streams open at once")
 	fs.DurationVar(&o.Follow.MaxStreamLifetime, "max-stream-lifetime", o.Follow.MaxStreamLifetime, "reconnect streams proactively after this long")
+	fs.IntVar(&o.Follow.MaxLineBytes, "max-line-bytes", o.Follow.MaxLineBytes, "longest line stored; longer ones are cut and marked")
 	fs.DurationVar(&o.Follow.DrainIdle, "drain-idle", o.Follow.DrainIdle, "after a container ended, stop following after this long without a line")
 	fs.DurationVar(&o.RetentionMaxAge, "retention-max-age", o.RetentionMaxAge, "delete finished runs idle this long")
 	fs.Int64Var(&o.RetentionMaxBytes, "retention-max-bytes", o.RetentionMaxBytes, "delete the oldest finished runs beyond this many stored bytes (0: unbounded)")
