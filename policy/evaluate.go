@@ -30,6 +30,7 @@ const (
 	RuleConcurrency = "concurrency"
 	RuleTemplate    = "template"
 	RuleOnePod      = "one-pod"
+	RuleSandbox     = "sandbox"
 )
 
 var (
@@ -107,6 +108,7 @@ func Evaluate(in Input) *Decision {
 	d.add(RuleImages, imgErrs)
 	d.Warnings = append(d.Warnings, imgWarn...)
 	d.add(RulePodSecurity, checkPodSecurity(in.Job))
+	d.add(RuleSandbox, checkSandbox(in))
 	volErrs, volWarn := checkVolume(in)
 	d.add(RuleVolume, volErrs)
 	d.Warnings = append(d.Warnings, volWarn...)
@@ -174,6 +176,62 @@ func checkPodContractLabels(jobLabels, podLabels map[string]string) field.ErrorL
 		}
 	}
 	return errs
+}
+
+// checkSandbox holds the pod to what its profile sets about where and as
+// whom it runs (the renderer applies the same): a Job may not replace the
+// profile's runtime class, ServiceAccount, token mounting, node selector
+// entries or tolerations. Whatever the profile, a pod may not pick its node
+// (nodeName skips the scheduler, and every selector and taint with it) or
+// tolerate every taint.
+func checkSandbox(in Input) field.ErrorList {
+	var errs field.ErrorList
+	spec := in.Job.Spec.Template.Spec
+	if spec.NodeName != "" {
+		errs = append(errs, field.Forbidden(podPath.Child("nodeName"),
+			"agent pods are placed by the scheduler, under the profile's node selector and tolerations"))
+	}
+	for i, t := range spec.Tolerations {
+		if t.Key == "" && t.Operator == corev1.TolerationOpExists {
+			errs = append(errs, field.Forbidden(podPath.Child("tolerations").Index(i),
+				"a toleration without a key tolerates every taint, the control plane's included"))
+		}
+	}
+	prof, ok := in.Config.Profile(contract.AdapterType(in.Job.Labels))
+	if !ok {
+		return errs // checkLabels names the unknown profile
+	}
+	why := fmt.Sprintf("profile %q sets it; a Job cannot replace its profile's sandbox", prof.Name)
+	if prof.ServiceAccountName != "" && spec.ServiceAccountName != prof.ServiceAccountName {
+		errs = append(errs, field.Invalid(podPath.Child("serviceAccountName"), spec.ServiceAccountName, "must be "+prof.ServiceAccountName+": "+why))
+	}
+	if a := prof.AutomountServiceAccountToken; a != nil && (spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken != *a) {
+		errs = append(errs, field.Invalid(podPath.Child("automountServiceAccountToken"), fmtPtr(spec.AutomountServiceAccountToken), fmt.Sprintf("must be %t: %s", *a, why)))
+	}
+	if rc := prof.RuntimeClassName; rc != nil && (spec.RuntimeClassName == nil || *spec.RuntimeClassName != *rc) {
+		errs = append(errs, field.Invalid(podPath.Child("runtimeClassName"), fmtPtr(spec.RuntimeClassName), "must be "+*rc+": "+why))
+	}
+	for _, k := range slices.Sorted(maps.Keys(prof.NodeSelector)) {
+		if got, ok := spec.NodeSelector[k]; !ok || got != prof.NodeSelector[k] {
+			errs = append(errs, field.Invalid(podPath.Child("nodeSelector").Key(k), got, "must be "+prof.NodeSelector[k]+": "+why))
+		}
+	}
+	if len(prof.Tolerations) > 0 {
+		for i, t := range spec.Tolerations {
+			if !slices.ContainsFunc(prof.Tolerations, func(p corev1.Toleration) bool { return equality.Semantic.DeepEqual(p, t) }) {
+				errs = append(errs, field.Forbidden(podPath.Child("tolerations").Index(i), "not among the profile's tolerations: "+why))
+			}
+		}
+	}
+	return errs
+}
+
+// fmtPtr shows an optional field's value, or that it is unset.
+func fmtPtr[T any](p *T) string {
+	if p == nil {
+		return "unset"
+	}
+	return fmt.Sprint(*p)
 }
 
 // podShapeChanged reports whether an UPDATE touches what checkOnePod

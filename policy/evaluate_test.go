@@ -182,6 +182,37 @@ func TestPodsCarryOnlyTheJobsContractLabels(t *testing.T) {
 	})
 }
 
+// TestSandboxIsTheProfiles: a Job cannot swap the sandbox its profile
+// sets (the sandbox-enforced fixture: gVisor, a ServiceAccount, no token,
+// the agent pool and its toleration), pick its node, or tolerate every
+// taint.
+func TestSandboxIsTheProfiles(t *testing.T) {
+	c := golden.Case(t, "sandbox-enforced")
+	res, err := c.Render()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCasesOn(t, RuleSandbox, res.Job, c.Config, []createCase{
+		{name: "runtime class swapped", mutate: func(j *batchv1.Job) { j.Spec.Template.Spec.RuntimeClassName = ptr.To("runc") },
+			want: `spec.template.spec.runtimeClassName: Invalid value: "runc": must be gvisor`},
+		{name: "the server's ServiceAccount", mutate: func(j *batchv1.Job) { j.Spec.Template.Spec.ServiceAccountName = "paperclip-server" },
+			want: `spec.template.spec.serviceAccountName: Invalid value: "paperclip-server": must be agent-runner`},
+		{name: "a mounted token", mutate: func(j *batchv1.Job) { j.Spec.Template.Spec.AutomountServiceAccountToken = ptr.To(true) },
+			want: `spec.template.spec.automountServiceAccountToken: Invalid value: "true": must be false`},
+		{name: "another pool", mutate: func(j *batchv1.Job) { j.Spec.Template.Spec.NodeSelector["pool"] = "control-plane" },
+			want: `spec.template.spec.nodeSelector[pool]: Invalid value: "control-plane": must be agents`},
+		{name: "an extra toleration", mutate: func(j *batchv1.Job) {
+			j.Spec.Template.Spec.Tolerations = append(j.Spec.Template.Spec.Tolerations, corev1.Toleration{Key: "gpu", Operator: corev1.TolerationOpExists})
+		}, want: "spec.template.spec.tolerations[1]: Forbidden: not among the profile's tolerations"},
+		{name: "every taint tolerated", mutate: func(j *batchv1.Job) {
+			j.Spec.Template.Spec.Tolerations = []corev1.Toleration{{Operator: corev1.TolerationOpExists}}
+		}, want: "spec.template.spec.tolerations[0]: Forbidden: a toleration without a key tolerates every taint"},
+		{name: "a node picked by name", mutate: func(j *batchv1.Job) { j.Spec.Template.Spec.NodeName = "control-plane-1" },
+			want: "spec.template.spec.nodeName: Forbidden"},
+		{name: "a node selector entry of its own", mutate: func(j *batchv1.Job) { j.Spec.Template.Spec.NodeSelector["zone"] = "a" }},
+	})
+}
+
 func TestEvaluateUpdate(t *testing.T) {
 	old := renderedJob(t)
 	cfg := mustConfig(t, "")
@@ -266,10 +297,15 @@ type createCase struct {
 
 func runCreateCases(t *testing.T, rule string, cases []createCase) {
 	t.Helper()
-	cfg := mustConfig(t, "")
+	runCasesOn(t, rule, renderedJob(t), mustConfig(t, ""), cases)
+}
+
+// runCasesOn runs cases against rendered, a Job rendered under cfg.
+func runCasesOn(t *testing.T, rule string, rendered *batchv1.Job, cfg *config.Config, cases []createCase) {
+	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			job := renderedJob(t)
+			job := rendered.DeepCopy()
 			tc.mutate(job)
 			d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SourceImages: []string{sourceImage}, Claims: rwx})
 			if tc.want == "" {

@@ -378,7 +378,7 @@ func hasEnvFrom(list []corev1.EnvFromSource, e corev1.EnvFromSource) bool {
 }
 
 func (r *renderer) pod(spec *corev1.PodSpec) {
-	inh, prof := r.in.Inherited, r.prof
+	inh := r.in.Inherited
 	for _, s := range inh.ImagePullSecrets {
 		if !slices.Contains(spec.ImagePullSecrets, s) {
 			spec.ImagePullSecrets = append(spec.ImagePullSecrets, s)
@@ -393,29 +393,35 @@ func (r *renderer) pod(spec *corev1.PodSpec) {
 	if spec.RestartPolicy != corev1.RestartPolicyOnFailure {
 		spec.RestartPolicy = corev1.RestartPolicyNever
 	}
-	if spec.ServiceAccountName == "" {
+	r.sandbox(spec)
+	enforcePodFloor(spec)
+}
+
+// sandbox applies what the profile sets about where and as whom the pod
+// runs, over whatever the Job asked: a profile's sandbox (gVisor, an agent
+// node pool, a ServiceAccount without rights) is the operator's, not a
+// default the Job may replace. What the profile leaves unset, the Job
+// chooses; policy.Evaluate checks the same rules on the final Job.
+func (r *renderer) sandbox(spec *corev1.PodSpec) {
+	prof := r.prof
+	if prof.ServiceAccountName != "" {
 		spec.ServiceAccountName = prof.ServiceAccountName
 	}
-	if spec.AutomountServiceAccountToken == nil && prof.AutomountServiceAccountToken != nil {
+	if prof.AutomountServiceAccountToken != nil {
 		spec.AutomountServiceAccountToken = ptr.To(*prof.AutomountServiceAccountToken)
 	}
 	for k, v := range prof.NodeSelector {
-		if _, set := spec.NodeSelector[k]; !set {
-			if spec.NodeSelector == nil {
-				spec.NodeSelector = map[string]string{}
-			}
-			spec.NodeSelector[k] = v
+		if spec.NodeSelector == nil {
+			spec.NodeSelector = map[string]string{}
 		}
+		spec.NodeSelector[k] = v
 	}
-	for _, t := range prof.Tolerations {
-		if !containsToleration(spec.Tolerations, t) {
-			spec.Tolerations = append(spec.Tolerations, t)
-		}
+	if len(prof.Tolerations) > 0 {
+		spec.Tolerations = slices.Clone(prof.Tolerations)
 	}
-	if spec.RuntimeClassName == nil && prof.RuntimeClassName != nil {
+	if prof.RuntimeClassName != nil {
 		spec.RuntimeClassName = ptr.To(*prof.RuntimeClassName)
 	}
-	enforcePodFloor(spec)
 }
 
 func (r *renderer) jobSpec() {
@@ -497,13 +503,4 @@ func TemplateHash(prof config.Resolved, inh *Inherited, src config.Source) strin
 	}
 	sum := sha256.Sum256(data)
 	return hex.EncodeToString(sum[:8])
-}
-
-func containsToleration(list []corev1.Toleration, t corev1.Toleration) bool {
-	for _, x := range list {
-		if x.MatchToleration(&t) && x.Effect == t.Effect && x.Value == t.Value {
-			return true
-		}
-	}
-	return false
 }
