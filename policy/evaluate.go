@@ -31,6 +31,7 @@ const (
 	RuleTemplate    = "template"
 	RuleOnePod      = "one-pod"
 	RuleSandbox     = "sandbox"
+	RuleCredentials = "credentials"
 )
 
 var (
@@ -109,6 +110,7 @@ func Evaluate(in Input) *Decision {
 	d.Warnings = append(d.Warnings, imgWarn...)
 	d.add(RulePodSecurity, checkPodSecurity(in.Job))
 	d.add(RuleSandbox, checkSandbox(in))
+	d.add(RuleCredentials, checkDeniedEnv(in))
 	volErrs, volWarn := checkVolume(in)
 	d.add(RuleVolume, volErrs)
 	d.Warnings = append(d.Warnings, volWarn...)
@@ -223,6 +225,29 @@ func checkSandbox(in Input) field.ErrorList {
 			}
 		}
 	}
+	return errs
+}
+
+// checkDeniedEnv refuses env under a denied name (source.env.deny and the
+// built-in list) in any container, unless the profile sets it itself: the
+// mutating webhook drops them, so this holds when mutation failed open or
+// another webhook added one.
+func checkDeniedEnv(in Input) field.ErrorList {
+	var errs field.ErrorList
+	prof, _ := in.Config.Profile(contract.AdapterType(in.Job.Labels))
+	spec := in.Job.Spec.Template.Spec
+	check := func(cs []corev1.Container, p *field.Path) {
+		for i, c := range cs {
+			for j, e := range c.Env {
+				if config.MatchAny(in.Config.Source.Env.Deny, e.Name) && !slices.ContainsFunc(prof.Env, func(pe corev1.EnvVar) bool { return pe.Name == e.Name }) {
+					errs = append(errs, field.Forbidden(p.Index(i).Child("env").Index(j),
+						fmt.Sprintf("%s is the Paperclip server's (source.env.deny); a profile may hand it over in its own env", e.Name)))
+				}
+			}
+		}
+	}
+	check(spec.Containers, podPath.Child("containers"))
+	check(spec.InitContainers, podPath.Child("initContainers"))
 	return errs
 }
 

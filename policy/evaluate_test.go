@@ -213,6 +213,24 @@ func TestSandboxIsTheProfiles(t *testing.T) {
 	})
 }
 
+// TestServerCredentialsRefused: env under a denied name in any container
+// is refused on the final Job (the renderer drops it; this holds if
+// mutation failed open).
+func TestServerCredentialsRefused(t *testing.T) {
+	runCreateCases(t, RuleCredentials, []createCase{
+		{name: "the database URL in the Job's env", mutate: func(j *batchv1.Job) {
+			j.Spec.Template.Spec.Containers[0].Env = append(j.Spec.Template.Spec.Containers[0].Env, corev1.EnvVar{Name: "DATABASE_URL", Value: "postgres://x"})
+		}, want: "spec.template.spec.containers[0].env["},
+		{name: "an auth secret in an init container", mutate: func(j *batchv1.Job) {
+			j.Spec.Template.Spec.InitContainers = []corev1.Container{{Name: "setup", Image: sourceImage,
+				SecurityContext: j.Spec.Template.Spec.Containers[0].SecurityContext, Env: []corev1.EnvVar{{Name: "BETTER_AUTH_SECRET", Value: "x"}}}}
+		}, want: "spec.template.spec.initContainers[0].env[0]: Forbidden: BETTER_AUTH_SECRET is the Paperclip server's"},
+		{name: "other env is the Job's", mutate: func(j *batchv1.Job) {
+			j.Spec.Template.Spec.Containers[0].Env = append(j.Spec.Template.Spec.Containers[0].Env, corev1.EnvVar{Name: "TASK", Value: "x"})
+		}},
+	})
+}
+
 func TestEvaluateUpdate(t *testing.T) {
 	old := renderedJob(t)
 	cfg := mustConfig(t, "")

@@ -99,6 +99,7 @@ type renderer struct {
 	job      *batchv1.Job
 	errs     field.ErrorList
 	warnings []string
+	withheld *withheld
 	// volumes the pod needs, in the order they were first mounted
 	volumes []corev1.Volume
 }
@@ -114,6 +115,7 @@ func (r *renderer) render() {
 		}
 		spec.Containers = []corev1.Container{{Name: r.prof.ContainerName, Command: r.prof.Command, Args: r.prof.Args}}
 	}
+	r.withheld = newWithheld(r.in.Inherited.Env, r.in.Config.Source.Env.Deny, r.prof.Env)
 	prompt := r.promptVolume()
 	mounts := r.sharedMounts(prompt)
 	env := r.layeredEnv(prompt != nil)
@@ -128,8 +130,8 @@ func (r *renderer) render() {
 				c.WorkingDir = r.in.Inherited.DataMountPath
 			}
 		}
-		c.Env = config.MergeEnv(env, c.Env)
-		for _, ef := range r.in.Inherited.EnvFrom {
+		c.Env = r.withheld.env(c.Name, config.MergeEnv(env, c.Env), r.warn)
+		for _, ef := range r.withheld.envFrom(r.in.Inherited.EnvFrom, r.warn) {
 			if !hasEnvFrom(c.EnvFrom, ef) {
 				c.EnvFrom = append(c.EnvFrom, ef)
 			}
@@ -143,6 +145,7 @@ func (r *renderer) render() {
 	}
 	for i := range spec.InitContainers {
 		c := &spec.InitContainers[i]
+		c.Env = r.withheld.env(c.Name, c.Env, r.warn)
 		r.image(c, podPath.Child("initContainers").Index(i))
 		enforceContainerFloor(c, r.readOnlyRoot())
 	}
@@ -152,6 +155,8 @@ func (r *renderer) render() {
 	r.labels()
 	r.annotate()
 }
+
+func (r *renderer) warn(msg string) { r.warnings = append(r.warnings, msg) }
 
 func (r *renderer) readOnlyRoot() bool {
 	return r.prof.ReadOnlyRootFilesystem != nil && *r.prof.ReadOnlyRootFilesystem
@@ -210,6 +215,10 @@ func (r *renderer) sharedMounts(prompt *corev1.Volume) []mountWithVolume {
 		secrets[v.Name] = v
 	}
 	for _, m := range inh.SecretMounts {
+		if why := r.withheld.volume(secrets[m.Name], m.MountPath); why != "" {
+			r.warn(fmt.Sprintf("secret volume %s at %s not inherited: %s", m.Name, m.MountPath, why))
+			continue
+		}
 		out = append(out, mountWithVolume{mount: m, volume: secrets[m.Name]})
 	}
 	if prompt != nil {

@@ -1,0 +1,117 @@
+package templates
+
+import (
+	"fmt"
+	"path"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/paperclipai/clipjob/config"
+)
+
+// withheld is what the source holds under a denied env name, by every
+// route it could take to an agent: the deny list names variables, but the
+// principle is about values — the database URL stays the server's under
+// any name, through env, envFrom, a secret volume or the Job's own env.
+// Only a profile hands such a value over, on purpose, in its own env.
+type withheld struct {
+	deny []string
+	// secretKeys are the (Secret, key) pairs denied variables read.
+	secretKeys map[[2]string]bool
+	// secrets are the Secrets denied variables read: their volumes are
+	// withheld whole.
+	secrets map[string]bool
+	// values are the literal values of denied variables.
+	values map[string]bool
+	// paths are denied literal values that are absolute paths (a key file
+	// such as PAPERCLIP_SECRETS_MASTER_KEY_FILE): a secret mount holding
+	// one is withheld.
+	paths []string
+	// profile are the names the profile sets itself: handed over on
+	// purpose.
+	profile map[string]bool
+}
+
+func newWithheld(env []corev1.EnvVar, deny []string, profileEnv []corev1.EnvVar) *withheld {
+	w := &withheld{deny: deny, secretKeys: map[[2]string]bool{}, secrets: map[string]bool{}, values: map[string]bool{}, profile: map[string]bool{}}
+	for _, e := range profileEnv {
+		w.profile[e.Name] = true
+	}
+	for _, e := range env {
+		if !config.MatchAny(deny, e.Name) {
+			continue
+		}
+		if ref := secretKeyRef(e); ref != nil {
+			w.secretKeys[[2]string{ref.Name, ref.Key}] = true
+			w.secrets[ref.Name] = true
+		}
+		if len(e.Value) >= 6 {
+			w.values[e.Value] = true
+			if path.IsAbs(e.Value) {
+				w.paths = append(w.paths, path.Clean(e.Value))
+			}
+		}
+	}
+	return w
+}
+
+func secretKeyRef(e corev1.EnvVar) *corev1.SecretKeySelector {
+	if e.ValueFrom == nil {
+		return nil
+	}
+	return e.ValueFrom.SecretKeyRef
+}
+
+// why says why e is withheld, or "" if it is not.
+func (w *withheld) why(e corev1.EnvVar) string {
+	if w.profile[e.Name] {
+		return ""
+	}
+	switch ref := secretKeyRef(e); {
+	case config.MatchAny(w.deny, e.Name):
+		return "its name is denied (source.env.deny)"
+	case ref != nil && w.secretKeys[[2]string{ref.Name, ref.Key}]:
+		return fmt.Sprintf("it reads Secret %s key %s, which the server holds under a denied name", ref.Name, ref.Key)
+	case e.Value != "" && w.values[e.Value]:
+		return "its value is one the server holds under a denied name"
+	}
+	return ""
+}
+
+// env drops what is withheld from a container's env, saying what and why.
+func (w *withheld) env(container string, env []corev1.EnvVar, warn func(string)) []corev1.EnvVar {
+	return slices.DeleteFunc(env, func(e corev1.EnvVar) bool {
+		why := w.why(e)
+		if why != "" {
+			warn(fmt.Sprintf("container %q: env %s withheld: %s; to hand it over, set it in the profile's env", container, e.Name, why))
+		}
+		return why != ""
+	})
+}
+
+// envFrom keeps ConfigMaps: a whole Secret may hold values under denied
+// names, and envFrom cannot leave keys out.
+func (w *withheld) envFrom(list []corev1.EnvFromSource, warn func(string)) []corev1.EnvFromSource {
+	return slices.DeleteFunc(slices.Clone(list), func(e corev1.EnvFromSource) bool {
+		if e.SecretRef != nil {
+			warn(fmt.Sprintf("envFrom Secret %s not inherited: a whole Secret may hold values the server keeps under denied names; set the keys agents need in the profile's env", e.SecretRef.Name))
+			return true
+		}
+		return false
+	})
+}
+
+// volume says why a secret volume mounted at mountPath is withheld, or "".
+func (w *withheld) volume(v corev1.Volume, mountPath string) string {
+	if v.Secret != nil && w.secrets[v.Secret.SecretName] {
+		return fmt.Sprintf("Secret %s backs a denied env var", v.Secret.SecretName)
+	}
+	for _, p := range w.paths {
+		if mp := path.Clean(mountPath); p == mp || strings.HasPrefix(p, mp+"/") {
+			return fmt.Sprintf("it holds %s, a path the server names under a denied env var", p)
+		}
+	}
+	return ""
+}
