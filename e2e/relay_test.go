@@ -338,7 +338,7 @@ func writeLinesInBackground(t *testing.T, log *cluster.PodLog, n int, during fun
 // TestRelayKeepsRunAfterJobDeleted: after the TTL controller's kind of
 // deletion (Foreground: the pods go first), status, result and the whole
 // log are still served; and access is refused without a token (401) or
-// without permission to read pod logs in the namespace (403).
+// without permission to read pod logs in the namespace (404, as if it did not exist).
 func TestRelayKeepsRunAfterJobDeleted(t *testing.T) {
 	ctx := ctxT(t)
 	r, token, stranger := theRelay(t)
@@ -378,7 +378,7 @@ func TestRelayKeepsRunAfterJobDeleted(t *testing.T) {
 	for _, c := range []struct {
 		token string
 		want  int
-	}{{"", http.StatusUnauthorized}, {"not-a-token", http.StatusUnauthorized}, {stranger, http.StatusForbidden}, {token, http.StatusOK}} {
+	}{{"", http.StatusUnauthorized}, {"not-a-token", http.StatusUnauthorized}, {stranger, http.StatusNotFound}, {token, http.StatusOK}} {
 		for _, path := range []string{"/v1/runs/" + run, "/v1/runs/" + run + "/log"} {
 			resp, err := relayGet(t, r, path, c.token, "")
 			if err != nil {

@@ -54,6 +54,15 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	// Reviews of callers' tokens get their own rate limit: a flood of API
+	// requests must not starve log collection of API calls, nor the other
+	// way round.
+	arc := rest.CopyConfig(o.RestConfig)
+	arc.QPS, arc.Burst = 20, 50
+	authClient, err := kubernetes.NewForConfig(arc)
+	if err != nil {
+		return err
+	}
 	mgr, err := newManager(o)
 	if err != nil {
 		return err
@@ -61,7 +70,7 @@ func Serve(ctx context.Context, o Options) error {
 	// Collection runs from before the first pod event until the service
 	// stops it, after the API (see service.Start).
 	collectCtx, stopCollecting := context.WithCancel(context.WithoutCancel(ctx))
-	svc := &service{opts: o, store: store, client: client, cache: mgr.GetCache(), log: o.Log,
+	svc := &service{opts: o, store: store, client: client, authClient: authClient, cache: mgr.GetCache(), log: o.Log,
 		collectCtx: collectCtx, stopCollecting: stopCollecting}
 	svc.coll = &collect.Collector{Store: store, Source: collect.APILogSource{Client: client}, Redact: redact, Follow: o.Follow,
 		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Mirror: &collect.Mirror{Dir: o.MirrorDir, Store: store},
@@ -140,12 +149,13 @@ func podEvents(coll *collect.Collector) toolscache.ResourceEventHandler {
 // service is the relay's own work as one manager runnable: collection, the
 // API and retention. It owns the shutdown order that correctness needs.
 type service struct {
-	opts   Options
-	store  *store.Store
-	client kubernetes.Interface
-	cache  cache.Cache
-	coll   *collect.Collector
-	log    logr.Logger
+	opts       Options
+	store      *store.Store
+	client     kubernetes.Interface
+	authClient kubernetes.Interface
+	cache      cache.Cache
+	coll       *collect.Collector
+	log        logr.Logger
 	// collectCtx is the followers' context, ended by stopCollecting.
 	collectCtx     context.Context
 	stopCollecting context.CancelFunc
@@ -237,7 +247,7 @@ func (a *apiServer) stop(timeout time.Duration) {
 // CertDir is set) and serves until stopped; a serving failure arrives on
 // the channel.
 func (s *service) serveAPI(ctx context.Context) (*apiServer, <-chan error, error) {
-	api := &api.API{Store: s.store, Auth: &api.KubeAuth{Client: s.client, Audiences: s.opts.TokenAudiences}, Log: s.log.WithName("api")}
+	api := &api.API{Store: s.store, Auth: &api.KubeAuth{Client: s.authClient, Audiences: s.opts.TokenAudiences}, Log: s.log.WithName("api")}
 	reqCtx, cancel := context.WithCancel(context.Background())
 	srv := &http.Server{Addr: s.opts.APIAddr, Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return reqCtx }}

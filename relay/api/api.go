@@ -32,6 +32,9 @@ type API struct {
 	Auth  Authorizer
 	// Keepalive between SSE comments and NDJSON heartbeats. Default 15s.
 	Keepalive time.Duration
+	// Reauthorize is how often a following response checks the caller may
+	// still read the run (decisions are cached for 30s). Default 1m.
+	Reauthorize time.Duration
 	Log       logr.Logger
 }
 
@@ -74,32 +77,32 @@ func (a *API) user(w http.ResponseWriter, r *http.Request) *authnv1.UserInfo {
 	return u
 }
 
-// run loads a run the caller may read, answering 401/403/404 itself.
-func (a *API) run(w http.ResponseWriter, r *http.Request) *store.Run {
+// run loads a run the caller may read, answering 401/404 itself. A run
+// the caller may not read is answered like one that does not exist: a 403
+// would tell anyone with a token which run ids exist.
+func (a *API) run(w http.ResponseWriter, r *http.Request) (*store.Run, *authnv1.UserInfo) {
 	u := a.user(w, r)
 	if u == nil {
-		return nil
+		return nil, nil
 	}
 	id := r.PathValue("run")
 	run, err := a.Store.Run(id)
 	if err != nil {
 		fail(w, http.StatusInternalServerError, "reading run %s: %v", id, err)
-		return nil
+		return nil, nil
 	}
-	if run == nil {
-		fail(w, http.StatusNotFound, "run %q: the relay never saw it", id)
-		return nil
+	ok := false
+	if run != nil {
+		if ok, err = a.Auth.Allowed(r.Context(), u, run.Namespace); err != nil {
+			fail(w, http.StatusServiceUnavailable, "checking access: %v", err)
+			return nil, nil
+		}
 	}
-	ok, err := a.Auth.Allowed(r.Context(), u, run.Namespace)
-	switch {
-	case err != nil:
-		fail(w, http.StatusServiceUnavailable, "checking access: %v", err)
-		return nil
-	case !ok:
-		fail(w, http.StatusForbidden, "%s may not read logs in namespace %s (needs get pods/log)", u.Username, run.Namespace)
-		return nil
+	if !ok {
+		fail(w, http.StatusNotFound, "run %q: not found, or %s may not read logs in its namespace (needs get pods/log)", id, u.Username)
+		return nil, nil
 	}
-	return run
+	return run, u
 }
 
 func (a *API) listRuns(w http.ResponseWriter, r *http.Request) {
@@ -137,7 +140,7 @@ func (a *API) listRuns(w http.ResponseWriter, r *http.Request) {
 func match(want, have string) bool { return want == "" || want == have }
 
 func (a *API) getRun(w http.ResponseWriter, r *http.Request) {
-	if run := a.run(w, r); run != nil {
+	if run, _ := a.run(w, r); run != nil {
 		writeJSON(w, http.StatusOK, run)
 	}
 }
@@ -159,7 +162,7 @@ type End struct {
 }
 
 func (a *API) getLog(w http.ResponseWriter, r *http.Request) {
-	run := a.run(w, r)
+	run, user := a.run(w, r)
 	if run == nil {
 		return
 	}
@@ -183,15 +186,32 @@ func (a *API) getLog(w http.ResponseWriter, r *http.Request) {
 	if keepalive <= 0 {
 		keepalive = 15 * time.Second
 	}
-	a.streamLog(r.Context(), ew, run.ID, after, r.URL.Query().Get("follow") != "false", keepalive)
+	// A follower may stay for hours: access revoked meanwhile ends it.
+	every := a.Reauthorize
+	if every <= 0 {
+		every = time.Minute
+	}
+	checked := time.Now()
+	allowed := func(ctx context.Context) bool {
+		if time.Since(checked) < every {
+			return true
+		}
+		checked = time.Now()
+		ok, err := a.Auth.Allowed(ctx, user, run.Namespace)
+		return err == nil && ok
+	}
+	a.streamLog(r.Context(), ew, run.ID, after, r.URL.Query().Get("follow") != "false", keepalive, allowed)
 }
 
 // streamLog writes the run's lines after the cursor, then its end once the
 // run is done; following, it waits for more, with keepalives meanwhile. It
 // returns when the run ended, the client left or a write failed.
-func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after uint64, follow bool, keepalive time.Duration) {
+func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after uint64, follow bool, keepalive time.Duration, allowed func(context.Context) bool) {
 	const page = 1000
 	for {
+		if !allowed(ctx) {
+			return
+		}
 		changed := a.Store.Changed(run) // before reading: no change is missed
 		lines, err := a.Store.Lines(run, after, page)
 		if err != nil {

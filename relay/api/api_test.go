@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,8 +80,9 @@ func TestAPIAccess(t *testing.T) {
 	}{
 		{"/v1/runs/run-1", "", http.StatusUnauthorized},
 		{"/v1/runs/run-1", "bogus", http.StatusUnauthorized},
-		{"/v1/runs/run-1", "nobody", http.StatusForbidden},
-		{"/v1/runs/run-x", "reader", http.StatusForbidden},
+		// Not readable looks like not there: a 403 would confirm the id.
+		{"/v1/runs/run-1", "nobody", http.StatusNotFound},
+		{"/v1/runs/run-x", "reader", http.StatusNotFound},
 		{"/v1/runs/never", "reader", http.StatusNotFound},
 		{"/v1/runs/run-1", "reader", http.StatusOK},
 		{"/v1/runs/run-1/log?after=x", "reader", http.StatusBadRequest},
@@ -191,8 +194,10 @@ func TestKubeAuthReviewsAndCaches(t *testing.T) {
 		t.Errorf("no token: %v", err)
 	}
 	req.Header.Set("Authorization", "Bearer bad")
-	if _, err := a.Authenticate(req); !errors.Is(err, errUnauthenticated) {
-		t.Errorf("bad token: %v", err)
+	for i := 0; i < 3; i++ { // a client retrying a bad token: one review
+		if _, err := a.Authenticate(req); !errors.Is(err, errUnauthenticated) {
+			t.Errorf("bad token: %v", err)
+		}
 	}
 	req.Header.Set("Authorization", "Bearer good")
 	for i := 0; i < 3; i++ {
@@ -284,4 +289,42 @@ func TestAPIPagesByBytes(t *testing.T) {
 	if lines != 7 || ends != 1 {
 		t.Errorf("%d lines and %d ends, want all 7 lines then the end", lines, ends)
 	}
+}
+
+// TestFollowEndsWhenAccessIsRevoked: a following response checks again
+// that its caller may read the run, and ends once it may not.
+func TestFollowEndsWhenAccessIsRevoked(t *testing.T) {
+	s, _ := storetest.Open(t)
+	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Namespace, r.Phase = "paperclip", "Running" })
+	_, _ = s.Append("run-1", "st", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "one"), time.Now())
+	auth := &revocable{}
+	api := &API{Store: s, Auth: auth, Keepalive: 20 * time.Millisecond, Reauthorize: 10 * time.Millisecond}
+	srv := httptest.NewServer(api.Handler())
+	t.Cleanup(srv.Close)
+	resp := get(t, srv.URL+"/v1/runs/run-1/log", "reader", "application/x-ndjson")
+	done := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, resp.Body); close(done) }()
+	time.Sleep(100 * time.Millisecond)
+	select {
+	case <-done:
+		t.Fatal("the stream ended while access was granted")
+	default:
+	}
+	auth.revoked.Store(true)
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stream went on after access was revoked")
+	}
+}
+
+// revocable allows everything until revoked.
+type revocable struct{ revoked atomic.Bool }
+
+func (a *revocable) Authenticate(*http.Request) (*authnv1.UserInfo, error) {
+	return &authnv1.UserInfo{Username: "reader"}, nil
+}
+
+func (a *revocable) Allowed(context.Context, *authnv1.UserInfo, string) (bool, error) {
+	return !a.revoked.Load(), nil
 }

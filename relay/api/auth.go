@@ -64,6 +64,9 @@ func (a *KubeAuth) Authenticate(r *http.Request) (*authnv1.UserInfo, error) {
 	}
 	if c, ok := a.tokens[key]; ok && time.Now().Before(c.exp) {
 		a.mu.Unlock()
+		if c.v == nil {
+			return nil, errUnauthenticated // refused moments ago: no new review
+		}
 		return c.v, nil
 	}
 	a.mu.Unlock()
@@ -73,12 +76,16 @@ func (a *KubeAuth) Authenticate(r *http.Request) (*authnv1.UserInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !tr.Status.Authenticated {
-		return nil, errUnauthenticated
-	}
 	// An authenticator may ignore the audiences asked for; the answer
 	// says which it checked, and one of ours must be among them.
-	if len(a.Audiences) > 0 && !slices.ContainsFunc(a.Audiences, func(x string) bool { return slices.Contains(tr.Status.Audiences, x) }) {
+	if !tr.Status.Authenticated ||
+		(len(a.Audiences) > 0 && !slices.ContainsFunc(a.Audiences, func(x string) bool { return slices.Contains(tr.Status.Audiences, x) })) {
+		// Remembered for DenyTTL, so a client retrying a bad token in a
+		// loop costs the API server one review, not one per request.
+		a.mu.Lock()
+		prune(a.tokens)
+		a.tokens[key] = cached[*authnv1.UserInfo]{nil, time.Now().Add(ttl(a.DenyTTL, 10*time.Second))}
+		a.mu.Unlock()
 		return nil, errUnauthenticated
 	}
 	user := tr.Status.User
