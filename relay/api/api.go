@@ -35,7 +35,7 @@ type API struct {
 	// Reauthorize is how often a following response checks the caller may
 	// still read the run (decisions are cached for 30s). Default 1m.
 	Reauthorize time.Duration
-	Log       logr.Logger
+	Log         logr.Logger
 }
 
 // Handler returns the API's routes.
