@@ -269,6 +269,17 @@ func TestRelayKilledMidRun(t *testing.T) {
 	})
 }
 
+// TestRelayStoppedMidRun: a relay stopped with SIGTERM mid-run (a rolling
+// update) stops its API, then its followers, which flush, then closes its
+// store; the next one resumes without losing or repeating a line.
+func TestRelayStoppedMidRun(t *testing.T) {
+	r, _, _ := theRelay(t)
+	breakMidRun(t, "e2e-relay-term", func(ctx context.Context) error {
+		r.Stop()
+		return r.Start(ctx)
+	})
+}
+
 // TestRelayResumesAfterKwokRestart: restarting kwok (the kubelet serving
 // the log) breaks the stream mid-run; the relay reconnects and resumes
 // without losing or repeating a line.
