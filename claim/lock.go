@@ -112,6 +112,8 @@ func (e *BusyError) Error() string {
 type Holder struct {
 	Namespace, Name, UID, RunID, Agent string
 	Since                              time.Time
+	// written is when the API server last wrote the claim.
+	written time.Time
 	// Pending: admitted, not (yet) found in the API.
 	Pending bool
 	// Terminating counts pods of an ended Job that have not finished.
@@ -269,7 +271,30 @@ func HolderOf(l *coordinationv1.Lease) Holder {
 	if l.Spec.AcquireTime != nil {
 		h.Since = l.Spec.AcquireTime.Time
 	}
+	h.written = writtenAt(l)
 	return h
+}
+
+// writtenAt is when the API server last wrote the Lease, by its own clock
+// (managedFields record it on every write); zero if it does not say.
+func writtenAt(l *coordinationv1.Lease) time.Time {
+	var t time.Time
+	for _, f := range l.ManagedFields {
+		if f.Time != nil && f.Time.After(t) {
+			t = f.Time.Time
+		}
+	}
+	return t
+}
+
+// age is how long ago the claim was taken: by the API server's clock when
+// the Lease says, so replicas' clocks are never compared with each other
+// (only this replica's with the API server's); else by its AcquireTime.
+func (h *Holder) age(now time.Time) time.Duration {
+	if !h.written.IsZero() {
+		return now.Sub(h.written)
+	}
+	return now.Sub(h.Since)
 }
 
 // free decides whether a claim's holder still runs: it is free when the
@@ -307,7 +332,7 @@ func (c *Lock) ended(ctx context.Context, h *Holder, grace time.Duration) (bool,
 	switch {
 	case apierrors.IsNotFound(err):
 		h.Pending = true
-		return c.now().Sub(h.Since) > grace, nil
+		return h.age(c.now()) > grace, nil
 	case err != nil:
 		return false, err
 	}
@@ -324,7 +349,7 @@ func (c *Lock) ended(ctx context.Context, h *Holder, grace time.Duration) (bool,
 	}
 	// A holder still suspended after the grace window was never started
 	// (Queue mode: claimed, then its unsuspend failed): it runs nothing.
-	if job.Spec.Suspend != nil && *job.Spec.Suspend && job.Status.Active == 0 && c.now().Sub(h.Since) > grace {
+	if job.Spec.Suspend != nil && *job.Spec.Suspend && job.Status.Active == 0 && h.age(c.now()) > grace {
 		return true, nil
 	}
 	if job.Status.StartTime != nil {

@@ -484,3 +484,24 @@ func TestRunWithoutItsClaimKeepsTheAgentBusy(t *testing.T) {
 		})
 	}
 }
+
+// TestClaimAgeByTheAPIServersClock: a claim written by a replica whose
+// clock runs ahead does not look fresh to the others: its age is read from
+// the API server's write time.
+func TestClaimAgeByTheAPIServersClock(t *testing.T) {
+	ctx := context.Background()
+	c, leases, _, clk := newLock()
+	holder := agentJob("run-1", "agent-1") // admitted, never stored
+	key := KeyFor(holder, nsScope)
+	lease := c.newLease(key, holder)
+	ahead := metav1.NewMicroTime(clk.Now().Add(time.Hour)) // the writer's clock
+	lease.Spec.AcquireTime = &ahead
+	written := metav1.NewTime(clk.Now().Add(-16 * time.Second)) // the API server's
+	lease.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "clipjob-webhook", Operation: metav1.ManagedFieldsOperationUpdate, Time: &written}}
+	if _, err := leases.Create(ctx, lease, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Acquire(ctx, agentJob("run-2", "agent-1"), nsScope, false); err != nil {
+		t.Fatalf("a claim never stored past the grace window (by the API server's clock) still blocks: %v", err)
+	}
+}
