@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -74,13 +75,24 @@ type Controller struct {
 	Lock    *Lock
 	Configs ConfigSource
 	Log     logr.Logger
+	// Clock is the time source for start timeouts. Default the real clock.
+	Clock clock.PassiveClock
+}
+
+func (r *Controller) now() time.Time {
+	if r.Clock == nil {
+		return time.Now()
+	}
+	return r.Clock.Now()
 }
 
 // Reconcile implements reconcile.TypedReconciler. A run still holding its
 // claim while its pods terminate is looked at again with backoff, as is a
-// queued run whose start failed.
+// queued run whose start failed; a run not yet started, when its start
+// timeout passes.
 func (r *Controller) Reconcile(ctx context.Context, req Request) (reconcile.Result, error) {
-	cc := r.Configs.Current().Policy.Concurrency
+	cfg := r.Configs.Current()
+	cc := cfg.Policy.Concurrency
 	var result reconcile.Result
 	if req.Ended.UID != "" {
 		pending, err := r.release(ctx, req, cc)
@@ -91,7 +103,18 @@ func (r *Controller) Reconcile(ctx context.Context, req Request) (reconcile.Resu
 		// or hang, and the sweep is there for what outlasts the backoff.
 		result.Requeue = pending //nolint:staticcheck // the rate-limited requeue is the point
 	}
-	return result, r.startNext(ctx, req, cc)
+	jobs, err := r.agentJobs(ctx, req, cc)
+	if err != nil {
+		return result, err
+	}
+	after, err := r.startTimeouts(ctx, cfg, jobs)
+	if err != nil {
+		return result, err
+	}
+	if !result.Requeue { //nolint:staticcheck // a RequeueAfter would override the backoff; the requeue recomputes it
+		result.RequeueAfter = after
+	}
+	return result, r.startNext(ctx, req, cc, jobs)
 }
 
 // release frees the ended run's claim if it holds it. pending reports that
@@ -136,11 +159,7 @@ func (r *Controller) holds(ctx context.Context, job *batchv1.Job, cc config.Conc
 // it. The unsuspend is admitted because that Job now holds the claim.
 // Queued runs are served in every mode: switching away from Queue does not
 // strand them.
-func (r *Controller) startNext(ctx context.Context, req Request, cc config.Concurrency) error {
-	jobs, err := r.agentJobs(ctx, req, cc)
-	if err != nil {
-		return err
-	}
+func (r *Controller) startNext(ctx context.Context, req Request, cc config.Concurrency, jobs []*batchv1.Job) error {
 	var waiting []*batchv1.Job
 	for _, j := range jobs {
 		if Running(j) && cc.Mode != config.ModeDisabled {
@@ -235,9 +254,10 @@ func queued(job *batchv1.Job) bool {
 		job.Spec.Suspend != nil && *job.Spec.Suspend && job.DeletionTimestamp == nil && !Finished(job)
 }
 
-// jobEvents maps Job events to requests: a queued run wakes its agent, a
-// run that finished or was deleted also names itself for release. Other
-// updates (status changes of running Jobs) cost nothing.
+// jobEvents maps Job events to requests: a queued run wakes its agent, as
+// does a run that starts with no pod ready (to time its start); a run that
+// finished or was deleted also names itself for release. Other updates
+// (status changes of running Jobs) cost nothing.
 func jobEvents() handler.TypedEventHandler[*batchv1.Job, Request] {
 	agent := func(j *batchv1.Job) Request {
 		return Request{Namespace: j.Namespace, Agent: j.Labels[contract.LabelAgentID]}
@@ -250,7 +270,8 @@ func jobEvents() handler.TypedEventHandler[*batchv1.Job, Request] {
 	type queue = workqueue.TypedRateLimitingInterface[Request]
 	return handler.TypedFuncs[*batchv1.Job, Request]{
 		CreateFunc: func(_ context.Context, e event.TypedCreateEvent[*batchv1.Job], q queue) {
-			if queued(e.Object) {
+			// A create is also what a new leader's cache replays.
+			if queued(e.Object) || mayBeUnstarted(e.Object) {
 				q.Add(agent(e.Object))
 			}
 		},
@@ -258,7 +279,7 @@ func jobEvents() handler.TypedEventHandler[*batchv1.Job, Request] {
 			switch j := e.ObjectNew; {
 			case Finished(j) || Deleted(j):
 				q.Add(ended(j, false))
-			case queued(j) && !queued(e.ObjectOld):
+			case queued(j) && !queued(e.ObjectOld), mayBeUnstarted(j) && !mayBeUnstarted(e.ObjectOld):
 				q.Add(agent(j))
 			}
 		},

@@ -46,8 +46,15 @@ func runningRun(name string, created time.Time) *batchv1.Job {
 // client-go fake, and whose cache is a snapshot of it (see refresh).
 func testController(t *testing.T, mode string, objs ...runtime.Object) (*Controller, *fake.Clientset) {
 	t.Helper()
+	return testControllerWith(t, "policy:\n  concurrency:\n    mode: "+mode+"\n", objs...)
+}
+
+// testControllerWith is testController with config (YAML after the
+// header).
+func testControllerWith(t *testing.T, cfgYAML string, objs ...runtime.Object) (*Controller, *fake.Clientset) {
+	t.Helper()
 	cs := fake.NewClientset(objs...)
-	cfg, err := config.Parse([]byte("apiVersion: clipjob.paperclip.io/v1alpha1\nkind: Config\npolicy:\n  concurrency:\n    mode: " + mode + "\n"))
+	cfg, err := config.Parse([]byte("apiVersion: clipjob.paperclip.io/v1alpha1\nkind: Config\n" + cfgYAML))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,11 +20,15 @@ var (
 		Name: "clipjob_queue_started_total",
 		Help: "Queued runs (Queue mode) started because their agent became free.",
 	})
+	startTimeoutsTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "clipjob_runs_start_timeout_total",
+		Help: "Runs ended because none of their containers ran within the profile's startTimeoutSeconds.",
+	})
 	registerOnce sync.Once
 )
 
 // RegisterMetrics adds the claim metrics to controller-runtime's registry,
 // which the manager serves on /metrics.
 func RegisterMetrics() {
-	registerOnce.Do(func() { metrics.Registry.MustRegister(retries, released, queueStarts) })
+	registerOnce.Do(func() { metrics.Registry.MustRegister(retries, released, queueStarts, startTimeoutsTotal) })
 }

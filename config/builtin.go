@@ -33,12 +33,17 @@ func builtinDefaults() Profile {
 		},
 		EgressProfile:                "standard",
 		TTLSecondsAfterFinished:      ptr.To[int32](300),
+		StartTimeoutSeconds:          ptr.To[int64](DefaultStartTimeoutSeconds),
 		BackoffLimit:                 ptr.To[int32](0),
 		AutomountServiceAccountToken: ptr.To(false),
 		ReadOnlyRootFilesystem:       ptr.To(true),
 		WritablePaths:                []string{"/tmp"},
 	}
 }
+
+// DefaultStartTimeoutSeconds is how long a run may take to start its first
+// container: long enough for a cold pull of a large agent image.
+const DefaultStartTimeoutSeconds = 600
 
 // builtinProfiles are the adapters Paperclip ships, with the env keys and
 // egress destinations of its adapter registry. Only what differs per

@@ -75,6 +75,7 @@ func layer(base, over Profile) Profile {
 	out.Resources = mergeResources(base.Resources, over.Resources)
 	setIf(&out.EgressProfile, over.EgressProfile)
 	setPtr(&out.ActiveDeadlineSeconds, over.ActiveDeadlineSeconds)
+	setPtr(&out.StartTimeoutSeconds, over.StartTimeoutSeconds)
 	setPtr(&out.TTLSecondsAfterFinished, over.TTLSecondsAfterFinished)
 	setPtr(&out.BackoffLimit, over.BackoffLimit)
 	if len(over.NodeSelector) > 0 {

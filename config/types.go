@@ -126,7 +126,12 @@ type Profile struct {
 
 	// Job-level settings, applied when the Job leaves them unset.
 	// Default backoffLimit 0, ttlSecondsAfterFinished 300, no deadline.
-	ActiveDeadlineSeconds   *int64 `json:"activeDeadlineSeconds,omitempty"`
+	ActiveDeadlineSeconds *int64 `json:"activeDeadlineSeconds,omitempty"`
+	// StartTimeoutSeconds bounds how long a started run may go without any
+	// of its containers ever running (an image that cannot be pulled, a
+	// pod that cannot be scheduled or configured). The claim controller
+	// then ends the run, so its agent is not busy forever. Default 600.
+	StartTimeoutSeconds     *int64 `json:"startTimeoutSeconds,omitempty"`
 	TTLSecondsAfterFinished *int32 `json:"ttlSecondsAfterFinished,omitempty"`
 	BackoffLimit            *int32 `json:"backoffLimit,omitempty"`
 

@@ -144,6 +144,9 @@ func validateProfile(pr Profile, p *field.Path) field.ErrorList {
 	if v := pr.ActiveDeadlineSeconds; v != nil && *v <= 0 {
 		errs = append(errs, field.Invalid(p.Child("activeDeadlineSeconds"), *v, "must be greater than 0"))
 	}
+	if v := pr.StartTimeoutSeconds; v != nil && *v <= 0 {
+		errs = append(errs, field.Invalid(p.Child("startTimeoutSeconds"), *v, "must be greater than 0: a run that never starts must not keep its agent busy forever"))
+	}
 	if v := pr.TTLSecondsAfterFinished; v != nil && *v < 0 {
 		errs = append(errs, field.Invalid(p.Child("ttlSecondsAfterFinished"), *v, "must be 0 or more"))
 	}

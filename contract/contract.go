@@ -56,6 +56,10 @@ const (
 	// the third sets AnnotationQueueError (and clears the count, so
 	// removing the error gives the run three more tries).
 	AnnotationStartFailures = "clipjob.paperclip.io/start-failures"
+	// AnnotationStartTimeout marks a run ended because none of its
+	// containers ran within its profile's startTimeoutSeconds; the value
+	// says what the pods were waiting for.
+	AnnotationStartTimeout = "clipjob.paperclip.io/start-timeout"
 )
 
 // RunEnv maps the contract's labels to the env vars an agent reads them

@@ -426,6 +426,73 @@ func TestDeletedClaimDoesNotFreeTheAgent(t *testing.T) {
 	assertNoJob(ctx, t, second.Name)
 }
 
+// TestARunThatCannotStartFreesItsAgent: a run whose pod no node takes
+// keeps its agent busy only until its profile's startTimeoutSeconds; then
+// the Job fails with DeadlineExceeded, says what its pod waited for, and
+// the agent's next run is admitted.
+func TestARunThatCannotStartFreesItsAgent(t *testing.T) {
+	ctx := ctxT(t)
+	original := restoreConfigAfter(t)
+	writeConfig(ctx, t, string(original)+"profiles:\n  claude_local:\n    startTimeoutSeconds: 3\n", true)
+	stuck := bareJob(t, "e2e-never-starts")
+	stuck.Spec.Template.Spec.NodeSelector = map[string]string{"clipjob.e2e/pool": "nowhere"}
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, stuck, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPod(ctx, t, stuck.Name, func(p *corev1.Pod) bool {
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Reason == corev1.PodReasonUnschedulable {
+				return true
+			}
+		}
+		return false
+	})
+	next := func() *batchv1.Job {
+		j := bareJob(t, "e2e-never-starts-next")
+		j.Labels[contract.LabelAgentID] = stuck.Labels[contract.LabelAgentID]
+		return j
+	}
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, next(), metav1.CreateOptions{}); !apierrors.IsConflict(err) {
+		t.Fatalf("while the stuck run holds its agent: want 409, got %v", err)
+	}
+
+	var ended *batchv1.Job
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		j, err := env.cs.BatchV1().Jobs(ns).Get(ctx, stuck.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		ended = j
+		for _, c := range j.Status.Conditions {
+			if c.Type == batchv1.JobFailed && c.Status == corev1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("the run that cannot start did not end: %v (conditions %+v, annotations %v)", err, ended.Status.Conditions, ended.Annotations)
+	}
+	for _, c := range ended.Status.Conditions {
+		if c.Type == batchv1.JobFailed && c.Reason != batchv1.JobReasonDeadlineExceeded {
+			t.Errorf("failed with reason %q, want %s", c.Reason, batchv1.JobReasonDeadlineExceeded)
+		}
+	}
+	if why := ended.Annotations[contract.AnnotationStartTimeout]; !strings.Contains(why, "Unschedulable") || !strings.Contains(why, "3s") {
+		t.Errorf("annotation %s = %q, want the timeout and what the pod waited for", contract.AnnotationStartTimeout, why)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, next(), metav1.CreateOptions{})
+		if apierrors.IsConflict(err) {
+			return false, nil // still busy
+		}
+		return err == nil, err
+	})
+	if err != nil {
+		t.Fatalf("the agent was not freed after its stuck run ended: %v", err)
+	}
+}
+
 // TestAgentLabelsCannotBeSmuggled: whatever carries a paperclip.io/ label
 // goes through clipjob — a Job labeled otherwise whose pods carry the agent
 // labels, a bare agent pod, and a container added to a running agent pod

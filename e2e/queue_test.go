@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/e2e/harness"
 )
 
 func suspended(j *batchv1.Job) bool { return j.Spec.Suspend != nil && *j.Spec.Suspend }
@@ -76,4 +79,79 @@ func TestQueueMode(t *testing.T) {
 
 	finishRun(ctx, t, names[1], "1")
 	waitStarted(ctx, t, names[2])
+}
+
+// leads reports whether the replica holds the claim controller's election.
+func leads(t *testing.T, w *harness.Webhook) bool {
+	t.Helper()
+	v, err := w.Counter("leader_election_master_status", "clipjob-claim-controller")
+	return err == nil && v > 0
+}
+
+func waitLeader(ctx context.Context, t *testing.T, w *harness.Webhook, timeout time.Duration) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		return leads(t, w), nil
+	})
+	if err != nil {
+		t.Fatalf("replica %s did not become the claim controller's leader within %s; see %s", w.Addr, timeout, w.Log)
+	}
+}
+
+// TestClaimControllerFailsOver: the claim controller runs on one elected
+// replica. When that replica dies without a word (SIGKILL: its election
+// Lease is left to expire), another takes over and starts the agent's
+// queued run once the running one ends.
+func TestClaimControllerFailsOver(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	original := restoreConfigAfter(t)
+	queueConfig := string(original) + "policy:\n  concurrency:\n    mode: Queue\n"
+	writeConfig(ctx, t, queueConfig, true)
+	configFile := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(configFile, []byte(queueConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	leader, err := harness.StartWebhook(ctx, env.cluster, env.webhookBin, "webhook-failover", configFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(leader.Stop)
+	// The suite's replica gives up leadership on SIGTERM and rejoins as a
+	// follower, so the one killed below is the leader and the suite's
+	// replica, which the API server calls, is the one that takes over.
+	if leads(t, env.webhook) {
+		env.webhook.Stop()
+		waitLeader(ctx, t, leader, 30*time.Second)
+		if err := env.webhook.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitLeader(ctx, t, leader, 30*time.Second)
+
+	var names []string
+	for i := range 2 {
+		job := bareJob(t, fmt.Sprintf("e2e-failover-%d", i))
+		job.Labels[contract.LabelAgentID] = "agent-failover"
+		if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, job.Name)
+		time.Sleep(1100 * time.Millisecond) // creation order is by the second
+	}
+	waitStarted(ctx, t, names[0])
+	assertWaiting(ctx, t, names[1])
+
+	leader.Kill()
+	finishRun(ctx, t, names[0], "0")
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		j, err := env.cs.BatchV1().Jobs(ns).Get(ctx, names[1], metav1.GetOptions{})
+		return err == nil && !suspended(j), nil
+	})
+	if err != nil {
+		t.Fatalf("the queued run was not started after the leader died (the suite's replica leads: %v); see %s", leads(t, env.webhook), env.webhook.Log)
+	}
+	if !leads(t, env.webhook) {
+		t.Error("the queued run started, but the surviving replica does not lead")
+	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
+	"github.com/paperclipai/clipjob/relay"
 	"github.com/paperclipai/clipjob/relay/result"
 	"github.com/paperclipai/clipjob/relay/store"
 )
@@ -55,12 +56,12 @@ func theRelay(t *testing.T) (*harness.Relay, string, string) {
 			relayOnce.err = err
 			return
 		}
-		relayOnce.readerToken, err = harness.ServiceAccountToken(ctx, env.cluster, ns, "paperclip-server", harness.LogReaderRules)
+		relayOnce.readerToken, err = harness.ServiceAccountToken(ctx, env.cluster, ns, "paperclip-server", harness.LogReaderRules, relay.DefaultTokenAudience)
 		if err != nil {
 			relayOnce.err = err
 			return
 		}
-		relayOnce.strangerTk, relayOnce.err = harness.ServiceAccountToken(ctx, env.cluster, ns, "stranger", nil)
+		relayOnce.strangerTk, relayOnce.err = harness.ServiceAccountToken(ctx, env.cluster, ns, "stranger", nil, relay.DefaultTokenAudience)
 	})
 	if relayOnce.err != nil {
 		t.Fatal(relayOnce.err)
@@ -348,8 +349,9 @@ func writeLinesInBackground(t *testing.T, log *cluster.PodLog, n int, during fun
 
 // TestRelayKeepsRunAfterJobDeleted: after the TTL controller's kind of
 // deletion (Foreground: the pods go first), status, result and the whole
-// log are still served; and access is refused without a token (401) or
-// without permission to read pod logs in the namespace (404, as if it did not exist).
+// log are still served; and access is refused without a token for the
+// relay's audience (401) or without permission to read pod logs in the
+// namespace (404, as if it did not exist).
 func TestRelayKeepsRunAfterJobDeleted(t *testing.T) {
 	ctx := ctxT(t)
 	r, token, stranger := theRelay(t)
@@ -386,10 +388,16 @@ func TestRelayKeepsRunAfterJobDeleted(t *testing.T) {
 	}
 	exactlyOnce(t, strings.Split(strings.TrimSuffix(string(mirror), "\n"), "\n"), lines)
 
+	// The same reader's token made for the API server is refused: a relay
+	// must not accept what it could replay against the API server.
+	apiServerToken, err := harness.ServiceAccountToken(ctx, env.cluster, ns, "paperclip-server", harness.LogReaderRules)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		token string
 		want  int
-	}{{"", http.StatusUnauthorized}, {"not-a-token", http.StatusUnauthorized}, {stranger, http.StatusNotFound}, {token, http.StatusOK}} {
+	}{{"", http.StatusUnauthorized}, {"not-a-token", http.StatusUnauthorized}, {apiServerToken, http.StatusUnauthorized}, {stranger, http.StatusNotFound}, {token, http.StatusOK}} {
 		for _, path := range []string{"/v1/runs/" + run, "/v1/runs/" + run + "/log"} {
 			resp, err := relayGet(t, r, path, c.token, "")
 			if err != nil {
@@ -451,7 +459,7 @@ func TestRelayRunCannotBeTakenOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, reader, _ := theRelay(t)
-	otherReader, err := harness.ServiceAccountToken(ctx, env.cluster, other, "reader", harness.LogReaderRules)
+	otherReader, err := harness.ServiceAccountToken(ctx, env.cluster, other, "reader", harness.LogReaderRules, relay.DefaultTokenAudience)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,32 +41,46 @@ type Options struct {
 	// secrets) are removed from lines before storage, besides the built-in
 	// token patterns.
 	RedactPatterns, RedactValues []string
+	// RedactValuesFile holds more secret values, one per line (e.g. a
+	// mounted Secret). It must be readable at start, and is re-read every
+	// RedactValuesInterval: a change applies to lines stored after it.
+	RedactValuesFile     string
+	RedactValuesInterval time.Duration
 	// MirrorDir, when set, is the shared volume's data directory: each
 	// run's agent output is kept as run-logs/<company>/<agent>/<run>.pod.ndjson
 	// there, where Paperclip's Claude adapter reads it. Empty: off.
 	MirrorDir string
-	// TokenAudiences a caller's token must be for; empty means the API
-	// server's.
+	// TokenAudiences a caller's token must be for. Default
+	// DefaultTokenAudience: a token made for the relay is useless against
+	// the API server, so neither the relay nor anyone who reads its
+	// traffic can replay it there. Empty accepts the API server's.
 	TokenAudiences []string
 	// RestConfig reaches the API server. Required.
 	RestConfig *rest.Config
 	Log        logr.Logger
 }
 
+// DefaultTokenAudience is the audience callers' tokens are for by
+// default: `kubectl create token <sa> --audience clipjob-relay`, or a
+// projected ServiceAccount token with that audience.
+const DefaultTokenAudience = "clipjob-relay"
+
 // DefaultOptions returns the options of a relay started with no flags:
 // everything but RestConfig.
 func DefaultOptions() Options {
 	return Options{
-		DataDir:           "/var/lib/clipjob-relay",
-		APIAddr:           ":8090",
-		MetricsAddr:       ":8080",
-		ProbeAddr:         ":8081",
-		MaxStreams:        200,
-		Follow:            collect.DefaultFollowOptions(),
-		RetentionMaxAge:   7 * 24 * time.Hour,
-		RetentionInterval: time.Minute,
-		ShutdownTimeout:   5 * time.Second,
-		Log:               logr.Discard(),
+		DataDir:              "/var/lib/clipjob-relay",
+		APIAddr:              ":8090",
+		MetricsAddr:          ":8080",
+		ProbeAddr:            ":8081",
+		MaxStreams:           200,
+		Follow:               collect.DefaultFollowOptions(),
+		RetentionMaxAge:      7 * 24 * time.Hour,
+		RetentionInterval:    time.Minute,
+		ShutdownTimeout:      5 * time.Second,
+		TokenAudiences:       []string{DefaultTokenAudience},
+		RedactValuesInterval: 30 * time.Second,
+		Log:                  logr.Discard(),
 	}
 }
 

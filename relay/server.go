@@ -43,6 +43,14 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("redaction patterns: %w", err)
 	}
+	var values *collect.ValuesFile
+	if o.RedactValuesFile != "" {
+		values = &collect.ValuesFile{Path: o.RedactValuesFile, Redactor: redact, Static: o.RedactValues,
+			Interval: o.RedactValuesInterval, Log: o.Log.WithName("redact")}
+		if err := values.Load(); err != nil {
+			return err
+		}
+	}
 	store, err := store.OpenStore(o.DataDir)
 	if err != nil {
 		return err
@@ -100,6 +108,11 @@ func Serve(ctx context.Context, o Options) error {
 	}
 	if err := mgr.Add(svc); err != nil {
 		return err
+	}
+	if values != nil {
+		if err := mgr.Add(values); err != nil {
+			return err
+		}
 	}
 	o.Log.Info("relay serving", "api", o.APIAddr, "tls", o.CertDir != "", "namespaces", o.Namespaces, "data", o.DataDir)
 	return mgr.Start(ctx)
@@ -247,6 +260,9 @@ func (a *apiServer) stop(timeout time.Duration) {
 // CertDir is set) and serves until stopped; a serving failure arrives on
 // the channel.
 func (s *service) serveAPI(ctx context.Context) (*apiServer, <-chan error, error) {
+	if len(s.opts.TokenAudiences) == 0 {
+		s.log.Info("WARNING: accepting callers' tokens for the API server's audience: a token sent to the relay works against the API server too; set --token-audience")
+	}
 	api := &api.API{Store: s.store, Auth: &api.KubeAuth{Client: s.authClient, Audiences: s.opts.TokenAudiences}, Log: s.log.WithName("api")}
 	reqCtx, cancel := context.WithCancel(context.Background())
 	srv := &http.Server{Addr: s.opts.APIAddr, Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second,

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -22,5 +23,10 @@ func TestServeRefusesToStart(t *testing.T) {
 	o.RedactPatterns = []string{"("}
 	if err := Serve(context.Background(), o); err == nil || !strings.Contains(err.Error(), "redaction patterns") {
 		t.Errorf("invalid redaction pattern: %v", err)
+	}
+	// Running without the values it was told to redact would store them.
+	o.RedactPatterns, o.RedactValuesFile = nil, filepath.Join(t.TempDir(), "missing")
+	if err := Serve(context.Background(), o); err == nil || !strings.Contains(err.Error(), "redaction values") || !strings.Contains(err.Error(), "missing") {
+		t.Errorf("unreadable redaction values file: %v", err)
 	}
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
 	"github.com/paperclipai/clipjob/internal/manifest"
+	"github.com/paperclipai/clipjob/relay"
 )
 
 func main() {
@@ -134,7 +135,7 @@ func run(keep bool) error {
 	}
 	step("Still running. In another shell:")
 	fmt.Printf("    export KUBECONFIG=%s\n    kubectl get jobs,pods -n paperclip\n    kubectl apply -f examples/bare-job.yaml   # admitted again: the first run finished\n", c.Kubeconfig)
-	fmt.Printf("    The relay's API is at https://%s (cluster CA: %s/pki/ca.crt; token: kubectl create token paperclip-server -n paperclip)\n", r.APIAddr, c.Dir)
+	fmt.Printf("    The relay's API is at https://%s (cluster CA: %s/pki/ca.crt; token: kubectl create token paperclip-server -n paperclip --audience clipjob-relay)\n", r.APIAddr, c.Dir)
 	fmt.Println("    Press Ctrl-C to stop.")
 	<-ctx.Done()
 	return nil
@@ -173,7 +174,7 @@ func showRelay(ctx context.Context, c *cluster.Cluster, pod *corev1.Pod, job str
 	if err := log.Write(agentLog...); err != nil {
 		return nil, err
 	}
-	token, err := harness.ServiceAccountToken(ctx, c, pod.Namespace, "paperclip-server", harness.LogReaderRules)
+	token, err := harness.ServiceAccountToken(ctx, c, pod.Namespace, "paperclip-server", harness.LogReaderRules, relay.DefaultTokenAudience)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
@@ -39,12 +40,10 @@ var (
 
 // ServiceAccountToken creates ServiceAccount namespace/name, bound by a
 // Role in its namespace to rules (none: no permission at all), and returns
-// a token for it, as a client such as the Paperclip server would hold.
-func ServiceAccountToken(ctx context.Context, c *cluster.Cluster, namespace, name string, rules []rbacv1.PolicyRule) (string, error) {
+// a token for it for audiences (none: the API server's), as a client such
+// as the Paperclip server would hold.
+func ServiceAccountToken(ctx context.Context, c *cluster.Cluster, namespace, name string, rules []rbacv1.PolicyRule, audiences ...string) (string, error) {
 	cs := c.Clientset()
-	if _, err := cs.CoreV1().ServiceAccounts(namespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return "", err
-	}
 	if len(rules) > 0 {
 		role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}
 		if _, err := cs.RbacV1().Roles(namespace).Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -57,8 +56,17 @@ func ServiceAccountToken(ctx context.Context, c *cluster.Cluster, namespace, nam
 			return "", err
 		}
 	}
+	return serviceAccountToken(ctx, cs, namespace, name, audiences)
+}
+
+// serviceAccountToken creates ServiceAccount namespace/name if it is
+// missing and returns a six-hour token for it for audiences.
+func serviceAccountToken(ctx context.Context, cs kubernetes.Interface, namespace, name string, audiences []string) (string, error) {
+	if _, err := cs.CoreV1().ServiceAccounts(namespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return "", err
+	}
 	tr, err := cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](6 * 3600)}}, metav1.CreateOptions{})
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](6 * 3600), Audiences: audiences}}, metav1.CreateOptions{})
 	if err != nil {
 		return "", err
 	}
@@ -76,9 +84,6 @@ func ServiceAccountKubeconfig(ctx context.Context, c *cluster.Cluster, namespace
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return "", err
 	}
-	if _, err := cs.CoreV1().ServiceAccounts(namespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return "", err
-	}
 	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}
 	if _, err := cs.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return "", err
@@ -89,14 +94,13 @@ func ServiceAccountKubeconfig(ctx context.Context, c *cluster.Cluster, namespace
 	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return "", err
 	}
-	tr, err := cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](6 * 3600)}}, metav1.CreateOptions{})
+	token, err := serviceAccountToken(ctx, cs, namespace, name, nil)
 	if err != nil {
 		return "", err
 	}
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["local"] = &clientcmdapi.Cluster{Server: c.Config.Host, CertificateAuthorityData: c.CA.CertPEM}
-	cfg.AuthInfos[name] = &clientcmdapi.AuthInfo{Token: tr.Status.Token}
+	cfg.AuthInfos[name] = &clientcmdapi.AuthInfo{Token: token}
 	cfg.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: name, Namespace: namespace}
 	cfg.CurrentContext = "local"
 	path := filepath.Join(c.Dir, name+".kubeconfig")

@@ -40,3 +40,27 @@ type List []string
 func (l *List) String() string { return strings.Join(*l, ",") }
 
 func (l *List) Set(v string) error { *l = append(*l, v); return nil }
+
+// Replacing is a repeatable string flag over a default that its first use
+// replaces. An empty value adds nothing, so `--flag=` alone clears it.
+type Replacing struct {
+	Values  *[]string
+	changed bool
+}
+
+func (r *Replacing) String() string {
+	if r.Values == nil {
+		return ""
+	}
+	return strings.Join(*r.Values, ",")
+}
+
+func (r *Replacing) Set(v string) error {
+	if !r.changed {
+		*r.Values, r.changed = nil, true
+	}
+	if v != "" {
+		*r.Values = append(*r.Values, v)
+	}
+	return nil
+}

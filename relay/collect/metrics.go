@@ -38,6 +38,10 @@ var (
 		Name: "clipjob_relay_pods_ignored_total",
 		Help: "Pods labeled with a run id that are not part of the run, by reason (no-job: no controlling Job; namespace or job: the run is bound to another).",
 	}, []string{"reason"})
+	valuesReloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "clipjob_relay_redact_values_reloads_total",
+		Help: "Reads of --redact-values-file after the start that changed the values (applied) or failed (error: the values before stay in force).",
+	}, []string{"result"})
 	reconnects = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "clipjob_relay_reconnects_total",
 		Help: "Log stream reconnects by cause (error, eof before the container ended, lifetime: proactive).",
@@ -50,6 +54,6 @@ var registerOnce sync.Once
 // registry, which the manager serves on /metrics.
 func RegisterMetrics() {
 	registerOnce.Do(func() {
-		metrics.Registry.MustRegister(streamsOpen, streamLimitWaits, linesStored, bytesStored, storeLag, reconnects, mirrorRefused, podsIgnored, linesTruncated)
+		metrics.Registry.MustRegister(streamsOpen, streamLimitWaits, linesStored, bytesStored, storeLag, reconnects, mirrorRefused, podsIgnored, linesTruncated, valuesReloads)
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"regexp"
 	"sort"
+	"sync/atomic"
 )
 
 // Redacted replaces every secret found in a line.
@@ -29,12 +30,13 @@ var defaultPatterns = []string{
 	`[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@"\\]+:[^\s/@"\\]+@`,           // user:password@ in URLs (postgres://…)
 }
 
-// Redactor removes secrets from log lines before they are stored.
+// Redactor removes secrets from log lines before they are stored. Its
+// literal values can be replaced while it is in use (SetValues).
 type Redactor struct {
 	patterns []*regexp.Regexp
 	// literals holds each secret value in raw and JSON-escaped form,
 	// longest first, so a value containing another is replaced whole.
-	literals [][]byte
+	literals atomic.Pointer[[][]byte]
 }
 
 // NewRedactor compiles the default patterns, extra patterns and literal
@@ -49,8 +51,16 @@ func NewRedactor(extraPatterns, literals []string) (*Redactor, error) {
 		}
 		r.patterns = append(r.patterns, re)
 	}
+	r.SetValues(literals)
+	return r, nil
+}
+
+// SetValues replaces the literal secret values; lines redacted from then
+// on use them.
+func (r *Redactor) SetValues(values []string) {
+	var forms [][]byte
 	seen := map[string]bool{}
-	for _, l := range literals {
+	for _, l := range values {
 		if len(l) < 6 {
 			continue
 		}
@@ -58,12 +68,12 @@ func NewRedactor(extraPatterns, literals []string) (*Redactor, error) {
 		for _, form := range [][]byte{[]byte(l), esc[1 : len(esc)-1]} {
 			if !seen[string(form)] {
 				seen[string(form)] = true
-				r.literals = append(r.literals, form)
+				forms = append(forms, form)
 			}
 		}
 	}
-	sort.Slice(r.literals, func(i, j int) bool { return len(r.literals[i]) > len(r.literals[j]) })
-	return r, nil
+	sort.Slice(forms, func(i, j int) bool { return len(forms[i]) > len(forms[j]) })
+	r.literals.Store(&forms)
 }
 
 // Redact returns line with every secret replaced. A line that is JSON stays
@@ -73,7 +83,7 @@ func (r *Redactor) Redact(line []byte) []byte {
 		return line
 	}
 	out := line
-	for _, l := range r.literals {
+	for _, l := range *r.literals.Load() {
 		if bytes.Contains(out, l) {
 			out = bytes.ReplaceAll(out, l, []byte(Redacted))
 		}

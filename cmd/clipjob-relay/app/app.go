@@ -6,14 +6,11 @@
 package app
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"strings"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -25,9 +22,6 @@ import (
 // Options are the relay's options and what the command alone needs.
 type Options struct {
 	relay.Options
-	// RedactValuesFile holds secret values to redact, one per line (e.g. a
-	// mounted Secret); read at start into RedactValues.
-	RedactValuesFile string
 	// Kubeconfig is a kubeconfig file; empty means in-cluster, else
 	// $KUBECONFIG or ~/.kube/config.
 	Kubeconfig string
@@ -51,9 +45,9 @@ func NewFlags(o *Options) *flag.FlagSet {
 	fs.DurationVar(&o.RetentionMaxAge, "retention-max-age", o.RetentionMaxAge, "delete finished runs idle this long")
 	fs.Int64Var(&o.RetentionMaxBytes, "retention-max-bytes", o.RetentionMaxBytes, "delete the oldest finished runs beyond this many stored bytes (0: unbounded)")
 	fs.Var((*command.List)(&o.RedactPatterns), "redact-pattern", "regular expression to redact before storage (repeatable)")
-	fs.StringVar(&o.RedactValuesFile, "redact-values-file", o.RedactValuesFile, "file of secret values to redact, one per line (e.g. a mounted Secret)")
+	fs.StringVar(&o.RedactValuesFile, "redact-values-file", o.RedactValuesFile, "file of secret values to redact, one per line (e.g. a mounted Secret); must be readable at start, re-read every 30s")
 	fs.StringVar(&o.MirrorDir, "mirror-dir", o.MirrorDir, "also keep each run's agent output as run-logs/<company>/<agent>/<run>.pod.ndjson under this directory (the shared volume), as Paperclip's Claude adapter reads it")
-	fs.Var((*command.List)(&o.TokenAudiences), "token-audience", "audience callers' tokens must be for (repeatable; default the API server's)")
+	fs.Var(&command.Replacing{Values: &o.TokenAudiences}, "token-audience", "audience callers' tokens must be for (repeatable; an empty value alone accepts tokens for the API server, which a relay could replay there)")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig file (default in-cluster, else $KUBECONFIG or ~/.kube/config)")
 	o.Zap.BindFlags(fs)
 	return fs
@@ -88,12 +82,6 @@ func Main(ctx context.Context, args []string, stderr io.Writer, run func(context
 	o.Zap.DestWriter = stderr
 	o.Log = zap.New(zap.UseFlagOptions(&o.Zap))
 	ctrl.SetLogger(o.Log)
-	if o.RedactValuesFile != "" {
-		if o.RedactValues, err = readValues(o.RedactValuesFile); err != nil {
-			fmt.Fprintln(stderr, "clipjob-relay: --redact-values-file:", err)
-			return 1
-		}
-	}
 	if o.RestConfig, err = command.RestConfig(o.Kubeconfig); err != nil {
 		fmt.Fprintln(stderr, "clipjob-relay: no Kubernetes API access:", err)
 		return 1
@@ -103,21 +91,4 @@ func Main(ctx context.Context, args []string, stderr io.Writer, run func(context
 		return 1
 	}
 	return 0
-}
-
-// readValues reads one secret value per non-empty line.
-func readValues(path string) ([]string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var values []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v := strings.TrimSpace(sc.Text()); v != "" {
-			values = append(values, v)
-		}
-	}
-	return values, sc.Err()
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -32,7 +31,8 @@ func TestDefaults(t *testing.T) {
 	}
 	want := relay.Options{DataDir: "/var/lib/clipjob-relay", APIAddr: ":8090", MetricsAddr: ":8080", ProbeAddr: ":8081",
 		MaxStreams: 200, Follow: collect.DefaultFollowOptions(), RetentionMaxAge: 168 * time.Hour,
-		RetentionInterval: time.Minute, ShutdownTimeout: 5 * time.Second}
+		RetentionInterval: time.Minute, ShutdownTimeout: 5 * time.Second, TokenAudiences: []string{"clipjob-relay"},
+		RedactValuesInterval: 30 * time.Second}
 	if d := cmp.Diff(want, o.Options, ignored); d != "" {
 		t.Errorf("documented defaults changed (-want +got):\n%s", d)
 	}
@@ -61,7 +61,8 @@ func TestFlags(t *testing.T) {
 			o.RedactPatterns, o.RedactValuesFile = []string{"a+", "b+"}, "/v"
 		}},
 		{name: "mirror-dir", args: []string{"--mirror-dir", "/paperclip"}, want: func(o *Options) { o.MirrorDir = "/paperclip" }},
-		{name: "token-audience", args: []string{"--token-audience", "clipjob-relay"}, want: func(o *Options) { o.TokenAudiences = []string{"clipjob-relay"} }},
+		{name: "token-audience replaces the default", args: []string{"--token-audience", "a", "--token-audience", "b"}, want: func(o *Options) { o.TokenAudiences = []string{"a", "b"} }},
+		{name: "token-audience empty accepts the API server's", args: []string{"--token-audience="}, want: func(o *Options) { o.TokenAudiences = nil }},
 		{name: "kubeconfig", args: []string{"--kubeconfig", "/kc"}, want: func(o *Options) { o.Kubeconfig = "/kc" }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -78,23 +79,15 @@ func TestFlags(t *testing.T) {
 	}
 }
 
-// TestMainStartsRelay runs the command up to relay.Serve: the redaction
-// values file is read (and a missing one refuses to start), API access
+// TestMainStartsRelay runs the command up to relay.Serve: API access
 // comes from --kubeconfig, and each failure has its exit code.
 func TestMainStartsRelay(t *testing.T) {
 	kubeconfig := kube.Kubeconfig(t)
-	values := filepath.Join(t.TempDir(), "values")
-	if err := os.WriteFile(values, []byte("s3cret\n\n  other-value  \n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	var started relay.Options
 	run := func(_ context.Context, o relay.Options) error { started = o; return nil }
 	var stderr bytes.Buffer
-	if code := Main(context.Background(), []string{"--kubeconfig", kubeconfig, "--redact-values-file", values}, &stderr, run); code != 0 {
+	if code := Main(context.Background(), []string{"--kubeconfig", kubeconfig}, &stderr, run); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
-	}
-	if d := cmp.Diff([]string{"s3cret", "other-value"}, started.RedactValues); d != "" {
-		t.Errorf("redact values (-want +got):\n%s", d)
 	}
 	if started.RestConfig == nil || started.RestConfig.Host != kube.Host {
 		t.Errorf("API access %+v", started.RestConfig)
@@ -105,7 +98,6 @@ func TestMainStartsRelay(t *testing.T) {
 		code int
 		want string
 	}{
-		{args: []string{"--kubeconfig", kubeconfig, "--redact-values-file", filepath.Join(t.TempDir(), "none")}, run: run, code: 1, want: "--redact-values-file"},
 		{args: []string{"--kubeconfig", filepath.Join(t.TempDir(), "none")}, run: run, code: 1, want: "no Kubernetes API access"},
 		{args: []string{"--kubeconfig", kubeconfig}, run: func(context.Context, relay.Options) error { return errors.New("store locked") }, code: 1, want: "store locked"},
 		{args: []string{"--max-streams", "many"}, run: run, code: 2, want: `invalid value "many" for flag -max-streams`},

@@ -181,3 +181,43 @@ func (w *PodWrapper) Phase(p corev1.PodPhase) *PodWrapper {
 	w.Status.Phase = p
 	return w
 }
+
+// Started marks the Job started at t, as the Job controller does when it
+// creates the first pod of an unsuspended Job.
+func (w *JobWrapper) Started(t time.Time) *JobWrapper {
+	w.Spec.Suspend = ptr.To(false)
+	w.Status.StartTime = ptr.To(metav1.NewTime(t))
+	return w
+}
+
+// Ready sets how many pods are ready.
+func (w *JobWrapper) Ready(n int32) *JobWrapper {
+	w.Status.Ready = ptr.To(n)
+	return w
+}
+
+// Unschedulable marks the Pod pending with the scheduler's refusal.
+func (w *PodWrapper) Unschedulable(msg string) *PodWrapper {
+	w.Status.Phase = corev1.PodPending
+	w.Status.Conditions = append(w.Status.Conditions, corev1.PodCondition{Type: corev1.PodScheduled,
+		Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, Message: msg})
+	return w
+}
+
+// Waiting marks the Pod pending with container name waiting for reason
+// (ImagePullBackOff, CreateContainerConfigError, ...).
+func (w *PodWrapper) Waiting(name, reason, msg string) *PodWrapper {
+	w.Status.Phase = corev1.PodPending
+	w.Status.ContainerStatuses = append(w.Status.ContainerStatuses, corev1.ContainerStatus{Name: name,
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: msg}}})
+	return w
+}
+
+// RunningContainer marks the Pod running with container name running
+// since t.
+func (w *PodWrapper) RunningContainer(name string, t time.Time) *PodWrapper {
+	w.Status.Phase = corev1.PodRunning
+	w.Status.ContainerStatuses = append(w.Status.ContainerStatuses, corev1.ContainerStatus{Name: name,
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(t)}}})
+	return w
+}

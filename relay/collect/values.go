@@ -1,0 +1,102 @@
+package collect
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+)
+
+// ValuesFile keeps a Redactor's literal values those of a file, one per
+// line: typically a mounted Secret, which the kubelet replaces in place
+// when the Secret changes. It is polled rather than watched because the
+// kubelet swaps a symlink to a new directory, which file watches miss
+// unless they follow the swap.
+type ValuesFile struct {
+	Path     string
+	Redactor *Redactor
+	// Static values are redacted besides the file's.
+	Static []string
+	// Interval between reads. Default 30s, within the kubelet's own delay
+	// in updating a mounted Secret.
+	Interval time.Duration
+	Log      logr.Logger
+
+	last []byte
+}
+
+// Load reads the file and applies its values. The relay refuses to start
+// on an error: running without the values it was told to redact would
+// store them.
+func (v *ValuesFile) Load() error {
+	data, err := os.ReadFile(v.Path)
+	if err != nil {
+		return fmt.Errorf("redaction values: %w", err)
+	}
+	v.apply(data)
+	return nil
+}
+
+// Start re-reads the file until ctx ends. A file that cannot be read keeps
+// the values in force: losing them would store the secrets they name.
+func (v *ValuesFile) Start(ctx context.Context) error {
+	interval := v.Interval
+	if interval <= 0 {
+		interval = 30 * time.Second
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		data, err := os.ReadFile(v.Path)
+		switch {
+		case err != nil:
+			valuesReloads.WithLabelValues("error").Inc()
+			if !failing {
+				v.Log.Error(err, "cannot read the redaction values file; the values read before stay in force", "path", v.Path)
+			}
+			failing = true
+		case !bytes.Equal(data, v.last):
+			n := v.apply(data)
+			valuesReloads.WithLabelValues("applied").Inc()
+			v.Log.Info("redaction values reloaded", "path", v.Path, "values", n)
+			failing = false
+		default:
+			failing = false
+		}
+	}
+}
+
+// NeedLeaderElection: every relay replica redacts its own lines.
+func (v *ValuesFile) NeedLeaderElection() bool { return false }
+
+func (v *ValuesFile) apply(data []byte) int {
+	values := append([]string{}, v.Static...)
+	file := parseValues(data)
+	v.Redactor.SetValues(append(values, file...))
+	v.last = data
+	return len(file)
+}
+
+// parseValues reads one value per non-empty line, trimmed.
+func parseValues(data []byte) []string {
+	var values []string
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 64*1024), len(data)+1)
+	for sc.Scan() {
+		if s := strings.TrimSpace(sc.Text()); s != "" {
+			values = append(values, s)
+		}
+	}
+	return values
+}

@@ -1,0 +1,88 @@
+package collect
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// TestValuesFileReloads: a rotated Secret's new value is redacted from
+// then on; a file that disappears keeps the values in force, since
+// dropping them would store the secrets they name.
+func TestValuesFileReloads(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "values")
+	write := func(s string) {
+		t.Helper()
+		// As the kubelet does: a new file renamed over the old.
+		tmp := filepath.Join(dir, "tmp")
+		if err := os.WriteFile(tmp, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("old-secret-1\n\n  padded-secret  \n")
+	r, err := NewRedactor(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := &ValuesFile{Path: path, Redactor: r, Static: []string{"static-secret"}, Interval: 5 * time.Millisecond, Log: logr.Discard()}
+	if err := v.Load(); err != nil {
+		t.Fatal(err)
+	}
+	redacted := func(line string) bool { return string(r.Redact([]byte(line))) == Redacted }
+	for _, s := range []string{"old-secret-1", "padded-secret", "static-secret"} {
+		if !redacted(s) {
+			t.Errorf("%q not redacted after Load", s)
+		}
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = v.Start(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	write("new-secret-2\n")
+	waitFor(t, func() bool { return redacted("new-secret-2") }, "the rotated value was never redacted")
+	if redacted("old-secret-1") {
+		t.Error("a value removed from the file is still redacted")
+	}
+	if !redacted("static-secret") {
+		t.Error("a reload dropped the values given on the command line")
+	}
+
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // several failed reads
+	if !redacted("new-secret-2") {
+		t.Error("an unreadable file dropped the values in force")
+	}
+	if err := v.Load(); err == nil {
+		t.Error("Load of a missing file succeeded")
+	}
+}
+
+func TestValuesFileLoadNamesTheProblem(t *testing.T) {
+	r, _ := NewRedactor(nil, nil)
+	err := (&ValuesFile{Path: filepath.Join(t.TempDir(), "none"), Redactor: r}).Load()
+	if err == nil || !strings.Contains(err.Error(), "redaction values") || !strings.Contains(err.Error(), "none") {
+		t.Errorf("Load: %v", err)
+	}
+}
+
+func waitFor(t *testing.T, ok func() bool, msg string) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(context.Background(), 5*time.Millisecond, 5*time.Second, true,
+		func(context.Context) (bool, error) { return ok(), nil }); err != nil {
+		t.Fatal(msg)
+	}
+}
