@@ -3,10 +3,10 @@
 // kube-apiserver, kube-controller-manager, kube-scheduler and kwok as host
 // processes). The clipjob-webhook and clipjob-relay binaries run on the
 // host, built from this module by package harness, which registers the
-// webhooks through Mutating and ValidatingWebhookConfigurations with a
-// caBundle and runs each binary as a ServiceAccount holding only the RBAC
-// rules of harness/rbac.go, so the API server calls them, and they call
-// it, exactly as in a cluster.
+// chart's Mutating and ValidatingWebhookConfigurations (pointed at the host
+// with a caBundle) and runs each binary as a ServiceAccount holding only
+// the rules of the chart's ClusterRoles, so the API server calls them, and
+// they call it, exactly as in a cluster.
 //
 // Each test is named after the behaviour it pins and tries to break it the
 // way a client would, not only to show it working.

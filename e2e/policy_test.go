@@ -11,6 +11,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	batchv1 "k8s.io/api/batch/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -403,9 +404,11 @@ func TestAgentRunIsOnePod(t *testing.T) {
 	assertNoJob(ctx, t, manual.Name)
 }
 
-// TestDeletedClaimDoesNotFreeTheAgent: whoever deletes an agent's claim
-// Lease while its run goes on does not get a second run in: the webhook
-// also sees the agent's running Job.
+// TestDeletedClaimDoesNotFreeTheAgent: the chart's ValidatingAdmissionPolicy
+// refuses anyone but clipjob writing or deleting a claim Lease, even a
+// cluster admin; and where that policy is not installed, whoever deletes
+// an agent's claim while its run goes on does not get a second run in: the
+// webhook also sees the agent's running Job.
 func TestDeletedClaimDoesNotFreeTheAgent(t *testing.T) {
 	ctx := ctxT(t)
 	first := bareJob(t, "e2e-claim-deleted")
@@ -414,12 +417,44 @@ func TestDeletedClaimDoesNotFreeTheAgent(t *testing.T) {
 	}
 	waitPod(ctx, t, first.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
 	key := claim.KeyFor(first, env.configNow().Policy.Concurrency)
-	if err := env.cs.CoordinationV1().Leases(key.Namespace).Delete(ctx, key.Name, metav1.DeleteOptions{}); err != nil {
+	leases := env.cs.CoordinationV1().Leases(key.Namespace)
+	err := leases.Delete(ctx, key.Name, metav1.DeleteOptions{})
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "written only by clipjob") {
+		t.Fatalf("an admin deleting a claim Lease: want 403 from the claim Lease policy, got %v", err)
+	}
+	squat := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "clipjob-agent-squatted", Namespace: key.Namespace}}
+	if _, err := leases.Create(ctx, squat, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("an admin creating a Lease named like a claim: want 403, got %v", err)
+	}
+	lease, err := leases.Get(ctx, key.Name, metav1.GetOptions{})
+	if err != nil {
 		t.Fatal(err)
+	}
+	lease.Spec.HolderIdentity = ptr.To("someone/else")
+	if _, err := leases.Update(ctx, lease, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("an admin rewriting a claim Lease: want 403, got %v", err)
+	}
+
+	// Without the policy (an install that left it out).
+	bindings := env.cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings()
+	if err := bindings.Delete(ctx, harness.Release.Name+"-claim-leases", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := harness.ApplyClaimLeasePolicy(context.Background(), env.cs); err != nil {
+			t.Error(err)
+		}
+	})
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := leases.Delete(ctx, key.Name, metav1.DeleteOptions{})
+		return err == nil, nil // the API server drops the binding from its cache shortly
+	})
+	if err != nil {
+		t.Fatal("the claim Lease could not be deleted with the policy unbound")
 	}
 	second := bareJob(t, "e2e-claim-deleted-2")
 	second.Labels[contract.LabelAgentID] = first.Labels[contract.LabelAgentID]
-	_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, second, metav1.CreateOptions{})
+	_, err = env.cs.BatchV1().Jobs(ns).Create(ctx, second, metav1.CreateOptions{})
 	if !apierrors.IsConflict(err) || !strings.Contains(err.Error(), "Job "+ns+"/"+first.Name) || !strings.Contains(err.Error(), "running without its claim") {
 		t.Fatalf("a second run after the claim was deleted: want 409 naming %s, got %v", first.Name, err)
 	}

@@ -17,17 +17,11 @@ import (
 	"strconv"
 	"strings"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/internal/manifest"
-	"github.com/paperclipai/clipjob/webhook"
 )
 
 // Root is the repository root.
@@ -50,9 +44,10 @@ func Build(dir, command string) (string, error) {
 
 // Install is the whole local installation: the example Paperclip
 // (examples/paperclip.yaml), the clipjob-webhook binary built from this
-// checkout, one replica named name running examples/config.yaml, and both
-// webhook configurations pointing at it. It returns the replica and the
-// binary (to start more replicas).
+// checkout, one replica named name running examples/config.yaml with the
+// chart's RBAC, the chart's webhook configurations pointing at it, and the
+// chart's claim Lease policy. It returns the replica and the binary (to
+// start more replicas).
 func Install(ctx context.Context, c *cluster.Cluster, name string) (*Webhook, string, error) {
 	if err := Apply(ctx, c, "examples/paperclip.yaml"); err != nil {
 		return nil, "", fmt.Errorf("installing the example Paperclip: %w", err)
@@ -68,6 +63,10 @@ func Install(ctx context.Context, c *cluster.Cluster, name string) (*Webhook, st
 	if err := Register(ctx, c.Clientset(), wh.Addr, c.CA.CertPEM); err != nil {
 		wh.Stop()
 		return nil, "", fmt.Errorf("registering the webhooks: %w", err)
+	}
+	if err := ApplyClaimLeasePolicy(ctx, c.Clientset()); err != nil {
+		wh.Stop()
+		return nil, "", err
 	}
 	return wh, bin, nil
 }
@@ -119,7 +118,11 @@ func StartWebhook(ctx context.Context, c *cluster.Cluster, bin, name, configFile
 	w.Addr = fmt.Sprintf("127.0.0.1:%d", ports[0])
 	probe := fmt.Sprintf("127.0.0.1:%d", ports[1])
 	w.MetricsAddr = fmt.Sprintf("127.0.0.1:%d", ports[2])
-	kubeconfig, err := ServiceAccountKubeconfig(ctx, c, SystemNamespace, "clipjob-webhook", WebhookRules)
+	rules, err := ChartRules("webhook")
+	if err != nil {
+		return nil, err
+	}
+	kubeconfig, err := ServiceAccountKubeconfig(ctx, c, SystemNamespace, "clipjob-webhook", rules)
 	if err != nil {
 		return nil, err
 	}
@@ -214,151 +217,4 @@ func Apply(ctx context.Context, c *cluster.Cluster, file string) error {
 		}
 	}
 	return nil
-}
-
-// Names of the registered configurations.
-const (
-	MutatingWebhookName   = "clipjob-mutating"
-	ValidatingWebhookName = "clipjob-validating"
-)
-
-// Register registers the webhooks at addr as the chart does, outside
-// kube-system, failing closed. Mutation of Jobs labeled as agent runs on
-// CREATE, reinvoked if another webhook changes the Job. Validation of every
-// Job and Pod that carries a paperclip.io/ label, on itself or its pods,
-// selected by matchConditions (CEL evaluated in the API server, so other
-// Jobs and Pods cost nothing and never wait on clipjob); on UPDATE only
-// when something clipjob checks changes, so a Job's deletion never does.
-// Side effects (the claim) are skipped on dry run. Existing configurations
-// are replaced, so tests can re-point them.
-func Register(ctx context.Context, cs kubernetes.Interface, addr string, caBundle []byte) error {
-	return RegisterWithMutatingAt(ctx, cs, addr, addr, caBundle, admissionregistrationv1.Fail)
-}
-
-// paperclipLabel is true when the labels map at path has a paperclip.io/
-// key (CEL; has() guards a map the object may not have).
-func paperclipLabel(path string) string {
-	return "(has(" + path + ") && " + path + ".exists(k, k.startsWith('" + contract.Prefix + "')))"
-}
-
-// JobMatchConditions select the Jobs clipjob validates: every Job with a
-// paperclip.io/ label on itself, its pods, or (on UPDATE) its stored
-// version; and on UPDATE only if a field clipjob checks changes, so the
-// garbage collector's and other controllers' updates (finalizers, status
-// of deletion) never depend on clipjob being up.
-var JobMatchConditions = []admissionregistrationv1.MatchCondition{{
-	Name: "carries-paperclip-labels",
-	Expression: paperclipLabel("object.metadata.labels") + " || " +
-		"(has(object.spec.template.metadata) && " + paperclipLabel("object.spec.template.metadata.labels") + ") || " +
-		"(oldObject != null && " + paperclipLabel("oldObject.metadata.labels") + ")",
-}, {
-	Name: "changes-what-clipjob-checks",
-	Expression: "request.operation != 'UPDATE'" +
-		" || has(object.metadata.labels) != has(oldObject.metadata.labels)" +
-		" || (has(object.metadata.labels) && object.metadata.labels != oldObject.metadata.labels)" +
-		" || object.spec.template != oldObject.spec.template" +
-		optionalChanged("suspend", "false") + optionalChanged("parallelism", "1") + optionalChanged("completions", "1") +
-		optionalChanged("podReplacementPolicy", "''") + optionalChanged("manualSelector", "false"),
-}}
-
-// optionalChanged is a CEL term true when spec.field differs between the
-// object and the stored one, an absent field counting as def.
-func optionalChanged(field, def string) string {
-	v := func(o string) string {
-		return "(has(" + o + ".spec." + field + ") ? " + o + ".spec." + field + " : " + def + ")"
-	}
-	return " || " + v("object") + " != " + v("oldObject")
-}
-
-// PodMatchConditions select the pods clipjob validates: those with a
-// paperclip.io/ label.
-var PodMatchConditions = []admissionregistrationv1.MatchCondition{{
-	Name: "carries-paperclip-labels", Expression: paperclipLabel("object.metadata.labels"),
-}}
-
-// RegisterWithMutatingAt is Register with the mutating webhook at its own
-// address and failure policy (tests point it at a dead port to see the
-// validating webhook hold the line alone).
-func RegisterWithMutatingAt(ctx context.Context, cs kubernetes.Interface, mutatingAddr, addr string, caBundle []byte, mutatingFailure admissionregistrationv1.FailurePolicyType) error {
-	objectSelector := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
-		Key: contract.LabelAgentID, Operator: metav1.LabelSelectorOpExists}}}
-	nsSelector := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
-		Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-system"}}}}
-	rule := func(ops ...admissionregistrationv1.OperationType) []admissionregistrationv1.RuleWithOperations {
-		return []admissionregistrationv1.RuleWithOperations{{
-			Operations: ops,
-			Rule: admissionregistrationv1.Rule{APIGroups: []string{"batch"}, APIVersions: []string{"v1"},
-				Resources: []string{"jobs"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)},
-		}}
-	}
-	client := func(addr, path string) admissionregistrationv1.WebhookClientConfig {
-		return admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://" + addr + path), CABundle: caBundle}
-	}
-	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: MutatingWebhookName},
-		Webhooks: []admissionregistrationv1.MutatingWebhook{{
-			Name:                    "mutate.jobs.clipjob.paperclip.io",
-			ClientConfig:            client(mutatingAddr, webhook.MutatePath),
-			Rules:                   rule(admissionregistrationv1.Create),
-			ObjectSelector:          objectSelector,
-			NamespaceSelector:       nsSelector,
-			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
-			FailurePolicy:           ptr.To(mutatingFailure),
-			ReinvocationPolicy:      ptr.To(admissionregistrationv1.IfNeededReinvocationPolicy),
-			TimeoutSeconds:          ptr.To[int32](5),
-			AdmissionReviewVersions: []string{"v1"},
-		}},
-	}
-	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: ValidatingWebhookName},
-		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name:                    "validate.jobs.clipjob.paperclip.io",
-			ClientConfig:            client(addr, webhook.ValidatePath),
-			Rules:                   rule(admissionregistrationv1.Create, admissionregistrationv1.Update),
-			MatchConditions:         JobMatchConditions,
-			NamespaceSelector:       nsSelector,
-			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNoneOnDryRun),
-			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
-			TimeoutSeconds:          ptr.To[int32](10),
-			AdmissionReviewVersions: []string{"v1"},
-		}, {
-			Name:         "validate.pods.clipjob.paperclip.io",
-			ClientConfig: client(addr, webhook.PodPath),
-			Rules: []admissionregistrationv1.RuleWithOperations{{
-				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
-				Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"},
-					Resources: []string{"pods"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)},
-			}, {
-				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
-				Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"},
-					Resources: []string{"pods/ephemeralcontainers"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)},
-			}},
-			MatchConditions:         PodMatchConditions,
-			NamespaceSelector:       nsSelector,
-			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
-			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
-			TimeoutSeconds:          ptr.To[int32](5),
-			AdmissionReviewVersions: []string{"v1"},
-		}},
-	}
-	// Update in place: deleting and recreating would leave the API server
-	// a moment with no webhook at all, admitting whatever comes then.
-	mwcs := cs.AdmissionregistrationV1().MutatingWebhookConfigurations()
-	if old, err := mwcs.Get(ctx, mwc.Name, metav1.GetOptions{}); err == nil {
-		mwc.ResourceVersion = old.ResourceVersion
-		_, err = mwcs.Update(ctx, mwc, metav1.UpdateOptions{})
-		if err != nil {
-			return err
-		}
-	} else if _, err := mwcs.Create(ctx, mwc, metav1.CreateOptions{}); err != nil {
-		return err
-	}
-	vwcs := cs.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-	if old, err := vwcs.Get(ctx, vwc.Name, metav1.GetOptions{}); err == nil {
-		vwc.ResourceVersion = old.ResourceVersion
-		_, err = vwcs.Update(ctx, vwc, metav1.UpdateOptions{})
-		return err
-	}
-	_, err := vwcs.Create(ctx, vwc, metav1.CreateOptions{})
-	return err
 }

@@ -18,26 +18,6 @@ import (
 	"github.com/paperclipai/clipjob/e2e/cluster"
 )
 
-// The permissions each binary needs, and nothing more. The e2e suite runs
-// the binaries with a ServiceAccount token bound to exactly these rules,
-// so a missing permission fails a test rather than a user's install.
-var (
-	WebhookRules = []rbacv1.PolicyRule{
-		{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, Verbs: []string{"get", "list", "watch"}},
-		{APIGroups: []string{""}, Resources: []string{"persistentvolumeclaims"}, Verbs: []string{"get"}},
-		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}},
-		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"get", "list", "watch", "patch"}},
-		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "list", "watch", "create", "update", "delete"}},
-		{APIGroups: []string{"", "events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
-	}
-	RelayRules = []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
-		{APIGroups: []string{""}, Resources: []string{"pods/log"}, Verbs: []string{"get"}},
-		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
-		{APIGroups: []string{"authorization.k8s.io"}, Resources: []string{"subjectaccessreviews"}, Verbs: []string{"create"}},
-	}
-)
-
 // ServiceAccountToken creates ServiceAccount namespace/name, bound by a
 // Role in its namespace to rules (none: no permission at all), and returns
 // a token for it for audiences (none: the API server's), as a client such

@@ -47,7 +47,11 @@ func StartRelay(ctx context.Context, c *cluster.Cluster, bin, name, namespace st
 		return nil, err
 	}
 	probe := fmt.Sprintf("127.0.0.1:%d", ports[1])
-	kubeconfig, err := ServiceAccountKubeconfig(ctx, c, SystemNamespace, "clipjob-relay", RelayRules)
+	rules, err := ChartRules("relay")
+	if err != nil {
+		return nil, err
+	}
+	kubeconfig, err := ServiceAccountKubeconfig(ctx, c, SystemNamespace, "clipjob-relay", rules)
 	if err != nil {
 		return nil, err
 	}

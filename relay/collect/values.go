@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -13,8 +14,8 @@ import (
 )
 
 // ValuesFile keeps a Redactor's literal values those of a file, one per
-// line: typically a mounted Secret, which the kubelet replaces in place
-// when the Secret changes. It is polled rather than watched because the
+// line, or of every file in a directory: typically a mounted Secret (a
+// file per key), which the kubelet replaces in place when it changes. It is polled rather than watched because the
 // kubelet swaps a symlink to a new directory, which file watches miss
 // unless they follow the swap.
 type ValuesFile struct {
@@ -34,7 +35,7 @@ type ValuesFile struct {
 // on an error: running without the values it was told to redact would
 // store them.
 func (v *ValuesFile) Load() error {
-	data, err := os.ReadFile(v.Path)
+	data, err := readValuesFile(v.Path)
 	if err != nil {
 		return fmt.Errorf("redaction values: %w", err)
 	}
@@ -58,7 +59,7 @@ func (v *ValuesFile) Start(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		data, err := os.ReadFile(v.Path)
+		data, err := readValuesFile(v.Path)
 		switch {
 		case err != nil:
 			valuesReloads.WithLabelValues("error").Inc()
@@ -86,6 +87,38 @@ func (v *ValuesFile) apply(data []byte) int {
 	v.Redactor.SetValues(append(values, file...))
 	v.last = data
 	return len(file)
+}
+
+// readValuesFile returns the file at path, or the files of the directory
+// at path one after the other (skipping the kubelet's "..data" entries).
+func readValuesFile(path string) ([]byte, error) {
+	info, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !info.IsDir() {
+		return os.ReadFile(path)
+	}
+	entries, err := os.ReadDir(path)
+	if err != nil {
+		return nil, err
+	}
+	var all []byte
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		file := filepath.Join(path, e.Name())
+		if fi, err := os.Stat(file); err == nil && fi.IsDir() {
+			continue
+		}
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return nil, err
+		}
+		all = append(append(all, data...), '\n')
+	}
+	return all, nil
 }
 
 // parseValues reads one value per non-empty line, trimmed.

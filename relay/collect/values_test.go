@@ -86,3 +86,33 @@ func waitFor(t *testing.T, ok func() bool, msg string) {
 		t.Fatal(msg)
 	}
 }
+
+// A mounted Secret is a directory: a file per key, each a symlink into the
+// kubelet's ..data directory. Every key's value is redacted.
+func TestValuesFileReadsAMountedSecret(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "..2026_11_23")
+	if err := os.Mkdir(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]string{"ANTHROPIC_API_KEY": "sk-ant-secret-value", "OPENAI_API_KEY": "openai-secret-value\n"} {
+		if err := os.WriteFile(filepath.Join(data, k), []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(filepath.Join("..data", k), filepath.Join(dir, k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(filepath.Base(data), filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := NewRedactor(nil, nil)
+	if err := (&ValuesFile{Path: dir, Redactor: r}).Load(); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"sk-ant-secret-value", "openai-secret-value"} {
+		if got := string(r.Redact([]byte("key=" + s))); got != "key="+Redacted {
+			t.Errorf("%q: %q", s, got)
+		}
+	}
+}

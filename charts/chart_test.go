@@ -1,0 +1,353 @@
+package charts
+
+import (
+	"encoding/base64"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+
+	"github.com/paperclipai/clipjob/config"
+)
+
+var rel = Release{Name: "clipjob", Namespace: "clipjob-system"}
+
+func render(t *testing.T, values map[string]any) *Rendered {
+	t.Helper()
+	r, err := Render(rel, values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func into(t *testing.T, r *Rendered, kind, name string, out runtime.Object) {
+	t.Helper()
+	if err := r.Into(kind, name, out); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLint runs Helm's own linter, as `helm lint --strict` does, over the
+// chart with each value set the tests render.
+func TestLint(t *testing.T) {
+	dir := t.TempDir()
+	ch, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := chartutil.SaveDir(ch, dir); err != nil {
+		t.Fatal(err)
+	}
+	for name, values := range valueSets {
+		linter := lint.AllWithKubeVersion(dir+"/"+Name, values, rel.Namespace, nil)
+		for _, m := range linter.Messages {
+			if m.Severity > support.InfoSev {
+				t.Errorf("%s: %s", name, m)
+			}
+		}
+	}
+}
+
+// valueSets are the installs the chart promises to render.
+var valueSets = map[string]map[string]any{
+	"defaults":     nil,
+	"cert-manager": {"certificates": map[string]any{"mode": "certManager"}},
+	"cert-manager with an issuer": {"certificates": map[string]any{"mode": "certManager",
+		"certManager": map[string]any{"issuerRef": map[string]any{"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}}}},
+	"external certificates": {"certificates": map[string]any{"mode": "external", "caBundle": base64.StdEncoding.EncodeToString([]byte("ca"))}},
+	"standard egress":       {"networkPolicy": map[string]any{"mode": "standard"}},
+	"cilium egress":         {"networkPolicy": map[string]any{"mode": "cilium"}},
+	"replicas 3":            {"webhook": map[string]any{"replicas": 3}},
+	"relay mirror":          {"relay": map[string]any{"mirror": map[string]any{"enabled": true}, "redactValuesSecret": "agent-keys"}},
+	"no relay":              {"relay": map[string]any{"enabled": false}},
+	"managed namespace":     {"agentNamespace": map[string]any{"create": true}},
+	"service monitor":       {"serviceMonitor": map[string]any{"enabled": true}},
+}
+
+// Every value set renders objects that decode into their typed API
+// objects without an unknown field.
+func TestEveryValueSetDecodes(t *testing.T) {
+	typed := map[string]func() runtime.Object{
+		"Deployment": func() runtime.Object { return &appsv1.Deployment{} }, "Service": func() runtime.Object { return &corev1.Service{} },
+		"ServiceAccount": func() runtime.Object { return &corev1.ServiceAccount{} }, "ConfigMap": func() runtime.Object { return &corev1.ConfigMap{} },
+		"PersistentVolumeClaim": func() runtime.Object { return &corev1.PersistentVolumeClaim{} }, "Namespace": func() runtime.Object { return &corev1.Namespace{} },
+		"ClusterRole": func() runtime.Object { return &rbacv1.ClusterRole{} }, "ClusterRoleBinding": func() runtime.Object { return &rbacv1.ClusterRoleBinding{} },
+		"Role": func() runtime.Object { return &rbacv1.Role{} }, "RoleBinding": func() runtime.Object { return &rbacv1.RoleBinding{} },
+		"PodDisruptionBudget": func() runtime.Object { return &policyv1.PodDisruptionBudget{} }, "NetworkPolicy": func() runtime.Object { return &networkingv1.NetworkPolicy{} },
+		"MutatingWebhookConfiguration":     func() runtime.Object { return &admissionregistrationv1.MutatingWebhookConfiguration{} },
+		"ValidatingWebhookConfiguration":   func() runtime.Object { return &admissionregistrationv1.ValidatingWebhookConfiguration{} },
+		"ValidatingAdmissionPolicy":        func() runtime.Object { return &admissionregistrationv1.ValidatingAdmissionPolicy{} },
+		"ValidatingAdmissionPolicyBinding": func() runtime.Object { return &admissionregistrationv1.ValidatingAdmissionPolicyBinding{} },
+	}
+	// Custom resources of other projects, checked by shape in their own tests.
+	foreign := []string{"Certificate", "Issuer", "CiliumNetworkPolicy", "ServiceMonitor"}
+	for name, values := range valueSets {
+		r := render(t, values)
+		for _, o := range r.Objects {
+			mk, ok := typed[o.GetKind()]
+			if !ok {
+				if !slices.Contains(foreign, o.GetKind()) {
+					t.Errorf("%s: %s %s has no typed check", name, o.GetKind(), o.GetName())
+				}
+				continue
+			}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(o.Object, mk(), true); err != nil {
+				t.Errorf("%s: %s %s: %v", name, o.GetKind(), o.GetName(), err)
+			}
+			if o.GetLabels()["app.kubernetes.io/instance"] != rel.Name || o.GetLabels()["app.kubernetes.io/managed-by"] != "Helm" {
+				t.Errorf("%s: %s %s lacks the app.kubernetes.io labels: %v", name, o.GetKind(), o.GetName(), o.GetLabels())
+			}
+		}
+	}
+}
+
+// A typo in values is an error, not a silent default.
+func TestSchemaRefusesUnknownValues(t *testing.T) {
+	for _, tc := range []struct {
+		values map[string]any
+		want   string
+	}{
+		{map[string]any{"webhok": map[string]any{}}, "webhok"},
+		{map[string]any{"webhook": map[string]any{"replica": 3}}, "replica"},
+		{map[string]any{"webhook": map[string]any{"failurePolicy": "Open"}}, "failurePolicy"},
+		{map[string]any{"certificates": map[string]any{"mode": "manual"}}, "mode"},
+		{map[string]any{"networkPolicy": map[string]any{"mode": "calico"}}, "mode"},
+		{map[string]any{"relay": map[string]any{"mirror": map[string]any{"enabld": true}}}, "enabld"},
+	} {
+		_, err := Render(rel, tc.values)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: want an error naming %q, got %v", tc.values, tc.want, err)
+		}
+	}
+	if _, err := Render(rel, map[string]any{"certificates": map[string]any{"mode": "external"}}); err == nil || !strings.Contains(err.Error(), "caBundle") {
+		t.Errorf("external certificates without a caBundle: %v", err)
+	}
+}
+
+// The config ConfigMap holds exactly the values' config, a Config the
+// webhook loads.
+func TestConfigMapIsAConfig(t *testing.T) {
+	r := render(t, map[string]any{"config": map[string]any{
+		"source": map[string]any{"namespace": "pc", "deployment": "server", "container": "app"},
+		"policy": map[string]any{"concurrency": map[string]any{"mode": "Queue"}},
+	}})
+	var cm corev1.ConfigMap
+	into(t, r, "ConfigMap", "clipjob-config", &cm)
+	cfg, err := config.Parse([]byte(cm.Data["config.yaml"]))
+	if err != nil {
+		t.Fatalf("the rendered config does not load: %v\n%s", err, cm.Data["config.yaml"])
+	}
+	if cfg.Source.Namespace != "pc" || cfg.Source.Deployment != "server" || cfg.Policy.Concurrency.Mode != config.ModeQueue {
+		t.Errorf("config %+v %+v", cfg.Source, cfg.Policy.Concurrency)
+	}
+}
+
+func TestWebhookDeployment(t *testing.T) {
+	for _, replicas := range []int{1, 2, 3} {
+		r := render(t, map[string]any{"webhook": map[string]any{"replicas": replicas}})
+		var d appsv1.Deployment
+		into(t, r, "Deployment", "clipjob-webhook", &d)
+		if *d.Spec.Replicas != int32(replicas) || d.Spec.Strategy.RollingUpdate.MaxUnavailable.IntValue() != 0 {
+			t.Errorf("replicas %d: %d, maxUnavailable %v", replicas, *d.Spec.Replicas, d.Spec.Strategy.RollingUpdate.MaxUnavailable)
+		}
+		var pdb policyv1.PodDisruptionBudget
+		into(t, r, "PodDisruptionBudget", "clipjob-webhook", &pdb)
+		if replicas > 1 && (pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != 1) {
+			t.Errorf("replicas %d: PDB %+v, want minAvailable 1", replicas, pdb.Spec)
+		}
+		if replicas == 1 && pdb.Spec.MinAvailable != nil {
+			t.Error("one replica with minAvailable 1 would block every node drain")
+		}
+		spec := d.Spec.Template.Spec
+		c := spec.Containers[0]
+		if !ptr.Deref(spec.SecurityContext.RunAsNonRoot, false) || spec.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault ||
+			!ptr.Deref(c.SecurityContext.ReadOnlyRootFilesystem, false) || ptr.Deref(c.SecurityContext.AllowPrivilegeEscalation, true) {
+			t.Errorf("webhook pod is not restricted: %+v %+v", spec.SecurityContext, c.SecurityContext)
+		}
+		if c.ReadinessProbe == nil || c.LivenessProbe == nil || c.Resources.Requests.Cpu().IsZero() {
+			t.Error("webhook container lacks probes or requests")
+		}
+		if !slices.Contains(c.Args, "--shutdown-delay=10s") || *spec.TerminationGracePeriodSeconds != 30 {
+			t.Errorf("shutdown delay: args %v, grace %d", c.Args, *spec.TerminationGracePeriodSeconds)
+		}
+		if len(spec.TopologySpreadConstraints) != 2 {
+			t.Errorf("replicas are not spread: %+v", spec.TopologySpreadConstraints)
+		}
+		if d.Spec.Template.Labels["app.kubernetes.io/component"] != "webhook" {
+			t.Error("pod template lacks the component label its Service selects")
+		}
+	}
+}
+
+// The webhook configurations are what the e2e suite registers: checked
+// here for what no e2e test can see (service mode, namespaces excluded,
+// CA injection per mode).
+func TestWebhookConfigurations(t *testing.T) {
+	r := render(t, nil)
+	var mwc admissionregistrationv1.MutatingWebhookConfiguration
+	into(t, r, "MutatingWebhookConfiguration", "clipjob-mutating", &mwc)
+	var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+	into(t, r, "ValidatingWebhookConfiguration", "clipjob-validating", &vwc)
+	if len(mwc.Webhooks) != 1 || len(vwc.Webhooks) != 2 {
+		t.Fatalf("%d mutating, %d validating webhooks", len(mwc.Webhooks), len(vwc.Webhooks))
+	}
+	wantNS := &admissionregistrationv1.ValidatingWebhook{NamespaceSelector: vwc.Webhooks[0].NamespaceSelector}
+	excluded := wantNS.NamespaceSelector.MatchExpressions[0].Values
+	if d := cmp.Diff([]string{"clipjob-system", "kube-system"}, excluded); d != "" {
+		t.Errorf("excluded namespaces (-want +got):\n%s", d)
+	}
+	svc := mwc.Webhooks[0].ClientConfig.Service
+	if svc == nil || svc.Name != "clipjob-webhook" || svc.Namespace != "clipjob-system" || *svc.Path != "/mutate-batch-v1-job" || *svc.Port != 443 {
+		t.Errorf("mutating client config %+v", mwc.Webhooks[0].ClientConfig)
+	}
+	paths := map[string]string{}
+	for _, w := range vwc.Webhooks {
+		paths[w.Name] = *w.ClientConfig.Service.Path
+		if *w.SideEffects == admissionregistrationv1.SideEffectClassSome || *w.FailurePolicy != admissionregistrationv1.Fail || len(w.MatchConditions) == 0 {
+			t.Errorf("%s: sideEffects %s failurePolicy %s matchConditions %d", w.Name, *w.SideEffects, *w.FailurePolicy, len(w.MatchConditions))
+		}
+	}
+	if paths["validate.jobs.clipjob.paperclip.io"] != "/validate-batch-v1-job" || paths["validate.pods.clipjob.paperclip.io"] != "/validate-v1-pod" {
+		t.Errorf("validating paths %v", paths)
+	}
+	if *vwc.Webhooks[0].SideEffects != admissionregistrationv1.SideEffectClassNoneOnDryRun {
+		t.Error("the Job webhook writes the claim: sideEffects must be NoneOnDryRun")
+	}
+
+	cm := render(t, valueSets["cert-manager"])
+	into(t, cm, "ValidatingWebhookConfiguration", "clipjob-validating", &vwc)
+	if got := vwc.Annotations["cert-manager.io/inject-ca-from"]; got != "clipjob-system/clipjob-webhook" {
+		t.Errorf("cert-manager mode: inject-ca-from %q", got)
+	}
+	if cm.Find("Certificate", "clipjob-webhook") == nil || cm.Find("Certificate", "clipjob-relay") == nil || cm.Find("Issuer", "clipjob-ca") == nil {
+		t.Error("cert-manager mode without its own issuer renders no CA and certificates")
+	}
+	issuer := render(t, valueSets["cert-manager with an issuer"])
+	if issuer.Find("Issuer", "clipjob-ca") != nil {
+		t.Error("an issuerRef given, the chart still made its own CA")
+	}
+	ref, _, _ := unstructured.NestedMap(issuer.Find("Certificate", "clipjob-webhook").Object, "spec", "issuerRef")
+	if ref["name"] != "corp-ca" || ref["kind"] != "ClusterIssuer" {
+		t.Errorf("issuerRef %v", ref)
+	}
+}
+
+// The claim Lease policy lets only the webhook's ServiceAccount write.
+func TestClaimLeasePolicyNamesTheWebhook(t *testing.T) {
+	r := render(t, nil)
+	var vap admissionregistrationv1.ValidatingAdmissionPolicy
+	into(t, r, "ValidatingAdmissionPolicy", "clipjob-claim-leases", &vap)
+	if !strings.Contains(vap.Spec.Validations[0].Expression, "'system:serviceaccount:clipjob-system:clipjob-webhook'") {
+		t.Errorf("validation %q does not name the webhook's ServiceAccount", vap.Spec.Validations[0].Expression)
+	}
+	if r := render(t, map[string]any{"claimLeasePolicy": map[string]any{"enabled": false}}); r.Find("ValidatingAdmissionPolicy", "clipjob-claim-leases") != nil {
+		t.Error("claimLeasePolicy.enabled false still renders it")
+	}
+}
+
+func TestRelay(t *testing.T) {
+	r := render(t, valueSets["relay mirror"])
+	var d appsv1.Deployment
+	into(t, r, "Deployment", "clipjob-relay", &d)
+	if *d.Spec.Replicas != 1 || d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+		t.Errorf("relay: %d replicas, strategy %s; the store takes one writer", *d.Spec.Replicas, d.Spec.Strategy.Type)
+	}
+	c := d.Spec.Template.Spec.Containers[0]
+	for _, want := range []string{"--mirror-dir=/paperclip", "--token-audience=clipjob-relay", "--redact-values-file=/etc/clipjob-relay/redact", "--cert-dir=/tls"} {
+		if !slices.Contains(c.Args, want) {
+			t.Errorf("relay args %v lack %s", c.Args, want)
+		}
+	}
+	sc := d.Spec.Template.Spec.SecurityContext
+	if ptr.Deref(sc.RunAsUser, 0) != 1000 || ptr.Deref(sc.FSGroup, 0) != 1000 {
+		t.Errorf("mirror on: runAsUser %v fsGroup %v, want Paperclip's 1000", sc.RunAsUser, sc.FSGroup)
+	}
+	claims := map[string]bool{}
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.PersistentVolumeClaim != nil {
+			claims[v.PersistentVolumeClaim.ClaimName] = true
+		}
+	}
+	if !claims["clipjob-relay"] || !claims["paperclip-data"] {
+		t.Errorf("relay volumes %v: want its store and Paperclip's volume", claims)
+	}
+	off := render(t, nil)
+	into(t, off, "Deployment", "clipjob-relay", &d)
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == "paperclip-data" {
+			t.Error("mirror off, the relay still mounts Paperclip's volume")
+		}
+	}
+	none := render(t, valueSets["no relay"])
+	for _, o := range none.Objects {
+		if strings.Contains(o.GetName(), "relay") {
+			t.Errorf("relay disabled, still rendered %s %s", o.GetKind(), o.GetName())
+		}
+	}
+}
+
+func TestEgressPolicies(t *testing.T) {
+	if r := render(t, nil); r.Find("NetworkPolicy", "clipjob-agent-egress") != nil {
+		t.Error("egress policies are off by default")
+	}
+	var np networkingv1.NetworkPolicy
+	into(t, render(t, valueSets["standard egress"]), "NetworkPolicy", "clipjob-agent-egress", &np)
+	if np.Namespace != "paperclip" || np.Spec.PodSelector.MatchLabels["paperclip.io/role"] != "agent" || len(np.Spec.Egress) != 3 {
+		t.Fatalf("standard policy %+v", np.Spec)
+	}
+	public := np.Spec.Egress[2]
+	if public.To[0].IPBlock.CIDR != "0.0.0.0/0" || !slices.Contains(public.To[0].IPBlock.Except, "169.254.0.0/16") || public.Ports[0].Port.IntValue() != 443 {
+		t.Errorf("public HTTPS rule %+v", public)
+	}
+	cilium := render(t, valueSets["cilium egress"])
+	anthropic := cilium.Find("CiliumNetworkPolicy", "clipjob-egress-anthropic")
+	if anthropic == nil {
+		t.Fatal("no cilium policy for the anthropic egress profile")
+	}
+	sel, _, _ := unstructured.NestedStringMap(anthropic.Object, "spec", "endpointSelector", "matchLabels")
+	if sel["paperclip.io/egress-profile"] != "anthropic" {
+		t.Errorf("selector %v", sel)
+	}
+	egress, _, _ := unstructured.NestedSlice(anthropic.Object, "spec", "egress")
+	fqdns := egress[len(egress)-1].(map[string]any)["toFQDNs"].([]any)
+	if len(fqdns) != 5 || fqdns[0].(map[string]any)["matchName"] != "api.anthropic.com" {
+		t.Errorf("anthropic FQDNs %v", fqdns)
+	}
+	// Every egress profile the built-in profiles use has a cilium policy.
+	cfg := config.Default()
+	for _, name := range cfg.ProfileNames() {
+		p, _ := cfg.Profile(name)
+		if cilium.Find("CiliumNetworkPolicy", "clipjob-egress-"+p.EgressProfile) == nil {
+			t.Errorf("profile %s: no cilium policy for egress profile %q", name, p.EgressProfile)
+		}
+	}
+}
+
+func TestManagedNamespaceEnforcesRestricted(t *testing.T) {
+	var ns corev1.Namespace
+	into(t, render(t, valueSets["managed namespace"]), "Namespace", "paperclip", &ns)
+	if ns.Labels["pod-security.kubernetes.io/enforce"] != "restricted" || ns.Annotations["helm.sh/resource-policy"] != "keep" {
+		t.Errorf("namespace %v %v", ns.Labels, ns.Annotations)
+	}
+}
+
+func TestNotesNameTheDoctor(t *testing.T) {
+	r := render(t, nil)
+	if !strings.Contains(r.Notes, "clipjob doctor --namespace clipjob-system --release clipjob") {
+		t.Errorf("NOTES.txt:\n%s", r.Notes)
+	}
+}

@@ -1,0 +1,94 @@
+{{/* The release's name for everything it creates, at most 63 characters. */}}
+{{- define "clipjob.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "clipjob.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: clipjob
+{{- end -}}
+
+{{/* Selector labels of one component (webhook, relay). */}}
+{{- define "clipjob.selector" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "clipjob.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "clipjob.webhookName" -}}{{ include "clipjob.fullname" . }}-webhook{{- end -}}
+{{- define "clipjob.relayName" -}}{{ include "clipjob.fullname" . }}-relay{{- end -}}
+{{- define "clipjob.webhookTLSSecret" -}}{{ include "clipjob.fullname" . }}-webhook-tls{{- end -}}
+{{- define "clipjob.relayTLSSecret" -}}{{ include "clipjob.fullname" . }}-relay-tls{{- end -}}
+{{- define "clipjob.caSecret" -}}{{ include "clipjob.fullname" . }}-ca{{- end -}}
+{{- define "clipjob.configMap" -}}{{ include "clipjob.fullname" . }}-config{{- end -}}
+
+{{/* Where the API server reaches a webhook path: the Service, or for development webhook.url. */}}
+{{- define "clipjob.clientConfig" -}}
+{{- if .root.Values.webhook.url }}
+url: {{ printf "%s%s" (trimSuffix "/" .root.Values.webhook.url) .path | quote }}
+{{- else }}
+service:
+  name: {{ include "clipjob.webhookName" .root }}
+  namespace: {{ .root.Release.Namespace }}
+  path: {{ .path | quote }}
+  port: 443
+{{- end }}
+{{- if eq .root.Values.certificates.mode "external" }}
+caBundle: {{ required "certificates.mode external needs certificates.caBundle" .root.Values.certificates.caBundle }}
+{{- end }}
+{{- end -}}
+
+{{/* Namespaces the webhooks never see: the release's own and webhook.excludeNamespaces. */}}
+{{- define "clipjob.namespaceSelector" -}}
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values:
+        {{- range (concat (list .Release.Namespace) .Values.webhook.excludeNamespaces | uniq) }}
+        - {{ . | quote }}
+        {{- end }}
+{{- end -}}
+
+{{/* CEL: the labels map at path has a paperclip.io/ key (has() guards a map the object may not have). */}}
+{{- define "clipjob.paperclipLabel" -}}
+(has({{ . }}) && {{ . }}.exists(k, k.startsWith('paperclip.io/')))
+{{- end -}}
+
+{{/* CEL: spec.field differs between the object and the stored one, an absent field counting as its default. */}}
+{{- define "clipjob.changed" -}}
+{{- $f := index . 0 -}}{{- $d := index . 1 -}}
+{{ " || " }}(has(object.spec.{{ $f }}) ? object.spec.{{ $f }} : {{ $d }}) != (has(oldObject.spec.{{ $f }}) ? oldObject.spec.{{ $f }} : {{ $d }})
+{{- end -}}
+
+{{- define "clipjob.caInjection" -}}
+{{- if eq .Values.certificates.mode "certManager" }}
+annotations:
+  cert-manager.io/inject-ca-from: {{ .Release.Namespace }}/{{ include "clipjob.webhookName" . }}
+{{- end }}
+{{- end -}}
+
+{{- define "clipjob.podSecurityContext" -}}
+runAsNonRoot: true
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "clipjob.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+{{- end -}}

@@ -1,0 +1,131 @@
+package harness
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/paperclipai/clipjob/charts"
+)
+
+// The suite installs clipjob from its chart: the binaries run with the
+// chart's RBAC, and the API server calls them through the chart's webhook
+// configurations, pointed at the host (webhook.url, the chart's switch for
+// development). What the suite passes, the chart ships.
+
+// Release is the chart release the suite installs.
+var Release = charts.Release{Name: "clipjob", Namespace: SystemNamespace}
+
+// Names of the chart's webhook configurations for Release.
+const (
+	MutatingWebhookName   = "clipjob-mutating"
+	ValidatingWebhookName = "clipjob-validating"
+)
+
+// RenderChart renders the chart for Release with the webhooks called at
+// addr and certificates signed by the CA caBundle (PEM).
+func RenderChart(addr string, caBundle []byte, values map[string]any) (*charts.Rendered, error) {
+	v := map[string]any{
+		"webhook":      map[string]any{"url": "https://" + addr},
+		"certificates": map[string]any{"mode": "external", "caBundle": base64.StdEncoding.EncodeToString(caBundle)},
+	}
+	for k, val := range values {
+		v[k] = val
+	}
+	return charts.Render(Release, v)
+}
+
+// ChartRules returns the rules of the chart's ClusterRole for a component
+// ("webhook" or "relay").
+func ChartRules(component string) ([]rbacv1.PolicyRule, error) {
+	r, err := RenderChart("localhost", []byte("only the webhook configurations use it"), nil)
+	if err != nil {
+		return nil, err
+	}
+	var role rbacv1.ClusterRole
+	if err := r.Into("ClusterRole", Release.Name+"-"+component, &role); err != nil {
+		return nil, err
+	}
+	return role.Rules, nil
+}
+
+// Register registers the chart's webhook configurations with the webhooks
+// at addr, failing closed. Existing configurations are replaced in place,
+// so tests can re-point them.
+func Register(ctx context.Context, cs kubernetes.Interface, addr string, caBundle []byte) error {
+	return RegisterWithMutatingAt(ctx, cs, addr, addr, caBundle, admissionregistrationv1.Fail)
+}
+
+// RegisterWithMutatingAt is Register with the mutating webhook at its own
+// address and failure policy (tests point it at a dead port to see the
+// validating webhook hold the line alone).
+func RegisterWithMutatingAt(ctx context.Context, cs kubernetes.Interface, mutatingAddr, addr string, caBundle []byte, mutatingFailure admissionregistrationv1.FailurePolicyType) error {
+	r, err := RenderChart(addr, caBundle, nil)
+	if err != nil {
+		return err
+	}
+	var mwc admissionregistrationv1.MutatingWebhookConfiguration
+	if err := r.Into("MutatingWebhookConfiguration", MutatingWebhookName, &mwc); err != nil {
+		return err
+	}
+	var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+	if err := r.Into("ValidatingWebhookConfiguration", ValidatingWebhookName, &vwc); err != nil {
+		return err
+	}
+	for i := range mwc.Webhooks {
+		w := &mwc.Webhooks[i]
+		w.ClientConfig.URL = ptr.To("https://" + mutatingAddr + "/mutate-batch-v1-job")
+		w.FailurePolicy = ptr.To(mutatingFailure)
+	}
+	// Update in place: deleting and recreating would leave the API server
+	// a moment with no webhook at all, admitting whatever comes then.
+	mwcs := cs.AdmissionregistrationV1().MutatingWebhookConfigurations()
+	if old, err := mwcs.Get(ctx, mwc.Name, metav1.GetOptions{}); err == nil {
+		mwc.ResourceVersion = old.ResourceVersion
+		if _, err := mwcs.Update(ctx, &mwc, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+	} else if _, err := mwcs.Create(ctx, &mwc, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	vwcs := cs.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	if old, err := vwcs.Get(ctx, vwc.Name, metav1.GetOptions{}); err == nil {
+		vwc.ResourceVersion = old.ResourceVersion
+		_, err = vwcs.Update(ctx, &vwc, metav1.UpdateOptions{})
+		return err
+	}
+	_, err = vwcs.Create(ctx, &vwc, metav1.CreateOptions{})
+	return err
+}
+
+// ApplyClaimLeasePolicy creates the chart's ValidatingAdmissionPolicy and
+// its binding, which let only clipjob's webhook write claim Leases.
+func ApplyClaimLeasePolicy(ctx context.Context, cs kubernetes.Interface) error {
+	r, err := RenderChart("localhost", []byte("only the webhook configurations use it"), nil)
+	if err != nil {
+		return err
+	}
+	name := Release.Name + "-claim-leases"
+	var vap admissionregistrationv1.ValidatingAdmissionPolicy
+	if err := r.Into("ValidatingAdmissionPolicy", name, &vap); err != nil {
+		return err
+	}
+	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	if err := r.Into("ValidatingAdmissionPolicyBinding", name, &binding); err != nil {
+		return err
+	}
+	if _, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, &vap, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("claim Lease policy: %w", err)
+	}
+	if _, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, &binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("claim Lease policy binding: %w", err)
+	}
+	return nil
+}
