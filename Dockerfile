@@ -1,5 +1,5 @@
-# Builds the clipjob binaries into one small image; the Helm chart runs
-# clipjob-webhook (and, later, clipjob-relay) from it.
+# Builds the clipjob binaries into one small image (static, distroless,
+# non-root); the Helm chart runs clipjob-webhook and clipjob-relay from it.
 FROM golang:1.26 AS build
 WORKDIR /src
 COPY go.mod go.sum ./

@@ -11,12 +11,18 @@ FUZZTIME  ?= 30s
 BENCH_N   ?= 300
 BENCH_C   ?= 1,10,50
 
-.PHONY: all build test unit e2e demo bench kube-binaries fuzz lint fmt vet clean
+.PHONY: all build image test unit e2e demo bench kube-binaries fuzz lint fmt vet clean
+
+# The image the chart runs, tagged with the chart's appVersion.
+IMAGE     ?= ghcr.io/paperclipai/clipjob:$(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/clipjob/Chart.yaml)
 
 all: build
 
 build: ## Build the binaries into bin/
 	$(GO) build -o $(BIN)/ ./cmd/...
+
+image: ## Build the container image (needs a Docker engine)
+	docker build -t $(IMAGE) .
 
 kube-binaries: ## Build (first time only) etcd, kube-apiserver, controller-manager, scheduler, kwok
 	@bash hack/kube-binaries.sh >/dev/null
@@ -29,7 +35,7 @@ test: lint kube-binaries ## Unit, golden, fuzz-seed and e2e tests
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 30m ./...
 
 unit: ## Unit and golden tests only (no control plane)
-	$(GOTEST) ./contract/... ./config/... ./templates/... ./policy/... ./claim/... ./webhook/... ./relay/... ./cmd/... ./internal/...
+	$(GOTEST) ./contract/... ./config/... ./templates/... ./policy/... ./claim/... ./certs/... ./webhook/... ./relay/... ./cmd/... ./charts/... ./internal/...
 
 e2e: kube-binaries ## The e2e suite alone
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 30m -v ./e2e/

@@ -1,15 +1,25 @@
 package e2e
 
 import (
+	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/paperclipai/clipjob/certs"
+	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/e2e/harness"
 )
 
 func servedSerial(t *testing.T, addr string) string {
@@ -56,5 +66,130 @@ func TestServingCertHotReload(t *testing.T) {
 	}
 	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, bareJob(t, "e2e-after-rotation"), metav1.CreateOptions{}); err != nil {
 		t.Fatalf("admission after rotation: %v", err)
+	}
+}
+
+// servedCert returns the certificate served at addr, without trusting it.
+func servedCert(t *testing.T, addr string) *x509.Certificate {
+	t.Helper()
+	conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // only reading what is served
+	if err != nil {
+		t.Fatalf("TLS to %s: %v", addr, err)
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0]
+}
+
+// injectedBundles returns the CA bundle of every registered webhook.
+func injectedBundles(ctx context.Context, t *testing.T) [][]byte {
+	t.Helper()
+	mwc, err := env.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, harness.MutatingWebhookName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vwc, err := env.cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, harness.ValidatingWebhookName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]byte
+	for _, w := range mwc.Webhooks {
+		out = append(out, w.ClientConfig.CABundle)
+	}
+	for _, w := range vwc.Webhooks {
+		out = append(out, w.ClientConfig.CABundle)
+	}
+	return out
+}
+
+// TestSelfManagedCertificates: a replica run as the chart runs it by
+// default (certificates.mode selfManaged, with the chart's RBAC) issues a
+// CA and its serving certificate into Secrets and injects the CA into the
+// webhook configurations, and admissions go through it. Deleting both
+// Secrets while a loop creates Jobs (a forced rotation) makes a new CA and
+// certificate with zero failed admissions.
+func TestSelfManagedCertificates(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const caSecret, certSecret = "e2e-selfmanaged-ca", "e2e-selfmanaged-tls"
+	t.Cleanup(func() {
+		if err := harness.Register(context.Background(), env.cs, env.webhookAddr, env.cluster.CA.CertPEM); err != nil {
+			t.Error(err)
+		}
+	})
+	wh, err := harness.StartWebhook(ctx, env.cluster, env.webhookBin, "webhook-selfmanaged", filepath.Join(harness.Root(), "examples", "config.yaml"),
+		"--cert-secret", certSecret, "--ca-secret", caSecret, "--cert-dns-name", "localhost",
+		"--inject-ca-mutating", harness.MutatingWebhookName, "--inject-ca-validating", harness.ValidatingWebhookName,
+		"--cert-check-interval", "500ms", "--cert-propagation-delay", "3s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(wh.Stop) // before the registration is put back
+	addr := strings.Replace(wh.Addr, "127.0.0.1", "localhost", 1)
+	if err := harness.Register(ctx, env.cs, addr, env.cluster.CA.CertPEM); err != nil {
+		t.Fatal(err)
+	}
+	trusted := func(cert *x509.Certificate) bool {
+		for _, b := range injectedBundles(ctx, t) {
+			if certs.Verify(b, cert, "localhost", time.Now()) != nil {
+				return false
+			}
+		}
+		return true
+	}
+	first := servedCert(t, wh.Addr)
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return trusted(first), nil
+	}); err != nil {
+		t.Fatalf("the webhook configurations never trusted the self-managed certificate; see %s", wh.Log)
+	}
+
+	var ok, failed atomic.Int64
+	var lastErr atomic.Value
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			job := bareJob(t, fmt.Sprintf("e2e-rotation-%d", i))
+			stored, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			if err != nil || stored.Annotations[contract.AnnotationProfile] == "" {
+				failed.Add(1)
+				lastErr.Store(fmt.Sprint(err))
+				continue
+			}
+			ok.Add(1)
+		}
+	}()
+	time.Sleep(time.Second)
+	for _, s := range []string{caSecret, certSecret} {
+		if err := env.cs.CoreV1().Secrets(harness.SystemNamespace).Delete(ctx, s, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var rotated *x509.Certificate
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		rotated = servedCert(t, wh.Addr)
+		return len(rotated.AuthorityKeyId) > 0 && !bytes.Equal(rotated.AuthorityKeyId, first.AuthorityKeyId), nil
+	})
+	time.Sleep(2 * time.Second) // admissions on the new certificate
+	close(stop)
+	<-done
+	t.Logf("forced rotation: %d admissions, %d failed", ok.Load(), failed.Load())
+	if err != nil {
+		t.Fatalf("no certificate from a new CA after the Secrets were deleted; see %s", wh.Log)
+	}
+	if failed.Load() != 0 {
+		t.Errorf("%d admissions failed during the rotation; last: %v", failed.Load(), lastErr.Load())
+	}
+	if ok.Load() < 10 {
+		t.Errorf("only %d admissions during the rotation: the loop did not run", ok.Load())
+	}
+	if !trusted(rotated) || !trusted(first) {
+		t.Error("after the rotation the bundle must trust the new certificate and still the old CA's")
 	}
 }

@@ -2,10 +2,13 @@ package webhook
 
 import (
 	"errors"
+	"os"
 	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
+
+	"github.com/paperclipai/clipjob/certs"
 )
 
 // Options configure Run. DefaultOptions holds every default; the
@@ -41,6 +44,11 @@ type Options struct {
 	// what protects it.
 	KubeAPIQPS   float32
 	KubeAPIBurst int
+	// Certificates, when set, makes the webhook issue, serve and rotate its
+	// own certificates and inject their CA (the chart's selfManaged mode)
+	// instead of reading CertDir. Its Namespace defaults to the leader
+	// election's.
+	Certificates *certs.Options
 	// RestConfig reaches the API server. Required.
 	RestConfig *rest.Config
 	// Log is the logger.
@@ -81,8 +89,35 @@ func (o *Options) validate() error {
 	if o.SweepInterval <= 0 {
 		errs = append(errs, errors.New("SweepInterval must be positive"))
 	}
+	if o.Certificates != nil {
+		co := o.certificates("")
+		if err := co.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
 		errs = append(errs, errors.New("KubeAPIQPS and KubeAPIBurst must be positive"))
 	}
 	return errors.Join(errs...)
+}
+
+// leaderElectionNamespace is where the election Lease (and self-managed
+// certificates) live: the flag, else the pod's namespace, else fallback.
+func (o *Options) leaderElectionNamespace(fallback string) string {
+	if o.LeaderElectionNamespace != "" {
+		return o.LeaderElectionNamespace
+	}
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	return fallback
+}
+
+// certificates is a copy of Certificates with its namespace defaulted.
+func (o *Options) certificates(sourceNamespace string) certs.Options {
+	co := *o.Certificates
+	if co.Namespace == "" {
+		co.Namespace = o.leaderElectionNamespace(sourceNamespace)
+	}
+	return co
 }

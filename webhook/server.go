@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"sync/atomic"
 	"time"
 
@@ -25,6 +24,7 @@ import (
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/paperclipai/clipjob/certs"
 	"github.com/paperclipai/clipjob/claim"
 	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/contract"
@@ -65,9 +65,25 @@ func Run(ctx context.Context, o Options) error {
 
 	sources := NewSourceCache(mgrCtx, clientset)
 	sources.Watch(cfg.Source)
-	mgr, err := newManager(o, store, cfg.Source.Namespace)
+	var certManager *certs.Manager
+	if o.Certificates != nil {
+		co := o.certificates(cfg.Source.Namespace)
+		co.Log = log.WithName("certificates")
+		if certManager, err = certs.New(clientset, co); err != nil {
+			return err
+		}
+	}
+	mgr, err := newManager(o, store, cfg.Source.Namespace, certManager)
 	if err != nil {
 		return err
+	}
+	if certManager != nil {
+		if err := mgr.Add(certManager); err != nil {
+			return err
+		}
+		if err := mgr.AddReadyzCheck("certificates", certManager.Ready); err != nil {
+			return err
+		}
 	}
 	server := mgr.GetWebhookServer() // adds it to the manager's runnables
 	lock := claim.NewLock(clientset)
@@ -127,7 +143,7 @@ func drainOnStop(ctx context.Context, delay time.Duration, log logr.Logger) (mgr
 // newManager builds the controller-runtime manager: the TLS webhook
 // server, metrics with /configz, probes, and the election of the replica
 // that runs the claim controller.
-func newManager(o Options, store *config.Store, sourceNamespace string) (manager.Manager, error) {
+func newManager(o Options, store *config.Store, sourceNamespace string, certManager *certs.Manager) (manager.Manager, error) {
 	server := crwebhook.NewServer(crwebhook.Options{
 		Host: o.Host, Port: o.Port, CertDir: o.CertDir,
 		TLSOpts: []func(*tls.Config){func(c *tls.Config) {
@@ -135,15 +151,12 @@ func newManager(o Options, store *config.Store, sourceNamespace string) (manager
 			// and it closes the Rapid Reset attack surface.
 			c.NextProtos = []string{"http/1.1"}
 			c.MinVersion = tls.VersionTLS12
+			if certManager != nil { // else CertDir, reloaded when it changes
+				c.GetCertificate = certManager.GetCertificate
+			}
 		}},
 	})
-	leNamespace := o.LeaderElectionNamespace
-	if leNamespace == "" {
-		leNamespace = os.Getenv("POD_NAMESPACE")
-	}
-	if leNamespace == "" {
-		leNamespace = sourceNamespace
-	}
+	leNamespace := o.leaderElectionNamespace(sourceNamespace)
 	return manager.New(o.RestConfig, manager.Options{
 		Logger: o.Log,
 		// The cache holds agent Jobs only, for the claim controller.

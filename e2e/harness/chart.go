@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -42,18 +43,64 @@ func RenderChart(addr string, caBundle []byte, values map[string]any) (*charts.R
 	return charts.Render(Release, v)
 }
 
-// ChartRules returns the rules of the chart's ClusterRole for a component
-// ("webhook" or "relay").
-func ChartRules(component string) ([]rbacv1.PolicyRule, error) {
-	r, err := RenderChart("localhost", []byte("only the webhook configurations use it"), nil)
+// ApplyChartRBAC creates the release namespace and the chart's
+// ServiceAccounts, Roles, ClusterRoles and their bindings, as rendered for
+// self-managed certificates (the chart's default, whose RBAC is the
+// widest). What exists already is left alone.
+func ApplyChartRBAC(ctx context.Context, cs kubernetes.Interface) error {
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Release.Namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	r, err := charts.Render(Release, nil)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var role rbacv1.ClusterRole
-	if err := r.Into("ClusterRole", Release.Name+"-"+component, &role); err != nil {
-		return nil, err
+	for _, o := range r.Objects {
+		var create func() error
+		switch o.GetKind() {
+		case "ServiceAccount":
+			var v corev1.ServiceAccount
+			create = func() error {
+				_, err := cs.CoreV1().ServiceAccounts(v.Namespace).Create(ctx, &v, metav1.CreateOptions{})
+				return err
+			}
+			err = r.Into(o.GetKind(), o.GetName(), &v)
+		case "ClusterRole":
+			var v rbacv1.ClusterRole
+			create = func() error { _, err := cs.RbacV1().ClusterRoles().Create(ctx, &v, metav1.CreateOptions{}); return err }
+			err = r.Into(o.GetKind(), o.GetName(), &v)
+		case "ClusterRoleBinding":
+			var v rbacv1.ClusterRoleBinding
+			create = func() error {
+				_, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, &v, metav1.CreateOptions{})
+				return err
+			}
+			err = r.Into(o.GetKind(), o.GetName(), &v)
+		case "Role":
+			var v rbacv1.Role
+			create = func() error {
+				_, err := cs.RbacV1().Roles(v.Namespace).Create(ctx, &v, metav1.CreateOptions{})
+				return err
+			}
+			err = r.Into(o.GetKind(), o.GetName(), &v)
+		case "RoleBinding":
+			var v rbacv1.RoleBinding
+			create = func() error {
+				_, err := cs.RbacV1().RoleBindings(v.Namespace).Create(ctx, &v, metav1.CreateOptions{})
+				return err
+			}
+			err = r.Into(o.GetKind(), o.GetName(), &v)
+		default:
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if err := create(); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating the chart's %s %s: %w", o.GetKind(), o.GetName(), err)
+		}
 	}
-	return role.Rules, nil
+	return nil
 }
 
 // Register registers the chart's webhook configurations with the webhooks

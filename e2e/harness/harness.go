@@ -89,8 +89,9 @@ type Webhook struct {
 }
 
 // StartWebhook runs the binary at bin against c with the config at
-// configFile copied into a directory of its own, and waits until ready.
-func StartWebhook(ctx context.Context, c *cluster.Cluster, bin, name, configFile string) (*Webhook, error) {
+// configFile copied into a directory of its own and extra flags, and
+// waits until ready.
+func StartWebhook(ctx context.Context, c *cluster.Cluster, bin, name, configFile string, extra ...string) (*Webhook, error) {
 	dir := filepath.Join(c.Dir, name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -118,19 +119,15 @@ func StartWebhook(ctx context.Context, c *cluster.Cluster, bin, name, configFile
 	w.Addr = fmt.Sprintf("127.0.0.1:%d", ports[0])
 	probe := fmt.Sprintf("127.0.0.1:%d", ports[1])
 	w.MetricsAddr = fmt.Sprintf("127.0.0.1:%d", ports[2])
-	rules, err := ChartRules("webhook")
+	kubeconfig, err := ChartServiceAccountKubeconfig(ctx, c, "clipjob-webhook")
 	if err != nil {
 		return nil, err
 	}
-	kubeconfig, err := ServiceAccountKubeconfig(ctx, c, SystemNamespace, "clipjob-webhook", rules)
-	if err != nil {
-		return nil, err
-	}
-	w.Process, err = StartProcess(ctx, filepath.Join(dir, "webhook.log"), probe, bin,
-		"--config", w.ConfigFile, "--config-poll-interval", "200ms",
+	args := append([]string{"--config", w.ConfigFile, "--config-poll-interval", "200ms",
 		"--cert-dir", certDir, "--host", "127.0.0.1", "--port", strconv.Itoa(ports[0]),
 		"--health-probe-bind-address", probe, "--metrics-bind-address", w.MetricsAddr,
-		"--kubeconfig", kubeconfig, "--leader-election-namespace", SystemNamespace)
+		"--kubeconfig", kubeconfig, "--leader-election-namespace", SystemNamespace}, extra...)
+	w.Process, err = StartProcess(ctx, filepath.Join(dir, "webhook.log"), probe, bin, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -57,23 +57,15 @@ func serviceAccountToken(ctx context.Context, cs kubernetes.Interface, namespace
 // `kubectl logs` needs.
 var LogReaderRules = []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods/log"}, Verbs: []string{"get"}}}
 
-// ServiceAccountKubeconfig creates ServiceAccount namespace/name bound to
-// rules (cluster-wide) and writes a kubeconfig with a token for it.
-func ServiceAccountKubeconfig(ctx context.Context, c *cluster.Cluster, namespace, name string, rules []rbacv1.PolicyRule) (string, error) {
+// ChartServiceAccountKubeconfig applies the chart's RBAC (ChartRBAC) and
+// writes a kubeconfig with a token of the chart's ServiceAccount name, so
+// a binary run with it holds exactly what the chart grants it.
+func ChartServiceAccountKubeconfig(ctx context.Context, c *cluster.Cluster, name string) (string, error) {
 	cs := c.Clientset()
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := ApplyChartRBAC(ctx, cs); err != nil {
 		return "", err
 	}
-	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}
-	if _, err := cs.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return "", err
-	}
-	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
-		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
-		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: namespace}}}
-	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return "", err
-	}
+	namespace := Release.Namespace
 	token, err := serviceAccountToken(ctx, cs, namespace, name, nil)
 	if err != nil {
 		return "", err

@@ -47,11 +47,7 @@ func StartRelay(ctx context.Context, c *cluster.Cluster, bin, name, namespace st
 		return nil, err
 	}
 	probe := fmt.Sprintf("127.0.0.1:%d", ports[1])
-	rules, err := ChartRules("relay")
-	if err != nil {
-		return nil, err
-	}
-	kubeconfig, err := ServiceAccountKubeconfig(ctx, c, SystemNamespace, "clipjob-relay", rules)
+	kubeconfig, err := ChartServiceAccountKubeconfig(ctx, c, "clipjob-relay")
 	if err != nil {
 		return nil, err
 	}

@@ -9,9 +9,12 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/paperclipai/clipjob/charts"
 	"github.com/paperclipai/clipjob/internal/testing/kube"
 	"github.com/paperclipai/clipjob/relay"
 	"github.com/paperclipai/clipjob/relay/collect"
@@ -107,5 +110,26 @@ func TestMainStartsRelay(t *testing.T) {
 		if code := Main(context.Background(), tc.args, &stderr, tc.run); code != tc.code || !strings.Contains(stderr.String(), tc.want) {
 			t.Errorf("%v: exit %d, stderr %q; want %d and %q", tc.args, code, stderr.String(), tc.code, tc.want)
 		}
+	}
+}
+
+// TestChartArgs: the chart runs the relay with flags it has.
+func TestChartArgs(t *testing.T) {
+	r, err := charts.Render(charts.Release{Name: "clipjob", Namespace: "clipjob-system"}, map[string]any{"relay": map[string]any{
+		"mirror": map[string]any{"enabled": true}, "redactValuesSecret": "keys", "namespaces": []any{"paperclip"}, "redactPatterns": []any{"x+"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d appsv1.Deployment
+	if err := r.Into("Deployment", "clipjob-relay", &d); err != nil {
+		t.Fatal(err)
+	}
+	o, err := Parse(d.Spec.Template.Spec.Containers[0].Args, &bytes.Buffer{})
+	if err != nil {
+		t.Fatalf("the chart's args do not parse: %v", err)
+	}
+	if o.MirrorDir != "/paperclip" || o.CertDir != "/tls" || o.RedactValuesFile != "/etc/clipjob-relay/redact" ||
+		o.Namespaces[0] != "paperclip" || o.TokenAudiences[0] != "clipjob-relay" || o.RetentionMaxAge != 168*time.Hour {
+		t.Errorf("relay options from the chart: %+v", o.Options)
 	}
 }

@@ -10,10 +10,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/paperclipai/clipjob/certs"
 	"github.com/paperclipai/clipjob/internal/command"
 	"github.com/paperclipai/clipjob/webhook"
 )
@@ -25,6 +27,31 @@ type Options struct {
 	// $KUBECONFIG or ~/.kube/config.
 	Kubeconfig string
 	Zap        zap.Options
+	// SelfManaged are the flags of self-managed certificates; a
+	// --cert-secret turns them on.
+	SelfManaged SelfManagedCerts
+}
+
+// SelfManagedCerts are the flags of the chart's selfManaged certificates.
+type SelfManagedCerts struct {
+	CertSecret, CASecret, RelayCertSecret string
+	DNSNames, RelayDNSNames               []string
+	MutatingWebhooks, ValidatingWebhooks  []string
+	CheckInterval, PropagationDelay       time.Duration
+}
+
+// options returns the certs.Options the flags ask for, or nil.
+func (c SelfManagedCerts) options() *certs.Options {
+	if c.CertSecret == "" {
+		return nil
+	}
+	o := &certs.Options{CASecret: c.CASecret, Serving: []certs.Target{{Secret: c.CertSecret, DNSNames: c.DNSNames}},
+		MutatingWebhooks: c.MutatingWebhooks, ValidatingWebhooks: c.ValidatingWebhooks,
+		Interval: c.CheckInterval, PropagationDelay: c.PropagationDelay}
+	if c.RelayCertSecret != "" {
+		o.Serving = append(o.Serving, certs.Target{Secret: c.RelayCertSecret, DNSNames: c.RelayDNSNames})
+	}
+	return o
 }
 
 // NewFlags returns the command's flags bound to o; their defaults are
@@ -44,6 +71,16 @@ func NewFlags(o *Options) *flag.FlagSet {
 	fs.Var((*command.Float32)(&o.KubeAPIQPS), "kube-api-qps", "queries per second to the API server (claims, PVC checks)")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "burst of queries to the API server")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig file (default in-cluster, else $KUBECONFIG or ~/.kube/config)")
+	c := &o.SelfManaged
+	fs.StringVar(&c.CertSecret, "cert-secret", c.CertSecret, "self-managed certificates: the Secret to keep the serving certificate in (instead of --cert-dir)")
+	fs.StringVar(&c.CASecret, "ca-secret", c.CASecret, "self-managed certificates: the Secret to keep the CA in")
+	fs.Var((*command.List)(&c.DNSNames), "cert-dns-name", "self-managed certificates: a DNS name of the serving certificate (repeatable; the Service's)")
+	fs.Var((*command.List)(&c.MutatingWebhooks), "inject-ca-mutating", "self-managed certificates: a MutatingWebhookConfiguration to inject the CA into (repeatable)")
+	fs.Var((*command.List)(&c.ValidatingWebhooks), "inject-ca-validating", "self-managed certificates: a ValidatingWebhookConfiguration to inject the CA into (repeatable)")
+	fs.StringVar(&c.RelayCertSecret, "relay-cert-secret", c.RelayCertSecret, "self-managed certificates: also keep the relay's serving certificate in this Secret")
+	fs.Var((*command.List)(&c.RelayDNSNames), "relay-cert-dns-name", "self-managed certificates: a DNS name of the relay's certificate (repeatable)")
+	fs.DurationVar(&c.CheckInterval, "cert-check-interval", c.CheckInterval, "self-managed certificates: how often to check them (default 30s)")
+	fs.DurationVar(&c.PropagationDelay, "cert-propagation-delay", c.PropagationDelay, "self-managed certificates: how long a new CA is trusted before certificates are issued by it (default 30s)")
 	o.Zap.BindFlags(fs)
 	return fs
 }
@@ -59,6 +96,7 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q: clipjob-webhook takes only flags", fs.Args())
 	}
+	o.Certificates = o.SelfManaged.options()
 	return o, nil
 }
 

@@ -9,15 +9,19 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/paperclipai/clipjob/certs"
+	"github.com/paperclipai/clipjob/charts"
 	"github.com/paperclipai/clipjob/internal/testing/kube"
 	"github.com/paperclipai/clipjob/webhook"
 )
 
 // ignored: fields a flag does not set, or that cmp cannot compare.
-var ignored = cmpopts.IgnoreFields(webhook.Options{}, "Log", "RestConfig")
+var ignored = cmp.Options{cmpopts.IgnoreFields(webhook.Options{}, "Log", "RestConfig"), cmpopts.IgnoreFields(certs.Options{}, "Clock", "Log")}
 
 // TestDefaults: no flags means webhook.DefaultOptions, which is what the
 // chart and the README document.
@@ -58,6 +62,16 @@ func TestFlags(t *testing.T) {
 		{name: "claim-sweep-interval", args: []string{"--claim-sweep-interval", "30s"}, want: func(o *Options) { o.SweepInterval = 30 * time.Second }},
 		{name: "client rate", args: []string{"--kube-api-qps", "50.5", "--kube-api-burst", "100"}, want: func(o *Options) { o.KubeAPIQPS, o.KubeAPIBurst = 50.5, 100 }},
 		{name: "kubeconfig", args: []string{"--kubeconfig", "/kc"}, want: func(o *Options) { o.Kubeconfig = "/kc" }},
+		{name: "self-managed certificates", args: []string{"--cert-secret", "wh-tls", "--ca-secret", "ca", "--cert-dns-name", "wh.ns.svc",
+			"--inject-ca-mutating", "m", "--inject-ca-validating", "v", "--relay-cert-secret", "relay-tls", "--relay-cert-dns-name", "relay.ns.svc",
+			"--cert-check-interval", "2s", "--cert-propagation-delay", "3s"}, want: func(o *Options) {
+			o.SelfManaged = SelfManagedCerts{CertSecret: "wh-tls", CASecret: "ca", RelayCertSecret: "relay-tls", DNSNames: []string{"wh.ns.svc"},
+				RelayDNSNames: []string{"relay.ns.svc"}, MutatingWebhooks: []string{"m"}, ValidatingWebhooks: []string{"v"},
+				CheckInterval: 2 * time.Second, PropagationDelay: 3 * time.Second}
+			o.Certificates = &certs.Options{CASecret: "ca", Serving: []certs.Target{{Secret: "wh-tls", DNSNames: []string{"wh.ns.svc"}},
+				{Secret: "relay-tls", DNSNames: []string{"relay.ns.svc"}}}, MutatingWebhooks: []string{"m"}, ValidatingWebhooks: []string{"v"},
+				Interval: 2 * time.Second, PropagationDelay: 3 * time.Second}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Parse(tc.args, &bytes.Buffer{})
@@ -132,5 +146,42 @@ func TestMainStartsWebhook(t *testing.T) {
 	stderr.Reset()
 	if code := Main(context.Background(), []string{"-h"}, &stderr, run); code != 0 || !strings.Contains(stderr.String(), "-claim-sweep-interval") {
 		t.Errorf("-h: exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+// TestChartArgs: the chart runs the binary with flags it has, in every
+// certificate mode, and the self-managed flags turn self-managed
+// certificates on.
+func TestChartArgs(t *testing.T) {
+	for _, mode := range []string{"selfManaged", "certManager", "external"} {
+		r, err := charts.Render(charts.Release{Name: "clipjob", Namespace: "clipjob-system"},
+			map[string]any{"certificates": map[string]any{"mode": mode, "caBundle": "Y2E="}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d appsv1.Deployment
+		if err := r.Into("Deployment", "clipjob-webhook", &d); err != nil {
+			t.Fatal(err)
+		}
+		o, err := Parse(d.Spec.Template.Spec.Containers[0].Args, &bytes.Buffer{})
+		if err != nil {
+			t.Fatalf("%s: the chart's args do not parse: %v", mode, err)
+		}
+		if got := o.Certificates != nil; got != (mode == "selfManaged") {
+			t.Errorf("%s: self-managed certificates %v", mode, got)
+		}
+		if mode == "selfManaged" {
+			c := o.Certificates
+			if c.CASecret != "clipjob-ca" || len(c.Serving) != 2 || c.Serving[0].Secret != "clipjob-webhook-tls" ||
+				c.Serving[0].DNSNames[0] != "clipjob-webhook.clipjob-system.svc" || c.Serving[1].Secret != "clipjob-relay-tls" ||
+				c.MutatingWebhooks[0] != "clipjob-mutating" || c.ValidatingWebhooks[0] != "clipjob-validating" {
+				t.Errorf("self-managed certificates %+v", c)
+			}
+		} else if o.CertDir != "/tls" {
+			t.Errorf("%s: cert dir %q", mode, o.CertDir)
+		}
+		if o.LeaderElectionNamespace != "clipjob-system" || o.ShutdownDelay != 10*time.Second || o.ConfigFile != "/etc/clipjob/config.yaml" {
+			t.Errorf("%s: %+v", mode, o.Options)
+		}
 	}
 }
