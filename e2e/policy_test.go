@@ -567,6 +567,44 @@ func TestAgentLabelsCannotBeSmuggled(t *testing.T) {
 		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "agent pods take no ephemeral containers") {
 			t.Fatalf("want 403, got %v", err)
 		}
+
+		// What a pod belongs to is fixed after admission: relabelled, it
+		// could pass as another run to the relay, or leave its Job, which
+		// would make a second pod the claim does not count.
+		for _, patch := range []struct{ body, want string }{
+			{`{"metadata":{"labels":{"paperclip.io/run-id":"someone-elses-run"}}}`, "metadata.labels[paperclip.io/run-id]: Forbidden"},
+			{`{"metadata":{"labels":{"batch.kubernetes.io/controller-uid":null}}}`, "metadata.labels[batch.kubernetes.io/controller-uid]: Forbidden"},
+			{`{"metadata":{"labels":{"paperclip.io/agent-id":null,"paperclip.io/run-id":null,"paperclip.io/company-id":null,"paperclip.io/adapter-type":null,"paperclip.io/role":null,"paperclip.io/egress-profile":null}}}`, "metadata.labels[paperclip.io/agent-id]: Forbidden"},
+		} {
+			_, err := env.cs.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch.body), metav1.PatchOptions{})
+			if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), patch.want) {
+				t.Errorf("patch %s: want 403 naming %q, got %v", patch.body, patch.want, err)
+			}
+		}
+		if _, err := env.cs.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"team":"blue"}}}`), metav1.PatchOptions{}); err != nil {
+			t.Errorf("a label that says nothing of the run: %v", err)
+		}
+	})
+	t.Run("a plain pod adopted into a run by a patch", func(t *testing.T) {
+		victim, err := env.cs.BatchV1().Jobs(ns).Create(ctx, bareJob(t, "e2e-adoption-victim"), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		plain := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "e2e-adopted", Namespace: ns},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "evil", Image: "evil.example.com/root:1"}}}}
+		if _, err := env.cs.CoreV1().Pods(ns).Create(ctx, plain, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		patch := fmt.Sprintf(`{"metadata":{"labels":{"paperclip.io/run-id":%q},"ownerReferences":[{"apiVersion":"batch/v1","kind":"Job","name":%q,"uid":%q,"controller":true}]}}`,
+			victim.Labels[contract.LabelRunID], victim.Name, victim.UID)
+		_, err = env.cs.CoreV1().Pods(ns).Patch(ctx, plain.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "is fixed on an agent pod") {
+			t.Fatalf("adopting a plain pod into a run: want 403, got %v", err)
+		}
+		owners := fmt.Sprintf(`{"metadata":{"ownerReferences":[{"apiVersion":"batch/v1","kind":"Job","name":%q,"uid":%q,"controller":true}]}}`, victim.Name, victim.UID)
+		if _, err := env.cs.CoreV1().Pods(ns).Patch(ctx, plain.Name, types.MergePatchType, []byte(owners), metav1.PatchOptions{}); err != nil {
+			t.Errorf("an owner reference on a pod that is no agent pod is not clipjob's business: %v", err)
+		}
 	})
 }
 

@@ -2,12 +2,16 @@ package policy
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/paperclipai/clipjob/contract"
 )
 
 // JobControllers are the users the API server names when the Job
@@ -19,6 +23,8 @@ var JobControllers = []string{"system:serviceaccount:kube-system:job-controller"
 // PodInput is the admission of a pod that carries paperclip.io/ labels.
 type PodInput struct {
 	Pod *corev1.Pod
+	// Old is the stored pod on an UPDATE, else nil.
+	Old *corev1.Pod
 	// Creator is the user the API server says sent the request.
 	Creator string
 	// Subresource is "ephemeralcontainers" for `kubectl debug`, else "".
@@ -41,6 +47,9 @@ func EvaluatePod(in PodInput) field.ErrorList {
 	if in.Subresource != "" {
 		return nil
 	}
+	if in.Old != nil {
+		return checkPodIdentityUnchanged(in.Old, in.Pod)
+	}
 	ref := metav1.GetControllerOf(in.Pod)
 	if ref == nil || ref.Kind != "Job" || !strings.HasPrefix(ref.APIVersion, "batch/") {
 		return field.ErrorList{field.Forbidden(field.NewPath("metadata", "ownerReferences"),
@@ -52,4 +61,45 @@ func EvaluatePod(in PodInput) field.ErrorList {
 				strings.Join(JobControllers, " or "), in.Creator))}
 	}
 	return nil
+}
+
+// identityLabel reports whether a pod label says which run, agent or Job
+// the pod belongs to: the contract's, and the Job controller's own.
+func identityLabel(key string) bool {
+	return strings.HasPrefix(key, contract.Prefix) || strings.HasPrefix(key, "batch.kubernetes.io/") ||
+		key == "controller-uid" || key == "job-name"
+}
+
+// checkPodIdentityUnchanged keeps an agent pod the Job controller's copy
+// after admission: which agent, run and Job it belongs to is fixed. A
+// relabelled pod could pass as another run to the relay (and forge its log
+// and result), or leave its Job, which would make another pod beside it
+// while the claim no longer counts it. Owner references may only be
+// removed, as the garbage collector does when a Job is deleted orphaning
+// its pods.
+func checkPodIdentityUnchanged(old, pod *corev1.Pod) field.ErrorList {
+	var errs field.ErrorList
+	labels := field.NewPath("metadata", "labels")
+	keys := map[string]bool{}
+	for k := range old.Labels {
+		keys[k] = true
+	}
+	for k := range pod.Labels {
+		keys[k] = true
+	}
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		oldV, hadOld := old.Labels[k]
+		newV, hasNew := pod.Labels[k]
+		if identityLabel(k) && (hadOld != hasNew || oldV != newV) {
+			errs = append(errs, field.Forbidden(labels.Key(k), fmt.Sprintf(
+				"is fixed on an agent pod (was %q): which agent, run and Job a pod belongs to does not change", oldV)))
+		}
+	}
+	for i, ref := range pod.OwnerReferences {
+		if !slices.ContainsFunc(old.OwnerReferences, func(o metav1.OwnerReference) bool { return equality.Semantic.DeepEqual(o, ref) }) {
+			errs = append(errs, field.Forbidden(field.NewPath("metadata", "ownerReferences").Index(i),
+				"an agent pod's owner references may only be removed, not added or changed"))
+		}
+	}
+	return errs
 }

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/testing/jobs"
 )
@@ -23,6 +25,22 @@ func TestEvaluatePod(t *testing.T) {
 		{name: "an owner reference written by hand", in: PodInput{Pod: owned, Creator: "paperclip-adapter"}, want: `not by "paperclip-adapter"`},
 		{name: "kubectl debug", in: PodInput{Pod: owned, Creator: "kubernetes-admin", Subresource: "ephemeralcontainers"}, want: "spec.ephemeralContainers: Forbidden"},
 		{name: "another subresource", in: PodInput{Pod: owned, Creator: "kubelet", Subresource: "status"}},
+		// After admission, what the pod belongs to is fixed.
+		{name: "an update that leaves its identity", in: PodInput{Old: owned, Pod: with(owned, func(p *corev1.Pod) {
+			p.Labels["team"] = "x"
+			p.Finalizers = nil
+		}), Creator: "anyone"}},
+		{name: "another run id", in: PodInput{Old: owned, Pod: with(owned, func(p *corev1.Pod) { p.Labels[contract.LabelRunID] = "victim" }), Creator: "anyone"},
+			want: "metadata.labels[paperclip.io/run-id]: Forbidden: is fixed on an agent pod"},
+		{name: "the Job controller's label removed", in: PodInput{Old: owned, Pod: with(owned, func(p *corev1.Pod) { delete(p.Labels, "batch.kubernetes.io/controller-uid") }), Creator: "anyone"},
+			want: "metadata.labels[batch.kubernetes.io/controller-uid]: Forbidden"},
+		{name: "agent labels added to a plain pod", in: PodInput{Old: jobs.MakePod("plain", "paperclip").Obj(), Pod: with(owned, func(*corev1.Pod) {}), Creator: "anyone"},
+			want: "metadata.labels[paperclip.io/agent-id]: Forbidden"},
+		{name: "an owner reference added", in: PodInput{Old: with(owned, func(p *corev1.Pod) { p.OwnerReferences = nil }), Pod: owned, Creator: "anyone"},
+			want: "metadata.ownerReferences[0]: Forbidden: an agent pod's owner references may only be removed"},
+		{name: "the owner reference changed", in: PodInput{Old: owned, Pod: with(owned, func(p *corev1.Pod) { p.OwnerReferences[0].UID = "another" }), Creator: "anyone"},
+			want: "metadata.ownerReferences[0]: Forbidden"},
+		{name: "orphaned by the garbage collector", in: PodInput{Old: owned, Pod: with(owned, func(p *corev1.Pod) { p.OwnerReferences = nil }), Creator: "system:serviceaccount:kube-system:generic-garbage-collector"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			errs := EvaluatePod(tc.in)
@@ -37,4 +55,10 @@ func TestEvaluatePod(t *testing.T) {
 			}
 		})
 	}
+}
+
+func with(p *corev1.Pod, change func(*corev1.Pod)) *corev1.Pod {
+	c := p.DeepCopy()
+	change(c)
+	return c
 }

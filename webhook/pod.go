@@ -39,23 +39,42 @@ func (v *PodValidator) validate(req admission.Request) (admission.Response, stri
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
 		return admission.Allowed("clipjob validates pods on CREATE and UPDATE only"), OutcomeSkipped
 	}
-	raw := req.Object.Raw
-	if req.Operation == admissionv1.Update && len(req.OldObject.Raw) > 0 {
-		raw = req.OldObject.Raw // the pod as it is: a subresource update carries only what changes
+	var pod, old *corev1.Pod
+	switch {
+	case req.Operation == admissionv1.Update && req.SubResource != "":
+		// A subresource update carries only what changes: judge the pod
+		// as it is.
+		pod = &corev1.Pod{}
+		if err := decodePod(req.OldObject.Raw, pod); err != nil {
+			return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
+		}
+	case req.Operation == admissionv1.Update:
+		pod, old = &corev1.Pod{}, &corev1.Pod{}
+		if err := decodePod(req.Object.Raw, pod); err != nil {
+			return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
+		}
+		if err := decodePod(req.OldObject.Raw, old); err != nil {
+			return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
+		}
+	default:
+		pod = &corev1.Pod{}
+		if err := decodePod(req.Object.Raw, pod); err != nil {
+			return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
+		}
 	}
-	pod := &corev1.Pod{}
-	if len(raw) == 0 {
-		return admission.Errored(http.StatusBadRequest, errNoObject), OutcomeErrored
-	}
-	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, pod); err != nil {
-		return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
-	}
-	if !contract.HasContractLabel(pod.Labels) {
+	if !contract.HasContractLabel(pod.Labels) && (old == nil || !contract.HasContractLabel(old.Labels)) {
 		return admission.Allowed("not an agent pod: no paperclip.io/ label"), OutcomeSkipped
 	}
-	errs := policy.EvaluatePod(policy.PodInput{Pod: pod, Creator: req.UserInfo.Username, Subresource: req.SubResource})
+	errs := policy.EvaluatePod(policy.PodInput{Pod: pod, Old: old, Creator: req.UserInfo.Username, Subresource: req.SubResource})
 	if len(errs) > 0 {
 		return denial(http.StatusForbidden, metav1.StatusReasonForbidden, errs.ToAggregate().Error()), OutcomeDenied
 	}
 	return admission.Allowed(""), OutcomeAllowed
+}
+
+func decodePod(raw []byte, pod *corev1.Pod) error {
+	if len(raw) == 0 {
+		return errNoObject
+	}
+	return sigsjson.UnmarshalCaseSensitivePreserveInts(raw, pod)
 }

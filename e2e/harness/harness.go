@@ -7,6 +7,7 @@ package harness
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,8 +17,11 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/paperclipai/clipjob/e2e/cluster"
@@ -51,6 +55,14 @@ func Build(dir, command string) (string, error) {
 func Install(ctx context.Context, c *cluster.Cluster, name string) (*Webhook, string, error) {
 	if err := Apply(ctx, c, "examples/paperclip.yaml"); err != nil {
 		return nil, "", fmt.Errorf("installing the example Paperclip: %w", err)
+	}
+	// Pods are refused until the controller manager has made the
+	// namespace's default ServiceAccount; a test must not race it.
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := c.Clientset().CoreV1().ServiceAccounts("paperclip").Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	}); err != nil {
+		return nil, "", errors.New("namespace paperclip never got its default ServiceAccount")
 	}
 	bin, err := Build(c.Dir, "clipjob-webhook")
 	if err != nil {

@@ -1,0 +1,417 @@
+// Package doctor checks a live clipjob install the way an operator would by
+// hand, and says how to fix each thing that is wrong: the webhook
+// configurations and the CA bundle that must trust the served certificate,
+// the certificate's days left, the source Deployment and its shared PVC,
+// the RBAC each binary needs (read from the chart itself), the relay, and a
+// server-side dry run of a bare Job that must come back mutated. `clipjob
+// doctor` prints the result; the chart's NOTES point there.
+package doctor
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/paperclipai/clipjob/certs"
+	"github.com/paperclipai/clipjob/charts"
+	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/templates"
+)
+
+// Result is one check: what was checked, whether it passed, what was seen,
+// and for a failure how to fix it.
+type Result struct {
+	Check  string `json:"check"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+	Fix    string `json:"fix,omitempty"`
+}
+
+// Options say which install to check.
+type Options struct {
+	Release charts.Release
+	// Values the release was installed with (nil: the chart's defaults);
+	// the expected RBAC and names are rendered from them.
+	Values map[string]any
+	// Config, when set, is the clipjob config in force; nil reads it from
+	// the release's ConfigMap.
+	Config *config.Config
+	// RelayURL reaches the relay's API directly; empty goes through the
+	// API server's service proxy to the release's relay Service.
+	RelayURL string
+	// Now is the time certificates are judged at. Default time.Now.
+	Now func() time.Time
+}
+
+// Run checks the install and returns every result, failures included; it
+// stops early only where a later check needs what failed.
+func Run(ctx context.Context, cs kubernetes.Interface, o Options) []Result {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	d := &doctor{cs: cs, o: o}
+	rendered, err := charts.Render(o.Release, o.Values)
+	if err != nil {
+		return []Result{fail("chart", "cannot render the chart for these values: "+err.Error(), "pass the values the release was installed with")}
+	}
+	d.rendered = rendered
+	d.webhooks(ctx)
+	cfg := d.config(ctx)
+	if cfg != nil {
+		d.source(ctx, cfg)
+	}
+	d.rbac(ctx)
+	d.relay(ctx)
+	if cfg != nil {
+		d.dryRun(ctx, cfg)
+	}
+	return d.results
+}
+
+type doctor struct {
+	cs       kubernetes.Interface
+	o        Options
+	rendered *charts.Rendered
+	results  []Result
+}
+
+func pass(check, detail string) Result { return Result{Check: check, OK: true, Detail: detail} }
+func fail(check, detail, fix string) Result {
+	return Result{Check: check, Detail: detail, Fix: fix}
+}
+
+func (d *doctor) add(r Result) { d.results = append(d.results, r) }
+
+// webhooks checks both configurations, that every webhook's CA bundle
+// trusts the certificate actually served, and how long that has left.
+func (d *doctor) webhooks(ctx context.Context) {
+	var want struct {
+		m admissionregistrationv1.MutatingWebhookConfiguration
+		v admissionregistrationv1.ValidatingWebhookConfiguration
+	}
+	mName, vName := d.o.Release.Name+"-mutating", d.o.Release.Name+"-validating"
+	_ = d.rendered.Into("MutatingWebhookConfiguration", mName, &want.m)
+	_ = d.rendered.Into("ValidatingWebhookConfiguration", vName, &want.v)
+	reinstall := "helm upgrade --install " + d.o.Release.Name + " charts/clipjob -n " + d.o.Release.Namespace
+	type hook struct {
+		name   string
+		client admissionregistrationv1.WebhookClientConfig
+	}
+	var hooks []hook
+	m, err := d.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, mName, metav1.GetOptions{})
+	if err != nil {
+		d.add(fail("webhook-configurations", fmt.Sprintf("MutatingWebhookConfiguration %s: %v", mName, err), reinstall))
+		return
+	}
+	for _, w := range m.Webhooks {
+		hooks = append(hooks, hook{w.Name, w.ClientConfig})
+	}
+	v, err := d.cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, vName, metav1.GetOptions{})
+	if err != nil {
+		d.add(fail("webhook-configurations", fmt.Sprintf("ValidatingWebhookConfiguration %s: %v", vName, err), reinstall))
+		return
+	}
+	for _, w := range v.Webhooks {
+		hooks = append(hooks, hook{w.Name, w.ClientConfig})
+	}
+	if len(hooks) != len(want.m.Webhooks)+len(want.v.Webhooks) {
+		d.add(fail("webhook-configurations", fmt.Sprintf("%d webhooks registered, the chart has %d", len(hooks), len(want.m.Webhooks)+len(want.v.Webhooks)), reinstall))
+		return
+	}
+	d.add(pass("webhook-configurations", fmt.Sprintf("%s and %s: %d webhooks", mName, vName, len(hooks))))
+
+	now := d.o.Now()
+	var bad []string
+	var served *x509.Certificate
+	for _, h := range hooks {
+		if len(h.client.CABundle) == 0 {
+			bad = append(bad, h.name+": no CA bundle")
+			continue
+		}
+		cert, host, err := d.servedCertificate(ctx, h.client)
+		if err != nil {
+			bad = append(bad, h.name+": "+err.Error())
+			continue
+		}
+		if err := certs.Verify(h.client.CABundle, cert, host, now); err != nil {
+			bad = append(bad, h.name+": "+err.Error())
+			continue
+		}
+		served = cert
+	}
+	if len(bad) > 0 {
+		d.add(fail("ca-bundle", strings.Join(bad, "; "), d.caFix()))
+		return
+	}
+	d.add(pass("ca-bundle", "every webhook's CA bundle trusts the served certificate"))
+	left := served.NotAfter.Sub(now)
+	switch {
+	case left < 24*time.Hour:
+		d.add(fail("certificate", fmt.Sprintf("the serving certificate expires %s (in %s)", served.NotAfter.Format(time.RFC3339), left.Round(time.Minute)), d.caFix()))
+	default:
+		d.add(pass("certificate", fmt.Sprintf("expires %s, in %d days", served.NotAfter.Format("2006-01-02"), int(left.Hours()/24))))
+	}
+}
+
+func (d *doctor) caFix() string {
+	ns, rel := d.o.Release.Namespace, d.o.Release.Name
+	return fmt.Sprintf("selfManaged: the webhook re-injects its CA within 30s — check its log (kubectl -n %s logs deploy/%s-webhook); certManager: check the Certificate %s-webhook and the cainjector; external: set certificates.caBundle to the CA of the Secret %s-webhook-tls", ns, rel, rel, rel)
+}
+
+// servedCertificate is what the webhook serves: dialled where the API
+// server dials it for a URL, else read from the serving Secret the
+// Service's pods serve.
+func (d *doctor) servedCertificate(ctx context.Context, c admissionregistrationv1.WebhookClientConfig) (*x509.Certificate, string, error) {
+	if c.URL != nil {
+		u, err := url.Parse(*c.URL)
+		if err != nil {
+			return nil, "", err
+		}
+		dialer := &tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // verified against the bundle below
+		conn, err := dialer.DialContext(ctx, "tcp", u.Host)
+		if err != nil {
+			return nil, "", fmt.Errorf("cannot reach %s: %w", u.Host, err)
+		}
+		defer conn.Close()
+		return conn.(*tls.Conn).ConnectionState().PeerCertificates[0], u.Hostname(), nil
+	}
+	if c.Service == nil {
+		return nil, "", errors.New("neither a URL nor a Service")
+	}
+	secret := d.o.Release.Name + "-webhook-tls"
+	s, err := d.cs.CoreV1().Secrets(d.o.Release.Namespace).Get(ctx, secret, metav1.GetOptions{})
+	if err != nil {
+		return nil, "", fmt.Errorf("serving Secret %s/%s: %w", d.o.Release.Namespace, secret, err)
+	}
+	block, _ := pem.Decode(s.Data[corev1.TLSCertKey])
+	if block == nil {
+		return nil, "", fmt.Errorf("serving Secret %s/%s holds no certificate", d.o.Release.Namespace, secret)
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	return cert, c.Service.Name + "." + c.Service.Namespace + ".svc", err
+}
+
+// config is the clipjob config in force: given, or the release's
+// ConfigMap.
+func (d *doctor) config(ctx context.Context) *config.Config {
+	if d.o.Config != nil {
+		return d.o.Config
+	}
+	name := d.o.Release.Name + "-config"
+	cm, err := d.cs.CoreV1().ConfigMaps(d.o.Release.Namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		d.add(fail("config", fmt.Sprintf("ConfigMap %s/%s: %v", d.o.Release.Namespace, name, err), "set config in the chart's values and helm upgrade"))
+		return nil
+	}
+	cfg, err := config.Parse([]byte(cm.Data["config.yaml"]))
+	if err != nil {
+		d.add(fail("config", err.Error(), "fix config in the chart's values; the webhook keeps serving the previous config meanwhile"))
+		return nil
+	}
+	d.add(pass("config", "ConfigMap "+d.o.Release.Namespace+"/"+name+" holds a valid config"))
+	return cfg
+}
+
+// source checks the Deployment agents inherit from and its shared PVC.
+func (d *doctor) source(ctx context.Context, cfg *config.Config) {
+	src := cfg.Source
+	ref := src.Namespace + "/" + src.Deployment
+	dep, err := d.cs.AppsV1().Deployments(src.Namespace).Get(ctx, src.Deployment, metav1.GetOptions{})
+	if err != nil {
+		d.add(fail("source-deployment", fmt.Sprintf("Deployment %s: %v", ref, err),
+			"set config.source.namespace and config.source.deployment to the Paperclip server's Deployment"))
+		return
+	}
+	inh, err := templates.InheritFromDeployment(dep, src)
+	if err != nil {
+		d.add(fail("source-deployment", err.Error(), "set config.source.container and config.source.dataMountPath to match the Deployment"))
+		return
+	}
+	d.add(pass("source-deployment", fmt.Sprintf("Deployment %s, container %s, image %s", ref, src.Container, inh.Image)))
+	claim := inh.DataVolume.PersistentVolumeClaim.ClaimName
+	pvc, err := d.cs.CoreV1().PersistentVolumeClaims(src.Namespace).Get(ctx, claim, metav1.GetOptions{})
+	switch {
+	case err != nil:
+		d.add(fail("shared-volume", fmt.Sprintf("PersistentVolumeClaim %s/%s (mounted at %s): %v", src.Namespace, claim, src.DataMountPath, err),
+			"create the PVC the Paperclip Deployment mounts, with accessModes [ReadWriteMany]"))
+	case !slices.Contains(pvc.Spec.AccessModes, corev1.ReadWriteMany):
+		d.add(fail("shared-volume", fmt.Sprintf("PersistentVolumeClaim %s/%s is %v, not ReadWriteMany: agent pods on other nodes cannot mount it", src.Namespace, claim, pvc.Spec.AccessModes),
+			"recreate it with accessModes [ReadWriteMany] on a StorageClass that supports it (NFS, CephFS, EFS, Filestore)"))
+	default:
+		d.add(pass("shared-volume", fmt.Sprintf("PersistentVolumeClaim %s/%s is ReadWriteMany (%s)", src.Namespace, claim, pvc.Status.Phase)))
+	}
+}
+
+// rbac checks, with SubjectAccessReviews, that each of the chart's
+// ServiceAccounts holds every rule the chart grants it.
+func (d *doctor) rbac(ctx context.Context) {
+	ns := d.o.Release.Namespace
+	for _, o := range d.rendered.Objects {
+		if o.GetKind() != "ClusterRoleBinding" && o.GetKind() != "RoleBinding" {
+			continue
+		}
+		var subjects []rbacv1.Subject
+		var roleRef rbacv1.RoleRef
+		if o.GetKind() == "ClusterRoleBinding" {
+			var b rbacv1.ClusterRoleBinding
+			if d.rendered.Into(o.GetKind(), o.GetName(), &b) != nil {
+				continue
+			}
+			subjects, roleRef = b.Subjects, b.RoleRef
+		} else {
+			var b rbacv1.RoleBinding
+			if d.rendered.Into(o.GetKind(), o.GetName(), &b) != nil {
+				continue
+			}
+			subjects, roleRef = b.Subjects, b.RoleRef
+		}
+		var rules []rbacv1.PolicyRule
+		if roleRef.Kind == "ClusterRole" {
+			var r rbacv1.ClusterRole
+			if d.rendered.Into("ClusterRole", roleRef.Name, &r) != nil {
+				continue
+			}
+			rules = r.Rules
+		} else {
+			var r rbacv1.Role
+			if d.rendered.Into("Role", roleRef.Name, &r) != nil {
+				continue
+			}
+			rules = r.Rules
+		}
+		scope := "" // cluster-wide
+		if o.GetKind() == "RoleBinding" {
+			scope = ns
+		}
+		for _, s := range subjects {
+			user := "system:serviceaccount:" + s.Namespace + ":" + s.Name
+			if missing := d.missing(ctx, user, scope, rules); len(missing) > 0 {
+				d.add(fail("rbac", fmt.Sprintf("%s lacks %s", user, strings.Join(missing, ", ")),
+					fmt.Sprintf("restore the %s %s from the chart (helm upgrade)", roleRef.Kind, roleRef.Name)))
+			} else {
+				d.add(pass("rbac", fmt.Sprintf("%s holds %s %s", user, roleRef.Kind, roleRef.Name)))
+			}
+		}
+	}
+}
+
+func (d *doctor) missing(ctx context.Context, user, namespace string, rules []rbacv1.PolicyRule) []string {
+	var missing []string
+	for _, r := range rules {
+		for _, group := range r.APIGroups {
+			for _, res := range r.Resources {
+				resource, sub, _ := strings.Cut(res, "/")
+				for _, verb := range r.Verbs {
+					names := r.ResourceNames
+					if len(names) == 0 {
+						names = []string{""}
+					}
+					for _, name := range names {
+						sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: user,
+							Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + d.o.Release.Namespace, "system:authenticated"},
+							ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: namespace, Verb: verb, Group: group,
+								Resource: resource, Subresource: sub, Name: name}}}
+						got, err := d.cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+						if err != nil || !got.Status.Allowed {
+							what := verb + " " + res
+							if group != "" {
+								what += "." + group
+							}
+							if name != "" {
+								what += " " + name
+							}
+							missing = append(missing, what)
+						}
+					}
+				}
+			}
+		}
+	}
+	return missing
+}
+
+// relay checks that the relay's API answers (a request without a token
+// must get its 401).
+func (d *doctor) relay(ctx context.Context) {
+	if d.rendered.Find("Deployment", d.o.Release.Name+"-relay") == nil {
+		return // not installed
+	}
+	fix := fmt.Sprintf("kubectl -n %s rollout status deploy/%s-relay; kubectl -n %s logs deploy/%s-relay",
+		d.o.Release.Namespace, d.o.Release.Name, d.o.Release.Namespace, d.o.Release.Name)
+	var code int
+	if d.o.RelayURL != "" {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(d.o.RelayURL, "/")+"/v1/runs", nil)
+		if err != nil {
+			d.add(fail("relay", err.Error(), fix))
+			return
+		}
+		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // reachability only
+		resp, err := client.Do(req)
+		if err != nil {
+			d.add(fail("relay", "cannot reach "+d.o.RelayURL+": "+err.Error(), fix))
+			return
+		}
+		resp.Body.Close()
+		code = resp.StatusCode
+	} else {
+		_, err := d.cs.CoreV1().Services(d.o.Release.Namespace).ProxyGet("https", d.o.Release.Name+"-relay", "api", "/v1/runs", nil).DoRaw(ctx)
+		var status apierrors.APIStatus
+		switch {
+		case err == nil:
+			code = http.StatusOK
+		case errors.As(err, &status):
+			code = int(status.Status().Code)
+		default:
+			d.add(fail("relay", "cannot reach the relay through the API server: "+err.Error(), fix))
+			return
+		}
+	}
+	if code != http.StatusUnauthorized {
+		d.add(fail("relay", fmt.Sprintf("GET /v1/runs without a token answered %d, want 401", code), fix))
+		return
+	}
+	d.add(pass("relay", "the relay's API answers, and asks for a token"))
+}
+
+// dryRun creates a bare Job with dryRun=All in the source namespace: it
+// must come back mutated, through both webhooks, and writes nothing.
+func (d *doctor) dryRun(ctx context.Context, cfg *config.Config) {
+	ns := cfg.Source.Namespace
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "clipjob-doctor-", Namespace: ns, Labels: map[string]string{
+			contract.LabelAgentID: "clipjob-doctor", contract.LabelRunID: fmt.Sprintf("doctor-%d", d.o.Now().Unix())}},
+		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{
+			Annotations: map[string]string{contract.AnnotationPrompt: "clipjob doctor: a dry run, never stored"}}}},
+	}
+	got, err := d.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if err != nil {
+		d.add(fail("dry-run", "a bare Job in "+ns+" was refused: "+err.Error(),
+			"read the message: it names the field and the fix; a webhook call error means the Service or its pods are not serving"))
+		return
+	}
+	profile := got.Annotations[contract.AnnotationProfile]
+	if profile == "" || len(got.Spec.Template.Spec.Containers) == 0 {
+		d.add(fail("dry-run", "a bare Job came back without clipjob's mutation (no "+contract.AnnotationProfile+" annotation, no container)",
+			"check that the mutating webhook matches Jobs labeled "+contract.LabelAgentID+" in namespace "+ns+" (namespaceSelector, objectSelector)"))
+		return
+	}
+	d.add(pass("dry-run", fmt.Sprintf("a bare Job in %s came back mutated: profile %s, image %s", ns, profile, got.Spec.Template.Spec.Containers[0].Image)))
+}
