@@ -97,13 +97,10 @@ func (e *BusyError) Error() string {
 		msg += ", started " + h.Since.UTC().Format(time.RFC3339)
 	}
 	if h.Pending {
-		msg += ", admitted but not yet stored"
+		msg += ", admitted but not yet stored (or deleted moments ago)"
 	}
 	if h.Terminating > 0 {
 		msg += fmt.Sprintf(", ended but %d pod(s) still terminating", h.Terminating)
-	}
-	if h.Unclaimed {
-		msg += ", running without its claim"
 	}
 	return msg + "; a new run is admitted once it completes, fails or is deleted"
 }
@@ -118,9 +115,6 @@ type Holder struct {
 	Pending bool
 	// Terminating counts pods of an ended Job that have not finished.
 	Terminating int
-	// Unclaimed: the Job runs without holding the claim (the claim was
-	// deleted, or the scope changed under it).
-	Unclaimed bool
 }
 
 // Key is where an agent's claim lives.
@@ -222,7 +216,7 @@ func (c *Lock) checkUnclaimed(ctx context.Context, key Key, job *batchv1.Job, cf
 			continue
 		}
 		h := Holder{Namespace: j.Namespace, Name: j.Name, UID: string(j.UID), RunID: j.Labels[contract.LabelRunID],
-			Agent: key.Agent, Unclaimed: true}
+			Agent: key.Agent}
 		if j.Status.StartTime != nil {
 			h.Since = j.Status.StartTime.Time
 		}

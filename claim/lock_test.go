@@ -475,7 +475,7 @@ func TestRunWithoutItsClaimKeepsTheAgentBusy(t *testing.T) {
 				return
 			}
 			var b *BusyError
-			if !errors.As(err, &b) || b.Holder.Name != "run-1" || !strings.Contains(err.Error(), "running without its claim") {
+			if !errors.As(err, &b) || b.Holder.Name != "run-1" || !strings.Contains(err.Error(), "already has an active run") {
 				t.Fatalf("want busy naming run-1, got %v", err)
 			}
 			if leases.writes != 0 {

@@ -34,15 +34,18 @@ import (
 func (r *Controller) startTimeouts(ctx context.Context, cfg *config.Config, jobs []*batchv1.Job) (time.Duration, error) {
 	now := r.now()
 	var next time.Duration
+	later := func(wait time.Duration) {
+		if next == 0 || wait < next {
+			next = wait
+		}
+	}
 	for _, job := range jobs {
-		if !mayBeUnstarted(job) {
+		if !mayBeUnstarted(job) || deadlinePassed(job, now) {
 			continue
 		}
 		timeout := startTimeout(cfg, job)
 		if wait := job.Status.StartTime.Add(timeout).Sub(now); wait > 0 {
-			if next == 0 || wait < next {
-				next = wait
-			}
+			later(wait)
 			continue
 		}
 		pods, err := r.Client.CoreV1().Pods(job.Namespace).List(ctx, metav1.ListOptions{
@@ -54,6 +57,14 @@ func (r *Controller) startTimeouts(ctx context.Context, cfg *config.Config, jobs
 		if started {
 			continue
 		}
+		// Timed from the newest pod: a pod made after a pause (parallelism
+		// 0, then 1) gets its own start timeout.
+		if newest := newestPod(pods.Items); newest != nil {
+			if wait := newest.CreationTimestamp.Add(timeout).Sub(now); wait > 0 {
+				later(wait)
+				continue
+			}
+		}
 		if err := r.endUnstarted(ctx, job, now, timeout, waitingFor); err != nil {
 			return 0, err
 		}
@@ -61,18 +72,43 @@ func (r *Controller) startTimeouts(ctx context.Context, cfg *config.Config, jobs
 	return next, nil
 }
 
-// mayBeUnstarted reports whether job is a run that started and has no pod
-// ready, which is all the cache tells: whether a container ever ran takes
-// the pods.
-func mayBeUnstarted(job *batchv1.Job) bool {
-	return Running(job) && job.Status.StartTime != nil && ptr.Deref(job.Status.Ready, 0) == 0 &&
-		job.Annotations[contract.AnnotationStartTimeout] == ""
+// deadlinePassed reports whether the Job's own deadline (or the one this
+// controller set) has passed: the Job controller is failing it.
+func deadlinePassed(job *batchv1.Job, now time.Time) bool {
+	d := job.Spec.ActiveDeadlineSeconds
+	return d != nil && !now.Before(job.Status.StartTime.Add(time.Duration(*d)*time.Second))
 }
 
-// startTimeout is the start bound of job's profile, by the config in force.
+func newestPod(pods []corev1.Pod) *corev1.Pod {
+	var newest *corev1.Pod
+	for i := range pods {
+		if newest == nil || pods[i].CreationTimestamp.After(newest.CreationTimestamp.Time) {
+			newest = &pods[i]
+		}
+	}
+	return newest
+}
+
+// mayBeUnstarted reports whether job is a run that started, is not paused
+// (parallelism 0) and has no pod ready, which is all the cache tells:
+// whether a container ever ran takes the pods. Nothing a client writes on
+// the Job turns the check off: the annotation this controller writes is a
+// record, not a switch.
+func mayBeUnstarted(job *batchv1.Job) bool {
+	return Running(job) && job.Status.StartTime != nil && ptr.Deref(job.Status.Ready, 0) == 0 &&
+		ptr.Deref(job.Spec.Parallelism, 1) != 0
+}
+
+// startTimeout is the start bound of job's profile (by its adapter-type
+// label, which is fixed once admitted), by the config in force; a profile
+// since removed from the config falls back to the default profile.
 func startTimeout(cfg *config.Config, job *batchv1.Job) time.Duration {
 	seconds := int64(config.DefaultStartTimeoutSeconds)
-	if prof, ok := cfg.Profile(contract.AdapterType(job.Labels)); ok && prof.StartTimeoutSeconds != nil {
+	prof, ok := cfg.Profile(contract.AdapterType(job.Labels))
+	if !ok {
+		prof, ok = cfg.Profile("")
+	}
+	if ok && prof.StartTimeoutSeconds != nil {
 		seconds = *prof.StartTimeoutSeconds
 	}
 	return time.Duration(seconds) * time.Second
@@ -126,16 +162,14 @@ func describe(what, reason, msg string) string {
 	return what + ": " + reason + ": " + msg
 }
 
-// endUnstarted sets the Job's activeDeadlineSeconds to the time it has had
-// (never above what it set itself), so the Job controller fails it now,
-// and says why in AnnotationStartTimeout.
+// endUnstarted sets the Job's activeDeadlineSeconds to the time it has had,
+// so the Job controller fails it now (a deadline of the Job's own that was
+// shorter has passed already, and the Job is not here), and says why in
+// AnnotationStartTimeout.
 func (r *Controller) endUnstarted(ctx context.Context, job *batchv1.Job, now time.Time, timeout time.Duration, waitingFor string) error {
 	had := int64(now.Sub(job.Status.StartTime.Time) / time.Second)
 	if had < 1 {
 		had = 1
-	}
-	if d := job.Spec.ActiveDeadlineSeconds; d != nil && *d < had {
-		had = *d
 	}
 	why := fmt.Sprintf("no container ran within %s of the start: %s", timeout, waitingFor)
 	// The UID makes the patch fail on another Job recreated under the name.

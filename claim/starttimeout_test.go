@@ -125,8 +125,8 @@ func TestAReadyRunCostsNoPodRead(t *testing.T) {
 	}
 }
 
-// The profile's startTimeoutSeconds is the bound; a shorter deadline of
-// the Job's own is kept.
+// The profile's startTimeoutSeconds is the bound; a Job whose own
+// deadline passed first is the Job controller's to end.
 func TestTheProfileSetsTheStartTimeout(t *testing.T) {
 	cfg := "profiles:\n  claude_local:\n    startTimeoutSeconds: 60\n"
 	claude := startedRun("claude").Adapter("claude_local").Obj()
@@ -140,8 +140,8 @@ func TestTheProfileSetsTheStartTimeout(t *testing.T) {
 	if d, _, ok := ended(t, cs, "claude"); !ok || d != 90 {
 		t.Errorf("claude_local run: ended=%v deadline %d, want ended at 90s by its profile's 60s", ok, d)
 	}
-	if d, _, ok := ended(t, cs, "own-deadline"); !ok || d != 45 {
-		t.Errorf("a Job's own shorter deadline became %d, want 45 kept", d)
+	if _, _, ok := ended(t, cs, "own-deadline"); ok {
+		t.Error("a Job whose own deadline has passed was patched; the Job controller is failing it")
 	}
 	if _, _, ok := ended(t, cs, "other"); ok {
 		t.Error("the default profile's 10 minutes were cut to the claude_local profile's 60s")
@@ -196,5 +196,47 @@ func TestAStartingRunWakesItsAgent(t *testing.T) {
 	h.Create(context.Background(), event.TypedCreateEvent[*batchv1.Job]{Object: starting}, q)
 	if q.Len() != 1 {
 		t.Error("a new leader's list of an unstarted run did not wake its agent")
+	}
+}
+
+// Nothing a client writes on its Job turns the start timeout off: not the
+// annotation the controller records, not a deadline raised after the
+// controller set one (the webhook refuses that; here the controller sets
+// it again).
+func TestTheStartTimeoutCannotBeSwitchedOff(t *testing.T) {
+	forged := startedRun("forged").Annotation(contract.AnnotationStartTimeout, "none").Obj()
+	raised := startedRun("raised").Obj()
+	raised.Spec.ActiveDeadlineSeconds = ptr.To[int64](99999)
+	r, cs := testController(t, "Reject", forged, raised, pullBackOff(forged), pullBackOff(raised))
+	r.Clock = clocktesting.NewFakePassiveClock(base.Add(11 * time.Minute))
+	reconcileOK(t, r, agentQ)
+	for _, name := range []string{"forged", "raised"} {
+		if _, _, ok := ended(t, cs, name); !ok {
+			t.Errorf("%s: a run that never started was not ended", name)
+		}
+	}
+}
+
+// A paused run (parallelism 0) is not starting; resumed, its new pod gets
+// its own start timeout, not the Job's first start's.
+func TestAPausedRunIsNotTimed(t *testing.T) {
+	paused := startedRun("paused").Obj()
+	paused.Spec.Parallelism = ptr.To[int32](0)
+	resumed := startedRun("resumed").Obj()
+	fresh := pullBackOff(resumed)
+	fresh.CreationTimestamp = metav1.NewTime(base.Add(30 * time.Minute))
+	r, cs := testController(t, "Reject", paused, resumed, fresh)
+	r.Clock = clocktesting.NewFakePassiveClock(base.Add(35 * time.Minute))
+	res, err := r.Reconcile(context.Background(), agentQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"paused", "resumed"} {
+		if _, why, ok := ended(t, cs, name); ok {
+			t.Errorf("%s was ended: %s", name, why)
+		}
+	}
+	if res.RequeueAfter != 5*time.Minute {
+		t.Errorf("RequeueAfter %v, want 5m0s: the new pod's own timeout", res.RequeueAfter)
 	}
 }

@@ -46,6 +46,7 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"bad env name", header + "defaults:\n  env: [{name: '1A', value: x}]\n", []string{"defaults.env[0].name: Invalid value"}},
 		{"negative ttl", header + "defaults:\n  ttlSecondsAfterFinished: -1\n", []string{"defaults.ttlSecondsAfterFinished: Invalid value: -1"}},
 		{"start timeout off", header + "profiles:\n  claude_local:\n    startTimeoutSeconds: 0\n", []string{"profiles[claude_local].startTimeoutSeconds: Invalid value: 0", "never starts"}},
+		{"start timeout beyond a week", header + "defaults:\n  startTimeoutSeconds: 9300000000\n", []string{"defaults.startTimeoutSeconds: Invalid value: 9300000000: must be 1 to 604800"}},
 		{"relative writable path", header + "defaults:\n  writablePaths: [tmp]\n", []string{"defaults.writablePaths[0]: Invalid value: \"tmp\""}},
 		{"bad image glob", header + "policy:\n  images:\n    allow: ['ghcr.io/Bad Name/*']\n", []string{"policy.images.allow[0]: Invalid value"}},
 		{"bad concurrency", header + "policy:\n  concurrency:\n    mode: Later\n    scope: Galaxy\n",

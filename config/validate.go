@@ -18,6 +18,10 @@ var (
 	profilesPath = field.NewPath("profiles")
 )
 
+// maxStartTimeoutSeconds bounds startTimeoutSeconds: a week is more than
+// any image pull, and keeps the duration far from overflowing.
+const maxStartTimeoutSeconds = 7 * 24 * 3600
+
 func (c *Config) validate() field.ErrorList {
 	var errs field.ErrorList
 	if c.APIVersion != APIVersion {
@@ -144,8 +148,9 @@ func validateProfile(pr Profile, p *field.Path) field.ErrorList {
 	if v := pr.ActiveDeadlineSeconds; v != nil && *v <= 0 {
 		errs = append(errs, field.Invalid(p.Child("activeDeadlineSeconds"), *v, "must be greater than 0"))
 	}
-	if v := pr.StartTimeoutSeconds; v != nil && *v <= 0 {
-		errs = append(errs, field.Invalid(p.Child("startTimeoutSeconds"), *v, "must be greater than 0: a run that never starts must not keep its agent busy forever"))
+	if v := pr.StartTimeoutSeconds; v != nil && (*v <= 0 || *v > maxStartTimeoutSeconds) {
+		errs = append(errs, field.Invalid(p.Child("startTimeoutSeconds"), *v, fmt.Sprintf(
+			"must be 1 to %d (7 days): a run that never starts must not keep its agent busy forever", maxStartTimeoutSeconds)))
 	}
 	if v := pr.TTLSecondsAfterFinished; v != nil && *v < 0 {
 		errs = append(errs, field.Invalid(p.Child("ttlSecondsAfterFinished"), *v, "must be 0 or more"))

@@ -41,8 +41,13 @@ const (
 	EnvPromptFile  = "PAPERCLIP_PROMPT_FILE"
 )
 
-// Annotations clipjob writes on the Job to say what it did.
+// Annotations clipjob writes on the Job to say what it did. A client's own
+// values for them are dropped at admission: they steer the claim
+// controller.
 const (
+	// ClipjobPrefix is the prefix of every annotation clipjob writes.
+	ClipjobPrefix = "clipjob.paperclip.io/"
+
 	AnnotationProfile      = "clipjob.paperclip.io/profile"
 	AnnotationTemplateHash = "clipjob.paperclip.io/template-hash"
 	AnnotationSource       = "clipjob.paperclip.io/source"

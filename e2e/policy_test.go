@@ -455,7 +455,7 @@ func TestDeletedClaimDoesNotFreeTheAgent(t *testing.T) {
 	second := bareJob(t, "e2e-claim-deleted-2")
 	second.Labels[contract.LabelAgentID] = first.Labels[contract.LabelAgentID]
 	_, err = env.cs.BatchV1().Jobs(ns).Create(ctx, second, metav1.CreateOptions{})
-	if !apierrors.IsConflict(err) || !strings.Contains(err.Error(), "Job "+ns+"/"+first.Name) || !strings.Contains(err.Error(), "running without its claim") {
+	if !apierrors.IsConflict(err) || !strings.Contains(err.Error(), "Job "+ns+"/"+first.Name) || !strings.Contains(err.Error(), "already has an active run") {
 		t.Fatalf("a second run after the claim was deleted: want 409 naming %s, got %v", first.Name, err)
 	}
 	assertNoJob(ctx, t, second.Name)
@@ -471,6 +471,10 @@ func TestARunThatCannotStartFreesItsAgent(t *testing.T) {
 	writeConfig(ctx, t, string(original)+"profiles:\n  claude_local:\n    startTimeoutSeconds: 3\n", true)
 	stuck := bareJob(t, "e2e-never-starts")
 	stuck.Spec.Template.Spec.NodeSelector = map[string]string{"clipjob.e2e/pool": "nowhere"}
+	// A client's own record that the timeout was handled, and a deadline of
+	// its own far away, change nothing.
+	stuck.Annotations = map[string]string{contract.AnnotationStartTimeout: "none"}
+	stuck.Spec.ActiveDeadlineSeconds = ptr.To[int64](100000)
 	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, stuck, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -515,6 +519,12 @@ func TestARunThatCannotStartFreesItsAgent(t *testing.T) {
 	}
 	if why := ended.Annotations[contract.AnnotationStartTimeout]; !strings.Contains(why, "Unschedulable") || !strings.Contains(why, "3s") {
 		t.Errorf("annotation %s = %q, want the timeout and what the pod waited for", contract.AnnotationStartTimeout, why)
+	}
+	// Putting the deadline back up, to hold the agent with the next pod, is
+	// refused.
+	_, err = env.cs.BatchV1().Jobs(ns).Patch(ctx, stuck.Name, types.MergePatchType, []byte(`{"spec":{"activeDeadlineSeconds":100000}}`), metav1.PatchOptions{})
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "spec.activeDeadlineSeconds: Forbidden: may be lowered") {
+		t.Errorf("raising the deadline the controller set: want 403, got %v", err)
 	}
 	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, next(), metav1.CreateOptions{})

@@ -32,6 +32,7 @@ const (
 	RuleOnePod      = "one-pod"
 	RuleSandbox     = "sandbox"
 	RuleCredentials = "credentials"
+	RuleDeadline    = "deadline"
 )
 
 var (
@@ -102,6 +103,7 @@ func Evaluate(in Input) *Decision {
 	}
 	if in.Operation == Update {
 		d.add(RuleTemplate, checkTemplateUnchanged(in))
+		d.add(RuleDeadline, checkDeadlineNotRaised(in))
 		return d
 	}
 	d.add(RuleNamespace, checkNamespace(in))
@@ -115,6 +117,22 @@ func Evaluate(in Input) *Decision {
 	d.add(RuleVolume, volErrs)
 	d.Warnings = append(d.Warnings, volWarn...)
 	return d
+}
+
+// checkDeadlineNotRaised lets an agent Job's activeDeadlineSeconds be set
+// or lowered, never raised or removed: the claim controller ends a run
+// that never started by lowering it, and a client undoing that would keep
+// the run holding its agent.
+func checkDeadlineNotRaised(in Input) field.ErrorList {
+	if in.Old == nil || in.Old.Spec.ActiveDeadlineSeconds == nil || !contract.IsAgentJob(in.Old.Labels) {
+		return nil
+	}
+	was, now := *in.Old.Spec.ActiveDeadlineSeconds, in.Job.Spec.ActiveDeadlineSeconds
+	if now != nil && *now <= was {
+		return nil
+	}
+	return field.ErrorList{field.Forbidden(field.NewPath("spec", "activeDeadlineSeconds"), fmt.Sprintf(
+		"may be lowered, not raised or removed (it is %d): an agent run's deadline only comes closer; create a new Job for a longer run", was))}
 }
 
 // checkOnePod keeps an agent run to one pod at a time, on CREATE and on
@@ -299,12 +317,22 @@ func checkLabels(in Input) field.ErrorList {
 	var errs field.ErrorList
 	job := in.Job
 	if in.Operation == Update && in.Old != nil {
-		for _, key := range []string{contract.LabelAgentID, contract.LabelRunID} {
+		// Every contract label: the agent and run, and also the adapter
+		// type (it picks the profile the claim controller times the start
+		// by) and the company and task the relay reports.
+		keys := map[string]bool{}
+		for k := range in.Old.Labels {
+			keys[k] = strings.HasPrefix(k, contract.Prefix)
+		}
+		for k := range job.Labels {
+			keys[k] = keys[k] || strings.HasPrefix(k, contract.Prefix)
+		}
+		for _, key := range slices.Sorted(maps.Keys(keys)) {
 			oldV, hadOld := in.Old.Labels[key]
 			newV, hasNew := job.Labels[key]
-			if hadOld != hasNew || oldV != newV {
+			if keys[key] && (hadOld != hasNew || oldV != newV) {
 				errs = append(errs, field.Invalid(labelsPath.Key(key), newV, fmt.Sprintf(
-					"is immutable (was %q): an agent run keeps its agent and run; create a new Job instead", oldV)))
+					"is immutable (was %q): an agent run keeps its agent, run and profile; create a new Job instead", oldV)))
 			}
 		}
 		return errs

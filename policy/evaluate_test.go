@@ -254,6 +254,29 @@ func TestEvaluateUpdate(t *testing.T) {
 		{"replacement policy loosened", func(j *batchv1.Job) { j.Spec.PodReplacementPolicy = ptr.To(batchv1.TerminatingOrFailed) },
 			`spec.podReplacementPolicy: Invalid value: "TerminatingOrFailed": must be Failed`},
 		{"parallelism 0 pauses the run", func(j *batchv1.Job) { j.Spec.Parallelism = ptr.To[int32](0) }, ""},
+		// The adapter type picks the profile the start timeout comes from.
+		{"adapter type changed", func(j *batchv1.Job) { j.Labels["paperclip.io/adapter-type"] = "nonexistent" },
+			`metadata.labels[paperclip.io/adapter-type]: Invalid value: "nonexistent": is immutable (was "claude_local")`},
+		{"company added", func(j *batchv1.Job) { j.Labels["paperclip.io/task-id"] = "t-9" }, "metadata.labels[paperclip.io/task-id]"},
+		{"a deadline set", func(j *batchv1.Job) { j.Spec.ActiveDeadlineSeconds = ptr.To[int64](600) }, ""},
+	}
+	withDeadline := old.DeepCopy()
+	withDeadline.Spec.ActiveDeadlineSeconds = ptr.To[int64](600)
+	for _, tt := range []struct {
+		name    string
+		seconds *int64
+		wantErr string
+	}{
+		{"deadline lowered (how the claim controller ends a run that never started)", ptr.To[int64](60), ""},
+		{"deadline raised", ptr.To[int64](99999), "spec.activeDeadlineSeconds: Forbidden: may be lowered, not raised or removed (it is 600)"},
+		{"deadline removed", nil, "spec.activeDeadlineSeconds: Forbidden"},
+	} {
+		job := withDeadline.DeepCopy()
+		job.Spec.ActiveDeadlineSeconds = tt.seconds
+		d := Evaluate(Input{Operation: Update, Job: job, Old: withDeadline, Config: cfg})
+		if got := d.Errs.ToAggregate(); (tt.wantErr == "") != (got == nil) || (got != nil && !strings.Contains(got.Error(), tt.wantErr)) {
+			t.Errorf("%s: got %v, want %q", tt.name, got, tt.wantErr)
+		}
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

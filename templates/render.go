@@ -105,6 +105,14 @@ type renderer struct {
 }
 
 func (r *renderer) render() {
+	// What clipjob records is clipjob's to write: a client's own value
+	// (say, a start timeout already "handled") would steer the claim
+	// controller. jobSpec and annotate set the real ones again.
+	for k := range r.job.Annotations {
+		if strings.HasPrefix(k, contract.ClipjobPrefix) {
+			delete(r.job.Annotations, k)
+		}
+	}
 	spec := &r.job.Spec.Template.Spec
 	if len(spec.Containers) == 0 {
 		if len(r.prof.Command) == 0 {

@@ -243,8 +243,8 @@ func TestKubeAuthChecksAudiencesAndKeysOnGroups(t *testing.T) {
 		return r
 	}
 	strict := &KubeAuth{Client: cs, Audiences: []string{"clipjob-relay"}}
-	if _, err := strict.Authenticate(req("a")); !errors.Is(err, errUnauthenticated) {
-		t.Errorf("a token for another audience was accepted: %v", err)
+	if _, err := strict.Authenticate(req("a")); !errors.Is(err, errUnauthenticated) || !strings.Contains(err.Error(), "--audience clipjob-relay") {
+		t.Errorf("a token for another audience: want 401 saying which audience, got %v", err)
 	}
 	a := &KubeAuth{Client: cs}
 	ua, _ := a.Authenticate(req("a"))

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"sort"
@@ -27,8 +28,19 @@ type Authorizer interface {
 	Allowed(ctx context.Context, user *authnv1.UserInfo, namespace string) (bool, error)
 }
 
-// errUnauthenticated is answered with 401.
+// errUnauthenticated is answered with 401; errTokenRefused wraps it for a
+// token the API server did not accept for the relay.
 var errUnauthenticated = errors.New("a Kubernetes bearer token is required (Authorization: Bearer …)")
+
+// refused says why a token was not accepted, without saying which reason
+// applied (that would help a guesser).
+func (a *KubeAuth) refused() error {
+	if len(a.Audiences) == 0 {
+		return fmt.Errorf("%w: the token was not accepted: it is invalid or expired", errUnauthenticated)
+	}
+	return fmt.Errorf("%w: the token was not accepted: it is invalid, expired, or not made for audience %s (kubectl create token <serviceaccount> --audience %s)",
+		errUnauthenticated, strings.Join(a.Audiences, " or "), a.Audiences[0])
+}
 
 // KubeAuth authenticates bearer tokens with a TokenReview and authorizes
 // with a SubjectAccessReview for get pods/log in the run's namespace, the
@@ -65,7 +77,7 @@ func (a *KubeAuth) Authenticate(r *http.Request) (*authnv1.UserInfo, error) {
 	if c, ok := a.tokens[key]; ok && time.Now().Before(c.exp) {
 		a.mu.Unlock()
 		if c.v == nil {
-			return nil, errUnauthenticated // refused moments ago: no new review
+			return nil, a.refused() // refused moments ago: no new review
 		}
 		return c.v, nil
 	}
@@ -86,7 +98,7 @@ func (a *KubeAuth) Authenticate(r *http.Request) (*authnv1.UserInfo, error) {
 		prune(a.tokens)
 		a.tokens[key] = cached[*authnv1.UserInfo]{nil, time.Now().Add(ttl(a.DenyTTL, 10*time.Second))}
 		a.mu.Unlock()
-		return nil, errUnauthenticated
+		return nil, a.refused()
 	}
 	user := tr.Status.User
 	a.mu.Lock()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,9 +27,15 @@ type ValuesFile struct {
 	// Interval between reads. Default 30s, within the kubelet's own delay
 	// in updating a mounted Secret.
 	Interval time.Duration
-	Log      logr.Logger
+	// KeepRemoved is how long a value removed from the file is still
+	// redacted: during a key rotation the old key often stays valid for a
+	// while, and an agent may still print it. Default 24h.
+	KeepRemoved time.Duration
+	Log         logr.Logger
 
-	last []byte
+	last    []byte
+	current []string
+	removed map[string]time.Time // value -> when it left the file
 }
 
 // Load reads the file and applies its values. The relay refuses to start
@@ -82,10 +89,31 @@ func (v *ValuesFile) Start(ctx context.Context) error {
 func (v *ValuesFile) NeedLeaderElection() bool { return false }
 
 func (v *ValuesFile) apply(data []byte) int {
-	values := append([]string{}, v.Static...)
+	now := time.Now()
+	keep := v.KeepRemoved
+	if keep <= 0 {
+		keep = 24 * time.Hour
+	}
 	file := parseValues(data)
-	v.Redactor.SetValues(append(values, file...))
-	v.last = data
+	if v.removed == nil {
+		v.removed = map[string]time.Time{}
+	}
+	for _, old := range v.current {
+		if !slices.Contains(file, old) {
+			v.removed[old] = now
+		}
+	}
+	values := append(append([]string{}, v.Static...), file...)
+	for val, since := range v.removed {
+		switch {
+		case slices.Contains(file, val), now.Sub(since) > keep:
+			delete(v.removed, val)
+		default:
+			values = append(values, val)
+		}
+	}
+	v.Redactor.SetValues(values)
+	v.last, v.current = data, file
 	return len(file)
 }
 

@@ -34,7 +34,7 @@ func TestValuesFileReloads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v := &ValuesFile{Path: path, Redactor: r, Static: []string{"static-secret"}, Interval: 5 * time.Millisecond, Log: logr.Discard()}
+	v := &ValuesFile{Path: path, Redactor: r, Static: []string{"static-secret"}, Interval: 5 * time.Millisecond, KeepRemoved: 200 * time.Millisecond, Log: logr.Discard()}
 	if err := v.Load(); err != nil {
 		t.Fatal(err)
 	}
@@ -52,11 +52,19 @@ func TestValuesFileReloads(t *testing.T) {
 
 	write("new-secret-2\n")
 	waitFor(t, func() bool { return redacted("new-secret-2") }, "the rotated value was never redacted")
-	if redacted("old-secret-1") {
-		t.Error("a value removed from the file is still redacted")
+	if !redacted("old-secret-1") {
+		t.Error("a value rotated out is no longer redacted at once; the old key may still be valid and printed")
 	}
 	if !redacted("static-secret") {
 		t.Error("a reload dropped the values given on the command line")
+	}
+
+	// After KeepRemoved, a removed value is dropped at the next change.
+	time.Sleep(250 * time.Millisecond)
+	write("new-secret-2\nthird-secret-3\n")
+	waitFor(t, func() bool { return redacted("third-secret-3") }, "a value added later was never redacted")
+	if redacted("old-secret-1") {
+		t.Error("a value removed long ago is still redacted")
 	}
 
 	if err := os.Remove(path); err != nil {
