@@ -163,9 +163,13 @@ func (d *doctor) webhooks(ctx context.Context) {
 	}
 	d.add(pass("ca-bundle", "every webhook's CA bundle trusts the served certificate"))
 	left := served.NotAfter.Sub(now)
+	// Renewal happens with a third of the life left; an hour left means it
+	// did not happen.
 	switch {
-	case left < 24*time.Hour:
+	case left < time.Hour:
 		d.add(fail("certificate", fmt.Sprintf("the serving certificate expires %s (in %s)", served.NotAfter.Format(time.RFC3339), left.Round(time.Minute)), d.caFix()))
+	case left < 48*time.Hour:
+		d.add(pass("certificate", fmt.Sprintf("expires %s, in %d hours", served.NotAfter.Format(time.RFC3339), int(left.Hours()))))
 	default:
 		d.add(pass("certificate", fmt.Sprintf("expires %s, in %d days", served.NotAfter.Format("2006-01-02"), int(left.Hours()/24))))
 	}
@@ -395,9 +399,17 @@ func (d *doctor) relay(ctx context.Context) {
 // must come back mutated, through both webhooks, and writes nothing.
 func (d *doctor) dryRun(ctx context.Context, cfg *config.Config) {
 	ns := cfg.Source.Namespace
+	labels := map[string]string{contract.LabelAgentID: "clipjob-doctor", contract.LabelRunID: fmt.Sprintf("doctor-%d", d.o.Now().Unix())}
+	// A bare Job names an adapter whose profile runs a command; the default
+	// profile may run none.
+	for _, name := range cfg.ProfileNames() {
+		if p, ok := cfg.Profile(name); ok && len(p.Command) > 0 {
+			labels[contract.LabelAdapterType] = name
+			break
+		}
+	}
 	job := &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "clipjob-doctor-", Namespace: ns, Labels: map[string]string{
-			contract.LabelAgentID: "clipjob-doctor", contract.LabelRunID: fmt.Sprintf("doctor-%d", d.o.Now().Unix())}},
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "clipjob-doctor-", Namespace: ns, Labels: labels},
 		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{
 			Annotations: map[string]string{contract.AnnotationPrompt: "clipjob doctor: a dry run, never stored"}}}},
 	}

@@ -30,13 +30,19 @@ const (
 	ValidatingWebhookName = "clipjob-validating"
 )
 
-// RenderChart renders the chart for Release with the webhooks called at
-// addr and certificates signed by the CA caBundle (PEM).
-func RenderChart(addr string, caBundle []byte, values map[string]any) (*charts.Rendered, error) {
-	v := map[string]any{
+// ChartValues are the values the suite installs the chart with: the
+// webhooks called at addr, certificates signed by the CA caBundle (PEM).
+func ChartValues(addr string, caBundle []byte) map[string]any {
+	return map[string]any{
 		"webhook":      map[string]any{"url": "https://" + addr},
 		"certificates": map[string]any{"mode": "external", "caBundle": base64.StdEncoding.EncodeToString(caBundle)},
 	}
+}
+
+// RenderChart renders the chart for Release with ChartValues and values
+// over them.
+func RenderChart(addr string, caBundle []byte, values map[string]any) (*charts.Rendered, error) {
+	v := ChartValues(addr, caBundle)
 	for k, val := range values {
 		v[k] = val
 	}

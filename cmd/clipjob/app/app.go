@@ -1,6 +1,8 @@
 // Package app is the clipjob command line: `render` and `check` of agent
 // Jobs offline, calling the same cores as the webhook (templates.Render,
-// policy.Evaluate), the way istioctl kube-inject calls Istio's injector.
+// policy.Evaluate), the way istioctl kube-inject calls Istio's injector;
+// and `doctor`, the one command that reaches a cluster, to check an
+// install.
 // main only calls Main, so every command is tested without a process.
 package app
 
@@ -23,11 +25,13 @@ const usage = `clipjob renders Paperclip agent Jobs as the clipjob webhook would
 Usage:
   clipjob render -f job.yaml --source deployment.yaml [--config config.yaml]
   clipjob check  -f job.yaml [--source deployment.yaml] [--pvc pvc.yaml] [--config config.yaml]
+  clipjob doctor [--namespace clipjob-system] [--release clipjob] [--values values.yaml] [-o json]
 
 Commands:
   render   print the complete Job(s) the webhook would store for a bare Job
   check    evaluate Job(s) against the policy as the validating webhook does;
            with --source, render them first, as the mutating webhook would
+  doctor   check a live install and name the fix for each failure (exit 1)
 
 Run 'clipjob COMMAND -h' for the flags of a command.
 `
@@ -47,6 +51,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return run(render, args[1:], stdin, stdout, stderr)
 	case "check":
 		return run(check, args[1:], stdin, stdout, stderr)
+	case "doctor":
+		return run(doctorCmd, args[1:], stdin, stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "clipjob: unknown command %q\n\n%s", args[0], usage)
 		return 2

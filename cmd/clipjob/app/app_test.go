@@ -2,12 +2,14 @@ package app
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/doctor"
 	"github.com/paperclipai/clipjob/internal/golden"
 	"github.com/paperclipai/clipjob/internal/manifest"
 )
@@ -176,5 +178,31 @@ spec:
 	Main([]string{"check", "-f", jobs, "--source", src, "--pvc", empty}, nil, &stdout, &stderr)
 	if !strings.Contains(stdout.String(), `job/good: denied: spec.template.spec.volumes[0].persistentVolumeClaim.claimName: Not found`) {
 		t.Errorf("missing claim not denied:\n%s", stdout.String())
+	}
+}
+
+func TestDoctorPrintsEachCheckAndItsFix(t *testing.T) {
+	results := []doctor.Result{{Check: "ca-bundle", OK: true, Detail: "trusted"},
+		{Check: "shared-volume", Detail: "PersistentVolumeClaim paperclip/data is [ReadWriteOnce]", Fix: "recreate it ReadWriteMany"}}
+	var text bytes.Buffer
+	if err := printResults(&text, results, "text"); err != nil {
+		t.Fatal(err)
+	}
+	want := "ok   ca-bundle              trusted\nFAIL shared-volume          PersistentVolumeClaim paperclip/data is [ReadWriteOnce]\n" +
+		"                            fix: recreate it ReadWriteMany\n"
+	if text.String() != want {
+		t.Errorf("text output:\n%s\nwant:\n%s", text.String(), want)
+	}
+	var js bytes.Buffer
+	if err := printResults(&js, results, "json"); err != nil {
+		t.Fatal(err)
+	}
+	var back []doctor.Result
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil || len(back) != 2 || back[1].OK || back[1].Fix == "" {
+		t.Errorf("json output %s: %v", js.String(), err)
+	}
+	var stderr bytes.Buffer
+	if code := Main([]string{"doctor", "-o", "yaml"}, nil, &bytes.Buffer{}, &stderr); code != 2 || !strings.Contains(stderr.String(), "want text or json") {
+		t.Errorf("doctor -o yaml: exit %d, %q", code, stderr.String())
 	}
 }
