@@ -88,10 +88,10 @@ func Run(ctx context.Context, o Options) error {
 	server := mgr.GetWebhookServer() // adds it to the manager's runnables
 	lock := claim.NewLock(clientset)
 	lock.Active = claim.CachedActiveRuns(mgr.GetCache())
-	server.Register(MutatePath, &admission.Webhook{Handler: &Mutator{Configs: store, Sources: sources}})
-	server.Register(ValidatePath, &admission.Webhook{Handler: &Validator{Configs: store, Sources: sources,
-		PVCs: livePVCs(clientset), Claims: lock}})
-	server.Register(PodPath, &admission.Webhook{Handler: &PodValidator{}})
+	server.Register(MutatePath, closeWhileStopping(&admission.Webhook{Handler: &Mutator{Configs: store, Sources: sources}}, stopping))
+	server.Register(ValidatePath, closeWhileStopping(&admission.Webhook{Handler: &Validator{Configs: store, Sources: sources,
+		PVCs: livePVCs(clientset), Claims: lock}}, stopping))
+	server.Register(PodPath, closeWhileStopping(&admission.Webhook{Handler: &PodValidator{}}, stopping))
 	controller := &claim.Controller{Jobs: mgr.GetCache(), Client: clientset, Lock: lock, Configs: store,
 		Log: log.WithName("claim-controller")}
 	if err := controller.SetupWithManager(mgrCtx, mgr, claim.Options{SweepInterval: o.SweepInterval}); err != nil {
@@ -138,6 +138,21 @@ func drainOnStop(ctx context.Context, delay time.Duration, log logr.Logger) (mgr
 		stop()
 	}()
 	return mgrCtx, stopping, stop
+}
+
+// closeWhileStopping answers with Connection: close once the replica is
+// stopping: the API server keeps connections to webhooks open, and one
+// kept to a replica about to close could carry the next admission into a
+// connection reset. Closed after each answer, the API server's next call
+// opens a new connection, which the Service sends to a replica still
+// ready.
+func closeWhileStopping(h http.Handler, stopping *atomic.Bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if stopping.Load() {
+			w.Header().Set("Connection", "close")
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // newManager builds the controller-runtime manager: the TLS webhook

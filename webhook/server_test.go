@@ -2,9 +2,12 @@ package webhook
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"k8s.io/client-go/rest"
@@ -48,5 +51,23 @@ func TestRunRefusesToStart(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A stopping replica closes each connection after its answer, so the API
+// server's next admission opens a new one to a replica still serving.
+func TestCloseWhileStopping(t *testing.T) {
+	var stopping atomic.Bool
+	h := closeWhileStopping(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }), &stopping)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, MutatePath, nil))
+	if rec.Header().Get("Connection") != "" {
+		t.Error("a serving replica closes connections")
+	}
+	stopping.Store(true)
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, MutatePath, nil))
+	if rec.Header().Get("Connection") != "close" || rec.Code != http.StatusOK {
+		t.Errorf("a stopping replica: Connection %q, code %d", rec.Header().Get("Connection"), rec.Code)
 	}
 }

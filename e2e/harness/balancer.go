@@ -3,19 +3,26 @@ package harness
 import (
 	"io"
 	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Balancer spreads TCP connections over several webhook replicas in turn,
 // as a Service would, so the API server's admission calls reach all of
-// them. TLS passes through untouched.
+// them. TLS passes through untouched. Started with probes, it sends new
+// connections only to replicas whose /readyz answers 200, as a Service's
+// endpoints do.
 type Balancer struct {
 	Addr     string
 	backends []string
+	probes   []string
+	ready    []atomic.Bool
 	next     atomic.Uint64
 	ln       net.Listener
 	wg       sync.WaitGroup
+	stop     chan struct{}
 }
 
 // StartBalancer listens on a free loopback port.
@@ -24,10 +31,63 @@ func StartBalancer(backends ...string) (*Balancer, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Balancer{Addr: ln.Addr().String(), backends: backends, ln: ln}
+	b := &Balancer{Addr: ln.Addr().String(), backends: backends, ln: ln, ready: make([]atomic.Bool, len(backends)), stop: make(chan struct{})}
+	for i := range b.ready {
+		b.ready[i].Store(true)
+	}
 	b.wg.Add(1)
 	go b.serve()
 	return b, nil
+}
+
+// StartServiceBalancer is StartBalancer over replicas, following their
+// readiness as a Service's endpoints do (polled every 100ms).
+func StartServiceBalancer(replicas ...*Webhook) (*Balancer, error) {
+	var addrs []string
+	for _, r := range replicas {
+		addrs = append(addrs, r.Addr)
+	}
+	b, err := StartBalancer(addrs...)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range replicas {
+		b.probes = append(b.probes, r.ProbeAddr)
+	}
+	b.wg.Add(1)
+	go b.watchReadiness()
+	return b, nil
+}
+
+func (b *Balancer) watchReadiness() {
+	defer b.wg.Done()
+	client := &http.Client{Timeout: time.Second}
+	for {
+		for i, p := range b.probes {
+			resp, err := client.Get("http://" + p + "/readyz")
+			ok := err == nil && resp.StatusCode == http.StatusOK
+			if err == nil {
+				resp.Body.Close()
+			}
+			b.ready[i].Store(ok)
+		}
+		select {
+		case <-b.stop:
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// pick returns the next ready backend, or "" if none is.
+func (b *Balancer) pick() string {
+	for range b.backends {
+		i := b.next.Add(1) % uint64(len(b.backends))
+		if b.ready[i].Load() {
+			return b.backends[i]
+		}
+	}
+	return ""
 }
 
 func (b *Balancer) serve() {
@@ -37,9 +97,12 @@ func (b *Balancer) serve() {
 		if err != nil {
 			return
 		}
-		backend := b.backends[b.next.Add(1)%uint64(len(b.backends))]
+		backend := b.pick()
 		go func() {
 			defer in.Close()
+			if backend == "" {
+				return // no endpoint: refused, as by a Service with none
+			}
 			out, err := net.Dial("tcp", backend)
 			if err != nil {
 				return
@@ -55,6 +118,7 @@ func (b *Balancer) serve() {
 
 // Stop closes the listener.
 func (b *Balancer) Stop() {
+	close(b.stop)
 	_ = b.ln.Close()
 	b.wg.Wait()
 }
