@@ -6,11 +6,9 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/paperclipai/clipjob/certs"
-	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/harness"
 )
 
@@ -143,28 +140,8 @@ func TestSelfManagedCertificates(t *testing.T) {
 		t.Fatalf("the webhook configurations never trusted the self-managed certificate; see %s", wh.Log)
 	}
 
-	var ok, failed atomic.Int64
-	var lastErr atomic.Value
 	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			job := bareJob(t, fmt.Sprintf("e2e-rotation-%d", i))
-			stored, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-			if err != nil || stored.Annotations[contract.AnnotationProfile] == "" {
-				failed.Add(1)
-				lastErr.Store(fmt.Sprint(err))
-				continue
-			}
-			ok.Add(1)
-		}
-	}()
+	ok, failed, lastErr, done := admissionLoop(ctx, t, "e2e-rotation", stop)
 	time.Sleep(time.Second)
 	for _, s := range []string{caSecret, certSecret} {
 		if err := env.cs.CoreV1().Secrets(harness.SystemNamespace).Delete(ctx, s, metav1.DeleteOptions{}); err != nil {
