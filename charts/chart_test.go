@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	cmv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
 	"github.com/google/go-cmp/cmp"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/lint"
@@ -92,9 +93,12 @@ func TestEveryValueSetDecodes(t *testing.T) {
 		"ValidatingWebhookConfiguration":   func() runtime.Object { return &admissionregistrationv1.ValidatingWebhookConfiguration{} },
 		"ValidatingAdmissionPolicy":        func() runtime.Object { return &admissionregistrationv1.ValidatingAdmissionPolicy{} },
 		"ValidatingAdmissionPolicyBinding": func() runtime.Object { return &admissionregistrationv1.ValidatingAdmissionPolicyBinding{} },
+		"Certificate":                      func() runtime.Object { return &cmv1.Certificate{} },
+		"Issuer":                           func() runtime.Object { return &cmv1.Issuer{} },
 	}
-	// Custom resources of other projects, checked by shape in their own tests.
-	foreign := []string{"Certificate", "Issuer", "CiliumNetworkPolicy", "ServiceMonitor"}
+	// Custom resources whose Go types are not worth their dependencies,
+	// checked by shape in their own tests.
+	foreign := []string{"CiliumNetworkPolicy", "ServiceMonitor"}
 	for name, values := range valueSets {
 		r := render(t, values)
 		for _, o := range r.Objects {
@@ -240,9 +244,11 @@ func TestWebhookConfigurations(t *testing.T) {
 	if issuer.Find("Issuer", "clipjob-ca") != nil {
 		t.Error("an issuerRef given, the chart still made its own CA")
 	}
-	ref, _, _ := unstructured.NestedMap(issuer.Find("Certificate", "clipjob-webhook").Object, "spec", "issuerRef")
-	if ref["name"] != "corp-ca" || ref["kind"] != "ClusterIssuer" {
-		t.Errorf("issuerRef %v", ref)
+	var cert cmv1.Certificate
+	into(t, issuer, "Certificate", "clipjob-webhook", &cert)
+	if cert.Spec.IssuerRef.Name != "corp-ca" || cert.Spec.IssuerRef.Kind != "ClusterIssuer" || cert.Spec.SecretName != "clipjob-webhook-tls" ||
+		!slices.Contains(cert.Spec.DNSNames, "clipjob-webhook.clipjob-system.svc") {
+		t.Errorf("webhook Certificate %+v", cert.Spec)
 	}
 }
 
