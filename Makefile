@@ -11,7 +11,7 @@ FUZZTIME  ?= 30s
 BENCH_N   ?= 300
 BENCH_C   ?= 1,10,50
 
-.PHONY: all build image test unit e2e demo bench kube-binaries fuzz lint fmt vet clean
+.PHONY: all build image test unit e2e e2e-kind demo bench kube-binaries fuzz lint fmt vet clean
 
 # The image the chart runs, tagged with the chart's appVersion.
 IMAGE     ?= ghcr.io/paperclipai/clipjob:$(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/clipjob/Chart.yaml)
@@ -40,6 +40,9 @@ unit: ## Unit and golden tests only (no control plane)
 e2e: kube-binaries ## The e2e suite alone
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 30m -v ./e2e/
 
+e2e-kind: ## The in-cluster e2e tests on a kind cluster (needs a Docker engine)
+	bash hack/e2e-kind.sh
+
 bench: kube-binaries ## Go benchmarks of the hot paths, then Job creation with and without the webhooks
 	$(GOTEST) -run XXX -bench . -benchmem -count 5 ./templates/ ./policy/ ./webhook/ ./relay/...
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/bench -n $(BENCH_N) -c $(BENCH_C)
@@ -63,6 +66,7 @@ fmt:
 
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags kind ./e2e/kind/
 
 clean:
 	rm -rf $(BIN)

@@ -28,7 +28,7 @@ func TestChartInstall(t *testing.T) {
 	values := harness.ChartValues(env.webhookAddr, env.cluster.CA.CertPEM)
 	values["claimLeasePolicy"] = map[string]any{"enabled": false} // the suite's own names the suite's webhook
 	values["networkPolicy"] = map[string]any{"mode": "standard"}
-	h, err := harness.NewHelm(env.cluster, rel, func(string, ...any) {})
+	h, err := harness.NewHelm(env.cluster.Kubeconfig, rel, func(string, ...any) {})
 	if err != nil {
 		t.Fatal(err)
 	}

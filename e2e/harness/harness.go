@@ -22,6 +22,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/paperclipai/clipjob/e2e/cluster"
@@ -194,6 +195,11 @@ lines:
 // Apply creates every object of a manifest file under examples/ (or an
 // absolute path), leaving existing ones alone.
 func Apply(ctx context.Context, c *cluster.Cluster, file string) error {
+	return ApplyTo(ctx, c.Config, file)
+}
+
+// ApplyTo is Apply on the cluster rc reaches.
+func ApplyTo(ctx context.Context, rc *rest.Config, file string) error {
 	if !filepath.IsAbs(file) {
 		file = filepath.Join(Root(), file)
 	}
@@ -206,7 +212,7 @@ func Apply(ctx context.Context, c *cluster.Cluster, file string) error {
 	if err != nil {
 		return err
 	}
-	cl, err := client.New(c.Config, client.Options{})
+	cl, err := client.New(rc, client.Options{})
 	if err != nil {
 		return err
 	}

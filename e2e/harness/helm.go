@@ -8,7 +8,6 @@ import (
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 
 	"github.com/paperclipai/clipjob/charts"
-	"github.com/paperclipai/clipjob/e2e/cluster"
 )
 
 // Helm installs, upgrades and uninstalls the chart on c through Helm's own
@@ -18,10 +17,11 @@ type Helm struct {
 	rel charts.Release
 }
 
-// NewHelm returns Helm acting on release rel of c, as the cluster's admin.
-func NewHelm(c *cluster.Cluster, rel charts.Release, logf func(string, ...any)) (*Helm, error) {
+// NewHelm returns Helm acting on release rel of the cluster kubeconfig
+// reaches (the local control plane's admin, or a kind cluster's).
+func NewHelm(kubeconfig string, rel charts.Release, logf func(string, ...any)) (*Helm, error) {
 	flags := genericclioptions.NewConfigFlags(false)
-	flags.KubeConfig = &c.Kubeconfig
+	flags.KubeConfig = &kubeconfig
 	flags.Namespace = &rel.Namespace
 	cfg := new(action.Configuration)
 	if err := cfg.Init(flags, rel.Namespace, "secret", logf); err != nil {
