@@ -1,6 +1,10 @@
 package contract
 
-import "strings"
+import (
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
 
 // Labels of the bare-Job contract. A Job is an agent run when it carries
 // LabelAgentID.
@@ -106,3 +110,19 @@ func AdapterType(labels map[string]string) string {
 	}
 	return labels[LabelAdapter]
 }
+
+// Causes in the Status of a 409 that refuses a run because its agent is
+// busy, so a client reads the holder without parsing the message. The API
+// server's own 409 for a name taken has reason AlreadyExists and none of
+// these; clipjob's has reason Conflict and all four.
+const (
+	// CauseAgentBusy: the message says why, in words.
+	CauseAgentBusy metav1.CauseType = "clipjob.paperclip.io/agent-busy"
+	// CauseHolderJob: the message is the active run's Job, "namespace/name".
+	CauseHolderJob metav1.CauseType = "clipjob.paperclip.io/holder-job"
+	// CauseHolderRunID: the message is the active run's run id.
+	CauseHolderRunID metav1.CauseType = "clipjob.paperclip.io/holder-run-id"
+	// CauseHolderSince: the message is when it started, RFC 3339 (empty
+	// if it has not yet).
+	CauseHolderSince metav1.CauseType = "clipjob.paperclip.io/holder-since"
+)

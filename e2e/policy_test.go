@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -491,12 +492,27 @@ func TestARunThatCannotStartFreesItsAgent(t *testing.T) {
 		j.Labels[contract.LabelAgentID] = stuck.Labels[contract.LabelAgentID]
 		return j
 	}
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, next(), metav1.CreateOptions{}); !apierrors.IsConflict(err) {
+	_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, next(), metav1.CreateOptions{})
+	if !apierrors.IsConflict(err) {
 		t.Fatalf("while the stuck run holds its agent: want 409, got %v", err)
+	}
+	// The API server passes clipjob's causes through: a client reads the
+	// holder without parsing the message.
+	var status apierrors.APIStatus
+	holder := ""
+	if errors.As(err, &status) && status.Status().Details != nil {
+		for _, c := range status.Status().Details.Causes {
+			if c.Type == contract.CauseHolderJob {
+				holder = c.Message
+			}
+		}
+	}
+	if holder != ns+"/"+stuck.Name {
+		t.Errorf("409 from the API server: holder cause %q, want %s/%s (status %+v)", holder, ns, stuck.Name, status)
 	}
 
 	var ended *batchv1.Job
-	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		j, err := env.cs.BatchV1().Jobs(ns).Get(ctx, stuck.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, err

@@ -2,8 +2,10 @@ package webhook
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"slices"
+	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/paperclipai/clipjob/claim"
 	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/policy"
 )
 
@@ -85,7 +88,7 @@ func (v *Validator) validate(ctx context.Context, req admission.Request) (admiss
 		case claim.IsBusy(err):
 			claimConflicts.Inc()
 			policyDecisions.WithLabelValues(policy.RuleConcurrency, "denied").Inc()
-			return denial(http.StatusConflict, metav1.StatusReasonConflict, err.Error()).WithWarnings(d.Warnings...), OutcomeDenied
+			return busy(job, err).WithWarnings(d.Warnings...), OutcomeDenied
 		case err != nil:
 			policyDecisions.WithLabelValues(policy.RuleConcurrency, "error").Inc()
 			return admission.Errored(http.StatusInternalServerError, err).WithWarnings(d.Warnings...), OutcomeErrored
@@ -134,4 +137,26 @@ func (v *Validator) sourceImages(ctx context.Context, cfg *config.Config) []stri
 		return nil
 	}
 	return []string{inh.Image}
+}
+
+// busy is the 409 for a run whose agent has an active one, with the holder
+// in the Status causes (contract.CauseHolderJob and the rest).
+func busy(job *batchv1.Job, err error) admission.Response {
+	resp := denial(http.StatusConflict, metav1.StatusReasonConflict, err.Error())
+	var b *claim.BusyError
+	if !errors.As(err, &b) {
+		return resp
+	}
+	since := ""
+	if !b.Holder.Since.IsZero() {
+		since = b.Holder.Since.UTC().Format(time.RFC3339)
+	}
+	field := "metadata.labels[" + contract.LabelAgentID + "]"
+	resp.Result.Details = &metav1.StatusDetails{Group: "batch", Kind: "jobs", Name: job.Name, Causes: []metav1.StatusCause{
+		{Type: contract.CauseAgentBusy, Message: "agent " + b.Agent + " has an active run", Field: field},
+		{Type: contract.CauseHolderJob, Message: b.Holder.Namespace + "/" + b.Holder.Name, Field: field},
+		{Type: contract.CauseHolderRunID, Message: b.Holder.RunID, Field: field},
+		{Type: contract.CauseHolderSince, Message: since, Field: field},
+	}}
+	return resp
 }

@@ -84,6 +84,19 @@ func TestValidatorAdmitsThenRefusesSecondRun(t *testing.T) {
 	if !strings.Contains(resp.Result.Message, `already has an active run: Job paperclip/`+job.Name+` (run run-01jd8x)`) {
 		t.Errorf("409 message %q does not name the active Job", resp.Result.Message)
 	}
+	// A program reads the holder from the causes, not the prose.
+	causes := map[metav1.CauseType]string{}
+	if resp.Result.Details != nil {
+		for _, c := range resp.Result.Details.Causes {
+			causes[c.Type] = c.Message
+		}
+	}
+	if causes[contract.CauseHolderJob] != "paperclip/"+job.Name || causes[contract.CauseHolderRunID] != "run-01jd8x" || causes[contract.CauseAgentBusy] == "" {
+		t.Errorf("409 causes %v: want the holder's Job and run id", causes)
+	}
+	if _, present := causes[contract.CauseHolderSince]; !present {
+		t.Error("409 causes lack holder-since")
+	}
 }
 
 func TestValidatorDryRunWritesNoClaim(t *testing.T) {
