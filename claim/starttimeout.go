@@ -104,11 +104,7 @@ func mayBeUnstarted(job *batchv1.Job) bool {
 // since removed from the config falls back to the default profile.
 func startTimeout(cfg *config.Config, job *batchv1.Job) time.Duration {
 	seconds := int64(config.DefaultStartTimeoutSeconds)
-	prof, ok := cfg.Profile(contract.AdapterType(job.Labels))
-	if !ok {
-		prof, ok = cfg.Profile("")
-	}
-	if ok && prof.StartTimeoutSeconds != nil {
+	if prof, _ := cfg.JobProfile(contract.AdapterType(job.Labels)); prof.StartTimeoutSeconds != nil {
 		seconds = *prof.StartTimeoutSeconds
 	}
 	return time.Duration(seconds) * time.Second

@@ -28,6 +28,20 @@ func (c *Config) Profile(adapterType string) (Resolved, bool) {
 	return p, ok
 }
 
+// JobProfile returns the profile an agent Job runs under: its adapter
+// type's, or for a type no profile knows, DefaultProfile's (known false).
+// Paperclip has more adapter types than profiles; a Job of an unknown type
+// that brings its own containers still gets the shared volume, the floor
+// and the claim, and one without containers gets the default profile's
+// clear error.
+func (c *Config) JobProfile(adapterType string) (p Resolved, known bool) {
+	if p, ok := c.Profile(adapterType); ok {
+		return p, true
+	}
+	p, _ = c.Profile("")
+	return p, false
+}
+
 // ProfileNames lists the canonical profile names, sorted.
 func (c *Config) ProfileNames() []string { return sortedKeys(c.resolved) }
 

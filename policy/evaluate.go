@@ -217,10 +217,7 @@ func checkSandbox(in Input) field.ErrorList {
 				"a toleration without a key tolerates every taint, the control plane's included"))
 		}
 	}
-	prof, ok := in.Config.Profile(contract.AdapterType(in.Job.Labels))
-	if !ok {
-		return errs // checkLabels names the unknown profile
-	}
+	prof, _ := in.Config.JobProfile(contract.AdapterType(in.Job.Labels))
 	why := fmt.Sprintf("profile %q sets it; a Job cannot replace its profile's sandbox", prof.Name)
 	if prof.ServiceAccountName != "" && spec.ServiceAccountName != prof.ServiceAccountName {
 		errs = append(errs, field.Invalid(podPath.Child("serviceAccountName"), spec.ServiceAccountName, "must be "+prof.ServiceAccountName+": "+why))
@@ -252,7 +249,7 @@ func checkSandbox(in Input) field.ErrorList {
 // another webhook added one.
 func checkDeniedEnv(in Input) field.ErrorList {
 	var errs field.ErrorList
-	prof, _ := in.Config.Profile(contract.AdapterType(in.Job.Labels))
+	prof, _ := in.Config.JobProfile(contract.AdapterType(in.Job.Labels))
 	spec := in.Job.Spec.Template.Spec
 	check := func(cs []corev1.Container, p *field.Path) {
 		for i, c := range cs {
@@ -349,10 +346,7 @@ func checkLabels(in Input) field.ErrorList {
 	}
 	tplLabels := job.Spec.Template.Labels
 	errs = append(errs, checkPodContractLabels(job.Labels, tplLabels)...)
-	prof, ok := in.Config.Profile(contract.AdapterType(job.Labels))
-	if !ok {
-		return append(errs, field.NotSupported(labelsPath.Key(contract.LabelAdapterType), contract.AdapterType(job.Labels), in.Config.ProfileNames()))
-	}
+	prof, _ := in.Config.JobProfile(contract.AdapterType(job.Labels))
 	if got := tplLabels[contract.LabelEgress]; got != prof.EgressProfile {
 		errs = append(errs, field.Invalid(tplPath.Child("metadata", "labels").Key(contract.LabelEgress), got,
 			fmt.Sprintf("profile %q assigns egress profile %q; a Job cannot choose its own", prof.Name, prof.EgressProfile)))

@@ -72,15 +72,12 @@ func Render(in Input) (*Result, error) {
 		return nil, &RenderError{field.ErrorList{field.Required(labelsPath.Key(contract.LabelAgentID), "an agent Job carries this label")}}
 	}
 	adapter := contract.AdapterType(in.Job.Labels)
-	prof, ok := in.Config.Profile(adapter)
-	if !ok {
-		key := contract.LabelAdapterType
-		if in.Job.Labels[contract.LabelAdapterType] == "" {
-			key = contract.LabelAdapter
-		}
-		return nil, &RenderError{field.ErrorList{field.NotSupported(labelsPath.Key(key), adapter, in.Config.ProfileNames())}}
+	prof, known := in.Config.JobProfile(adapter)
+	r := renderer{in: in, prof: prof, job: in.Job.DeepCopy(), unknownAdapter: !known}
+	if !known {
+		r.warn(fmt.Sprintf("adapter type %q has no profile (profiles: %s); profile %q applies", adapter,
+			strings.Join(in.Config.ProfileNames(), ", "), prof.Name))
 	}
-	r := renderer{in: in, prof: prof, job: in.Job.DeepCopy()}
 	r.render()
 	if len(r.errs) > 0 {
 		return nil, &RenderError{r.errs}
@@ -94,12 +91,15 @@ func Render(in Input) (*Result, error) {
 }
 
 type renderer struct {
-	in       Input
-	prof     config.Resolved
-	job      *batchv1.Job
-	errs     field.ErrorList
-	warnings []string
-	withheld *withheld
+	in   Input
+	prof config.Resolved
+	// unknownAdapter: no profile knows the Job's adapter type; the default
+	// profile applies.
+	unknownAdapter bool
+	job            *batchv1.Job
+	errs           field.ErrorList
+	warnings       []string
+	withheld       *withheld
 	// volumes the pod needs, in the order they were first mounted
 	volumes []corev1.Volume
 }
@@ -116,9 +116,14 @@ func (r *renderer) render() {
 	spec := &r.job.Spec.Template.Spec
 	if len(spec.Containers) == 0 {
 		if len(r.prof.Command) == 0 {
+			why := fmt.Sprintf("profile %q has no command", r.prof.Name)
+			if r.unknownAdapter {
+				why = fmt.Sprintf("adapter type %q has no profile, and profile %q, which applies instead, has no command",
+					contract.AdapterType(r.job.Labels), r.prof.Name)
+			}
 			r.errs = append(r.errs, field.Required(containersPath, fmt.Sprintf(
-				"the Job has no container and profile %q has no command: add a container with a command, or set label %s to one of %s",
-				r.prof.Name, contract.LabelAdapterType, strings.Join(r.in.Config.ProfileNames(), ", "))))
+				"the Job has no container and %s: add a container with a command, or set label %s to one of %s",
+				why, contract.LabelAdapterType, strings.Join(r.in.Config.ProfileNames(), ", "))))
 			return
 		}
 		spec.Containers = []corev1.Container{{Name: r.prof.ContainerName, Command: r.prof.Command, Args: r.prof.Args}}
