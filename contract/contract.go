@@ -38,6 +38,10 @@ const (
 	DefaultPromptKey       = "prompt"
 )
 
+// AnnotationWorkingDir, on the Job, is the run's working directory (a
+// per-run worktree), under the shared volume's mount path.
+const AnnotationWorkingDir = "paperclip.io/working-dir"
+
 // Where an agent container finds the prompt, whichever way it came.
 const (
 	PromptDir      = "/var/run/paperclip/prompt"

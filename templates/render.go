@@ -133,15 +133,13 @@ func (r *renderer) render() {
 	mounts := r.sharedMounts(prompt)
 	env := r.layeredEnv(prompt != nil)
 
+	workDir := r.workingDir()
 	for i := range spec.Containers {
 		c := &spec.Containers[i]
 		p := containersPath.Index(i)
 		r.image(c, p)
 		if c.WorkingDir == "" {
-			c.WorkingDir = r.prof.WorkingDir
-			if c.WorkingDir == "" {
-				c.WorkingDir = r.in.Inherited.DataMountPath
-			}
+			c.WorkingDir = workDir
 		}
 		c.Env = r.withheld.env(c.Name, config.MergeEnv(env, c.Env), r.warn)
 		for _, ef := range r.withheld.envFrom(r.in.Inherited.EnvFrom, r.warn) {
@@ -170,6 +168,32 @@ func (r *renderer) render() {
 }
 
 func (r *renderer) warn(msg string) { r.warnings = append(r.warnings, msg) }
+
+// workingDir is where containers that set none start: the Job's
+// AnnotationWorkingDir (a per-run worktree), else the profile's, else the
+// shared volume. The annotation must stay on the shared volume: a path
+// elsewhere would be the image's own files, read-only or not the run's.
+func (r *renderer) workingDir() string {
+	data := r.in.Inherited.DataMountPath
+	if dir, ok := r.job.Annotations[contract.AnnotationWorkingDir]; ok {
+		p := field.NewPath("metadata", "annotations").Key(contract.AnnotationWorkingDir)
+		clean := path.Clean(dir)
+		switch {
+		case !path.IsAbs(dir):
+			r.errs = append(r.errs, field.Invalid(p, dir, "must be an absolute path under "+data))
+		case clean != dir && clean+"/" != dir:
+			r.errs = append(r.errs, field.Invalid(p, dir, "must be a clean path (no '..', '.' or '//'): "+clean+"?"))
+		case clean != data && !strings.HasPrefix(clean, strings.TrimSuffix(data, "/")+"/"):
+			r.errs = append(r.errs, field.Invalid(p, dir, "must be under "+data+", the shared volume (a per-run worktree there)"))
+		default:
+			return clean
+		}
+	}
+	if r.prof.WorkingDir != "" {
+		return r.prof.WorkingDir
+	}
+	return data
+}
 
 func (r *renderer) readOnlyRoot() bool {
 	return r.prof.ReadOnlyRootFilesystem != nil && *r.prof.ReadOnlyRootFilesystem
