@@ -38,6 +38,13 @@ const (
 	DefaultPromptKey       = "prompt"
 )
 
+// AnnotationEnvSecret, on the Job, names the run's own Secret of env vars
+// (its callback token, wake context): every key becomes an env var of the
+// agent containers (envFrom), so per-run values are not literals anyone
+// who reads Jobs can see. The Secret must be labeled LabelRunID with the
+// Job's run id: made for this run, not one of the server's.
+const AnnotationEnvSecret = "paperclip.io/env-secret"
+
 // AnnotationWorkingDir, on the Job, is the run's working directory (a
 // per-run worktree), under the shared volume's mount path.
 const AnnotationWorkingDir = "paperclip.io/working-dir"

@@ -267,7 +267,6 @@ func (d *doctor) source(ctx context.Context, cfg *config.Config) {
 // rbac checks, with SubjectAccessReviews, that each of the chart's
 // ServiceAccounts holds every rule the chart grants it.
 func (d *doctor) rbac(ctx context.Context) {
-	ns := d.o.Release.Namespace
 	for _, o := range d.rendered.Objects {
 		if o.GetKind() != "ClusterRoleBinding" && o.GetKind() != "RoleBinding" {
 			continue
@@ -303,15 +302,19 @@ func (d *doctor) rbac(ctx context.Context) {
 		}
 		scope := "" // cluster-wide
 		if o.GetKind() == "RoleBinding" {
-			scope = ns
+			scope = o.GetNamespace()
 		}
 		for _, s := range subjects {
 			user := "system:serviceaccount:" + s.Namespace + ":" + s.Name
+			where := ""
+			if scope != "" {
+				where = " in namespace " + scope
+			}
 			if missing := d.missing(ctx, user, scope, rules); len(missing) > 0 {
-				d.add(fail("rbac", fmt.Sprintf("%s lacks %s", user, strings.Join(missing, ", ")),
+				d.add(fail("rbac", fmt.Sprintf("%s lacks %s%s", user, strings.Join(missing, ", "), where),
 					fmt.Sprintf("restore the %s %s from the chart (helm upgrade)", roleRef.Kind, roleRef.Name)))
 			} else {
-				d.add(pass("rbac", fmt.Sprintf("%s holds %s %s", user, roleRef.Kind, roleRef.Name)))
+				d.add(pass("rbac", fmt.Sprintf("%s holds %s %s%s", user, roleRef.Kind, roleRef.Name, where)))
 			}
 		}
 	}

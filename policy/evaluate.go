@@ -33,6 +33,7 @@ const (
 	RuleSandbox     = "sandbox"
 	RuleCredentials = "credentials"
 	RuleDeadline    = "deadline"
+	RuleRunSecret   = "run-secret"
 )
 
 var (
@@ -66,7 +67,15 @@ type Input struct {
 	// Claims looks PVCs up; nil skips the volume rule with a warning (an
 	// offline check without the PVC's manifest).
 	Claims ClaimLookup
+	// SecretLabels returns a Secret's labels (or a NotFound error), for the
+	// run's env Secret; nil skips that rule with a warning.
+	SecretLabels SecretLabels
 }
+
+// SecretLabels returns the labels of a Secret, or an error; a NotFound
+// error means there is none. Only metadata: the webhook never reads a
+// Secret's data.
+type SecretLabels func(namespace, name string) (map[string]string, error)
 
 // Decision is the verdict of Evaluate.
 type Decision struct {
@@ -116,7 +125,39 @@ func Evaluate(in Input) *Decision {
 	volErrs, volWarn := checkVolume(in)
 	d.add(RuleVolume, volErrs)
 	d.Warnings = append(d.Warnings, volWarn...)
+	secErrs, secWarn := checkRunSecret(in)
+	d.add(RuleRunSecret, secErrs)
+	d.Warnings = append(d.Warnings, secWarn...)
 	return d
+}
+
+// checkRunSecret: the Job's env Secret exists and was made for this run
+// (labeled with its run id). Any Secret of the namespace would otherwise
+// be an agent's for the naming, the server's own included, and the claim
+// controller makes the Job own it, so it goes when the Job goes.
+func checkRunSecret(in Input) (field.ErrorList, []string) {
+	name, ok := in.Job.Annotations[contract.AnnotationEnvSecret]
+	if !ok {
+		return nil, nil
+	}
+	if in.SecretLabels == nil {
+		return nil, []string{fmt.Sprintf("env Secret %s not checked (no cluster access)", name)}
+	}
+	p := metaPath.Child("annotations").Key(contract.AnnotationEnvSecret)
+	run := in.Job.Labels[contract.LabelRunID]
+	labels, err := in.SecretLabels(in.Job.Namespace, name)
+	switch {
+	case apierrors.IsNotFound(err):
+		return field.ErrorList{field.NotFound(p, fmt.Sprintf("%s: no Secret %q in namespace %s; create the run's env Secret (labeled %s=%s) before its Job",
+			name, name, in.Job.Namespace, contract.LabelRunID, run))}, nil
+	case err != nil:
+		return field.ErrorList{field.InternalError(p, fmt.Errorf("looking up Secret %s/%s: %w", in.Job.Namespace, name, err))}, nil
+	case labels[contract.LabelRunID] != run:
+		return field.ErrorList{field.Forbidden(p, fmt.Sprintf(
+			"Secret %s is labeled %s=%q, not this run's %q: a run's env Secret is made for that run (label it so); other Secrets of the namespace are not for agents",
+			name, contract.LabelRunID, labels[contract.LabelRunID], run))}, nil
+	}
+	return nil, nil
 }
 
 // checkDeadlineNotRaised lets an agent Job's activeDeadlineSeconds be set

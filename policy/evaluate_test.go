@@ -361,3 +361,46 @@ func runCasesOn(t *testing.T, rule string, rendered *batchv1.Job, cfg *config.Co
 		})
 	}
 }
+
+// The run's env Secret must exist and be made for this run.
+func TestRunEnvSecret(t *testing.T) {
+	job := renderedJob(t)
+	job.Annotations[contract.AnnotationEnvSecret] = "run-env"
+	run := job.Labels[contract.LabelRunID]
+	cfg := mustConfig(t, "")
+	lookup := func(labels map[string]string, err error) SecretLabels {
+		return func(ns, name string) (map[string]string, error) {
+			if ns != job.Namespace || name != "run-env" {
+				t.Errorf("looked up %s/%s", ns, name)
+			}
+			return labels, err
+		}
+	}
+	notFound := apierrors.NewNotFound(corev1.Resource("secrets"), "run-env")
+	for _, tc := range []struct {
+		name    string
+		lookup  SecretLabels
+		wantErr string
+		warn    string
+	}{
+		{name: "made for this run", lookup: lookup(map[string]string{contract.LabelRunID: run}, nil)},
+		{name: "missing", lookup: lookup(nil, notFound), wantErr: `metadata.annotations[paperclip.io/env-secret]: Not found: "run-env: no Secret \"run-env\" in namespace paperclip; create the run's env Secret (labeled paperclip.io/run-id=` + run},
+		{name: "another run's", lookup: lookup(map[string]string{contract.LabelRunID: "other-run"}, nil), wantErr: `Forbidden: Secret run-env is labeled paperclip.io/run-id="other-run", not this run's`},
+		{name: "the server's", lookup: lookup(map[string]string{"app": "paperclip"}, nil), wantErr: `labeled paperclip.io/run-id=""`},
+		{name: "no cluster access", lookup: nil, warn: "env Secret run-env not checked"},
+	} {
+		d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SecretLabels: tc.lookup})
+		got := ""
+		for _, e := range d.Errs {
+			if strings.Contains(e.Field, "env-secret") {
+				got = e.Error()
+			}
+		}
+		if (tc.wantErr == "") != (got == "") || !strings.Contains(got, tc.wantErr) {
+			t.Errorf("%s: got %q, want %q", tc.name, got, tc.wantErr)
+		}
+		if tc.warn != "" && !strings.Contains(strings.Join(d.Warnings, "\n"), tc.warn) {
+			t.Errorf("%s: warnings %v", tc.name, d.Warnings)
+		}
+	}
+}

@@ -129,6 +129,7 @@ func (r *renderer) render() {
 		spec.Containers = []corev1.Container{{Name: r.prof.ContainerName, Command: r.prof.Command, Args: r.prof.Args}}
 	}
 	r.withheld = newWithheld(r.in.Inherited.Env, r.in.Config.Source.Env.Deny, r.prof.Env)
+	runEnv := r.runEnvSecret()
 	prompt := r.promptVolume()
 	mounts := r.sharedMounts(prompt)
 	env := r.layeredEnv(prompt != nil)
@@ -146,6 +147,10 @@ func (r *renderer) render() {
 			if !hasEnvFrom(c.EnvFrom, ef) {
 				c.EnvFrom = append(c.EnvFrom, ef)
 			}
+		}
+		// Last: a per-run value wins over an inherited one of the same name.
+		if runEnv != nil && !hasEnvFrom(c.EnvFrom, *runEnv) {
+			c.EnvFrom = append(c.EnvFrom, *runEnv)
 		}
 		for _, m := range mounts {
 			r.mount(c, m, p)
@@ -168,6 +173,28 @@ func (r *renderer) render() {
 }
 
 func (r *renderer) warn(msg string) { r.warnings = append(r.warnings, msg) }
+
+// runEnvSecret is the envFrom of the Job's AnnotationEnvSecret, or nil. A
+// Secret the server's withheld variables read is refused here, with no
+// cluster access; the validating webhook checks that the Secret exists and
+// was made for this run.
+func (r *renderer) runEnvSecret() *corev1.EnvFromSource {
+	name, ok := r.job.Annotations[contract.AnnotationEnvSecret]
+	if !ok {
+		return nil
+	}
+	p := field.NewPath("metadata", "annotations").Key(contract.AnnotationEnvSecret)
+	for _, msg := range validation.IsDNS1123Subdomain(name) {
+		r.errs = append(r.errs, field.Invalid(p, name, "Secret name: "+msg))
+		return nil
+	}
+	if r.withheld.secrets[name] {
+		r.errs = append(r.errs, field.Forbidden(p, fmt.Sprintf(
+			"Secret %s holds the Paperclip server's own credentials (source.env.deny); a run's env Secret is made for that run", name)))
+		return nil
+	}
+	return &corev1.EnvFromSource{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: name}}}
+}
 
 // workingDir is where containers that set none start: the Job's
 // AnnotationWorkingDir (a per-run worktree), else the profile's, else the

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -89,8 +90,12 @@ func Run(ctx context.Context, o Options) error {
 	lock := claim.NewLock(clientset)
 	lock.Active = claim.CachedActiveRuns(mgr.GetCache())
 	server.Register(MutatePath, closeWhileStopping(&admission.Webhook{Handler: &Mutator{Configs: store, Sources: sources}}, stopping))
+	meta, err := metadata.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
 	server.Register(ValidatePath, closeWhileStopping(&admission.Webhook{Handler: &Validator{Configs: store, Sources: sources,
-		PVCs: livePVCs(clientset), Claims: lock}}, stopping))
+		PVCs: livePVCs(clientset), Secrets: liveSecretLabels(meta), Claims: lock}}, stopping))
 	server.Register(PodPath, closeWhileStopping(&admission.Webhook{Handler: &PodValidator{}}, stopping))
 	controller := &claim.Controller{Jobs: mgr.GetCache(), Client: clientset, Lock: lock, Configs: store,
 		Log: log.WithName("claim-controller")}

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/paperclipai/clipjob/claim"
@@ -28,7 +29,26 @@ type Validator struct {
 	// allowed. A missing source only narrows the allowlist.
 	Sources InheritedSource
 	PVCs    PVCGetter
+	// Secrets reads a Secret's labels (the run's env Secret); nil skips
+	// that check with a warning.
+	Secrets SecretMetadataGetter
 	Claims  *claim.Lock
+}
+
+// SecretMetadataGetter returns a Secret's labels, never its data.
+type SecretMetadataGetter func(ctx context.Context, namespace, name string) (map[string]string, error)
+
+// liveSecretLabels reads a Secret's metadata only (the metadata API), live:
+// the webhook never holds a Secret's data.
+func liveSecretLabels(mc metadata.Interface) SecretMetadataGetter {
+	secrets := corev1.SchemeGroupVersion.WithResource("secrets")
+	return func(ctx context.Context, ns, name string) (map[string]string, error) {
+		m, err := mc.Resource(secrets).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		return m.Labels, nil
+	}
 }
 
 // PVCGetter looks a PersistentVolumeClaim up.
@@ -71,6 +91,7 @@ func (v *Validator) validate(ctx context.Context, req admission.Request) (admiss
 		Claims: func(ns, name string) (*corev1.PersistentVolumeClaim, error) {
 			return v.PVCs(ctx, ns, name)
 		},
+		SecretLabels: v.secretLabels(ctx),
 	})
 	for _, r := range d.Checked {
 		policyDecisions.WithLabelValues(r, outcomeOf(slices.Contains(d.Failed, r))).Inc()
@@ -159,4 +180,11 @@ func busy(job *batchv1.Job, err error) admission.Response {
 		{Type: contract.CauseHolderSince, Message: since, Field: field},
 	}}
 	return resp
+}
+
+func (v *Validator) secretLabels(ctx context.Context) policy.SecretLabels {
+	if v.Secrets == nil {
+		return nil
+	}
+	return func(ns, name string) (map[string]string, error) { return v.Secrets(ctx, ns, name) }
 }
