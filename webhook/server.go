@@ -29,6 +29,7 @@ import (
 	"github.com/paperclipai/clipjob/claim"
 	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/runsecret"
 )
 
 // Paths the webhook configurations point at.
@@ -87,19 +88,24 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 	server := mgr.GetWebhookServer() // adds it to the manager's runnables
-	lock := claim.NewLock(clientset)
-	lock.Active = claim.CachedActiveRuns(mgr.GetCache())
-	server.Register(MutatePath, closeWhileStopping(&admission.Webhook{Handler: &Mutator{Configs: store, Sources: sources}}, stopping))
 	meta, err := metadata.NewForConfig(rc)
 	if err != nil {
 		return err
 	}
+	lock := claim.NewLock(clientset)
+	lock.Active = claim.CachedActiveRuns(mgr.GetCache())
+	server.Register(MutatePath, closeWhileStopping(&admission.Webhook{Handler: &Mutator{Configs: store, Sources: sources}}, stopping))
 	server.Register(ValidatePath, closeWhileStopping(&admission.Webhook{Handler: &Validator{Configs: store, Sources: sources,
 		PVCs: livePVCs(clientset), Secrets: liveSecretLabels(meta), Claims: lock}}, stopping))
 	server.Register(PodPath, closeWhileStopping(&admission.Webhook{Handler: &PodValidator{}}, stopping))
 	controller := &claim.Controller{Jobs: mgr.GetCache(), Client: clientset, Lock: lock, Configs: store,
 		Log: log.WithName("claim-controller")}
 	if err := controller.SetupWithManager(mgrCtx, mgr, claim.Options{SweepInterval: o.SweepInterval}); err != nil {
+		return err
+	}
+	secrets := &runsecret.Reconciler{Jobs: mgr.GetCache(), Secrets: runsecret.KubeSecrets{Meta: meta, Client: clientset},
+		Log: log.WithName("run-secrets")}
+	if err := secrets.SetupWithManager(mgr); err != nil {
 		return err
 	}
 	jobs, err := mgr.GetCache().GetInformer(mgrCtx, &batchv1.Job{})

@@ -1,0 +1,109 @@
+package runsecret
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/go-logr/logr"
+	batchv1 "k8s.io/api/batch/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/paperclipai/clipjob/contract"
+)
+
+// SecretAPI is what the reconciler needs of Secrets: their metadata, never
+// their data, and adding an owner reference.
+type SecretAPI interface {
+	Metadata(ctx context.Context, namespace, name string) (*metav1.ObjectMeta, error)
+	AddOwner(ctx context.Context, namespace, name string, owner metav1.OwnerReference) error
+}
+
+// Names returns the Secrets a Job names for its run: its env Secret and
+// its prompt Secret.
+func Names(job *batchv1.Job) []string {
+	var names []string
+	if n := job.Annotations[contract.AnnotationEnvSecret]; n != "" {
+		names = append(names, n)
+	}
+	if ref := job.Spec.Template.Annotations[contract.AnnotationPromptSecret]; ref != "" {
+		n, _, _ := strings.Cut(ref, "/")
+		names = append(names, n)
+	}
+	return names
+}
+
+// Reconciler gives each agent Job its run's Secrets.
+type Reconciler struct {
+	// Jobs reads agent Jobs from the manager's cache.
+	Jobs    client.Reader
+	Secrets SecretAPI
+	Log     logr.Logger
+}
+
+// Reconcile implements reconcile.Reconciler, keyed by Job.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var job batchv1.Job
+	if err := r.Jobs.Get(ctx, req.NamespacedName, &job); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if job.DeletionTimestamp != nil || job.UID == "" {
+		return reconcile.Result{}, nil
+	}
+	run := job.Labels[contract.LabelRunID]
+	owner := metav1.OwnerReference{APIVersion: "batch/v1", Kind: "Job", Name: job.Name, UID: job.UID}
+	for _, name := range Names(&job) {
+		meta, err := r.Secrets.Metadata(ctx, job.Namespace, name)
+		switch {
+		case apierrors.IsNotFound(err):
+			continue // refused at admission, or deleted since: nothing to own
+		case err != nil:
+			return reconcile.Result{}, fmt.Errorf("reading Secret %s/%s: %w", job.Namespace, name, err)
+		case meta.Labels[contract.LabelRunID] != run || run == "":
+			r.Log.Info("not taking a Secret that is not labeled for the run", "job", job.Namespace+"/"+job.Name,
+				"secret", name, "label", contract.LabelRunID, "want", run, "has", meta.Labels[contract.LabelRunID])
+			continue
+		case ownedBy(meta, job.UID):
+			continue
+		}
+		if err := r.Secrets.AddOwner(ctx, job.Namespace, name, owner); err != nil {
+			return reconcile.Result{}, fmt.Errorf("making Job %s/%s own Secret %s: %w", job.Namespace, job.Name, name, err)
+		}
+		r.Log.V(1).Info("run Secret now owned by its Job", "job", job.Namespace+"/"+job.Name, "secret", name)
+	}
+	return reconcile.Result{}, nil
+}
+
+func ownedBy(meta *metav1.ObjectMeta, uid types.UID) bool {
+	for _, o := range meta.OwnerReferences {
+		if o.UID == uid {
+			return true
+		}
+	}
+	return false
+}
+
+// namesSecrets selects the Jobs that name a run Secret, on create (and a
+// new leader's first list, which replays creates).
+var namesSecrets = predicate.Funcs{
+	CreateFunc:  func(e event.CreateEvent) bool { return len(Names(e.Object.(*batchv1.Job))) > 0 },
+	UpdateFunc:  func(event.UpdateEvent) bool { return false },
+	DeleteFunc:  func(event.DeleteEvent) bool { return false },
+	GenericFunc: func(event.GenericEvent) bool { return false },
+}
+
+// SetupWithManager registers the reconciler on mgr, whose cache holds
+// agent Jobs.
+func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
+	return builder.ControllerManagedBy(mgr).Named("run-secrets").
+		For(&batchv1.Job{}, builder.WithPredicates(namesSecrets)).
+		Complete(r)
+}

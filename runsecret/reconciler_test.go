@@ -1,0 +1,104 @@
+package runsecret
+
+import (
+	"context"
+	"testing"
+
+	"github.com/go-logr/logr"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	crfake "sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/internal/testing/jobs"
+)
+
+type fakeSecrets map[string]*metav1.ObjectMeta
+
+func (f fakeSecrets) Metadata(_ context.Context, ns, name string) (*metav1.ObjectMeta, error) {
+	if m, ok := f[ns+"/"+name]; ok {
+		return m, nil
+	}
+	return nil, apierrors.NewNotFound(corev1.Resource("secrets"), name)
+}
+
+func (f fakeSecrets) AddOwner(_ context.Context, ns, name string, owner metav1.OwnerReference) error {
+	f[ns+"/"+name].OwnerReferences = append(f[ns+"/"+name].OwnerReferences, owner)
+	return nil
+}
+
+func secret(name string, labels map[string]string) *metav1.ObjectMeta {
+	return &metav1.ObjectMeta{Name: name, Namespace: "paperclip", Labels: labels}
+}
+
+func reconcileJob(t *testing.T, job *batchv1.Job, secrets fakeSecrets) {
+	t.Helper()
+	r := &Reconciler{Jobs: crfake.NewClientBuilder().WithObjects(job).Build(), Secrets: secrets, Log: logr.Discard()}
+	if _, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: job.Namespace, Name: job.Name}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func owners(m *metav1.ObjectMeta) []types.UID {
+	var out []types.UID
+	for _, o := range m.OwnerReferences {
+		out = append(out, o.UID)
+	}
+	return out
+}
+
+// The Job owns the Secrets labeled for its run, once, and no other.
+func TestAJobOwnsItsRunSecrets(t *testing.T) {
+	job := jobs.MakeJob("run-1", "paperclip").Agent("a").Run("run-1").
+		Annotation(contract.AnnotationEnvSecret, "run-1-env").Prompt("").Obj()
+	job.Spec.Template.Annotations = map[string]string{contract.AnnotationPromptSecret: "run-1-prompt/text"}
+	run := map[string]string{contract.LabelRunID: "run-1"}
+	secrets := fakeSecrets{
+		"paperclip/run-1-env":    secret("run-1-env", run),
+		"paperclip/run-1-prompt": secret("run-1-prompt", run),
+	}
+	reconcileJob(t, job, secrets)
+	reconcileJob(t, job, secrets) // again: nothing more
+	for _, name := range []string{"run-1-env", "run-1-prompt"} {
+		got := secrets["paperclip/"+name]
+		if o := owners(got); len(o) != 1 || o[0] != job.UID {
+			t.Errorf("%s owners %v, want exactly the Job", name, o)
+		}
+		if ref := got.OwnerReferences[0]; ref.Kind != "Job" || ref.APIVersion != "batch/v1" || ref.Name != "run-1" || ref.Controller != nil {
+			t.Errorf("%s owner reference %+v", name, ref)
+		}
+	}
+}
+
+// A Secret that is not labeled for the run is never taken: owning it
+// would delete it with the Job, and a Job's annotations can be changed
+// after admission to name the server's own.
+func TestASecretNotMadeForTheRunIsLeftAlone(t *testing.T) {
+	job := jobs.MakeJob("run-2", "paperclip").Agent("a").Run("run-2").Annotation(contract.AnnotationEnvSecret, "llm-keys").Obj()
+	for name, labels := range map[string]map[string]string{
+		"the server's":  {"app": "paperclip"},
+		"another run's": {contract.LabelRunID: "run-9"},
+	} {
+		secrets := fakeSecrets{"paperclip/llm-keys": secret("llm-keys", labels)}
+		reconcileJob(t, job, secrets)
+		if o := owners(secrets["paperclip/llm-keys"]); len(o) != 0 {
+			t.Errorf("%s Secret taken by the Job: owners %v", name, o)
+		}
+	}
+	reconcileJob(t, job, fakeSecrets{}) // missing: nothing to do, no error
+}
+
+func TestNames(t *testing.T) {
+	job := jobs.MakeJob("j", "ns").Annotation(contract.AnnotationEnvSecret, "env").Obj()
+	job.Spec.Template.Annotations = map[string]string{contract.AnnotationPromptSecret: "prompt"}
+	if got := Names(job); len(got) != 2 || got[0] != "env" || got[1] != "prompt" {
+		t.Errorf("Names %v", got)
+	}
+	if got := Names(jobs.MakeJob("j", "ns").Obj()); len(got) != 0 {
+		t.Errorf("a Job naming none: %v", got)
+	}
+}
