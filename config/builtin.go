@@ -16,6 +16,36 @@ func promptCommand(cli string) []string {
 	return []string{"sh", "-c", `set -eu; exec ` + cli + ` < "${PAPERCLIP_PROMPT_FILE:-/dev/null}"`}
 }
 
+// Permission modes of a profile.
+const (
+	PermissionSkip = "skip"
+	PermissionAsk  = "ask"
+)
+
+// claudeCommand runs Claude Code as Paperclip's Claude adapters do, with
+// the run's options from env (never spliced into the line): the session to
+// resume, the model, the turn limit, and the permission mode.
+var claudeCommand = []string{"sh", "-c", `set -eu
+set -- --print - --output-format stream-json --verbose
+if [ -n "${PAPERCLIP_SESSION_ID:-}" ]; then set -- "$@" --resume "$PAPERCLIP_SESSION_ID"; fi
+if [ -n "${PAPERCLIP_MODEL:-}" ]; then set -- "$@" --model "$PAPERCLIP_MODEL"; fi
+if [ -n "${PAPERCLIP_MAX_TURNS:-}" ]; then set -- "$@" --max-turns "$PAPERCLIP_MAX_TURNS"; fi
+if [ "${PAPERCLIP_PERMISSION_MODE:-skip}" = skip ]; then set -- "$@" --dangerously-skip-permissions; fi
+exec claude "$@" < "${PAPERCLIP_PROMPT_FILE:-/dev/null}"`}
+
+// opencodeCommand runs OpenCode as Paperclip's OpenCode adapter does:
+// external directories allowed in skip mode (nobody answers a prompt in a
+// pod), the session and model from env.
+var opencodeCommand = []string{"sh", "-c", `set -eu
+if [ "${PAPERCLIP_PERMISSION_MODE:-skip}" = skip ]; then
+  mkdir -p "$HOME/.config/opencode"
+  printf '%s\n' '{"permission":{"external_directory":"allow"}}' > "$HOME/.config/opencode/opencode.json"
+fi
+set -- run --format json
+if [ -n "${PAPERCLIP_SESSION_ID:-}" ]; then set -- "$@" --session "$PAPERCLIP_SESSION_ID"; fi
+if [ -n "${PAPERCLIP_MODEL:-}" ]; then set -- "$@" --model "$PAPERCLIP_MODEL"; fi
+exec opencode "$@" < "${PAPERCLIP_PROMPT_FILE:-/dev/null}"`}
+
 // builtinDefaults is the bottom layer under every profile: the values
 // Paperclip's Kubernetes adapters use today, with a read-only root.
 func builtinDefaults() Profile {
@@ -38,6 +68,7 @@ func builtinDefaults() Profile {
 		AutomountServiceAccountToken: ptr.To(false),
 		ReadOnlyRootFilesystem:       ptr.To(true),
 		WritablePaths:                []string{"/tmp"},
+		PermissionMode:               PermissionSkip,
 	}
 }
 
@@ -53,7 +84,7 @@ func builtinProfiles() map[string]Profile {
 		DefaultProfileName: {},
 		"claude_local": {
 			Aliases:       []string{"claude_k8s", "claude"},
-			Command:       promptCommand("claude --print - --output-format stream-json --verbose"),
+			Command:       claudeCommand,
 			EnvKeys:       []string{"ANTHROPIC_API_KEY"},
 			EgressProfile: "anthropic",
 		},
@@ -65,7 +96,7 @@ func builtinProfiles() map[string]Profile {
 		},
 		"opencode_local": {
 			Aliases: []string{"opencode_k8s", "opencode"},
-			Command: promptCommand("opencode run --format json"),
+			Command: opencodeCommand,
 			Env: []corev1.EnvVar{
 				{Name: "OPENCODE_DISABLE_PROJECT_CONFIG", Value: "true"},
 			},

@@ -84,6 +84,7 @@ func layer(base, over Profile) Profile {
 		out.Args = over.Args
 	}
 	setIf(&out.WorkingDir, over.WorkingDir)
+	setIf(&out.PermissionMode, over.PermissionMode)
 	out.Env = MergeEnv(base.Env, over.Env)
 	out.EnvKeys = union(base.EnvKeys, over.EnvKeys)
 	out.Resources = mergeResources(base.Resources, over.Resources)

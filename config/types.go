@@ -110,6 +110,12 @@ type Profile struct {
 	// Command and Args of the agent container added to a Job with none.
 	Command []string `json:"command,omitempty"`
 	Args    []string `json:"args,omitempty"`
+	// PermissionMode is how the agent CLI treats its permission prompts,
+	// which nobody can answer in a pod: "skip" (Claude's
+	// --dangerously-skip-permissions, OpenCode's external_directory allow;
+	// what Paperclip's adapters do) or "ask". The built-in commands read it
+	// from PAPERCLIP_PERMISSION_MODE. Default "skip".
+	PermissionMode string `json:"permissionMode,omitempty"`
 	// WorkingDir of containers that set none. Default: the data mount path.
 	WorkingDir string `json:"workingDir,omitempty"`
 	// Env set on every container, over inherited env and under the Job's.

@@ -148,6 +148,9 @@ func validateProfile(pr Profile, p *field.Path) field.ErrorList {
 	if v := pr.ActiveDeadlineSeconds; v != nil && *v <= 0 {
 		errs = append(errs, field.Invalid(p.Child("activeDeadlineSeconds"), *v, "must be greater than 0"))
 	}
+	if m := pr.PermissionMode; m != "" && m != PermissionSkip && m != PermissionAsk {
+		errs = append(errs, field.NotSupported(p.Child("permissionMode"), m, []string{PermissionSkip, PermissionAsk}))
+	}
 	if v := pr.StartTimeoutSeconds; v != nil && (*v <= 0 || *v > maxStartTimeoutSeconds) {
 		errs = append(errs, field.Invalid(p.Child("startTimeoutSeconds"), *v, fmt.Sprintf(
 			"must be 1 to %d (7 days): a run that never starts must not keep its agent busy forever", maxStartTimeoutSeconds)))

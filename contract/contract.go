@@ -45,6 +45,24 @@ const (
 // Job's run id: made for this run, not one of the server's.
 const AnnotationEnvSecret = "paperclip.io/env-secret"
 
+// Per-run options of the agent's command, as Job annotations. They reach
+// the agent container as env vars (RunOptionEnv), never spliced into a
+// command line, so a value cannot inject arguments; the built-in profiles'
+// commands read them.
+const (
+	AnnotationModel    = "paperclip.io/model"
+	AnnotationMaxTurns = "paperclip.io/max-turns"
+)
+
+// RunOptionEnv maps the run-option annotations to their env vars.
+var RunOptionEnv = []struct{ Annotation, Env string }{
+	{AnnotationModel, "PAPERCLIP_MODEL"},
+	{AnnotationMaxTurns, "PAPERCLIP_MAX_TURNS"},
+}
+
+// EnvPermissionMode carries a profile's permissionMode to its command.
+const EnvPermissionMode = "PAPERCLIP_PERMISSION_MODE"
+
 // AnnotationWorkingDir, on the Job, is the run's working directory (a
 // per-run worktree), under the shared volume's mount path.
 const AnnotationWorkingDir = "paperclip.io/working-dir"

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"maps"
 	"path"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -196,6 +198,36 @@ func (r *renderer) runEnvSecret() *corev1.EnvFromSource {
 	return &corev1.EnvFromSource{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: name}}}
 }
 
+var modelName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$`)
+
+// runOptions are the env vars of the Job's run-option annotations (model,
+// turn limit), each checked: they reach a command line through the
+// profile's command.
+func (r *renderer) runOptions() []corev1.EnvVar {
+	var env []corev1.EnvVar
+	for _, o := range contract.RunOptionEnv {
+		v, ok := r.job.Annotations[o.Annotation]
+		if !ok {
+			continue
+		}
+		p := field.NewPath("metadata", "annotations").Key(o.Annotation)
+		switch o.Annotation {
+		case contract.AnnotationModel:
+			if !modelName.MatchString(v) {
+				r.errs = append(r.errs, field.Invalid(p, v, "a model name: letters, digits and ._:/@+- (at most 128), e.g. claude-sonnet-4-5 or anthropic/claude-sonnet-4-5"))
+				continue
+			}
+		case contract.AnnotationMaxTurns:
+			if n, err := strconv.Atoi(v); err != nil || n < 1 || n > 10000 {
+				r.errs = append(r.errs, field.Invalid(p, v, "a number of turns from 1 to 10000"))
+				continue
+			}
+		}
+		env = append(env, corev1.EnvVar{Name: o.Env, Value: v})
+	}
+	return env
+}
+
 // workingDir is where containers that set none start: the Job's
 // AnnotationWorkingDir (a per-run worktree), else the profile's, else the
 // shared volume. The annotation must stay on the shared volume: a path
@@ -253,8 +285,13 @@ func (r *renderer) layeredEnv(hasPrompt bool) []corev1.EnvVar {
 			run = append(run, corev1.EnvVar{Name: m.Env, Value: v})
 		}
 	}
+	run = append(run, r.runOptions()...)
 	env = config.MergeEnv(env, run)
-	prof := append([]corev1.EnvVar{{Name: "HOME", Value: r.in.Inherited.DataMountPath}}, r.prof.Env...)
+	prof := []corev1.EnvVar{{Name: "HOME", Value: r.in.Inherited.DataMountPath}}
+	if r.prof.PermissionMode != "" {
+		prof = append(prof, corev1.EnvVar{Name: contract.EnvPermissionMode, Value: r.prof.PermissionMode})
+	}
+	prof = append(prof, r.prof.Env...)
 	if hasPrompt {
 		prof = append(prof, corev1.EnvVar{Name: contract.EnvPromptFile, Value: path.Join(contract.PromptDir, contract.PromptFileName)})
 	}
