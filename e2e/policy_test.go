@@ -610,6 +610,17 @@ func TestAgentLabelsCannotBeSmuggled(t *testing.T) {
 		if _, err := env.cs.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"team":"blue"}}}`), metav1.PatchOptions{}); err != nil {
 			t.Errorf("a label that says nothing of the run: %v", err)
 		}
+		// The status subresource takes metadata too.
+		_, err = env.cs.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType,
+			[]byte(`{"metadata":{"labels":{"paperclip.io/role":null,"paperclip.io/company-id":"evilcorp"}}}`), metav1.PatchOptions{}, "status")
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "is fixed on an agent pod") {
+			t.Errorf("relabelling an agent pod through its status: want 403, got %v", err)
+		}
+		_, err = env.cs.BatchV1().Jobs(ns).Patch(ctx, "e2e-debugged", types.MergePatchType,
+			[]byte(`{"metadata":{"labels":{"paperclip.io/agent-id":"someone-else"}}}`), metav1.PatchOptions{}, "status")
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "is immutable") {
+			t.Errorf("relabelling an agent Job through its status: want 403, got %v", err)
+		}
 	})
 	t.Run("a plain pod adopted into a run by a patch", func(t *testing.T) {
 		victim, err := env.cs.BatchV1().Jobs(ns).Create(ctx, bareJob(t, "e2e-adoption-victim"), metav1.CreateOptions{})

@@ -44,11 +44,12 @@ func EvaluatePod(in PodInput) field.ErrorList {
 		return field.ErrorList{field.Forbidden(field.NewPath("spec", "ephemeralContainers"),
 			"agent pods take no ephemeral containers (kubectl debug): one would run beside the agent unchecked; read the run through its logs or the relay")}
 	}
+	if in.Old != nil {
+		// An update of the pod or of its status: either can carry labels.
+		return checkPodIdentityUnchanged(in.Old, in.Pod)
+	}
 	if in.Subresource != "" {
 		return nil
-	}
-	if in.Old != nil {
-		return checkPodIdentityUnchanged(in.Old, in.Pod)
 	}
 	ref := metav1.GetControllerOf(in.Pod)
 	if ref == nil || ref.Kind != "Job" || !strings.HasPrefix(ref.APIVersion, "batch/") {

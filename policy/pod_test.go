@@ -40,6 +40,9 @@ func TestEvaluatePod(t *testing.T) {
 			want: "metadata.ownerReferences[0]: Forbidden: an agent pod's owner references may only be removed"},
 		{name: "the owner reference changed", in: PodInput{Old: owned, Pod: with(owned, func(p *corev1.Pod) { p.OwnerReferences[0].UID = "another" }), Creator: "anyone"},
 			want: "metadata.ownerReferences[0]: Forbidden"},
+		{name: "relabelled through the status subresource", in: PodInput{Old: owned, Pod: with(owned, func(p *corev1.Pod) { p.Labels[contract.LabelCompanyID] = "evilcorp" }), Creator: "anyone", Subresource: "status"},
+			want: "metadata.labels[paperclip.io/company-id]: Forbidden"},
+		{name: "a status update by the kubelet", in: PodInput{Old: owned, Pod: with(owned, func(p *corev1.Pod) { p.Status.Phase = corev1.PodRunning }), Creator: "system:node:n1", Subresource: "status"}},
 		{name: "orphaned by the garbage collector", in: PodInput{Old: owned, Pod: with(owned, func(p *corev1.Pod) { p.OwnerReferences = nil }), Creator: "system:serviceaccount:kube-system:generic-garbage-collector"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -41,9 +41,8 @@ func (v *PodValidator) validate(req admission.Request) (admission.Response, stri
 	}
 	var pod, old *corev1.Pod
 	switch {
-	case req.Operation == admissionv1.Update && req.SubResource != "":
-		// A subresource update carries only what changes: judge the pod
-		// as it is.
+	case req.Operation == admissionv1.Update && req.SubResource == "ephemeralcontainers":
+		// Refused whatever it carries: judge the pod as it is.
 		pod = &corev1.Pod{}
 		if err := decodePod(req.OldObject.Raw, pod); err != nil {
 			return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
