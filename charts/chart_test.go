@@ -2,6 +2,7 @@ package charts
 
 import (
 	"encoding/base64"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -139,6 +140,75 @@ func TestSchemaRefusesUnknownValues(t *testing.T) {
 	}
 	if _, err := Render(rel, map[string]any{"certificates": map[string]any{"mode": "external"}}); err == nil || !strings.Contains(err.Error(), "caBundle") {
 		t.Errorf("external certificates without a caBundle: %v", err)
+	}
+	// Values that render, but into an install that cannot work or is not
+	// safe, are refused naming the value.
+	for _, tc := range []struct {
+		values map[string]any
+		want   string
+	}{
+		{map[string]any{"webhook": map[string]any{"url": "https://10.0.0.1:9443"}}, "webhook.url with certificates.mode selfManaged"},
+		{map[string]any{"agentNamespaces": []any{"clipjob-system"}}, "the release namespace clipjob-system may not be an agent namespace"},
+		{map[string]any{"relay": map[string]any{"tokenAudience": ""}}, "tokenAudience"},
+		{map[string]any{"relay": map[string]any{"retentionMaxAge": "forever"}}, "retentionMaxAge"},
+		{map[string]any{"certificates": map[string]any{"certManager": map[string]any{"duration": "-5h"}}}, "duration"},
+		{map[string]any{"networkPolicy": map[string]any{"excludedCIDRs": []any{}}}, "excludedCIDRs"},
+	} {
+		_, err := Render(rel, tc.values)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: want an error naming %q, got %v", tc.values, tc.want, err)
+		}
+	}
+}
+
+// The webhook writes only where agents run: cluster-wide it reads (and
+// makes events); its writes are Roles in the agent namespaces, the source
+// namespace and its own, and its certificate Secrets by name.
+func TestWebhookRBACIsLeastPrivilege(t *testing.T) {
+	r := render(t, map[string]any{"agentNamespaces": []any{"paperclip", "paperclip-acme"}})
+	var cluster rbacv1.ClusterRole
+	into(t, r, "ClusterRole", "clipjob-webhook", &cluster)
+	for _, rule := range cluster.Rules {
+		for _, v := range rule.Verbs {
+			if !slices.Contains([]string{"get", "list", "watch"}, v) && !slices.Contains(rule.Resources, "events") {
+				t.Errorf("cluster-wide %s on %v: writes belong in the agent namespaces' Roles", v, rule.Resources)
+			}
+		}
+	}
+	roles := map[string][]rbacv1.PolicyRule{}
+	for _, o := range r.Objects {
+		if o.GetKind() == "Role" {
+			var role rbacv1.Role
+			into(t, r, "Role", o.GetName(), &role)
+			if o.GetNamespace() != "" {
+				roles[o.GetNamespace()+"/"+o.GetName()] = role.Rules
+			}
+		}
+	}
+	for _, want := range []string{"paperclip/clipjob-webhook-agents", "paperclip-acme/clipjob-webhook-agents",
+		"paperclip/clipjob-webhook-source", "clipjob-system/clipjob-webhook-election", "clipjob-system/clipjob-webhook-certs"} {
+		if _, ok := roles[want]; !ok {
+			t.Errorf("no Role %s (have %v)", want, slices.Sorted(maps.Keys(roles)))
+		}
+	}
+	for _, rule := range roles["clipjob-system/clipjob-webhook-certs"] {
+		if slices.Contains(rule.Verbs, "get") && len(rule.ResourceNames) != 3 {
+			t.Errorf("the certificate Role reads Secrets %v: want its own three by name", rule.ResourceNames)
+		}
+	}
+	var cm corev1.ConfigMap
+	into(t, r, "ConfigMap", "clipjob-config", &cm)
+	cfg, err := config.Parse([]byte(cm.Data["config.yaml"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff([]string{"paperclip", "paperclip-acme"}, cfg.Policy.Namespaces); d != "" {
+		t.Errorf("agent Jobs are admitted outside the namespaces the chart gave clipjob rights in (-want +got):\n%s", d)
+	}
+	var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
+	into(t, r, "ValidatingAdmissionPolicyBinding", "clipjob-claim-leases", &binding)
+	if sel := binding.Spec.MatchResources.NamespaceSelector; sel == nil || len(sel.MatchExpressions) != 1 || len(sel.MatchExpressions[0].Values) != 2 {
+		t.Errorf("the claim Lease policy must cover this release's agent namespaces only: %+v", binding.Spec.MatchResources)
 	}
 }
 
@@ -320,25 +390,40 @@ func TestEgressPolicies(t *testing.T) {
 		t.Errorf("public HTTPS rule %+v", public)
 	}
 	cilium := render(t, valueSets["cilium egress"])
+	if cilium.Find("CiliumNetworkPolicy", "clipjob-agent-baseline") == nil {
+		t.Fatal("no baseline cilium policy: agent pods of a profile without an FQDN list would have open egress")
+	}
 	anthropic := cilium.Find("CiliumNetworkPolicy", "clipjob-egress-anthropic")
 	if anthropic == nil {
 		t.Fatal("no cilium policy for the anthropic egress profile")
 	}
 	sel, _, _ := unstructured.NestedStringMap(anthropic.Object, "spec", "endpointSelector", "matchLabels")
-	if sel["paperclip.io/egress-profile"] != "anthropic" {
+	if sel["paperclip.io/egress-profile"] != "anthropic" || sel["paperclip.io/role"] != "agent" {
 		t.Errorf("selector %v", sel)
 	}
 	egress, _, _ := unstructured.NestedSlice(anthropic.Object, "spec", "egress")
-	fqdns := egress[len(egress)-1].(map[string]any)["toFQDNs"].([]any)
+	fqdns := egress[0].(map[string]any)["toFQDNs"].([]any)
 	if len(fqdns) != 5 || fqdns[0].(map[string]any)["matchName"] != "api.anthropic.com" {
 		t.Errorf("anthropic FQDNs %v", fqdns)
 	}
-	// Every egress profile the built-in profiles use has a cilium policy.
+	// Every egress profile the built-in profiles use with an FQDN list has
+	// its policy; the others get the baseline alone.
 	cfg := config.Default()
 	for _, name := range cfg.ProfileNames() {
 		p, _ := cfg.Profile(name)
-		if cilium.Find("CiliumNetworkPolicy", "clipjob-egress-"+p.EgressProfile) == nil {
+		if p.EgressProfile != "standard" && cilium.Find("CiliumNetworkPolicy", "clipjob-egress-"+p.EgressProfile) == nil {
 			t.Errorf("profile %s: no cilium policy for egress profile %q", name, p.EgressProfile)
+		}
+	}
+	// Several agent namespaces: each gets its policies.
+	multi := render(t, map[string]any{"agentNamespaces": []any{"paperclip", "paperclip-acme"}, "networkPolicy": map[string]any{"mode": "standard"}})
+	for _, ns := range []string{"paperclip", "paperclip-acme"} {
+		found := false
+		for _, o := range multi.Objects {
+			found = found || (o.GetKind() == "NetworkPolicy" && o.GetNamespace() == ns)
+		}
+		if !found {
+			t.Errorf("no egress NetworkPolicy in agent namespace %s", ns)
 		}
 	}
 }

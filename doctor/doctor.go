@@ -11,14 +11,18 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -90,6 +94,8 @@ type doctor struct {
 	cs       kubernetes.Interface
 	o        Options
 	rendered *charts.Rendered
+	// fullname prefixes the release's objects, as the chart names them.
+	fullname string
 	results  []Result
 }
 
@@ -100,43 +106,63 @@ func fail(check, detail, fix string) Result {
 
 func (d *doctor) add(r Result) { d.results = append(d.results, r) }
 
-// webhooks checks both configurations, that every webhook's CA bundle
-// trusts the certificate actually served, and how long that has left.
+// webhooks checks both configurations against the chart's (a webhook
+// switched to Ignore, or matching nothing, is as good as none), that every
+// webhook's CA bundle trusts the certificate actually served, and how long
+// that has left; and that the claim Lease policy is in force.
 func (d *doctor) webhooks(ctx context.Context) {
 	var want struct {
 		m admissionregistrationv1.MutatingWebhookConfiguration
 		v admissionregistrationv1.ValidatingWebhookConfiguration
 	}
-	mName, vName := d.o.Release.Name+"-mutating", d.o.Release.Name+"-validating"
-	_ = d.rendered.Into("MutatingWebhookConfiguration", mName, &want.m)
-	_ = d.rendered.Into("ValidatingWebhookConfiguration", vName, &want.v)
-	reinstall := "helm upgrade --install " + d.o.Release.Name + " charts/clipjob -n " + d.o.Release.Namespace
+	for _, o := range d.rendered.Objects {
+		switch o.GetKind() {
+		case "MutatingWebhookConfiguration":
+			_ = d.rendered.Into(o.GetKind(), o.GetName(), &want.m)
+		case "ValidatingWebhookConfiguration":
+			_ = d.rendered.Into(o.GetKind(), o.GetName(), &want.v)
+		}
+	}
+	d.fullname = strings.TrimSuffix(want.m.Name, "-mutating")
+	reinstall := "helm upgrade --install " + d.o.Release.Name + " charts/clipjob -n " + d.o.Release.Namespace + " (with the values it was installed with)"
 	type hook struct {
 		name   string
 		client admissionregistrationv1.WebhookClientConfig
 	}
 	var hooks []hook
-	m, err := d.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, mName, metav1.GetOptions{})
+	var drift []string
+	m, err := d.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, want.m.Name, metav1.GetOptions{})
 	if err != nil {
-		d.add(fail("webhook-configurations", fmt.Sprintf("MutatingWebhookConfiguration %s: %v", mName, err), reinstall))
+		d.add(fail("webhook-configurations", fmt.Sprintf("MutatingWebhookConfiguration %s: %v", want.m.Name, err), reinstall))
 		return
 	}
-	for _, w := range m.Webhooks {
+	for i, w := range m.Webhooks {
 		hooks = append(hooks, hook{w.Name, w.ClientConfig})
+		if i < len(want.m.Webhooks) {
+			drift = append(drift, differs(w.Name, mutatingRules(want.m.Webhooks[i]), mutatingRules(w))...)
+		}
 	}
-	v, err := d.cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, vName, metav1.GetOptions{})
+	v, err := d.cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, want.v.Name, metav1.GetOptions{})
 	if err != nil {
-		d.add(fail("webhook-configurations", fmt.Sprintf("ValidatingWebhookConfiguration %s: %v", vName, err), reinstall))
+		d.add(fail("webhook-configurations", fmt.Sprintf("ValidatingWebhookConfiguration %s: %v", want.v.Name, err), reinstall))
 		return
 	}
-	for _, w := range v.Webhooks {
+	for i, w := range v.Webhooks {
 		hooks = append(hooks, hook{w.Name, w.ClientConfig})
+		if i < len(want.v.Webhooks) {
+			drift = append(drift, differs(w.Name, validatingRules(want.v.Webhooks[i]), validatingRules(w))...)
+		}
 	}
-	if len(hooks) != len(want.m.Webhooks)+len(want.v.Webhooks) {
+	switch {
+	case len(hooks) != len(want.m.Webhooks)+len(want.v.Webhooks):
 		d.add(fail("webhook-configurations", fmt.Sprintf("%d webhooks registered, the chart has %d", len(hooks), len(want.m.Webhooks)+len(want.v.Webhooks)), reinstall))
 		return
+	case len(drift) > 0:
+		d.add(fail("webhook-configurations", "they differ from the chart's: "+strings.Join(drift, "; "), reinstall))
+	default:
+		d.add(pass("webhook-configurations", fmt.Sprintf("%s and %s: %d webhooks, as the chart has them", want.m.Name, want.v.Name, len(hooks))))
 	}
-	d.add(pass("webhook-configurations", fmt.Sprintf("%s and %s: %d webhooks", mName, vName, len(hooks))))
+	d.leasePolicy(ctx, reinstall)
 
 	now := d.o.Now()
 	var bad []string
@@ -175,9 +201,84 @@ func (d *doctor) webhooks(ctx context.Context) {
 	}
 }
 
+// enforced is what makes a webhook apply: which requests reach it and what
+// happens when it cannot answer.
+type enforced struct {
+	FailurePolicy     any
+	Rules             any
+	MatchConditions   any
+	NamespaceSelector any
+	ObjectSelector    any
+	SideEffects       any
+}
+
+func mutatingRules(w admissionregistrationv1.MutatingWebhook) enforced {
+	return enforced{failurePolicy(w.FailurePolicy), w.Rules, w.MatchConditions, selector(w.NamespaceSelector), selector(w.ObjectSelector), w.SideEffects}
+}
+
+func validatingRules(w admissionregistrationv1.ValidatingWebhook) enforced {
+	return enforced{failurePolicy(w.FailurePolicy), w.Rules, w.MatchConditions, selector(w.NamespaceSelector), selector(w.ObjectSelector), w.SideEffects}
+}
+
+// selector and failurePolicy read an unset field as the API server
+// defaults it.
+func selector(s *metav1.LabelSelector) *metav1.LabelSelector {
+	if s == nil {
+		return &metav1.LabelSelector{}
+	}
+	return s
+}
+
+func failurePolicy(p *admissionregistrationv1.FailurePolicyType) admissionregistrationv1.FailurePolicyType {
+	if p == nil {
+		return admissionregistrationv1.Fail
+	}
+	return *p
+}
+
+// differs names what of a webhook's enforcement differs from the chart's.
+func differs(name string, want, got enforced) []string {
+	var out []string
+	wv, gv := reflect.ValueOf(want), reflect.ValueOf(got)
+	for i := range wv.NumField() {
+		if !equality.Semantic.DeepEqual(wv.Field(i).Interface(), gv.Field(i).Interface()) {
+			out = append(out, fmt.Sprintf("%s: %s %s, the chart's %s", name, wv.Type().Field(i).Name, brief(gv.Field(i).Interface()), brief(wv.Field(i).Interface())))
+		}
+	}
+	return out
+}
+
+func brief(v any) string {
+	b, _ := json.Marshal(v)
+	if len(b) > 120 {
+		return string(b[:120]) + "…"
+	}
+	return string(b)
+}
+
+// leasePolicy checks that the chart's claim Lease policy and its binding
+// are there, when the chart has them.
+func (d *doctor) leasePolicy(ctx context.Context, fix string) {
+	for _, o := range d.rendered.Objects {
+		var err error
+		switch o.GetKind() {
+		case "ValidatingAdmissionPolicy":
+			_, err = d.cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, o.GetName(), metav1.GetOptions{})
+		case "ValidatingAdmissionPolicyBinding":
+			_, err = d.cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Get(ctx, o.GetName(), metav1.GetOptions{})
+		default:
+			continue
+		}
+		if err != nil {
+			d.add(fail("claim-lease-policy", fmt.Sprintf("%s %s: %v; without it anyone with Lease rights can delete or squat claims", o.GetKind(), o.GetName(), err), fix))
+			return
+		}
+	}
+}
+
 func (d *doctor) caFix() string {
-	ns, rel := d.o.Release.Namespace, d.o.Release.Name
-	return fmt.Sprintf("selfManaged: the webhook re-injects its CA within 30s — check its log (kubectl -n %s logs deploy/%s-webhook); certManager: check the Certificate %s-webhook and the cainjector; external: set certificates.caBundle to the CA of the Secret %s-webhook-tls", ns, rel, rel, rel)
+	ns, full := d.o.Release.Namespace, d.fullname
+	return fmt.Sprintf("selfManaged: the webhook re-injects its CA at once — check its log (kubectl -n %s logs deploy/%s-webhook); certManager: check the Certificate %s-webhook and the cainjector; external: set certificates.caBundle to the CA of the Secret %s-webhook-tls", ns, full, full, full)
 }
 
 // servedCertificate is what the webhook serves: dialled where the API
@@ -200,7 +301,7 @@ func (d *doctor) servedCertificate(ctx context.Context, c admissionregistrationv
 	if c.Service == nil {
 		return nil, "", errors.New("neither a URL nor a Service")
 	}
-	secret := d.o.Release.Name + "-webhook-tls"
+	secret := d.fullname + "-webhook-tls"
 	s, err := d.cs.CoreV1().Secrets(d.o.Release.Namespace).Get(ctx, secret, metav1.GetOptions{})
 	if err != nil {
 		return nil, "", fmt.Errorf("serving Secret %s/%s: %w", d.o.Release.Namespace, secret, err)
@@ -219,7 +320,7 @@ func (d *doctor) config(ctx context.Context) *config.Config {
 	if d.o.Config != nil {
 		return d.o.Config
 	}
-	name := d.o.Release.Name + "-config"
+	name := d.fullname + "-config"
 	cm, err := d.cs.CoreV1().ConfigMaps(d.o.Release.Namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		d.add(fail("config", fmt.Sprintf("ConfigMap %s/%s: %v", d.o.Release.Namespace, name, err), "set config in the chart's values and helm upgrade"))
@@ -358,11 +459,11 @@ func (d *doctor) missing(ctx context.Context, user, namespace string, rules []rb
 // relay checks that the relay's API answers (a request without a token
 // must get its 401).
 func (d *doctor) relay(ctx context.Context) {
-	if d.rendered.Find("Deployment", d.o.Release.Name+"-relay") == nil {
+	if d.rendered.Find("Deployment", d.fullname+"-relay") == nil {
 		return // not installed
 	}
 	fix := fmt.Sprintf("kubectl -n %s rollout status deploy/%s-relay; kubectl -n %s logs deploy/%s-relay",
-		d.o.Release.Namespace, d.o.Release.Name, d.o.Release.Namespace, d.o.Release.Name)
+		d.o.Release.Namespace, d.fullname, d.o.Release.Namespace, d.fullname)
 	var code int
 	if d.o.RelayURL != "" {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(d.o.RelayURL, "/")+"/v1/runs", nil)
@@ -379,7 +480,7 @@ func (d *doctor) relay(ctx context.Context) {
 		resp.Body.Close()
 		code = resp.StatusCode
 	} else {
-		_, err := d.cs.CoreV1().Services(d.o.Release.Namespace).ProxyGet("https", d.o.Release.Name+"-relay", "api", "/v1/runs", nil).DoRaw(ctx)
+		_, err := d.cs.CoreV1().Services(d.o.Release.Namespace).ProxyGet("https", d.fullname+"-relay", "api", "/v1/runs", nil).DoRaw(ctx)
 		var status apierrors.APIStatus
 		switch {
 		case err == nil:

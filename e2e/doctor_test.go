@@ -7,11 +7,13 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/certs"
 	"github.com/paperclipai/clipjob/doctor"
@@ -123,6 +125,33 @@ func TestDoctor(t *testing.T) {
 			co.Config = &cfg
 			failed(t, runDoctor(ctx, t, co), "shared-volume", tc.want)
 		}
+	})
+
+	t.Run("a webhook switched to Ignore, the claim Lease policy unbound", func(t *testing.T) {
+		vwcs := env.cs.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+		vwc, err := vwcs.Get(ctx, harness.ValidatingWebhookName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		vwc.Webhooks[0].FailurePolicy = ptr.To(admissionregistrationv1.Ignore)
+		if _, err := vwcs.Update(ctx, vwc, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		bindings := env.cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings()
+		if err := bindings.Delete(ctx, harness.Release.Name+"-claim-leases", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := harness.Register(context.Background(), env.cs, env.webhookAddr, env.cluster.CA.CertPEM); err != nil {
+				t.Error(err)
+			}
+			if err := harness.ApplyClaimLeasePolicy(context.Background(), env.cs); err != nil {
+				t.Error(err)
+			}
+		}()
+		results := runDoctor(ctx, t, o)
+		failed(t, results, "webhook-configurations", `FailurePolicy "Ignore", the chart's "Fail"`)
+		failed(t, results, "claim-lease-policy", "clipjob-claim-leases")
 	})
 
 	t.Run("a permission missing", func(t *testing.T) {

@@ -92,3 +92,12 @@ readOnlyRootFilesystem: true
 capabilities:
   drop: [ALL]
 {{- end -}}
+
+{{/* The namespaces agents run in, as a JSON list: agentNamespaces, else the source namespace. Claims of scope Cluster live in one of them. */}}
+{{- define "clipjob.agentNamespaces" -}}
+{{- $nss := .Values.agentNamespaces | default (list .Values.config.source.namespace) -}}
+{{- if has .Release.Namespace $nss -}}
+{{- fail (printf "agentNamespaces: the release namespace %s may not be an agent namespace (the webhooks never see the release namespace, so agents there would run unchecked); install clipjob in a namespace of its own" .Release.Namespace) -}}
+{{- end -}}
+{{- toJson $nss -}}
+{{- end -}}

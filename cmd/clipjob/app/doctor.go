@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -21,8 +22,9 @@ import (
 var errChecksFailed = errors.New("some checks failed; each names its fix")
 
 func doctorCmd(args []string, _ io.Reader, stdout, stderr io.Writer) error {
-	f := newFlags("doctor", "unused", stderr)
-	fs := f.fs
+	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgFile := fs.String("config", "", "the clipjob Config in force (default: read from the release's ConfigMap)")
 	namespace := fs.String("namespace", "clipjob-system", "namespace of the release")
 	release := fs.String("release", "clipjob", "name of the Helm release")
 	valuesFile := fs.String("values", "", "the values file the release was installed with (default: the chart's defaults)")
@@ -30,7 +32,7 @@ func doctorCmd(args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default $KUBECONFIG or ~/.kube/config)")
 	output := fs.String("o", "text", "output: text or json")
 	timeout := fs.Duration("timeout", time.Minute, "give up after this long")
-	if err := f.parse(args); err != nil {
+	if err := (commonFlags{fs: fs}).parse(args); err != nil {
 		return err
 	}
 	if *output != "text" && *output != "json" {
@@ -46,8 +48,8 @@ func doctorCmd(args []string, _ io.Reader, stdout, stderr io.Writer) error {
 			return fmt.Errorf("%s: %w", *valuesFile, err)
 		}
 	}
-	if *f.cfgFile != "" {
-		cfg, err := loadConfig(*f.cfgFile)
+	if *cfgFile != "" {
+		cfg, err := loadConfig(*cfgFile)
 		if err != nil {
 			return err
 		}
