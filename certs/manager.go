@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 )
@@ -123,9 +124,15 @@ func New(client kubernetes.Interface, o Options) (*Manager, error) {
 // current; the writes are safe under optimistic concurrency.
 func (m *Manager) NeedLeaderElection() bool { return false }
 
-// Start checks at once, then every Interval, until ctx ends. A check that
-// lost a write race is retried after a second.
+// Start checks at once, then every Interval and whenever one of the
+// webhook configurations changes (watched by name), until ctx ends: a
+// bundle someone blanks, or a helm upgrade that drops the field, is put
+// back at once. A check that lost a write race is retried after a second.
 func (m *Manager) Start(ctx context.Context) error {
+	changed := make(chan struct{}, 1)
+	for _, w := range m.watches() {
+		go m.watch(ctx, w, changed)
+	}
 	for {
 		wait := m.o.Interval
 		if err := m.Check(ctx); err != nil {
@@ -138,8 +145,52 @@ func (m *Manager) Start(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-changed:
 		case <-time.After(wait):
 		}
+	}
+}
+
+type watchFunc func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
+
+// watches are the watches of the configurations to inject, by name.
+func (m *Manager) watches() []watchFunc {
+	var out []watchFunc
+	api := m.client.AdmissionregistrationV1()
+	for _, name := range m.o.MutatingWebhooks {
+		out = append(out, func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = "metadata.name=" + name
+			return api.MutatingWebhookConfigurations().Watch(ctx, o)
+		})
+	}
+	for _, name := range m.o.ValidatingWebhooks {
+		out = append(out, func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = "metadata.name=" + name
+			return api.ValidatingWebhookConfigurations().Watch(ctx, o)
+		})
+	}
+	return out
+}
+
+// watch signals changed on every event of w, re-opening it when it ends.
+func (m *Manager) watch(ctx context.Context, w watchFunc, changed chan<- struct{}) {
+	for ctx.Err() == nil {
+		wi, err := w(ctx, metav1.ListOptions{})
+		if err != nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(m.o.Interval): // the periodic check still runs
+			}
+			continue
+		}
+		for range wi.ResultChan() {
+			select {
+			case changed <- struct{}{}:
+			default: // a check is due already
+			}
+		}
+		wi.Stop()
 	}
 }
 

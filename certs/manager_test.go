@@ -283,3 +283,43 @@ func TestOptionsNameWhatIsMissing(t *testing.T) {
 		}
 	}
 }
+
+// A bundle someone blanks (or a helm upgrade drops) is put back at once,
+// on the configuration's watch event, not at the next periodic check.
+func TestBlankedBundleIsReinjectedAtOnce(t *testing.T) {
+	f := newFixture(t)
+	f.m.o.Interval = time.Hour
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = f.m.Start(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor := func(ok func() bool) bool {
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			if ok() {
+				return true
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return false
+	}
+	injected := func() bool {
+		for _, b := range f.bundles() {
+			if len(ParseBundle(b)) == 0 {
+				return false
+			}
+		}
+		return true
+	}
+	if !waitFor(injected) {
+		t.Fatal("never injected")
+	}
+	mwc, _ := f.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, "clipjob-mutating", metav1.GetOptions{})
+	mwc.Webhooks[0].ClientConfig.CABundle = nil
+	if _, err := f.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Update(ctx, mwc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(injected) {
+		t.Error("a blanked bundle was not put back on the watch event (the periodic check is an hour away)")
+	}
+}

@@ -107,7 +107,8 @@ func injectedBundles(ctx context.Context, t *testing.T) [][]byte {
 func TestSelfManagedCertificates(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	const caSecret, certSecret = "e2e-selfmanaged-ca", "e2e-selfmanaged-tls"
+	// The chart's names: its RBAC lets the webhook read these Secrets and no others.
+	const caSecret, certSecret = "clipjob-ca", "clipjob-webhook-tls"
 	t.Cleanup(func() {
 		if err := harness.Register(context.Background(), env.cs, env.webhookAddr, env.cluster.CA.CertPEM); err != nil {
 			t.Error(err)
@@ -116,7 +117,7 @@ func TestSelfManagedCertificates(t *testing.T) {
 	wh, err := harness.StartWebhook(ctx, env.cluster, env.webhookBin, "webhook-selfmanaged", filepath.Join(harness.Root(), "examples", "config.yaml"),
 		"--cert-secret", certSecret, "--ca-secret", caSecret, "--cert-dns-name", "localhost",
 		"--inject-ca-mutating", harness.MutatingWebhookName, "--inject-ca-validating", harness.ValidatingWebhookName,
-		"--cert-check-interval", "500ms", "--cert-propagation-delay", "3s")
+		"--cert-check-interval", "5s", "--cert-propagation-delay", "3s")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,4 +170,25 @@ func TestSelfManagedCertificates(t *testing.T) {
 	if !trusted(rotated) || !trusted(first) {
 		t.Error("after the rotation the bundle must trust the new certificate and still the old CA's")
 	}
+
+	// A bundle someone blanks is put back at once (the replica watches
+	// its configurations), not at the next periodic check.
+	vwcs := env.cs.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	vwc, err := vwcs.Get(ctx, harness.ValidatingWebhookName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range vwc.Webhooks {
+		vwc.Webhooks[i].ClientConfig.CABundle = nil
+	}
+	if _, err := vwcs.Update(ctx, vwc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	blanked := time.Now()
+	if err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 2*time.Second, true, func(context.Context) (bool, error) {
+		return trusted(rotated), nil
+	}); err != nil {
+		t.Errorf("a blanked CA bundle was not put back within 2s; see %s", wh.Log)
+	}
+	t.Logf("blanked bundle re-injected after %s", time.Since(blanked).Round(time.Millisecond))
 }
