@@ -253,7 +253,8 @@ func (m *Manager) serve(pair *KeyPair, bundle []byte, dnsName string, now time.T
 // ensureCA returns the CA to issue with, the bundle to inject and when
 // the CA was made, making a new CA if there is none or it nears its end.
 // A new CA's bundle keeps every CA still trusted, from the old Secret and
-// from what is injected now, so deleting the Secret breaks nothing.
+// from what is injected now, so deleting the Secret breaks nothing; after
+// that the Secret's bundle alone says what is trusted.
 func (m *Manager) ensureCA(ctx context.Context, now time.Time, injected []*x509.Certificate) (*KeyPair, []byte, time.Time, error) {
 	secrets := m.client.CoreV1().Secrets(m.o.Namespace)
 	sec, err := secrets.Get(ctx, m.o.CASecret, metav1.GetOptions{})
@@ -273,8 +274,12 @@ func (m *Manager) ensureCA(ctx context.Context, now time.Time, injected []*x509.
 		}
 	}
 	if current != nil {
+		// The Secret's bundle is the record of what is trusted: what the
+		// configurations hold besides is not kept (a CA someone put there by
+		// hand is dropped at the next check), and an old CA leaves it by
+		// expiring, or by being edited out of the Secret's ca.crt.
 		created, _ := time.Parse(time.RFC3339, sec.Annotations[AnnotationCACreated])
-		bundle := Bundle(now, append([]*x509.Certificate{current.Cert}, trusted...)...)
+		bundle := Bundle(now, append([]*x509.Certificate{current.Cert}, ParseBundle(sec.Data["ca.crt"])...)...)
 		if !bytes.Equal(bundle, sec.Data["ca.crt"]) { // an old CA expired
 			sec.Data["ca.crt"] = bundle
 			if _, err := secrets.Update(ctx, sec, metav1.UpdateOptions{}); err != nil {

@@ -323,3 +323,28 @@ func TestBlankedBundleIsReinjectedAtOnce(t *testing.T) {
 		t.Error("a blanked bundle was not put back on the watch event (the periodic check is an hour away)")
 	}
 }
+
+// A CA put into a configuration's bundle by hand is not kept there: the
+// CA Secret's bundle says what is trusted.
+func TestAForeignCAInTheBundleIsDropped(t *testing.T) {
+	f := newFixture(t)
+	f.check(f.m)
+	foreign, err := NewCA("someone-elses-ca", start, 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vwc, _ := f.cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(context.Background(), "clipjob-validating", metav1.GetOptions{})
+	vwc.Webhooks[0].ClientConfig.CABundle = append(append([]byte{}, vwc.Webhooks[0].ClientConfig.CABundle...), foreign.CertPEM...)
+	if _, err := f.cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Update(context.Background(), vwc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.check(f.m)
+	for i, b := range f.bundles() {
+		for _, c := range ParseBundle(b) {
+			if c.Equal(foreign.Cert) {
+				t.Errorf("webhook %d still trusts a CA put there by hand", i)
+			}
+		}
+	}
+	f.servedTrusted(f.m)
+}
