@@ -505,3 +505,63 @@ func TestRelayRunCannotBeTakenOver(t *testing.T) {
 	}
 	exactlyOnce(t, plainLog(t, r, reader, run), []string{"the agent's line"})
 }
+
+// TestAdapterReattachesToARunningRun: an adapter that restarts mid-run
+// finds its agent's running run through the relay
+// (/v1/runs?agent=…&phase=Running), and follows it from the last line it
+// had (after=N): the rest arrives exactly once, then the end.
+func TestAdapterReattachesToARunningRun(t *testing.T) {
+	ctx := ctxT(t)
+	r, token, _ := theRelay(t)
+	pod, log := agentRun(ctx, t, "e2e-relay-reattach")
+	run, agent := pod.Labels[contract.LabelRunID], pod.Labels[contract.LabelAgentID]
+	lines := []string{claudeInit, "first", "second", "third", claudeResult("reattached")}
+	for _, l := range lines[:3] {
+		if err := log.Write(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitRun(ctx, t, r, token, run, func(x *store.Run) bool { return x.LastSeq >= 3 })
+
+	// The adapter, restarted, knows only its agent.
+	resp, err := relayGet(t, r, "/v1/runs?agent="+agent+"&phase=Running", token, "")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("listing the agent's running runs: %v %v", err, resp)
+	}
+	var listed struct{ Runs []store.Run }
+	err = json.NewDecoder(resp.Body).Decode(&listed)
+	resp.Body.Close()
+	if err != nil || len(listed.Runs) != 1 || listed.Runs[0].ID != run || listed.Runs[0].LastSeq < 3 {
+		t.Fatalf("running runs of %s: %+v (%v)", agent, listed.Runs, err)
+	}
+	// It had handed lines 1..3 to Paperclip: it follows from there.
+	resp, err = relayGet(t, r, "/v1/runs/"+run+"/log?after=3", token, "application/x-ndjson")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("follow: %v %v", err, resp)
+	}
+	defer resp.Body.Close()
+	for _, l := range lines[3:] {
+		if err := log.Write(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	finishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
+	var got []string
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 1<<20), 1<<20)
+	for sc.Scan() {
+		var ev struct {
+			Type string
+			Seq  uint64
+			Line string
+		}
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			t.Fatalf("%v: %s", err, sc.Text())
+		}
+		if ev.Type == "end" {
+			break
+		}
+		got = append(got, ev.Line)
+	}
+	exactlyOnce(t, got, lines[3:])
+}
