@@ -387,6 +387,11 @@ func TestRelayKeepsRunAfterJobDeleted(t *testing.T) {
 		t.Fatalf("no NDJSON mirror: %v", err)
 	}
 	exactlyOnce(t, strings.Split(strings.TrimSuffix(string(mirror), "\n"), "\n"), lines)
+	// And beside it the done marker, so a reader knows the file is whole.
+	done, err := os.ReadFile(filepath.Join(sharedDir(), "run-logs", "acme", "agent-e2e-relay-ttl", run+".pod.ndjson.done"))
+	if err != nil || !strings.Contains(string(done), `"phase":"Succeeded"`) {
+		t.Errorf("mirror done marker %q: %v", done, err)
+	}
 
 	// The same reader's token made for the API server is refused: a relay
 	// must not accept what it could replay against the API server.

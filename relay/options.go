@@ -2,6 +2,7 @@ package relay
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -50,6 +51,9 @@ type Options struct {
 	// run's agent output is kept as run-logs/<company>/<agent>/<run>.pod.ndjson
 	// there, where Paperclip's Claude adapter reads it. Empty: off.
 	MirrorDir string
+	// MirrorBase is the run-log directory under MirrorDir, Paperclip's
+	// RUN_LOG_BASE_PATH relative to the volume. Default "run-logs".
+	MirrorBase string
 	// TokenAudiences a caller's token must be for. Default
 	// DefaultTokenAudience: a token made for the relay is useless against
 	// the API server, so neither the relay nor anyone who reads its
@@ -80,6 +84,7 @@ func DefaultOptions() Options {
 		ShutdownTimeout:      5 * time.Second,
 		TokenAudiences:       []string{DefaultTokenAudience},
 		RedactValuesInterval: 30 * time.Second,
+		MirrorBase:           "run-logs",
 		Log:                  logr.Discard(),
 	}
 }
@@ -95,6 +100,11 @@ func (o *Options) validate() error {
 	}
 	if o.APIAddr == "" || o.ProbeAddr == "" {
 		errs = append(errs, errors.New("APIAddr and ProbeAddr are required"))
+	}
+	if o.MirrorDir != "" {
+		if why := collect.ValidBase(o.MirrorBase); why != "" {
+			errs = append(errs, fmt.Errorf("MirrorBase %q: %s", o.MirrorBase, why))
+		}
 	}
 	if o.MaxStreams <= 0 {
 		errs = append(errs, errors.New("MaxStreams must be positive"))

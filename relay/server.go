@@ -81,7 +81,7 @@ func Serve(ctx context.Context, o Options) error {
 	svc := &service{opts: o, store: store, client: client, authClient: authClient, cache: mgr.GetCache(), log: o.Log,
 		collectCtx: collectCtx, stopCollecting: stopCollecting}
 	svc.coll = &collect.Collector{Store: store, Source: collect.APILogSource{Client: client}, Redact: redact, Follow: o.Follow,
-		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Mirror: &collect.Mirror{Dir: o.MirrorDir, Store: store},
+		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Mirror: &collect.Mirror{Dir: o.MirrorDir, Base: o.MirrorBase, Store: store},
 		Pods: svc.pod}
 	svc.coll.Start(collectCtx)
 	// If the service never ran its ordered stop: followers end, then flush,
@@ -231,11 +231,17 @@ func (s *service) retainUntil(ctx context.Context, serveErr <-chan error) error 
 		case err := <-serveErr:
 			return err
 		case <-t.C:
-			n, err := s.store.Retain(s.opts.RetentionMaxAge, s.opts.RetentionMaxBytes, time.Now())
+			gone, err := s.store.Retain(s.opts.RetentionMaxAge, s.opts.RetentionMaxBytes, time.Now())
 			if err != nil {
 				s.log.Error(err, "retention")
 			}
-			runsRetired.Add(float64(n))
+			for i := range gone {
+				// The mirror follows the store's retention.
+				if err := s.coll.Mirror.Remove(&gone[i]); err != nil {
+					s.log.Error(err, "removing a retired run's mirror files", "run", gone[i].ID)
+				}
+			}
+			runsRetired.Add(float64(len(gone)))
 			storeSize.Set(float64(s.store.Size()))
 		}
 	}

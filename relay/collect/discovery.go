@@ -107,6 +107,9 @@ func (c *Collector) OnPod(pod *corev1.Pod) {
 	if rec.Done && rec.PodUID == string(pod.UID) {
 		return // collected completely before (e.g. before a relay restart)
 	}
+	if rec.LastSeq == 0 {
+		c.mirror(run) // the file exists from the start: readers wait for it, not long
+	}
 	c.followAll(pod, run)
 	c.maybeFinish(pod.Namespace, pod.Name, pod.UID, run)
 }

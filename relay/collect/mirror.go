@@ -1,11 +1,14 @@
 package collect
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -14,15 +17,23 @@ import (
 
 // Mirror writes each run's agent output as NDJSON on the shared volume, in
 // the layout Paperclip's Claude adapter reads:
-// <Dir>/run-logs/<company>/<agent>/<run>.pod.ndjson. Readers that tail
-// that file keep working.
+// <Dir>/<Base>/<company>/<agent>/<run>.pod.ndjson. Readers that tail
+// that file keep working. The file appears as soon as the run's pod is
+// seen (adapters give up on a file that does not appear), and when the run
+// ends <run>.pod.ndjson.done is written beside it with the end (phase,
+// exit code, reason, last sequence), so a reader knows the file is
+// complete; after that the mirror never touches either again, so a reader
+// may remove them. Both go when the store's retention drops the run.
 //
 // The file is derived from the store, exactly once: after each sync the
 // store records (last mirrored sequence, file size) together; a sync first
 // cuts the file back to the recorded size, dropping whatever a crash left
 // after the last record, then appends from the recorded sequence.
 type Mirror struct {
-	Dir   string
+	Dir string
+	// Base is the run-log directory under Dir (Paperclip's
+	// RUN_LOG_BASE_PATH relative to the volume). Default "run-logs".
+	Base  string
 	Store *store.Store
 
 	mu     sync.Mutex
@@ -31,12 +42,18 @@ type Mirror struct {
 
 // Path is where run's mirror file is.
 func (m *Mirror) Path(r *store.Run) string {
-	return filepath.Join(append([]string{m.Dir}, mirrorPath(r)...)...)
+	return filepath.Join(append([]string{m.Dir}, m.mirrorPath(r, fileSuffix)...)...)
 }
 
-// mirrorPath is the file's path under Dir, one element per component.
-// Label values cannot hold a path separator or be "..": safe as names.
-func mirrorPath(r *store.Run) []string {
+const (
+	fileSuffix = ".pod.ndjson"
+	doneSuffix = ".pod.ndjson.done"
+)
+
+// mirrorPath is a file's path under Dir, one element per component. Label
+// values cannot hold a path separator or be "..": safe as names; Base is
+// the operator's, checked when the relay starts.
+func (m *Mirror) mirrorPath(r *store.Run, suffix string) []string {
 	company := r.Company
 	if company == "" {
 		company = "_"
@@ -45,7 +62,20 @@ func mirrorPath(r *store.Run) []string {
 	if agent == "" {
 		agent = "_"
 	}
-	return []string{"run-logs", company, agent, r.ID + ".pod.ndjson"}
+	base := m.Base
+	if base == "" {
+		base = "run-logs"
+	}
+	return append(strings.Split(filepath.Clean(base), string(filepath.Separator)), company, agent, r.ID+suffix)
+}
+
+// ValidBase says why base cannot be a run-log directory under Dir, or "".
+func ValidBase(base string) string {
+	clean := filepath.Clean(base)
+	if base == "" || filepath.IsAbs(base) || clean == "." || clean == ".." || strings.HasPrefix(clean, "../") {
+		return "want a relative path under the mirror directory, such as instances/default/data/run-logs"
+	}
+	return ""
 }
 
 // UnsafePathError refuses a mirror path that is not plain directories and
@@ -61,22 +91,34 @@ func (e *UnsafePathError) Error() string {
 	return fmt.Sprintf("refusing to mirror to %s: %s", e.Path, e.Reason)
 }
 
-// open opens the run's mirror file for writing, creating what is missing.
-// Every component under Dir is opened relative to its parent with
+// open opens one of the run's files for writing, creating what is
+// missing. Every component under Dir is opened relative to its parent with
 // O_NOFOLLOW, so no symlink is followed even if one is swapped in while
 // this runs; the file must be a regular file with one link.
-func (m *Mirror) open(r *store.Run) (*os.File, error) {
-	parts := mirrorPath(r)
+func (m *Mirror) open(r *store.Run, suffix string) (*os.File, error) {
+	dir, path, name, err := m.openDir(r, suffix)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(dir)
+	return openFile(dir, path, name)
+}
+
+// openDir opens the directory of the run's files, creating what is
+// missing, without following a symlink; it returns it with the file's path
+// and name.
+func (m *Mirror) openDir(r *store.Run, suffix string) (dir int, path, name string, err error) {
+	parts := m.mirrorPath(r, suffix)
 	// Dir itself is the operator's (a mount point); only what is under it
 	// is the agents' to plant things in.
 	if err := os.MkdirAll(m.Dir, 0o755); err != nil {
-		return nil, err
+		return -1, "", "", err
 	}
-	dir, err := unix.Open(m.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	dir, err = unix.Open(m.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: m.Dir, Err: err}
+		return -1, "", "", &os.PathError{Op: "open", Path: m.Dir, Err: err}
 	}
-	path := m.Dir
+	path = m.Dir
 	for _, name := range parts[:len(parts)-1] {
 		path = filepath.Join(path, name)
 		next, err := openDirNoFollow(dir, name)
@@ -85,16 +127,19 @@ func (m *Mirror) open(r *store.Run) (*os.File, error) {
 		}
 		unix.Close(dir)
 		if err != nil {
-			return nil, err
+			return -1, "", "", err
 		}
 		dir = next
 	}
-	defer unix.Close(dir)
-	path = filepath.Join(path, parts[len(parts)-1])
+	name = parts[len(parts)-1]
+	return dir, filepath.Join(path, name), name, nil
+}
+
+func openFile(dir int, path, name string) (*os.File, error) {
 	// O_NONBLOCK: opening a FIFO for writing would otherwise block forever.
-	fd, err := unix.Openat(dir, parts[len(parts)-1], unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o644)
+	fd, err := unix.Openat(dir, name, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o644)
 	if err != nil {
-		return nil, unsafeOr(dir, parts[len(parts)-1], path, err)
+		return nil, unsafeOr(dir, name, path, err)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -114,6 +159,28 @@ func (m *Mirror) open(r *store.Run) (*os.File, error) {
 		return nil, err
 	}
 	return os.NewFile(uintptr(fd), path), nil
+}
+
+// Remove deletes the run's files (retention dropped the run). unlinkat in
+// the directory opened without following symlinks removes a planted
+// symlink itself, never what it points to.
+func (m *Mirror) Remove(r *store.Run) error {
+	if m == nil || m.Dir == "" || r.Agent == "" {
+		return nil
+	}
+	defer m.lock(r.ID)()
+	for _, suffix := range []string{fileSuffix, doneSuffix} {
+		dir, path, name, err := m.openDir(r, suffix)
+		if err != nil {
+			return err
+		}
+		err = unix.Unlinkat(dir, name, 0)
+		unix.Close(dir)
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			return &os.PathError{Op: "remove", Path: path, Err: err}
+		}
+	}
+	return nil
 }
 
 // openDirNoFollow opens (creating it if missing) the directory name under
@@ -176,7 +243,17 @@ func (m *Mirror) Sync(run string) error {
 	if err != nil {
 		return err
 	}
-	f, err := m.open(r)
+	if st.Done {
+		if r.Done {
+			return nil // written and marked: the reader's now, even to remove
+		}
+		// A retry of the Job continues a finished run: it is not complete.
+		if err := m.removeMarker(r); err != nil {
+			return err
+		}
+		st.Done = false
+	}
+	f, err := m.open(r, fileSuffix)
 	if err != nil {
 		return err
 	}
@@ -218,5 +295,51 @@ func (m *Mirror) Sync(run string) error {
 		return err
 	}
 	st.Size = size
+	if r.Done && st.Seq >= r.LastSeq {
+		if err := m.writeMarker(r); err != nil {
+			return err
+		}
+		st.Done = true
+	}
 	return m.Store.SetMirrorState(run, st)
+}
+
+// writeMarker writes <run>.pod.ndjson.done: the run's end, one JSON line.
+func (m *Mirror) writeMarker(r *store.Run) error {
+	end, err := json.Marshal(struct {
+		Type       string     `json:"type"`
+		Run        string     `json:"run"`
+		Phase      string     `json:"phase"`
+		ExitCode   *int32     `json:"exitCode,omitempty"`
+		Reason     string     `json:"reason,omitempty"`
+		LastSeq    uint64     `json:"lastSeq"`
+		FinishedAt *time.Time `json:"finishedAt,omitempty"`
+	}{"end", r.ID, r.Phase, r.ExitCode, r.Reason, r.LastSeq, r.FinishedAt})
+	if err != nil {
+		return err
+	}
+	f, err := m.open(r, doneSuffix)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Truncate(0); err != nil {
+		return err
+	}
+	if _, err := f.Write(append(end, '\n')); err != nil {
+		return err
+	}
+	return f.Sync()
+}
+
+func (m *Mirror) removeMarker(r *store.Run) error {
+	dir, path, name, err := m.openDir(r, doneSuffix)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dir)
+	if err := unix.Unlinkat(dir, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return &os.PathError{Op: "remove", Path: path, Err: err}
+	}
+	return nil
 }

@@ -144,3 +144,86 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// The mirror's life as a reader sees it: the file exists before any line
+// (adapters give up on a file that does not appear); when the run ends a
+// done marker with the end is written beside it; after that the files are
+// the reader's — removed, they are not written again; retention removes
+// them with the run.
+func TestMirrorLifecycle(t *testing.T) {
+	s, m := mirrorFixture(t)
+	m.Base = "instances/default/data/run-logs"
+	if err := m.Sync("run-1"); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := s.Run("run-1")
+	if want := "instances/default/data/run-logs/acme/agent-a/run-1.pod.ndjson"; !strings.HasSuffix(m.Path(r), want) {
+		t.Errorf("path %s, want …/%s", m.Path(r), want)
+	}
+	if got := readMirror(t, m); got != "" {
+		t.Errorf("before any line the file holds %q", got)
+	}
+	marker := m.Path(r) + ".done"
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Fatalf("a done marker before the end: %v", err)
+	}
+
+	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", `{"type":"result"}`), time.Now())
+	exit := int32(0)
+	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Done, r.Phase, r.ExitCode = true, "Succeeded", &exit })
+	if err := m.Sync("run-1"); err != nil {
+		t.Fatal(err)
+	}
+	end, err := os.ReadFile(marker)
+	if err != nil || !strings.Contains(string(end), `"phase":"Succeeded"`) || !strings.Contains(string(end), `"exitCode":0`) ||
+		!strings.Contains(string(end), `"lastSeq":`) {
+		t.Fatalf("done marker %q (%v)", end, err)
+	}
+
+	// The reader took the file away: it stays away.
+	if err := os.Remove(m.Path(r)); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Sync("run-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(m.Path(r)); !os.IsNotExist(err) {
+		t.Errorf("a finished run's file was written again after the reader removed it: %v", err)
+	}
+
+	if err := m.Remove(r); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Errorf("retention left the done marker: %v", err)
+	}
+}
+
+// Remove never follows a planted symlink: it removes the link itself.
+func TestMirrorRemoveDoesNotFollowSymlinks(t *testing.T) {
+	s, m := mirrorFixture(t)
+	_ = m.Sync("run-1")
+	r, _ := s.Run("run-1")
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, []byte("keep me"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Remove(m.Path(r))
+	if err := os.Symlink(victim, m.Path(r)); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Remove(r); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(victim); err != nil || string(b) != "keep me" {
+		t.Errorf("the symlink's target was touched: %q %v", b, err)
+	}
+}
+
+func TestValidBase(t *testing.T) {
+	for base, ok := range map[string]bool{"run-logs": true, "instances/default/data/run-logs": true, "": false, "/abs": false, "..": false, "../out": false, ".": false} {
+		if got := ValidBase(base) == ""; got != ok {
+			t.Errorf("ValidBase(%q) ok=%v, want %v", base, got, ok)
+		}
+	}
+}

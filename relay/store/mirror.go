@@ -14,6 +14,9 @@ var bucketMirror = []byte("mirror")
 type MirrorState struct {
 	Seq  uint64 `json:"seq"`
 	Size int64  `json:"size"`
+	// Done: the run ended and its file and done marker were written; the
+	// mirror never touches them again, so a reader may remove them.
+	Done bool `json:"done,omitempty"`
 }
 
 // MirrorState returns what the run's mirror holds; zero if nothing.

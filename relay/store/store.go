@@ -294,18 +294,19 @@ func (s *Store) notify(run string) {
 }
 
 // Retain deletes finished runs older than maxAge (by last activity), then
-// the oldest finished runs until the stored line bytes are under maxBytes.
-// Zero disables a limit. Running runs are never deleted.
-func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) (int, error) {
+// the oldest finished runs until the stored line bytes are under maxBytes,
+// and returns them. Zero disables a limit. Running runs are never deleted.
+func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]Run, error) {
 	runs, err := s.Runs(nil)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	var total int64
 	for _, r := range runs {
 		total += r.Bytes
 	}
 	var drop []string
+	var dropped []Run
 	for i := len(runs) - 1; i >= 0; i-- { // oldest first
 		r := runs[i]
 		if !r.Done {
@@ -313,11 +314,12 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) (int
 		}
 		if (maxAge > 0 && now.Sub(r.SeenAt) > maxAge) || (maxBytes > 0 && total > maxBytes) {
 			drop = append(drop, r.ID)
+			dropped = append(dropped, r)
 			total -= r.Bytes
 		}
 	}
 	if len(drop) == 0 {
-		return 0, nil
+		return nil, nil
 	}
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		for _, id := range drop {
@@ -352,7 +354,10 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) (int
 		}
 		s.mu.Unlock()
 	}
-	return len(drop), err
+	if err != nil {
+		return nil, err
+	}
+	return dropped, nil
 }
 
 func getRun(tx *bolt.Tx, id string) (*Run, error) {

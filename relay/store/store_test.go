@@ -135,17 +135,17 @@ func TestRetain(t *testing.T) {
 	mk("old-running", old, false, 1)
 	mk("new-done-a", now.Add(-2*time.Minute), true, 5)
 	mk("new-done-b", now.Add(-time.Minute), true, 5)
-	n, err := s.Retain(24*time.Hour, 0, now)
-	if err != nil || n != 1 {
-		t.Fatalf("age retention deleted %d (%v), want 1", n, err)
+	gone, err := s.Retain(24*time.Hour, 0, now)
+	if err != nil || len(gone) != 1 || gone[0].ID != "old-done" {
+		t.Fatalf("age retention deleted %v (%v), want old-done", gone, err)
 	}
 	if r, _ := s.Run("old-running"); r == nil {
 		t.Error("a running run was deleted")
 	}
 	// Size: 1100 bytes stored, limit 700: the oldest finished run goes.
-	n, _ = s.Retain(0, 700, now)
-	if n != 1 {
-		t.Fatalf("size retention deleted %d, want 1", n)
+	gone, _ = s.Retain(0, 700, now)
+	if len(gone) != 1 {
+		t.Fatalf("size retention deleted %d, want 1", len(gone))
 	}
 	if r, _ := s.Run("new-done-a"); r != nil {
 		t.Error("size retention kept the older run")

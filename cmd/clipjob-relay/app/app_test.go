@@ -35,7 +35,7 @@ func TestDefaults(t *testing.T) {
 	want := relay.Options{DataDir: "/var/lib/clipjob-relay", APIAddr: ":8090", MetricsAddr: ":8080", ProbeAddr: ":8081",
 		MaxStreams: 200, Follow: collect.DefaultFollowOptions(), RetentionMaxAge: 168 * time.Hour,
 		RetentionInterval: time.Minute, ShutdownTimeout: 5 * time.Second, TokenAudiences: []string{"clipjob-relay"},
-		RedactValuesInterval: 30 * time.Second}
+		RedactValuesInterval: 30 * time.Second, MirrorBase: "run-logs"}
 	if d := cmp.Diff(want, o.Options, ignored); d != "" {
 		t.Errorf("documented defaults changed (-want +got):\n%s", d)
 	}
@@ -64,6 +64,7 @@ func TestFlags(t *testing.T) {
 			o.RedactPatterns, o.RedactValuesFile = []string{"a+", "b+"}, "/v"
 		}},
 		{name: "mirror-dir", args: []string{"--mirror-dir", "/paperclip"}, want: func(o *Options) { o.MirrorDir = "/paperclip" }},
+		{name: "mirror-run-log-base", args: []string{"--mirror-run-log-base", "instances/default/data/run-logs"}, want: func(o *Options) { o.MirrorBase = "instances/default/data/run-logs" }},
 		{name: "token-audience replaces the default", args: []string{"--token-audience", "a", "--token-audience", "b"}, want: func(o *Options) { o.TokenAudiences = []string{"a", "b"} }},
 		{name: "token-audience empty accepts the API server's", args: []string{"--token-audience="}, want: func(o *Options) { o.TokenAudiences = nil }},
 		{name: "kubeconfig", args: []string{"--kubeconfig", "/kc"}, want: func(o *Options) { o.Kubeconfig = "/kc" }},
@@ -128,7 +129,7 @@ func TestChartArgs(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the chart's args do not parse: %v", err)
 	}
-	if o.MirrorDir != "/paperclip" || o.CertDir != "/tls" || o.RedactValuesFile != "/etc/clipjob-relay/redact" ||
+	if o.MirrorDir != "/paperclip" || o.MirrorBase != "instances/default/data/run-logs" || o.CertDir != "/tls" || o.RedactValuesFile != "/etc/clipjob-relay/redact" ||
 		o.Namespaces[0] != "paperclip" || o.TokenAudiences[0] != "clipjob-relay" || o.RetentionMaxAge != 168*time.Hour {
 		t.Errorf("relay options from the chart: %+v", o.Options)
 	}
