@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strings"
 )
 
 // Result is what a run produced, read from its log.
@@ -25,6 +26,20 @@ type Result struct {
 	// was killed. Reason says what the container's termination suggests.
 	Truncated bool   `json:"truncated,omitempty"`
 	Reason    string `json:"reason,omitempty"`
+	// Outcome, once the run has ended: "succeeded", "failed" (an error
+	// result, or a non-zero exit), "killed" (a signal or OOM, exit 137 or
+	// 143). What Paperclip records as the run's status.
+	Outcome string `json:"outcome,omitempty"`
+	// Errors are the agent's own error reports: an error result's text,
+	// OpenCode's error events.
+	Errors []string `json:"errors,omitempty"`
+	// SessionUnavailable: resuming the session failed because the agent no
+	// longer has it; the adapter starts a new session instead.
+	SessionUnavailable bool `json:"sessionUnavailable,omitempty"`
+	// EmptyResponse: the run succeeded with no answer text.
+	EmptyResponse bool `json:"emptyResponse,omitempty"`
+	// Raw is the terminal result event as the agent wrote it.
+	Raw json.RawMessage `json:"raw,omitempty"`
 }
 
 // Usage is token accounting, summed over the run where the format reports
@@ -41,6 +56,7 @@ type Usage struct {
 // JSON of no known shape, are simply not part of the result.
 type Parser struct {
 	r          Result
+	noSession  bool // a line said the session to resume is gone
 	sawOutput  bool // assistant or text output seen
 	sawResult  bool // a terminal result event seen
 	openCost   float64
@@ -85,8 +101,15 @@ type openCodeEvent struct {
 	Error *json.RawMessage `json:"error"`
 }
 
+// sessionGone are what the agents print when asked to resume a session
+// they no longer have (Claude: "No conversation found with session ID").
+var sessionGone = [][]byte{[]byte("no conversation found"), []byte("session not found")}
+
 func (p *Parser) Feed(line []byte) {
 	line = bytes.TrimSpace(line)
+	if lower := bytes.ToLower(line); bytes.Contains(lower, sessionGone[0]) || bytes.Contains(lower, sessionGone[1]) {
+		p.noSession = true
+	}
 	if len(line) == 0 || line[0] != '{' {
 		return
 	}
@@ -117,6 +140,10 @@ func (p *Parser) Feed(line []byte) {
 		if ev.Result != nil {
 			p.r.Text = *ev.Result
 		}
+		if ev.IsError && p.r.Text != "" {
+			p.r.Errors = append(p.r.Errors, p.r.Text)
+		}
+		p.r.Raw = append(json.RawMessage{}, line...)
 		if u := ev.Usage; u != nil {
 			p.r.Usage = &Usage{InputTokens: u.InputTokens, OutputTokens: u.OutputTokens,
 				CacheReadInputTokens: u.CacheReadInputTokens, CacheCreationInputTokens: u.CacheCreationInputTokens}
@@ -138,13 +165,16 @@ func (p *Parser) feedOpenCode(line []byte) {
 		p.r.IsError = true
 		if ev.Error != nil {
 			p.r.Text = string(*ev.Error)
+			p.r.Errors = append(p.r.Errors, string(*ev.Error))
 		}
+		p.r.Raw = append(json.RawMessage{}, line...)
 	case ev.Part == nil:
 	case ev.Part.Type == "text" || ev.Type == "text":
 		p.sawOutput = true
 		p.r.Text = ev.Part.Text
 	case ev.Part.Type == "step-finish" || ev.Type == "step_finish":
 		p.sawResult = true
+		p.r.Raw = append(json.RawMessage{}, line...)
 		p.openSteps++
 		if ev.Part.Cost != nil {
 			p.openCost += *ev.Part.Cost
@@ -183,8 +213,25 @@ func (p *Parser) Result(term *Termination) *Result {
 			r.Reason += ": likely killed for memory (OOM); raise the profile's memory limit"
 		}
 	}
-	if r.Format == "" && !r.Truncated {
+	r.SessionUnavailable = p.noSession
+	if term != nil {
+		r.Outcome = outcome(&r, term)
+		r.EmptyResponse = r.Outcome == "succeeded" && strings.TrimSpace(r.Text) == "" && r.Format != ""
+	}
+	if r.Format == "" && !r.Truncated && !r.SessionUnavailable {
 		return nil
 	}
 	return &r
+}
+
+// outcome is how an ended run went: a signal first (the agent did not
+// finish), then the agent's own verdict, then its exit code.
+func outcome(r *Result, term *Termination) string {
+	switch {
+	case term.ExitCode == 137 || term.ExitCode == 143 || term.Reason == "OOMKilled":
+		return "killed"
+	case r.IsError || term.ExitCode != 0 || r.Truncated:
+		return "failed"
+	}
+	return "succeeded"
 }

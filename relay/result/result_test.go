@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -31,8 +32,12 @@ func TestClaudeResult(t *testing.T) {
 		Format: "claude-stream-json", SessionID: "9f2c1a57-3b9e-4c8e-a1d2-5e7f8a9b0c1d", Model: "claude-sonnet-4-5-20250929",
 		Subtype: "success", Text: "Fixed the off-by-one in pkg/foo and opened a pull request.",
 		Usage:   &Usage{InputTokens: 1203, OutputTokens: 2391, CacheReadInputTokens: 88210, CacheCreationInputTokens: 5120},
-		CostUSD: ptr.To(0.1873),
+		CostUSD: ptr.To(0.1873), Outcome: "succeeded",
 	}
+	if len(got.Raw) == 0 || !strings.HasPrefix(string(got.Raw), `{"type":"result"`) {
+		t.Errorf("raw result event %s", got.Raw)
+	}
+	got.Raw = nil
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
@@ -53,8 +58,12 @@ func TestOpenCodeResult(t *testing.T) {
 	want := &Result{
 		Format: "opencode-json", SessionID: "ses_5f8a9b0c1d2e3f4a", Text: "Done: the test passes now.",
 		Usage:   &Usage{InputTokens: 2000, OutputTokens: 250, ReasoningTokens: 40, CacheReadInputTokens: 4900, CacheCreationInputTokens: 100},
-		CostUSD: ptr.To(0.02),
+		CostUSD: ptr.To(0.02), Outcome: "succeeded",
 	}
+	if !strings.Contains(string(got.Raw), `"step-finish"`) {
+		t.Errorf("raw result event %s", got.Raw)
+	}
+	got.Raw = nil
 	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 })); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
@@ -67,5 +76,44 @@ func TestPlainLinesHaveNoResult(t *testing.T) {
 	}
 	if r := p.Result(&Termination{ExitCode: 1}); r != nil {
 		t.Errorf("plain output parsed as %+v", r)
+	}
+}
+
+// What Paperclip's adapters read from a run beyond the answer: how it
+// ended, the agent's errors, a session that could not be resumed, an
+// empty answer.
+func TestOutcomes(t *testing.T) {
+	feed := func(term *Termination, lines ...string) *Result {
+		var p Parser
+		for _, l := range lines {
+			p.Feed([]byte(l))
+		}
+		return p.Result(term)
+	}
+	errResult := `{"type":"result","subtype":"error_during_execution","is_error":true,"result":"API Error: 529 overloaded","session_id":"s"}`
+	for _, tc := range []struct {
+		name  string
+		got   *Result
+		check func(*Result) bool
+	}{
+		{"an error result", feed(&Termination{ExitCode: 1}, errResult), func(r *Result) bool {
+			return r.Outcome == "failed" && len(r.Errors) == 1 && r.Errors[0] == "API Error: 529 overloaded"
+		}},
+		{"killed", feed(&Termination{ExitCode: 137}, `{"type":"assistant","message":{}}`), func(r *Result) bool { return r.Outcome == "killed" && r.Truncated }},
+		{"terminated", feed(&Termination{ExitCode: 143}, `{"type":"assistant","message":{}}`), func(r *Result) bool { return r.Outcome == "killed" }},
+		{"a session that is gone", feed(&Termination{ExitCode: 1}, "Error: No conversation found with session ID: 7c1e9d20"), func(r *Result) bool {
+			return r != nil && r.SessionUnavailable && r.Outcome == "failed"
+		}},
+		{"an empty answer", feed(&Termination{}, `{"type":"result","subtype":"success","is_error":false,"result":"","session_id":"s"}`), func(r *Result) bool {
+			return r.Outcome == "succeeded" && r.EmptyResponse
+		}},
+		{"OpenCode's error event", feed(&Termination{ExitCode: 1}, `{"type":"error","sessionID":"ses_1","error":{"name":"ProviderAuthError","message":"bad key"}}`), func(r *Result) bool {
+			return r.Outcome == "failed" && len(r.Errors) == 1 && strings.Contains(r.Errors[0], "ProviderAuthError")
+		}},
+		{"still running", feed(nil, errResult), func(r *Result) bool { return r.Outcome == "" }},
+	} {
+		if tc.got == nil || !tc.check(tc.got) {
+			t.Errorf("%s: %+v", tc.name, tc.got)
+		}
 	}
 }
