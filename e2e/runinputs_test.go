@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"errors"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // TestRunEnvSecret: a run's own env comes from a Secret made for it and
@@ -73,5 +76,91 @@ func TestRunEnvSecret(t *testing.T) {
 		if !(apierrors.IsForbidden(err) || apierrors.IsInvalid(err)) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("env Secret %s: want a refusal saying %q, got %v", tc.secret, tc.want, err)
 		}
+	}
+}
+
+// TestAdapterFlow plays a Paperclip adapter's whole run through the real
+// API server, as the README's "Switching an adapter to bare Jobs" tells
+// it: a small labeled Job with its run's env and prompt Secrets, created;
+// a second run of the agent refused with the holder in the causes; the
+// run followed through the relay to its result; and after the Job's TTL
+// the Secrets are gone with it while the log and result are still served.
+func TestAdapterFlow(t *testing.T) {
+	ctx := ctxT(t)
+	r, token, _ := theRelay(t)
+	job := bareJob(t, "e2e-adapter-flow")
+	run, agent := job.Labels[contract.LabelRunID], job.Labels[contract.LabelAgentID]
+	job.Labels[contract.LabelSessionID] = "sess-e2e"
+	job.Annotations = map[string]string{contract.AnnotationEnvSecret: run + "-env", contract.AnnotationModel: "claude-sonnet-4-5"}
+	job.Spec.Template.Annotations = map[string]string{contract.AnnotationPromptSecret: run + "-prompt"}
+	job.Spec.TTLSecondsAfterFinished = ptr.To[int32](1)
+	forRun := map[string]string{contract.LabelRunID: run}
+	for name, data := range map[string]map[string]string{
+		run + "-env":    {"PAPERCLIP_API_KEY": "run-scoped-token"},
+		run + "-prompt": {"prompt": "Fix the failing test."},
+	} {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: forRun}, StringData: data}
+		if _, err := env.cs.CoreV1().Secrets(ns).Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the bare Job: %v", err)
+	}
+	envNames := map[string]string{}
+	for _, e := range stored.Spec.Template.Spec.Containers[0].Env {
+		envNames[e.Name] = e.Value
+	}
+	if envNames["PAPERCLIP_SESSION_ID"] != "sess-e2e" || envNames["PAPERCLIP_MODEL"] != "claude-sonnet-4-5" || envNames["PAPERCLIP_PROMPT_FILE"] == "" {
+		t.Errorf("run env %v", envNames)
+	}
+
+	second := bareJob(t, "e2e-adapter-flow-2")
+	second.Labels[contract.LabelAgentID] = agent
+	_, err = env.cs.BatchV1().Jobs(ns).Create(ctx, second, metav1.CreateOptions{})
+	var status apierrors.APIStatus
+	holder := ""
+	if errors.As(err, &status) && status.Status().Details != nil {
+		for _, c := range status.Status().Details.Causes {
+			if c.Type == contract.CauseHolderRunID {
+				holder = c.Message
+			}
+		}
+	}
+	if !apierrors.IsConflict(err) || holder != run {
+		t.Errorf("a second run of the agent: want 409 with holder-run-id %s, got %v (holder %q)", run, err, holder)
+	}
+
+	pod := waitPod(ctx, t, job.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	log, err := env.cluster.PodLog(ctx, ns, pod.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := []string{claudeInit, `{"type":"assistant","message":{"content":[{"type":"text","text":"working"}]}}`, claudeResult("fixed it")}
+	for _, l := range lines {
+		if err := log.Write(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	finishRun(ctx, t, job.Name, "0")
+	done := waitRun(ctx, t, r, token, run, func(x *store.Run) bool { return x.Done })
+	if res := done.Result; res == nil || res.SessionID != "sess-e2e" || res.Text != "fixed it" || res.Outcome != "succeeded" || res.CostUSD == nil || len(res.Raw) == 0 {
+		t.Errorf("the run's result: %+v", res)
+	}
+	exactlyOnce(t, plainLog(t, r, token, run), lines)
+
+	// The Job's TTL: it goes, its run's Secrets with it.
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, jerr := env.cs.BatchV1().Jobs(ns).Get(ctx, job.Name, metav1.GetOptions{})
+		_, eerr := env.cs.CoreV1().Secrets(ns).Get(ctx, run+"-env", metav1.GetOptions{})
+		_, perr := env.cs.CoreV1().Secrets(ns).Get(ctx, run+"-prompt", metav1.GetOptions{})
+		return apierrors.IsNotFound(jerr) && apierrors.IsNotFound(eerr) && apierrors.IsNotFound(perr), nil
+	})
+	if err != nil {
+		t.Fatal("after the Job's TTL its run's Secrets are still there")
+	}
+	if after, code := relayRun(t, r, token, run); code != http.StatusOK || after.Result == nil || after.Result.Text != "fixed it" {
+		t.Errorf("after the TTL the relay serves %d %+v", code, after)
 	}
 }
