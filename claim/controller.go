@@ -161,11 +161,12 @@ func (r *Controller) holds(ctx context.Context, job *batchv1.Job, cc config.Conc
 // strand them.
 func (r *Controller) startNext(ctx context.Context, req Request, cc config.Concurrency, jobs []*batchv1.Job) error {
 	var waiting []*batchv1.Job
+	var holder *batchv1.Job
 	for _, j := range jobs {
-		if Running(j) && cc.Mode != config.ModeDisabled {
+		if Running(j) && cc.Mode != config.ModeDisabled && holder == nil {
 			// A run of this agent is going, claimed or not (it may predate
 			// a switch to Queue mode): the next one waits.
-			return nil
+			holder = j
 		}
 		if queued(j) {
 			waiting = append(waiting, j)
@@ -180,6 +181,12 @@ func (r *Controller) startNext(ctx context.Context, req Request, cc config.Concu
 		}
 		return strings.Compare(a.Name, b.Name)
 	})
+	if err := r.markPositions(ctx, waiting, holder); err != nil {
+		return err
+	}
+	if holder != nil {
+		return nil
+	}
 	next := waiting[0]
 	if cc.Mode != config.ModeDisabled {
 		if err := r.Lock.Acquire(ctx, next, cc, false); err != nil {
@@ -196,6 +203,31 @@ func (r *Controller) startNext(ctx context.Context, req Request, cc config.Concu
 	}
 	queueStarts.Inc()
 	r.Log.Info("queued run started", "job", next.Namespace+"/"+next.Name, "agent", req.Agent, "waiting", len(waiting)-1)
+	return nil
+}
+
+// markPositions records on each waiting run where it stands and whose run
+// it waits for, writing only what changed.
+func (r *Controller) markPositions(ctx context.Context, waiting []*batchv1.Job, holder *batchv1.Job) error {
+	held := ""
+	if holder != nil {
+		held = holder.Namespace + "/" + holder.Name
+	}
+	for i, j := range waiting {
+		pos := strconv.Itoa(i + 1)
+		if j.Annotations[contract.AnnotationQueuePosition] == pos && j.Annotations[contract.AnnotationQueueHolder] == held {
+			continue
+		}
+		var h any = held
+		if held == "" {
+			h = nil
+		}
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"uid": j.UID, "annotations": map[string]any{
+			contract.AnnotationQueuePosition: pos, contract.AnnotationQueueHolder: h}}})
+		if _, err := r.Client.BatchV1().Jobs(j.Namespace).Patch(ctx, j.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("marking queued run %s/%s at position %s: %w", j.Namespace, j.Name, pos, err)
+		}
+	}
 	return nil
 }
 
@@ -247,6 +279,9 @@ func (r *Controller) startFailed(ctx context.Context, job *batchv1.Job, cc confi
 	}
 	return fmt.Errorf("starting queued run %s/%s (failure %d of %d): %w", job.Namespace, job.Name, failures, maxStartFailures, cause)
 }
+
+// Queued reports whether a Job waits for its turn.
+func Queued(job *batchv1.Job) bool { return queued(job) }
 
 // queued reports whether a Job waits for its turn.
 func queued(job *batchv1.Job) bool {

@@ -377,3 +377,26 @@ func TestJobEvents(t *testing.T) {
 		})
 	}
 }
+
+// Each waiting run says where it stands and whose run it waits for; the
+// marks are written once.
+func TestQueuedRunsKnowTheirPlace(t *testing.T) {
+	r, cs := testController(t, "Queue", runningRun("holder", base),
+		queuedRun("b", base.Add(2*time.Second)), queuedRun("a", base.Add(time.Second)))
+	reconcileOK(t, r, agentQ)
+	for name, want := range map[string]string{"a": "1", "b": "2"} {
+		j := getJob(t, cs, name)
+		if j.Annotations[contract.AnnotationQueuePosition] != want || j.Annotations[contract.AnnotationQueueHolder] != "paperclip/holder" {
+			t.Errorf("%s: position %q holder %q, want %s behind paperclip/holder", name,
+				j.Annotations[contract.AnnotationQueuePosition], j.Annotations[contract.AnnotationQueueHolder], want)
+		}
+	}
+	refresh(t, r, cs)
+	cs.ClearActions()
+	reconcileOK(t, r, agentQ)
+	for _, a := range cs.Actions() {
+		if a.GetVerb() == "patch" {
+			t.Errorf("marks written again: %v", a)
+		}
+	}
+}

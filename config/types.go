@@ -217,4 +217,8 @@ type Concurrency struct {
 	// may have failed after admission). It must outlast the slowest
 	// admission: validating webhooks may take up to 30s each. Default 60.
 	PendingGraceSeconds int32 `json:"pendingGraceSeconds,omitempty"`
+	// MaxQueued bounds, in Queue mode, how many runs of one agent may wait;
+	// the next is refused with 409 (cause clipjob.paperclip.io/queue-full).
+	// 0: unbounded.
+	MaxQueued int32 `json:"maxQueued,omitempty"`
 }

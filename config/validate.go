@@ -75,6 +75,9 @@ func validatePolicy(pol Policy, p *field.Path) field.ErrorList {
 		errs = append(errs, field.NotSupported(cp.Child("scope"), c.Scope, []ConcurrencyScope{ScopeNamespace, ScopeCluster}))
 	}
 	errs = append(errs, dns(validation.IsDNS1123Label, c.ClaimNamespace, cp.Child("claimNamespace"))...)
+	if c.MaxQueued < 0 {
+		errs = append(errs, field.Invalid(cp.Child("maxQueued"), c.MaxQueued, "must be 0 (unbounded) or more"))
+	}
 	if c.PendingGraceSeconds < 0 {
 		errs = append(errs, field.Invalid(cp.Child("pendingGraceSeconds"), c.PendingGraceSeconds, "must be 0 or more"))
 	}

@@ -98,6 +98,10 @@ const (
 	// containers ran within its profile's startTimeoutSeconds; the value
 	// says what the pods were waiting for.
 	AnnotationStartTimeout = "clipjob.paperclip.io/start-timeout"
+	// AnnotationQueuePosition (1 is next) and AnnotationQueueHolder (the
+	// active run's Job, "namespace/name") say where a queued run stands.
+	AnnotationQueuePosition = "clipjob.paperclip.io/queue-position"
+	AnnotationQueueHolder   = "clipjob.paperclip.io/queue-holder"
 )
 
 // RunEnv maps the contract's labels to the env vars an agent reads them
@@ -154,4 +158,8 @@ const (
 	// CauseHolderSince: the message is when it started, RFC 3339 (empty
 	// if it has not yet).
 	CauseHolderSince metav1.CauseType = "clipjob.paperclip.io/holder-since"
+	// CauseQueueFull: in Queue mode, the agent already has as many runs
+	// waiting as policy.concurrency.maxQueued allows; the message says how
+	// many.
+	CauseQueueFull metav1.CauseType = "clipjob.paperclip.io/queue-full"
 )

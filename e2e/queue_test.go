@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -48,7 +49,7 @@ func assertWaiting(ctx context.Context, t *testing.T, names ...string) {
 func TestQueueMode(t *testing.T) {
 	ctx := ctxT(t)
 	original := restoreConfigAfter(t)
-	writeConfig(ctx, t, string(original)+"policy:\n  concurrency:\n    mode: Queue\n", true)
+	writeConfig(ctx, t, string(original)+"policy:\n  concurrency:\n    mode: Queue\n    maxQueued: 2\n", true)
 
 	var names []string
 	for i := 0; i < 3; i++ {
@@ -67,8 +68,36 @@ func TestQueueMode(t *testing.T) {
 	waitStarted(ctx, t, names[0])
 	assertWaiting(ctx, t, names[1], names[2])
 
+	// Each waiting run says where it stands and behind whom.
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		for i, n := range names[1:] {
+			j, err := env.cs.BatchV1().Jobs(ns).Get(ctx, n, metav1.GetOptions{})
+			if err != nil || j.Annotations[contract.AnnotationQueuePosition] != fmt.Sprint(i+1) || j.Annotations[contract.AnnotationQueueHolder] != ns+"/"+names[0] {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Error("the waiting runs were not marked with their position and holder")
+	}
+	// Two wait already: a third is refused, with a cause a program reads.
+	extra := bareJob(t, "e2e-queue-extra")
+	extra.Labels[contract.LabelAgentID] = "agent-queue"
+	_, err = env.cs.BatchV1().Jobs(ns).Create(ctx, extra, metav1.CreateOptions{})
+	var status apierrors.APIStatus
+	full := false
+	if errors.As(err, &status) && status.Status().Details != nil {
+		for _, c := range status.Status().Details.Causes {
+			full = full || (c.Type == contract.CauseQueueFull && c.Message == "2")
+		}
+	}
+	if !apierrors.IsConflict(err) || !full {
+		t.Errorf("a run beyond maxQueued: want 409 with cause queue-full, got %v", err)
+	}
+
 	// Starting a waiting run by hand takes the claim, which is held: 409.
-	_, err := env.cs.BatchV1().Jobs(ns).Patch(ctx, names[2], types.MergePatchType, []byte(`{"spec":{"suspend":false}}`), metav1.PatchOptions{})
+	_, err = env.cs.BatchV1().Jobs(ns).Patch(ctx, names[2], types.MergePatchType, []byte(`{"spec":{"suspend":false}}`), metav1.PatchOptions{})
 	if !apierrors.IsConflict(err) {
 		t.Fatalf("unsuspending a queued run out of turn: want 409, got %v", err)
 	}

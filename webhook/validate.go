@@ -3,8 +3,10 @@ package webhook
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -102,6 +104,9 @@ func (v *Validator) validate(ctx context.Context, req admission.Request) (admiss
 		}
 		return denial(http.StatusForbidden, metav1.StatusReasonForbidden, d.Errs.ToAggregate().Error()).WithWarnings(d.Warnings...), OutcomeDenied
 	}
+	if resp, full := v.queueFull(ctx, op, job, cfg.Policy.Concurrency); full {
+		return resp.WithWarnings(d.Warnings...), OutcomeDenied
+	}
 	if needsClaim(op, job, old, cfg.Policy.Concurrency.Mode) {
 		dryRun := req.DryRun != nil && *req.DryRun
 		err := v.Claims.Acquire(ctx, job, cfg.Policy.Concurrency, dryRun)
@@ -187,4 +192,32 @@ func (v *Validator) secretLabels(ctx context.Context) policy.SecretLabels {
 		return nil
 	}
 	return func(ns, name string) (map[string]string, error) { return v.Secrets(ctx, ns, name) }
+}
+
+// queueFull refuses, in Queue mode with maxQueued, a new run of an agent
+// that already has that many waiting: a 409 with cause
+// contract.CauseQueueFull.
+func (v *Validator) queueFull(ctx context.Context, op policy.Operation, job *batchv1.Job, cc config.Concurrency) (admission.Response, bool) {
+	if op != policy.Create || cc.Mode != config.ModeQueue || cc.MaxQueued <= 0 || v.Claims == nil || v.Claims.Active == nil {
+		return admission.Response{}, false
+	}
+	runs, err := v.Claims.Active(ctx, claim.KeyFor(job, cc), cc)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err), true
+	}
+	waiting := 0
+	for i := range runs {
+		if runs[i].UID != job.UID && claim.Queued(&runs[i]) {
+			waiting++
+		}
+	}
+	if waiting < int(cc.MaxQueued) {
+		return admission.Response{}, false
+	}
+	agent := job.Labels[contract.LabelAgentID]
+	msg := fmt.Sprintf("agent %q already has %d runs waiting (policy.concurrency.maxQueued %d); a new run is admitted once one starts", agent, waiting, cc.MaxQueued)
+	resp := denial(http.StatusConflict, metav1.StatusReasonConflict, msg)
+	resp.Result.Details = &metav1.StatusDetails{Group: "batch", Kind: "jobs", Name: job.Name, Causes: []metav1.StatusCause{
+		{Type: contract.CauseQueueFull, Message: strconv.Itoa(waiting), Field: "metadata.labels[" + contract.LabelAgentID + "]"}}}
+	return resp, true
 }
