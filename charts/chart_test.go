@@ -179,7 +179,9 @@ func TestWebhookRBACIsLeastPrivilege(t *testing.T) {
 	for _, o := range r.Objects {
 		if o.GetKind() == "Role" {
 			var role rbacv1.Role
-			into(t, r, "Role", o.GetName(), &role)
+			if err := Decode(o, &role); err != nil {
+				t.Fatal(err)
+			}
 			if o.GetNamespace() != "" {
 				roles[o.GetNamespace()+"/"+o.GetName()] = role.Rules
 			}

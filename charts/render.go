@@ -117,12 +117,29 @@ func (r *Rendered) Find(kind, name string) *unstructured.Unstructured {
 	return nil
 }
 
-// Into decodes the rendered object of kind and name into out, a typed API
-// object, failing on any field the type does not know.
+// FindIn returns the rendered object of kind, namespace and name, or nil:
+// Roles of one name are rendered into each agent namespace.
+func (r *Rendered) FindIn(kind, namespace, name string) *unstructured.Unstructured {
+	for _, o := range r.Objects {
+		if o.GetKind() == kind && o.GetNamespace() == namespace && o.GetName() == name {
+			return o
+		}
+	}
+	return nil
+}
+
+// Into decodes the (first) rendered object of kind and name into out, a
+// typed API object, failing on any field the type does not know.
 func (r *Rendered) Into(kind, name string, out runtime.Object) error {
 	o := r.Find(kind, name)
 	if o == nil {
 		return fmt.Errorf("the chart renders no %s %q", kind, name)
 	}
+	return Decode(o, out)
+}
+
+// Decode decodes a rendered object into out, a typed API object, failing
+// on any field the type does not know.
+func Decode(o *unstructured.Unstructured, out runtime.Object) error {
 	return runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(o.Object, out, true)
 }

@@ -45,6 +45,8 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"duplicate env", header + "profiles:\n  mine:\n    env: [{name: A, value: '1'}, {name: A, value: '2'}]\n", []string{"profiles[mine].env[1].name: Duplicate value"}},
 		{"bad env name", header + "defaults:\n  env: [{name: '1A', value: x}]\n", []string{"defaults.env[0].name: Invalid value"}},
 		{"negative ttl", header + "defaults:\n  ttlSecondsAfterFinished: -1\n", []string{"defaults.ttlSecondsAfterFinished: Invalid value: -1"}},
+		{"tenants everywhere", header + "tenantNamespaces: ['*']\n", []string{"tenantNamespaces[0]: Invalid value: \"*\""}},
+		{"tenant is the server's namespace", header + "tenantNamespaces: [paper*]\n", []string{"matches the source namespace paperclip"}},
 		{"start timeout off", header + "profiles:\n  claude_local:\n    startTimeoutSeconds: 0\n", []string{"profiles[claude_local].startTimeoutSeconds: Invalid value: 0", "never starts"}},
 		{"start timeout beyond a week", header + "defaults:\n  startTimeoutSeconds: 9300000000\n", []string{"defaults.startTimeoutSeconds: Invalid value: 9300000000: must be 1 to 604800"}},
 		{"relative writable path", header + "defaults:\n  writablePaths: [tmp]\n", []string{"defaults.writablePaths[0]: Invalid value: \"tmp\""}},

@@ -205,3 +205,9 @@ func (c *Config) ProfileImages() []string {
 	}
 	return out
 }
+
+// IsTenant reports whether agents in namespace run apart from the server
+// (TenantNamespaces).
+func (c *Config) IsTenant(namespace string) bool {
+	return MatchAny(c.TenantNamespaces, namespace)
+}

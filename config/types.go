@@ -19,6 +19,16 @@ type Config struct {
 	// Source is the workload agent Jobs inherit from.
 	Source Source `json:"source,omitempty"`
 
+	// TenantNamespaces (globs, e.g. "paperclip-*") are namespaces where
+	// agents run apart from the Paperclip server, as Paperclip's Kubernetes
+	// plugin runs them per company: clipjob enforces its policy and the
+	// claim there but inherits nothing from the source Deployment (its
+	// image, env, secrets, pull secrets, DNS and PVC are the server's
+	// namespace's, which do not resolve there). Agents get an emptyDir
+	// workspace at the data mount path unless the Job mounts its own
+	// volume there, and their image from their profile or their own
+	// containers.
+	TenantNamespaces []string `json:"tenantNamespaces,omitempty"`
 	// DefaultProfile names the profile for a Job that names no adapter.
 	// Default "default", a profile with no command: such a Job must bring
 	// its own container with a command.

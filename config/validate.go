@@ -23,7 +23,7 @@ var (
 const maxStartTimeoutSeconds = 7 * 24 * 3600
 
 func (c *Config) validate() field.ErrorList {
-	var errs field.ErrorList
+	errs := c.validateTenants()
 	if c.APIVersion != APIVersion {
 		errs = append(errs, field.NotSupported(field.NewPath("apiVersion"), c.APIVersion, []string{APIVersion}))
 	}
@@ -247,4 +247,18 @@ func MatchAny(globs []string, name string) bool {
 		}
 	}
 	return false
+}
+
+func (c *Config) validateTenants() field.ErrorList {
+	var errs field.ErrorList
+	p := field.NewPath("tenantNamespaces")
+	for i, g := range c.TenantNamespaces {
+		if _, err := path.Match(g, ""); err != nil || g == "" || g == "*" {
+			errs = append(errs, field.Invalid(p.Index(i), g, "a namespace or a glob of them such as paperclip-* (not * alone: the server's own namespace would inherit nothing)"))
+		}
+		if MatchAny([]string{g}, c.Source.Namespace) {
+			errs = append(errs, field.Invalid(p.Index(i), g, "matches the source namespace "+c.Source.Namespace+", where agents inherit from the server"))
+		}
+	}
+	return errs
 }

@@ -376,13 +376,13 @@ func (d *doctor) rbac(ctx context.Context) {
 		var roleRef rbacv1.RoleRef
 		if o.GetKind() == "ClusterRoleBinding" {
 			var b rbacv1.ClusterRoleBinding
-			if d.rendered.Into(o.GetKind(), o.GetName(), &b) != nil {
+			if charts.Decode(o, &b) != nil {
 				continue
 			}
 			subjects, roleRef = b.Subjects, b.RoleRef
 		} else {
 			var b rbacv1.RoleBinding
-			if d.rendered.Into(o.GetKind(), o.GetName(), &b) != nil {
+			if charts.Decode(o, &b) != nil {
 				continue
 			}
 			subjects, roleRef = b.Subjects, b.RoleRef
@@ -395,8 +395,9 @@ func (d *doctor) rbac(ctx context.Context) {
 			}
 			rules = r.Rules
 		} else {
+			role := d.rendered.FindIn("Role", o.GetNamespace(), roleRef.Name)
 			var r rbacv1.Role
-			if d.rendered.Into("Role", roleRef.Name, &r) != nil {
+			if role == nil || charts.Decode(role, &r) != nil {
 				continue
 			}
 			rules = r.Rules

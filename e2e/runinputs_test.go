@@ -164,3 +164,41 @@ func TestAdapterFlow(t *testing.T) {
 		t.Errorf("after the TTL the relay serves %d %+v", code, after)
 	}
 }
+
+// TestTenantNamespace: in a namespace apart from the server (config
+// tenantNamespaces), as Paperclip's Kubernetes plugin runs agents per
+// company, a bare Job is completed with nothing of the server's — no PVC,
+// pull secrets or env — an emptyDir workspace and its profile's image,
+// and the claim holds there as anywhere.
+func TestTenantNamespace(t *testing.T) {
+	ctx := ctxT(t)
+	original := restoreConfigAfter(t)
+	writeConfig(ctx, t, string(original)+"tenantNamespaces: [paperclip-acme]\nprofiles:\n  claude_local:\n    image: ghcr.io/paperclipai/paperclip:v2026.11.3\n", true)
+	const tenant = "paperclip-acme"
+	job := bareJob(t, "e2e-tenant")
+	job.Namespace = tenant
+	stored, err := env.cs.BatchV1().Jobs(tenant).Create(ctx, job, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a bare Job in a tenant namespace: %v", err)
+	}
+	spec := stored.Spec.Template.Spec
+	if len(spec.ImagePullSecrets) != 0 {
+		t.Errorf("the server's pull secrets reached a tenant namespace: %v", spec.ImagePullSecrets)
+	}
+	for _, v := range spec.Volumes {
+		if v.PersistentVolumeClaim != nil {
+			t.Errorf("the server's PVC %s referenced in a tenant namespace", v.PersistentVolumeClaim.ClaimName)
+		}
+	}
+	for _, e := range spec.Containers[0].Env {
+		if e.Name == "ANTHROPIC_API_KEY" || e.Name == "DATABASE_URL" {
+			t.Errorf("the server's %s reached a tenant namespace", e.Name)
+		}
+	}
+	second := bareJob(t, "e2e-tenant-2")
+	second.Namespace = tenant
+	second.Labels[contract.LabelAgentID] = job.Labels[contract.LabelAgentID]
+	if _, err := env.cs.BatchV1().Jobs(tenant).Create(ctx, second, metav1.CreateOptions{}); !apierrors.IsConflict(err) {
+		t.Errorf("a second run of the agent in the tenant namespace: want 409, got %v", err)
+	}
+}

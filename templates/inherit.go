@@ -145,3 +145,18 @@ func filterEnv(env []corev1.EnvVar, f config.EnvFilter, envKeys []string) []core
 	}
 	return out
 }
+
+// WorkspaceVolume names the emptyDir a tenant namespace's agents work in.
+const WorkspaceVolume = "workspace"
+
+// TenantInherited is what an agent in a tenant namespace (one apart from
+// the server; config TenantNamespaces) inherits: nothing but an emptyDir
+// workspace at the data mount path. The server's image, env, secrets,
+// pull secrets, DNS and PVC belong to its namespace and would not resolve.
+func TenantInherited(src config.Source) *Inherited {
+	return &Inherited{
+		Source:        "none (tenant namespace)",
+		DataMountPath: src.DataMountPath,
+		DataVolume:    corev1.Volume{Name: WorkspaceVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+	}
+}

@@ -78,10 +78,16 @@ func (m *Mutator) mutate(ctx context.Context, req admission.Request) (admission.
 	}
 	job := ar.Job
 	cfg := m.Configs.Current()
-	inh, hashes, err := m.Sources.Inherited(ctx, cfg)
-	if err != nil {
-		return denial(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
-			"clipjob cannot complete agent Jobs: "+err.Error()), OutcomeDenied
+	var inh *templates.Inherited
+	var hashes *templates.TemplateHashes
+	if ns := namespaceOf(job, req); cfg.IsTenant(ns) {
+		inh = templates.TenantInherited(cfg.Source) // apart from the server: nothing of its to inherit
+	} else {
+		var err error
+		if inh, hashes, err = m.Sources.Inherited(ctx, cfg); err != nil {
+			return denial(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
+				"clipjob cannot complete agent Jobs: "+err.Error()), OutcomeDenied
+		}
 	}
 	res, err := templates.Render(templates.Input{Job: job, Inherited: inh, Config: cfg, Hashes: hashes})
 	if err != nil {
@@ -140,4 +146,13 @@ func denial(code int32, reason metav1.StatusReason, msg string) admission.Respon
 	resp.Result.Code = code
 	resp.Result.Reason = reason
 	return resp
+}
+
+// namespaceOf is the Job's namespace, which a CREATE may leave to the
+// request.
+func namespaceOf(job *batchv1.Job, req admission.Request) string {
+	if job.Namespace != "" {
+		return job.Namespace
+	}
+	return req.Namespace
 }

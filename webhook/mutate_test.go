@@ -19,6 +19,7 @@ import (
 	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/golden"
+	"github.com/paperclipai/clipjob/internal/testing/jobs"
 	"github.com/paperclipai/clipjob/templates"
 )
 
@@ -198,5 +199,44 @@ func TestMutatorDryRunSameAnswer(t *testing.T) {
 	}
 	if diff := cmp.Diff(applyPatch(t, raw, wet), applyPatch(t, raw, dry)); diff != "" {
 		t.Errorf("dry-run result differs from a real one (-real +dry):\n%s", diff)
+	}
+}
+
+// In a tenant namespace a Job inherits nothing from the server: it is
+// completed even with the source Deployment missing, with an emptyDir
+// workspace, no pull secrets, DNS, env or secret volumes of the server's,
+// its image from the profile; the claim and policy apply as anywhere.
+func TestMutatorTenantNamespaceInheritsNothing(t *testing.T) {
+	cfg, err := config.Parse([]byte("apiVersion: clipjob.paperclip.io/v1alpha1\nkind: Config\nsource: {namespace: paperclip, deployment: paperclip, container: paperclip}\n" +
+		"tenantNamespaces: [paperclip-*]\nprofiles:\n  claude_local:\n    image: ghcr.io/paperclipai/agent-runtime-claude:v1\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &Mutator{Configs: staticConfig{cfg}, Sources: staticSource{err: &templates.SourceError{Source: "paperclip/paperclip", Reason: "not found"}}}
+	job := jobs.MakeJob("run-t", "paperclip-acme").Agent("a").Run("run-t").Adapter("claude_local").Prompt("hi").Obj()
+	raw, _ := json.Marshal(job)
+	req := createRequest(t, raw)
+	req.Namespace = "paperclip-acme"
+	resp := m.Handle(context.Background(), req)
+	if !resp.Allowed || len(resp.Patches) == 0 {
+		t.Fatalf("a tenant Job with the source missing: allowed %v, %s", resp.Allowed, resp.Result.Message)
+	}
+	got := applyPatch(t, raw, resp)
+	spec := got.Spec.Template.Spec
+	if len(spec.ImagePullSecrets) != 0 || spec.DNSConfig != nil || spec.Containers[0].Image != "ghcr.io/paperclipai/agent-runtime-claude:v1" {
+		t.Errorf("tenant pod inherited: pull secrets %v, dns %v, image %s", spec.ImagePullSecrets, spec.DNSConfig, spec.Containers[0].Image)
+	}
+	workspace := false
+	for _, v := range spec.Volumes {
+		if v.PersistentVolumeClaim != nil {
+			t.Errorf("tenant pod mounts the server's PVC %s", v.PersistentVolumeClaim.ClaimName)
+		}
+		workspace = workspace || (v.Name == templates.WorkspaceVolume && v.EmptyDir != nil)
+	}
+	if !workspace {
+		t.Errorf("tenant pod volumes %v: want an emptyDir workspace", spec.Volumes)
+	}
+	if got.Annotations[contract.AnnotationSource] != "none (tenant namespace) " {
+		t.Errorf("source annotation %q", got.Annotations[contract.AnnotationSource])
 	}
 }

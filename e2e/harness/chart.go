@@ -30,12 +30,17 @@ const (
 	ValidatingWebhookName = "clipjob-validating"
 )
 
+// AgentNamespaces are where the suite runs agents: the example Paperclip's
+// namespace, and a tenant namespace apart from it.
+var AgentNamespaces = []any{"paperclip", "paperclip-acme"}
+
 // ChartValues are the values the suite installs the chart with: the
 // webhooks called at addr, certificates signed by the CA caBundle (PEM).
 func ChartValues(addr string, caBundle []byte) map[string]any {
 	return map[string]any{
-		"webhook":      map[string]any{"url": "https://" + addr},
-		"certificates": map[string]any{"mode": "external", "caBundle": base64.StdEncoding.EncodeToString(caBundle)},
+		"agentNamespaces": AgentNamespaces,
+		"webhook":         map[string]any{"url": "https://" + addr},
+		"certificates":    map[string]any{"mode": "external", "caBundle": base64.StdEncoding.EncodeToString(caBundle)},
 	}
 }
 
@@ -54,10 +59,12 @@ func RenderChart(addr string, caBundle []byte, values map[string]any) (*charts.R
 // self-managed certificates (the chart's default, whose RBAC is the
 // widest). What exists already is left alone.
 func ApplyChartRBAC(ctx context.Context, cs kubernetes.Interface) error {
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Release.Namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
+	for _, ns := range append([]any{Release.Namespace}, AgentNamespaces...) {
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns.(string)}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
 	}
-	r, err := charts.Render(Release, nil)
+	r, err := charts.Render(Release, map[string]any{"agentNamespaces": AgentNamespaces})
 	if err != nil {
 		return err
 	}
@@ -70,32 +77,32 @@ func ApplyChartRBAC(ctx context.Context, cs kubernetes.Interface) error {
 				_, err := cs.CoreV1().ServiceAccounts(v.Namespace).Create(ctx, &v, metav1.CreateOptions{})
 				return err
 			}
-			err = r.Into(o.GetKind(), o.GetName(), &v)
+			err = charts.Decode(o, &v)
 		case "ClusterRole":
 			var v rbacv1.ClusterRole
 			create = func() error { _, err := cs.RbacV1().ClusterRoles().Create(ctx, &v, metav1.CreateOptions{}); return err }
-			err = r.Into(o.GetKind(), o.GetName(), &v)
+			err = charts.Decode(o, &v)
 		case "ClusterRoleBinding":
 			var v rbacv1.ClusterRoleBinding
 			create = func() error {
 				_, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, &v, metav1.CreateOptions{})
 				return err
 			}
-			err = r.Into(o.GetKind(), o.GetName(), &v)
+			err = charts.Decode(o, &v)
 		case "Role":
 			var v rbacv1.Role
 			create = func() error {
 				_, err := cs.RbacV1().Roles(v.Namespace).Create(ctx, &v, metav1.CreateOptions{})
 				return err
 			}
-			err = r.Into(o.GetKind(), o.GetName(), &v)
+			err = charts.Decode(o, &v)
 		case "RoleBinding":
 			var v rbacv1.RoleBinding
 			create = func() error {
 				_, err := cs.RbacV1().RoleBindings(v.Namespace).Create(ctx, &v, metav1.CreateOptions{})
 				return err
 			}
-			err = r.Into(o.GetKind(), o.GetName(), &v)
+			err = charts.Decode(o, &v)
 		default:
 			continue
 		}
