@@ -570,3 +570,31 @@ func TestAdapterReattachesToARunningRun(t *testing.T) {
 	}
 	exactlyOnce(t, got, lines[3:])
 }
+
+// TestRelayReportsATimedOutRun: a run whose Job's deadline passes is
+// reported timed out, which its pod alone (killed) does not say: the relay
+// reads the Job's DeadlineExceeded.
+func TestRelayReportsATimedOutRun(t *testing.T) {
+	ctx := ctxT(t)
+	r, token, _ := theRelay(t)
+	job := bareJob(t, "e2e-relay-deadline")
+	job.Spec.ActiveDeadlineSeconds = ptr.To[int64](3)
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := waitPod(ctx, t, job.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	log, err := env.cluster.PodLog(ctx, ns, pod.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := log.Write(`{"type":"assistant","message":{"content":[{"type":"text","text":"thinking"}]}}`); err != nil {
+		t.Fatal(err)
+	}
+	run := pod.Labels[contract.LabelRunID]
+	got := waitRun(ctx, t, r, token, run, func(x *store.Run) bool {
+		return x.Done && x.Result != nil && x.Result.Outcome == result.OutcomeTimedOut
+	})
+	if got.Result.Outcome != result.OutcomeTimedOut {
+		t.Errorf("outcome %q, want timed_out", got.Result.Outcome)
+	}
+}

@@ -10,6 +10,9 @@ import (
 	"path/filepath"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -82,7 +85,7 @@ func Serve(ctx context.Context, o Options) error {
 		collectCtx: collectCtx, stopCollecting: stopCollecting}
 	svc.coll = &collect.Collector{Store: store, Source: collect.APILogSource{Client: client}, Redact: redact, Follow: o.Follow,
 		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Mirror: &collect.Mirror{Dir: o.MirrorDir, Base: o.MirrorBase, Store: store},
-		Pods: svc.pod}
+		Pods: svc.pod, JobFailure: jobFailure(client)}
 	svc.coll.Start(collectCtx)
 	// If the service never ran its ordered stop: followers end, then flush,
 	// then (deferred first) the store closes.
@@ -295,4 +298,20 @@ func (s *service) serveAPI(ctx context.Context) (*apiServer, <-chan error, error
 		}
 	}()
 	return &apiServer{srv: srv, cancel: cancel}, errc, nil
+}
+
+// jobFailure reads a Job's Failed condition reason live.
+func jobFailure(cs kubernetes.Interface) collect.JobFailure {
+	return func(ctx context.Context, ns, name string) (string, error) {
+		job, err := cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return "", client.IgnoreNotFound(err)
+		}
+		for _, c := range job.Status.Conditions {
+			if c.Type == batchv1.JobFailed && c.Status == corev1.ConditionTrue {
+				return c.Reason, nil
+			}
+		}
+		return "", nil
+	}
 }

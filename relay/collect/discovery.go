@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
+
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,6 +22,11 @@ import (
 // PodLookup returns the current state of a pod, or nil when it is gone.
 type PodLookup func(namespace, name string) *corev1.Pod
 
+// JobFailure returns the reason of a Job's Failed condition ("" if it has
+// none, or the Job is gone): DeadlineExceeded tells a run that timed out
+// from one killed otherwise, which its pod alone does not.
+type JobFailure func(ctx context.Context, namespace, name string) (string, error)
+
 // Collector turns pod events into followers and run records. It is driven
 // by an informer (see Serve) but has no informer of its own, so tests call
 // OnPod directly.
@@ -28,7 +35,10 @@ type Collector struct {
 	Source LogSource
 	Redact *Redactor
 	Pods   PodLookup
-	Follow FollowOptions
+	// JobFailure, when set, marks a run that ended unsuccessfully as
+	// timed out when its Job failed with DeadlineExceeded.
+	JobFailure JobFailure
+	Follow     FollowOptions
 	// MaxStreams bounds the log streams open at once. Default 200.
 	MaxStreams int
 	// Mirror, when set, keeps each run's NDJSON file on the shared volume.
@@ -289,6 +299,10 @@ func (c *Collector) finish(run string, gone bool) error {
 	if err == nil {
 		c.mirror(run)
 		c.Log.Info("run collected", "run", run, "phase", rec.Phase, "lines", rec.LastSeq)
+		if c.JobFailure != nil && rec.Result != nil && rec.Result.Outcome != "" && rec.Result.Outcome != "succeeded" {
+			c.wg.Add(1)
+			go c.timedOut(rec)
+		}
 	}
 	return err
 }
@@ -368,4 +382,32 @@ func (c *Collector) Reconcile() (int, error) {
 		n++
 	}
 	return n, nil
+}
+
+// timedOut marks the run's result timed out if its Job failed with
+// DeadlineExceeded. The Job controller deletes the pods before it records
+// the condition, so the Job is read a few times, off the informer's path.
+func (c *Collector) timedOut(rec *store.Run) {
+	defer c.wg.Done()
+	for attempt := 0; attempt < 5; attempt++ {
+		reason, err := c.JobFailure(c.ctx, rec.Namespace, rec.Job)
+		if err == nil && reason == string(batchv1.JobReasonDeadlineExceeded) {
+			if _, err := c.Store.UpdateRun(rec.ID, func(r *store.Run) {
+				if r.Result != nil {
+					r.Result.Outcome = result.OutcomeTimedOut
+				}
+			}); err != nil {
+				c.Log.Error(err, "marking a run timed out", "run", rec.ID)
+			}
+			return
+		}
+		if err == nil && reason != "" {
+			return // failed for another reason
+		}
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
 }

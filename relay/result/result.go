@@ -28,7 +28,8 @@ type Result struct {
 	Reason    string `json:"reason,omitempty"`
 	// Outcome, once the run has ended: "succeeded", "failed" (an error
 	// result, or a non-zero exit), "killed" (a signal or OOM, exit 137 or
-	// 143). What Paperclip records as the run's status.
+	// 143), "timed_out" (its Job's deadline passed). What Paperclip records
+	// as the run's status.
 	Outcome string `json:"outcome,omitempty"`
 	// Errors are the agent's own error reports: an error result's text,
 	// OpenCode's error events.
@@ -223,6 +224,10 @@ func (p *Parser) Result(term *Termination) *Result {
 	}
 	return &r
 }
+
+// OutcomeTimedOut is the outcome of a run whose Job failed with
+// DeadlineExceeded: the relay learns it from the Job, after the pod.
+const OutcomeTimedOut = "timed_out"
 
 // outcome is how an ended run went: a signal first (the agent did not
 // finish), then the agent's own verdict, then its exit code.
