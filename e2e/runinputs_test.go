@@ -28,7 +28,8 @@ func TestRunEnvSecret(t *testing.T) {
 	ctx := ctxT(t)
 	job := bareJob(t, "e2e-env-secret")
 	run := job.Labels[contract.LabelRunID]
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: run + "-env", Namespace: ns, Labels: map[string]string{contract.LabelRunID: run}},
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: run + "-env", Namespace: ns,
+		Labels: map[string]string{contract.LabelRunID: run, contract.LabelAgentID: job.Labels[contract.LabelAgentID]}},
 		StringData: map[string]string{"PAPERCLIP_API_KEY": "run-scoped-token", "PAPERCLIP_WAKE_REASON": "issue_assigned"}}
 	if _, err := env.cs.CoreV1().Secrets(ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -67,7 +68,7 @@ func TestRunEnvSecret(t *testing.T) {
 	}
 
 	for _, tc := range []struct{ secret, want string }{
-		{"llm-keys", `Secret llm-keys is labeled paperclip.io/run-id=""`},
+		{"llm-keys", `Secret llm-keys is the Paperclip server's`},
 		{"no-such-secret", `metadata.annotations[paperclip.io/env-secret]: Not found`},
 	} {
 		other := bareJob(t, "e2e-env-secret-"+tc.secret)
@@ -94,7 +95,7 @@ func TestAdapterFlow(t *testing.T) {
 	job.Annotations = map[string]string{contract.AnnotationEnvSecret: run + "-env", contract.AnnotationModel: "claude-sonnet-4-5"}
 	job.Spec.Template.Annotations = map[string]string{contract.AnnotationPromptSecret: run + "-prompt"}
 	job.Spec.TTLSecondsAfterFinished = ptr.To[int32](1)
-	forRun := map[string]string{contract.LabelRunID: run}
+	forRun := map[string]string{contract.LabelRunID: run, contract.LabelAgentID: agent}
 	for name, data := range map[string]map[string]string{
 		run + "-env":    {"PAPERCLIP_API_KEY": "run-scoped-token"},
 		run + "-prompt": {"prompt": "Fix the failing test."},

@@ -131,33 +131,46 @@ func Evaluate(in Input) *Decision {
 	return d
 }
 
-// checkRunSecret: the Job's env Secret exists and was made for this run
-// (labeled with its run id). Any Secret of the namespace would otherwise
-// be an agent's for the naming, the server's own included, and the claim
-// controller makes the Job own it, so it goes when the Job goes.
+// checkRunSecret: the Job's env and prompt Secrets exist and were made for
+// this run: labeled with its run id and agent id. Any Secret of the
+// namespace would otherwise be an agent's for the naming, and the claim
+// controller makes the Job own them, so they go when the Job goes; a run
+// id alone is the client's choice and could be another agent's.
 func checkRunSecret(in Input) (field.ErrorList, []string) {
-	name, ok := in.Job.Annotations[contract.AnnotationEnvSecret]
-	if !ok {
-		return nil, nil
+	type ref struct {
+		name string
+		path *field.Path
 	}
-	if in.SecretLabels == nil {
-		return nil, []string{fmt.Sprintf("env Secret %s not checked (no cluster access)", name)}
+	var refs []ref
+	if name, ok := in.Job.Annotations[contract.AnnotationEnvSecret]; ok {
+		refs = append(refs, ref{name, metaPath.Child("annotations").Key(contract.AnnotationEnvSecret)})
 	}
-	p := metaPath.Child("annotations").Key(contract.AnnotationEnvSecret)
-	run := in.Job.Labels[contract.LabelRunID]
-	labels, err := in.SecretLabels(in.Job.Namespace, name)
-	switch {
-	case apierrors.IsNotFound(err):
-		return field.ErrorList{field.NotFound(p, fmt.Sprintf("%s: no Secret %q in namespace %s; create the run's env Secret (labeled %s=%s) before its Job",
-			name, name, in.Job.Namespace, contract.LabelRunID, run))}, nil
-	case err != nil:
-		return field.ErrorList{field.InternalError(p, fmt.Errorf("looking up Secret %s/%s: %w", in.Job.Namespace, name, err))}, nil
-	case labels[contract.LabelRunID] != run:
-		return field.ErrorList{field.Forbidden(p, fmt.Sprintf(
-			"Secret %s is labeled %s=%q, not this run's %q: a run's env Secret is made for that run (label it so); other Secrets of the namespace are not for agents",
-			name, contract.LabelRunID, labels[contract.LabelRunID], run))}, nil
+	if v, ok := in.Job.Spec.Template.Annotations[contract.AnnotationPromptSecret]; ok {
+		name, _, _ := strings.Cut(v, "/")
+		refs = append(refs, ref{name, tplPath.Child("metadata", "annotations").Key(contract.AnnotationPromptSecret)})
 	}
-	return nil, nil
+	var errs field.ErrorList
+	var warnings []string
+	run, agent := in.Job.Labels[contract.LabelRunID], in.Job.Labels[contract.LabelAgentID]
+	for _, r := range refs {
+		if in.SecretLabels == nil {
+			warnings = append(warnings, fmt.Sprintf("Secret %s not checked (no cluster access)", r.name))
+			continue
+		}
+		labels, err := in.SecretLabels(in.Job.Namespace, r.name)
+		switch {
+		case apierrors.IsNotFound(err):
+			errs = append(errs, field.NotFound(r.path, fmt.Sprintf("%s: no Secret %q in namespace %s; create the run's Secret (labeled %s=%s, %s=%s) before its Job",
+				r.name, r.name, in.Job.Namespace, contract.LabelRunID, run, contract.LabelAgentID, agent)))
+		case err != nil:
+			errs = append(errs, field.InternalError(r.path, fmt.Errorf("looking up Secret %s/%s: %w", in.Job.Namespace, r.name, err)))
+		case labels[contract.LabelRunID] != run || labels[contract.LabelAgentID] != agent:
+			errs = append(errs, field.Forbidden(r.path, fmt.Sprintf(
+				"Secret %s is labeled %s=%q, %s=%q, not this run's %q of agent %q: a run's Secret is made for that run (label it so); other Secrets of the namespace are not for agents",
+				r.name, contract.LabelRunID, labels[contract.LabelRunID], contract.LabelAgentID, labels[contract.LabelAgentID], run, agent)))
+		}
+	}
+	return errs, warnings
 }
 
 // checkDeadlineNotRaised lets an agent Job's activeDeadlineSeconds be set

@@ -366,7 +366,7 @@ func runCasesOn(t *testing.T, rule string, rendered *batchv1.Job, cfg *config.Co
 func TestRunEnvSecret(t *testing.T) {
 	job := renderedJob(t)
 	job.Annotations[contract.AnnotationEnvSecret] = "run-env"
-	run := job.Labels[contract.LabelRunID]
+	run, agent := job.Labels[contract.LabelRunID], job.Labels[contract.LabelAgentID]
 	cfg := mustConfig(t, "")
 	lookup := func(labels map[string]string, err error) SecretLabels {
 		return func(ns, name string) (map[string]string, error) {
@@ -383,11 +383,15 @@ func TestRunEnvSecret(t *testing.T) {
 		wantErr string
 		warn    string
 	}{
-		{name: "made for this run", lookup: lookup(map[string]string{contract.LabelRunID: run}, nil)},
-		{name: "missing", lookup: lookup(nil, notFound), wantErr: `metadata.annotations[paperclip.io/env-secret]: Not found: "run-env: no Secret \"run-env\" in namespace paperclip; create the run's env Secret (labeled paperclip.io/run-id=` + run},
-		{name: "another run's", lookup: lookup(map[string]string{contract.LabelRunID: "other-run"}, nil), wantErr: `Forbidden: Secret run-env is labeled paperclip.io/run-id="other-run", not this run's`},
+		{name: "made for this run", lookup: lookup(map[string]string{contract.LabelRunID: run, contract.LabelAgentID: agent}, nil)},
+		// A run id is the client's choice: another agent's run with the same
+		// id must not take this Secret.
+		{name: "the same run id, another agent", lookup: lookup(map[string]string{contract.LabelRunID: run, contract.LabelAgentID: "agent-other"}, nil),
+			wantErr: `paperclip.io/agent-id="agent-other", not this run's`},
+		{name: "missing", lookup: lookup(nil, notFound), wantErr: `metadata.annotations[paperclip.io/env-secret]: Not found: "run-env: no Secret \"run-env\" in namespace paperclip; create the run's Secret (labeled paperclip.io/run-id=` + run},
+		{name: "another run's", lookup: lookup(map[string]string{contract.LabelRunID: "other-run"}, nil), wantErr: `Forbidden: Secret run-env is labeled paperclip.io/run-id="other-run"`},
 		{name: "the server's", lookup: lookup(map[string]string{"app": "paperclip"}, nil), wantErr: `labeled paperclip.io/run-id=""`},
-		{name: "no cluster access", lookup: nil, warn: "env Secret run-env not checked"},
+		{name: "no cluster access", lookup: nil, warn: "Secret run-env not checked"},
 	} {
 		d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SecretLabels: tc.lookup})
 		got := ""

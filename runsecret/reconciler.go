@@ -67,11 +67,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			continue // refused at admission, or deleted since: nothing to own
 		case err != nil:
 			return reconcile.Result{}, fmt.Errorf("reading Secret %s/%s: %w", job.Namespace, name, err)
-		case meta.Labels[contract.LabelRunID] != run || run == "":
+		case run == "" || meta.Labels[contract.LabelRunID] != run || meta.Labels[contract.LabelAgentID] != job.Labels[contract.LabelAgentID]:
 			r.Log.Info("not taking a Secret that is not labeled for the run", "job", job.Namespace+"/"+job.Name,
-				"secret", name, "label", contract.LabelRunID, "want", run, "has", meta.Labels[contract.LabelRunID])
+				"secret", name, "want", run+" of "+job.Labels[contract.LabelAgentID],
+				"has", meta.Labels[contract.LabelRunID]+" of "+meta.Labels[contract.LabelAgentID])
 			continue
 		case ownedBy(meta, job.UID):
+			continue
+		case ownedByAnotherJob(meta, job.UID):
+			r.Log.Info("not taking a Secret another Job owns", "job", job.Namespace+"/"+job.Name, "secret", name)
 			continue
 		}
 		if err := r.Secrets.AddOwner(ctx, job.Namespace, name, owner); err != nil {
@@ -80,6 +84,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		r.Log.V(1).Info("run Secret now owned by its Job", "job", job.Namespace+"/"+job.Name, "secret", name)
 	}
 	return reconcile.Result{}, nil
+}
+
+// ownedByAnotherJob: a run's Secret belongs to one run's Job; a second
+// owner would keep it past its run.
+func ownedByAnotherJob(meta *metav1.ObjectMeta, uid types.UID) bool {
+	for _, o := range meta.OwnerReferences {
+		if o.Kind == "Job" && o.UID != uid {
+			return true
+		}
+	}
+	return false
 }
 
 func ownedBy(meta *metav1.ObjectMeta, uid types.UID) bool {

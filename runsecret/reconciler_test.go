@@ -56,7 +56,7 @@ func TestAJobOwnsItsRunSecrets(t *testing.T) {
 	job := jobs.MakeJob("run-1", "paperclip").Agent("a").Run("run-1").
 		Annotation(contract.AnnotationEnvSecret, "run-1-env").Prompt("").Obj()
 	job.Spec.Template.Annotations = map[string]string{contract.AnnotationPromptSecret: "run-1-prompt/text"}
-	run := map[string]string{contract.LabelRunID: "run-1"}
+	run := map[string]string{contract.LabelRunID: "run-1", contract.LabelAgentID: "a"}
 	secrets := fakeSecrets{
 		"paperclip/run-1-env":    secret("run-1-env", run),
 		"paperclip/run-1-prompt": secret("run-1-prompt", run),
@@ -82,6 +82,8 @@ func TestASecretNotMadeForTheRunIsLeftAlone(t *testing.T) {
 	for name, labels := range map[string]map[string]string{
 		"the server's":  {"app": "paperclip"},
 		"another run's": {contract.LabelRunID: "run-9"},
+		// A run id is the client's: the same one under another agent.
+		"another agent's run of that id": {contract.LabelRunID: "run-2", contract.LabelAgentID: "victim"},
 	} {
 		secrets := fakeSecrets{"paperclip/llm-keys": secret("llm-keys", labels)}
 		reconcileJob(t, job, secrets)
@@ -100,5 +102,18 @@ func TestNames(t *testing.T) {
 	}
 	if got := Names(jobs.MakeJob("j", "ns").Obj()); len(got) != 0 {
 		t.Errorf("a Job naming none: %v", got)
+	}
+}
+
+// A Secret another run's Job already owns is not taken by a second Job
+// with the same run id: it would outlive its run.
+func TestASecretOwnedByAnotherJobIsLeftAlone(t *testing.T) {
+	job := jobs.MakeJob("thief", "paperclip").Agent("a").Run("run-x").Annotation(contract.AnnotationEnvSecret, "run-x-env").Obj()
+	meta := secret("run-x-env", map[string]string{contract.LabelRunID: "run-x", contract.LabelAgentID: "a"})
+	meta.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "victim", UID: "uid-victim"}}
+	secrets := fakeSecrets{"paperclip/run-x-env": meta}
+	reconcileJob(t, job, secrets)
+	if o := owners(meta); len(o) != 1 || o[0] != "uid-victim" {
+		t.Errorf("owners %v, want only the victim's Job", o)
 	}
 }

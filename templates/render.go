@@ -176,6 +176,34 @@ func (r *renderer) render() {
 
 func (r *renderer) warn(msg string) { r.warnings = append(r.warnings, msg) }
 
+// serverSecret says why Secret name is the Paperclip server's and so not
+// a run's (its Deployment reads it: env, envFrom, a volume, a pull
+// secret), or "". A run's Job comes to own its run's Secrets and deletes
+// them with it: naming one of the server's would hand it to an agent and
+// then delete it.
+func (r *renderer) serverSecret(name string) string {
+	inh := r.in.Inherited
+	mine := r.withheld.secrets[name]
+	for _, e := range inh.Env {
+		if ref := secretKeyRef(e); ref != nil && ref.Name == name {
+			mine = true
+		}
+	}
+	for _, e := range inh.EnvFrom {
+		mine = mine || (e.SecretRef != nil && e.SecretRef.Name == name)
+	}
+	for _, v := range inh.SecretVolumes {
+		mine = mine || (v.Secret != nil && v.Secret.SecretName == name)
+	}
+	for _, ps := range inh.ImagePullSecrets {
+		mine = mine || ps.Name == name
+	}
+	if !mine {
+		return ""
+	}
+	return fmt.Sprintf("Secret %s is the Paperclip server's (its Deployment %s reads it); a run's Secrets are made for that run", name, inh.Source)
+}
+
 // runEnvSecret is the envFrom of the Job's AnnotationEnvSecret, or nil. A
 // Secret the server's withheld variables read is refused here, with no
 // cluster access; the validating webhook checks that the Secret exists and
@@ -190,9 +218,8 @@ func (r *renderer) runEnvSecret() *corev1.EnvFromSource {
 		r.errs = append(r.errs, field.Invalid(p, name, "Secret name: "+msg))
 		return nil
 	}
-	if r.withheld.secrets[name] {
-		r.errs = append(r.errs, field.Forbidden(p, fmt.Sprintf(
-			"Secret %s holds the Paperclip server's own credentials (source.env.deny); a run's env Secret is made for that run", name)))
+	if why := r.serverSecret(name); why != "" {
+		r.errs = append(r.errs, field.Forbidden(p, why))
 		return nil
 	}
 	return &corev1.EnvFromSource{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: name}}}
@@ -408,6 +435,10 @@ func (r *renderer) promptVolume() *corev1.Volume {
 			key = contract.DefaultPromptKey
 		}
 		p := tplAnnotations.Key(contract.AnnotationPromptSecret)
+		if why := r.serverSecret(name); why != "" {
+			r.errs = append(r.errs, field.Forbidden(p, why))
+			return nil
+		}
 		for _, msg := range validation.IsDNS1123Subdomain(name) {
 			r.errs = append(r.errs, field.Invalid(p, secretRef, "Secret name: "+msg+` (want "name" or "name/key")`))
 		}
