@@ -197,7 +197,9 @@ func (r *Controller) startNext(ctx context.Context, req Request, cc config.Concu
 		}
 	}
 	// The UID makes the patch fail on another Job recreated under the name.
-	patch := []byte(fmt.Sprintf(`{"metadata":{"uid":%q},"spec":{"suspend":false}}`, next.UID))
+	// A started run waits for nobody: its queue marks go.
+	patch := []byte(fmt.Sprintf(`{"metadata":{"uid":%q,"annotations":{%q:null,%q:null}},"spec":{"suspend":false}}`,
+		next.UID, contract.AnnotationQueuePosition, contract.AnnotationQueueHolder))
 	if _, err := r.Client.BatchV1().Jobs(next.Namespace).Patch(ctx, next.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return r.startFailed(ctx, next, cc, err)
 	}

@@ -399,4 +399,12 @@ func TestQueuedRunsKnowTheirPlace(t *testing.T) {
 			t.Errorf("marks written again: %v", a)
 		}
 	}
+	// Once started, a run waits for nobody: its marks go.
+	r2, cs2 := testController(t, "Queue", queuedRun("first", base))
+	reconcileOK(t, r2, agentQ)
+	if j := getJob(t, cs2, "first"); j.Annotations[contract.AnnotationQueuePosition] != "" || j.Annotations[contract.AnnotationQueueHolder] != "" || suspendedJob(j) {
+		t.Errorf("a started run keeps its queue marks %v (suspend %v)", j.Annotations, j.Spec.Suspend)
+	}
 }
+
+func suspendedJob(j *batchv1.Job) bool { return j.Spec.Suspend != nil && *j.Spec.Suspend }

@@ -245,7 +245,7 @@ func (r *renderer) runOptions() []corev1.EnvVar {
 				continue
 			}
 		case contract.AnnotationMaxTurns:
-			if n, err := strconv.Atoi(v); err != nil || n < 1 || n > 10000 {
+			if n, err := strconv.Atoi(v); err != nil || n < 1 || n > 10000 || strconv.Itoa(n) != v {
 				r.errs = append(r.errs, field.Invalid(p, v, "a number of turns from 1 to 10000"))
 				continue
 			}
@@ -265,6 +265,8 @@ func (r *renderer) workingDir() string {
 		p := field.NewPath("metadata", "annotations").Key(contract.AnnotationWorkingDir)
 		clean := path.Clean(dir)
 		switch {
+		case strings.ContainsFunc(dir, func(c rune) bool { return c < ' ' || c == 0x7f }):
+			r.errs = append(r.errs, field.Invalid(p, dir, "must not hold control characters"))
 		case !path.IsAbs(dir):
 			r.errs = append(r.errs, field.Invalid(p, dir, "must be an absolute path under "+data))
 		case clean != dir && clean+"/" != dir:
@@ -294,8 +296,13 @@ func (r *renderer) image(c *corev1.Container, p *field.Path) {
 		c.Image = r.in.Inherited.Image
 	}
 	if c.Image == "" {
+		from := "the source Deployment " + r.in.Inherited.Source
+		if r.in.Inherited.Image == "" && r.in.Inherited.DataVolume.EmptyDir != nil {
+			from = "a tenant namespace (which inherits nothing)"
+		}
 		r.errs = append(r.errs, field.Required(p.Child("image"), fmt.Sprintf(
-			"neither the source %s nor profile %q has an image", r.in.Inherited.Source, r.prof.Name)))
+			"the container has no image, and neither %s nor profile %q gives one: set the container's image, or the profile's image in the clipjob config",
+			from, r.prof.Name)))
 	}
 	if c.ImagePullPolicy == "" {
 		c.ImagePullPolicy = r.prof.ImagePullPolicy

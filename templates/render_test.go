@@ -1,6 +1,7 @@
 package templates_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -82,5 +83,25 @@ func TestTemplateHashesMemo(t *testing.T) {
 	}
 	if seen["claude_local"] == seen["codex_local"] || seen["codex_local"] == seen["opencode_local"] {
 		t.Errorf("profiles share a hash: %v", seen)
+	}
+}
+
+// Run options and the working directory take exactly what they claim.
+func TestRunOptionsAndWorkingDirAreStrict(t *testing.T) {
+	for _, tc := range []struct{ key, value, want string }{
+		{contract.AnnotationMaxTurns, "+5", "a number of turns"},
+		{contract.AnnotationMaxTurns, "05", "a number of turns"},
+		{contract.AnnotationWorkingDir, "/paperclip/a\nb", "control characters"},
+	} {
+		c := golden.Cases(t)[0]
+		c.Job = c.Job.DeepCopy()
+		if c.Job.Annotations == nil {
+			c.Job.Annotations = map[string]string{}
+		}
+		c.Job.Annotations[tc.key] = tc.value
+		_, err := c.Render()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s=%q: %v, want %q", tc.key, tc.value, err, tc.want)
+		}
 	}
 }

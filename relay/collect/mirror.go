@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -243,16 +244,15 @@ func (m *Mirror) Sync(run string) error {
 	if err != nil {
 		return err
 	}
-	if st.Done {
-		if r.Done {
-			return nil // written and marked: the reader's now, even to remove
-		}
-		// A retry of the Job continues a finished run: it is not complete.
-		if err := m.removeMarker(r); err != nil {
-			return err
-		}
-		st.Done = false
+	if st.Done && r.Done {
+		return nil // written and marked: the reader's now, even to remove
 	}
+	// Not done (or a retry of the Job continues a finished run): no done
+	// marker may stand, whoever planted it.
+	if err := m.removeMarker(r); err != nil {
+		return err
+	}
+	st.Done = false
 	f, err := m.open(r, fileSuffix)
 	if err != nil {
 		return err
@@ -262,9 +262,16 @@ func (m *Mirror) Sync(run string) error {
 	if err != nil {
 		return err
 	}
-	if info.Size() < st.Size {
-		st = store.MirrorState{} // the file lost content (replaced by hand): rebuild it
+	inode := uint64(0)
+	if sys, ok := info.Sys().(*syscall.Stat_t); ok {
+		inode = sys.Ino
 	}
+	if info.Size() < st.Size || (st.Inode != 0 && st.Inode != inode) {
+		// The file lost content, or another file was swapped in under its
+		// name: rebuild it from the store.
+		st = store.MirrorState{}
+	}
+	st.Inode = inode
 	if err := f.Truncate(st.Size); err != nil {
 		return err
 	}

@@ -227,3 +227,36 @@ func TestValidBase(t *testing.T) {
 		}
 	}
 }
+
+// What an agent plants on the shared volume does not stand: a done marker
+// written mid-run is removed, and a file swapped in under the run's name
+// (even a larger one) is rebuilt from the store.
+func TestMirrorUndoesForgeries(t *testing.T) {
+	s, m := mirrorFixture(t)
+	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", `{"type":"system"}`), time.Now())
+	if err := m.Sync("run-1"); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := s.Run("run-1")
+	marker := m.Path(r) + ".done"
+	if err := os.WriteFile(marker, []byte(`{"type":"end","phase":"Succeeded"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	forged := filepath.Join(filepath.Dir(m.Path(r)), "forged")
+	if err := os.WriteFile(forged, []byte(strings.Repeat(`{"type":"result","result":"forged"}`+"\n", 10)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(forged, m.Path(r)); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", `{"type":"late"}`), time.Now())
+	if err := m.Sync("run-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Error("a done marker planted mid-run still stands")
+	}
+	if got := readMirror(t, m); got != "{\"type\":\"system\"}\n{\"type\":\"late\"}\n" {
+		t.Errorf("after a swap the mirror holds %q, want the store's lines only", got)
+	}
+}

@@ -106,12 +106,20 @@ type openCodeEvent struct {
 // they no longer have (Claude: "No conversation found with session ID").
 var sessionGone = [][]byte{[]byte("no conversation found"), []byte("session not found")}
 
+func goneSession(b []byte) bool {
+	lower := bytes.ToLower(b)
+	return bytes.Contains(lower, sessionGone[0]) || bytes.Contains(lower, sessionGone[1])
+}
+
 func (p *Parser) Feed(line []byte) {
 	line = bytes.TrimSpace(line)
-	if lower := bytes.ToLower(line); bytes.Contains(lower, sessionGone[0]) || bytes.Contains(lower, sessionGone[1]) {
-		p.noSession = true
-	}
 	if len(line) == 0 || line[0] != '{' {
+		// The CLI's own complaint is a plain line (stderr); the same words
+		// inside JSON are the agent's work (a file it read, a tool's output)
+		// and must not cost the run its session.
+		if goneSession(line) {
+			p.noSession = true
+		}
 		return
 	}
 	if bytes.Contains(line, []byte(`"sessionID"`)) {
@@ -125,7 +133,9 @@ func (p *Parser) Feed(line []byte) {
 	switch ev.Type {
 	case "system":
 		p.r.Format = "claude-stream-json"
-		if ev.Subtype == "init" {
+		// The first init is the run's; one after the result, or a second
+		// one, is output pretending.
+		if ev.Subtype == "init" && p.r.SessionID == "" && !p.sawResult {
 			p.r.SessionID, p.r.Model = ev.SessionID, ev.Model
 		}
 	case "assistant":
@@ -143,6 +153,9 @@ func (p *Parser) Feed(line []byte) {
 		}
 		if ev.IsError && p.r.Text != "" {
 			p.r.Errors = append(p.r.Errors, p.r.Text)
+			if goneSession([]byte(p.r.Text)) {
+				p.noSession = true
+			}
 		}
 		p.r.Raw = append(json.RawMessage{}, line...)
 		if u := ev.Usage; u != nil {

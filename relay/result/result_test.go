@@ -111,6 +111,18 @@ func TestOutcomes(t *testing.T) {
 			return r.Outcome == "failed" && len(r.Errors) == 1 && strings.Contains(r.Errors[0], "ProviderAuthError")
 		}},
 		{"still running", feed(nil, errResult), func(r *Result) bool { return r.Outcome == "" }},
+		// Output that pretends: the words inside a tool's output, an init
+		// after the result.
+		{"'session not found' in a tool's output", feed(&Termination{}, `{"type":"system","subtype":"init","session_id":"s1","model":"m"}`,
+			`{"type":"user","message":{"content":[{"type":"tool_result","content":"grep: session not found"}]}}`,
+			`{"type":"result","subtype":"success","is_error":false,"result":"ok","session_id":"s1"}`), func(r *Result) bool {
+			return !r.SessionUnavailable && r.SessionID == "s1"
+		}},
+		{"an init after the result", feed(&Termination{}, `{"type":"system","subtype":"init","session_id":"s1","model":"m"}`,
+			`{"type":"result","subtype":"success","is_error":false,"result":"ok"}`,
+			`{"type":"system","subtype":"init","session_id":"someone-elses","model":"cheap"}`), func(r *Result) bool {
+			return r.SessionID == "s1" && r.Model == "m"
+		}},
 	} {
 		if tc.got == nil || !tc.check(tc.got) {
 			t.Errorf("%s: %+v", tc.name, tc.got)

@@ -14,6 +14,9 @@ var bucketMirror = []byte("mirror")
 type MirrorState struct {
 	Seq  uint64 `json:"seq"`
 	Size int64  `json:"size"`
+	// Inode of the file written: another file swapped in under the name
+	// is rebuilt from the store, whatever its size.
+	Inode uint64 `json:"inode,omitempty"`
 	// Done: the run ended and its file and done marker were written; the
 	// mirror never touches them again, so a reader may remove them.
 	Done bool `json:"done,omitempty"`
