@@ -67,6 +67,20 @@ func TestRunEnvSecret(t *testing.T) {
 		t.Errorf("the server's Secret: %v, owners %v", err, s.OwnerReferences)
 	}
 
+	// The Job's own containers are held to the same rule: a Secret of the
+	// namespace not labeled for the run is refused, by whatever route.
+	other := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "e2e-team-secret", Namespace: ns}, StringData: map[string]string{"k": "v"}}
+	if _, err := env.cs.CoreV1().Secrets(ns).Create(ctx, other, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	own := bareJob(t, "e2e-own-secret-ref")
+	own.Spec.Template.Spec.Containers = []corev1.Container{{Name: "agent", Image: "ghcr.io/paperclipai/paperclip:v2026.11.3", Command: []string{"true"},
+		EnvFrom: []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: other.Name}}}}}}
+	_, err = env.cs.BatchV1().Jobs(ns).Create(ctx, own, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "envFrom[0].secretRef") || !strings.Contains(err.Error(), other.Name) {
+		t.Errorf("a Job's own envFrom of an unlabeled Secret: want 403 naming it, got %v", err)
+	}
+
 	for _, tc := range []struct{ secret, want string }{
 		{"llm-keys", `Secret llm-keys is the Paperclip server's`},
 		{"no-such-secret", `metadata.annotations[paperclip.io/env-secret]: Not found`},

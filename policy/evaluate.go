@@ -68,8 +68,11 @@ type Input struct {
 	// offline check without the PVC's manifest).
 	Claims ClaimLookup
 	// SecretLabels returns a Secret's labels (or a NotFound error), for the
-	// run's env Secret; nil skips that rule with a warning.
+	// run's Secrets; nil skips that rule with a warning.
 	SecretLabels SecretLabels
+	// SharedSecrets are the Secrets clipjob hands agents from the source
+	// (templates.Inherited.SharedSecrets); a Job may reference them.
+	SharedSecrets []string
 }
 
 // SecretLabels returns the labels of a Secret, or an error; a NotFound
@@ -148,6 +151,52 @@ func checkRunSecret(in Input) (field.ErrorList, []string) {
 	if v, ok := in.Job.Spec.Template.Annotations[contract.AnnotationPromptSecret]; ok {
 		name, _, _ := strings.Cut(v, "/")
 		refs = append(refs, ref{name, tplPath.Child("metadata", "annotations").Key(contract.AnnotationPromptSecret)})
+	}
+	// And every Secret the Job's pods reference, but those clipjob shares
+	// from the source: a Job's own envFrom or volume of a Secret of the
+	// namespace would otherwise reach what the contract's annotations may
+	// not.
+	spec := in.Job.Spec.Template.Spec
+	seen := map[string]bool{}
+	for _, r := range refs {
+		seen[r.name] = true
+	}
+	add := func(name string, p *field.Path) {
+		if name == "" || seen[name] || slices.Contains(in.SharedSecrets, name) {
+			return
+		}
+		seen[name] = true
+		refs = append(refs, ref{name, p})
+	}
+	for _, list := range []struct {
+		cs []corev1.Container
+		p  *field.Path
+	}{{spec.InitContainers, podPath.Child("initContainers")}, {spec.Containers, podPath.Child("containers")}} {
+		for i, c := range list.cs {
+			for j, e := range c.EnvFrom {
+				if e.SecretRef != nil {
+					add(e.SecretRef.Name, list.p.Index(i).Child("envFrom").Index(j).Child("secretRef"))
+				}
+			}
+			for j, e := range c.Env {
+				if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+					add(e.ValueFrom.SecretKeyRef.Name, list.p.Index(i).Child("env").Index(j).Child("valueFrom", "secretKeyRef"))
+				}
+			}
+		}
+	}
+	for i, v := range spec.Volumes {
+		p := podPath.Child("volumes").Index(i)
+		if v.Secret != nil {
+			add(v.Secret.SecretName, p.Child("secret"))
+		}
+		if v.Projected != nil {
+			for j, src := range v.Projected.Sources {
+				if src.Secret != nil {
+					add(src.Secret.Name, p.Child("projected", "sources").Index(j).Child("secret"))
+				}
+			}
+		}
 	}
 	var errs field.ErrorList
 	var warnings []string

@@ -16,6 +16,7 @@ import (
 	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/golden"
+	"github.com/paperclipai/clipjob/templates"
 )
 
 const sourceImage = "ghcr.io/paperclipai/paperclip:v2026.11.3"
@@ -29,6 +30,18 @@ func renderedJob(t testing.TB) *batchv1.Job {
 		t.Fatal(err)
 	}
 	return res.Job
+}
+
+// sharedSecrets are the Secrets the fixture's source hands agents, which
+// a rendered Job references.
+func sharedSecrets(t testing.TB) []string {
+	t.Helper()
+	c := golden.Case(t, "profile-claude_local")
+	inh, err := templates.InheritFromDeployment(c.Source, c.Config.Source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inh.SharedSecrets(c.Config.Source.Env.Deny)
 }
 
 func rwx(ns, name string) (*corev1.PersistentVolumeClaim, error) {
@@ -122,7 +135,7 @@ func TestEvaluate(t *testing.T) {
 			if tt.cfg != "" {
 				cfg = mustConfig(t, tt.cfg)
 			}
-			d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SourceImages: []string{sourceImage}, Claims: tt.claims})
+			d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SourceImages: []string{sourceImage}, Claims: tt.claims, SharedSecrets: sharedSecrets(t)})
 			msg := ""
 			if !d.Allowed() {
 				msg = d.Errs.ToAggregate().Error()
@@ -320,7 +333,8 @@ func TestEveryRenderedFixturePasses(t *testing.T) {
 			continue // refused by the mutating webhook already
 		}
 		d := Evaluate(Input{Operation: Create, Job: res.Job, Config: c.Config,
-			SourceImages: []string{c.Source.Spec.Template.Spec.Containers[len(c.Source.Spec.Template.Spec.Containers)-1].Image}, Claims: rwx})
+			SourceImages: []string{c.Source.Spec.Template.Spec.Containers[len(c.Source.Spec.Template.Spec.Containers)-1].Image}, Claims: rwx,
+			SharedSecrets: sharedSecrets(t)})
 		if !d.Allowed() {
 			t.Errorf("%s: rendered Job denied: %v", c.Name, d.Errs)
 		}
@@ -348,7 +362,7 @@ func runCasesOn(t *testing.T, rule string, rendered *batchv1.Job, cfg *config.Co
 		t.Run(tc.name, func(t *testing.T) {
 			job := rendered.DeepCopy()
 			tc.mutate(job)
-			d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SourceImages: []string{sourceImage}, Claims: rwx})
+			d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SourceImages: []string{sourceImage}, Claims: rwx, SharedSecrets: sharedSecrets(t)})
 			if tc.want == "" {
 				if !d.Allowed() {
 					t.Fatalf("denied: %v", d.Errs)
@@ -393,7 +407,7 @@ func TestRunEnvSecret(t *testing.T) {
 		{name: "the server's", lookup: lookup(map[string]string{"app": "paperclip"}, nil), wantErr: `labeled paperclip.io/run-id=""`},
 		{name: "no cluster access", lookup: nil, warn: "Secret run-env not checked"},
 	} {
-		d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SecretLabels: tc.lookup})
+		d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SecretLabels: tc.lookup, SharedSecrets: sharedSecrets(t)})
 		got := ""
 		for _, e := range d.Errs {
 			if strings.Contains(e.Field, "env-secret") {
@@ -405,6 +419,59 @@ func TestRunEnvSecret(t *testing.T) {
 		}
 		if tc.warn != "" && !strings.Contains(strings.Join(d.Warnings, "\n"), tc.warn) {
 			t.Errorf("%s: warnings %v", tc.name, d.Warnings)
+		}
+	}
+}
+
+// A Job's own references to Secrets of the namespace are held to the run
+// Secrets' rule: any but those clipjob shares from the source must be
+// labeled for the run, whatever the route.
+func TestJobsOwnSecretReferences(t *testing.T) {
+	cfg := mustConfig(t, "")
+	labels := map[string]map[string]string{"run-own": {contract.LabelRunID: "run-01jd8x", contract.LabelAgentID: "agent-7f3a"}}
+	lookup := func(_, name string) (map[string]string, error) {
+		if l, ok := labels[name]; ok {
+			return l, nil
+		}
+		return map[string]string{}, nil
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*batchv1.Job)
+		want   string
+	}{
+		{"envFrom of the namespace's Secret", func(j *batchv1.Job) {
+			j.Spec.Template.Spec.Containers[0].EnvFrom = append(j.Spec.Template.Spec.Containers[0].EnvFrom,
+				corev1.EnvFromSource{Prefix: "X_", SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "server-db"}}})
+		}, "envFrom"},
+		{"a secret volume", func(j *batchv1.Job) {
+			j.Spec.Template.Spec.Volumes = append(j.Spec.Template.Spec.Volumes, corev1.Volume{Name: "x",
+				VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "server-db"}}})
+		}, "volumes"},
+		{"a projected one", func(j *batchv1.Job) {
+			j.Spec.Template.Spec.Volumes = append(j.Spec.Template.Spec.Volumes, corev1.Volume{Name: "x",
+				VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
+					{Secret: &corev1.SecretProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "server-db"}}}}}}})
+		}, "projected"},
+		{"a key under another name", func(j *batchv1.Job) {
+			j.Spec.Template.Spec.Containers[0].Env = append(j.Spec.Template.Spec.Containers[0].Env, corev1.EnvVar{Name: "INNOCENT",
+				ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "server-db"}, Key: "url"}}})
+		}, "secretKeyRef"},
+		{"the run's own, labeled", func(j *batchv1.Job) {
+			j.Spec.Template.Spec.Volumes = append(j.Spec.Template.Spec.Volumes, corev1.Volume{Name: "x",
+				VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "run-own"}}})
+		}, ""},
+	} {
+		job := renderedJob(t)
+		tc.mutate(job)
+		d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, Claims: rwx, SecretLabels: lookup, SharedSecrets: sharedSecrets(t),
+			SourceImages: []string{job.Spec.Template.Spec.Containers[0].Image}})
+		got := d.Errs.ToAggregate()
+		switch {
+		case tc.want == "" && got != nil:
+			t.Errorf("%s: refused: %v", tc.name, got)
+		case tc.want != "" && (got == nil || !strings.Contains(got.Error(), tc.want) || !strings.Contains(got.Error(), "server-db")):
+			t.Errorf("%s: want a refusal at %s naming server-db, got %v", tc.name, tc.want, got)
 		}
 	}
 }

@@ -160,3 +160,22 @@ func TenantInherited(src config.Source) *Inherited {
 		DataVolume:    corev1.Volume{Name: WorkspaceVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 	}
 }
+
+// SharedSecrets are the Secrets clipjob itself hands agents from the
+// source: those its inherited env reads (not under a denied name) and its
+// secret volumes. A Job may reference these; any other Secret it names
+// must be made for its run.
+func (in *Inherited) SharedSecrets(deny []string) []string {
+	var out []string
+	for _, e := range in.Env {
+		if ref := secretKeyRef(e); ref != nil && !config.MatchAny(deny, e.Name) {
+			out = append(out, ref.Name)
+		}
+	}
+	for _, v := range in.SecretVolumes {
+		if v.Secret != nil {
+			out = append(out, v.Secret.SecretName)
+		}
+	}
+	return out
+}

@@ -93,7 +93,8 @@ func (v *Validator) validate(ctx context.Context, req admission.Request) (admiss
 		Claims: func(ns, name string) (*corev1.PersistentVolumeClaim, error) {
 			return v.PVCs(ctx, ns, name)
 		},
-		SecretLabels: v.secretLabels(ctx),
+		SecretLabels:  v.secretLabels(ctx),
+		SharedSecrets: v.sharedSecrets(ctx, cfg, job.Namespace),
 	})
 	for _, r := range d.Checked {
 		policyDecisions.WithLabelValues(r, outcomeOf(slices.Contains(d.Failed, r))).Inc()
@@ -152,6 +153,19 @@ func needsClaim(op policy.Operation, job, old *batchv1.Job, mode config.Concurre
 func notInternal(err error) bool {
 	fe, ok := err.(*field.Error)
 	return !ok || fe.Type != field.ErrorTypeInternal
+}
+
+// sharedSecrets are the Secrets clipjob hands agents in namespace from the
+// source (none in a tenant namespace).
+func (v *Validator) sharedSecrets(ctx context.Context, cfg *config.Config, namespace string) []string {
+	if v.Sources == nil || cfg.IsTenant(namespace) {
+		return nil
+	}
+	inh, _, err := v.Sources.Inherited(ctx, cfg)
+	if err != nil {
+		return nil
+	}
+	return inh.SharedSecrets(cfg.Source.Env.Deny)
 }
 
 func (v *Validator) sourceImages(ctx context.Context, cfg *config.Config) []string {

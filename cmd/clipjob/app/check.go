@@ -80,7 +80,11 @@ func check(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 			}
 			job = res.Job
 		}
-		d := policy.Evaluate(policy.Input{Operation: policy.Create, Job: job, Config: cfg, SourceImages: sourceImages, Claims: claims})
+		var shared []string
+		if inh != nil {
+			shared = inh.SharedSecrets(cfg.Source.Env.Deny)
+		}
+		d := policy.Evaluate(policy.Input{Operation: policy.Create, Job: job, Config: cfg, SourceImages: sourceImages, Claims: claims, SharedSecrets: shared})
 		for _, w := range d.Warnings {
 			fmt.Fprintf(stderr, "Warning: job/%s: %s\n", job.Name, w)
 		}
