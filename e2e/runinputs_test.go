@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -12,10 +13,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/relay/store"
 )
 
@@ -158,7 +161,12 @@ func TestAdapterFlow(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	finishRun(ctx, t, job.Name, "0")
+	// The container exits 0 (kwok's part); with a TTL of a second the Job
+	// may be gone before anyone sees it complete, so the relay says when.
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"0"}}}`, cluster.AnnotationExitCode)
+	if _, err := env.cs.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	done := waitRun(ctx, t, r, token, run, func(x *store.Run) bool { return x.Done })
 	if res := done.Result; res == nil || res.SessionID != "sess-e2e" || res.Text != "fixed it" || res.Outcome != "succeeded" || res.CostUSD == nil || len(res.Raw) == 0 {
 		t.Errorf("the run's result: %+v", res)

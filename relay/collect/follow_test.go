@@ -103,7 +103,9 @@ func newFollower(_ testing.TB, s *store.Store, src *fakeLog) *follower {
 	return &follower{
 		ref: StreamRef{Run: "run-1", Namespace: "ns", Pod: "p", PodUID: "uid", Container: "agent", ContainerID: "c1"},
 		src: src, store: s, state: src.state, slots: make(chan struct{}, 4), log: logr.Discard(),
-		opts: FollowOptions{BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond, DrainIdle: 5 * time.Second,
+		// DrainMax as in production: a stream that has sent nothing yet is
+		// not drained because the machine is slow to deliver its first line.
+		opts: FollowOptions{BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond, DrainIdle: 5 * time.Second, DrainMax: time.Minute,
 			BatchWait: 5 * time.Millisecond, BatchLines: 7, MaxStreamLifetime: time.Hour},
 	}
 }
