@@ -78,16 +78,10 @@ func (m *Mutator) mutate(ctx context.Context, req admission.Request) (admission.
 	}
 	job := ar.Job
 	cfg := m.Configs.Current()
-	var inh *templates.Inherited
-	var hashes *templates.TemplateHashes
-	if ns := namespaceOf(job, req); cfg.IsTenant(ns) {
-		inh = templates.TenantInherited(cfg.Source) // apart from the server: nothing of its to inherit
-	} else {
-		var err error
-		if inh, hashes, err = m.Sources.Inherited(ctx, cfg); err != nil {
-			return denial(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
-				"clipjob cannot complete agent Jobs: "+err.Error()), OutcomeDenied
-		}
+	inh, hashes, err := inheritedIn(ctx, m.Sources, cfg, namespaceOf(job, req))
+	if err != nil {
+		return denial(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
+			"clipjob cannot complete agent Jobs: "+err.Error()), OutcomeDenied
 	}
 	res, err := templates.Render(templates.Input{Job: job, Inherited: inh, Config: cfg, Hashes: hashes})
 	if err != nil {
@@ -146,6 +140,20 @@ func denial(code int32, reason metav1.StatusReason, msg string) admission.Respon
 	resp.Result.Code = code
 	resp.Result.Reason = reason
 	return resp
+}
+
+// inheritedIn is what an agent Job in namespace inherits: the source's
+// values, or in a tenant namespace (apart from the server) nothing but a
+// workspace. The mutating and the validating webhook both ask here, so
+// they agree on it.
+func inheritedIn(ctx context.Context, sources InheritedSource, cfg *config.Config, namespace string) (*templates.Inherited, *templates.TemplateHashes, error) {
+	if cfg.IsTenant(namespace) {
+		return templates.TenantInherited(cfg.Source), nil, nil
+	}
+	if sources == nil {
+		return nil, nil, errors.New("no source cache")
+	}
+	return sources.Inherited(ctx, cfg)
 }
 
 // namespaceOf is the Job's namespace, which a CREATE may leave to the

@@ -39,25 +39,20 @@ func (v *PodValidator) validate(req admission.Request) (admission.Response, stri
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
 		return admission.Allowed("clipjob validates pods on CREATE and UPDATE only"), OutcomeSkipped
 	}
-	var pod, old *corev1.Pod
-	switch {
-	case req.Operation == admissionv1.Update && req.SubResource == "ephemeralcontainers":
-		// Refused whatever it carries: judge the pod as it is.
-		pod = &corev1.Pod{}
-		if err := decodePod(req.OldObject.Raw, pod); err != nil {
-			return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
-		}
-	case req.Operation == admissionv1.Update:
-		pod, old = &corev1.Pod{}, &corev1.Pod{}
-		if err := decodePod(req.Object.Raw, pod); err != nil {
-			return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
-		}
+	// An ephemeral-container update is refused whatever it carries: judge
+	// the pod as it is. Any other UPDATE compares the pod with the stored one.
+	raw := req.Object.Raw
+	if req.SubResource == "ephemeralcontainers" {
+		raw = req.OldObject.Raw
+	}
+	pod := &corev1.Pod{}
+	if err := decodePod(raw, pod); err != nil {
+		return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
+	}
+	var old *corev1.Pod
+	if req.Operation == admissionv1.Update && req.SubResource != "ephemeralcontainers" {
+		old = &corev1.Pod{}
 		if err := decodePod(req.OldObject.Raw, old); err != nil {
-			return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
-		}
-	default:
-		pod = &corev1.Pod{}
-		if err := decodePod(req.Object.Raw, pod); err != nil {
 			return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
 		}
 	}

@@ -87,14 +87,24 @@ func (v *Validator) validate(ctx context.Context, req admission.Request) (admiss
 		job.Namespace = req.Namespace // the claim is keyed by it
 	}
 	cfg := v.Configs.Current()
+	// What the source gives agents here, read once: its image is always
+	// allowed, its shared Secrets may be referenced. A missing source only
+	// narrows both.
+	var sourceImages, sharedSecrets []string
+	if inh, _, err := inheritedIn(ctx, v.Sources, cfg, job.Namespace); err == nil {
+		if inh.Image != "" {
+			sourceImages = []string{inh.Image}
+		}
+		sharedSecrets = inh.SharedSecrets(cfg.Source.Env.Deny)
+	}
 	d := policy.Evaluate(policy.Input{
 		Operation: op, Job: job, Old: old, Config: cfg,
-		SourceImages: v.sourceImages(ctx, cfg),
+		SourceImages: sourceImages,
 		Claims: func(ns, name string) (*corev1.PersistentVolumeClaim, error) {
 			return v.PVCs(ctx, ns, name)
 		},
 		SecretLabels:  v.secretLabels(ctx),
-		SharedSecrets: v.sharedSecrets(ctx, cfg, job.Namespace),
+		SharedSecrets: sharedSecrets,
 	})
 	for _, r := range d.Checked {
 		policyDecisions.WithLabelValues(r, outcomeOf(slices.Contains(d.Failed, r))).Inc()
@@ -155,49 +165,35 @@ func notInternal(err error) bool {
 	return !ok || fe.Type != field.ErrorTypeInternal
 }
 
-// sharedSecrets are the Secrets clipjob hands agents in namespace from the
-// source (none in a tenant namespace).
-func (v *Validator) sharedSecrets(ctx context.Context, cfg *config.Config, namespace string) []string {
-	if v.Sources == nil || cfg.IsTenant(namespace) {
-		return nil
-	}
-	inh, _, err := v.Sources.Inherited(ctx, cfg)
-	if err != nil {
-		return nil
-	}
-	return inh.SharedSecrets(cfg.Source.Env.Deny)
-}
-
-func (v *Validator) sourceImages(ctx context.Context, cfg *config.Config) []string {
-	if v.Sources == nil {
-		return nil
-	}
-	inh, _, err := v.Sources.Inherited(ctx, cfg)
-	if err != nil {
-		return nil
-	}
-	return []string{inh.Image}
-}
-
 // busy is the 409 for a run whose agent has an active one, with the holder
 // in the Status causes (contract.CauseHolderJob and the rest).
 func busy(job *batchv1.Job, err error) admission.Response {
-	resp := denial(http.StatusConflict, metav1.StatusReasonConflict, err.Error())
 	var b *claim.BusyError
 	if !errors.As(err, &b) {
-		return resp
+		return conflict(job, err.Error())
 	}
 	since := ""
 	if !b.Holder.Since.IsZero() {
 		since = b.Holder.Since.UTC().Format(time.RFC3339)
 	}
-	field := "metadata.labels[" + contract.LabelAgentID + "]"
-	resp.Result.Details = &metav1.StatusDetails{Group: "batch", Kind: "jobs", Name: job.Name, Causes: []metav1.StatusCause{
-		{Type: contract.CauseAgentBusy, Message: "agent " + b.Agent + " has an active run", Field: field},
-		{Type: contract.CauseHolderJob, Message: b.Holder.Namespace + "/" + b.Holder.Name, Field: field},
-		{Type: contract.CauseHolderRunID, Message: b.Holder.RunID, Field: field},
-		{Type: contract.CauseHolderSince, Message: since, Field: field},
-	}}
+	return conflict(job, err.Error(),
+		metav1.StatusCause{Type: contract.CauseAgentBusy, Message: "agent " + b.Agent + " has an active run"},
+		metav1.StatusCause{Type: contract.CauseHolderJob, Message: b.Holder.Namespace + "/" + b.Holder.Name},
+		metav1.StatusCause{Type: contract.CauseHolderRunID, Message: b.Holder.RunID},
+		metav1.StatusCause{Type: contract.CauseHolderSince, Message: since})
+}
+
+// conflict is a 409 refusing job, with causes a client reads instead of
+// the message, each on the agent label.
+func conflict(job *batchv1.Job, msg string, causes ...metav1.StatusCause) admission.Response {
+	resp := denial(http.StatusConflict, metav1.StatusReasonConflict, msg)
+	if len(causes) == 0 {
+		return resp
+	}
+	for i := range causes {
+		causes[i].Field = "metadata.labels[" + contract.LabelAgentID + "]"
+	}
+	resp.Result.Details = &metav1.StatusDetails{Group: "batch", Kind: "jobs", Name: job.Name, Causes: causes}
 	return resp
 }
 
@@ -230,8 +226,5 @@ func (v *Validator) queueFull(ctx context.Context, op policy.Operation, job *bat
 	}
 	agent := job.Labels[contract.LabelAgentID]
 	msg := fmt.Sprintf("agent %q already has %d runs waiting (policy.concurrency.maxQueued %d); a new run is admitted once one starts", agent, waiting, cc.MaxQueued)
-	resp := denial(http.StatusConflict, metav1.StatusReasonConflict, msg)
-	resp.Result.Details = &metav1.StatusDetails{Group: "batch", Kind: "jobs", Name: job.Name, Causes: []metav1.StatusCause{
-		{Type: contract.CauseQueueFull, Message: strconv.Itoa(waiting), Field: "metadata.labels[" + contract.LabelAgentID + "]"}}}
-	return resp, true
+	return conflict(job, msg, metav1.StatusCause{Type: contract.CauseQueueFull, Message: strconv.Itoa(waiting)}), true
 }

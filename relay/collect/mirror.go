@@ -43,7 +43,7 @@ type Mirror struct {
 
 // Path is where run's mirror file is.
 func (m *Mirror) Path(r *store.Run) string {
-	return filepath.Join(append([]string{m.Dir}, m.mirrorPath(r, fileSuffix)...)...)
+	return filepath.Join(append([]string{m.Dir}, m.mirrorPath(r)...)...)
 }
 
 const (
@@ -51,10 +51,10 @@ const (
 	doneSuffix = ".pod.ndjson.done"
 )
 
-// mirrorPath is a file's path under Dir, one element per component. Label
+// mirrorPath is the run's file's path under Dir, one element per component. Label
 // values cannot hold a path separator or be "..": safe as names; Base is
 // the operator's, checked when the relay starts.
-func (m *Mirror) mirrorPath(r *store.Run, suffix string) []string {
+func (m *Mirror) mirrorPath(r *store.Run) []string {
 	company := r.Company
 	if company == "" {
 		company = "_"
@@ -67,7 +67,7 @@ func (m *Mirror) mirrorPath(r *store.Run, suffix string) []string {
 	if base == "" {
 		base = "run-logs"
 	}
-	return append(strings.Split(filepath.Clean(base), string(filepath.Separator)), company, agent, r.ID+suffix)
+	return append(strings.Split(filepath.Clean(base), string(filepath.Separator)), company, agent, r.ID+fileSuffix)
 }
 
 // ValidBase says why base cannot be a run-log directory under Dir, or "".
@@ -92,24 +92,11 @@ func (e *UnsafePathError) Error() string {
 	return fmt.Sprintf("refusing to mirror to %s: %s", e.Path, e.Reason)
 }
 
-// open opens one of the run's files for writing, creating what is
-// missing. Every component under Dir is opened relative to its parent with
-// O_NOFOLLOW, so no symlink is followed even if one is swapped in while
-// this runs; the file must be a regular file with one link.
-func (m *Mirror) open(r *store.Run, suffix string) (*os.File, error) {
-	dir, path, name, err := m.openDir(r, suffix)
-	if err != nil {
-		return nil, err
-	}
-	defer unix.Close(dir)
-	return openFile(dir, path, name)
-}
-
 // openDir opens the directory of the run's files, creating what is
 // missing, without following a symlink; it returns it with the file's path
 // and name.
-func (m *Mirror) openDir(r *store.Run, suffix string) (dir int, path, name string, err error) {
-	parts := m.mirrorPath(r, suffix)
+func (m *Mirror) openDir(r *store.Run) (dir int, path, name string, err error) {
+	parts := m.mirrorPath(r)
 	// Dir itself is the operator's (a mount point); only what is under it
 	// is the agents' to plant things in.
 	if err := os.MkdirAll(m.Dir, 0o755); err != nil {
@@ -170,15 +157,14 @@ func (m *Mirror) Remove(r *store.Run) error {
 		return nil
 	}
 	defer m.lock(r.ID)()
-	for _, suffix := range []string{fileSuffix, doneSuffix} {
-		dir, path, name, err := m.openDir(r, suffix)
-		if err != nil {
+	dir, path, name, err := m.openDir(r)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dir)
+	for _, f := range []entry{{path, name}, markerOf(path, name)} {
+		if err := f.remove(dir); err != nil {
 			return err
-		}
-		err = unix.Unlinkat(dir, name, 0)
-		unix.Close(dir)
-		if err != nil && !errors.Is(err, unix.ENOENT) {
-			return &os.PathError{Op: "remove", Path: path, Err: err}
 		}
 	}
 	return nil
@@ -247,13 +233,21 @@ func (m *Mirror) Sync(run string) error {
 	if st.Done && r.Done {
 		return nil // written and marked: the reader's now, even to remove
 	}
+	// One walk down the directories for the file and its marker: this
+	// runs after every committed batch.
+	dir, path, name, err := m.openDir(r)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dir)
+	marker := markerOf(path, name)
 	// Not done (or a retry of the Job continues a finished run): no done
 	// marker may stand, whoever planted it.
-	if err := m.removeMarker(r); err != nil {
+	if err := marker.remove(dir); err != nil {
 		return err
 	}
 	st.Done = false
-	f, err := m.open(r, fileSuffix)
+	f, err := openFile(dir, path, name)
 	if err != nil {
 		return err
 	}
@@ -303,7 +297,7 @@ func (m *Mirror) Sync(run string) error {
 	}
 	st.Size = size
 	if r.Done && st.Seq >= r.LastSeq {
-		if err := m.writeMarker(r); err != nil {
+		if err := marker.write(dir, r); err != nil {
 			return err
 		}
 		st.Done = true
@@ -311,8 +305,17 @@ func (m *Mirror) Sync(run string) error {
 	return m.Store.SetMirrorState(run, st)
 }
 
-// writeMarker writes <run>.pod.ndjson.done: the run's end, one JSON line.
-func (m *Mirror) writeMarker(r *store.Run) error {
+// entry is a file in a run's directory: its file, or its done marker.
+type entry struct{ path, name string }
+
+// markerOf is the done marker beside the run's file.
+func markerOf(filePath, fileName string) entry {
+	base := strings.TrimSuffix(fileName, fileSuffix)
+	return entry{path: strings.TrimSuffix(filePath, fileName) + base + doneSuffix, name: base + doneSuffix}
+}
+
+// write writes <run>.pod.ndjson.done: the run's end, one JSON line.
+func (mk entry) write(dir int, r *store.Run) error {
 	end, err := json.Marshal(struct {
 		Type       string     `json:"type"`
 		Run        string     `json:"run"`
@@ -325,7 +328,7 @@ func (m *Mirror) writeMarker(r *store.Run) error {
 	if err != nil {
 		return err
 	}
-	f, err := m.open(r, doneSuffix)
+	f, err := openFile(dir, mk.path, mk.name)
 	if err != nil {
 		return err
 	}
@@ -339,14 +342,10 @@ func (m *Mirror) writeMarker(r *store.Run) error {
 	return f.Sync()
 }
 
-func (m *Mirror) removeMarker(r *store.Run) error {
-	dir, path, name, err := m.openDir(r, doneSuffix)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(dir)
-	if err := unix.Unlinkat(dir, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
-		return &os.PathError{Op: "remove", Path: path, Err: err}
+// remove deletes the entry, never what a symlink planted there points to.
+func (mk entry) remove(dir int) error {
+	if err := unix.Unlinkat(dir, mk.name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return &os.PathError{Op: "remove", Path: mk.path, Err: err}
 	}
 	return nil
 }
