@@ -161,6 +161,31 @@ func TenantInherited(src config.Source) *Inherited {
 	}
 }
 
+// ReadSecrets are every Secret the source's container reads: env, envFrom,
+// secret volumes, pull secrets. None of them is a run's.
+func (in *Inherited) ReadSecrets() []string {
+	var out []string
+	for _, e := range in.Env {
+		if ref := secretKeyRef(e); ref != nil {
+			out = append(out, ref.Name)
+		}
+	}
+	for _, e := range in.EnvFrom {
+		if e.SecretRef != nil {
+			out = append(out, e.SecretRef.Name)
+		}
+	}
+	for _, v := range in.SecretVolumes {
+		if v.Secret != nil {
+			out = append(out, v.Secret.SecretName)
+		}
+	}
+	for _, ps := range in.ImagePullSecrets {
+		out = append(out, ps.Name)
+	}
+	return out
+}
+
 // SharedSecrets are the Secrets clipjob itself hands agents from the
 // source: those its inherited env reads (not under a denied name) and its
 // secret volumes. A Job may reference these; any other Secret it names

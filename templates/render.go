@@ -183,22 +183,7 @@ func (r *renderer) warn(msg string) { r.warnings = append(r.warnings, msg) }
 // then delete it.
 func (r *renderer) serverSecret(name string) string {
 	inh := r.in.Inherited
-	mine := r.withheld.secrets[name]
-	for _, e := range inh.Env {
-		if ref := secretKeyRef(e); ref != nil && ref.Name == name {
-			mine = true
-		}
-	}
-	for _, e := range inh.EnvFrom {
-		mine = mine || (e.SecretRef != nil && e.SecretRef.Name == name)
-	}
-	for _, v := range inh.SecretVolumes {
-		mine = mine || (v.Secret != nil && v.Secret.SecretName == name)
-	}
-	for _, ps := range inh.ImagePullSecrets {
-		mine = mine || ps.Name == name
-	}
-	if !mine {
+	if !slices.Contains(inh.ReadSecrets(), name) {
 		return ""
 	}
 	return fmt.Sprintf("Secret %s is the Paperclip server's (its Deployment %s reads it); a run's Secrets are made for that run", name, inh.Source)
