@@ -181,11 +181,8 @@ func (r *Controller) startNext(ctx context.Context, req Request, cc config.Concu
 		}
 		return strings.Compare(a.Name, b.Name)
 	})
-	if err := r.markPositions(ctx, waiting, holder); err != nil {
-		return err
-	}
 	if holder != nil {
-		return nil
+		return r.markPositions(ctx, waiting, holder)
 	}
 	next := waiting[0]
 	if cc.Mode != config.ModeDisabled {
@@ -205,7 +202,8 @@ func (r *Controller) startNext(ctx context.Context, req Request, cc config.Concu
 	}
 	queueStarts.Inc()
 	r.Log.Info("queued run started", "job", next.Namespace+"/"+next.Name, "agent", req.Agent, "waiting", len(waiting)-1)
-	return nil
+	// The rest now wait behind it (the start's own patch cleared its marks).
+	return r.markPositions(ctx, waiting[1:], next)
 }
 
 // markPositions records on each waiting run where it stands and whose run

@@ -400,10 +400,23 @@ func TestQueuedRunsKnowTheirPlace(t *testing.T) {
 		}
 	}
 	// Once started, a run waits for nobody: its marks go.
-	r2, cs2 := testController(t, "Queue", queuedRun("first", base))
+	r2, cs2 := testController(t, "Queue", queuedRun("first", base), queuedRun("second", base.Add(time.Second)))
 	reconcileOK(t, r2, agentQ)
 	if j := getJob(t, cs2, "first"); j.Annotations[contract.AnnotationQueuePosition] != "" || j.Annotations[contract.AnnotationQueueHolder] != "" || suspendedJob(j) {
 		t.Errorf("a started run keeps its queue marks %v (suspend %v)", j.Annotations, j.Spec.Suspend)
+	}
+	// and the rest wait behind it at once, its start written only once.
+	if j := getJob(t, cs2, "second"); j.Annotations[contract.AnnotationQueuePosition] != "1" || j.Annotations[contract.AnnotationQueueHolder] != "paperclip/first" {
+		t.Errorf("the next run's marks %v, want 1 behind paperclip/first", j.Annotations)
+	}
+	patches := 0
+	for _, a := range cs2.Actions() {
+		if p, ok := a.(clienttesting.PatchAction); ok && p.GetName() == "first" {
+			patches++
+		}
+	}
+	if patches != 1 {
+		t.Errorf("the started run was patched %d times, want once", patches)
 	}
 }
 
