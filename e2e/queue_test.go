@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -85,14 +84,7 @@ func TestQueueMode(t *testing.T) {
 	extra := bareJob(t, "e2e-queue-extra")
 	extra.Labels[contract.LabelAgentID] = "agent-queue"
 	_, err = env.cs.BatchV1().Jobs(ns).Create(ctx, extra, metav1.CreateOptions{})
-	var status apierrors.APIStatus
-	full := false
-	if errors.As(err, &status) && status.Status().Details != nil {
-		for _, c := range status.Status().Details.Causes {
-			full = full || (c.Type == contract.CauseQueueFull && c.Message == "2")
-		}
-	}
-	if !apierrors.IsConflict(err) || !full {
+	if waiting, _ := cause(err, contract.CauseQueueFull); !apierrors.IsConflict(err) || waiting != "2" {
 		t.Errorf("a run beyond maxQueued: want 409 with cause queue-full, got %v", err)
 	}
 

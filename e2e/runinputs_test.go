@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -137,16 +136,7 @@ func TestAdapterFlow(t *testing.T) {
 	second := bareJob(t, "e2e-adapter-flow-2")
 	second.Labels[contract.LabelAgentID] = agent
 	_, err = env.cs.BatchV1().Jobs(ns).Create(ctx, second, metav1.CreateOptions{})
-	var status apierrors.APIStatus
-	holder := ""
-	if errors.As(err, &status) && status.Status().Details != nil {
-		for _, c := range status.Status().Details.Causes {
-			if c.Type == contract.CauseHolderRunID {
-				holder = c.Message
-			}
-		}
-	}
-	if !apierrors.IsConflict(err) || holder != run {
+	if holder, _ := cause(err, contract.CauseHolderRunID); !apierrors.IsConflict(err) || holder != run {
 		t.Errorf("a second run of the agent: want 409 with holder-run-id %s, got %v (holder %q)", run, err, holder)
 	}
 
