@@ -8,8 +8,11 @@ KUBE_BIN   = $(shell bash hack/kube-binaries.sh)
 DEMO_FLAGS ?=
 FUZZTIME  ?= 30s
 
-BENCH_N   ?= 300
-BENCH_C   ?= 1,10,50
+BENCH_N      ?= 300
+BENCH_C      ?= 1,10,50
+BENCH_ROUNDS ?= 3
+BENCH_RUNS   ?= 200,500
+BENCH_COUNT  ?= 3
 
 .PHONY: all build image test unit e2e e2e-kind demo bench kube-binaries fuzz lint fmt vet clean
 
@@ -43,9 +46,9 @@ e2e: kube-binaries ## The e2e suite alone
 e2e-kind: ## The in-cluster e2e tests on a kind cluster (needs a Docker engine)
 	bash hack/e2e-kind.sh
 
-bench: kube-binaries ## Go benchmarks of the hot paths, then Job creation with and without the webhooks
-	$(GOTEST) -run XXX -bench . -benchmem -count 5 ./templates/ ./policy/ ./webhook/ ./relay/...
-	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/bench -n $(BENCH_N) -c $(BENCH_C)
+bench: kube-binaries ## Go benchmarks of the hot paths, then admission and the relay at fleet scale (docs/benchmarks.md)
+	$(GOTEST) -run XXX -bench . -benchmem -count $(BENCH_COUNT) ./templates/ ./policy/ ./webhook/ ./relay/...
+	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/bench -n $(BENCH_N) -c $(BENCH_C) -rounds $(BENCH_ROUNDS) -runs $(BENCH_RUNS)
 
 fuzz: ## Fuzz every decoder for FUZZTIME each
 	$(GOTEST) -run XXX -fuzz '^FuzzAdmissionReview$$' -fuzztime $(FUZZTIME) ./webhook/

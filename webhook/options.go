@@ -29,6 +29,9 @@ type Options struct {
 	MetricsAddr string
 	// ProbeAddr serves /healthz and /readyz.
 	ProbeAddr string
+	// PprofAddr serves net/http/pprof for profiling under load; "" (the
+	// default) disables it.
+	PprofAddr string
 	// ShutdownDelay keeps serving after a stop signal, reporting not-ready,
 	// so endpoints drop this replica before it closes.
 	ShutdownDelay time.Duration

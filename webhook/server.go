@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/kubernetes"
@@ -96,7 +97,7 @@ func Run(ctx context.Context, o Options) error {
 	lock.Active = claim.CachedActiveRuns(mgr.GetCache())
 	server.Register(MutatePath, closeWhileStopping(&admission.Webhook{Handler: &Mutator{Configs: store, Sources: sources}}, stopping))
 	server.Register(ValidatePath, closeWhileStopping(&admission.Webhook{Handler: &Validator{Configs: store, Sources: sources,
-		PVCs: livePVCs(clientset), Secrets: liveSecretLabels(meta), Claims: lock}}, stopping))
+		PVCs: cachedPVCs(mgr.GetCache(), livePVCs(clientset)), Secrets: liveSecretLabels(meta), Claims: lock}}, stopping))
 	server.Register(PodPath, closeWhileStopping(&admission.Webhook{Handler: &PodValidator{}}, stopping))
 	controller := &claim.Controller{Jobs: mgr.GetCache(), Client: clientset, Lock: lock, Configs: store,
 		Log: log.WithName("claim-controller")}
@@ -112,7 +113,11 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	if err := addProbes(mgr, server, sources, jobs.HasSynced, stopping); err != nil {
+	pvcs, err := mgr.GetCache().GetInformer(mgrCtx, &corev1.PersistentVolumeClaim{})
+	if err != nil {
+		return err
+	}
+	if err := addProbes(mgr, server, sources, map[string]func() bool{"job-cache": jobs.HasSynced, "pvc-cache": pvcs.HasSynced}, stopping); err != nil {
 		return err
 	}
 	go watchConfig(mgrCtx, store, o, sources)
@@ -191,6 +196,7 @@ func newManager(o Options, store *config.Store, sourceNamespace string, certMana
 		}},
 		Metrics:                metricsserver.Options{BindAddress: o.MetricsAddr, ExtraHandlers: map[string]http.Handler{"/configz": configzHandler(store)}},
 		HealthProbeBindAddress: o.ProbeAddr,
+		PprofBindAddress:       o.PprofAddr,
 		WebhookServer:          server,
 		// The webhook serves on every replica; election only picks the
 		// replica that releases claims.
@@ -203,7 +209,7 @@ func newManager(o Options, store *config.Store, sourceNamespace string, certMana
 
 // addProbes: ready once the webhook server is up and the source
 // Deployment and agent Jobs listed, and not while draining.
-func addProbes(mgr manager.Manager, server crwebhook.Server, sources *SourceCache, jobsSynced func() bool, stopping *atomic.Bool) error {
+func addProbes(mgr manager.Manager, server crwebhook.Server, sources *SourceCache, caches map[string]func() bool, stopping *atomic.Bool) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
@@ -215,13 +221,6 @@ func addProbes(mgr manager.Manager, server crwebhook.Server, sources *SourceCach
 			}
 			return nil
 		},
-		// The claim checks a run against the agent's other Jobs in it.
-		"job-cache": func(*http.Request) error {
-			if !jobsSynced() {
-				return errors.New("agent Jobs not listed yet")
-			}
-			return nil
-		},
 		"not-stopping": func(*http.Request) error {
 			if stopping.Load() {
 				return errors.New("shutting down")
@@ -230,6 +229,19 @@ func addProbes(mgr manager.Manager, server crwebhook.Server, sources *SourceCach
 		},
 	} {
 		if err := mgr.AddReadyzCheck(name, check); err != nil {
+			return err
+		}
+	}
+	// The claim checks a run against the agent's other Jobs in the Job
+	// cache; the PVC check reads the PVC cache (a miss asks live, but a
+	// cold cache would send every admission live).
+	for name, synced := range caches {
+		if err := mgr.AddReadyzCheck(name, func(*http.Request) error {
+			if !synced() {
+				return fmt.Errorf("%s not listed yet", name)
+			}
+			return nil
+		}); err != nil {
 			return err
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/paperclipai/clipjob/claim"
@@ -56,11 +57,28 @@ func liveSecretLabels(mc metadata.Interface) SecretMetadataGetter {
 // PVCGetter looks a PersistentVolumeClaim up.
 type PVCGetter func(ctx context.Context, namespace, name string) (*corev1.PersistentVolumeClaim, error)
 
-// livePVCs reads PVCs from the API server, not a cache: the check must see
-// the claim as it is now.
+// livePVCs reads PVCs from the API server.
 func livePVCs(cs kubernetes.Interface) PVCGetter {
 	return func(ctx context.Context, ns, name string) (*corev1.PersistentVolumeClaim, error) {
 		return cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
+	}
+}
+
+// cachedPVCs reads PVCs from an informer and asks live only on a miss. A
+// live read was an eighth of the validating webhook's time under load
+// (docs/benchmarks.md); the check only needs the claim to exist and its
+// access modes, which never change. A miss is not believed: a PVC created
+// moments before its Job may not have reached the cache, and refusing the
+// Job for that would be wrong. A PVC deleted moments ago may still be
+// found; its Job is then admitted and its pod waits for the claim, as it
+// would had the PVC gone a moment after admission.
+func cachedPVCs(cached client.Reader, live PVCGetter) PVCGetter {
+	return func(ctx context.Context, ns, name string) (*corev1.PersistentVolumeClaim, error) {
+		var pvc corev1.PersistentVolumeClaim
+		if err := cached.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &pvc); err == nil {
+			return &pvc, nil
+		}
+		return live(ctx, ns, name)
 	}
 }
 

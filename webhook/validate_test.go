@@ -11,12 +11,14 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
+	crfake "sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/paperclipai/clipjob/claim"
@@ -172,5 +174,36 @@ func TestValidatorOutcomes(t *testing.T) {
 					resp.Allowed, resp.Result.Code, resp.Result.Message, tt.allowed, tt.code, tt.contains)
 			}
 		})
+	}
+}
+
+// The PVC check reads the cache and asks live only on a miss: a PVC
+// created just before its Job, not yet cached, must not refuse the Job,
+// and a cached PVC must not cost a round trip.
+func TestCachedPVCsFallBackToLiveOnAMiss(t *testing.T) {
+	rwx := func(name string) *corev1.PersistentVolumeClaim {
+		return &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "paperclip"},
+			Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}}}
+	}
+	cached := crfake.NewClientBuilder().WithObjects(rwx("cached")).Build()
+	live := fake.NewClientset(rwx("cached"), rwx("just-created"))
+	get := cachedPVCs(cached, livePVCs(live))
+	ctx := context.Background()
+
+	if _, err := get(ctx, "paperclip", "cached"); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(live.Actions()); n != 0 {
+		t.Fatalf("a cached PVC cost %d live reads", n)
+	}
+	pvc, err := get(ctx, "paperclip", "just-created")
+	if err != nil || pvc.Name != "just-created" {
+		t.Fatalf("a PVC missing from the cache but on the API server: %v, %v", pvc, err)
+	}
+	if _, err := get(ctx, "paperclip", "nowhere"); !apierrors.IsNotFound(err) {
+		t.Fatalf("a PVC nowhere: want NotFound from the live read, got %v", err)
+	}
+	if n := len(live.Actions()); n != 2 {
+		t.Fatalf("misses made %d live reads, want 2", n)
 	}
 }

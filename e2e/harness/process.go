@@ -99,3 +99,6 @@ func (p *Process) signal(sig syscall.Signal, grace time.Duration) {
 		p.done <- <-p.done
 	}
 }
+
+// PID is the running process's id (for its RSS in /proc).
+func (p *Process) PID() int { return p.cmd.Process.Pid }

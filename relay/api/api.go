@@ -111,6 +111,11 @@ func (a *API) listRuns(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
+	limit, err := limitParam(q.Get("limit"))
+	if err != nil {
+		fail(w, http.StatusBadRequest, "%v", err)
+		return
+	}
 	runs, err := a.Store.Runs(func(run *store.Run) bool {
 		return match(q.Get("agent"), run.Agent) && match(q.Get("company"), run.Company) && match(q.Get("phase"), run.Phase)
 	})
@@ -131,10 +136,34 @@ func (a *API) listRuns(w http.ResponseWriter, r *http.Request) {
 			allowed[run.Namespace] = ok
 		}
 		if ok {
+			if len(out) == limit {
+				writeJSON(w, http.StatusOK, map[string]any{"runs": out, "truncated": true})
+				return
+			}
 			out = append(out, run)
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"runs": out})
+}
+
+// DefaultListLimit bounds GET /v1/runs unless the caller asks for more:
+// listing every one of 10,000 stored runs is 6 MB of JSON and takes a
+// tenth of a second to encode (docs/benchmarks.md); a client wants one
+// agent's or the newest runs.
+const (
+	DefaultListLimit = 500
+	MaxListLimit     = 10000
+)
+
+func limitParam(v string) (int, error) {
+	if v == "" {
+		return DefaultListLimit, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > MaxListLimit {
+		return 0, fmt.Errorf("limit %q: want a number of runs from 1 to %d", v, MaxListLimit)
+	}
+	return n, nil
 }
 
 func match(want, have string) bool { return want == "" || want == have }

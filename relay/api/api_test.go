@@ -103,6 +103,32 @@ func TestAPIListFiltersAndAuthorizes(t *testing.T) {
 	}
 }
 
+// A list is bounded: the newest runs the caller may read, up to limit,
+// and says when more matched; a bad limit is refused, naming it.
+func TestAPIListLimit(t *testing.T) {
+	_, srv := apiFixture(t)
+	var body struct {
+		Runs      []store.Run
+		Truncated bool
+	}
+	_ = json.NewDecoder(get(t, srv.URL+"/v1/runs?limit=1", "reader", "").Body).Decode(&body)
+	if len(body.Runs) != 1 || !body.Truncated {
+		t.Errorf("limit=1 over two readable runs: %d runs, truncated %v", len(body.Runs), body.Truncated)
+	}
+	body.Truncated = false
+	_ = json.NewDecoder(get(t, srv.URL+"/v1/runs?limit=2", "reader", "").Body).Decode(&body)
+	if len(body.Runs) != 2 || body.Truncated {
+		t.Errorf("limit=2 over two readable runs (and one unreadable): %d runs, truncated %v", len(body.Runs), body.Truncated)
+	}
+	for _, bad := range []string{"0", "-1", "x", "10001"} {
+		resp := get(t, srv.URL+"/v1/runs?limit="+bad, "reader", "")
+		msg, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(msg), "limit") {
+			t.Errorf("limit=%s: %d %s", bad, resp.StatusCode, msg)
+		}
+	}
+}
+
 func TestAPIPlainLog(t *testing.T) {
 	_, srv := apiFixture(t)
 	resp := get(t, srv.URL+"/v1/runs/run-1/log?after=1", "reader", "")

@@ -80,7 +80,8 @@ type Line struct {
 
 // Store is the relay's embedded store.
 type Store struct {
-	db *bolt.DB
+	db    *bolt.DB
+	index runIndex
 
 	mu      sync.Mutex
 	changed map[string]chan struct{} // run -> closed on the next change
@@ -110,7 +111,12 @@ func OpenStore(dir string) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
-	return &Store{db: db, changed: map[string]chan struct{}{}}, nil
+	st := &Store{db: db, changed: map[string]chan struct{}{}}
+	if err := st.index.load(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("reading the runs of the store in %s: %w", dir, err)
+	}
+	return st, nil
 }
 
 // Close flushes and closes the store.
@@ -164,7 +170,7 @@ func (s *Store) Append(run, stream string, cur Cursor, lines []Line, now time.Ti
 			return err
 		}
 		last = r.LastSeq
-		return putRun(tx, r)
+		return s.putRun(tx, r)
 	})
 	if err == nil {
 		s.notify(run)
@@ -201,7 +207,7 @@ func (s *Store) UpdateRun(id string, fn func(*Run)) (*Run, error) {
 		}
 		fn(r)
 		out = r
-		return putRun(tx, r)
+		return s.putRun(tx, r)
 	})
 	if err == nil {
 		s.notify(id)
@@ -220,23 +226,14 @@ func (s *Store) Run(id string) (*Run, error) {
 	return r, err
 }
 
-// Runs returns every run accepted by keep, newest first.
+// Runs returns every run accepted by keep, newest first, from the index
+// (see runIndex): committed records, decoded once. The runs returned
+// share their slices and pointers with the index: read them, do not
+// modify them.
 func (s *Store) Runs(keep func(*Run) bool) ([]Run, error) {
-	var out []Run
-	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketRuns).ForEach(func(_, v []byte) error {
-			var r Run
-			if err := json.Unmarshal(v, &r); err != nil {
-				return err
-			}
-			if keep == nil || keep(&r) {
-				out = append(out, r)
-			}
-			return nil
-		})
-	})
+	out := s.index.runs(keep)
 	sort.Slice(out, func(i, j int) bool { return out[i].SeenAt.After(out[j].SeenAt) })
-	return out, err
+	return out, nil
 }
 
 // PageBytes bounds the text one Lines call returns (at least one line):
@@ -322,6 +319,8 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]R
 		return nil, nil
 	}
 	err = s.db.Update(func(tx *bolt.Tx) error {
+		txid := tx.ID()
+		tx.OnCommit(func() { s.index.remove(drop, txid) })
 		for _, id := range drop {
 			if err := tx.Bucket(bucketRuns).Delete([]byte(id)); err != nil {
 				return err
@@ -372,10 +371,17 @@ func getRun(tx *bolt.Tx, id string) (*Run, error) {
 	return &r, nil
 }
 
-func putRun(tx *bolt.Tx, r *Run) error {
+// putRun writes a run's record; the index learns it when, and only if,
+// the transaction commits.
+func (s *Store) putRun(tx *bolt.Tx, r *Run) error {
 	v, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}
-	return tx.Bucket(bucketRuns).Put([]byte(r.ID), v)
+	id, txid := r.ID, tx.ID()
+	if err := tx.Bucket(bucketRuns).Put([]byte(id), v); err != nil {
+		return err
+	}
+	tx.OnCommit(func() { s.index.put(id, v, txid) })
+	return nil
 }

@@ -65,6 +65,7 @@ func NewFlags(o *Options) *flag.FlagSet {
 	fs.IntVar(&o.Port, "port", o.Port, "port to serve webhooks on")
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", o.MetricsAddr, `metrics and /configz address ("0" disables)`)
 	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", o.ProbeAddr, "/healthz and /readyz address")
+	fs.StringVar(&o.PprofAddr, "pprof-bind-address", o.PprofAddr, `net/http/pprof address for profiling ("" disables)`)
 	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", o.ShutdownDelay, "keep serving this long after SIGTERM while reporting not ready")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "namespace of the Lease electing the claim controller (default $POD_NAMESPACE, else the source namespace)")
 	fs.DurationVar(&o.SweepInterval, "claim-sweep-interval", o.SweepInterval, "how often to delete claims of finished or vanished Jobs")

@@ -1,0 +1,380 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/e2e/harness"
+	"github.com/paperclipai/clipjob/internal/manifest"
+	"github.com/paperclipai/clipjob/templates"
+)
+
+// The four ways a Job can be admitted that users compare.
+const (
+	scBaseline = "baseline"
+	scMutating = "mutating"
+	scBoth     = "both"
+	scMAP      = "map"
+)
+
+var scenarioLabels = map[string]string{
+	scBaseline: "no admission, client sends the complete Job",
+	scMutating: "clipjob mutating webhook only",
+	scBoth:     "clipjob mutating + validating (claim)",
+	scMAP:      "MutatingAdmissionPolicy equivalent",
+}
+
+// Measured in this order in round 0, rotated by one each round, so no
+// scenario always runs first (on a cold API server) or last.
+var scenarioOrder = []string{scBaseline, scMutating, scBoth, scMAP}
+
+// cell is one scenario at one concurrency in one round.
+type cell struct {
+	scenario   string
+	conc       int
+	round      int
+	ok, errs   int
+	lat        []time.Duration
+	wall       time.Duration
+	apiserver  scrapeDelta // the API server's metrics over the cell
+	webhookObs scrapeDelta // clipjob-webhook's metrics over the cell
+}
+
+type scrapeDelta struct{ before, after scrape }
+
+func (d scrapeDelta) histogram(name string, match map[string]string) histogram {
+	if d.before == nil || d.after == nil {
+		return histogram{}
+	}
+	return d.after.histogram(name, match).minus(d.before.histogram(name, match))
+}
+
+func (c cell) pct(p float64) time.Duration {
+	if len(c.lat) == 0 {
+		return 0
+	}
+	s := slices.Clone(c.lat)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(float64(len(s))*p))]
+}
+
+func (c cell) throughput() float64 { return float64(len(c.lat)) / c.wall.Seconds() }
+
+// admissionBench switches the cluster between the scenarios and creates n
+// suspended agent Jobs per cell.
+type admissionBench struct {
+	cs        kubernetes.Interface
+	webhook   *harness.Webhook
+	caBundle  []byte
+	n         int
+	complete  func(bare *batchv1.Job) (*batchv1.Job, error)
+	mapPolicy []byte
+	// lastInvalid is why the last probe's Job was refused as invalid.
+	lastInvalid error
+}
+
+func newAdmissionBench(cs kubernetes.Interface, wh *harness.Webhook, caBundle []byte, n int) (*admissionBench, error) {
+	complete, err := completer()
+	if err != nil {
+		return nil, err
+	}
+	mapPolicy, err := os.ReadFile(filepath.Join(harness.Root(), "examples", "map-equivalent.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	return &admissionBench{cs: cs, webhook: wh, caBundle: caBundle, n: n, complete: complete, mapPolicy: mapPolicy}, nil
+}
+
+// completer renders, with clipjob's own core, the Job a client must send
+// when nothing completes it: the baseline sends the same Job the webhook
+// would have stored.
+func completer() (func(*batchv1.Job) (*batchv1.Job, error), error) {
+	cfg, err := config.Load(filepath.Join(harness.Root(), "examples", "config.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(filepath.Join(harness.Root(), "examples", "paperclip.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	set, err := manifest.Read(f)
+	if err != nil {
+		return nil, err
+	}
+	if len(set.Deployments) != 1 {
+		return nil, errors.New("examples/paperclip.yaml: want one Deployment")
+	}
+	inh, err := templates.InheritFromDeployment(set.Deployments[0], cfg.Source)
+	if err != nil {
+		return nil, err
+	}
+	return func(bare *batchv1.Job) (*batchv1.Job, error) {
+		res, err := templates.Render(templates.Input{Job: bare, Inherited: inh, Config: cfg})
+		if err != nil {
+			return nil, err
+		}
+		return res.Job, nil
+	}, nil
+}
+
+func bareJob(name, agent, run string) *batchv1.Job {
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "paperclip", Labels: map[string]string{
+			contract.LabelAgentID: agent, contract.LabelRunID: run, contract.LabelAdapterType: "claude_local"}},
+		// Suspended, so the Job controller, scheduler and kwok do not
+		// compete for the cores with what is measured: admission.
+		Spec: batchv1.JobSpec{Suspend: ptr.To(true)},
+	}
+	job.Spec.Template.Spec.RestartPolicy = "Never"
+	return job
+}
+
+// use switches the cluster to scenario s and waits until the API server
+// admits as s does (its admission configuration follows a watch).
+func (b *admissionBench) use(ctx context.Context, s string) error {
+	if err := b.clear(ctx); err != nil {
+		return err
+	}
+	switch s {
+	case scMutating, scBoth:
+		if err := harness.Register(ctx, b.cs, b.webhook.Addr, b.caBundle); err != nil {
+			return err
+		}
+		if s == scMutating {
+			if err := b.cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, harness.ValidatingWebhookName, metav1.DeleteOptions{}); err != nil {
+				return err
+			}
+		}
+	case scMAP:
+		if err := b.applyMAP(ctx); err != nil {
+			return err
+		}
+	}
+	want := map[string]string{scBaseline: "none", scMutating: "webhook", scBoth: "webhook", scMAP: "map"}[s]
+	var got string
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		got = b.probe(ctx)
+		return got == want, nil
+	})
+	if err != nil {
+		return fmt.Errorf("switching to %s: a dry-run bare Job is completed by %q, want %q (last refusal: %v)", s, got, want, b.lastInvalid)
+	}
+	// The validating configuration has no dry-run probe of its own that
+	// the mutating one would not also pass; its watch event arrived with
+	// or before the mutating one's. A second covers the slowest informer.
+	time.Sleep(time.Second)
+	return nil
+}
+
+// probe says what completes a bare Job now: "none", "webhook" or "map".
+func (b *admissionBench) probe(ctx context.Context) string {
+	job := bareJob("probe", "probe", "probe")
+	got, err := b.cs.BatchV1().Jobs("paperclip").Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	switch {
+	case err != nil && apierrors.IsInvalid(err):
+		b.lastInvalid = err
+		return "none"
+	case err != nil:
+		return "error: " + err.Error()
+	case strings.Contains(got.Annotations["clipjob.paperclip.io/source"], "generation"):
+		return "webhook"
+	case got.Annotations["clipjob.paperclip.io/source"] != "":
+		return "map"
+	}
+	return "none"
+}
+
+func (b *admissionBench) clear(ctx context.Context) error {
+	ar := b.cs.AdmissionregistrationV1()
+	for _, del := range []error{
+		ar.MutatingWebhookConfigurations().Delete(ctx, harness.MutatingWebhookName, metav1.DeleteOptions{}),
+		ar.ValidatingWebhookConfigurations().Delete(ctx, harness.ValidatingWebhookName, metav1.DeleteOptions{}),
+		ar.MutatingAdmissionPolicyBindings().Delete(ctx, "clipjob-map-equivalent", metav1.DeleteOptions{}),
+		ar.MutatingAdmissionPolicies().Delete(ctx, "clipjob-map-equivalent", metav1.DeleteOptions{}),
+	} {
+		if del != nil && !apierrors.IsNotFound(del) {
+			return del
+		}
+	}
+	return nil
+}
+
+// applyMAP creates examples/map-equivalent.yaml's policy and binding.
+func (b *admissionBench) applyMAP(ctx context.Context) error {
+	docs := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b.mapPolicy)))
+	for {
+		doc, err := docs.Read()
+		if err != nil {
+			break
+		}
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal(doc, &meta); err != nil {
+			return err
+		}
+		ar := b.cs.AdmissionregistrationV1()
+		switch meta.Kind {
+		case "MutatingAdmissionPolicy":
+			var p admissionregistrationv1.MutatingAdmissionPolicy
+			if err := yaml.UnmarshalStrict(doc, &p); err != nil {
+				return fmt.Errorf("examples/map-equivalent.yaml: %w", err)
+			}
+			if _, err := ar.MutatingAdmissionPolicies().Create(ctx, &p, metav1.CreateOptions{}); err != nil {
+				return err
+			}
+		case "MutatingAdmissionPolicyBinding":
+			var p admissionregistrationv1.MutatingAdmissionPolicyBinding
+			if err := yaml.UnmarshalStrict(doc, &p); err != nil {
+				return fmt.Errorf("examples/map-equivalent.yaml: %w", err)
+			}
+			if _, err := ar.MutatingAdmissionPolicyBindings().Create(ctx, &p, metav1.CreateOptions{}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// sameMutation fails unless the MAP and the webhook complete a bare Job
+// into the same pod (what the comparison claims): both are dry-run
+// through the API server and compared on the fields that make the pod.
+func (b *admissionBench) sameMutation(ctx context.Context) error {
+	pods := map[string][]byte{}
+	for _, s := range []string{scMutating, scMAP} {
+		if err := b.use(ctx, s); err != nil {
+			return err
+		}
+		job, err := b.cs.BatchV1().Jobs("paperclip").Create(ctx, bareJob("same", "same", "same"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil {
+			return err
+		}
+		labels := job.Spec.Template.Labels
+		for _, k := range []string{batchv1.ControllerUidLabel, "controller-uid"} {
+			delete(labels, k) // the API server's, new for each Job
+		}
+		spec := job.Spec.Template.Spec
+		c := spec.Containers[0]
+		c.Command = nil // the MAP's is the profile's command without per-run options
+		pods[s], err = yaml.Marshal([]any{c, spec.SecurityContext, spec.Volumes, spec.ImagePullSecrets,
+			labels, spec.AutomountServiceAccountToken, job.Spec.BackoffLimit, job.Spec.TTLSecondsAfterFinished})
+		if err != nil {
+			return err
+		}
+	}
+	if !bytes.Equal(pods[scMutating], pods[scMAP]) {
+		return fmt.Errorf("examples/map-equivalent.yaml no longer makes the pod the webhook makes; update it.\nwebhook:\n%s\nMAP:\n%s", pods[scMutating], pods[scMAP])
+	}
+	return nil
+}
+
+// run measures one cell.
+func (b *admissionBench) run(ctx context.Context, s string, conc, round int) (cell, error) {
+	if err := b.use(ctx, s); err != nil {
+		return cell{}, err
+	}
+	prefix := fmt.Sprintf("%s-c%d-r%d", s, conc, round)
+	jobs := make([]*batchv1.Job, b.n+20)
+	for i := range jobs {
+		name := fmt.Sprintf("%s-%04d", prefix, i)
+		jobs[i] = bareJob(name, name, name)
+		if s == scBaseline {
+			full, err := b.complete(jobs[i])
+			if err != nil {
+				return cell{}, err
+			}
+			jobs[i] = full
+		}
+	}
+	// Warm the API server's connections to what admits (not measured).
+	if _, err := b.create(ctx, jobs[b.n:], min(conc, 10)); err != nil {
+		return cell{}, err
+	}
+	c := cell{scenario: s, conc: conc, round: round}
+	var err error
+	if c.apiserver.before, err = apiServerMetrics(ctx, b.cs); err != nil {
+		return c, err
+	}
+	if c.webhookObs.before, err = httpMetrics(b.webhook.MetricsAddr); err != nil {
+		return c, err
+	}
+	r, err := b.create(ctx, jobs[:b.n], conc)
+	if err != nil {
+		return c, err
+	}
+	c.ok, c.errs, c.lat, c.wall = r.ok, r.errs, r.lat, r.wall
+	if c.apiserver.after, err = apiServerMetrics(ctx, b.cs); err != nil {
+		return c, err
+	}
+	if c.webhookObs.after, err = httpMetrics(b.webhook.MetricsAddr); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+type createResult struct {
+	ok, errs int
+	lat      []time.Duration
+	wall     time.Duration
+}
+
+// create sends jobs with conc concurrent clients; any refusal is an error
+// (every Job is a new agent's first run).
+func (b *admissionBench) create(ctx context.Context, jobs []*batchv1.Job, conc int) (createResult, error) {
+	var r createResult
+	var mu sync.Mutex
+	var firstErr error
+	next := make(chan *batchv1.Job)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range conc {
+		wg.Go(func() {
+			for job := range next {
+				t0 := time.Now()
+				_, err := b.cs.BatchV1().Jobs(job.Namespace).Create(ctx, job, metav1.CreateOptions{})
+				d := time.Since(t0)
+				mu.Lock()
+				r.lat = append(r.lat, d)
+				if err == nil {
+					r.ok++
+				} else {
+					r.errs++
+					if firstErr == nil {
+						firstErr = err
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for _, j := range jobs {
+		next <- j
+	}
+	close(next)
+	wg.Wait()
+	r.wall = time.Since(start)
+	if r.errs > 0 {
+		return r, fmt.Errorf("%d of %d creates failed; first: %w", r.errs, len(jobs), firstErr)
+	}
+	return r, nil
+}

@@ -1,0 +1,506 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/paperclipai/clipjob/e2e/cluster"
+	"github.com/paperclipai/clipjob/e2e/harness"
+	"github.com/paperclipai/clipjob/relay"
+	"github.com/paperclipai/clipjob/relay/store"
+)
+
+// The relay at fleet scale: runs * (steady agent rate plus bursts), then
+// every run writing as fast as it can, then a restart over the store that
+// leaves. Lines carry the time they were written, so an SSE client per
+// run measures write-to-arrival latency.
+const (
+	steadyFor      = 20 * time.Second
+	steadyInterval = 500 * time.Millisecond // 2 lines/s per run
+	burstEvery     = 10 * time.Second       // and a burst of burstLines
+	burstLines     = 50
+	floodChunk     = 100
+	lineBytes      = 300 // a typical stream-json event
+)
+
+type fleetRun struct {
+	job, run string
+	log      *cluster.PodLog
+	seq      atomic.Int64
+}
+
+type fleetResult struct {
+	runs                 int
+	steadyLinesPerSec    float64
+	latP50, latP99       time.Duration
+	latSamples           int
+	missing, duplicated  int
+	floodLines           int
+	floodLinesPerSec     float64
+	floodMiBPerSec       float64
+	maxRSS               float64 // MiB
+	streamsOpen          float64
+	restartReady         time.Duration
+	catchUp              time.Duration
+	catchUpLines         int
+	storedAtRestart      float64
+	restartLinesPerSec   float64
+	storeMiBAfterRestart float64
+}
+
+func relayBench(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, sizes []int, floodPerRun int) error {
+	bin, err := harness.Build(c.Dir, "clipjob-relay")
+	if err != nil {
+		return err
+	}
+	complete, err := completer()
+	if err != nil {
+		return err
+	}
+	token, err := harness.ServiceAccountToken(ctx, c, "paperclip", "bench-reader", harness.LogReaderRules, relay.DefaultTokenAudience)
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(c.CA.CertPEM)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, MaxIdleConnsPerHost: 1000}}
+
+	var results []fleetResult
+	for i, n := range sizes {
+		r, err := fleet(ctx, c, cs, bin, complete, client, token, n, floodPerRun, i == len(sizes)-1)
+		if err != nil {
+			return fmt.Errorf("relay with %d runs: %w", n, err)
+		}
+		results = append(results, r)
+	}
+	printFleet(os.Stdout, results, floodPerRun)
+	return nil
+}
+
+func fleet(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, bin string, complete func(*batchv1.Job) (*batchv1.Job, error),
+	client *http.Client, token string, n, floodPerRun int, restart bool) (fleetResult, error) {
+	res := fleetResult{runs: n}
+	name := fmt.Sprintf("relay-%d", n)
+	rl, err := harness.StartRelay(ctx, c, bin, name, "paperclip", "--max-streams", strconv.Itoa(n+100))
+	if err != nil {
+		return res, err
+	}
+	defer func() { rl.Stop() }()
+	fmt.Fprintf(os.Stderr, "bench: relay: starting %d runs\n", n)
+	runs, err := startRuns(ctx, c, cs, complete, name, n)
+	if err != nil {
+		return res, err
+	}
+	defer deleteRuns(context.WithoutCancel(ctx), cs, name)
+
+	// One SSE client per run, from the start of its log.
+	followCtx, stopFollowing := context.WithCancel(ctx)
+	defer stopFollowing()
+	lat := &latencies{seen: make([]map[int64]int, n)}
+	for i := range runs {
+		lat.seen[i] = map[int64]int{}
+		go follow(followCtx, client, rl.APIAddr, token, runs[i].run, i, lat)
+	}
+
+	fmt.Fprintf(os.Stderr, "bench: relay: %d runs steady for %s\n", n, steadyFor)
+	before, err := httpMetrics(rl.MetricsAddr)
+	if err != nil {
+		return res, err
+	}
+	rss := sampleRSS(rl.PID())
+	written := writeSteady(ctx, runs)
+	if err := waitStored(rl, before, written, time.Minute); err != nil {
+		return res, err
+	}
+	after, _ := httpMetrics(rl.MetricsAddr)
+	res.steadyLinesPerSec = float64(written) / steadyFor.Seconds()
+	res.streamsOpen = after.gauge("clipjob_relay_streams_open", nil)
+	time.Sleep(time.Second) // the last lines reach the SSE clients
+	res.latP50, res.latP99, res.latSamples = lat.percentiles()
+
+	fmt.Fprintf(os.Stderr, "bench: relay: %d runs writing %d lines each as fast as they can\n", n, floodPerRun)
+	before = after
+	start := time.Now()
+	flooded := writeFlood(runs, floodPerRun)
+	if err := waitStored(rl, before, written+flooded, 5*time.Minute); err != nil {
+		return res, err
+	}
+	took := time.Since(start)
+	after, _ = httpMetrics(rl.MetricsAddr)
+	res.floodLines = flooded
+	res.floodLinesPerSec = float64(flooded) / took.Seconds()
+	res.floodMiBPerSec = (counter(after, "clipjob_relay_bytes_stored_total") - counter(before, "clipjob_relay_bytes_stored_total")) / took.Seconds() / (1 << 20)
+	time.Sleep(2 * time.Second)
+	res.missing, res.duplicated = lat.check(runs)
+	res.maxRSS = rss()
+
+	if restart {
+		fmt.Fprintf(os.Stderr, "bench: relay: restart over the store, with lines written while it was down\n")
+		stopFollowing()
+		res.storedAtRestart = counter(after, "clipjob_relay_lines_stored_total")
+		rl.Stop()
+		res.catchUpLines = len(runs) * 100
+		for i := range runs {
+			if err := writeLines(&runs[i], 100); err != nil {
+				return res, err
+			}
+		}
+		start := time.Now()
+		if err := rl.Start(ctx); err != nil {
+			return res, err
+		}
+		res.restartReady = time.Since(start)
+		if err := waitStored(rl, nil, res.catchUpLines, 5*time.Minute); err != nil {
+			return res, err
+		}
+		res.catchUp = time.Since(start)
+		res.restartLinesPerSec = float64(res.catchUpLines) / res.catchUp.Seconds()
+		if m, err := httpMetrics(rl.MetricsAddr); err == nil {
+			res.storeMiBAfterRestart = m.gauge("clipjob_relay_store_bytes", nil) / (1 << 20)
+		}
+	}
+	return res, nil
+}
+
+// startRuns creates n running agent Jobs (complete: no webhook is
+// registered now), waits for their pods and points each pod's log at a
+// file this process writes.
+func startRuns(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, complete func(*batchv1.Job) (*batchv1.Job, error), prefix string, n int) ([]fleetRun, error) {
+	runs := make([]fleetRun, n)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 20)
+	for i := range runs {
+		runs[i].job = fmt.Sprintf("%s-%04d", prefix, i)
+		runs[i].run = runs[i].job
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			job, err := complete(bareJob(runs[i].job, runs[i].job, runs[i].run))
+			if err == nil {
+				job.Spec.Suspend = ptr.To(false)
+				_, err = cs.BatchV1().Jobs("paperclip").Create(ctx, job, metav1.CreateOptions{})
+			}
+			if err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return nil, err
+	}
+	pods := map[string]string{} // job -> running pod
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := cs.CoreV1().Pods("paperclip").List(ctx, metav1.ListOptions{LabelSelector: "paperclip.io/agent-id"})
+		if err != nil {
+			return false, nil
+		}
+		for _, p := range list.Items {
+			if p.Status.Phase == corev1.PodRunning && strings.HasPrefix(p.Labels[batchv1.JobNameLabel], prefix+"-") {
+				pods[p.Labels[batchv1.JobNameLabel]] = p.Name
+			}
+		}
+		return len(pods) == n, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%d of %d pods running", len(pods), n)
+	}
+	for i := range runs {
+		if runs[i].log, err = c.PodLog(ctx, "paperclip", pods[runs[i].job]); err != nil {
+			return nil, err
+		}
+	}
+	return runs, nil
+}
+
+func deleteRuns(ctx context.Context, cs kubernetes.Interface, prefix string) {
+	list, err := cs.BatchV1().Jobs("paperclip").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return
+	}
+	for _, j := range list.Items {
+		if strings.HasPrefix(j.Name, prefix+"-") {
+			_ = cs.BatchV1().Jobs("paperclip").Delete(ctx, j.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
+		}
+	}
+}
+
+// benchLine is one stream-json-like line that says when it was written
+// and its number within the run.
+func benchLine(i int64) string {
+	head := fmt.Sprintf(`{"type":"bench","t":%d,"i":%d,"text":"`, time.Now().UnixNano(), i)
+	return head + strings.Repeat("x", max(0, lineBytes-len(head)-2)) + `"}`
+}
+
+func writeLines(r *fleetRun, k int) error {
+	lines := make([]string, k)
+	for j := range lines {
+		lines[j] = benchLine(r.seq.Add(1))
+	}
+	return r.log.Write(lines...)
+}
+
+// writeSteady has every run write at an agent's pace for steadyFor, each
+// with a burst once every burstEvery at its own offset; it returns the
+// lines written.
+func writeSteady(ctx context.Context, runs []fleetRun) int {
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	end := time.Now().Add(steadyFor)
+	for i := range runs {
+		wg.Go(func() {
+			offset := time.Duration(i) * burstEvery / time.Duration(len(runs))
+			nextBurst := time.Now().Add(offset)
+			tick := time.NewTicker(steadyInterval)
+			defer tick.Stop()
+			for time.Now().Before(end) && ctx.Err() == nil {
+				k := 1
+				if time.Now().After(nextBurst) {
+					k, nextBurst = burstLines, nextBurst.Add(burstEvery)
+				}
+				if writeLines(&runs[i], k) == nil {
+					total.Add(int64(k))
+				}
+				<-tick.C
+			}
+		})
+	}
+	wg.Wait()
+	return int(total.Load())
+}
+
+func writeFlood(runs []fleetRun, perRun int) int {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 32) // the writers must not starve the relay of the cores
+	for i := range runs {
+		wg.Go(func() {
+			for left := perRun; left > 0; left -= floodChunk {
+				sem <- struct{}{}
+				_ = writeLines(&runs[i], min(left, floodChunk))
+				<-sem
+			}
+		})
+	}
+	wg.Wait()
+	return len(runs) * perRun
+}
+
+// waitStored waits until the relay has stored want lines more than at
+// before (nil: since it started).
+func waitStored(rl *harness.Relay, before scrape, want int, timeout time.Duration) error {
+	base := 0.0
+	if before != nil {
+		base = counter(before, "clipjob_relay_lines_stored_total")
+	}
+	deadline := time.Now().Add(timeout)
+	var got float64
+	for time.Now().Before(deadline) {
+		m, err := httpMetrics(rl.MetricsAddr)
+		if err == nil {
+			got = counter(m, "clipjob_relay_lines_stored_total") - base
+			if got >= float64(want) {
+				return nil
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("relay stored %.0f of %d lines in %s; see %s", got, want, timeout, rl.Log)
+}
+
+func counter(s scrape, name string) float64 {
+	mf := s[name]
+	if mf == nil {
+		return 0
+	}
+	var v float64
+	for _, m := range mf.Metric {
+		if m.Counter != nil {
+			v += m.Counter.GetValue()
+		}
+	}
+	return v
+}
+
+// sampleRSS samples the process's resident memory every 200 ms; the
+// returned function stops and gives the largest, in MiB.
+func sampleRSS(pid int) func() float64 {
+	var peak atomic.Int64
+	stop := make(chan struct{})
+	go func() {
+		for {
+			if kb := rssKiB(pid); kb > peak.Load() {
+				peak.Store(kb)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	return func() float64 { close(stop); return float64(peak.Load()) / 1024 }
+}
+
+func rssKiB(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+			v, _ := strconv.ParseInt(f[1], 10, 64)
+			return v
+		}
+	}
+	return 0
+}
+
+// latencies collects, per run, which line numbers arrived (and how
+// often) and how long after they were written.
+type latencies struct {
+	mu   sync.Mutex
+	lat  []time.Duration
+	seen []map[int64]int
+}
+
+func (l *latencies) add(run int, i int64, d time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lat = append(l.lat, d)
+	l.seen[run][i]++
+}
+
+func (l *latencies) percentiles() (p50, p99 time.Duration, n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := slices.Clone(l.lat)
+	if len(s) == 0 {
+		return 0, 0, 0
+	}
+	slices.Sort(s)
+	return s[len(s)/2], s[min(len(s)-1, len(s)*99/100)], len(s)
+}
+
+// check counts lines written but never delivered, and delivered twice.
+func (l *latencies) check(runs []fleetRun) (missing, duplicated int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for r := range runs {
+		for i := int64(1); i <= runs[r].seq.Load(); i++ {
+			switch c := l.seen[r][i]; {
+			case c == 0:
+				missing++
+			case c > 1:
+				duplicated += c - 1
+			}
+		}
+	}
+	return missing, duplicated
+}
+
+// follow reads one run's log as SSE from its start, resuming with
+// Last-Event-ID after any break, until ctx ends.
+func follow(ctx context.Context, client *http.Client, addr, token, run string, idx int, lat *latencies) {
+	var last string
+	for ctx.Err() == nil {
+		err := followOnce(ctx, client, addr, token, run, &last, func(l store.Line) {
+			var ev struct {
+				T int64 `json:"t"`
+				I int64 `json:"i"`
+			}
+			if json.Unmarshal([]byte(l.Line), &ev) == nil && ev.T > 0 {
+				lat.add(idx, ev.I, time.Since(time.Unix(0, ev.T)))
+			}
+		})
+		if err != nil && ctx.Err() == nil {
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+}
+
+func followOnce(ctx context.Context, client *http.Client, addr, token, run string, last *string, line func(store.Line)) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+addr+"/v1/runs/"+run+"/log", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Accept", "text/event-stream")
+	if *last != "" {
+		req.Header.Set("Last-Event-ID", *last)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return errors.New(resp.Status)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	var id, event string
+	for sc.Scan() {
+		t := sc.Text()
+		switch {
+		case strings.HasPrefix(t, "id: "):
+			id = strings.TrimPrefix(t, "id: ")
+		case strings.HasPrefix(t, "event: "):
+			event = strings.TrimPrefix(t, "event: ")
+		case strings.HasPrefix(t, "data: ") && event == "line":
+			var l store.Line
+			if json.Unmarshal([]byte(strings.TrimPrefix(t, "data: ")), &l) == nil {
+				line(l)
+				*last = id
+			}
+		}
+	}
+	return sc.Err()
+}
+
+func printFleet(w io.Writer, rs []fleetResult, floodPerRun int) {
+	fmt.Fprintf(w, "\n### The relay at fleet scale (kwok pods with file logs, one SSE client per run)\n\n")
+	fmt.Fprintf(w, "Steady: each run writes %d-byte lines at 2 per second plus a burst of %d every %s, for %s. Flood: each run writes %d lines as fast as it can.\n\n",
+		lineBytes, burstLines, burstEvery, steadyFor, floodPerRun)
+	fmt.Fprintln(w, "| runs | streams open | steady lines/s | line → SSE p50 | p99 | flood lines/s | flood MiB/s | relay RSS (peak) | lost / duplicated |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
+	for _, r := range rs {
+		fmt.Fprintf(w, "| %d | %.0f | %.0f | %s | %s | %.0f | %.1f | %.0f MiB | %d / %d |\n", r.runs, r.streamsOpen, r.steadyLinesPerSec,
+			msf(float64(r.latP50)), msf(float64(r.latP99)), r.floodLinesPerSec, r.floodMiBPerSec, r.maxRSS, r.missing, r.duplicated)
+	}
+	fmt.Fprintln(w, "\n| target | measured | |")
+	fmt.Fprintln(w, "|---|---|---|")
+	for _, r := range rs {
+		if r.runs == 200 {
+			target(w, "line → SSE client p99 < 250 ms at 200 runs", float64(r.latP99)/float64(time.Millisecond), 250, " ms", true)
+		}
+		target(w, fmt.Sprintf("aggregate ingest ≥ 50,000 lines/s (%d runs, flood)", r.runs), r.floodLinesPerSec, 50000, " lines/s", false)
+		if r.runs == 500 {
+			target(w, "relay RSS < 300 MiB at 500 runs", r.maxRSS, 300, " MiB", true)
+		}
+		if r.restartReady > 0 {
+			fmt.Fprintf(w, "\nRestart over a store of %.0f lines (%.0f MiB): ready in %s; the %d lines written while it was down stored %s after the start (%.0f lines/s).\n",
+				r.storedAtRestart, r.storeMiBAfterRestart, r.restartReady.Round(10*time.Millisecond), r.catchUpLines, r.catchUp.Round(10*time.Millisecond), r.restartLinesPerSec)
+		}
+	}
+}
