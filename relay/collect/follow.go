@@ -126,6 +126,8 @@ type follower struct {
 	log    logr.Logger
 	// committed, when set, runs after each commit (the NDJSON mirror).
 	committed func()
+	// stored: the current session has committed lines.
+	stored bool
 }
 
 // run follows until the container's log is drained or ctx ends.
@@ -137,6 +139,15 @@ func (f *follower) run(ctx context.Context) {
 			return
 		}
 		st := f.state()
+		if err != nil && f.stored {
+			// The stream delivered before it broke: a cut (a proxy, the
+			// kubelet, a server's limit), not a failing source. Reconnect
+			// from the cursor soon: the backoff is for sources that fail
+			// again and again. Growing it across cuts left streams idle
+			// for its 30 s maximum while their agents wrote on.
+			backoff = f.opts.BackoffMin
+		}
+		f.stored = false
 		if err != nil {
 			if st.gone {
 				f.log.V(1).Info("pod gone; stream closed", "stream", f.ref.Key(), "err", err.Error())
@@ -373,6 +384,7 @@ func (b *batch) flush() error {
 		bytes += len(l.Line)
 		storeLag.Observe(now.Sub(l.TS).Seconds())
 	}
+	b.f.stored = true
 	linesStored.Add(float64(len(b.lines)))
 	bytesStored.Add(float64(bytes))
 	b.lines = b.lines[:0]

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/paperclipai/clipjob/relay/store"
@@ -156,6 +158,53 @@ func TestFollowerSurvivesBrokenStreams(t *testing.T) {
 	assertExactlyOnce(t, s, 100)
 	if src.sessions < 7 {
 		t.Errorf("%d sessions; the breaks were not exercised", src.sessions)
+	}
+}
+
+// A stream cut after it delivered is reconnected after the shortest
+// wait, however often it happens; only a source that fails without
+// delivering anything backs off further. (With the backoff growing across
+// cuts, a long run's stream sat idle for the 30 s maximum while its
+// agent wrote on: the fleet benchmark's first runs.)
+func TestFollowerReconnectsACutStreamPromptly(t *testing.T) {
+	s, _ := storetest.Open(t)
+	src := newFakeLog()
+	// A session resends the cursor's second (about 10 lines) first: 15
+	// lines is progress, 0 is a failure.
+	src.breakAfter = []int{15, 15, 15, 15, 15, 15, 0, 0, 15}
+	writeBurst(src, 0, 150)
+	f := newFollower(t, s, src)
+	f.opts.BackoffMin, f.opts.BackoffMax = time.Millisecond, time.Second
+	var mu sync.Mutex
+	var waits []string
+	wait := regexp.MustCompile(`retrying".*"in"=("[^"]*")`)
+	f.log = funcr.New(func(_, args string) {
+		if m := wait.FindStringSubmatch(args); m != nil {
+			mu.Lock()
+			waits = append(waits, m[1])
+			mu.Unlock()
+		}
+	}, funcr.Options{Verbosity: 1})
+	done := make(chan struct{})
+	go func() { f.run(context.Background()); close(done) }()
+	src.mu.Lock()
+	src.ended = true
+	close(src.grew)
+	src.grew = make(chan struct{})
+	src.mu.Unlock()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("follower did not finish after the container ended")
+	}
+	assertExactlyOnce(t, s, 150)
+	mu.Lock()
+	defer mu.Unlock()
+	// Six cuts after delivering, then two failures without a line (which
+	// back off: 1ms after the cut before them, then 2ms), then a cut.
+	want := []string{`"1ms"`, `"1ms"`, `"1ms"`, `"1ms"`, `"1ms"`, `"1ms"`, `"2ms"`, `"4ms"`, `"1ms"`}
+	if strings.Join(waits, ",") != strings.Join(want, ",") {
+		t.Errorf("waits before reconnecting %v, want %v", waits, want)
 	}
 }
 
