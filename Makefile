@@ -14,7 +14,7 @@ BENCH_ROUNDS ?= 3
 BENCH_RUNS   ?= 200,500
 BENCH_COUNT  ?= 3
 
-.PHONY: all build image test unit e2e e2e-kind demo bench kube-binaries fuzz lint fmt vet clean
+.PHONY: all build image test adapter unit e2e e2e-kind demo bench kube-binaries fuzz lint fmt vet clean
 
 # The image the chart runs, tagged with the chart's appVersion.
 IMAGE     ?= ghcr.io/paperclipai/clipjob:$(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/clipjob/Chart.yaml)
@@ -33,9 +33,12 @@ kube-binaries: ## Build (first time only) etcd, kube-apiserver, controller-manag
 demo: kube-binaries ## Local control plane + webhook; submit a bare Job and print the result
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/demo $(DEMO_FLAGS)
 
-test: lint kube-binaries ## Unit, golden, fuzz-seed and e2e tests
+test: lint kube-binaries adapter ## Unit, golden, fuzz-seed and e2e tests, and the Paperclip adapter's
 	@echo "make test: unit, golden and e2e tests (e2e runs a real kube-apiserver on loopback)"
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 30m ./...
+
+adapter: ## The Paperclip adapter (adapters/paperclip): install from its lockfile, build, unit tests
+	cd adapters/paperclip && npm ci --no-audit --no-fund && npm test
 
 unit: ## Unit and golden tests only (no control plane)
 	$(GOTEST) ./contract/... ./config/... ./templates/... ./policy/... ./claim/... ./certs/... ./webhook/... ./relay/... ./cmd/... ./charts/... ./internal/...

@@ -1,0 +1,646 @@
+// Paperclip's server adapter interface (ServerAdapterModule) over clipjob:
+// execute() submits the run as a bare Job and follows it through the relay;
+// testEnvironment() checks from the server's side what `clipjob doctor`
+// checks from an operator's. What a run does, step by step, is README
+// "How a run goes" in this package.
+
+import { randomBytes } from "node:crypto";
+
+import type {
+  AdapterEnvironmentCheck,
+  AdapterEnvironmentTestContext,
+  AdapterEnvironmentTestResult,
+  AdapterExecutionContext,
+  AdapterExecutionResult,
+  AdapterSessionCodec,
+  ServerAdapterModule,
+} from "@paperclipai/adapter-utils";
+import { getAdapterSessionManagement } from "@paperclipai/adapter-utils/session-compaction";
+import type { V1Job } from "@kubernetes/client-node";
+
+import { resolveSettings, type ClipjobSettings } from "./config.js";
+import {
+  ANNOTATION_PROFILE,
+  ANNOTATION_QUEUE_HOLDER,
+  ANNOTATION_QUEUE_POSITION,
+  ANNOTATION_QUEUED,
+  ANNOTATION_WORKING_DIR,
+  LABEL_AGENT_ID,
+  LABEL_RUN_ID,
+  RELAY_TOKEN_AUDIENCE,
+} from "./contract.js";
+import {
+  classifyCreateError,
+  createFailureResult,
+  ErrorCodes,
+  failureResult,
+  isNotFound,
+  readKubeError,
+  secretFailureResult,
+} from "./errors.js";
+import { buildRunObjects, isLabelValue, retryJobName, RunIdentityError, type RunObjects } from "./job.js";
+import { kubeApi, loadKubeConfig, type KubeApi } from "./kube.js";
+import { buildPrompt, buildRunEnv, sessionToResume, taskIdOf, workspaceOf } from "./prompt.js";
+import { followRun, RelayClient, type FollowOptions, type JobState, type RelayRun } from "./relay.js";
+import { toExecutionResult } from "./result.js";
+
+/** One Paperclip adapter type and the clipjob profile its runs use. */
+export interface AdapterDefinition {
+  /** Paperclip's adapter type. Not a built-in type: Paperclip refuses to let a plugin replace one. */
+  type: string;
+  label: string;
+  /** The paperclip.io/adapter-type label: the clipjob profile (config key `profile` overrides it). */
+  profile: string;
+}
+
+export const CLAUDE_ADAPTER: AdapterDefinition = { type: "claude_k8s", label: "Claude (Kubernetes, clipjob)", profile: "claude_local" };
+export const OPENCODE_ADAPTER: AdapterDefinition = { type: "opencode_k8s", label: "OpenCode (Kubernetes, clipjob)", profile: "opencode_local" };
+
+/** Seams for tests: the cluster, the relay, and the follower's timings. */
+export interface AdapterDeps {
+  kube?: (settings: ClipjobSettings) => KubeApi;
+  relay?: (settings: ClipjobSettings) => RelayClient;
+  follow?: Partial<
+    Pick<FollowOptions, "initialBackoffMs" | "maxBackoffMs" | "unknownRunPollMs" | "jobCheckEveryMs" | "relayGraceMs" | "idleTimeoutMs" | "maxAuthFailures">
+  >;
+  /** How often a cancelled Job is checked for being gone. Default 1 s. */
+  cancelPollMs?: number;
+  env?: NodeJS.ProcessEnv;
+}
+
+const defaultKube = (s: ClipjobSettings): KubeApi => kubeApi(loadKubeConfig(s.kubeconfig));
+const defaultRelay = (s: ClipjobSettings): RelayClient =>
+  new RelayClient({ baseUrl: s.relayUrl, tokenFile: s.relayTokenFile, caFile: s.relayCaFile || undefined });
+
+function message(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/** Whether the Job has finished (a Complete or Failed condition). */
+function jobFinished(job: V1Job): boolean {
+  return (job.status?.conditions ?? []).some((c) => (c.type === "Complete" || c.type === "Failed") && c.status === "True");
+}
+
+/**
+ * Paperclip stores sessionParams as the adapter returns them and hands
+ * them back on the next run; the codec keeps the session id and the
+ * working directory it belongs to.
+ */
+export const sessionCodec: AdapterSessionCodec = {
+  deserialize(raw) {
+    if (!raw || typeof raw !== "object" || Array.isArray(raw)) return null;
+    const r = raw as Record<string, unknown>;
+    const sessionId = typeof r.sessionId === "string" ? r.sessionId.trim() : typeof r.session_id === "string" ? r.session_id.trim() : "";
+    if (!sessionId) return null;
+    return { sessionId, ...(typeof r.cwd === "string" && r.cwd ? { cwd: r.cwd } : {}) };
+  },
+  serialize(params) {
+    return params ? this.deserialize(params) : null;
+  },
+  getDisplayId(params) {
+    return typeof params?.sessionId === "string" ? params.sessionId : null;
+  },
+};
+
+/** Runs one Paperclip run as a clipjob bare Job. */
+export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionContext, deps: AdapterDeps = {}): Promise<AdapterExecutionResult> {
+  // The adapter's own notices go to stderr, so stdout is exactly the
+  // agent's output, which Paperclip's transcript parsers read.
+  const notice = async (msg: string) => {
+    await ctx.onLog("stderr", `[clipjob] ${msg}\n`);
+  };
+  const warnings: string[] = [];
+  const settings = resolveSettings(ctx.config ?? {}, { profile: def.profile }, (w) => warnings.push(w), deps.env);
+  for (const w of warnings) await notice(w);
+
+  // Cancellation arrives on ctx.signal once the adapter says it can honour it.
+  await ctx.onCancellationReady?.();
+  if (ctx.signal?.aborted) return cancelledBeforeStart("before anything was created");
+
+  let kube: KubeApi;
+  try {
+    kube = (deps.kube ?? defaultKube)(settings);
+  } catch (err) {
+    return failureResult(ErrorCodes.jobCreateFailed, `Loading the Kubernetes client configuration${settings.kubeconfig ? ` from ${settings.kubeconfig}` : ""}: ${message(err)}`);
+  }
+  const relay = (deps.relay ?? defaultRelay)(settings);
+  const ns = settings.namespace;
+  const agentId = ctx.agent.id;
+  const workspace = workspaceOf(ctx.context ?? {});
+  const workingDir = workspace.cwd || settings.cwd;
+  // The Secrets this execution created, removed again if its Job is not
+  // admitted or is cancelled before clipjob could take them.
+  const createdSecrets: string[] = [];
+  const dropSecrets = async () => {
+    for (const name of createdSecrets) {
+      await kube.deleteSecret(ns, name).catch(async (err) => {
+        if (!isNotFound(err)) await notice(`could not delete the run's Secret ${ns}/${name}: ${readKubeError(err).message}`);
+      });
+    }
+  };
+
+  // A run of the agent already going (the server restarted mid-run, or
+  // Paperclip retries the run): follow it rather than start a second one.
+  // A run whose pod has not started yet (Pending) is as active as one
+  // whose pod runs.
+  if (settings.reattach) {
+    let running: RelayRun[];
+    try {
+      running = [
+        ...(await relay.listRuns({ agent: agentId, phase: "Running" }, ctx.signal)),
+        ...(await relay.listRuns({ agent: agentId, phase: "Pending" }, ctx.signal)),
+      ];
+    } catch (err) {
+      if (ctx.signal?.aborted) return cancelledBeforeStart("before anything was created");
+      return failureResult(
+        ErrorCodes.relayUnavailable,
+        `Asking the relay at ${relay.baseUrl} for a running run of agent ${agentId} (nothing was created; the run could not be followed without it): ${message(err)}`,
+      );
+    }
+    const existing = running.find((r) => r.agent === agentId && !r.done);
+    if (existing) {
+      const taskId = taskIdOf(ctx.context ?? {});
+      if (existing.id !== ctx.runId && existing.task && taskId && existing.task !== taskId) {
+        return failureResult(
+          ErrorCodes.concurrentRunBlocked,
+          `Concurrent run blocked: the agent is running run ${existing.id} for task ${existing.task} (Job ${existing.namespace}/${existing.job ?? "?"}), not this run's task ${taskId}`,
+          { holderRunId: existing.id, holderJob: existing.job ? `${existing.namespace}/${existing.job}` : null, holderTask: existing.task },
+        );
+      }
+      await notice(
+        `re-attaching to the agent's running run ${existing.id} (Job ${existing.namespace}/${existing.job ?? "?"}) instead of starting another; its log is followed from the start`,
+      );
+      return follow(existing.id, existing.namespace, existing.job ?? "", existing.session ?? null);
+    }
+  }
+
+  let resumeSession = sessionToResume(ctx.runtime, workingDir);
+  if (resumeSession && !isLabelValue(resumeSession)) {
+    await notice(`session ${JSON.stringify(resumeSession)} cannot be a label value, so it is not resumed: the agent starts a new session`);
+    resumeSession = "";
+  }
+  const prompt = await buildPrompt(ctx, settings, resumeSession !== "");
+  for (const n of prompt.notes) await notice(n);
+  let objects: RunObjects;
+  try {
+    objects = buildRunObjects({
+      identity: { agentId, runId: ctx.runId, companyId: ctx.agent.companyId, taskId: taskIdOf(ctx.context ?? {}) },
+      namespace: ns,
+      profile: settings.profile,
+      prompt: prompt.prompt,
+      env: buildRunEnv(ctx, settings),
+      sessionId: resumeSession || null,
+      model: settings.model || null,
+      maxTurns: settings.maxTurnsPerRun || null,
+      workingDir: workingDir || null,
+      timeoutSec: settings.timeoutSec,
+      ttlSecondsAfterFinished: settings.ttlSecondsAfterFinished,
+      promptAnnotationMaxBytes: settings.promptAnnotationMaxBytes,
+    });
+  } catch (err) {
+    if (err instanceof RunIdentityError) return failureResult(ErrorCodes.jobCreateFailed, `The run cannot be submitted: ${err.message}`);
+    throw err;
+  }
+  for (const n of objects.notes) await notice(n);
+  let jobName = objects.jobName;
+
+  await ctx.onMeta?.({
+    adapterType: def.type,
+    command: `clipjob bare Job ${ns}/${jobName}`,
+    ...(objects.job.metadata?.annotations?.[ANNOTATION_WORKING_DIR] ? { cwd: workingDir } : {}),
+    commandNotes: [
+      `Namespace: ${ns}`,
+      `Profile (paperclip.io/adapter-type): ${settings.profile}`,
+      `Prompt: ${objects.promptDelivery === "secret" ? `Secret ${objects.promptSecret?.metadata?.name}` : "pod-template annotation"}`,
+      ...(resumeSession ? [`Resuming session ${resumeSession}`] : []),
+      ...(settings.model ? [`Model: ${settings.model}`] : []),
+      `Relay: ${relay.baseUrl}`,
+    ],
+    prompt: prompt.prompt,
+    promptMetrics: prompt.metrics,
+    context: ctx.context,
+  });
+
+  // The run's Secrets first, labeled for the run: the Job refers to them,
+  // and clipjob makes the Job their owner once it exists.
+  for (const [which, secret] of [
+    ["env", objects.envSecret],
+    ["prompt", objects.promptSecret],
+  ] as const) {
+    if (!secret) continue;
+    const name = secret.metadata!.name!;
+    try {
+      await kube.createSecret(ns, secret);
+    } catch (err) {
+      const e = readKubeError(err);
+      if (e.httpStatus === 409 && e.status?.reason === "AlreadyExists") {
+        // Made by an earlier attempt at this run. If that attempt's Job
+        // exists, follow it; if not, the Secret is a leftover to replace.
+        const prior = await kube.readJob(ns, jobName).catch(() => null);
+        if (prior && prior.metadata?.labels?.[LABEL_RUN_ID] === ctx.runId && prior.metadata?.labels?.[LABEL_AGENT_ID] === agentId) {
+          await notice(`Job ${ns}/${jobName} of this run already exists; following it`);
+          return follow(ctx.runId, ns, jobName, resumeSession || null);
+        }
+        try {
+          await kube.deleteSecret(ns, name);
+          await kube.createSecret(ns, secret);
+        } catch (again) {
+          await dropSecrets();
+          return secretFailureResult(which, `${ns}/${name}`, again);
+        }
+      } else {
+        await dropSecrets();
+        return secretFailureResult(which, `${ns}/${name}`, err);
+      }
+    }
+    createdSecrets.push(name);
+  }
+  if (ctx.signal?.aborted) {
+    await dropSecrets();
+    return cancelledBeforeStart("before its Job was created");
+  }
+
+  ctx.onDispatch?.();
+  let admitted: V1Job | null = null;
+  for (let attempt = 0; attempt < 2 && !admitted; attempt++) {
+    try {
+      admitted = await kube.createJob(ns, objects.job);
+    } catch (err) {
+      const f = classifyCreateError(err);
+      if (f.kind === "name-taken") {
+        const prior = await kube.readJob(ns, jobName).catch(() => null);
+        if (prior && prior.metadata?.labels?.[LABEL_RUN_ID] === ctx.runId && prior.metadata?.labels?.[LABEL_AGENT_ID] === agentId) {
+          await notice(`Job ${ns}/${jobName} of this run already exists; following it`);
+          admitted = prior;
+          break;
+        }
+        if (attempt === 0) {
+          // Another run's Job has the name (two run ids with the same
+          // slug and hash prefix): take another.
+          jobName = retryJobName(objects.jobName, randomBytes(3).toString("hex"));
+          objects.job.metadata!.name = jobName;
+          continue;
+        }
+      }
+      await dropSecrets();
+      const result = createFailureResult(f, `${ns}/${jobName}`);
+      await notice(result.errorMessage ?? "the Job was not created");
+      return result;
+    }
+  }
+  const annotations = admitted?.metadata?.annotations ?? {};
+  await notice(
+    `created Job ${ns}/${jobName}${annotations[ANNOTATION_PROFILE] ? ` (clipjob profile ${annotations[ANNOTATION_PROFILE]})` : ""}; prompt by ${objects.promptDelivery}`,
+  );
+  if (ANNOTATION_QUEUED in annotations) {
+    // Queue mode: admitted suspended; clipjob starts it when the agent is
+    // free. The follow below has no scheduling timeout, so it just waits.
+    const holder = annotations[ANNOTATION_QUEUE_HOLDER];
+    const position = annotations[ANNOTATION_QUEUE_POSITION];
+    await notice(
+      `queued by clipjob: the run starts when the agent's active run${holder ? ` (Job ${holder})` : ""} ends${position ? `; position ${position} in the agent's queue` : ""}`,
+    );
+  }
+  if (ctx.signal?.aborted) return cancelRun(jobName);
+  return follow(ctx.runId, ns, jobName, resumeSession || null);
+
+  /** Follows a run to its end and maps what the relay reports. */
+  async function follow(runId: string, namespace: string, job: string, resumedSessionId: string | null): Promise<AdapterExecutionResult> {
+    const startedAt = new Date().toISOString();
+    let lastLiveness = -Infinity;
+    // Paperclip's stale-run reaper reads the run's liveness, which a remote
+    // run refreshes through onSpawn (there is no local process to watch).
+    const refreshLiveness = async (force: boolean) => {
+      const now = Date.now();
+      if (!ctx.onSpawn || (!force && now - lastLiveness < settings.livenessRefreshSec * 1000)) return;
+      lastLiveness = now;
+      await ctx.onSpawn({ pid: process.pid, processGroupId: null, startedAt }).catch(() => {});
+    };
+    const stop = new AbortController();
+    const onAbort = () => stop.abort();
+    ctx.signal?.addEventListener("abort", onAbort, { once: true });
+    let outcome;
+    try {
+      outcome = await followRun({
+        client: relay,
+        runId,
+        signal: stop.signal,
+        onLine: async (line) => {
+          await ctx.onLog("stdout", `${line.line}\n`);
+          await refreshLiveness(false);
+        },
+        onKeepalive: () => refreshLiveness(false),
+        onAttached: async (first) => {
+          if (first) {
+            await notice(`following run ${runId} through the relay`);
+            await refreshLiveness(true);
+          }
+        },
+        onNotice: notice,
+        checkJob: job
+          ? async (): Promise<JobState> => {
+              try {
+                const j = await kube.readJob(namespace, job);
+                return jobFinished(j) ? "finished" : "active";
+              } catch (err) {
+                if (isNotFound(err)) return "gone";
+                throw err;
+              }
+            }
+          : undefined,
+        relayGraceMs: settings.relayGraceSec * 1000,
+        ...deps.follow,
+      });
+    } finally {
+      ctx.signal?.removeEventListener("abort", onAbort);
+    }
+    const jobRef = job ? `${namespace}/${job}` : null;
+    switch (outcome.kind) {
+      case "aborted":
+        return cancelRun(job, namespace);
+      case "job-gone":
+        return failureResult(ErrorCodes.jobDeletedExternally, `Job ${jobRef} was deleted before the relay saw any of its pods`, { job: jobRef });
+      case "unavailable":
+        return failureResult(ErrorCodes.relayUnavailable, `Following run ${runId}: ${outcome.message}`, { job: jobRef, lastSeq: outcome.lastSeq });
+      case "ended": {
+        let run: RelayRun | null = null;
+        try {
+          run = await relay.getRun(runId);
+        } catch (err) {
+          await notice(`reading run ${runId}'s record from the relay: ${message(err)}; using its log's end`);
+        }
+        if (!run && !outcome.end) {
+          return failureResult(ErrorCodes.relayUnavailable, `Run ${runId} ended, but the relay has no record of its result`, { job: jobRef });
+        }
+        return toExecutionResult(run, outcome.end, {
+          workingDir: workingDir || null,
+          configuredModel: settings.model || null,
+          resumedSessionId,
+          job: jobRef,
+        });
+      }
+    }
+  }
+
+  /** Deletes the run's Job (its pods, claim and Secrets go with it) and waits for it to be gone. */
+  async function cancelRun(job: string, namespace = ns): Promise<AdapterExecutionResult> {
+    if (!job) return cancelledBeforeStart("but the run's Job is not known, so nothing was deleted");
+    await notice(`cancelled: deleting Job ${namespace}/${job} (propagation ${settings.deletePropagation})`);
+    try {
+      await kube.deleteJob(namespace, job, settings.deletePropagation);
+    } catch (err) {
+      if (!isNotFound(err)) {
+        return {
+          exitCode: null,
+          signal: null,
+          timedOut: false,
+          errorCode: ErrorCodes.cancelled,
+          errorMessage: `Cancelled, but deleting Job ${namespace}/${job} failed: ${readKubeError(err).message}`,
+        };
+      }
+    }
+    // With Foreground propagation the Job is gone only once its pods are,
+    // so its absence confirms the agent stopped.
+    const deadline = Date.now() + settings.cancelGraceSec * 1000;
+    let gone = false;
+    for (;;) {
+      try {
+        await kube.readJob(namespace, job);
+      } catch (err) {
+        if (isNotFound(err)) {
+          gone = true;
+          break;
+        }
+      }
+      if (Date.now() >= deadline) break;
+      await sleep(deps.cancelPollMs ?? 1000);
+    }
+    // A Job deleted at once may go before clipjob made it the owner of the
+    // run's Secrets; with the Job gone they serve nothing, so remove them
+    // (already gone with the Job is fine).
+    if (gone) await dropSecrets();
+    return {
+      exitCode: null,
+      signal: "SIGTERM",
+      timedOut: false,
+      errorCode: ErrorCodes.cancelled,
+      errorMessage: gone
+        ? `Cancelled: Job ${namespace}/${job} and its pods were deleted`
+        : `Cancelled: Job ${namespace}/${job} is being deleted but was still there after ${settings.cancelGraceSec}s`,
+      resultJson: gone
+        ? { executionCancellation: { state: "acknowledged", acknowledgedAt: new Date().toISOString(), forced: false } }
+        : { clipjob: { job: `${namespace}/${job}`, deletionRequested: true } },
+    };
+  }
+}
+
+/** A run cancelled before any agent work started: nothing to stop, safe to run again. */
+function cancelledBeforeStart(when: string): AdapterExecutionResult {
+  return {
+    exitCode: null,
+    signal: null,
+    timedOut: false,
+    errorCode: ErrorCodes.cancelled,
+    errorMessage: `Cancelled ${when}`,
+    executionRecovery: { kind: "bootstrap", providerWorkStarted: false },
+    resultJson: { executionCancellation: { state: "acknowledged", acknowledgedAt: new Date().toISOString(), forced: false } },
+  };
+}
+
+/** The permissions a run needs, in the Jobs' namespace. */
+export const REQUIRED_ACCESS = [
+  { verb: "create", group: "batch", resource: "jobs", why: "submit runs" },
+  { verb: "get", group: "batch", resource: "jobs", why: "notice a Job deleted before it ran" },
+  { verb: "delete", group: "batch", resource: "jobs", why: "cancel runs" },
+  { verb: "create", group: "", resource: "secrets", why: "the run's env and prompt Secrets" },
+  { verb: "delete", group: "", resource: "secrets", why: "remove the Secrets of a run that was refused" },
+  { verb: "get", group: "", resource: "pods", subresource: "log", why: "the relay serves a run's log to whoever may read its pods' logs" },
+] as const;
+
+/** Checks, from the Paperclip server, what a run needs of the cluster. */
+export async function testClipjobEnvironment(
+  def: AdapterDefinition,
+  tctx: AdapterEnvironmentTestContext,
+  deps: AdapterDeps = {},
+): Promise<AdapterEnvironmentTestResult> {
+  const checks: AdapterEnvironmentCheck[] = [];
+  const warnings: string[] = [];
+  const settings = resolveSettings(tctx.config ?? {}, { profile: def.profile }, (w) => warnings.push(w), deps.env);
+  for (const w of warnings) checks.push({ code: "clipjob_config", level: "warn", message: w });
+  const done = (): AdapterEnvironmentTestResult => ({
+    adapterType: def.type,
+    status: checks.some((c) => c.level === "error") ? "fail" : checks.some((c) => c.level === "warn") ? "warn" : "pass",
+    checks,
+    testedAt: new Date().toISOString(),
+  });
+
+  let kube: KubeApi | null = null;
+  try {
+    kube = (deps.kube ?? defaultKube)(settings);
+    checks.push({
+      code: "clipjob_kube_config",
+      level: "info",
+      message: `Kubernetes client configured (${settings.kubeconfig ? `kubeconfig ${settings.kubeconfig}` : "in-cluster ServiceAccount or default kubeconfig"}); Jobs go to namespace ${settings.namespace}`,
+    });
+  } catch (err) {
+    checks.push({
+      code: "clipjob_kube_config",
+      level: "error",
+      message: `No Kubernetes client configuration: ${message(err)}`,
+      hint: "Run the server in the cluster with a ServiceAccount, or set the adapter's `kubeconfig` to a kubeconfig file",
+    });
+  }
+
+  if (kube) {
+    const missing: string[] = [];
+    let reviewError = "";
+    for (const a of REQUIRED_ACCESS) {
+      const what = `${a.verb} ${a.group ? `${a.resource}.${a.group}` : a.resource}${"subresource" in a ? `/${a.subresource}` : ""}`;
+      try {
+        const { allowed } = await kube.canI({ namespace: settings.namespace, ...a });
+        if (!allowed) missing.push(`${what} (${a.why})`);
+      } catch (err) {
+        reviewError = readKubeError(err).message;
+        break;
+      }
+    }
+    if (reviewError) {
+      checks.push({ code: "clipjob_rbac", level: "warn", message: `Could not check permissions (SelfSubjectAccessReview): ${reviewError}` });
+    } else if (missing.length > 0) {
+      checks.push({
+        code: "clipjob_rbac",
+        level: "error",
+        message: `The server may not, in namespace ${settings.namespace}: ${missing.join("; ")}`,
+        hint: "Bind the server's ServiceAccount to a Role with these rules (see this adapter's README, \"What it needs in the cluster\")",
+      });
+    } else {
+      checks.push({ code: "clipjob_rbac", level: "info", message: `The server may create, read and delete Jobs and run Secrets and read pod logs in ${settings.namespace}` });
+    }
+
+    // A bare Job created with dryRun=All goes through both webhooks and is
+    // stored nowhere: it must come back completed by clipjob.
+    const probe = buildRunObjects({
+      identity: { agentId: "clipjob-adapter-check", runId: `check-${Date.now()}` },
+      namespace: settings.namespace,
+      profile: settings.profile,
+      prompt: "clipjob adapter environment check: a dry run, never stored",
+      env: {},
+      promptAnnotationMaxBytes: Number.MAX_SAFE_INTEGER,
+      jobName: `clipjob-adapter-check-${randomBytes(3).toString("hex")}`,
+    });
+    try {
+      const got = await kube.createJob(settings.namespace, probe.job, { dryRun: true });
+      const profile = got.metadata?.annotations?.[ANNOTATION_PROFILE];
+      const container = got.spec?.template?.spec?.containers?.[0];
+      if (profile && container) {
+        checks.push({
+          code: "clipjob_webhook",
+          level: "info",
+          message: `clipjob completed a dry-run bare Job: profile ${profile}, image ${container.image ?? "(none)"}`,
+        });
+      } else {
+        checks.push({
+          code: "clipjob_webhook",
+          level: "error",
+          message: `A dry-run bare Job came back without clipjob's mutation (no ${ANNOTATION_PROFILE} annotation or no container)`,
+          hint: `Check that clipjob is installed and its mutating webhook matches Jobs labeled paperclip.io/agent-id in namespace ${settings.namespace} (clipjob doctor)`,
+        });
+      }
+    } catch (err) {
+      const f = classifyCreateError(err);
+      checks.push({
+        code: "clipjob_webhook",
+        level: f.kind === "agent-busy" || f.kind === "queue-full" ? "warn" : "error",
+        message:
+          f.kind === "guard-unreachable"
+            ? `clipjob's webhook could not be called: ${f.error.message}`
+            : `A dry-run bare Job was refused (HTTP ${f.error.httpStatus ?? "none"}): ${f.error.message}`,
+        hint:
+          f.kind === "guard-unreachable"
+            ? "Check clipjob's webhook pods and Service (kubectl -n clipjob-system get pods; clipjob doctor)"
+            : "The message names the field and the fix; `clipjob doctor` checks the whole install",
+      });
+    }
+  }
+
+  const relay = (deps.relay ?? defaultRelay)(settings);
+  try {
+    await relay.token();
+  } catch (err) {
+    checks.push({
+      code: "clipjob_relay_token",
+      level: "error",
+      message: `No token for the relay at ${settings.relayTokenFile}: ${message(err)}`,
+      hint: `Mount a projected ServiceAccount token with audience ${RELAY_TOKEN_AUDIENCE} at that path (see this adapter's README), or set relayTokenFile`,
+    });
+    return done();
+  }
+  try {
+    const { status, body } = await relay.probe();
+    if (status === 200) {
+      checks.push({ code: "clipjob_relay", level: "info", message: `The relay at ${relay.baseUrl} answers and accepts the server's token` });
+    } else if (status === 401) {
+      checks.push({
+        code: "clipjob_relay",
+        level: "error",
+        message: `The relay at ${relay.baseUrl} refused the token: ${body.trim().slice(0, 300)}`,
+        hint: `The token must be made for audience ${RELAY_TOKEN_AUDIENCE} (a projected ServiceAccount token with that audience)`,
+      });
+    } else {
+      checks.push({ code: "clipjob_relay", level: "error", message: `The relay at ${relay.baseUrl} answered ${status}: ${body.trim().slice(0, 300)}` });
+    }
+  } catch (err) {
+    checks.push({
+      code: "clipjob_relay",
+      level: "error",
+      message: `The relay at ${relay.baseUrl} cannot be reached: ${message(err)}`,
+      hint: "Check relayUrl, and relayCaFile when the relay's certificate is signed by clipjob's own CA",
+    });
+  }
+  return done();
+}
+
+/** The documentation Paperclip shows for an agent of this adapter. */
+export function agentConfigurationDoc(def: AdapterDefinition): string {
+  return `# ${def.type} agent configuration
+
+Adapter: ${def.type} (clipjob)
+
+Runs the agent as a bare Kubernetes Job that clipjob completes (image, volumes,
+env, security context, one run per agent) and follows its log through
+clipjob's relay. Jobs are labeled with profile ${def.profile} unless \`profile\` says otherwise.
+
+Agent fields:
+- model (string): passed as paperclip.io/model
+- maxTurnsPerRun (number): passed as paperclip.io/max-turns (0: none)
+- promptTemplate, bootstrapPromptTemplate (string): Paperclip's prompt templates
+- instructionsFilePath (string): read on the server and prepended to the prompt
+- cwd (string): working directory when the workspace names none (must be under /paperclip)
+- env (object): extra env vars, delivered in the run's env Secret
+- timeoutSec (number): the Job's activeDeadlineSeconds (0: the profile's)
+
+Cluster fields:
+- namespace, kubeconfig, profile, ttlSecondsAfterFinished
+- relayUrl, relayTokenFile, relayCaFile
+- promptAnnotationMaxBytes, reattach, deletePropagation, cancelGraceSec, relayGraceSec, paperclipApiUrl
+`;
+}
+
+/** A ServerAdapterModule for one adapter type. */
+export function createClipjobAdapter(def: AdapterDefinition, deps: AdapterDeps = {}): ServerAdapterModule {
+  const sessionManagement = getAdapterSessionManagement(def.profile);
+  return {
+    type: def.type,
+    execute: (ctx) => executeRun(def, ctx, deps),
+    testEnvironment: (ctx) => testClipjobEnvironment(def, ctx, deps),
+    sessionCodec,
+    ...(sessionManagement ? { sessionManagement } : {}),
+    // The agent calls Paperclip back with the run's token (PAPERCLIP_API_KEY).
+    supportsLocalAgentJwt: true,
+    agentConfigurationDoc: agentConfigurationDoc(def),
+  };
+}

@@ -1,0 +1,154 @@
+// The adapter's settings: the agent's adapterConfig (Paperclip's
+// `ctx.config`), checked and given defaults in one place, so every other
+// module reads typed values and the README's table of keys has one source.
+
+import { readFileSync } from "node:fs";
+
+/** How the Job is deleted on cancellation. */
+export type DeletePropagation = "Foreground" | "Background";
+
+export interface ClipjobSettings {
+  /** Namespace the Jobs and run Secrets are created in. */
+  namespace: string;
+  /** Kubeconfig file; empty: the in-cluster ServiceAccount (then ~/.kube/config). */
+  kubeconfig: string;
+  /** The relay API's base URL. */
+  relayUrl: string;
+  /** File holding a token for the relay's audience (a projected ServiceAccount token). */
+  relayTokenFile: string;
+  /** PEM bundle to verify the relay's certificate; empty: the system's CAs. */
+  relayCaFile: string;
+  /** Value of paperclip.io/adapter-type: the clipjob profile that runs the agent. */
+  profile: string;
+  model: string;
+  /** 0: no limit (no annotation). */
+  maxTurnsPerRun: number;
+  /** Working directory when the run's workspace names none. */
+  cwd: string;
+  instructionsFilePath: string;
+  promptTemplate: string;
+  bootstrapPromptTemplate: string;
+  /** Extra env vars for the agent, carried in the run's env Secret. */
+  env: Record<string, string>;
+  /** PAPERCLIP_API_URL for the agent; empty: what clipjob inherits from the server. */
+  paperclipApiUrl: string;
+  /** The Job's activeDeadlineSeconds; 0: the profile's. */
+  timeoutSec: number;
+  /** The Job's ttlSecondsAfterFinished; 0: the profile's. */
+  ttlSecondsAfterFinished: number;
+  /** A prompt larger than this (bytes, UTF-8) goes in a Secret instead of an annotation. */
+  promptAnnotationMaxBytes: number;
+  /** Follow the agent's running run (found through the relay) instead of creating one. */
+  reattach: boolean;
+  deletePropagation: DeletePropagation;
+  /** How long to wait for a cancelled run's Job to be gone. */
+  cancelGraceSec: number;
+  /** How long the relay may not know a run whose Job already finished. */
+  relayGraceSec: number;
+  /** How often the run's liveness is refreshed with Paperclip (onSpawn). */
+  livenessRefreshSec: number;
+}
+
+/** Where a projected token for the relay is mounted by default. */
+export const DEFAULT_RELAY_TOKEN_FILE = "/var/run/secrets/clipjob-relay/token";
+/** The chart's relay Service, release `clipjob` in `clipjob-system`. */
+export const DEFAULT_RELAY_URL = "https://clipjob-relay.clipjob-system.svc";
+/**
+ * Kubernetes limits all annotations of an object to 256 KiB together; a
+ * quarter of that leaves room for the other annotations and clipjob's.
+ */
+export const DEFAULT_PROMPT_ANNOTATION_MAX_BYTES = 64 * 1024;
+
+const SERVICE_ACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/**
+ * The namespace the Paperclip server runs in, where its agents run by
+ * default (clipjob's source namespace is an agent namespace by default).
+ */
+export function defaultNamespace(env: NodeJS.ProcessEnv = process.env, readNamespaceFile = readServiceAccountNamespace): string {
+  return env.PAPERCLIP_NAMESPACE?.trim() || env.POD_NAMESPACE?.trim() || readNamespaceFile() || "default";
+}
+
+function readServiceAccountNamespace(): string {
+  try {
+    return readFileSync(SERVICE_ACCOUNT_NAMESPACE_FILE, "utf8").trim();
+  } catch {
+    return "";
+  }
+}
+
+function str(value: unknown, fallback = ""): string {
+  return typeof value === "string" ? value.trim() || fallback : fallback;
+}
+
+function num(value: unknown, fallback: number): number {
+  if (typeof value === "number" && Number.isFinite(value)) return value;
+  if (typeof value === "string" && value.trim() !== "" && Number.isFinite(Number(value))) return Number(value);
+  return fallback;
+}
+
+function bool(value: unknown, fallback: boolean): boolean {
+  if (typeof value === "boolean") return value;
+  if (value === "true") return true;
+  if (value === "false") return false;
+  return fallback;
+}
+
+/**
+ * Env vars from adapterConfig.env: an object of strings, or Paperclip's
+ * binding objects `{ type: "plain", value }`. Secret references cannot be
+ * resolved here (the server resolves them into ctx.config before execute
+ * runs when it can); they are reported and left out.
+ */
+export function parseEnv(value: unknown, warn: (msg: string) => void = () => {}): Record<string, string> {
+  const out: Record<string, string> = {};
+  if (!value || typeof value !== "object" || Array.isArray(value)) return out;
+  for (const [key, raw] of Object.entries(value as Record<string, unknown>)) {
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(key)) {
+      warn(`env ${JSON.stringify(key)} is not a valid variable name; left out`);
+      continue;
+    }
+    if (typeof raw === "string") {
+      out[key] = raw;
+    } else if (raw && typeof raw === "object" && typeof (raw as { value?: unknown }).value === "string") {
+      out[key] = (raw as { value: string }).value;
+    } else {
+      warn(`env ${key} is not a plain string value; left out`);
+    }
+  }
+  return out;
+}
+
+/** Resolves settings from the agent's adapterConfig and the adapter's defaults. */
+export function resolveSettings(
+  config: Record<string, unknown>,
+  defaults: { profile: string },
+  warn: (msg: string) => void = () => {},
+  env: NodeJS.ProcessEnv = process.env,
+): ClipjobSettings {
+  const propagation = str(config.deletePropagation, "Foreground");
+  return {
+    namespace: str(config.namespace) || defaultNamespace(env),
+    kubeconfig: str(config.kubeconfig),
+    relayUrl: str(config.relayUrl, DEFAULT_RELAY_URL).replace(/\/+$/, ""),
+    relayTokenFile: str(config.relayTokenFile, DEFAULT_RELAY_TOKEN_FILE),
+    relayCaFile: str(config.relayCaFile),
+    profile: str(config.profile, defaults.profile),
+    model: str(config.model),
+    maxTurnsPerRun: Math.max(0, Math.trunc(num(config.maxTurnsPerRun, 0))),
+    cwd: str(config.cwd),
+    instructionsFilePath: str(config.instructionsFilePath),
+    promptTemplate: typeof config.promptTemplate === "string" ? config.promptTemplate : "",
+    bootstrapPromptTemplate: typeof config.bootstrapPromptTemplate === "string" ? config.bootstrapPromptTemplate : "",
+    env: parseEnv(config.env, warn),
+    paperclipApiUrl: str(config.paperclipApiUrl),
+    timeoutSec: Math.max(0, Math.trunc(num(config.timeoutSec, 0))),
+    ttlSecondsAfterFinished: Math.max(0, Math.trunc(num(config.ttlSecondsAfterFinished, 0))),
+    promptAnnotationMaxBytes: Math.max(0, Math.trunc(num(config.promptAnnotationMaxBytes, DEFAULT_PROMPT_ANNOTATION_MAX_BYTES))),
+    reattach: bool(config.reattach, true),
+    deletePropagation: propagation === "Background" ? "Background" : "Foreground",
+    cancelGraceSec: Math.max(0, num(config.cancelGraceSec, 60)),
+    relayGraceSec: Math.max(0, num(config.relayGraceSec, 60)),
+    livenessRefreshSec: Math.max(1, num(config.livenessRefreshSec, 180)),
+  };
+}

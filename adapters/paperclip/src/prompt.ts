@@ -1,0 +1,200 @@
+// The run's prompt and its env, from Paperclip's run context, composed the
+// way Paperclip's own local adapters compose them (with adapter-utils'
+// helpers, so a new wake shape or template variable reaches clipjob runs
+// too). The prompt goes to the pod by annotation or Secret, the env by the
+// run's env Secret; nothing here touches the cluster.
+
+import { readFile } from "node:fs/promises";
+import { dirname } from "node:path";
+
+import type { AdapterExecutionContext } from "@paperclipai/adapter-utils";
+import {
+  applyPaperclipWorkspaceEnv,
+  buildRuntimeToolsEnv,
+  DEFAULT_PAPERCLIP_AGENT_PROMPT_TEMPLATE,
+  isPaperclipRecoveryWakePayload,
+  joinPromptSections,
+  readPaperclipIssueWorkModeFromContext,
+  renderPaperclipWakePrompt,
+  renderTemplate,
+  stringifyPaperclipWakePayload,
+} from "@paperclipai/adapter-utils/server-utils";
+
+import type { ClipjobSettings } from "./config.js";
+
+function text(value: unknown): string {
+  return typeof value === "string" ? value.trim() : "";
+}
+
+function record(value: unknown): Record<string, unknown> {
+  return value && typeof value === "object" && !Array.isArray(value) ? (value as Record<string, unknown>) : {};
+}
+
+/** The run's workspace as Paperclip describes it in context.paperclipWorkspace. */
+export interface RunWorkspace {
+  cwd: string;
+  source: string;
+  strategy: string;
+  workspaceId: string;
+  repoUrl: string;
+  repoRef: string;
+  branch: string;
+  worktreePath: string;
+  agentHome: string;
+}
+
+export function workspaceOf(context: Record<string, unknown>): RunWorkspace {
+  const w = record(context.paperclipWorkspace);
+  return {
+    cwd: text(w.cwd),
+    source: text(w.source),
+    strategy: text(w.strategy),
+    workspaceId: text(w.workspaceId),
+    repoUrl: text(w.repoUrl),
+    repoRef: text(w.repoRef),
+    branch: text(w.branchName) || text(w.branch),
+    worktreePath: text(w.worktreePath),
+    agentHome: text(w.agentHome) || text(context.agentHome),
+  };
+}
+
+/** The task (issue) the run works on, if the wake names one. */
+export function taskIdOf(context: Record<string, unknown>): string {
+  return text(context.taskId) || text(context.issueId);
+}
+
+/**
+ * The session to resume: Paperclip's stored session params (or its legacy
+ * session id), unless they were made in another working directory —
+ * agents keep sessions per directory, as Paperclip's Claude adapter checks.
+ */
+export function sessionToResume(runtime: AdapterExecutionContext["runtime"], workingDir: string): string {
+  const params = record(runtime.sessionParams);
+  const id = text(params.sessionId) || text(runtime.sessionId);
+  const cwd = text(params.cwd);
+  if (!id) return "";
+  if (cwd && workingDir && cwd.replace(/\/+$/, "") !== workingDir.replace(/\/+$/, "")) return "";
+  return id;
+}
+
+export interface BuiltPrompt {
+  prompt: string;
+  metrics: Record<string, number>;
+  notes: string[];
+}
+
+/**
+ * The prompt of a run: instructions, bootstrap (new sessions), the wake,
+ * the session handoff, and the heartbeat template, as Paperclip's local
+ * adapters join them. A resumed session with a wake gets only the delta.
+ */
+export async function buildPrompt(
+  ctx: Pick<AdapterExecutionContext, "agent" | "runId" | "context">,
+  settings: Pick<ClipjobSettings, "instructionsFilePath" | "promptTemplate" | "bootstrapPromptTemplate">,
+  resumed: boolean,
+  read: (path: string) => Promise<string> = (p) => readFile(p, "utf8"),
+): Promise<BuiltPrompt> {
+  const { agent, runId, context } = ctx;
+  const notes: string[] = [];
+  const templateData = {
+    agentId: agent.id,
+    companyId: agent.companyId,
+    runId,
+    company: { id: agent.companyId },
+    agent,
+    run: { id: runId, source: "on_demand" },
+    context,
+  };
+
+  let instructions = "";
+  if (settings.instructionsFilePath) {
+    // Read on the server: the pod may not see the same path, and the
+    // prompt is how an agent command without a system-prompt flag gets it.
+    try {
+      const body = (await read(settings.instructionsFilePath)).trim();
+      if (body) {
+        instructions =
+          `${body}\n\nThe above agent instructions were loaded from ${settings.instructionsFilePath}. ` +
+          `Resolve any relative file references from ${dirname(settings.instructionsFilePath)}.`;
+      }
+    } catch (err) {
+      notes.push(`instructions file ${settings.instructionsFilePath} could not be read (${err instanceof Error ? err.message : String(err)}); continuing without it`);
+    }
+  }
+
+  const bootstrap =
+    !resumed && settings.bootstrapPromptTemplate.trim() ? renderTemplate(settings.bootstrapPromptTemplate, templateData).trim() : "";
+  const wake = renderPaperclipWakePrompt(context.paperclipWake, { resumedSession: resumed });
+  const resumeDelta = resumed && wake.length > 0;
+  const heartbeat =
+    resumeDelta || isPaperclipRecoveryWakePayload(context.paperclipWake)
+      ? ""
+      : renderTemplate(settings.promptTemplate || DEFAULT_PAPERCLIP_AGENT_PROMPT_TEMPLATE, templateData);
+  const handoff = text(context.paperclipSessionHandoffMarkdown);
+  const prefix = resumeDelta ? "" : instructions;
+  const prompt = joinPromptSections([prefix, bootstrap, wake, handoff, heartbeat]);
+  return {
+    prompt,
+    notes,
+    metrics: {
+      promptChars: prompt.length,
+      instructionsChars: prefix.length,
+      bootstrapPromptChars: bootstrap.length,
+      wakePromptChars: wake.length,
+      sessionHandoffChars: handoff.length,
+      heartbeatPromptChars: heartbeat.length,
+    },
+  };
+}
+
+/**
+ * The run's own env vars, for its env Secret: the callback token, the wake
+ * context and the workspace, then the agent's configured env. The run's
+ * identity (PAPERCLIP_AGENT_ID, _RUN_ID, _COMPANY_ID, _TASK_ID,
+ * _SESSION_ID) is not here: clipjob sets it from the Job's labels.
+ */
+export function buildRunEnv(
+  ctx: Pick<AdapterExecutionContext, "context" | "authToken" | "runtimeTools">,
+  settings: Pick<ClipjobSettings, "env" | "paperclipApiUrl">,
+): Record<string, string> {
+  const { context } = ctx;
+  const env: Record<string, string> = {};
+  const w = workspaceOf(context);
+  applyPaperclipWorkspaceEnv(env, {
+    workspaceCwd: w.cwd || null,
+    workspaceSource: w.source || null,
+    workspaceStrategy: w.strategy || null,
+    workspaceId: w.workspaceId || null,
+    workspaceRepoUrl: w.repoUrl || null,
+    workspaceRepoRef: w.repoRef || null,
+    workspaceBranch: w.branch || null,
+    workspaceWorktreePath: w.worktreePath || null,
+    agentHome: w.agentHome || null,
+  });
+  const taskId = taskIdOf(context);
+  const wakeReason = text(context.wakeReason);
+  const wakeCommentId = text(context.wakeCommentId) || text(context.commentId);
+  const approvalId = text(context.approvalId);
+  const approvalStatus = text(context.approvalStatus);
+  const linkedIssueIds = Array.isArray(context.issueIds)
+    ? context.issueIds.filter((v): v is string => typeof v === "string" && v.trim() !== "")
+    : [];
+  const wakePayload = stringifyPaperclipWakePayload(context.paperclipWake);
+  const workMode = readPaperclipIssueWorkModeFromContext(context);
+  // The label gives PAPERCLIP_TASK_ID too; this copy covers a task id that
+  // cannot be a label value.
+  if (taskId) env.PAPERCLIP_TASK_ID = taskId;
+  if (workMode) env.PAPERCLIP_ISSUE_WORK_MODE = workMode;
+  if (wakeReason) env.PAPERCLIP_WAKE_REASON = wakeReason;
+  if (wakeCommentId) env.PAPERCLIP_WAKE_COMMENT_ID = wakeCommentId;
+  if (approvalId) env.PAPERCLIP_APPROVAL_ID = approvalId;
+  if (approvalStatus) env.PAPERCLIP_APPROVAL_STATUS = approvalStatus;
+  if (linkedIssueIds.length > 0) env.PAPERCLIP_LINKED_ISSUE_IDS = linkedIssueIds.join(",");
+  if (wakePayload) env.PAPERCLIP_WAKE_PAYLOAD_JSON = wakePayload;
+  Object.assign(env, buildRuntimeToolsEnv(ctx.runtimeTools));
+  if (settings.paperclipApiUrl) env.PAPERCLIP_API_URL = settings.paperclipApiUrl;
+  Object.assign(env, settings.env);
+  // The run-scoped callback token, unless the agent's config sets its own.
+  if (ctx.authToken && !settings.env.PAPERCLIP_API_KEY) env.PAPERCLIP_API_KEY = ctx.authToken;
+  return env;
+}

@@ -1,0 +1,451 @@
+// A client of clipjob's log relay (relay/api in the clipjob repository):
+// the run list, one run's status and result, and its log as Server-Sent
+// Events followed across broken connections — each line handed on once
+// and in order, resuming with Last-Event-ID. Built on node:http(s), not
+// fetch, because the relay's certificate is signed by clipjob's own CA and
+// Node 20's fetch takes no per-request CA.
+
+import { readFile } from "node:fs/promises";
+import http, { type IncomingMessage } from "node:http";
+import https from "node:https";
+
+import { SseParser } from "./sse.js";
+
+/** Token accounting as the relay reports it (relay/result.Usage). */
+export interface RelayUsage {
+  inputTokens: number;
+  outputTokens: number;
+  cacheReadInputTokens?: number;
+  cacheCreationInputTokens?: number;
+  reasoningTokens?: number;
+}
+
+/** What a run produced, read from its log (relay/result.Result). */
+export interface RelayResult {
+  format?: string;
+  sessionId?: string;
+  model?: string;
+  subtype?: string;
+  isError?: boolean;
+  text?: string;
+  usage?: RelayUsage;
+  costUsd?: number;
+  truncated?: boolean;
+  reason?: string;
+  outcome?: "succeeded" | "failed" | "killed" | "timed_out" | string;
+  errors?: string[];
+  sessionUnavailable?: boolean;
+  emptyResponse?: boolean;
+  raw?: unknown;
+}
+
+/** One run as `GET /v1/runs/{run}` answers (relay/store.Run). */
+export interface RelayRun {
+  id: string;
+  namespace: string;
+  job?: string;
+  jobUid?: string;
+  pod?: string;
+  agent?: string;
+  company?: string;
+  task?: string;
+  session?: string;
+  adapter?: string;
+  containers?: string[];
+  mainContainer?: string;
+  phase: string;
+  startedAt?: string;
+  finishedAt?: string;
+  exitCode?: number;
+  reason?: string;
+  done: boolean;
+  lastSeq: number;
+  bytes?: number;
+  result?: RelayResult;
+}
+
+/** One stored log line (relay/store.Line). */
+export interface RelayLine {
+  seq: number;
+  ts: string;
+  container: string;
+  line: string;
+}
+
+/** The end of a log (relay/api.End). */
+export interface RelayEnd {
+  phase: string;
+  exitCode?: number;
+  reason?: string;
+  lastSeq: number;
+  result?: RelayResult;
+}
+
+export class RelayHttpError extends Error {
+  constructor(
+    readonly status: number,
+    readonly body: string,
+    what: string,
+  ) {
+    super(`${what}: the relay answered ${status}${body ? `: ${relayMessage(body)}` : ""}`);
+  }
+}
+
+/** The relay's JSON error message ({"code","message"}), or the body as it came. */
+function relayMessage(body: string): string {
+  try {
+    const parsed = JSON.parse(body) as { message?: unknown };
+    if (typeof parsed.message === "string") return parsed.message;
+  } catch {
+    // Not the relay's JSON: a proxy's page, say.
+  }
+  return body.trim().slice(0, 500);
+}
+
+export interface RelayClientOptions {
+  /** The API's base URL, e.g. https://clipjob-relay.clipjob-system.svc. */
+  baseUrl: string;
+  /** A file holding a token for the relay's audience; re-read for every request, as kubelet rotates projected tokens. */
+  tokenFile: string;
+  /** PEM bundle to verify the relay's certificate; empty: the system's CAs. */
+  caFile?: string;
+  /** Timeout of a non-following request. Default 30 s. */
+  requestTimeoutMs?: number;
+}
+
+export interface LogResponse {
+  status: number;
+  body: IncomingMessage;
+}
+
+export class RelayClient {
+  private readonly base: URL;
+
+  constructor(private readonly opts: RelayClientOptions) {
+    this.base = new URL(opts.baseUrl.replace(/\/+$/, "") + "/");
+  }
+
+  get baseUrl(): string {
+    return this.base.toString().replace(/\/$/, "");
+  }
+
+  /** The token for the relay's audience, from its file. */
+  async token(): Promise<string> {
+    return (await readFile(this.opts.tokenFile, "utf8")).trim();
+  }
+
+  private async request(path: string, headers: Record<string, string>, signal?: AbortSignal, timeoutMs?: number): Promise<IncomingMessage> {
+    const url = new URL(path.replace(/^\//, ""), this.base);
+    const ca = this.opts.caFile ? await readFile(this.opts.caFile) : undefined;
+    const token = await this.token();
+    const lib = url.protocol === "https:" ? https : http;
+    return new Promise<IncomingMessage>((resolve, reject) => {
+      const req = lib.request(
+        url,
+        {
+          method: "GET",
+          headers: { ...headers, Authorization: `Bearer ${token}` },
+          ...(url.protocol === "https:" && ca ? { ca } : {}),
+          signal,
+        },
+        resolve,
+      );
+      req.on("error", reject);
+      if (timeoutMs) {
+        req.setTimeout(timeoutMs, () => req.destroy(new Error(`no answer from the relay within ${timeoutMs} ms`)));
+      }
+      req.end();
+    });
+  }
+
+  private async getJSON<T>(path: string, signal?: AbortSignal): Promise<{ status: number; value: T | null; body: string }> {
+    const res = await this.request(path, { Accept: "application/json" }, signal, this.opts.requestTimeoutMs ?? 30_000);
+    const body = await readBody(res);
+    if (res.statusCode === 200) return { status: 200, value: JSON.parse(body) as T, body };
+    return { status: res.statusCode ?? 0, value: null, body };
+  }
+
+  /** The runs the caller may read, newest first, filtered as given. */
+  async listRuns(filter: { agent?: string; company?: string; phase?: string }, signal?: AbortSignal): Promise<RelayRun[]> {
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(filter)) if (v) q.set(k, v);
+    const { status, value, body } = await this.getJSON<{ runs: RelayRun[] }>(`/v1/runs?${q}`, signal);
+    if (status !== 200 || !value) throw new RelayHttpError(status, body, "listing runs");
+    return value.runs ?? [];
+  }
+
+  /** One run's status and result; null if the relay does not know it (or the caller may not read it). */
+  async getRun(runId: string, signal?: AbortSignal): Promise<RelayRun | null> {
+    const { status, value, body } = await this.getJSON<RelayRun>(`/v1/runs/${encodeURIComponent(runId)}`, signal);
+    if (status === 404) return null;
+    if (status !== 200 || !value) throw new RelayHttpError(status, body, `reading run ${runId}`);
+    return value;
+  }
+
+  /**
+   * Opens the run's log as SSE after sequence `after`. A resumed stream
+   * sends Last-Event-ID, as an EventSource does, so the relay answers 204
+   * once the run ended and everything was read.
+   */
+  async openLog(runId: string, after: number, resume: boolean, signal?: AbortSignal): Promise<LogResponse> {
+    const headers: Record<string, string> = { Accept: "text/event-stream", "Cache-Control": "no-cache" };
+    if (resume && after > 0) headers["Last-Event-ID"] = String(after);
+    const res = await this.request(`/v1/runs/${encodeURIComponent(runId)}/log?after=${after}`, headers, signal);
+    return { status: res.statusCode ?? 0, body: res };
+  }
+
+  /** GET /v1/runs with the token: 200 means reachable and the token accepted. */
+  async probe(signal?: AbortSignal): Promise<{ status: number; body: string }> {
+    const res = await this.request("/v1/runs?phase=none", { Accept: "application/json" }, signal, this.opts.requestTimeoutMs ?? 30_000);
+    return { status: res.statusCode ?? 0, body: await readBody(res) };
+  }
+}
+
+async function readBody(res: IncomingMessage): Promise<string> {
+  res.setEncoding("utf8");
+  let body = "";
+  for await (const chunk of res) body += chunk as string;
+  return body;
+}
+
+export type JobState = "active" | "finished" | "gone";
+
+export interface FollowOptions {
+  client: RelayClient;
+  runId: string;
+  /** The last sequence already handed on (0: none). */
+  afterSeq?: number;
+  /** Each line, once and in order; the next waits for it. */
+  onLine: (line: RelayLine) => Promise<void>;
+  /** A keepalive comment came: the relay and the run are alive. */
+  onKeepalive?: () => void | Promise<void>;
+  /** The relay knows the run and a stream is open. */
+  onAttached?: (firstTime: boolean) => void | Promise<void>;
+  /** Notices about the connection (reconnecting, waiting). */
+  onNotice?: (msg: string) => void | Promise<void>;
+  /**
+   * The Job's state, asked while the relay has no stream for the run: a
+   * Job gone before the relay saw it, or ended long ago with the relay
+   * still silent, ends the follow instead of waiting forever.
+   */
+  checkJob?: () => Promise<JobState>;
+  signal: AbortSignal;
+  /** Backoff between reconnects. Default 500 ms doubling to 15 s. */
+  initialBackoffMs?: number;
+  maxBackoffMs?: number;
+  /** How often to ask again while the relay does not know the run yet. Default 2 s. */
+  unknownRunPollMs?: number;
+  /** How often checkJob is asked meanwhile. Default 10 s. */
+  jobCheckEveryMs?: number;
+  /** How long after its Job ended the relay may still not serve the run. Default 60 s. */
+  relayGraceMs?: number;
+  /** A stream silent this long (keepalives come every 15 s) is reopened. Default 60 s. */
+  idleTimeoutMs?: number;
+  /** Consecutive 401/403 answers before giving up. Default 5. */
+  maxAuthFailures?: number;
+}
+
+export type FollowOutcome =
+  | { kind: "ended"; end: RelayEnd | null; lastSeq: number }
+  | { kind: "job-gone"; lastSeq: number }
+  | { kind: "aborted"; lastSeq: number }
+  | { kind: "unavailable"; message: string; lastSeq: number };
+
+function sleep(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal.aborted) return resolve();
+    const t = setTimeout(done, ms);
+    function done() {
+      clearTimeout(t);
+      signal.removeEventListener("abort", done);
+      resolve();
+    }
+    signal.addEventListener("abort", done, { once: true });
+  });
+}
+
+/**
+ * Follows a run's log until its end event. Lines already handed on (by
+ * sequence) are skipped, so a reconnect that repeats some loses nothing
+ * and repeats nothing.
+ */
+export async function followRun(o: FollowOptions): Promise<FollowOutcome> {
+  const initialBackoff = o.initialBackoffMs ?? 500;
+  const maxBackoff = o.maxBackoffMs ?? 15_000;
+  const unknownPoll = o.unknownRunPollMs ?? 2_000;
+  const jobCheckEvery = o.jobCheckEveryMs ?? 10_000;
+  const relayGrace = o.relayGraceMs ?? 60_000;
+  const idleTimeout = o.idleTimeoutMs ?? 60_000;
+  const maxAuthFailures = o.maxAuthFailures ?? 5;
+
+  let lastSeq = o.afterSeq ?? 0;
+  let backoff = initialBackoff;
+  let attached = false;
+  let authFailures = 0;
+  let lastJobCheck = -Infinity;
+  let jobEndedAt: number | null = null;
+  let lastTrouble = "";
+
+  const notice = async (msg: string) => {
+    if (msg !== lastTrouble) {
+      lastTrouble = msg;
+      await o.onNotice?.(msg);
+    }
+  };
+
+  // While no stream is open: whether to give up, from the Job's state.
+  const withoutStream = async (why: "unknown" | "error", detail: string): Promise<FollowOutcome | null> => {
+    const now = Date.now();
+    if (o.checkJob && now - lastJobCheck >= jobCheckEvery) {
+      lastJobCheck = now;
+      let state: JobState | null = null;
+      try {
+        state = await o.checkJob();
+      } catch {
+        state = null; // the API server is unsure too: keep waiting
+      }
+      if (state === "gone" && why === "unknown" && lastSeq === 0 && !attached) return { kind: "job-gone", lastSeq };
+      if (state === "finished" || state === "gone") jobEndedAt ??= now;
+    }
+    if (jobEndedAt !== null && now - jobEndedAt >= relayGrace) {
+      return {
+        kind: "unavailable",
+        lastSeq,
+        message:
+          why === "unknown"
+            ? `the relay has no record of run ${o.runId} although its Job ended ${Math.round((now - jobEndedAt) / 1000)}s ago: check that the relay follows the Job's namespace and that the token may get pods/log there`
+            : `the relay could not be read for run ${o.runId} after its Job ended: ${detail}`,
+      };
+    }
+    return null;
+  };
+
+  while (!o.signal.aborted) {
+    let res: LogResponse;
+    try {
+      res = await o.client.openLog(o.runId, lastSeq, lastSeq > 0, o.signal);
+    } catch (err) {
+      if (o.signal.aborted) break;
+      const msg = err instanceof Error ? err.message : String(err);
+      await notice(`relay unreachable (${msg}); retrying`);
+      const give = await withoutStream("error", msg);
+      if (give) return give;
+      await sleep(backoff, o.signal);
+      backoff = Math.min(backoff * 2, maxBackoff);
+      continue;
+    }
+
+    if (res.status === 200) {
+      authFailures = 0;
+      jobEndedAt = null;
+      lastTrouble = "";
+      await o.onAttached?.(!attached);
+      attached = true;
+      const before = lastSeq;
+      let end: RelayEnd | null | undefined;
+      try {
+        end = await consume(res.body, o, idleTimeout, (seq) => (lastSeq = seq), () => lastSeq);
+      } catch (err) {
+        if (o.signal.aborted) break;
+        await notice(`log stream broke (${err instanceof Error ? err.message : String(err)}); resuming after line ${lastSeq}`);
+      }
+      if (end !== undefined) return { kind: "ended", end, lastSeq };
+      if (o.signal.aborted) break;
+      // The stream ended without its end event (the relay restarted, a
+      // proxy cut it, access was re-checked): resume where it stopped.
+      if (lastSeq > before) backoff = initialBackoff;
+      await sleep(backoff, o.signal);
+      backoff = Math.min(backoff * 2, maxBackoff);
+      continue;
+    }
+
+    const body = await readBody(res.body).catch(() => "");
+    if (res.status === 204) {
+      // Reconnected after the end with everything read.
+      return { kind: "ended", end: null, lastSeq };
+    }
+    if (res.status === 404) {
+      // Not seen yet: its pod does not exist yet (a queued run waits for
+      // its agent with no pod at all). No timeout: clipjob ends a run that
+      // cannot start, and the Job check above notices a Job that is gone.
+      if (!attached) await notice(`waiting for the relay to see run ${o.runId}'s pod`);
+      const give = await withoutStream("unknown", relayMessage(body));
+      if (give) return give;
+      await sleep(unknownPoll, o.signal);
+      continue;
+    }
+    if (res.status === 401 || res.status === 403) {
+      authFailures++;
+      if (authFailures >= maxAuthFailures) {
+        return { kind: "unavailable", lastSeq, message: `the relay refused the token (${res.status}): ${relayMessage(body)}` };
+      }
+    } else if (res.status >= 400 && res.status < 500) {
+      return { kind: "unavailable", lastSeq, message: `the relay answered ${res.status}: ${relayMessage(body)}` };
+    }
+    await notice(`relay answered ${res.status}${body ? `: ${relayMessage(body)}` : ""}; retrying`);
+    const give = await withoutStream("error", `${res.status} ${relayMessage(body)}`);
+    if (give) return give;
+    await sleep(backoff, o.signal);
+    backoff = Math.min(backoff * 2, maxBackoff);
+  }
+  return { kind: "aborted", lastSeq };
+}
+
+/**
+ * Reads one SSE response: lines are handed on, keepalives reported.
+ * Returns the end (null if it carried nothing readable) when the end event
+ * came, undefined when the stream closed before it.
+ */
+async function consume(
+  body: IncomingMessage,
+  o: FollowOptions,
+  idleTimeoutMs: number,
+  setSeq: (seq: number) => void,
+  getSeq: () => number,
+): Promise<RelayEnd | null | undefined> {
+  body.setEncoding("utf8");
+  const parser = new SseParser();
+  let idle: NodeJS.Timeout | undefined;
+  const arm = () => {
+    clearTimeout(idle);
+    idle = setTimeout(() => body.destroy(new Error(`no data for ${idleTimeoutMs} ms`)), idleTimeoutMs);
+  };
+  const onAbort = () => body.destroy();
+  o.signal.addEventListener("abort", onAbort, { once: true });
+  arm();
+  try {
+    for await (const chunk of body) {
+      arm();
+      for (const item of parser.push(chunk as string)) {
+        if (item.kind === "comment") {
+          await o.onKeepalive?.();
+          continue;
+        }
+        const { event } = item;
+        if (event.event === "line") {
+          let line: RelayLine;
+          try {
+            line = JSON.parse(event.data) as RelayLine;
+          } catch {
+            continue; // not the relay's JSON: nothing to hand on
+          }
+          const seq = typeof line.seq === "number" ? line.seq : Number(event.id);
+          if (!Number.isFinite(seq) || seq <= getSeq()) continue; // already handed on
+          await o.onLine({ ...line, seq });
+          setSeq(seq);
+        } else if (event.event === "end") {
+          try {
+            return JSON.parse(event.data) as RelayEnd;
+          } catch {
+            return null;
+          }
+        }
+      }
+    }
+    return undefined;
+  } finally {
+    clearTimeout(idle);
+    o.signal.removeEventListener("abort", onAbort);
+    body.destroy();
+  }
+}

@@ -1,0 +1,312 @@
+import assert from "node:assert/strict";
+import { after, before, beforeEach, describe, it } from "node:test";
+
+import type { AdapterExecutionContext, AdapterInvocationMeta } from "@paperclipai/adapter-utils";
+import type { V1Job } from "@kubernetes/client-node";
+
+import { CLAUDE_ADAPTER, createClipjobAdapter, executeRun, type AdapterDeps } from "../src/adapter.js";
+import { RelayClient } from "../src/relay.js";
+import { FakeKube, statusError } from "./fake-kube.js";
+import { FakeRelay } from "./fake-relay.js";
+
+interface Recorded {
+  ctx: AdapterExecutionContext;
+  stdout: string[];
+  stderr: string[];
+  meta: AdapterInvocationMeta[];
+  spawns: number;
+}
+
+let relay: FakeRelay;
+let tokenFile: string;
+let kube: FakeKube;
+let runCounter = 0;
+
+function deps(): AdapterDeps {
+  return {
+    kube: () => kube,
+    relay: (s) => new RelayClient({ baseUrl: s.relayUrl, tokenFile: s.relayTokenFile }),
+    follow: { initialBackoffMs: 10, maxBackoffMs: 50, unknownRunPollMs: 20, jobCheckEveryMs: 20, relayGraceMs: 300 },
+    cancelPollMs: 10,
+  };
+}
+
+function newCtx(over: Partial<AdapterExecutionContext> = {}, config: Record<string, unknown> = {}): Recorded {
+  runCounter++;
+  const rec: Recorded = { stdout: [], stderr: [], meta: [], spawns: 0, ctx: undefined as unknown as AdapterExecutionContext };
+  rec.ctx = {
+    runId: `run-${runCounter}`,
+    agent: { id: `agent-${runCounter}`, companyId: "company-1", name: "Coder", adapterType: "claude_k8s", adapterConfig: {} },
+    runtime: { sessionId: null, sessionParams: null, sessionDisplayId: null, taskKey: null },
+    config: { namespace: "paperclip", relayUrl: relay.url, relayTokenFile: tokenFile, promptTemplate: "Fix the failing test.", ...config },
+    context: {},
+    authToken: "run-scoped-token",
+    onLog: async (stream, chunk) => {
+      (stream === "stdout" ? rec.stdout : rec.stderr).push(chunk);
+    },
+    onMeta: async (m) => void rec.meta.push(m),
+    onSpawn: async () => void rec.spawns++,
+    ...over,
+  };
+  return rec;
+}
+
+/** When the Job is created, its pod "runs": the relay sees it, lines come, it ends. */
+function runsTo(lines: string[], end: Parameters<FakeRelay["finish"]>[1], delayMs = 30) {
+  return (job: V1Job) => {
+    const labels = job.metadata?.labels ?? {};
+    setTimeout(() => {
+      relay.addRun({ id: labels["paperclip.io/run-id"], agent: labels["paperclip.io/agent-id"], job: job.metadata?.name });
+      relay.appendLines(labels["paperclip.io/run-id"], ...lines);
+      relay.finish(labels["paperclip.io/run-id"], end);
+    }, delayMs);
+  };
+}
+
+const claudeLines = [
+  '{"type":"system","subtype":"init","session_id":"sess-1","model":"claude-sonnet-4-5"}',
+  '{"type":"assistant","message":{"content":[{"type":"text","text":"working"}]}}',
+  '{"type":"result","subtype":"success","is_error":false,"result":"fixed it","session_id":"sess-1","total_cost_usd":0.01}',
+];
+const claudeEnd = {
+  phase: "Succeeded",
+  exitCode: 0,
+  result: { format: "claude-stream-json", outcome: "succeeded", sessionId: "sess-1", model: "claude-sonnet-4-5", text: "fixed it", costUsd: 0.01, usage: { inputTokens: 3, outputTokens: 4 } },
+};
+
+before(async () => {
+  relay = await new FakeRelay().start();
+  tokenFile = relay.tokenFile();
+});
+after(() => relay.close());
+beforeEach(() => {
+  kube = new FakeKube();
+});
+
+describe("execute", () => {
+  it("submits a bare Job with its env Secret, follows the relay and maps the result", async () => {
+    kube.afterCreateJob = runsTo(claudeLines, claudeEnd);
+    const rec = newCtx({}, { model: "claude-sonnet-4-5", maxTurnsPerRun: 7 });
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+
+    assert.deepEqual(rec.stdout, claudeLines.map((l) => `${l}\n`), "each line once, in order, on stdout");
+    assert.equal(result.errorCode, null);
+    assert.equal(result.exitCode, 0);
+    assert.equal(result.summary, "fixed it");
+    assert.equal(result.sessionId, "sess-1");
+    assert.equal(result.costUsd, 0.01);
+    assert.ok(rec.spawns >= 1, "liveness reported");
+
+    const [secretCall, jobCall] = kube.calls;
+    assert.match(secretCall, /^create secret pc-run-\d+-[0-9a-f]{8}-env$/);
+    assert.match(jobCall, /^create job pc-run-\d+-[0-9a-f]{8}$/);
+    const job = [...kube.jobs.values()][0];
+    assert.equal(job.metadata?.labels?.["paperclip.io/agent-id"], rec.ctx.agent.id);
+    assert.equal(job.metadata?.labels?.["paperclip.io/run-id"], rec.ctx.runId);
+    assert.equal(job.metadata?.labels?.["paperclip.io/adapter-type"], "claude_local");
+    assert.equal(job.metadata?.labels?.["paperclip.io/company-id"], "company-1");
+    assert.equal(job.metadata?.annotations?.["paperclip.io/model"], "claude-sonnet-4-5");
+    assert.equal(job.metadata?.annotations?.["paperclip.io/max-turns"], "7");
+    assert.equal(job.spec?.template.metadata?.annotations?.["paperclip.io/prompt"], "Fix the failing test.");
+    const secret = kube.secrets.get(job.metadata!.annotations!["paperclip.io/env-secret"])!;
+    assert.equal(secret.stringData?.PAPERCLIP_API_KEY, "run-scoped-token");
+    assert.equal(secret.metadata?.labels?.["paperclip.io/run-id"], rec.ctx.runId);
+    assert.equal(secret.metadata?.labels?.["paperclip.io/agent-id"], rec.ctx.agent.id);
+
+    assert.equal(rec.meta.length, 1);
+    assert.equal(rec.meta[0].adapterType, "claude_k8s");
+    assert.equal(rec.meta[0].prompt, "Fix the failing test.");
+    assert.ok(rec.stderr.every((l) => l.startsWith("[clipjob] ")), "the adapter's notices are on stderr");
+  });
+
+  it("sends a large prompt in a Secret created before the Job", async () => {
+    kube.afterCreateJob = runsTo([], claudeEnd);
+    const rec = newCtx({}, { promptTemplate: "p".repeat(2048), promptAnnotationMaxBytes: 1024 });
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, null);
+    assert.deepEqual(
+      kube.calls.map((c) => c.replace(/pc-run-\d+-[0-9a-f]{8}/, "JOB")),
+      ["create secret JOB-env", "create secret JOB-prompt", "create job JOB"],
+    );
+    const job = [...kube.jobs.values()][0];
+    assert.equal(job.spec?.template.metadata?.annotations?.["paperclip.io/prompt-secret"], `${job.metadata?.name}-prompt`);
+    assert.equal(kube.secrets.get(`${job.metadata?.name}-prompt`)?.stringData?.prompt, "p".repeat(2048));
+  });
+
+  it("409 agent-busy: blocked, and the run's Secrets removed", async () => {
+    kube.onCreateJob = () => {
+      throw statusError(409, "Conflict", "agent busy", [
+        { reason: "clipjob.paperclip.io/agent-busy", message: "agent busy" },
+        { reason: "clipjob.paperclip.io/holder-run-id", message: "run-0" },
+      ]);
+    };
+    const rec = newCtx();
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, "k8s_concurrent_run_blocked");
+    assert.equal(result.errorMeta?.holderRunId, "run-0");
+    assert.equal(kube.secrets.size, 0);
+    assert.equal(kube.jobs.size, 0);
+  });
+
+  it("webhook unreachable: the guard-unreachable code", async () => {
+    kube.onCreateJob = () => {
+      throw statusError(500, "InternalError", 'Internal error occurred: failed calling webhook "mjob.clipjob.paperclip.io": context deadline exceeded');
+    };
+    const result = await executeRun(CLAUDE_ADAPTER, newCtx().ctx, deps());
+    assert.equal(result.errorCode, "k8s_concurrency_guard_unreachable");
+    assert.equal(kube.secrets.size, 0);
+  });
+
+  it("queued in Queue mode: says so and waits with no scheduling timeout", async () => {
+    kube.onCreateJob = (job) => {
+      job.metadata!.annotations = {
+        ...job.metadata!.annotations,
+        "clipjob.paperclip.io/queued": "",
+        "clipjob.paperclip.io/queue-position": "1",
+        "clipjob.paperclip.io/queue-holder": "paperclip/pc-run-0",
+      };
+      return job;
+    };
+    // Longer than relayGraceMs: a waiting run's Job is active, so no clock runs.
+    kube.afterCreateJob = runsTo(["late"], claudeEnd, 500);
+    const rec = newCtx();
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, null);
+    assert.deepEqual(rec.stdout, ["late\n"]);
+    assert.ok(rec.stderr.some((l) => /queued by clipjob.*paperclip\/pc-run-0.*position 1/.test(l)), rec.stderr.join(""));
+  });
+
+  it("cancellation deletes the Job and acknowledges once it is gone", async () => {
+    const stop = new AbortController();
+    kube.deleteDelayMs = 50;
+    kube.afterCreateJob = (job) => {
+      relay.addRun({ id: job.metadata!.labels!["paperclip.io/run-id"] });
+      setTimeout(() => stop.abort(), 50);
+    };
+    const rec = newCtx({ signal: stop.signal, onCancellationReady: async () => {} });
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, "cancelled");
+    assert.deepEqual(kube.deletions.map((d) => d.propagation), ["Foreground"]);
+    assert.equal(kube.jobs.size, 0);
+    assert.equal(kube.secrets.size, 0, "the run's Secrets go too, even if clipjob had not taken them yet");
+    assert.equal((result.resultJson?.executionCancellation as { state: string }).state, "acknowledged");
+  });
+
+  it("cancelled before anything was created: nothing to delete", async () => {
+    const stop = new AbortController();
+    stop.abort();
+    const result = await executeRun(CLAUDE_ADAPTER, newCtx({ signal: stop.signal }).ctx, deps());
+    assert.equal(result.errorCode, "cancelled");
+    assert.deepEqual(result.executionRecovery, { kind: "bootstrap", providerWorkStarted: false });
+    assert.deepEqual(kube.calls, []);
+  });
+
+  it("re-attaches to the agent's running run instead of creating one", async () => {
+    const rec = newCtx();
+    relay.addRun({ id: "run-before-restart", agent: rec.ctx.agent.id, job: "pc-before", phase: "Running" });
+    relay.appendLines("run-before-restart", "one", "two");
+    kube.jobs.set("pc-before", { metadata: { name: "pc-before" } });
+    setTimeout(() => {
+      relay.appendLines("run-before-restart", "three");
+      relay.finish("run-before-restart", { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "resumed" } });
+    }, 50);
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.deepEqual(rec.stdout, ["one\n", "two\n", "three\n"]);
+    assert.equal(result.summary, "resumed");
+    assert.ok(!kube.calls.some((c) => c.startsWith("create")), kube.calls.join());
+    assert.ok(rec.stderr.some((l) => l.includes("re-attaching")));
+  });
+
+  it("re-attaches to a run whose pod has not started yet", async () => {
+    const rec = newCtx();
+    relay.addRun({ id: "run-pending", agent: rec.ctx.agent.id, phase: "Pending" });
+    setTimeout(() => relay.finish("run-pending", { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "late start" } }), 30);
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.summary, "late start");
+    assert.deepEqual(kube.calls, []);
+  });
+
+  it("does not re-attach to the agent's run for another task", async () => {
+    const rec = newCtx({ context: { taskId: "task-b" } });
+    relay.addRun({ id: "run-other-task", agent: rec.ctx.agent.id, task: "task-a", phase: "Running" });
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, "k8s_concurrent_run_blocked");
+    assert.deepEqual(kube.calls, []);
+  });
+
+  it("a Job deleted before the relay saw it", async () => {
+    kube.afterCreateJob = (job) => setTimeout(() => kube.jobs.delete(job.metadata!.name!), 30);
+    const result = await executeRun(CLAUDE_ADAPTER, newCtx().ctx, deps());
+    assert.equal(result.errorCode, "k8s_job_deleted_externally");
+  });
+
+  it("the relay unreachable: nothing is created", async () => {
+    const rec = newCtx({}, { relayUrl: "http://127.0.0.1:9" });
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, "clipjob_relay_unavailable");
+    assert.deepEqual(kube.calls, []);
+  });
+
+  it("the run's Job already exists (a retried execute): follows it", async () => {
+    const rec = newCtx({}, { reattach: false });
+    kube.afterCreateJob = runsTo(["only once"], claudeEnd);
+    const first = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(first.errorCode, null);
+    const again = newCtx({ runId: rec.ctx.runId, agent: rec.ctx.agent }, { reattach: false });
+    kube.afterCreateJob = () => assert.fail("no second Job");
+    const second = await executeRun(CLAUDE_ADAPTER, again.ctx, deps());
+    assert.equal(second.errorCode, null);
+    assert.deepEqual(again.stdout, ["only once\n"]);
+    assert.equal(kube.jobs.size, 1);
+  });
+
+  it("resumes the stored session in the same working directory", async () => {
+    kube.afterCreateJob = runsTo([], claudeEnd);
+    const rec = newCtx({
+      runtime: { sessionId: null, sessionParams: { sessionId: "sess-0", cwd: "/paperclip/wt" }, sessionDisplayId: null, taskKey: null },
+      context: { paperclipWorkspace: { cwd: "/paperclip/wt" } },
+    });
+    await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    const job = [...kube.jobs.values()][0];
+    assert.equal(job.metadata?.labels?.["paperclip.io/session-id"], "sess-0");
+    assert.equal(job.metadata?.annotations?.["paperclip.io/working-dir"], "/paperclip/wt");
+  });
+});
+
+describe("testEnvironment", () => {
+  it("passes when the webhook mutates a dry run, RBAC allows, and the relay takes the token", async () => {
+    const adapter = createClipjobAdapter(CLAUDE_ADAPTER, deps());
+    const r = await adapter.testEnvironment({
+      companyId: "company-1",
+      adapterType: "claude_k8s",
+      config: { namespace: "paperclip", relayUrl: relay.url, relayTokenFile: tokenFile },
+    });
+    assert.equal(r.status, "pass", JSON.stringify(r.checks, null, 2));
+    assert.deepEqual(
+      r.checks.map((c) => c.code),
+      ["clipjob_kube_config", "clipjob_rbac", "clipjob_webhook", "clipjob_relay"],
+    );
+    assert.ok(kube.calls.some((c) => c.startsWith("dry-run job")));
+    assert.equal(kube.jobs.size, 0);
+  });
+
+  it("fails naming what is wrong", async () => {
+    kube.denied.add("delete jobs");
+    kube.onDryRun = () => {
+      throw statusError(500, "InternalError", 'failed calling webhook "mjob.clipjob.paperclip.io": connection refused');
+    };
+    const adapter = createClipjobAdapter(CLAUDE_ADAPTER, deps());
+    const r = await adapter.testEnvironment({
+      companyId: "company-1",
+      adapterType: "claude_k8s",
+      config: { namespace: "paperclip", relayUrl: "http://127.0.0.1:9", relayTokenFile: tokenFile },
+    });
+    assert.equal(r.status, "fail");
+    const byCode = Object.fromEntries(r.checks.map((c) => [c.code, c]));
+    assert.equal(byCode.clipjob_rbac.level, "error");
+    assert.match(byCode.clipjob_rbac.message, /delete jobs/);
+    assert.equal(byCode.clipjob_webhook.level, "error");
+    assert.match(byCode.clipjob_webhook.message, /could not be called/);
+    assert.equal(byCode.clipjob_relay.level, "error");
+  });
+});
