@@ -61,6 +61,7 @@ fuzz: ## Fuzz every decoder for FUZZTIME each
 	$(GOTEST) -run XXX -fuzz '^FuzzRead$$' -fuzztime $(FUZZTIME) ./internal/manifest/
 	$(GOTEST) -run XXX -fuzz '^FuzzLineDecoding$$' -fuzztime $(FUZZTIME) ./relay/collect/
 	$(GOTEST) -run XXX -fuzz '^FuzzRedactKeepsJSONValid$$' -fuzztime $(FUZZTIME) ./relay/collect/
+	$(GOTEST) -run XXX -fuzz '^FuzzRedactGuardsMissNothing$$' -fuzztime $(FUZZTIME) ./relay/collect/
 
 golden: ## Rewrite golden files after an intended change (review the diff!)
 	REFRESH_GOLDEN=true $(GOTEST) ./templates/

@@ -27,6 +27,9 @@ type Options struct {
 	// MetricsAddr serves /metrics ("0" disables); ProbeAddr /healthz and
 	// /readyz.
 	MetricsAddr, ProbeAddr string
+	// PprofAddr serves net/http/pprof for profiling under load; "" (the
+	// default) disables it.
+	PprofAddr string
 	// MaxStreams bounds open log streams.
 	MaxStreams int
 	Follow     collect.FollowOptions

@@ -142,6 +142,7 @@ func newManager(o Options) (manager.Manager, error) {
 		Cache:                  co,
 		Metrics:                metricsserver.Options{BindAddress: o.MetricsAddr},
 		HealthProbeBindAddress: o.ProbeAddr,
+		PprofBindAddress:       o.PprofAddr,
 	})
 }
 

@@ -1,6 +1,7 @@
 package collect
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -55,6 +56,36 @@ func FuzzRedactKeepsJSONValid(f *testing.F) {
 		}
 		if out := r.Redact([]byte(s)); !json.Valid(out) {
 			t.Fatalf("%s became invalid: %s", s, out)
+		}
+	})
+}
+
+// The guards only skip work: with and without them, every line is
+// redacted the same. Seeds hold a token of every default pattern, in
+// upper and mixed case where the pattern folds case.
+func FuzzRedactGuardsMissNothing(f *testing.F) {
+	r, _ := NewRedactor(nil, nil)
+	unguarded := func(line []byte) []byte {
+		for _, p := range r.patterns {
+			if p.re.Match(line) {
+				line = p.re.ReplaceAll(line, []byte(Redacted))
+			}
+		}
+		return line
+	}
+	for _, s := range []string{
+		"key sk-ant-api03-AAAAAAAAAAAAAAAAAAAA", "sk-proj-AAAAAAAAAAAAAAAAAAAAAAAA", "ghp_" + strings.Repeat("a", 36),
+		"github_pat_" + strings.Repeat("A", 40), "AKIAABCDEFGHIJKLMNOP", "AIza" + strings.Repeat("b", 35),
+		"xoxb-1234567890-abc", "Authorization: BEARER abcdefghijklmnopqrstu", "bEaReR abcdefghijklmnopqrstu==",
+		"eyJhbGciOiJIUzI1.eyJzdWIiOiIxMjM0.SflKxwRJSMeKKF2QT4", "glpat-" + strings.Repeat("x", 20),
+		"rk_live_" + strings.Repeat("9", 16), "npm_" + strings.Repeat("Z", 36), "postgres://user:pass@db:5432/x",
+		strings.Repeat("a1B2c3D4e5", 30),
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := r.Redact([]byte(s)), unguarded([]byte(s)); !bytes.Equal(got, want) {
+			t.Fatalf("%q: guarded %q, unguarded %q", s, got, want)
 		}
 	})
 }

@@ -38,6 +38,7 @@ func NewFlags(o *Options) *flag.FlagSet {
 	fs.StringVar(&o.CertDir, "cert-dir", o.CertDir, "directory with tls.crt and tls.key to serve the API over TLS (reloaded on change; default plain HTTP)")
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", o.MetricsAddr, `metrics address ("0" disables)`)
 	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", o.ProbeAddr, "/healthz and /readyz address")
+	fs.StringVar(&o.PprofAddr, "pprof-bind-address", o.PprofAddr, `net/http/pprof address for profiling ("" disables)`)
 	fs.IntVar(&o.MaxStreams, "max-streams", o.MaxStreams, "log streams open at once")
 	fs.DurationVar(&o.Follow.MaxStreamLifetime, "max-stream-lifetime", o.Follow.MaxStreamLifetime, "reconnect streams proactively after this long")
 	fs.IntVar(&o.Follow.MaxLineBytes, "max-line-bytes", o.Follow.MaxLineBytes, "longest line stored; longer ones are cut and marked")
