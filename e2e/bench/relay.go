@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -9,8 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -59,7 +64,7 @@ type fleetResult struct {
 	floodLines           int
 	floodLinesPerSec     float64
 	floodMiBPerSec       float64
-	maxRSS               float64 // MiB
+	maxRSS, maxRSSAnon   float64 // MiB
 	streamsOpen          float64
 	restartReady         time.Duration
 	catchUp              time.Duration
@@ -67,9 +72,65 @@ type fleetResult struct {
 	storedAtRestart      float64
 	restartLinesPerSec   float64
 	storeMiBAfterRestart float64
+	profile              string  // the top of a CPU profile of the relay during the flood
+	storeLagP50          float64 // seconds, bucket bounds: line written to stored
+	storeLagP99          float64
+	floodCPU             map[string]float64
+	floodWall            time.Duration
+}
+
+// cpuTicks reads the CPU time (user + system, in clock ticks) of this
+// process and of every process whose command line names dir (the local
+// control plane's: etcd, kube-apiserver, kwok, the relay, …), by name.
+func cpuTicks(dir string) map[string]int64 {
+	out := map[string]int64{"bench (writers, SSE clients)": procTicks("self")}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || !strings.Contains(string(cmd), dir) {
+			continue
+		}
+		name := filepath.Base(strings.SplitN(string(cmd), "\x00", 2)[0])
+		out[name] += procTicks(e.Name())
+	}
+	return out
+}
+
+func procTicks(pid string) int64 {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name (which may hold spaces): utime and
+	// stime are the 12th and 13th after the closing parenthesis.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + st
+}
+
+// cpuSeconds is after - before, in seconds (clock ticks are 1/100 s on
+// Linux).
+func cpuSeconds(before, after map[string]int64) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range after {
+		if d := v - before[k]; d > 0 {
+			out[k] = float64(d) / 100
+		}
+	}
+	return out
 }
 
 func relayBench(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, sizes []int, floodPerRun int) error {
+	if err := raiseInotifyInstances(2 * slices.Max(sizes)); err != nil {
+		return err
+	}
 	bin, err := harness.Build(c.Dir, "clipjob-relay")
 	if err != nil {
 		return err
@@ -102,7 +163,13 @@ func fleet(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, bin
 	client *http.Client, token string, n, floodPerRun int, restart bool) (fleetResult, error) {
 	res := fleetResult{runs: n}
 	name := fmt.Sprintf("relay-%d", n)
-	rl, err := harness.StartRelay(ctx, c, bin, name, "paperclip", "--max-streams", strconv.Itoa(n+100))
+	ports, err := cluster.FreePorts(1)
+	if err != nil {
+		return res, err
+	}
+	pprofAddr := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	rl, err := harness.StartRelay(ctx, c, bin, name, "paperclip", "--max-streams", strconv.Itoa(n+100),
+		"--zap-log-level", "info", "--pprof-bind-address", pprofAddr)
 	if err != nil {
 		return res, err
 	}
@@ -134,6 +201,8 @@ func fleet(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, bin
 		return res, err
 	}
 	after, _ := httpMetrics(rl.MetricsAddr)
+	lag := after.histogram("clipjob_relay_store_lag_seconds", nil).minus(before.histogram("clipjob_relay_store_lag_seconds", nil))
+	res.storeLagP50, res.storeLagP99 = lag.quantileBound(0.5), lag.quantileBound(0.99)
 	res.steadyLinesPerSec = float64(written) / steadyFor.Seconds()
 	res.streamsOpen = after.gauge("clipjob_relay_streams_open", nil)
 	time.Sleep(time.Second) // the last lines reach the SSE clients
@@ -142,18 +211,23 @@ func fleet(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, bin
 	fmt.Fprintf(os.Stderr, "bench: relay: %d runs writing %d lines each as fast as they can\n", n, floodPerRun)
 	before = after
 	start := time.Now()
+	profiled := profileCPU(pprofAddr, filepath.Join(c.Dir, name+".cpu.pprof"), 10*time.Second)
+	cpuBefore := cpuTicks(c.Dir)
 	flooded := writeFlood(runs, floodPerRun)
-	if err := waitStored(rl, before, written+flooded, 5*time.Minute); err != nil {
+	if err := waitStored(rl, before, flooded, 5*time.Minute); err != nil {
 		return res, err
 	}
 	took := time.Since(start)
+	res.floodCPU = cpuSeconds(cpuBefore, cpuTicks(c.Dir))
+	res.floodWall = took
 	after, _ = httpMetrics(rl.MetricsAddr)
+	res.profile = <-profiled
 	res.floodLines = flooded
 	res.floodLinesPerSec = float64(flooded) / took.Seconds()
 	res.floodMiBPerSec = (counter(after, "clipjob_relay_bytes_stored_total") - counter(before, "clipjob_relay_bytes_stored_total")) / took.Seconds() / (1 << 20)
 	time.Sleep(2 * time.Second)
 	res.missing, res.duplicated = lat.check(runs)
-	res.maxRSS = rss()
+	res.maxRSS, res.maxRSSAnon = rss()
 
 	if restart {
 		fmt.Fprintf(os.Stderr, "bench: relay: restart over the store, with lines written while it was down\n")
@@ -181,6 +255,29 @@ func fleet(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, bin
 		}
 	}
 	return res, nil
+}
+
+// raiseInotifyInstances makes room for kwok, which serves every pod's
+// followed log with an inotify instance of its own (the kubelet's log
+// reader), all in one process: past the usual limit of 128 the streams it
+// serves end at once, and the relay would be measured reconnecting. A
+// kubelet serves only its node's pods (110 by default), so a real cluster
+// does not meet this limit.
+func raiseInotifyInstances(want int) error {
+	const knob = "/proc/sys/fs/inotify/max_user_instances"
+	b, err := os.ReadFile(knob)
+	if err != nil {
+		return nil // not Linux: nothing to raise
+	}
+	have, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if have >= want {
+		return nil
+	}
+	if err := os.WriteFile(knob, []byte(strconv.Itoa(want)), 0o644); err != nil {
+		return fmt.Errorf("kwok needs fs.inotify.max_user_instances >= %d to serve that many followed pod logs (it is %d): run `sysctl -w fs.inotify.max_user_instances=%d` as root, or bench fewer runs (-runs): %w", want, have, want, err)
+	}
+	fmt.Fprintf(os.Stderr, "bench: raised fs.inotify.max_user_instances from %d to %d (kwok follows each pod log with its own inotify instance)\n", have, want)
+	return nil
 }
 
 // startRuns creates n running agent Jobs (complete: no webhook is
@@ -308,6 +405,35 @@ func writeFlood(runs []fleetRun, perRun int) int {
 	return len(runs) * perRun
 }
 
+// profileCPU takes a CPU profile of the process serving pprof at addr
+// for d, writes it to file and sends the top of it (by cumulative time).
+func profileCPU(addr, file string, d time.Duration) <-chan string {
+	out := make(chan string, 1)
+	go func() {
+		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())))
+		if err != nil {
+			out <- "profile: " + err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err == nil {
+			err = os.WriteFile(file, b, 0o644)
+		}
+		if err != nil {
+			out <- "profile: " + err.Error()
+			return
+		}
+		top, err := exec.Command("go", "tool", "pprof", "-top", "-cum", "-nodecount", "25", file).CombinedOutput()
+		if err != nil {
+			out <- fmt.Sprintf("go tool pprof: %v: %s", err, top)
+			return
+		}
+		out <- string(top)
+	}()
+	return out
+}
+
 // waitStored waits until the relay has stored want lines more than at
 // before (nil: since it started).
 func waitStored(rl *harness.Relay, before scrape, want int, timeout time.Duration) error {
@@ -345,15 +471,17 @@ func counter(s scrape, name string) float64 {
 }
 
 // sampleRSS samples the process's resident memory every 200 ms; the
-// returned function stops and gives the largest, in MiB.
-func sampleRSS(pid int) func() float64 {
-	var peak atomic.Int64
+// returned function stops and gives the largest, in MiB: all of it
+// (VmRSS) and its anonymous part (RssAnon: the heap and stacks, without
+// the store's memory-mapped file, which the kernel can drop).
+func sampleRSS(pid int) func() (rss, anon float64) {
+	var peak, peakAnon atomic.Int64
 	stop := make(chan struct{})
 	go func() {
 		for {
-			if kb := rssKiB(pid); kb > peak.Load() {
-				peak.Store(kb)
-			}
+			all, an := rssKiB(pid)
+			peak.Store(max(peak.Load(), all))
+			peakAnon.Store(max(peakAnon.Load(), an))
 			select {
 			case <-stop:
 				return
@@ -361,21 +489,31 @@ func sampleRSS(pid int) func() float64 {
 			}
 		}
 	}()
-	return func() float64 { close(stop); return float64(peak.Load()) / 1024 }
+	return func() (float64, float64) {
+		close(stop)
+		return float64(peak.Load()) / 1024, float64(peakAnon.Load()) / 1024
+	}
 }
 
-func rssKiB(pid int) int64 {
+func rssKiB(pid int) (all, anon int64) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
-			v, _ := strconv.ParseInt(f[1], 10, 64)
-			return v
+		f := strings.Fields(l)
+		if len(f) < 2 {
+			continue
+		}
+		v, _ := strconv.ParseInt(f[1], 10, 64)
+		switch f[0] {
+		case "VmRSS:":
+			all = v
+		case "RssAnon:":
+			anon = v
 		}
 	}
-	return 0
+	return all, anon
 }
 
 // latencies collects, per run, which line numbers arrived (and how
@@ -482,11 +620,15 @@ func printFleet(w io.Writer, rs []fleetResult, floodPerRun int) {
 	fmt.Fprintf(w, "\n### The relay at fleet scale (kwok pods with file logs, one SSE client per run)\n\n")
 	fmt.Fprintf(w, "Steady: each run writes %d-byte lines at 2 per second plus a burst of %d every %s, for %s. Flood: each run writes %d lines as fast as it can.\n\n",
 		lineBytes, burstLines, burstEvery, steadyFor, floodPerRun)
-	fmt.Fprintln(w, "| runs | streams open | steady lines/s | line → SSE p50 | p99 | flood lines/s | flood MiB/s | relay RSS (peak) | lost / duplicated |")
+	fmt.Fprintln(w, "| runs | streams open | steady lines/s | line → SSE p50 | p99 | flood lines/s | flood MiB/s | relay RSS peak (anonymous) | lost / duplicated |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rs {
-		fmt.Fprintf(w, "| %d | %.0f | %.0f | %s | %s | %.0f | %.1f | %.0f MiB | %d / %d |\n", r.runs, r.streamsOpen, r.steadyLinesPerSec,
-			msf(float64(r.latP50)), msf(float64(r.latP99)), r.floodLinesPerSec, r.floodMiBPerSec, r.maxRSS, r.missing, r.duplicated)
+		fmt.Fprintf(w, "| %d | %.0f | %.0f | %s | %s | %.0f | %.1f | %.0f MiB (%.0f MiB) | %d / %d |\n", r.runs, r.streamsOpen, r.steadyLinesPerSec,
+			msf(float64(r.latP50)), msf(float64(r.latP99)), r.floodLinesPerSec, r.floodMiBPerSec, r.maxRSS, r.maxRSSAnon, r.missing, r.duplicated)
+	}
+	for _, r := range rs {
+		fmt.Fprintf(w, "\nWith %d runs, from a line written to its commit in the store (the relay's clipjob_relay_store_lag_seconds, steady phase, bucket bounds): p50 ≤ %.0f ms, p99 ≤ %.0f ms.\n",
+			r.runs, r.storeLagP50*1000, r.storeLagP99*1000)
 	}
 	fmt.Fprintln(w, "\n| target | measured | |")
 	fmt.Fprintln(w, "|---|---|---|")
@@ -497,6 +639,18 @@ func printFleet(w io.Writer, rs []fleetResult, floodPerRun int) {
 		target(w, fmt.Sprintf("aggregate ingest ≥ 50,000 lines/s (%d runs, flood)", r.runs), r.floodLinesPerSec, 50000, " lines/s", false)
 		if r.runs == 500 {
 			target(w, "relay RSS < 300 MiB at 500 runs", r.maxRSS, 300, " MiB", true)
+		}
+		if len(r.floodCPU) > 0 {
+			fmt.Fprintf(w, "\nWhere the %d cores went during the flood with %d runs (%s wall, %.1f core-seconds available):\n\n| process | CPU seconds | share of the cores |\n|---|---|---|\n",
+				runtime.NumCPU(), r.runs, r.floodWall.Round(100*time.Millisecond), r.floodWall.Seconds()*float64(runtime.NumCPU()))
+			names := slices.Collect(maps.Keys(r.floodCPU))
+			slices.SortFunc(names, func(a, b string) int { return cmp.Compare(r.floodCPU[b], r.floodCPU[a]) })
+			for _, n := range names {
+				fmt.Fprintf(w, "| %s | %.1f | %.0f%% |\n", n, r.floodCPU[n], 100*r.floodCPU[n]/(r.floodWall.Seconds()*float64(runtime.NumCPU())))
+			}
+		}
+		if r.profile != "" {
+			fmt.Fprintf(w, "\nCPU profile of the relay during the flood with %d runs (top, cumulative):\n\n```\n%s```\n", r.runs, r.profile)
 		}
 		if r.restartReady > 0 {
 			fmt.Fprintf(w, "\nRestart over a store of %.0f lines (%.0f MiB): ready in %s; the %d lines written while it was down stored %s after the start (%.0f lines/s).\n",

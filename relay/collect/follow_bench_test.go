@@ -3,6 +3,8 @@ package collect
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,4 +37,44 @@ func BenchmarkFollowLines(b *testing.B) {
 		s.Close()
 	}
 	b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "lines/s")
+}
+
+// BenchmarkFollowManyStreams is the relay's own ingest ceiling at fleet
+// scale: 200 streams of 1,000 lines each into one store at once, with
+// the API server and kubelets out of the picture (the fleet run in
+// `make bench` has them in, and they take most of the cores there).
+func BenchmarkFollowManyStreams(b *testing.B) {
+	const streams, n = 200, 1000
+	srcs := make([]*fakeLog, streams)
+	for i := range srcs {
+		srcs[i] = newFakeLog()
+		for j := range n {
+			srcs[i].write(t0.Add(time.Duration(j)*time.Microsecond), fmt.Sprintf(`{"type":"assistant","n":%d,"text":"%s"}`, j, strings.Repeat("a1B2c3D4e5", 25)))
+		}
+		srcs[i].ended = true
+	}
+	redact, _ := NewRedactor(nil, []string{"some-configured-secret-value"})
+	b.ReportAllocs()
+	for b.Loop() {
+		s, err := store.OpenStore(b.TempDir())
+		if err != nil {
+			b.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for i, src := range srcs {
+			f := newFollower(nil, s, src)
+			f.ref.Run = fmt.Sprintf("run-%d", i)
+			f.redact, f.slots = redact, make(chan struct{}, 1)
+			f.opts.BatchLines, f.opts.BatchWait = 256, 100*time.Millisecond
+			wg.Go(func() { f.run(context.Background()) })
+		}
+		wg.Wait()
+		for i := range srcs {
+			if r, _ := s.Run(fmt.Sprintf("run-%d", i)); r == nil || r.LastSeq != n {
+				b.Fatalf("run-%d: stored %v of %d", i, r, n)
+			}
+		}
+		s.Close()
+	}
+	b.ReportMetric(float64(streams*n*b.N)/b.Elapsed().Seconds(), "lines/s")
 }
