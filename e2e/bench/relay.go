@@ -190,6 +190,20 @@ func fleet(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, bin
 		go follow(followCtx, client, rl.APIAddr, token, runs[i].run, i, lat)
 	}
 
+	// Every stream connected and every client following before anything
+	// is timed: one line per run, delivered everywhere.
+	for i := range runs {
+		if err := writeLines(&runs[i], 1); err != nil {
+			return res, err
+		}
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		return lat.allGot(1), nil
+	}); err != nil {
+		return res, fmt.Errorf("the first line of every run did not reach its SSE client: %w", err)
+	}
+	lat.reset()
+
 	fmt.Fprintf(os.Stderr, "bench: relay: %d runs steady for %s\n", n, steadyFor)
 	before, err := httpMetrics(rl.MetricsAddr)
 	if err != nil {
@@ -250,8 +264,8 @@ func fleet(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, bin
 		}
 		res.catchUp = time.Since(start)
 		res.restartLinesPerSec = float64(res.catchUpLines) / res.catchUp.Seconds()
-		if m, err := httpMetrics(rl.MetricsAddr); err == nil {
-			res.storeMiBAfterRestart = m.gauge("clipjob_relay_store_bytes", nil) / (1 << 20)
+		if st, err := os.Stat(filepath.Join(rl.DataDir, "relay.db")); err == nil {
+			res.storeMiBAfterRestart = float64(st.Size()) / (1 << 20)
 		}
 	}
 	return res, nil
@@ -529,6 +543,25 @@ func (l *latencies) add(run int, i int64, d time.Duration) {
 	defer l.mu.Unlock()
 	l.lat = append(l.lat, d)
 	l.seen[run][i]++
+}
+
+// allGot reports whether every run's client has line i.
+func (l *latencies) allGot(i int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, seen := range l.seen {
+		if seen[i] == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// reset forgets the latencies measured so far (not which lines arrived).
+func (l *latencies) reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lat = nil
 }
 
 func (l *latencies) percentiles() (p50, p99 time.Duration, n int) {

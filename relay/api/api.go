@@ -242,15 +242,15 @@ func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after 
 			return
 		}
 		changed := a.Store.Changed(run) // before reading: no change is missed
-		lines, err := a.Store.Lines(run, after, page)
+		lines, err := a.Store.RawLines(run, after, page)
 		if err != nil {
 			return
 		}
-		for i := range lines {
-			if ew.write(event{Type: "line", Line: &lines[i]}) != nil {
+		for _, l := range lines {
+			if ew.writeLine(l) != nil {
 				return
 			}
-			after = lines[i].Seq
+			after = l.Seq
 		}
 		ew.flush()
 		cur, err := a.Store.Run(run)
@@ -313,6 +313,22 @@ func (ew *eventWriter) write(ev event) error {
 		_, err = fmt.Fprintf(ew.w, "id: %d\nevent: end\ndata: %s\n\n", ev.LastSeq, data)
 	default:
 		_, err = fmt.Fprintf(ew.w, "%s\n", data)
+	}
+	return err
+}
+
+// writeLine writes a stored line as its event without decoding it: the
+// event is the stored Line's JSON with "type":"line" first, byte for byte
+// what write(event{Type: "line", Line: …}) sends (TestRawLineEventIsTheEvent).
+func (ew *eventWriter) writeLine(l store.RawLine) error {
+	if len(l.JSON) < 2 || l.JSON[0] != '{' {
+		return fmt.Errorf("stored line %d is not a JSON object", l.Seq)
+	}
+	var err error
+	if ew.sse {
+		_, err = fmt.Fprintf(ew.w, "id: %d\nevent: line\ndata: {\"type\":\"line\",%s\n\n", l.Seq, l.JSON[1:])
+	} else {
+		_, err = fmt.Fprintf(ew.w, "{\"type\":\"line\",%s\n", l.JSON[1:])
 	}
 	return err
 }

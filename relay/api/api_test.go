@@ -354,3 +354,37 @@ func (a *revocable) Authenticate(*http.Request) (*authnv1.UserInfo, error) {
 func (a *revocable) Allowed(context.Context, *authnv1.UserInfo, string) (bool, error) {
 	return !a.revoked.Load(), nil
 }
+
+// The log stream sends stored lines without decoding them; what it sends
+// must be exactly the event a decoded line makes, for SSE and NDJSON.
+func TestRawLineEventIsTheEvent(t *testing.T) {
+	s, _ := storetest.Open(t)
+	line := store.Line{TS: time.Date(2026, 11, 23, 1, 2, 3, 456789, time.UTC), Container: "agent", Line: `{"type":"result","text":"a \"quoted\" <tag> & \u2028"}`}
+	if _, err := s.Append("run-1", "st", store.Cursor{TS: 1, Count: 1}, []store.Line{line}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := s.RawLines("run-1", 0, 0)
+	if err != nil || len(raw) != 1 {
+		t.Fatalf("raw lines %v, %v", raw, err)
+	}
+	decoded, _ := s.Lines("run-1", 0, 0)
+	for _, sse := range []bool{true, false} {
+		var viaRaw, viaDecoded strings.Builder
+		if err := (&eventWriter{w: fakeWriter{&viaRaw}, sse: sse}).writeLine(raw[0]); err != nil {
+			t.Fatal(err)
+		}
+		if err := (&eventWriter{w: fakeWriter{&viaDecoded}, sse: sse}).write(event{Type: "line", Line: &decoded[0]}); err != nil {
+			t.Fatal(err)
+		}
+		if viaRaw.String() != viaDecoded.String() {
+			t.Errorf("sse=%v:\nraw     %q\ndecoded %q", sse, viaRaw.String(), viaDecoded.String())
+		}
+	}
+}
+
+// fakeWriter is an http.ResponseWriter writing into a builder.
+type fakeWriter struct{ b *strings.Builder }
+
+func (f fakeWriter) Header() http.Header         { return http.Header{} }
+func (f fakeWriter) Write(p []byte) (int, error) { return f.b.Write(p) }
+func (f fakeWriter) WriteHeader(int)             {}

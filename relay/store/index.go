@@ -101,3 +101,15 @@ func (x *runIndex) runs(keep func(*Run) bool) []Run {
 	}
 	return out
 }
+
+// get returns a copy of run id's record, or nil.
+func (x *runIndex) get(id string) *Run {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	e, ok := x.byID[id]
+	if !ok {
+		return nil
+	}
+	r := *e.run
+	return &r
+}

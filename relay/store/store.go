@@ -215,15 +215,12 @@ func (s *Store) UpdateRun(id string, fn func(*Run)) (*Run, error) {
 	return out, err
 }
 
-// Run returns a run's record, or nil if the relay never saw it.
+// Run returns a run's record, or nil if the relay never saw it: its last
+// committed version, from the index (a log stream asks after every page).
+// The record shares its slices and pointers with the index: read it, do
+// not modify it.
 func (s *Store) Run(id string) (*Run, error) {
-	var r *Run
-	err := s.db.View(func(tx *bolt.Tx) error {
-		var err error
-		r, err = getRun(tx, id)
-		return err
-	})
-	return r, err
+	return s.index.get(id), nil
 }
 
 // Runs returns every run accepted by keep, newest first, from the index
@@ -244,7 +241,31 @@ const PageBytes = 4 << 20
 // order: up to limit of them (limit <= 0: no count bound) and about
 // PageBytes of text. Page on with the last line's Seq until none come.
 func (s *Store) Lines(run string, after uint64, limit int) ([]Line, error) {
-	var out []Line
+	raw, err := s.RawLines(run, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Line, len(raw))
+	for i, r := range raw {
+		if err := json.Unmarshal(r.JSON, &out[i]); err != nil {
+			return nil, fmt.Errorf("run %s line %d: %w", run, r.Seq, err)
+		}
+	}
+	return out, nil
+}
+
+// RawLine is a stored line as the store keeps it: the JSON of a Line.
+type RawLine struct {
+	Seq  uint64
+	JSON []byte
+}
+
+// RawLines is Lines without decoding: what a log stream sends is the
+// stored JSON, and decoding then encoding every line again was a third of
+// the relay's CPU with 200 clients following (docs/benchmarks.md). Pages
+// are bounded by the stored bytes.
+func (s *Store) RawLines(run string, after uint64, limit int) ([]RawLine, error) {
+	var out []RawLine
 	size := 0
 	err := s.db.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketLines).Bucket([]byte(run))
@@ -253,12 +274,8 @@ func (s *Store) Lines(run string, after uint64, limit int) ([]Line, error) {
 		}
 		c := b.Cursor()
 		for k, v := c.Seek(seqKey(after + 1)); k != nil; k, v = c.Next() {
-			var l Line
-			if err := json.Unmarshal(v, &l); err != nil {
-				return err
-			}
-			out = append(out, l)
-			size += len(l.Line)
+			out = append(out, RawLine{Seq: binary.BigEndian.Uint64(k), JSON: bytes.Clone(v)})
+			size += len(v)
 			if (limit > 0 && len(out) >= limit) || size >= PageBytes {
 				break
 			}
