@@ -92,6 +92,11 @@ type admissionBench struct {
 	mapPolicy []byte
 	// lastInvalid is why the last probe's Job was refused as invalid.
 	lastInvalid error
+	// profile: take a CPU profile of the webhook (at pprofAddr, into
+	// profileFile) over the next cell; its top goes to profileTop.
+	profile                bool
+	pprofAddr, profileFile string
+	profileTop             string
 }
 
 func newAdmissionBench(cs kubernetes.Interface, wh *harness.Webhook, caBundle []byte, n int) (*admissionBench, error) {
@@ -318,9 +323,16 @@ func (b *admissionBench) run(ctx context.Context, s string, conc, round int) (ce
 	if c.webhookObs.before, err = httpMetrics(b.webhook.MetricsAddr); err != nil {
 		return c, err
 	}
+	var profiled <-chan string
+	if b.profile {
+		profiled = profileCPU(b.pprofAddr, b.profileFile, 2*time.Second)
+	}
 	r, err := b.create(ctx, jobs[:b.n], conc)
 	if err != nil {
 		return c, err
+	}
+	if profiled != nil {
+		b.profileTop = <-profiled
 	}
 	c.ok, c.errs, c.lat, c.wall = r.ok, r.errs, r.lat, r.wall
 	if c.apiserver.after, err = apiServerMetrics(ctx, b.cs); err != nil {

@@ -18,6 +18,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -71,7 +72,12 @@ func run(n int, levels []int, rounds int, only string, sizes []int, flood int) e
 		return err
 	}
 	defer c.Stop()
-	wh, _, err := harness.Install(ctx, c, "webhook")
+	ports, err := cluster.FreePorts(1)
+	if err != nil {
+		return err
+	}
+	webhookPprof := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	wh, _, err := harness.Install(ctx, c, "webhook", "--pprof-bind-address", webhookPprof)
 	if err != nil {
 		return err
 	}
@@ -86,6 +92,7 @@ func run(n int, levels []int, rounds int, only string, sizes []int, flood int) e
 		if err != nil {
 			return err
 		}
+		b.pprofAddr, b.profileFile = webhookPprof, filepath.Join(c.Dir, "webhook.cpu.pprof")
 		if err := b.sameMutation(ctx); err != nil {
 			return err
 		}
@@ -94,6 +101,9 @@ func run(n int, levels []int, rounds int, only string, sizes []int, flood int) e
 			for _, conc := range levels {
 				for i := range scenarioOrder {
 					s := scenarioOrder[(i+round)%len(scenarioOrder)]
+					// The webhook's CPU profile: both webhooks, the highest
+					// concurrency, the last round.
+					b.profile = s == scBoth && conc == levels[len(levels)-1] && round == rounds-1
 					cl, err := b.run(ctx, s, conc, round)
 					if err != nil {
 						return fmt.Errorf("%s at c=%d, round %d: %w", s, conc, round, err)
@@ -107,6 +117,9 @@ func run(n int, levels []int, rounds int, only string, sizes []int, flood int) e
 			return err
 		}
 		rep.print(os.Stdout, n)
+		if b.profileTop != "" {
+			fmt.Printf("\nCPU profile of clipjob-webhook during both webhooks at c=%d (top, cumulative):\n\n```\n%s```\n", levels[len(levels)-1], b.profileTop)
+		}
 	}
 	if strings.Contains(only, "relay") {
 		// The fleet's Jobs come complete: no webhook is called.

@@ -75,6 +75,7 @@ type fleetResult struct {
 	profile              string  // the top of a CPU profile of the relay during the flood
 	storeLagP50          float64 // seconds, bucket bounds: line written to stored
 	storeLagP99          float64
+	heap                 string // the top of the relay's heap right after the flood
 	floodCPU             map[string]float64
 	floodWall            time.Duration
 }
@@ -236,6 +237,7 @@ func fleet(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, bin
 	res.floodWall = took
 	after, _ = httpMetrics(rl.MetricsAddr)
 	res.profile = <-profiled
+	res.heap = heapTop(pprofAddr, filepath.Join(c.Dir, name+".heap.pprof"))
 	res.floodLines = flooded
 	res.floodLinesPerSec = float64(flooded) / took.Seconds()
 	res.floodMiBPerSec = (counter(after, "clipjob_relay_bytes_stored_total") - counter(before, "clipjob_relay_bytes_stored_total")) / took.Seconds() / (1 << 20)
@@ -446,6 +448,28 @@ func profileCPU(addr, file string, d time.Duration) <-chan string {
 		out <- string(top)
 	}()
 	return out
+}
+
+// heapTop takes the heap profile of the process serving pprof at addr
+// and returns its top by memory in use.
+func heapTop(addr, file string) string {
+	resp, err := http.Get("http://" + addr + "/debug/pprof/heap")
+	if err != nil {
+		return "heap: " + err.Error()
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil {
+		err = os.WriteFile(file, b, 0o644)
+	}
+	if err != nil {
+		return "heap: " + err.Error()
+	}
+	top, err := exec.Command("go", "tool", "pprof", "-top", "-sample_index", "inuse_space", "-nodecount", "15", file).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("go tool pprof: %v: %s", err, top)
+	}
+	return string(top)
 }
 
 // waitStored waits until the relay has stored want lines more than at
@@ -684,6 +708,9 @@ func printFleet(w io.Writer, rs []fleetResult, floodPerRun int) {
 		}
 		if r.profile != "" {
 			fmt.Fprintf(w, "\nCPU profile of the relay during the flood with %d runs (top, cumulative):\n\n```\n%s```\n", r.runs, r.profile)
+		}
+		if r.heap != "" {
+			fmt.Fprintf(w, "\nHeap of the relay right after the flood with %d runs (top, in use):\n\n```\n%s```\n", r.runs, r.heap)
 		}
 		if r.restartReady > 0 {
 			fmt.Fprintf(w, "\nRestart over a store of %.0f lines (%.0f MiB): ready in %s; the %d lines written while it was down stored %s after the start (%.0f lines/s).\n",

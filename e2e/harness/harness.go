@@ -52,8 +52,8 @@ func Build(dir, command string) (string, error) {
 // checkout, one replica named name running examples/config.yaml with the
 // chart's RBAC, the chart's webhook configurations pointing at it, and the
 // chart's claim Lease policy. It returns the replica and the binary (to
-// start more replicas).
-func Install(ctx context.Context, c *cluster.Cluster, name string) (*Webhook, string, error) {
+// start more replicas). extra flags go to the webhook.
+func Install(ctx context.Context, c *cluster.Cluster, name string, extra ...string) (*Webhook, string, error) {
 	if err := Apply(ctx, c, "examples/paperclip.yaml"); err != nil {
 		return nil, "", fmt.Errorf("installing the example Paperclip: %w", err)
 	}
@@ -69,7 +69,7 @@ func Install(ctx context.Context, c *cluster.Cluster, name string) (*Webhook, st
 	if err != nil {
 		return nil, "", err
 	}
-	wh, err := StartWebhook(ctx, c, bin, name, filepath.Join(Root(), "examples", "config.yaml"))
+	wh, err := StartWebhook(ctx, c, bin, name, filepath.Join(Root(), "examples", "config.yaml"), extra...)
 	if err != nil {
 		return nil, "", err
 	}

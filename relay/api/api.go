@@ -236,7 +236,9 @@ func (a *API) getLog(w http.ResponseWriter, r *http.Request) {
 // run is done; following, it waits for more, with keepalives meanwhile. It
 // returns when the run ended, the client left or a write failed.
 func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after uint64, follow bool, keepalive time.Duration, allowed func(context.Context) bool) {
-	const page = 1000
+	// A page per wake-up: with hundreds of clients following busy runs,
+	// pages of 1,000 lines held hundreds of megabytes at once.
+	const page = 200
 	for {
 		if !allowed(ctx) {
 			return
