@@ -76,6 +76,8 @@ type fleetResult struct {
 	storeLagP50          float64 // seconds, bucket bounds: line written to stored
 	storeLagP99          float64
 	heap                 string // the top of the relay's heap right after the flood
+	readyWithHistory     time.Duration
+	lists                []listTiming
 	floodCPU             map[string]float64
 	floodWall            time.Duration
 }
@@ -268,6 +270,26 @@ func fleet(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, bin
 		res.restartLinesPerSec = float64(res.catchUpLines) / res.catchUp.Seconds()
 		if st, err := os.Stat(filepath.Join(rl.DataDir, "relay.db")); err == nil {
 			res.storeMiBAfterRestart = float64(st.Size()) / (1 << 20)
+		}
+
+		// Months of history: 10,000 finished runs more, then the lists a
+		// client asks for.
+		fmt.Fprintf(os.Stderr, "bench: relay: 10,000 finished runs more, then GET /v1/runs\n")
+		rl.Stop()
+		if err := addFinishedRuns(rl.DataDir, 10000); err != nil {
+			return res, err
+		}
+		start = time.Now()
+		if err := rl.Start(ctx); err != nil {
+			return res, err
+		}
+		res.readyWithHistory = time.Since(start)
+		for _, q := range []string{"?agent=" + runs[0].job + "&phase=Running", "", "?limit=10000"} {
+			t, err := timeListRuns(client, rl.APIAddr, token, q, 20)
+			if err != nil {
+				return res, err
+			}
+			res.lists = append(res.lists, t)
 		}
 	}
 	return res, nil
@@ -711,6 +733,18 @@ func printFleet(w io.Writer, rs []fleetResult, floodPerRun int) {
 		}
 		if r.heap != "" {
 			fmt.Fprintf(w, "\nHeap of the relay right after the flood with %d runs (top, in use):\n\n```\n%s```\n", r.runs, r.heap)
+		}
+		if len(r.lists) > 0 {
+			fmt.Fprintf(w, "\nWith 10,000 finished runs more in the store (ready %s after a restart), GET /v1/runs over TLS with a token (20 requests each):\n\n| query | runs returned | p50 | max |\n|---|---|---|---|\n",
+				r.readyWithHistory.Round(10*time.Millisecond))
+			for _, l := range r.lists {
+				fmt.Fprintf(w, "| `/v1/runs%s` | %d | %s | %s |\n", l.query, l.runs, msf(float64(l.p50)), msf(float64(l.max)))
+			}
+			fmt.Fprintln(w)
+			fmt.Fprintln(w, "| target | measured | |")
+			fmt.Fprintln(w, "|---|---|---|")
+			target(w, "GET /v1/runs < 50 ms with 10,000 runs (one agent's running run)", float64(r.lists[0].p50)/1e6, 50, " ms", true)
+			target(w, "GET /v1/runs < 50 ms with 10,000 runs (the default list, newest 500)", float64(r.lists[1].p50)/1e6, 50, " ms", true)
 		}
 		if r.restartReady > 0 {
 			fmt.Fprintf(w, "\nRestart over a store of %.0f lines (%.0f MiB): ready in %s; the %d lines written while it was down stored %s after the start (%.0f lines/s).\n",
