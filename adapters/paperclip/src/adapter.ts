@@ -143,6 +143,26 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     }
   };
 
+  /**
+   * Why a run the relay lists as active has in fact ended, read from its
+   * Job: gone, being deleted, finished, or replaced by another Job of the
+   * name; null when its Job is there and active, or cannot be read (then
+   * the relay's word stands).
+   */
+  const endingJob = async (r: RelayRun): Promise<string | null> => {
+    if (!r.job) return null;
+    const ref = `${r.namespace}/${r.job}`;
+    try {
+      const job = await kube.readJob(r.namespace, r.job);
+      if (r.jobUid && job.metadata?.uid && job.metadata.uid !== r.jobUid) return `${ref} is gone (another Job has its name)`;
+      if (job.metadata?.deletionTimestamp) return `${ref} is being deleted`;
+      if (jobFinished(job)) return `${ref} has finished`;
+      return null;
+    } catch (err) {
+      return isNotFound(err) ? `${ref} is gone` : null;
+    }
+  };
+
   // A run of the agent already going (the server restarted mid-run, or
   // Paperclip retries the run): follow it rather than start a second one.
   // A run whose pod has not started yet (Pending) is as active as one
@@ -161,7 +181,23 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
         `Asking the relay at ${relay.baseUrl} for a running run of agent ${agentId} (nothing was created; the run could not be followed without it): ${message(err)}`,
       );
     }
-    const existing = running.find((r) => r.agent === agentId && !r.done);
+    let existing: RelayRun | undefined;
+    for (const r of running) {
+      if (r.agent !== agentId || r.done) continue;
+      // The relay marks a run done only once its pod's streams have
+      // drained, a few seconds after the pod went. Another run whose Job
+      // is gone, being deleted or finished (cancelled a moment ago, say)
+      // is ending: following it would hand its output and end on as this
+      // run's, and start nothing. This run's own record is followed
+      // whatever its Job's state: that is how this run ended.
+      const ending = r.id === ctx.runId ? null : await endingJob(r);
+      if (ending) {
+        await notice(`not re-attaching to the agent's run ${r.id}, which the relay still lists as ${r.phase}: its Job ${ending}`);
+        continue;
+      }
+      existing = r;
+      break;
+    }
     if (existing) {
       const taskId = taskIdOf(ctx.context ?? {});
       if (existing.id !== ctx.runId && existing.task && taskId && existing.task !== taskId) {
@@ -454,7 +490,7 @@ function cancelledBeforeStart(when: string): AdapterExecutionResult {
 /** The permissions a run needs, in the Jobs' namespace. */
 export const REQUIRED_ACCESS = [
   { verb: "create", group: "batch", resource: "jobs", why: "submit runs" },
-  { verb: "get", group: "batch", resource: "jobs", why: "notice a Job deleted before it ran" },
+  { verb: "get", group: "batch", resource: "jobs", why: "notice a Job deleted before it ran, and a listed run that is ending" },
   { verb: "delete", group: "batch", resource: "jobs", why: "cancel runs" },
   { verb: "create", group: "", resource: "secrets", why: "the run's env and prompt Secrets" },
   { verb: "delete", group: "", resource: "secrets", why: "remove the Secrets of a run that was refused" },

@@ -234,6 +234,44 @@ describe("execute", () => {
     assert.deepEqual(kube.calls, []);
   });
 
+  // The relay marks a run done only once its pod's streams drained, a few
+  // seconds after the pod went; a cancel returns as soon as the Job is
+  // gone, and Paperclip starts the agent's next queued run at once. That
+  // run must not take the ending run for its own (clipjob's e2e
+  // TestPaperclipAdapterCancelsARun found it handing on the cancelled
+  // run's output and creating no Job).
+  for (const [what, job] of [
+    ["is gone (cancelled a moment ago)", null],
+    ["is being deleted", { metadata: { name: "pc-ending", deletionTimestamp: new Date() } }],
+    ["has finished", { metadata: { name: "pc-ending" }, status: { conditions: [{ type: "Complete", status: "True" }] } }],
+    ["was replaced by another Job of the name", { metadata: { name: "pc-ending", uid: "uid-new" } }],
+  ] as Array<[string, V1Job | null]>) {
+    it(`does not re-attach to another run of the agent whose Job ${what}: runs its own`, async () => {
+      kube.afterCreateJob = runsTo(claudeLines, claudeEnd);
+      const rec = newCtx({ context: { taskId: "task-b" } });
+      relay.addRun({ id: `run-ending-${runCounter}`, agent: rec.ctx.agent.id, job: "pc-ending", jobUid: "uid-old", task: "task-a", phase: "Running" });
+      relay.appendLines(`run-ending-${runCounter}`, "the ending run's line");
+      if (job) kube.jobs.set("pc-ending", job);
+      const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+      assert.equal(result.errorCode, null, result.errorMessage ?? "");
+      assert.equal(result.summary, "fixed it");
+      assert.deepEqual(rec.stdout, claudeLines.map((l) => `${l}\n`), "only its own run's output");
+      assert.ok(kube.calls.some((c) => /^create job pc-run-/.test(c)), kube.calls.join());
+      assert.ok(rec.stderr.some((l) => l.includes("not re-attaching to the agent's run run-ending-")), rec.stderr.join());
+    });
+  }
+
+  it("re-attaches to its own run's record even when that run's Job is gone", async () => {
+    const rec = newCtx();
+    relay.addRun({ id: rec.ctx.runId, agent: rec.ctx.agent.id, job: "pc-own-gone", phase: "Running" });
+    relay.appendLines(rec.ctx.runId, "before the restart");
+    setTimeout(() => relay.finish(rec.ctx.runId, { phase: "Unknown", result: { outcome: "failed", truncated: true } }), 30);
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.deepEqual(rec.stdout, ["before the restart\n"]);
+    assert.equal(result.errorCode, "job_failed");
+    assert.ok(!kube.calls.some((c) => c.startsWith("create")), kube.calls.join());
+  });
+
   it("a Job deleted before the relay saw it", async () => {
     kube.afterCreateJob = (job) => setTimeout(() => kube.jobs.delete(job.metadata!.name!), 30);
     const result = await executeRun(CLAUDE_ADAPTER, newCtx().ctx, deps());

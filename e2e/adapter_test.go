@@ -1,0 +1,690 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/paperclipai/clipjob/claim"
+	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/e2e/harness"
+	"github.com/paperclipai/clipjob/relay"
+)
+
+// The Paperclip adapter (adapters/paperclip) against the real control
+// plane, webhooks and relay: test/e2e-run.mjs plays the Paperclip server,
+// calling the built adapter's execute() with a fake run context, and
+// prints every onLog call, the onMeta call and the result as JSON lines.
+// The adapter runs with a kubeconfig of a ServiceAccount holding exactly
+// the Role its README documents, and a token of that account for the
+// relay's audience, as a Paperclip server's pod would hold them.
+
+// adapterDir is the adapter's npm package.
+func adapterDir() string { return filepath.Join(harness.Root(), "adapters", "paperclip") }
+
+var adapterBuild struct {
+	sync.Once
+	err error
+}
+
+// buildAdapter builds the adapter once per test binary: npm ci when its
+// node_modules is missing (make test installs them from the lockfile),
+// then npm run build.
+func buildAdapter(t *testing.T) {
+	t.Helper()
+	adapterBuild.Do(func() {
+		for _, tool := range []string{"node", "npm"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				adapterBuild.err = fmt.Errorf("%s is not on PATH: the Paperclip adapter's end-to-end tests need Node.js 20 or later with npm (README, Quick start)", tool)
+				return
+			}
+		}
+		npm := func(args ...string) error {
+			cmd := exec.Command("npm", args...)
+			cmd.Dir = adapterDir()
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("npm %s in adapters/paperclip: %w\n%s", strings.Join(args, " "), err, out)
+			}
+			return nil
+		}
+		if _, err := os.Stat(filepath.Join(adapterDir(), "node_modules")); errors.Is(err, os.ErrNotExist) {
+			if adapterBuild.err = npm("ci", "--no-audit", "--no-fund"); adapterBuild.err != nil {
+				return
+			}
+		}
+		start := time.Now()
+		if adapterBuild.err = npm("run", "build"); adapterBuild.err == nil {
+			t.Logf("built the Paperclip adapter in %s", time.Since(start).Round(time.Millisecond))
+		}
+	})
+	if adapterBuild.err != nil {
+		t.Fatal(adapterBuild.err)
+	}
+}
+
+// adapterSpec is test/e2e-run.mjs's spec.
+type adapterSpec struct {
+	Kubeconfig     string         `json:"kubeconfig"`
+	Namespace      string         `json:"namespace"`
+	RelayURL       string         `json:"relayUrl"`
+	RelayTokenFile string         `json:"relayTokenFile"`
+	RelayCAFile    string         `json:"relayCaFile"`
+	AgentID        string         `json:"agentId"`
+	RunID          string         `json:"runId"`
+	TaskID         string         `json:"taskId,omitempty"`
+	Prompt         string         `json:"prompt"`
+	CancelAfterMs  int            `json:"cancelAfterMs,omitempty"`
+	Config         map[string]any `json:"config,omitempty"`
+}
+
+var paperclipOnce struct {
+	sync.Once
+	spec adapterSpec
+	err  error
+}
+
+// paperclipServer builds the adapter and sets up what a Paperclip server
+// holds (once per test binary): the README's RBAC for its ServiceAccount,
+// a kubeconfig with that account's token, a token of the same account for
+// the relay's audience, and the CA that signed the relay's certificate.
+// It returns a spec for agent and run with those filled in.
+func paperclipServer(t *testing.T, agent, run string) adapterSpec {
+	t.Helper()
+	buildAdapter(t)
+	r, _, _ := theRelay(t)
+	paperclipOnce.Do(func() {
+		paperclipOnce.err = func() error {
+			ctx := context.Background()
+			namespace, name, err := harness.ApplyPaperclipServerRBAC(ctx, env.cs)
+			if err != nil {
+				return err
+			}
+			if namespace != ns {
+				return fmt.Errorf("the adapter README binds %s/%s; the suite's agents run in %s", namespace, name, ns)
+			}
+			dir := filepath.Join(env.cluster.Dir, "paperclip-server")
+			kubeconfig := filepath.Join(dir, "kubeconfig")
+			if err := harness.ServiceAccountKubeconfig(ctx, env.cluster, namespace, name, kubeconfig); err != nil {
+				return err
+			}
+			token, err := harness.ServiceAccountToken(ctx, env.cluster, namespace, name, nil, relay.DefaultTokenAudience)
+			if err != nil {
+				return err
+			}
+			tokenFile, caFile := filepath.Join(dir, "relay-token"), filepath.Join(dir, "ca.crt")
+			if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
+				return err
+			}
+			if err := os.WriteFile(caFile, env.cluster.CA.CertPEM, 0o644); err != nil {
+				return err
+			}
+			paperclipOnce.spec = adapterSpec{Kubeconfig: kubeconfig, Namespace: ns, RelayURL: "https://" + r.APIAddr,
+				RelayTokenFile: tokenFile, RelayCAFile: caFile}
+			return nil
+		}()
+	})
+	if paperclipOnce.err != nil {
+		t.Fatal(paperclipOnce.err)
+	}
+	spec := paperclipOnce.spec
+	spec.AgentID, spec.RunID, spec.Prompt = agent, run, "Fix the failing test, {{agent.id}}."
+	return spec
+}
+
+// adapterLog is one onLog call (or, with Meta or Result, the onMeta call
+// or execute's result).
+type adapterLog struct {
+	Stream string         `json:"stream"`
+	Line   string         `json:"line"`
+	Meta   map[string]any `json:"meta"`
+	Result *adapterResult `json:"result"`
+}
+
+// adapterResult is the part of Paperclip's AdapterExecutionResult the
+// tests read; JSON null reads as the zero value.
+type adapterResult struct {
+	ExitCode      *int
+	Signal        string
+	TimedOut      bool
+	ErrorCode     string
+	ErrorMessage  string
+	ErrorMeta     map[string]any
+	Usage         *struct{ InputTokens, OutputTokens int }
+	CostUSD       *float64 `json:"costUsd"`
+	Model         string
+	Provider      string
+	Summary       string
+	SessionID     string
+	SessionParams map[string]any
+	ResultJSON    map[string]any `json:"resultJson"`
+}
+
+// clipjob is resultJson.clipjob: what the relay said about the run's end.
+func (r *adapterResult) clipjob() map[string]any {
+	m, _ := r.ResultJSON["clipjob"].(map[string]any)
+	return m
+}
+
+// adapterRun is one execute() of the adapter in a node process.
+type adapterRun struct {
+	spec   adapterSpec
+	stderr bytes.Buffer // node's own stderr; read once done is closed
+
+	mu     sync.Mutex
+	logs   []adapterLog
+	meta   map[string]any
+	result *adapterResult
+
+	done    chan struct{}
+	exitErr error
+}
+
+// startAdapter runs the adapter for spec; it is killed when t ends.
+func startAdapter(ctx context.Context, t *testing.T, spec adapterSpec) *adapterRun {
+	t.Helper()
+	a := &adapterRun{spec: spec, done: make(chan struct{})}
+	specFile := filepath.Join(t.TempDir(), "spec.json")
+	data, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(specFile, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, "node", filepath.Join("test", "e2e-run.mjs"), specFile)
+	cmd.Dir = adapterDir()
+	cmd.Stderr = &a.stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(a.done)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
+		for sc.Scan() {
+			var l adapterLog
+			if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+				l = adapterLog{Stream: "unparsed", Line: sc.Text()}
+			}
+			a.mu.Lock()
+			switch {
+			case l.Result != nil:
+				a.result = l.Result
+			case l.Meta != nil:
+				a.meta = l.Meta
+			default:
+				a.logs = append(a.logs, l)
+			}
+			a.mu.Unlock()
+		}
+		a.exitErr = cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-a.done:
+		default:
+			_ = cmd.Process.Kill()
+			<-a.done
+		}
+	})
+	return a
+}
+
+// lines are the chunks the adapter handed to onLog on stream.
+func (a *adapterRun) lines(stream string) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []string
+	for _, l := range a.logs {
+		if l.Stream == stream {
+			out = append(out, l.Line)
+		}
+	}
+	return out
+}
+
+// stdout is what the adapter handed on as the agent's output.
+func (a *adapterRun) stdout() []string { return a.lines("stdout") }
+
+func (a *adapterRun) exited() bool {
+	select {
+	case <-a.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// describe says where the run stands, for a failure message.
+func (a *adapterRun) describe() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "adapter run %s: %d stdout lines", a.spec.RunID, len(a.stdout()))
+	for _, n := range a.lines("stderr") {
+		fmt.Fprintf(&b, "\n  notice: %s", n)
+	}
+	if a.exited() {
+		a.mu.Lock()
+		res := a.result
+		a.mu.Unlock()
+		fmt.Fprintf(&b, "\n  exited: %v; result %+v\n  node stderr: %s", a.exitErr, res, a.stderr.String())
+	}
+	return b.String()
+}
+
+// waitStdout waits until the adapter has handed on at least n lines of
+// the agent's output.
+func (a *adapterRun) waitStdout(ctx context.Context, t *testing.T, n int) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		if len(a.stdout()) >= n {
+			return true, nil
+		}
+		if a.exited() {
+			return false, errors.New("the adapter ended first")
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for %d lines through onLog: %v\n%s", n, err, a.describe())
+	}
+}
+
+// wait waits for execute() to return and gives its result.
+func (a *adapterRun) wait(ctx context.Context, t *testing.T) *adapterResult {
+	t.Helper()
+	select {
+	case <-a.done:
+	case <-ctx.Done():
+		t.Fatalf("the adapter did not return: %v\n%s", ctx.Err(), a.describe())
+	}
+	a.mu.Lock()
+	res := a.result
+	a.mu.Unlock()
+	if res == nil || a.exitErr != nil {
+		t.Fatalf("no result from the adapter\n%s", a.describe())
+	}
+	return res
+}
+
+// jobOfRun waits for the Job the adapter created for its run (found by
+// the run-id label, as nothing else names it to the test).
+func jobOfRun(ctx context.Context, t *testing.T, a *adapterRun) *batchv1.Job {
+	t.Helper()
+	var job *batchv1.Job
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		jobs, err := env.cs.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: contract.LabelRunID + "=" + a.spec.RunID})
+		if err == nil && len(jobs.Items) > 0 {
+			job = &jobs.Items[0]
+			return true, nil
+		}
+		if a.exited() {
+			return false, errors.New("the adapter ended first")
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("the Job of run %s: %v\n%s", a.spec.RunID, err, a.describe())
+	}
+	return job
+}
+
+// runSecrets are the Secrets labeled for run.
+func runSecrets(ctx context.Context, t *testing.T, run string) []string {
+	t.Helper()
+	list, err := env.cs.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{LabelSelector: contract.LabelRunID + "=" + run})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range list.Items {
+		names = append(names, s.Name)
+	}
+	return names
+}
+
+// blockedBy checks a run refused because holder is the agent's active
+// run: no Job and no Secret of its own left behind.
+func blockedBy(ctx context.Context, t *testing.T, a *adapterRun, holder string) *adapterResult {
+	t.Helper()
+	res := a.wait(ctx, t)
+	if res.ErrorCode != "k8s_concurrent_run_blocked" || res.ErrorMeta["holderRunId"] != holder {
+		t.Errorf("run %s: want k8s_concurrent_run_blocked with holderRunId %s, got %s %q (meta %v)\n%s",
+			a.spec.RunID, holder, res.ErrorCode, res.ErrorMessage, res.ErrorMeta, a.describe())
+	}
+	if len(a.stdout()) != 0 {
+		t.Errorf("run %s was blocked but handed on agent output %q", a.spec.RunID, a.stdout())
+	}
+	jobs, err := env.cs.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: contract.LabelRunID + "=" + a.spec.RunID})
+	if err != nil || len(jobs.Items) != 0 {
+		t.Errorf("run %s was blocked, yet Jobs %v (%v)", a.spec.RunID, jobs, err)
+	}
+	if left := runSecrets(ctx, t, a.spec.RunID); len(left) != 0 {
+		t.Errorf("run %s was blocked and left its Secrets %v", a.spec.RunID, left)
+	}
+	return res
+}
+
+// checkSucceeded checks the result of a run whose agent wrote claudeInit
+// and last claudeResult(text) and exited 0, run by Job job.
+func checkSucceeded(t *testing.T, res *adapterResult, run string, job *batchv1.Job, text string) {
+	t.Helper()
+	cj := res.clipjob()
+	if res.ErrorCode != "" || res.ErrorMessage != "" || res.ExitCode == nil || *res.ExitCode != 0 || res.TimedOut {
+		t.Errorf("run %s: want success with exit 0, got code %q %q, exit %v", run, res.ErrorCode, res.ErrorMessage, res.ExitCode)
+	}
+	if res.SessionID != "sess-e2e" || res.SessionParams["sessionId"] != "sess-e2e" || res.Model != "claude-sonnet-4-5" || res.Provider != "anthropic" {
+		t.Errorf("run %s: session %q (params %v), model %q, provider %q; want sess-e2e, claude-sonnet-4-5, anthropic",
+			run, res.SessionID, res.SessionParams, res.Model, res.Provider)
+	}
+	if res.Summary != text || res.CostUSD == nil || *res.CostUSD != 0.42 || res.Usage == nil || res.Usage.InputTokens != 10 || res.Usage.OutputTokens != 20 {
+		t.Errorf("run %s: summary %q, cost %v, usage %+v; want %q, 0.42, 10 in and 20 out", run, res.Summary, res.CostUSD, res.Usage, text)
+	}
+	if res.ResultJSON["type"] != "result" || res.ResultJSON["result"] != text || cj["outcome"] != "succeeded" || cj["phase"] != "Succeeded" ||
+		cj["run"] != run || cj["job"] != ns+"/"+job.Name {
+		t.Errorf("run %s: resultJson %v", run, res.ResultJSON)
+	}
+}
+
+// TestPaperclipAdapterRunsAnAgent: the adapter submits a bare Job that
+// clipjob completes, follows the agent's output through the relay (every
+// line through onLog once and in order) and returns the result of its
+// final line. While the run goes on, a second run of the agent for
+// another task is blocked (the adapter sees the running run at the relay)
+// and so is one that does not look (clipjob's claim answers 409 with the
+// holder), neither leaving anything behind; and a server restarted
+// mid-run re-attaches to the run instead of starting another.
+func TestPaperclipAdapterRunsAnAgent(t *testing.T) {
+	const agent, run = "agent-e2e-pc", "e2e-pc-run"
+	spec := paperclipServer(t, agent, run)
+	ctx := ctxT(t)
+	spec.TaskID = "task-1"
+	a := startAdapter(ctx, t, spec)
+
+	job := jobOfRun(ctx, t, a)
+	if got := job.Spec.Template.Annotations[contract.AnnotationPrompt]; got != "Fix the failing test, "+agent+"." {
+		t.Errorf("prompt annotation %q: want the rendered prompt template", got)
+	}
+	if job.Labels[contract.LabelAdapterType] != "claude_local" || job.Labels[contract.LabelCompanyID] != "e2e-company" ||
+		job.Labels[contract.LabelTaskID] != "task-1" || job.Labels[contract.LabelAgentID] != agent {
+		t.Errorf("Job labels %v", job.Labels)
+	}
+	if job.Annotations["clipjob.paperclip.io/profile"] != "claude_local" || len(job.Spec.Template.Spec.Containers) == 0 {
+		t.Errorf("the Job was not completed by clipjob: annotations %v, %d containers", job.Annotations, len(job.Spec.Template.Spec.Containers))
+	}
+	// The run's env Secret is one clipjob takes: the Job comes to own it.
+	envSecret := job.Annotations[contract.AnnotationEnvSecret]
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		s, err := env.cs.CoreV1().Secrets(ns).Get(ctx, envSecret, metav1.GetOptions{})
+		return err == nil && slices.ContainsFunc(s.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == job.UID }), nil
+	})
+	if err != nil {
+		t.Errorf("the run's env Secret %q never came to be owned by its Job", envSecret)
+	}
+
+	pod := waitPod(ctx, t, job.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	log, err := env.cluster.PodLog(ctx, ns, pod.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := []string{claudeInit, `{"type":"assistant","message":{"content":[{"type":"text","text":"working"}]}}`, "plain progress line"}
+	if err := log.Write(lines...); err != nil {
+		t.Fatal(err)
+	}
+	// Handed on: the relay follows the run, and lists it as the agent's.
+	a.waitStdout(ctx, t, len(lines))
+
+	otherTask := paperclipServer(t, agent, "e2e-pc-run-other-task")
+	otherTask.TaskID = "task-2"
+	noLook := paperclipServer(t, agent, "e2e-pc-run-no-reattach")
+	noLook.Config = map[string]any{"reattach": false}
+	restarted := paperclipServer(t, agent, run)
+	restarted.TaskID = "task-1"
+	b, c, d := startAdapter(ctx, t, otherTask), startAdapter(ctx, t, noLook), startAdapter(ctx, t, restarted)
+
+	t.Run("a run for another task is blocked by the running one", func(t *testing.T) {
+		res := blockedBy(ctx, t, b, run)
+		if res.ErrorMeta["holderTask"] != "task-1" {
+			t.Errorf("errorMeta %v: want holderTask task-1", res.ErrorMeta)
+		}
+	})
+	t.Run("a second run is refused by clipjob's claim", func(t *testing.T) {
+		res := blockedBy(ctx, t, c, run)
+		if res.ErrorMeta["holderJob"] != ns+"/"+job.Name || res.ErrorMeta["httpStatus"] != float64(409) {
+			t.Errorf("errorMeta %v: want holderJob %s/%s and httpStatus 409", res.ErrorMeta, ns, job.Name)
+		}
+	})
+
+	// The restarted server has re-attached (and followed the run so far)
+	// before the run ends.
+	d.waitStdout(ctx, t, len(lines))
+	last := claudeResult("fixed it")
+	if err := log.Write(last); err != nil {
+		t.Fatal(err)
+	}
+	lines = append(lines, last)
+	finishRun(ctx, t, job.Name, "0")
+	res := a.wait(ctx, t)
+	exactlyOnce(t, a.stdout(), lines)
+	checkSucceeded(t, res, run, job, "fixed it")
+	if cmd, _ := a.meta["command"].(string); cmd != "clipjob bare Job "+ns+"/"+job.Name {
+		t.Errorf("onMeta command %q", cmd)
+	}
+
+	t.Run("a restarted server re-attaches to the run", func(t *testing.T) {
+		res := d.wait(ctx, t)
+		exactlyOnce(t, d.stdout(), lines)
+		checkSucceeded(t, res, run, job, "fixed it")
+		if jobs, err := env.cs.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: contract.LabelAgentID + "=" + agent}); err != nil || len(jobs.Items) != 1 {
+			t.Errorf("the agent's Jobs: %v (%v); want the one run's", jobs, err)
+		}
+		if n := d.lines("stderr"); !strings.Contains(strings.Join(n, "\n"), "re-attaching to the agent's running run "+run) {
+			t.Errorf("notices %q: want one saying it re-attached", n)
+		}
+	})
+}
+
+// TestPaperclipAdapterFollowsAcrossRelayRestarts: the relay is stopped
+// (a rolling update) while the agent writes on, started again, and later
+// killed and started again; the adapter resumes its stream each time and
+// hands on every line once and in order, then the result.
+func TestPaperclipAdapterFollowsAcrossRelayRestarts(t *testing.T) {
+	const agent, run = "agent-e2e-pc-restart", "e2e-pc-restart"
+	spec := paperclipServer(t, agent, run)
+	r, _, _ := theRelay(t)
+	ctx := ctxT(t)
+	a := startAdapter(ctx, t, spec)
+	job := jobOfRun(ctx, t, a)
+	pod := waitPod(ctx, t, job.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	log, err := env.cluster.PodLog(ctx, ns, pod.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := log.Write(claudeInit); err != nil {
+		t.Fatal(err)
+	}
+	// Lines come in bursts of three with one timestamp, which a resumed
+	// stream must tell apart (writeLinesInBackground).
+	want := writeLinesInBackground(t, log, 240, func(i int) {
+		switch i {
+		case 60:
+			// The adapter has handed on all so far, mid-stream; the relay
+			// goes while the agent writes on.
+			a.waitStdout(ctx, t, 1+i)
+			r.Stop()
+		case 120:
+			if err := r.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+		case 180:
+			a.waitStdout(ctx, t, 1+i)
+			r.Kill()
+			if err := r.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	want = append([]string{claudeInit}, want...)
+	last := claudeResult("survived two relay restarts")
+	if err := log.Write(last); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, last)
+	finishRun(ctx, t, job.Name, "0")
+	res := a.wait(ctx, t)
+	exactlyOnce(t, a.stdout(), want)
+	checkSucceeded(t, res, run, job, "survived two relay restarts")
+}
+
+// TestPaperclipAdapterCancelsARun: a run cancelled while its agent works
+// has its Job deleted, its pod and both its Secrets gone with it, and
+// returns cancelled, acknowledged. The agent's next run, started the
+// moment the cancelled one returned (as Paperclip starts an agent's queued
+// run), is admitted and runs a Job of its own, although the relay still
+// lists the cancelled run as running then: it marks a run done once its
+// streams have drained, DrainIdle after their last line.
+func TestPaperclipAdapterCancelsARun(t *testing.T) {
+	const agent, run, nextRun = "agent-e2e-pc-cancel", "e2e-pc-cancel", "e2e-pc-cancel-next"
+	spec := paperclipServer(t, agent, run)
+	ctx := ctxT(t)
+	// A relay of its own that drains for 12 s (production's default is
+	// 3 s, the suite's 1 s): long enough that the next run certainly asks
+	// it while it still lists the cancelled run as running.
+	bin, err := harness.Build(env.cluster.Dir, "clipjob-relay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow, err := harness.StartRelay(ctx, env.cluster, bin, "relay-adapter-cancel", ns, "--drain-idle", "12s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(slow.Stop)
+	_, reader, _ := theRelay(t)
+	spec.RelayURL = "https://" + slow.APIAddr
+	// From the adapter's start: long enough for its Job's pod to run and
+	// lines to come through first on a loaded machine.
+	spec.CancelAfterMs = 20_000
+	// The prompt by Secret too, so the run has two Secrets to see go.
+	spec.Config = map[string]any{"promptAnnotationMaxBytes": 16}
+	started := time.Now()
+	a := startAdapter(ctx, t, spec)
+	job := jobOfRun(ctx, t, a)
+	if got := job.Spec.Template.Annotations[contract.AnnotationPromptSecret]; got != job.Name+"-prompt" {
+		t.Errorf("prompt Secret annotation %q, want %s-prompt", got, job.Name)
+	}
+	pod := waitPod(ctx, t, job.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	log, err := env.cluster.PodLog(ctx, ns, pod.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The agent works on, a line every 200 ms, until it is stopped.
+	var mu sync.Mutex
+	written := []string{claudeInit}
+	if err := log.Write(claudeInit); err != nil {
+		t.Fatal(err)
+	}
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		for i := 0; ; i++ {
+			select {
+			case <-a.done:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			l := fmt.Sprintf(`{"type":"assistant","message":{"content":[{"type":"text","text":"step %d"}]}}`, i)
+			if log.Write(l) != nil {
+				return
+			}
+			mu.Lock()
+			written = append(written, l)
+			mu.Unlock()
+		}
+	}()
+	a.waitStdout(ctx, t, 2)
+	t.Logf("the agent's output came through %s after the adapter started; it is cancelled after %d ms", time.Since(started).Round(time.Millisecond), spec.CancelAfterMs)
+	if secrets := runSecrets(ctx, t, run); len(secrets) != 2 {
+		t.Fatalf("the running run's Secrets: %v, want its env and prompt Secrets", secrets)
+	}
+
+	nextSpec := paperclipServer(t, agent, nextRun)
+	nextSpec.RelayURL = spec.RelayURL
+	res := a.wait(ctx, t)
+	next := startAdapter(ctx, t, nextSpec)
+	<-writerDone
+
+	if res.ErrorCode != "cancelled" || res.Signal != "SIGTERM" {
+		t.Errorf("cancelled run: code %q %q, signal %q; want cancelled, SIGTERM", res.ErrorCode, res.ErrorMessage, res.Signal)
+	}
+	if ack, _ := res.ResultJSON["executionCancellation"].(map[string]any); ack["state"] != "acknowledged" {
+		t.Errorf("resultJson %v: want executionCancellation acknowledged", res.ResultJSON)
+	}
+	// What was handed on before the cancel: the agent's first lines, each
+	// once and in order.
+	got := a.stdout()
+	mu.Lock()
+	if len(got) > len(written) {
+		t.Errorf("%d lines handed on, %d written", len(got), len(written))
+	} else {
+		exactlyOnce(t, got, written[:len(got)])
+	}
+	mu.Unlock()
+	// Gone once the adapter says so: it deleted the Job in the foreground.
+	if _, err := env.cs.BatchV1().Jobs(ns).Get(ctx, job.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the cancelled run's Job: %v, want it deleted", err)
+	}
+	if _, err := env.cs.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the cancelled run's pod: %v, want it deleted before the Job", err)
+	}
+	if left := runSecrets(ctx, t, run); len(left) != 0 {
+		t.Errorf("the cancelled run's Secrets are still there: %v", left)
+	}
+	if r, code := relayRun(t, slow, reader, run); r == nil || r.Done {
+		t.Fatalf("the relay already marked the cancelled run done (HTTP %d, %+v): the next run cannot meet it listed as running", code, r)
+	}
+
+	// The next run is admitted: it holds the agent's claim, and runs and
+	// hands on only its own output.
+	nextJob := jobOfRun(ctx, t, next)
+	lease, err := env.cs.CoordinationV1().Leases(ns).Get(ctx, claim.KeyFor(nextJob, env.configNow().Policy.Concurrency).Name, metav1.GetOptions{})
+	if err != nil || claim.HolderOf(lease).UID != string(nextJob.UID) {
+		t.Errorf("the agent's claim after the cancel: %v %v, want it held by the next run's Job", lease, err)
+	}
+	if n := next.lines("stderr"); !slices.ContainsFunc(n, func(l string) bool { return strings.Contains(l, "not re-attaching to the agent's run "+run) }) {
+		t.Errorf("the next run's notices %q: want one saying it did not re-attach to the cancelled run", n)
+	}
+	nextPod := waitPod(ctx, t, nextJob.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	nextLog, err := env.cluster.PodLog(ctx, ns, nextPod.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nextLines := []string{claudeInit, claudeResult("the next run")}
+	if err := nextLog.Write(nextLines...); err != nil {
+		t.Fatal(err)
+	}
+	finishRun(ctx, t, nextJob.Name, "0")
+	nextRes := next.wait(ctx, t)
+	exactlyOnce(t, next.stdout(), nextLines)
+	checkSucceeded(t, nextRes, nextRun, nextJob, "the next run")
+}
