@@ -33,6 +33,7 @@ import (
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
 	"github.com/paperclipai/clipjob/relay"
+	"github.com/paperclipai/clipjob/relay/api"
 	"github.com/paperclipai/clipjob/relay/store"
 )
 
@@ -744,7 +745,7 @@ func printFleet(w io.Writer, rs []fleetResult, floodPerRun int) {
 			fmt.Fprintln(w, "| target | measured | |")
 			fmt.Fprintln(w, "|---|---|---|")
 			target(w, "GET /v1/runs < 50 ms with 10,000 runs (one agent's running run)", float64(r.lists[0].p50)/1e6, 50, " ms", true)
-			target(w, "GET /v1/runs < 50 ms with 10,000 runs (the default list, newest 500)", float64(r.lists[1].p50)/1e6, 50, " ms", true)
+			target(w, fmt.Sprintf("GET /v1/runs < 50 ms with 10,000 runs (the default list, newest %d)", api.DefaultListLimit), float64(r.lists[1].p50)/1e6, 50, " ms", true)
 		}
 		if r.restartReady > 0 {
 			fmt.Fprintf(w, "\nRestart over a store of %.0f lines (%.0f MiB): ready in %s; the %d lines written while it was down stored %s after the start (%.0f lines/s).\n",
