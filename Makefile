@@ -58,6 +58,7 @@ fuzz: ## Fuzz every decoder for FUZZTIME each
 	$(GOTEST) -run XXX -fuzz '^FuzzMutateObject$$' -fuzztime $(FUZZTIME) ./webhook/
 	$(GOTEST) -run XXX -fuzz '^FuzzValidateObject$$' -fuzztime $(FUZZTIME) ./webhook/
 	$(GOTEST) -run XXX -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./config/
+	$(GOTEST) -run XXX -fuzz '^FuzzMatchGlob$$' -fuzztime $(FUZZTIME) ./config/
 	$(GOTEST) -run XXX -fuzz '^FuzzRead$$' -fuzztime $(FUZZTIME) ./internal/manifest/
 	$(GOTEST) -run XXX -fuzz '^FuzzLineDecoding$$' -fuzztime $(FUZZTIME) ./relay/collect/
 	$(GOTEST) -run XXX -fuzz '^FuzzRedactKeepsJSONValid$$' -fuzztime $(FUZZTIME) ./relay/collect/

@@ -242,11 +242,30 @@ func glob(g string, p *field.Path) field.ErrorList {
 // MatchAny reports whether name matches any of the globs (validated at load).
 func MatchAny(globs []string, name string) bool {
 	for _, g := range globs {
-		if ok, _ := path.Match(g, name); ok {
+		if matchGlob(g, name) {
 			return true
 		}
 	}
 	return false
+}
+
+// matchGlob is path.Match for one glob, with the shapes config files use
+// (NAME, PREFIX_*, *_SUFFIX) answered without it: a render matches every
+// inherited env var against every deny glob, and path.Match was over half
+// of templates.Render (docs/benchmarks.md). FuzzMatchGlob holds the two
+// equal.
+func matchGlob(g, name string) bool {
+	meta := strings.IndexAny(g, `*?[\`)
+	switch {
+	case meta < 0:
+		return g == name
+	case meta == len(g)-1 && g[meta] == '*':
+		return strings.HasPrefix(name, g[:meta]) && !strings.Contains(name[len(g)-1:], "/")
+	case meta == 0 && g[0] == '*' && !strings.ContainsAny(g[1:], `*?[\`):
+		return strings.HasSuffix(name, g[1:]) && !strings.Contains(name[:len(name)-len(g)+1], "/")
+	}
+	ok, _ := path.Match(g, name)
+	return ok
 }
 
 func (c *Config) validateTenants() field.ErrorList {
