@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/kubernetes"
@@ -193,6 +194,10 @@ func newManager(o Options, store *config.Store, sourceNamespace string, certMana
 		// The cache holds agent Jobs only, for the claim controller.
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&batchv1.Job{}: {Label: agentJobs},
+			// Every PVC of the cluster is listed: keep only what the
+			// policy reads of it, so annotations and managed fields of
+			// PVCs clipjob never serves do not fill the webhook's memory.
+			&corev1.PersistentVolumeClaim{}: {Transform: pvcEssentials},
 		}},
 		Metrics:                metricsserver.Options{BindAddress: o.MetricsAddr, ExtraHandlers: map[string]http.Handler{"/configz": configzHandler(store)}},
 		HealthProbeBindAddress: o.ProbeAddr,
@@ -282,4 +287,18 @@ func configzHandler(store *config.Store) http.Handler {
 			"profiles":  store.Current().ProfileNames(),
 		})
 	})
+}
+
+// pvcEssentials cuts a cached PVC down to what the volume rule reads: its
+// name, namespace, identity and access modes.
+func pvcEssentials(obj any) (any, error) {
+	pvc, ok := obj.(*corev1.PersistentVolumeClaim)
+	if !ok {
+		return obj, nil // a deletion tombstone: as it is
+	}
+	return &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: pvc.Name, Namespace: pvc.Namespace, UID: pvc.UID,
+			ResourceVersion: pvc.ResourceVersion, DeletionTimestamp: pvc.DeletionTimestamp},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: pvc.Spec.AccessModes},
+	}, nil
 }

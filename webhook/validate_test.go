@@ -207,3 +207,27 @@ func TestCachedPVCsFallBackToLiveOnAMiss(t *testing.T) {
 		t.Fatalf("misses made %d live reads, want 2", n)
 	}
 }
+
+// The PVC cache keeps what the volume rule reads and nothing else: a
+// PVC's annotations, labels and managed fields (any namespace's, clipjob
+// serves or not) do not stay in the webhook's memory.
+func TestPVCCacheKeepsOnlyWhatThePolicyReads(t *testing.T) {
+	in := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "data", Namespace: "paperclip", UID: "u", ResourceVersion: "7",
+			Annotations: map[string]string{"big": strings.Repeat("x", 1<<16)}, Labels: map[string]string{"a": "b"},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+			VolumeName: "pv-1"},
+	}
+	out, err := pvcEssentials(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := out.(*corev1.PersistentVolumeClaim)
+	if got.Name != "data" || got.Namespace != "paperclip" || got.ResourceVersion != "7" || len(got.Spec.AccessModes) != 1 {
+		t.Fatalf("lost what the policy reads: %+v", got)
+	}
+	if got.Annotations != nil || got.Labels != nil || got.ManagedFields != nil || got.Spec.VolumeName != "" {
+		t.Errorf("kept more than the policy reads: %+v", got)
+	}
+}

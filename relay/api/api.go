@@ -116,7 +116,7 @@ func (a *API) listRuns(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusBadRequest, "%v", err)
 		return
 	}
-	runs, err := a.Store.Runs(func(run *store.Run) bool {
+	runs, err := a.Store.Runs(func(run *store.Summary) bool {
 		return match(q.Get("agent"), run.Agent) && match(q.Get("company"), run.Company) && match(q.Get("phase"), run.Phase)
 	})
 	if err != nil {
@@ -135,12 +135,22 @@ func (a *API) listRuns(w http.ResponseWriter, r *http.Request) {
 			}
 			allowed[run.Namespace] = ok
 		}
-		if ok {
-			if len(out) == limit {
-				writeJSON(w, http.StatusOK, map[string]any{"runs": out, "truncated": true})
-				return
-			}
-			out = append(out, run)
+		if !ok {
+			continue
+		}
+		if len(out) == limit {
+			writeJSON(w, http.StatusOK, map[string]any{"runs": out, "truncated": true})
+			return
+		}
+		// The index keeps summaries: the record is read whole for the
+		// runs returned only (at most limit).
+		rec, err := a.Store.Run(run.ID)
+		if err != nil {
+			fail(w, http.StatusInternalServerError, "reading run %s: %v", run.ID, err)
+			return
+		}
+		if rec != nil { // deleted by retention since the listing
+			out = append(out, *rec)
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"runs": out})

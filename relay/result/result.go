@@ -152,7 +152,7 @@ func (p *Parser) Feed(line []byte) {
 			p.r.Text = *ev.Result
 		}
 		if ev.IsError && p.r.Text != "" {
-			p.r.Errors = append(p.r.Errors, p.r.Text)
+			p.addError(p.r.Text)
 			if goneSession([]byte(p.r.Text)) {
 				p.noSession = true
 			}
@@ -163,6 +163,24 @@ func (p *Parser) Feed(line []byte) {
 				CacheReadInputTokens: u.CacheReadInputTokens, CacheCreationInputTokens: u.CacheCreationInputTokens}
 		}
 	}
+}
+
+// MaxErrors and MaxErrorBytes bound Result.Errors: the agent writes them,
+// a run's record holds them for its retention, and every list and log end
+// carries them. The latest are kept, each cut to MaxErrorBytes.
+const (
+	MaxErrors     = 10
+	MaxErrorBytes = 4 << 10
+)
+
+func (p *Parser) addError(e string) {
+	if len(e) > MaxErrorBytes {
+		e = strings.ToValidUTF8(e[:MaxErrorBytes], "") + " [clipjob: error truncated]"
+	}
+	if len(p.r.Errors) == MaxErrors {
+		p.r.Errors = append(p.r.Errors[:0:0], p.r.Errors[1:]...)
+	}
+	p.r.Errors = append(p.r.Errors, e)
 }
 
 func (p *Parser) feedOpenCode(line []byte) {
@@ -179,7 +197,7 @@ func (p *Parser) feedOpenCode(line []byte) {
 		p.r.IsError = true
 		if ev.Error != nil {
 			p.r.Text = string(*ev.Error)
-			p.r.Errors = append(p.r.Errors, string(*ev.Error))
+			p.addError(string(*ev.Error))
 		}
 		p.r.Raw = append(json.RawMessage{}, line...)
 	case ev.Part == nil:

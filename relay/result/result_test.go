@@ -2,10 +2,12 @@ package result
 
 import (
 	"bufio"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/utils/ptr"
@@ -126,6 +128,28 @@ func TestOutcomes(t *testing.T) {
 	} {
 		if tc.got == nil || !tc.check(tc.got) {
 			t.Errorf("%s: %+v", tc.name, tc.got)
+		}
+	}
+}
+
+// An agent that prints error after error, each huge, leaves a bounded
+// result: the latest MaxErrors, each cut to MaxErrorBytes.
+func TestErrorsAreBounded(t *testing.T) {
+	var p Parser
+	big := strings.Repeat("é", MaxErrorBytes) // two bytes each: a cut may fall mid-rune
+	for i := range 3 * MaxErrors {
+		p.Feed([]byte(`{"type":"error","sessionID":"s","error":"` + fmt.Sprint(i) + big + `"}`))
+	}
+	r := p.Result(&Termination{ExitCode: 1})
+	if len(r.Errors) != MaxErrors {
+		t.Fatalf("%d errors kept, want %d", len(r.Errors), MaxErrors)
+	}
+	if !strings.HasPrefix(strings.TrimPrefix(r.Errors[MaxErrors-1], `"`), fmt.Sprint(3*MaxErrors-1)) { // OpenCode errors are kept as their JSON
+		t.Errorf("the last error kept is not the latest: %.20q", r.Errors[MaxErrors-1])
+	}
+	for _, e := range r.Errors {
+		if len(e) > MaxErrorBytes+40 || !utf8.ValidString(e) || !strings.HasSuffix(e, "[clipjob: error truncated]") {
+			t.Fatalf("error of %d bytes (valid UTF-8 %v): %.40q…", len(e), utf8.ValidString(e), e)
 		}
 	}
 }

@@ -8,13 +8,17 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// runIndex holds every run's record decoded, beside the runs bucket, so
-// listing runs decodes nothing: GET /v1/runs decoded every record, 125 ms
-// over 10,000 runs (docs/benchmarks.md). Transactions still read records
-// from the bucket, never from here, so a transaction that rolls back and
-// is retried (bbolt's Batch) computes from what is committed.
+// runIndex holds a summary of every run's record (what lists filter, sort
+// and retain by), beside the runs bucket, so listing runs decodes nothing:
+// GET /v1/runs decoded every record, 125 ms over 10,000 runs
+// (docs/benchmarks.md). Only the summary: a run's result is what its agent
+// printed, and a hostile agent can make it megabytes
+// (TestHostileResultsArePinnedInTheHeapByTheIndex); whole records stay in
+// the bucket and are read when asked for. Transactions read records from the bucket, never from
+// here, so a transaction that rolls back and is retried (bbolt's Batch)
+// computes from what is committed.
 //
-// A record enters the index from its transaction's commit handler. bbolt
+// A summary enters the index from its transaction's commit handler. bbolt
 // runs those after the writer lock is released, so two transactions'
 // handlers can run out of order: each entry keeps the transaction id
 // that wrote it, and an older write (or one of a deleted run, kept as a
@@ -26,8 +30,31 @@ type runIndex struct {
 }
 
 type indexed struct {
-	run  *Run
+	run  Summary
 	txid int
+}
+
+// Summary is the part of a run's record the index keeps: what GET /v1/runs
+// filters and sorts by, what retention decides by, what names the run's
+// mirror file, and the pod a restarted relay checks unfinished runs by.
+type Summary struct {
+	ID        string    `json:"id"`
+	Namespace string    `json:"namespace"`
+	Pod       string    `json:"pod,omitempty"`
+	PodUID    string    `json:"podUid,omitempty"`
+	Agent     string    `json:"agent,omitempty"`
+	Company   string    `json:"company,omitempty"`
+	Phase     string    `json:"phase"`
+	Done      bool      `json:"done"`
+	LastSeq   uint64    `json:"lastSeq"`
+	Bytes     int64     `json:"bytes"`
+	SeenAt    time.Time `json:"seenAt"`
+}
+
+// Run is the summary as a Run record with only those fields set.
+func (s Summary) Run() Run {
+	return Run{ID: s.ID, Namespace: s.Namespace, Pod: s.Pod, PodUID: s.PodUID, Agent: s.Agent, Company: s.Company, Phase: s.Phase,
+		Done: s.Done, LastSeq: s.LastSeq, Bytes: s.Bytes, SeenAt: s.SeenAt}
 }
 
 type tombstone struct {
@@ -43,11 +70,11 @@ func (x *runIndex) load(db *bolt.DB) error {
 	return db.View(func(tx *bolt.Tx) error {
 		txid := tx.ID()
 		return tx.Bucket(bucketRuns).ForEach(func(k, v []byte) error {
-			var r Run
+			var r Summary
 			if err := json.Unmarshal(v, &r); err != nil {
 				return err
 			}
-			x.byID[string(k)] = indexed{run: &r, txid: txid}
+			x.byID[string(k)] = indexed{run: r, txid: txid}
 			return nil
 		})
 	})
@@ -55,7 +82,7 @@ func (x *runIndex) load(db *bolt.DB) error {
 
 // put records what transaction txid committed for run id.
 func (x *runIndex) put(id string, v []byte, txid int) {
-	var r Run
+	var r Summary
 	if err := json.Unmarshal(v, &r); err != nil {
 		return // it was marshalled from a Run a moment ago
 	}
@@ -67,7 +94,7 @@ func (x *runIndex) put(id string, v []byte, txid int) {
 	if t, ok := x.tombstones[id]; ok && t.txid > txid {
 		return
 	}
-	x.byID[id] = indexed{run: &r, txid: txid}
+	x.byID[id] = indexed{run: r, txid: txid}
 }
 
 // remove records that transaction txid deleted the runs ids.
@@ -89,27 +116,15 @@ func (x *runIndex) remove(ids []string, txid int) {
 	}
 }
 
-// runs returns copies of the records keep accepts (all when keep is nil).
-func (x *runIndex) runs(keep func(*Run) bool) []Run {
+// runs returns the summaries keep accepts (all when keep is nil).
+func (x *runIndex) runs(keep func(*Summary) bool) []Summary {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	var out []Run
+	var out []Summary
 	for _, e := range x.byID {
-		if keep == nil || keep(e.run) {
-			out = append(out, *e.run)
+		if keep == nil || keep(&e.run) {
+			out = append(out, e.run)
 		}
 	}
 	return out
-}
-
-// get returns a copy of run id's record, or nil.
-func (x *runIndex) get(id string) *Run {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	e, ok := x.byID[id]
-	if !ok {
-		return nil
-	}
-	r := *e.run
-	return &r
 }

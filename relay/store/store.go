@@ -219,19 +219,21 @@ func (s *Store) UpdateRun(id string, fn func(*Run)) (*Run, error) {
 	return out, err
 }
 
-// Run returns a run's record, or nil if the relay never saw it: its last
-// committed version, from the index (a log stream asks after every page).
-// The record shares its slices and pointers with the index: read it, do
-// not modify it.
+// Run returns a run's record, or nil if the relay never saw it.
 func (s *Store) Run(id string) (*Run, error) {
-	return s.index.get(id), nil
+	var r *Run
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		r, err = getRun(tx, id)
+		return err
+	})
+	return r, err
 }
 
-// Runs returns every run accepted by keep, newest first, from the index
-// (see runIndex): committed records, decoded once. The runs returned
-// share their slices and pointers with the index: read them, do not
-// modify them.
-func (s *Store) Runs(keep func(*Run) bool) ([]Run, error) {
+// Runs returns the summaries of the runs keep accepts, newest first, from
+// the index (see runIndex): committed records, decoded once. Read a run
+// whole with Run.
+func (s *Store) Runs(keep func(*Summary) bool) ([]Summary, error) {
 	out := s.index.runs(keep)
 	sort.Slice(out, func(i, j int) bool { return out[i].SeenAt.After(out[j].SeenAt) })
 	return out, nil
@@ -332,7 +334,7 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]R
 		}
 		if (maxAge > 0 && now.Sub(r.SeenAt) > maxAge) || (maxBytes > 0 && total > maxBytes) {
 			drop = append(drop, r.ID)
-			dropped = append(dropped, r)
+			dropped = append(dropped, r.Run())
 			total -= r.Bytes
 		}
 	}
