@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -109,6 +110,12 @@ func Serve(ctx context.Context, o Options) error {
 	}); err != nil {
 		return err
 	}
+	// The API listens only once the manager starts the service, after
+	// the caches synced: ready before that, a restarted relay refused its
+	// first clients' connections (seen by the fleet benchmark).
+	if err := mgr.AddReadyzCheck("api", svc.apiReady); err != nil {
+		return err
+	}
 	if err := mgr.Add(svc); err != nil {
 		return err
 	}
@@ -176,6 +183,16 @@ type service struct {
 	// collectCtx is the followers' context, ended by stopCollecting.
 	collectCtx     context.Context
 	stopCollecting context.CancelFunc
+	// listening: the API accepts connections.
+	listening atomic.Bool
+}
+
+// apiReady is the readiness of the API: listening.
+func (s *service) apiReady(*http.Request) error {
+	if !s.listening.Load() {
+		return errors.New("API not listening yet")
+	}
+	return nil
 }
 
 // pod looks a pod up in the informer cache.
@@ -203,6 +220,7 @@ func (s *service) Start(ctx context.Context) error {
 	runErr := s.retainUntil(ctx, serveErr)
 
 	s.log.Info("stopping: closing streams and flushing the store")
+	s.listening.Store(false)
 	api.stop(s.opts.ShutdownTimeout)
 	s.stopCollecting()
 	s.coll.Stop()
@@ -293,6 +311,7 @@ func (s *service) serveAPI(ctx context.Context) (*apiServer, <-chan error, error
 		ln = tls.NewListener(ln, &tls.Config{GetCertificate: cw.GetCertificate, MinVersion: tls.VersionTLS12})
 	}
 	errc := make(chan error, 1)
+	s.listening.Store(true)
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errc <- err

@@ -2,10 +2,13 @@ package relay
 
 import (
 	"context"
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
 )
 
@@ -28,5 +31,35 @@ func TestServeRefusesToStart(t *testing.T) {
 	o.RedactPatterns, o.RedactValuesFile = nil, filepath.Join(t.TempDir(), "missing")
 	if err := Serve(context.Background(), o); err == nil || !strings.Contains(err.Error(), "redaction values") || !strings.Contains(err.Error(), "missing") {
 		t.Errorf("unreadable redaction values file: %v", err)
+	}
+}
+
+// The relay is ready only once its API accepts connections: a restarted
+// relay said ready (its pod cache synced) before the service had opened
+// the API's listener, and refused its first clients.
+func TestAPIReadyOnlyWhenListening(t *testing.T) {
+	s := &service{opts: Options{APIAddr: "127.0.0.1:0"}, log: logr.Discard()}
+	if s.apiReady(nil) == nil {
+		t.Fatal("ready before the API listens")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	api, _, err := s.serveAPI(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.apiReady(nil); err != nil {
+		t.Fatalf("not ready while listening: %v", err)
+	}
+	api.stop(time.Second)
+
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	taken := &service{opts: Options{APIAddr: busy.Addr().String()}, log: logr.Discard()}
+	if _, _, err := taken.serveAPI(ctx); err == nil || taken.apiReady(nil) == nil {
+		t.Fatalf("an API that could not listen (%v) reads as ready", err)
 	}
 }
