@@ -182,8 +182,19 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
       );
     }
     let existing: RelayRun | undefined;
+    // This run's own record first; then only runs this adapter could have
+    // started: its namespace and the agent's company. The relay lists
+    // every namespace the server's token may read, and a run elsewhere
+    // with the agent's id is someone else's Job wearing its label.
+    running.sort((a, b) => Number(b.id === ctx.runId) - Number(a.id === ctx.runId));
     for (const r of running) {
       if (r.agent !== agentId || r.done) continue;
+      if (r.namespace !== settings.namespace || (r.company ?? "") !== (ctx.agent.companyId ?? "")) {
+        await notice(
+          `not re-attaching to run ${r.id} of agent ${agentId} in namespace ${r.namespace} (company ${r.company ?? "none"}): this adapter runs the agent in ${settings.namespace} for company ${ctx.agent.companyId ?? "none"}`,
+        );
+        continue;
+      }
       // The relay marks a run done only once its pod's streams have
       // drained, a few seconds after the pod went. Another run whose Job
       // is gone, being deleted or finished (cancelled a moment ago, say)
@@ -200,11 +211,13 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     }
     if (existing) {
       const taskId = taskIdOf(ctx.context ?? {});
-      if (existing.id !== ctx.runId && existing.task && taskId && existing.task !== taskId) {
+      // Another run's task must be this run's: a run without a task label
+      // does not match one that has a task.
+      if (existing.id !== ctx.runId && taskId && existing.task !== taskId) {
         return failureResult(
           ErrorCodes.concurrentRunBlocked,
-          `Concurrent run blocked: the agent is running run ${existing.id} for task ${existing.task} (Job ${existing.namespace}/${existing.job ?? "?"}), not this run's task ${taskId}`,
-          { holderRunId: existing.id, holderJob: existing.job ? `${existing.namespace}/${existing.job}` : null, holderTask: existing.task },
+          `Concurrent run blocked: the agent is running run ${existing.id} for task ${existing.task ?? "(none)"} (Job ${existing.namespace}/${existing.job ?? "?"}), not this run's task ${taskId}`,
+          { holderRunId: existing.id, holderJob: existing.job ? `${existing.namespace}/${existing.job}` : null, holderTask: existing.task ?? null },
         );
       }
       await notice(

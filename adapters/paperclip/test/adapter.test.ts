@@ -5,7 +5,7 @@ import type { AdapterExecutionContext, AdapterInvocationMeta } from "@paperclipa
 import type { V1Job } from "@kubernetes/client-node";
 
 import { CLAUDE_ADAPTER, createClipjobAdapter, executeRun, type AdapterDeps } from "../src/adapter.js";
-import { RelayClient } from "../src/relay.js";
+import { RelayClient, type RelayRun } from "../src/relay.js";
 import { FakeKube, statusError } from "./fake-kube.js";
 import { FakeRelay } from "./fake-relay.js";
 
@@ -229,6 +229,35 @@ describe("execute", () => {
   it("does not re-attach to the agent's run for another task", async () => {
     const rec = newCtx({ context: { taskId: "task-b" } });
     relay.addRun({ id: "run-other-task", agent: rec.ctx.agent.id, task: "task-a", phase: "Running" });
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, "k8s_concurrent_run_blocked");
+    assert.deepEqual(kube.calls, []);
+  });
+
+  // The relay lists runs of every namespace the server's token reads: a
+  // Job elsewhere, or of another company, wearing the agent's id is not a
+  // run this adapter started (a tenant could otherwise hand the agent's
+  // next run its own output, result and session).
+  for (const [what, run] of [
+    ["in another namespace", { namespace: "paperclip-evil" }],
+    ["of another company", { company: "company-evil" }],
+  ] as Array<[string, Partial<RelayRun>]>) {
+    it(`does not re-attach to a run with the agent's id ${what}: runs its own`, async () => {
+      kube.afterCreateJob = runsTo(claudeLines, claudeEnd);
+      const rec = newCtx();
+      relay.addRun({ id: `forged-${runCounter}`, agent: rec.ctx.agent.id, job: "evil", phase: "Running", ...run });
+      relay.appendLines(`forged-${runCounter}`, "forged output");
+      const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+      assert.equal(result.errorCode, null, result.errorMessage ?? "");
+      assert.equal(result.summary, "fixed it");
+      assert.deepEqual(rec.stdout, claudeLines.map((l) => `${l}\n`), "only its own run's output");
+      assert.ok(kube.calls.some((c) => /^create job pc-run-/.test(c)), kube.calls.join());
+    });
+  }
+
+  it("does not re-attach to another run without a task when this run has one", async () => {
+    const rec = newCtx({ context: { taskId: "task-b" } });
+    relay.addRun({ id: "run-no-task", agent: rec.ctx.agent.id, phase: "Running" });
     const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
     assert.equal(result.errorCode, "k8s_concurrent_run_blocked");
     assert.deepEqual(kube.calls, []);

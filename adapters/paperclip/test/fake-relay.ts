@@ -66,7 +66,8 @@ export class FakeRelay {
   /** Makes the run known (its pod was seen). */
   addRun(run: Partial<RelayRun> & { id: string }): void {
     this.runs.set(run.id, {
-      run: { namespace: "paperclip", phase: "Running", done: false, lastSeq: 0, ...run },
+      // The company the adapter's Jobs carry (newCtx's agent).
+      run: { namespace: "paperclip", company: "company-1", phase: "Running", done: false, lastSeq: 0, ...run },
       lines: [],
     });
     this.changed.emit("change");
