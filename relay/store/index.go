@@ -14,9 +14,9 @@ import (
 // (docs/benchmarks.md). Only the summary: a run's result is what its agent
 // printed, and a hostile agent can make it megabytes
 // (TestHostileResultsArePinnedInTheHeapByTheIndex); whole records stay in
-// the bucket and are read when asked for. Transactions read records from the bucket, never from
-// here, so a transaction that rolls back and is retried (bbolt's Batch)
-// computes from what is committed.
+// the bucket and are read when asked for. Transactions read records from
+// the bucket, never from here, so a transaction that rolls back and is
+// retried (bbolt's Batch) computes from what is committed.
 //
 // A summary enters the index from its transaction's commit handler. bbolt
 // runs those after the writer lock is released, so two transactions'
@@ -51,6 +51,13 @@ type Summary struct {
 	SeenAt    time.Time `json:"seenAt"`
 }
 
+// summaryOf is the summary of a record being written: copied, not
+// decoded (Append writes the run's record with every committed batch).
+func summaryOf(r *Run) Summary {
+	return Summary{ID: r.ID, Namespace: r.Namespace, Pod: r.Pod, PodUID: r.PodUID, Agent: r.Agent, Company: r.Company,
+		Phase: r.Phase, Done: r.Done, LastSeq: r.LastSeq, Bytes: r.Bytes, SeenAt: r.SeenAt}
+}
+
 // Run is the summary as a Run record with only those fields set.
 func (s Summary) Run() Run {
 	return Run{ID: s.ID, Namespace: s.Namespace, Pod: s.Pod, PodUID: s.PodUID, Agent: s.Agent, Company: s.Company, Phase: s.Phase,
@@ -80,12 +87,9 @@ func (x *runIndex) load(db *bolt.DB) error {
 	})
 }
 
-// put records what transaction txid committed for run id.
-func (x *runIndex) put(id string, v []byte, txid int) {
-	var r Summary
-	if err := json.Unmarshal(v, &r); err != nil {
-		return // it was marshalled from a Run a moment ago
-	}
+// put records what transaction txid committed for run r.ID.
+func (x *runIndex) put(r Summary, txid int) {
+	id := r.ID
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if cur, ok := x.byID[id]; ok && cur.txid > txid {

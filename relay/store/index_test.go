@@ -87,7 +87,7 @@ func assertIndexMatchesBucket(t *testing.T, s *Store) {
 func TestRunIndexKeepsTheNewestTransaction(t *testing.T) {
 	var x runIndex
 	x.byID, x.tombstones = map[string]indexed{}, map[string]tombstone{}
-	rec := func(phase string) []byte { b, _ := json.Marshal(Run{ID: "r", Phase: phase}); return b }
+	rec := func(phase string) Summary { return Summary{ID: "r", Phase: phase} }
 	phase := func() string {
 		runs := x.runs(nil)
 		if len(runs) == 0 {
@@ -95,17 +95,17 @@ func TestRunIndexKeepsTheNewestTransaction(t *testing.T) {
 		}
 		return runs[0].Phase
 	}
-	x.put("r", rec("Running"), 5)
-	x.put("r", rec("Pending"), 4) // an older commit's handler, late
+	x.put(rec("Running"), 5)
+	x.put(rec("Pending"), 4) // an older commit's handler, late
 	if got := phase(); got != "Running" {
 		t.Fatalf("after a late older write: %s, want Running", got)
 	}
 	x.remove([]string{"r"}, 7)
-	x.put("r", rec("Succeeded"), 6) // late, older than the deletion
+	x.put(rec("Succeeded"), 6) // late, older than the deletion
 	if got := phase(); got != "(none)" {
 		t.Fatalf("a write older than the deletion brought the run back: %s", got)
 	}
-	x.put("r", rec("Pending"), 8) // the run id seen again after the deletion
+	x.put(rec("Pending"), 8) // the run id seen again after the deletion
 	if got := phase(); got != "Pending" {
 		t.Fatalf("a write after the deletion: %s, want Pending", got)
 	}

@@ -401,10 +401,10 @@ func (s *Store) putRun(tx *bolt.Tx, r *Run) error {
 	if err != nil {
 		return err
 	}
-	id, txid := r.ID, tx.ID()
-	if err := tx.Bucket(bucketRuns).Put([]byte(id), v); err != nil {
+	sum, txid := summaryOf(r), tx.ID()
+	if err := tx.Bucket(bucketRuns).Put([]byte(r.ID), v); err != nil {
 		return err
 	}
-	tx.OnCommit(func() { s.index.put(id, v, txid) })
+	tx.OnCommit(func() { s.index.put(sum, txid) })
 	return nil
 }
