@@ -273,7 +273,7 @@ func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after 
 			continue // a page ended (by lines or bytes) before the log did
 		}
 		if cur.Done && after >= cur.LastSeq {
-			_ = ew.write(event{Type: "end", End: &End{Phase: cur.Phase, ExitCode: cur.ExitCode, Reason: cur.Reason, LastSeq: cur.LastSeq, Result: cur.Result}})
+			_ = ew.writeEnd(&End{Phase: cur.Phase, ExitCode: cur.ExitCode, Reason: cur.Reason, LastSeq: cur.LastSeq, Result: cur.Result})
 			ew.flush()
 			return
 		}
@@ -313,17 +313,15 @@ func newEventWriter(w http.ResponseWriter, sse bool) *eventWriter {
 	return &eventWriter{w: w, flusher: flusher, sse: sse}
 }
 
-func (ew *eventWriter) write(ev event) error {
+// writeEnd writes the log's end event.
+func (ew *eventWriter) writeEnd(end *End) error {
+	data, _ := json.Marshal(event{Type: "end", End: end})
 	var err error
-	data, _ := json.Marshal(ev)
-	switch {
-	case ew.sse && ev.Line != nil:
-		_, err = fmt.Fprintf(ew.w, "id: %d\nevent: line\ndata: %s\n\n", ev.Seq, data)
-	case ew.sse:
+	if ew.sse {
 		// The end carries the last sequence as its id, so an EventSource
 		// that reconnects gets 204 and stops, even for an empty log.
-		_, err = fmt.Fprintf(ew.w, "id: %d\nevent: end\ndata: %s\n\n", ev.LastSeq, data)
-	default:
+		_, err = fmt.Fprintf(ew.w, "id: %d\nevent: end\ndata: %s\n\n", end.LastSeq, data)
+	} else {
 		_, err = fmt.Fprintf(ew.w, "%s\n", data)
 	}
 	return err
@@ -331,7 +329,7 @@ func (ew *eventWriter) write(ev event) error {
 
 // writeLine writes a stored line as its event without decoding it: the
 // event is the stored Line's JSON with "type":"line" first, byte for byte
-// what write(event{Type: "line", Line: …}) sends (TestRawLineEventIsTheEvent).
+// the JSON of event{Type: "line", Line: …} (TestRawLineEventIsTheEvent).
 func (ew *eventWriter) writeLine(l store.RawLine) error {
 	if len(l.JSON) < 2 || l.JSON[0] != '{' {
 		return fmt.Errorf("stored line %d is not a JSON object", l.Seq)

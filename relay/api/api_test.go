@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -373,8 +374,11 @@ func TestRawLineEventIsTheEvent(t *testing.T) {
 		if err := (&eventWriter{w: fakeWriter{&viaRaw}, sse: sse}).writeLine(raw[0]); err != nil {
 			t.Fatal(err)
 		}
-		if err := (&eventWriter{w: fakeWriter{&viaDecoded}, sse: sse}).write(event{Type: "line", Line: &decoded[0]}); err != nil {
-			t.Fatal(err)
+		data, _ := json.Marshal(event{Type: "line", Line: &decoded[0]})
+		if sse {
+			fmt.Fprintf(&viaDecoded, "id: %d\nevent: line\ndata: %s\n\n", decoded[0].Seq, data)
+		} else {
+			fmt.Fprintf(&viaDecoded, "%s\n", data)
 		}
 		if viaRaw.String() != viaDecoded.String() {
 			t.Errorf("sse=%v:\nraw     %q\ndecoded %q", sse, viaRaw.String(), viaDecoded.String())
