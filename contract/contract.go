@@ -102,6 +102,12 @@ const (
 	// active run's Job, "namespace/name") say where a queued run stands.
 	AnnotationQueuePosition = "clipjob.paperclip.io/queue-position"
 	AnnotationQueueHolder   = "clipjob.paperclip.io/queue-holder"
+	// AnnotationCreatedBy is the user the API server authenticated for the
+	// Job's CREATE, as the mutating webhook saw it. Labels say whose run a
+	// Job claims to be; this says who made it, so a client can tell its
+	// own runs from a Job that copied their labels. The validating webhook
+	// keeps it equal to the creating user and unchanged afterwards.
+	AnnotationCreatedBy = "clipjob.paperclip.io/created-by"
 )
 
 // RunEnv maps the contract's labels to the env vars an agent reads them

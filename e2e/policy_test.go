@@ -14,11 +14,13 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/claim"
@@ -276,6 +278,43 @@ func TestAgentLabelImmutable(t *testing.T) {
 	ok := []byte(`{"metadata":{"labels":{"team":"platform"}}}`)
 	if _, err := env.cs.BatchV1().Jobs(ns).Patch(ctx, job.Name, types.MergePatchType, ok, metav1.PatchOptions{}); err != nil {
 		t.Errorf("an unrelated label change was refused: %v", err)
+	}
+}
+
+// TestJobRecordsItsCreator: a Job names the user who created it, which is
+// how the Paperclip adapter tells its own runs from a Job that copied their
+// labels. A client cannot name another creator, and nobody (cluster-admin
+// included) can rewrite or remove it later.
+func TestJobRecordsItsCreator(t *testing.T) {
+	ctx := ctxT(t)
+	const server = "system:serviceaccount:paperclip:paperclip"
+	token, err := harness.ServiceAccountToken(ctx, env.cluster, ns, "e2e-job-maker", []rbacv1.PolicyRule{
+		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"create", "get", "patch"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := rest.AnonymousClientConfig(env.cluster.Config)
+	rc.BearerToken = token
+	maker := kubernetes.NewForConfigOrDie(rc)
+	forged := bareJob(t, "e2e-forged-creator")
+	forged.Annotations = map[string]string{contract.AnnotationCreatedBy: server}
+	job, err := maker.BatchV1().Jobs(ns).Create(ctx, forged, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := job.Annotations[contract.AnnotationCreatedBy], "system:serviceaccount:"+ns+":e2e-job-maker"; got != want {
+		t.Fatalf("created-by = %q, want the creating ServiceAccount %q", got, want)
+	}
+	for _, patch := range []string{
+		`{"metadata":{"annotations":{"clipjob.paperclip.io/created-by":"` + server + `"}}}`,
+		`{"metadata":{"annotations":{"clipjob.paperclip.io/created-by":null}}}`,
+	} {
+		for who, cs := range map[string]kubernetes.Interface{"the creator": maker, "cluster-admin": env.cs} {
+			_, err := cs.BatchV1().Jobs(ns).Patch(ctx, job.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+			if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "metadata.annotations[clipjob.paperclip.io/created-by]") || !strings.Contains(err.Error(), "is immutable") {
+				t.Errorf("%s patching %s: want 403 naming the annotation, got %v", who, patch, err)
+			}
+		}
 	}
 }
 

@@ -34,6 +34,7 @@ const (
 	RuleCredentials = "credentials"
 	RuleDeadline    = "deadline"
 	RuleRunSecret   = "run-secret"
+	RuleCreator     = "creator"
 )
 
 var (
@@ -73,6 +74,9 @@ type Input struct {
 	// SharedSecrets are the Secrets clipjob hands agents from the source
 	// (templates.Inherited.SharedSecrets); a Job may reference them.
 	SharedSecrets []string
+	// User is who makes the request (the admission request's userInfo);
+	// empty (an offline check) skips the creator rule on CREATE.
+	User string
 }
 
 // SecretLabels returns the labels of a Secret, or an error; a NotFound
@@ -110,6 +114,7 @@ func (d *Decision) add(rule string, errs field.ErrorList) {
 func Evaluate(in Input) *Decision {
 	d := &Decision{}
 	d.add(RuleLabels, checkLabels(in))
+	d.add(RuleCreator, checkCreator(in))
 	if in.Operation == Create || podShapeChanged(in.Old, in.Job) {
 		d.add(RuleOnePod, checkOnePod(in.Job))
 	}
@@ -402,6 +407,29 @@ func checkTemplateUnchanged(in Input) field.ErrorList {
 	}
 	return field.ErrorList{field.Forbidden(tplPath,
 		"the pod template of an agent Job is fixed once admitted (clipjob checked that one); create a new Job instead")}
+}
+
+// checkCreator: the Job records who created it, and only that. Clients
+// tell their own runs from a Job that copied their labels by it (the
+// Paperclip adapter re-attaches only to Jobs its own ServiceAccount
+// made), so a Job may neither claim another creator nor change it later.
+func checkCreator(in Input) field.ErrorList {
+	key := contract.AnnotationCreatedBy
+	path := metaPath.Child("annotations").Key(key)
+	got, has := in.Job.Annotations[key]
+	if in.Operation == Update && in.Old != nil {
+		was, had := in.Old.Annotations[key]
+		if has != had || got != was {
+			return field.ErrorList{field.Invalid(path, got, fmt.Sprintf(
+				"is immutable (was %q): it records who created the run", was))}
+		}
+		return nil
+	}
+	if in.Operation != Create || in.User == "" || got == in.User {
+		return nil
+	}
+	return field.ErrorList{field.Invalid(path, got, fmt.Sprintf(
+		"must be the creating user %q: clipjob's mutating webhook writes it, so a Job admitted without it was not completed by clipjob (check its mutating webhook, clipjob doctor)", in.User))}
 }
 
 func checkNamespace(in Input) field.ErrorList {

@@ -475,3 +475,54 @@ func TestJobsOwnSecretReferences(t *testing.T) {
 		}
 	}
 }
+
+// TestCreatorIsTheCreatingUser: the created-by annotation is how a client
+// tells its own runs from a Job that copied their labels, so a Job may
+// not name another creator, and nobody may rewrite it afterwards.
+func TestCreatorIsTheCreatingUser(t *testing.T) {
+	const server = "system:serviceaccount:paperclip:paperclip"
+	cfg := mustConfig(t, "")
+	withCreator := func(who string) *batchv1.Job {
+		j := renderedJob(t)
+		if who != "" {
+			j.Annotations[contract.AnnotationCreatedBy] = who
+		}
+		return j
+	}
+	creatorErrs := func(d *Decision) string {
+		var msgs []string
+		for _, e := range d.Errs {
+			if strings.Contains(e.Field, contract.AnnotationCreatedBy) {
+				msgs = append(msgs, e.Error())
+			}
+		}
+		return strings.Join(msgs, "; ")
+	}
+	for _, tt := range []struct {
+		name    string
+		in      Input
+		wantErr string
+	}{
+		{"created by the user it names", Input{Operation: Create, Job: withCreator(server), User: server}, ""},
+		{"naming the Paperclip server while another user creates it",
+			Input{Operation: Create, Job: withCreator(server), User: "system:serviceaccount:tenant:ci"},
+			`metadata.annotations[clipjob.paperclip.io/created-by]: Invalid value: "system:serviceaccount:paperclip:paperclip": must be the creating user "system:serviceaccount:tenant:ci"`},
+		{"no creator recorded (the mutating webhook did not run)", Input{Operation: Create, Job: withCreator(""), User: server},
+			"must be the creating user"},
+		{"offline check: no user to compare", Input{Operation: Create, Job: withCreator("anyone")}, ""},
+		{"update keeps it", Input{Operation: Update, Job: withCreator(server), Old: withCreator(server), User: "system:serviceaccount:kube-system:job-controller"}, ""},
+		{"update rewrites it", Input{Operation: Update, Job: withCreator("system:serviceaccount:tenant:ci"), Old: withCreator(server), User: "system:serviceaccount:tenant:ci"},
+			`is immutable (was "system:serviceaccount:paperclip:paperclip")`},
+		{"update adds it to a Job admitted without one", Input{Operation: Update, Job: withCreator(server), Old: withCreator("")},
+			`is immutable (was "")`},
+		{"update removes it", Input{Operation: Update, Job: withCreator(""), Old: withCreator(server)}, "is immutable"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.in.Config = cfg
+			got := creatorErrs(Evaluate(tt.in))
+			if (tt.wantErr == "") != (got == "") || !strings.Contains(got, tt.wantErr) {
+				t.Errorf("creator errors %q, want %q", got, tt.wantErr)
+			}
+		})
+	}
+}

@@ -49,6 +49,10 @@ type Input struct {
 	// Hashes, if set, memoizes the template hash; it must belong to this
 	// Inherited and Config.
 	Hashes *TemplateHashes
+	// Creator is the user creating the Job (the admission request's
+	// userInfo), recorded in contract.AnnotationCreatedBy; empty records
+	// none (an offline render has no user).
+	Creator string
 }
 
 // Result is a rendered Job and what a client should know about it.
@@ -620,6 +624,9 @@ func (r *renderer) annotate() {
 	r.job.Annotations[contract.AnnotationProfile] = r.prof.Name
 	r.job.Annotations[contract.AnnotationSource] = r.in.Inherited.Source + " " + r.in.Inherited.Revision
 	r.job.Annotations[contract.AnnotationTemplateHash] = r.in.Hashes.get(r.prof, r.in.Inherited, r.in.Config.Source)
+	if r.in.Creator != "" {
+		r.job.Annotations[contract.AnnotationCreatedBy] = r.in.Creator
+	}
 }
 
 // TemplateHash identifies the inputs a Job was rendered from (profile,

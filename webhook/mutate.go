@@ -83,7 +83,7 @@ func (m *Mutator) mutate(ctx context.Context, req admission.Request) (admission.
 		return denial(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
 			"clipjob cannot complete agent Jobs: "+err.Error()), OutcomeDenied
 	}
-	res, err := templates.Render(templates.Input{Job: job, Inherited: inh, Config: cfg, Hashes: hashes})
+	res, err := templates.Render(templates.Input{Job: job, Inherited: inh, Config: cfg, Hashes: hashes, Creator: req.UserInfo.Username})
 	if err != nil {
 		var re *templates.RenderError
 		if errors.As(err, &re) {

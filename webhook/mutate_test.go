@@ -240,3 +240,33 @@ func TestMutatorTenantNamespaceInheritsNothing(t *testing.T) {
 		t.Errorf("source annotation %q", got.Annotations[contract.AnnotationSource])
 	}
 }
+
+// TestMutatorRecordsTheCreatingUser: the stored Job names the user the API
+// server authenticated, whatever the client wrote there, and a
+// re-invocation over the completed Job changes nothing.
+func TestMutatorRecordsTheCreatingUser(t *testing.T) {
+	c := golden.Case(t, "alias-adapter-label")
+	inh, _ := templates.InheritFromDeployment(c.Source, c.Config.Source)
+	m := &Mutator{Configs: staticConfig{c.Config}, Sources: staticSource{inh: inh}}
+	job := c.Job.DeepCopy()
+	if job.Annotations == nil {
+		job.Annotations = map[string]string{}
+	}
+	job.Annotations[contract.AnnotationCreatedBy] = "system:serviceaccount:paperclip:paperclip"
+	raw, _ := json.Marshal(job)
+	req := createRequest(t, raw)
+	req.UserInfo.Username = "system:serviceaccount:tenant:ci"
+	resp := m.Handle(context.Background(), req)
+	if !resp.Allowed {
+		t.Fatal(resp.Result.Message)
+	}
+	stored := applyPatch(t, raw, resp)
+	if got := stored.Annotations[contract.AnnotationCreatedBy]; got != "system:serviceaccount:tenant:ci" {
+		t.Fatalf("created-by = %q, want the requesting user", got)
+	}
+	again, _ := json.Marshal(stored)
+	req.Object.Raw = again
+	if resp := m.Handle(context.Background(), req); len(resp.Patches) != 0 {
+		t.Errorf("re-invocation over the completed Job patched it: %+v", resp.Patches)
+	}
+}

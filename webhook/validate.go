@@ -123,6 +123,7 @@ func (v *Validator) validate(ctx context.Context, req admission.Request) (admiss
 		},
 		SecretLabels:  v.secretLabels(ctx),
 		SharedSecrets: sharedSecrets,
+		User:          req.UserInfo.Username,
 	})
 	for _, r := range d.Checked {
 		policyDecisions.WithLabelValues(r, outcomeOf(slices.Contains(d.Failed, r))).Inc()

@@ -73,6 +73,14 @@ namespaceSelector:
 {{ " || " }}(has(object.spec.{{ $f }}) ? object.spec.{{ $f }} : {{ $d }}) != (has(oldObject.spec.{{ $f }}) ? oldObject.spec.{{ $f }} : {{ $d }})
 {{- end -}}
 
+{{/* An UPDATE that adds, removes or rewrites the Job's created-by annotation (clipjob keeps it immutable). */}}
+{{- define "clipjob.createdByChanged" -}}
+{{- $k := "'clipjob.paperclip.io/created-by'" -}}
+{{- $new := printf "(has(object.metadata.annotations) && %s in object.metadata.annotations)" $k -}}
+{{- $old := printf "(has(oldObject.metadata.annotations) && %s in oldObject.metadata.annotations)" $k -}}
+{{ " || " }}{{ $new }} != {{ $old }} || ({{ $new }} && {{ $old }} && object.metadata.annotations[{{ $k }}] != oldObject.metadata.annotations[{{ $k }}])
+{{- end -}}
+
 {{- define "clipjob.caInjection" -}}
 {{- if eq .Values.certificates.mode "certManager" }}
 annotations:
