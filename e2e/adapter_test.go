@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,9 +19,12 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/paperclipai/clipjob/claim"
 	"github.com/paperclipai/clipjob/contract"
@@ -82,17 +86,19 @@ func buildAdapter(t *testing.T) {
 
 // adapterSpec is test/e2e-run.mjs's spec.
 type adapterSpec struct {
-	Kubeconfig     string         `json:"kubeconfig"`
-	Namespace      string         `json:"namespace"`
-	RelayURL       string         `json:"relayUrl"`
-	RelayTokenFile string         `json:"relayTokenFile"`
-	RelayCAFile    string         `json:"relayCaFile"`
-	AgentID        string         `json:"agentId"`
-	RunID          string         `json:"runId"`
-	TaskID         string         `json:"taskId,omitempty"`
-	Prompt         string         `json:"prompt"`
-	CancelAfterMs  int            `json:"cancelAfterMs,omitempty"`
-	Config         map[string]any `json:"config,omitempty"`
+	Kubeconfig     string `json:"kubeconfig"`
+	Namespace      string `json:"namespace"`
+	RelayURL       string `json:"relayUrl"`
+	RelayTokenFile string `json:"relayTokenFile"`
+	RelayCAFile    string `json:"relayCaFile"`
+	AgentID        string `json:"agentId"`
+	RunID          string `json:"runId"`
+	TaskID         string `json:"taskId,omitempty"`
+	Prompt         string `json:"prompt"`
+	CancelAfterMs  int    `json:"cancelAfterMs,omitempty"`
+	// Mode "testEnvironment" runs the adapter's checks instead of a run.
+	Mode   string         `json:"mode,omitempty"`
+	Config map[string]any `json:"config,omitempty"`
 }
 
 var paperclipOnce struct {
@@ -156,6 +162,14 @@ type adapterLog struct {
 	Line   string         `json:"line"`
 	Meta   map[string]any `json:"meta"`
 	Result *adapterResult `json:"result"`
+	// Environment is testEnvironment's result (mode "testEnvironment").
+	Environment *adapterEnvironment `json:"environment"`
+}
+
+// adapterEnvironment is Paperclip's AdapterEnvironmentTestResult.
+type adapterEnvironment struct {
+	Status string
+	Checks []struct{ Code, Level, Message, Hint string }
 }
 
 // adapterResult is the part of Paperclip's AdapterExecutionResult the
@@ -192,9 +206,18 @@ type adapterRun struct {
 	logs   []adapterLog
 	meta   map[string]any
 	result *adapterResult
+	env    *adapterEnvironment
 
 	done    chan struct{}
 	exitErr error
+	cmd     *exec.Cmd
+}
+
+// kill ends the adapter's process at once, as a Paperclip server that
+// crashed or was rescheduled.
+func (a *adapterRun) kill() {
+	_ = a.cmd.Process.Kill()
+	<-a.done
 }
 
 // startAdapter runs the adapter for spec; it is killed when t ends.
@@ -219,6 +242,7 @@ func startAdapter(ctx context.Context, t *testing.T, spec adapterSpec) *adapterR
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	a.cmd = cmd
 	go func() {
 		defer close(a.done)
 		sc := bufio.NewScanner(stdout)
@@ -232,6 +256,8 @@ func startAdapter(ctx context.Context, t *testing.T, spec adapterSpec) *adapterR
 			switch {
 			case l.Result != nil:
 				a.result = l.Result
+			case l.Environment != nil:
+				a.env = l.Environment
 			case l.Meta != nil:
 				a.meta = l.Meta
 			default:
@@ -322,7 +348,7 @@ func (a *adapterRun) wait(ctx context.Context, t *testing.T) *adapterResult {
 	a.mu.Lock()
 	res := a.result
 	a.mu.Unlock()
-	if res == nil || a.exitErr != nil {
+	if (res == nil && a.env == nil) || a.exitErr != nil {
 		t.Fatalf("no result from the adapter\n%s", a.describe())
 	}
 	return res
@@ -401,7 +427,8 @@ func checkSucceeded(t *testing.T, res *adapterResult, run string, job *batchv1.J
 	if res.Summary != text || res.CostUSD == nil || *res.CostUSD != 0.42 || res.Usage == nil || res.Usage.InputTokens != 10 || res.Usage.OutputTokens != 20 {
 		t.Errorf("run %s: summary %q, cost %v, usage %+v; want %q, 0.42, 10 in and 20 out", run, res.Summary, res.CostUSD, res.Usage, text)
 	}
-	if res.ResultJSON["type"] != "result" || res.ResultJSON["result"] != text || cj["outcome"] != "succeeded" || cj["phase"] != "Succeeded" ||
+	raw, _ := res.ResultJSON["raw"].(map[string]any)
+	if raw["type"] != "result" || raw["result"] != text || cj["outcome"] != "succeeded" || cj["phase"] != "Succeeded" ||
 		cj["run"] != run || cj["job"] != ns+"/"+job.Name {
 		t.Errorf("run %s: resultJson %v", run, res.ResultJSON)
 	}
@@ -463,10 +490,13 @@ func TestPaperclipAdapterRunsAnAgent(t *testing.T) {
 	restarted.TaskID = "task-1"
 	b, c, d := startAdapter(ctx, t, otherTask), startAdapter(ctx, t, noLook), startAdapter(ctx, t, restarted)
 
-	t.Run("a run for another task is blocked by the running one", func(t *testing.T) {
+	t.Run("a run for another task is refused by clipjob while the running one holds the agent", func(t *testing.T) {
 		res := blockedBy(ctx, t, b, run)
-		if res.ErrorMeta["holderTask"] != "task-1" {
-			t.Errorf("errorMeta %v: want holderTask task-1", res.ErrorMeta)
+		if res.ErrorMeta["holderJob"] != ns+"/"+job.Name {
+			t.Errorf("errorMeta %v: want holderJob %s/%s", res.ErrorMeta, ns, job.Name)
+		}
+		if n := strings.Join(b.lines("stderr"), ""); !strings.Contains(n, "works on task task-1, not this run's task task-2: not re-attaching") {
+			t.Errorf("notices %q: want one saying it did not re-attach to the other task's run", n)
 		}
 	})
 	t.Run("a second run is refused by clipjob's claim", func(t *testing.T) {
@@ -687,4 +717,180 @@ func TestPaperclipAdapterCancelsARun(t *testing.T) {
 	nextRes := next.wait(ctx, t)
 	exactlyOnce(t, next.stdout(), nextLines)
 	checkSucceeded(t, nextRes, nextRun, nextJob, "the next run")
+}
+
+// TestPaperclipAdapterIgnoresACopiedJob: someone else who may create Jobs
+// in the agents' namespace puts an agent's labels (agent, company, task)
+// on a Job of their own. The relay lists it as the agent's running run,
+// but clipjob recorded who created it, so the agent's next run does not
+// take it for its own (the hostile review's finding: it handed the copy's
+// output, result and session on as the agent's): it hands on none of its
+// output and is refused by clipjob's claim, which the copy holds.
+func TestPaperclipAdapterIgnoresACopiedJob(t *testing.T) {
+	const agent, run = "agent-e2e-pc-copied", "e2e-pc-copied-victim"
+	spec := paperclipServer(t, agent, run)
+	spec.TaskID = "task-1"
+	r, reader, _ := theRelay(t)
+	ctx := ctxT(t)
+	token, err := harness.ServiceAccountToken(ctx, env.cluster, ns, "e2e-label-copier", []rbacv1.PolicyRule{
+		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"create"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := rest.AnonymousClientConfig(env.cluster.Config)
+	rc.BearerToken = token
+	copier := kubernetes.NewForConfigOrDie(rc)
+	copied := bareJob(t, "e2e-pc-copied")
+	for k, v := range map[string]string{contract.LabelAgentID: agent, contract.LabelRunID: "e2e-pc-copied-run",
+		contract.LabelCompanyID: "e2e-company", contract.LabelTaskID: "task-1"} {
+		copied.Labels[k] = v
+	}
+	if _, err := copier.BatchV1().Jobs(ns).Create(ctx, copied, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { finishRun(context.Background(), t, copied.Name, "0") })
+	pod := waitPod(ctx, t, copied.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	log, err := env.cluster.PodLog(ctx, ns, pod.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := log.Write(claudeInit, claudeResult("forged result")); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		got, _ := relayRun(t, r, reader, "e2e-pc-copied-run")
+		return got != nil && got.LastSeq >= 2 && got.Agent == agent, nil
+	})
+	if err != nil {
+		t.Fatalf("the relay never listed the copy as the agent's run: %v", err)
+	}
+
+	a := startAdapter(ctx, t, spec)
+	blockedBy(ctx, t, a, "e2e-pc-copied-run")
+	if n := strings.Join(a.lines("stderr"), ""); !strings.Contains(n, "not re-attaching to the agent's run e2e-pc-copied-run") ||
+		!strings.Contains(n, "created by system:serviceaccount:"+ns+":e2e-label-copier, not by this server") {
+		t.Errorf("notices %q: want one saying the copy is not this server's", n)
+	}
+}
+
+// TestPaperclipAdapterTestEnvironment: Paperclip's "Test environment"
+// through the adapter against the real install: RBAC by
+// SelfSubjectAccessReviews from the README's Role, a dry-run bare Job
+// clipjob completes and records this server as the creator of, the relay
+// taking the server's token; and a token the relay refuses is named.
+func TestPaperclipAdapterTestEnvironment(t *testing.T) {
+	spec := paperclipServer(t, "", "")
+	spec.Mode = "testEnvironment"
+	ctx := ctxT(t)
+	a := startAdapter(ctx, t, spec)
+	a.wait(ctx, t)
+	levels := map[string]string{}
+	for _, c := range a.env.Checks {
+		levels[c.Code] = c.Level
+		if c.Code == "clipjob_created_by" && !strings.Contains(c.Message, "system:serviceaccount:"+ns+":") {
+			t.Errorf("clipjob_created_by: %q, want this server's ServiceAccount", c.Message)
+		}
+	}
+	want := map[string]string{"clipjob_kube_config": "info", "clipjob_rbac": "info", "clipjob_webhook": "info", "clipjob_created_by": "info", "clipjob_relay": "info"}
+	if a.env.Status != "pass" || !maps.Equal(levels, want) {
+		t.Errorf("testEnvironment: status %q, checks %+v; want pass with %v", a.env.Status, a.env.Checks, want)
+	}
+
+	// A token for the API server's audience, not the relay's.
+	wrong, err := harness.ServiceAccountToken(ctx, env.cluster, ns, "e2e-wrong-audience", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.RelayTokenFile = filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(spec.RelayTokenFile, []byte(wrong), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := startAdapter(ctx, t, spec)
+	b.wait(ctx, t)
+	var relayCheck string
+	for _, c := range b.env.Checks {
+		if c.Code == "clipjob_relay" && c.Level == "error" {
+			relayCheck = c.Message
+		}
+	}
+	if b.env.Status != "fail" || !strings.Contains(relayCheck, "refused the token") {
+		t.Errorf("with a token of the wrong audience: status %q, checks %+v; want fail naming the refused token", b.env.Status, b.env.Checks)
+	}
+}
+
+// TestPaperclipAdapterInQueueMode: with clipjob in Queue mode, a run of
+// the agent for another task is admitted suspended and its adapter waits
+// for it; the server restarts while it waits (the relay knows no pod of
+// it yet), and the next run for that task re-attaches to the queued run
+// (found among the agent's Jobs) instead of queueing a second one behind
+// it. When the active run ends, clipjob starts the queued one and the
+// re-attached adapter hands on its output and result.
+func TestPaperclipAdapterInQueueMode(t *testing.T) {
+	const agent = "agent-e2e-pc-queue"
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	t.Cleanup(cancel)
+	original := restoreConfigAfter(t)
+	writeConfig(ctx, t, string(original)+"policy:\n  concurrency:\n    mode: Queue\n    maxQueued: 2\n", true)
+
+	first := paperclipServer(t, agent, "e2e-pc-queue-1")
+	first.TaskID = "task-1"
+	a := startAdapter(ctx, t, first)
+	jobA := jobOfRun(ctx, t, a)
+	podA := waitPod(ctx, t, jobA.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+
+	second := paperclipServer(t, agent, "e2e-pc-queue-2")
+	second.TaskID = "task-2"
+	b := startAdapter(ctx, t, second)
+	jobB := jobOfRun(ctx, t, b)
+	if !suspended(jobB) {
+		t.Fatalf("the second run's Job was not queued: %+v", jobB.Spec)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return slices.ContainsFunc(b.lines("stderr"), func(l string) bool { return strings.Contains(l, "queued by clipjob") }), nil
+	})
+	if err != nil {
+		t.Fatalf("the queued run's adapter never said it was queued\n%s", b.describe())
+	}
+	b.kill() // the server restarts while the run waits
+
+	retried := paperclipServer(t, agent, "e2e-pc-queue-2-retry")
+	retried.TaskID = "task-2"
+	c := startAdapter(ctx, t, retried)
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return slices.ContainsFunc(c.lines("stderr"), func(l string) bool {
+			return strings.Contains(l, "re-attaching to the agent's queued run e2e-pc-queue-2")
+		}), nil
+	})
+	if err != nil {
+		t.Fatalf("the restarted server did not re-attach to the queued run\n%s", c.describe())
+	}
+
+	logA, err := env.cluster.PodLog(ctx, ns, podA.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := logA.Write(claudeInit, claudeResult("first done")); err != nil {
+		t.Fatal(err)
+	}
+	finishRun(ctx, t, jobA.Name, "0")
+	checkSucceeded(t, a.wait(ctx, t), "e2e-pc-queue-1", jobA, "first done")
+
+	waitStarted(ctx, t, jobB.Name)
+	podB := waitPod(ctx, t, jobB.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	logB, err := env.cluster.PodLog(ctx, ns, podB.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	linesB := []string{claudeInit, "the queued run works", claudeResult("second done")}
+	if err := logB.Write(linesB...); err != nil {
+		t.Fatal(err)
+	}
+	finishRun(ctx, t, jobB.Name, "0")
+	res := c.wait(ctx, t)
+	exactlyOnce(t, c.stdout(), linesB)
+	checkSucceeded(t, res, "e2e-pc-queue-2", jobB, "second done")
+	jobs, err := env.cs.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: contract.LabelAgentID + "=" + agent})
+	if err != nil || len(jobs.Items) != 2 {
+		t.Errorf("the agent's Jobs: %d (%v); want the two runs', no third", len(jobs.Items), err)
+	}
 }

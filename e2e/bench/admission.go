@@ -282,7 +282,8 @@ func (b *admissionBench) sameMutation(ctx context.Context) error {
 		c := spec.Containers[0]
 		c.Command = nil // the MAP's is the profile's command without per-run options
 		pods[s], err = yaml.Marshal([]any{c, spec.SecurityContext, spec.Volumes, spec.ImagePullSecrets,
-			labels, spec.AutomountServiceAccountToken, job.Spec.BackoffLimit, job.Spec.TTLSecondsAfterFinished})
+			labels, spec.AutomountServiceAccountToken, job.Spec.BackoffLimit, job.Spec.TTLSecondsAfterFinished,
+			job.Annotations[contract.AnnotationCreatedBy]})
 		if err != nil {
 			return err
 		}

@@ -18,15 +18,19 @@ import type {
 import { getAdapterSessionManagement } from "@paperclipai/adapter-utils/session-compaction";
 import type { V1Job } from "@kubernetes/client-node";
 
-import { resolveSettings, type ClipjobSettings } from "./config.js";
+import { resolveSettings, SettingsError, type ClipjobSettings } from "./config.js";
 import {
+  ANNOTATION_CREATED_BY,
   ANNOTATION_PROFILE,
   ANNOTATION_QUEUE_HOLDER,
   ANNOTATION_QUEUE_POSITION,
   ANNOTATION_QUEUED,
   ANNOTATION_WORKING_DIR,
   LABEL_AGENT_ID,
+  LABEL_COMPANY_ID,
   LABEL_RUN_ID,
+  LABEL_SESSION_ID,
+  LABEL_TASK_ID,
   RELAY_TOKEN_AUDIENCE,
 } from "./contract.js";
 import {
@@ -38,11 +42,14 @@ import {
   readKubeError,
   secretFailureResult,
 } from "./errors.js";
-import { buildRunObjects, isLabelValue, retryJobName, RunIdentityError, type RunObjects } from "./job.js";
+import { buildRunObjects, isLabelValue, renameRunSecret, retryJobName, RunIdentityError, type RunObjects } from "./job.js";
 import { kubeApi, loadKubeConfig, type KubeApi } from "./kube.js";
 import { buildPrompt, buildRunEnv, sessionToResume, taskIdOf, workspaceOf } from "./prompt.js";
 import { followRun, RelayClient, type FollowOptions, type JobState, type RelayRun } from "./relay.js";
 import { toExecutionResult } from "./result.js";
+
+/** The phase this adapter gives a run clipjob queued, which the relay does not know yet. */
+const QUEUED_PHASE = "Queued";
 
 /** One Paperclip adapter type and the clipjob profile its runs use. */
 export interface AdapterDefinition {
@@ -114,7 +121,14 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     await ctx.onLog("stderr", `[clipjob] ${msg}\n`);
   };
   const warnings: string[] = [];
-  const settings = resolveSettings(ctx.config ?? {}, { profile: def.profile }, (w) => warnings.push(w), deps.env);
+  let settings: ClipjobSettings;
+  try {
+    settings = resolveSettings(ctx.config ?? {}, { profile: def.profile }, (w) => warnings.push(w), deps.env);
+  } catch (err) {
+    if (!(err instanceof SettingsError)) throw err;
+    for (const w of warnings) await notice(w);
+    return failureResult(ErrorCodes.configInvalid, `The run cannot be submitted (nothing was created): ${err.message}`);
+  }
   for (const w of warnings) await notice(w);
 
   // Cancellation arrives on ctx.signal once the adapter says it can honour it.
@@ -143,30 +157,101 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     }
   };
 
-  /**
-   * Why a run the relay lists as active has in fact ended, read from its
-   * Job: gone, being deleted, finished, or replaced by another Job of the
-   * name; null when its Job is there and active, or cannot be read (then
-   * the relay's word stands).
-   */
-  const endingJob = async (r: RelayRun): Promise<string | null> => {
-    if (!r.job) return null;
-    const ref = `${r.namespace}/${r.job}`;
+  // Who the API server says this server is, asked once: clipjob records
+  // the creating user on every Job, and only Jobs this server created are
+  // its runs (labels can be copied by anyone who may create Jobs here).
+  let self: Promise<string> | null = null;
+  const whoAmI = () => (self ??= kube.whoAmI());
+
+  /** Why the Job is not one this server created; null when it is. */
+  const notOurs = async (job: V1Job): Promise<string | null> => {
+    const by = job.metadata?.annotations?.[ANNOTATION_CREATED_BY];
+    if (by === undefined) return `it does not record who created it (no ${ANNOTATION_CREATED_BY}: clipjob did not admit it, or is older than that annotation)`;
+    let me: string;
     try {
-      const job = await kube.readJob(r.namespace, r.job);
-      if (r.jobUid && job.metadata?.uid && job.metadata.uid !== r.jobUid) return `${ref} is gone (another Job has its name)`;
-      if (job.metadata?.deletionTimestamp) return `${ref} is being deleted`;
-      if (jobFinished(job)) return `${ref} has finished`;
-      return null;
+      me = await whoAmI();
     } catch (err) {
-      return isNotFound(err) ? `${ref} is gone` : null;
+      return `this server's own user could not be read to compare (SelfSubjectReview: ${readKubeError(err).message})`;
     }
+    return by === me ? null : `it was created by ${by}, not by this server (${me})`;
   };
+
+  /**
+   * Why a run the relay lists as active is not one to follow: its Job is
+   * not this server's, is gone, being deleted, finished, or replaced by
+   * another Job of the name; null to follow it. This run's own record is
+   * followed whatever its Job's state (that is how this run ended), but
+   * only if the Job, when it is still there, is this server's.
+   */
+  const notToFollow = async (r: RelayRun): Promise<string | null> => {
+    if (!r.job) return "the relay names no Job for it, so who created it cannot be checked";
+    const ref = `${r.namespace}/${r.job}`;
+    const own = r.id === ctx.runId;
+    let job: V1Job;
+    try {
+      job = await kube.readJob(r.namespace, r.job);
+    } catch (err) {
+      if (isNotFound(err)) return own ? null : `its Job ${ref} is gone`;
+      return `its Job ${ref} could not be read to check it (${readKubeError(err).message})`;
+    }
+    if (r.jobUid && job.metadata?.uid && job.metadata.uid !== r.jobUid) return own ? null : `its Job ${ref} is gone (another Job has its name)`;
+    const foreign = await notOurs(job);
+    if (foreign) return `its Job ${ref} is not this server's: ${foreign}`;
+    if (own) return null;
+    if (job.metadata?.deletionTimestamp) return `its Job ${ref} is being deleted`;
+    if (jobFinished(job)) return `its Job ${ref} has finished`;
+    return null;
+  };
+
+  /** The Job an earlier attempt at this very run created: its labels, and this server made it. */
+  const isThisRunsJob = async (job: V1Job): Promise<boolean> => {
+    const labels = job.metadata?.labels ?? {};
+    if (labels[LABEL_RUN_ID] !== ctx.runId || labels[LABEL_AGENT_ID] !== agentId) return false;
+    const foreign = await notOurs(job);
+    if (foreign) await notice(`Job ${ns}/${job.metadata?.name} carries this run's labels but is not this server's: ${foreign}`);
+    return foreign === null;
+  };
+
+  /**
+   * The agent's runs clipjob holds in its queue (Queue mode): suspended
+   * Jobs with no pod, which the relay learns of only once they start. In
+   * the shape the relay lists runs, so the same checks apply. A list that
+   * fails is a notice: the relay's runs are still looked at.
+   */
+  async function queuedRuns(): Promise<RelayRun[]> {
+    let jobs: V1Job[];
+    try {
+      jobs = await kube.listJobs(ns, `${LABEL_AGENT_ID}=${agentId}`);
+    } catch (err) {
+      await notice(`listing the agent's Jobs for a queued run: ${readKubeError(err).message}; only the relay's runs are looked at`);
+      return [];
+    }
+    return jobs
+      .filter((j) => j.spec?.suspend === true && ANNOTATION_QUEUED in (j.metadata?.annotations ?? {}) && !jobFinished(j))
+      .map((j) => {
+        const l = j.metadata?.labels ?? {};
+        return {
+          id: l[LABEL_RUN_ID] ?? "",
+          namespace: ns,
+          job: j.metadata?.name,
+          jobUid: j.metadata?.uid,
+          agent: l[LABEL_AGENT_ID],
+          company: l[LABEL_COMPANY_ID],
+          task: l[LABEL_TASK_ID],
+          session: l[LABEL_SESSION_ID],
+          phase: QUEUED_PHASE,
+          done: false,
+          lastSeq: 0,
+        };
+      })
+      .filter((r) => r.id !== "");
+  }
 
   // A run of the agent already going (the server restarted mid-run, or
   // Paperclip retries the run): follow it rather than start a second one.
   // A run whose pod has not started yet (Pending) is as active as one
-  // whose pod runs.
+  // whose pod runs; so is one clipjob queued (no pod at all, so the relay
+  // does not know it yet: found from the agent's Jobs).
   if (settings.reattach) {
     let running: RelayRun[];
     try {
@@ -181,6 +266,8 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
         `Asking the relay at ${relay.baseUrl} for a running run of agent ${agentId} (nothing was created; the run could not be followed without it): ${message(err)}`,
       );
     }
+    running.push(...(await queuedRuns()));
+    const taskId = taskIdOf(ctx.context ?? {});
     let existing: RelayRun | undefined;
     // This run's own record first; then only runs this adapter could have
     // started: its namespace and the agent's company. The relay lists
@@ -195,33 +282,31 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
         );
         continue;
       }
+      // Another run's task must be this run's (one without a task label
+      // does not match one that has a task). Otherwise this run is the
+      // agent's next, and clipjob decides: it refuses it (Reject mode) or
+      // queues it (Queue mode).
+      if (r.id !== ctx.runId && taskId && r.task !== taskId) {
+        await notice(`the agent's run ${r.id} works on task ${r.task ?? "(none)"}, not this run's task ${taskId}: not re-attaching; clipjob decides whether this run waits or is refused`);
+        continue;
+      }
       // The relay marks a run done only once its pod's streams have
       // drained, a few seconds after the pod went. Another run whose Job
       // is gone, being deleted or finished (cancelled a moment ago, say)
       // is ending: following it would hand its output and end on as this
-      // run's, and start nothing. This run's own record is followed
-      // whatever its Job's state: that is how this run ended.
-      const ending = r.id === ctx.runId ? null : await endingJob(r);
-      if (ending) {
-        await notice(`not re-attaching to the agent's run ${r.id}, which the relay still lists as ${r.phase}: its Job ${ending}`);
+      // run's, and start nothing. A Job another user created is not this
+      // agent's run, whatever its labels say.
+      const why = await notToFollow(r);
+      if (why) {
+        await notice(`not re-attaching to the agent's run ${r.id}, which the relay lists as ${r.phase}: ${why}`);
         continue;
       }
       existing = r;
       break;
     }
     if (existing) {
-      const taskId = taskIdOf(ctx.context ?? {});
-      // Another run's task must be this run's: a run without a task label
-      // does not match one that has a task.
-      if (existing.id !== ctx.runId && taskId && existing.task !== taskId) {
-        return failureResult(
-          ErrorCodes.concurrentRunBlocked,
-          `Concurrent run blocked: the agent is running run ${existing.id} for task ${existing.task ?? "(none)"} (Job ${existing.namespace}/${existing.job ?? "?"}), not this run's task ${taskId}`,
-          { holderRunId: existing.id, holderJob: existing.job ? `${existing.namespace}/${existing.job}` : null, holderTask: existing.task ?? null },
-        );
-      }
       await notice(
-        `re-attaching to the agent's running run ${existing.id} (Job ${existing.namespace}/${existing.job ?? "?"}) instead of starting another; its log is followed from the start`,
+        `re-attaching to the agent's ${existing.phase === QUEUED_PHASE ? "queued" : "running"} run ${existing.id} (Job ${existing.namespace}/${existing.job ?? "?"}) instead of starting another; its log is followed from the start`,
       );
       return follow(existing.id, existing.namespace, existing.job ?? "", existing.session ?? null);
     }
@@ -287,26 +372,30 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     } catch (err) {
       const e = readKubeError(err);
       if (e.httpStatus === 409 && e.status?.reason === "AlreadyExists") {
-        // Made by an earlier attempt at this run. If that attempt's Job
-        // exists, follow it; if not, the Secret is a leftover to replace.
+        // Made by an earlier attempt at this run? If that attempt's Job
+        // exists, follow it. If not, the name is taken by a Secret this
+        // adapter cannot vouch for (it may not read Secrets): use another
+        // name, leaving that one alone.
         const prior = await kube.readJob(ns, jobName).catch(() => null);
-        if (prior && prior.metadata?.labels?.[LABEL_RUN_ID] === ctx.runId && prior.metadata?.labels?.[LABEL_AGENT_ID] === agentId) {
+        if (prior && (await isThisRunsJob(prior))) {
           await notice(`Job ${ns}/${jobName} of this run already exists; following it`);
           return follow(ctx.runId, ns, jobName, resumeSession || null);
         }
+        const renamed = `${name.slice(0, 240)}-${randomBytes(3).toString("hex")}`;
+        await notice(`a Secret ${ns}/${name} already exists and is not known to be this run's; the run's ${which} Secret is ${renamed} instead`);
+        renameRunSecret(objects, which, renamed);
         try {
-          await kube.deleteSecret(ns, name);
           await kube.createSecret(ns, secret);
         } catch (again) {
           await dropSecrets();
-          return secretFailureResult(which, `${ns}/${name}`, again);
+          return secretFailureResult(which, `${ns}/${renamed}`, again);
         }
       } else {
         await dropSecrets();
         return secretFailureResult(which, `${ns}/${name}`, err);
       }
     }
-    createdSecrets.push(name);
+    createdSecrets.push(secret.metadata!.name!);
   }
   if (ctx.signal?.aborted) {
     await dropSecrets();
@@ -322,7 +411,7 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
       const f = classifyCreateError(err);
       if (f.kind === "name-taken") {
         const prior = await kube.readJob(ns, jobName).catch(() => null);
-        if (prior && prior.metadata?.labels?.[LABEL_RUN_ID] === ctx.runId && prior.metadata?.labels?.[LABEL_AGENT_ID] === agentId) {
+        if (prior && (await isThisRunsJob(prior))) {
           await notice(`Job ${ns}/${jobName} of this run already exists; following it`);
           admitted = prior;
           break;
@@ -372,6 +461,8 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     const stop = new AbortController();
     const onAbort = () => stop.abort();
     ctx.signal?.addEventListener("abort", onAbort, { once: true });
+    // A cancel that came before this point fired no event.
+    if (ctx.signal?.aborted) stop.abort();
     let outcome;
     try {
       outcome = await followRun({
@@ -414,11 +505,25 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
       case "job-gone":
         return failureResult(ErrorCodes.jobDeletedExternally, `Job ${jobRef} was deleted before the relay saw any of its pods`, { job: jobRef });
       case "unavailable":
-        return failureResult(ErrorCodes.relayUnavailable, `Following run ${runId}: ${outcome.message}`, { job: jobRef, lastSeq: outcome.lastSeq });
+        if (outcome.jobState === "active") {
+          // The agent is still working: say so, rather than let the run
+          // look failed and its Job forgotten. The agent's next run
+          // re-attaches to it; cancelling this one deletes it.
+          return failureResult(
+            ErrorCodes.relayUnavailable,
+            `Following run ${runId}: ${outcome.message}. Its Job ${jobRef} is still running: the agent's next run re-attaches to it, and cancelling deletes it`,
+            { job: jobRef, lastSeq: outcome.lastSeq, stillRunning: true },
+          );
+        }
+        return failureResult(ErrorCodes.relayUnavailable, `Following run ${runId}: ${outcome.message}`, {
+          job: jobRef,
+          lastSeq: outcome.lastSeq,
+          ...(outcome.jobState ? { jobState: outcome.jobState } : {}),
+        });
       case "ended": {
         let run: RelayRun | null = null;
         try {
-          run = await relay.getRun(runId);
+          run = await relay.getRun(runId, ctx.signal);
         } catch (err) {
           await notice(`reading run ${runId}'s record from the relay: ${message(err)}; using its log's end`);
         }
@@ -437,7 +542,17 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
 
   /** Deletes the run's Job (its pods, claim and Secrets go with it) and waits for it to be gone. */
   async function cancelRun(job: string, namespace = ns): Promise<AdapterExecutionResult> {
-    if (!job) return cancelledBeforeStart("but the run's Job is not known, so nothing was deleted");
+    if (!job) {
+      // Following a run whose Job is not known: work may be going on
+      // that this cancel cannot reach, so no claim that none started.
+      return {
+        exitCode: null,
+        signal: null,
+        timedOut: false,
+        errorCode: ErrorCodes.cancelled,
+        errorMessage: "Cancelled, but the run's Job is not known, so nothing was deleted: the agent may still be running",
+      };
+    }
     await notice(`cancelled: deleting Job ${namespace}/${job} (propagation ${settings.deletePropagation})`);
     try {
       await kube.deleteJob(namespace, job, settings.deletePropagation);
@@ -504,6 +619,7 @@ function cancelledBeforeStart(when: string): AdapterExecutionResult {
 export const REQUIRED_ACCESS = [
   { verb: "create", group: "batch", resource: "jobs", why: "submit runs" },
   { verb: "get", group: "batch", resource: "jobs", why: "notice a Job deleted before it ran, and a listed run that is ending" },
+  { verb: "list", group: "batch", resource: "jobs", why: "find the agent's queued run after a restart (the relay knows a run only once it has a pod)" },
   { verb: "delete", group: "batch", resource: "jobs", why: "cancel runs" },
   { verb: "create", group: "", resource: "secrets", why: "the run's env and prompt Secrets" },
   { verb: "delete", group: "", resource: "secrets", why: "remove the Secrets of a run that was refused" },
@@ -518,14 +634,22 @@ export async function testClipjobEnvironment(
 ): Promise<AdapterEnvironmentTestResult> {
   const checks: AdapterEnvironmentCheck[] = [];
   const warnings: string[] = [];
-  const settings = resolveSettings(tctx.config ?? {}, { profile: def.profile }, (w) => warnings.push(w), deps.env);
-  for (const w of warnings) checks.push({ code: "clipjob_config", level: "warn", message: w });
   const done = (): AdapterEnvironmentTestResult => ({
     adapterType: def.type,
     status: checks.some((c) => c.level === "error") ? "fail" : checks.some((c) => c.level === "warn") ? "warn" : "pass",
     checks,
     testedAt: new Date().toISOString(),
   });
+  let settings: ClipjobSettings;
+  try {
+    settings = resolveSettings(tctx.config ?? {}, { profile: def.profile }, (w) => warnings.push(w), deps.env);
+  } catch (err) {
+    if (!(err instanceof SettingsError)) throw err;
+    for (const w of warnings) checks.push({ code: "clipjob_config", level: "warn", message: w });
+    checks.push({ code: "clipjob_config", level: "error", message: err.message, hint: "See this adapter's README, \"Configure\"" });
+    return done();
+  }
+  for (const w of warnings) checks.push({ code: "clipjob_config", level: "warn", message: w });
 
   let kube: KubeApi | null = null;
   try {
@@ -540,7 +664,7 @@ export async function testClipjobEnvironment(
       code: "clipjob_kube_config",
       level: "error",
       message: `No Kubernetes client configuration: ${message(err)}`,
-      hint: "Run the server in the cluster with a ServiceAccount, or set the adapter's `kubeconfig` to a kubeconfig file",
+      hint: "Run the server in the cluster with a ServiceAccount, or set CLIPJOB_KUBECONFIG in the server's environment to a kubeconfig file",
     });
   }
 
@@ -591,6 +715,26 @@ export async function testClipjobEnvironment(
           level: "info",
           message: `clipjob completed a dry-run bare Job: profile ${profile}, image ${container.image ?? "(none)"}`,
         });
+        // Re-attaching after a restart follows only Jobs clipjob says
+        // this server created.
+        const by = got.metadata?.annotations?.[ANNOTATION_CREATED_BY];
+        const me = await kube.whoAmI().catch((err) => `(unknown: ${readKubeError(err).message})`);
+        if (by === undefined) {
+          checks.push({
+            code: "clipjob_created_by",
+            level: "warn",
+            message: `clipjob does not record who creates Jobs (no ${ANNOTATION_CREATED_BY}): after a server restart the adapter cannot tell its running runs from copies and will not re-attach to them`,
+            hint: "Upgrade clipjob",
+          });
+        } else if (by !== me) {
+          checks.push({
+            code: "clipjob_created_by",
+            level: "error",
+            message: `clipjob recorded the dry run's creator as ${by}, but this server is ${me}`,
+          });
+        } else {
+          checks.push({ code: "clipjob_created_by", level: "info", message: `clipjob records this server (${me}) as the creator of its Jobs` });
+        }
       } else {
         checks.push({
           code: "clipjob_webhook",
@@ -624,7 +768,7 @@ export async function testClipjobEnvironment(
       code: "clipjob_relay_token",
       level: "error",
       message: `No token for the relay at ${settings.relayTokenFile}: ${message(err)}`,
-      hint: `Mount a projected ServiceAccount token with audience ${RELAY_TOKEN_AUDIENCE} at that path (see this adapter's README), or set relayTokenFile`,
+      hint: `Mount a projected ServiceAccount token with audience ${RELAY_TOKEN_AUDIENCE} at that path (see this adapter's README), or set CLIPJOB_RELAY_TOKEN_FILE in the server's environment`,
     });
     return done();
   }
@@ -647,7 +791,7 @@ export async function testClipjobEnvironment(
       code: "clipjob_relay",
       level: "error",
       message: `The relay at ${relay.baseUrl} cannot be reached: ${message(err)}`,
-      hint: "Check relayUrl, and relayCaFile when the relay's certificate is signed by clipjob's own CA",
+      hint: "Check CLIPJOB_RELAY_URL in the server's environment, and CLIPJOB_RELAY_CA_FILE when the relay's certificate is signed by clipjob's own CA",
     });
   }
   return done();
@@ -667,15 +811,18 @@ Agent fields:
 - model (string): passed as paperclip.io/model
 - maxTurnsPerRun (number): passed as paperclip.io/max-turns (0: none)
 - promptTemplate, bootstrapPromptTemplate (string): Paperclip's prompt templates
-- instructionsFilePath (string): read on the server and prepended to the prompt
+- instructionsFilePath (string): read on the server and prepended to the prompt (only under the server's CLIPJOB_INSTRUCTIONS_ROOTS)
 - cwd (string): working directory when the workspace names none (must be under /paperclip)
 - env (object): extra env vars, delivered in the run's env Secret
 - timeoutSec (number): the Job's activeDeadlineSeconds (0: the profile's)
 
 Cluster fields:
-- namespace, kubeconfig, profile, ttlSecondsAfterFinished
-- relayUrl, relayTokenFile, relayCaFile
+- namespace (one the server allows: CLIPJOB_NAMESPACE, CLIPJOB_NAMESPACES), profile, ttlSecondsAfterFinished
 - promptAnnotationMaxBytes, reattach, deletePropagation, cancelGraceSec, relayGraceSec, paperclipApiUrl
+
+The cluster connection and the relay (CLIPJOB_KUBECONFIG, CLIPJOB_RELAY_URL,
+CLIPJOB_RELAY_TOKEN_FILE, CLIPJOB_RELAY_CA_FILE) are the server's
+environment, not the agent's config.
 `;
 }
 

@@ -1,8 +1,16 @@
-// The adapter's settings: the agent's adapterConfig (Paperclip's
-// `ctx.config`), checked and given defaults in one place, so every other
-// module reads typed values and the README's table of keys has one source.
+// The adapter's settings, checked and given defaults in one place, so every
+// other module reads typed values and the README's tables of keys have one
+// source. Two sources, by who may set them: where the server's credentials
+// go (the cluster, the relay, the namespaces, the files the server reads)
+// comes from the server's environment, which only its operator sets; how
+// an agent runs comes from the agent's adapterConfig (Paperclip's
+// `ctx.config`), which whoever may edit the agent sets. An agent's config
+// naming a relay URL and a token file would otherwise send the server's
+// token wherever it liked.
 
 import { readFileSync } from "node:fs";
+import { homedir } from "node:os";
+import { isAbsolute, resolve } from "node:path";
 
 /** How the Job is deleted on cancellation. */
 export type DeletePropagation = "Foreground" | "Background";
@@ -10,6 +18,8 @@ export type DeletePropagation = "Foreground" | "Background";
 export interface ClipjobSettings {
   /** Namespace the Jobs and run Secrets are created in. */
   namespace: string;
+  /** Directories an instructions file may resolve into (CLIPJOB_INSTRUCTIONS_ROOTS). */
+  instructionsRoots: string[];
   /** Kubeconfig file; empty: the in-cluster ServiceAccount (then ~/.kube/config). */
   kubeconfig: string;
   /** The relay API's base URL. */
@@ -119,20 +129,114 @@ export function parseEnv(value: unknown, warn: (msg: string) => void = () => {})
   return out;
 }
 
-/** Resolves settings from the agent's adapterConfig and the adapter's defaults. */
+/** A setting that cannot be used: the run is refused before anything is created. */
+export class SettingsError extends Error {}
+
+/** The server-wide settings, from the Paperclip server's environment. */
+export interface ServerSettings {
+  /** CLIPJOB_NAMESPACE: where Jobs go unless an agent picks another allowed one. */
+  namespace: string;
+  /** CLIPJOB_NAMESPACES: the namespaces an agent's `namespace` may pick (always includes `namespace`). */
+  namespaces: string[];
+  kubeconfig: string;
+  relayUrl: string;
+  relayTokenFile: string;
+  relayCaFile: string;
+  instructionsRoots: string[];
+}
+
+/** The adapterConfig keys that were connection settings; now the server's (see ServerSettings). */
+export const SERVER_ONLY_KEYS: Record<string, string> = {
+  kubeconfig: "CLIPJOB_KUBECONFIG",
+  relayUrl: "CLIPJOB_RELAY_URL",
+  relayTokenFile: "CLIPJOB_RELAY_TOKEN_FILE",
+  relayCaFile: "CLIPJOB_RELAY_CA_FILE",
+};
+
+function list(value: string | undefined, sep: string | RegExp): string[] {
+  return (value ?? "")
+    .split(sep)
+    .map((v) => v.trim())
+    .filter((v) => v !== "");
+}
+
+const LOOPBACK_HOSTS = new Set(["127.0.0.1", "localhost", "[::1]", "::1"]);
+
+/**
+ * The relay's URL, checked: the server's token goes with every request,
+ * so it travels over TLS, or in plain HTTP only to this host (a local
+ * port-forward or proxy), never in clear across the network.
+ */
+export function checkRelayUrl(raw: string): string {
+  let url: URL;
+  try {
+    url = new URL(raw);
+  } catch {
+    throw new SettingsError(`CLIPJOB_RELAY_URL ${JSON.stringify(raw)} is not a URL`);
+  }
+  if (url.protocol !== "https:" && !(url.protocol === "http:" && LOOPBACK_HOSTS.has(url.hostname))) {
+    throw new SettingsError(
+      `CLIPJOB_RELAY_URL ${JSON.stringify(raw)} must be https (the server's token goes with every request; plain http only to 127.0.0.1 or localhost)`,
+    );
+  }
+  if (url.username || url.password || url.search || url.hash) {
+    throw new SettingsError(`CLIPJOB_RELAY_URL ${JSON.stringify(raw)} must be a base URL: no credentials, query or fragment`);
+  }
+  return raw.replace(/\/+$/, "");
+}
+
+/** Reads the server's settings from its environment. */
+export function serverSettings(env: NodeJS.ProcessEnv = process.env, readNamespaceFile = readServiceAccountNamespace): ServerSettings {
+  const namespace = env.CLIPJOB_NAMESPACE?.trim() || defaultNamespace(env, readNamespaceFile);
+  const home = env.PAPERCLIP_HOME?.trim() ? resolve(env.PAPERCLIP_HOME.trim().replace(/^~(?=$|\/)/, homedir())) : resolve(homedir(), ".paperclip");
+  const roots = list(env.CLIPJOB_INSTRUCTIONS_ROOTS, ":");
+  for (const r of roots) {
+    if (!isAbsolute(r)) throw new SettingsError(`CLIPJOB_INSTRUCTIONS_ROOTS: ${JSON.stringify(r)} is not an absolute path`);
+  }
+  return {
+    namespace,
+    namespaces: [...new Set([namespace, ...list(env.CLIPJOB_NAMESPACES, ",")])],
+    kubeconfig: env.CLIPJOB_KUBECONFIG?.trim() ?? "",
+    relayUrl: checkRelayUrl(env.CLIPJOB_RELAY_URL?.trim() || DEFAULT_RELAY_URL),
+    relayTokenFile: env.CLIPJOB_RELAY_TOKEN_FILE?.trim() || DEFAULT_RELAY_TOKEN_FILE,
+    relayCaFile: env.CLIPJOB_RELAY_CA_FILE?.trim() ?? "",
+    // Paperclip keeps managed instructions under its home; the shared
+    // volume is where a Kubernetes install keeps them.
+    instructionsRoots: roots.length > 0 ? roots.map((r) => resolve(r)) : [home, "/paperclip"],
+  };
+}
+
+/**
+ * Resolves settings: the server's from env, the agent's from its
+ * adapterConfig. Throws SettingsError for a setting that cannot be used;
+ * warns about keys it ignores.
+ */
 export function resolveSettings(
   config: Record<string, unknown>,
   defaults: { profile: string },
   warn: (msg: string) => void = () => {},
   env: NodeJS.ProcessEnv = process.env,
 ): ClipjobSettings {
+  const server = serverSettings(env);
+  for (const [key, envName] of Object.entries(SERVER_ONLY_KEYS)) {
+    if (config[key] !== undefined && config[key] !== "") {
+      warn(`the agent's ${key} is ignored: where the server's credentials go is set in the server's environment (${envName})`);
+    }
+  }
+  const namespace = str(config.namespace) || server.namespace;
+  if (!server.namespaces.includes(namespace)) {
+    throw new SettingsError(
+      `the agent's namespace ${JSON.stringify(namespace)} is not one this server runs agents in (${server.namespaces.join(", ")}); the server's operator lists them in CLIPJOB_NAMESPACES`,
+    );
+  }
   const propagation = str(config.deletePropagation, "Foreground");
   return {
-    namespace: str(config.namespace) || defaultNamespace(env),
-    kubeconfig: str(config.kubeconfig),
-    relayUrl: str(config.relayUrl, DEFAULT_RELAY_URL).replace(/\/+$/, ""),
-    relayTokenFile: str(config.relayTokenFile, DEFAULT_RELAY_TOKEN_FILE),
-    relayCaFile: str(config.relayCaFile),
+    namespace,
+    instructionsRoots: server.instructionsRoots,
+    kubeconfig: server.kubeconfig,
+    relayUrl: server.relayUrl,
+    relayTokenFile: server.relayTokenFile,
+    relayCaFile: server.relayCaFile,
     profile: str(config.profile, defaults.profile),
     model: str(config.model),
     maxTurnsPerRun: Math.max(0, Math.trunc(num(config.maxTurnsPerRun, 0))),

@@ -29,6 +29,8 @@ export const ANNOTATION_PROFILE = "clipjob.paperclip.io/profile";
 export const ANNOTATION_QUEUED = "clipjob.paperclip.io/queued";
 export const ANNOTATION_QUEUE_POSITION = "clipjob.paperclip.io/queue-position";
 export const ANNOTATION_QUEUE_HOLDER = "clipjob.paperclip.io/queue-holder";
+/** The user the API server authenticated for the Job's CREATE; clipjob keeps it immutable. */
+export const ANNOTATION_CREATED_BY = "clipjob.paperclip.io/created-by";
 
 /**
  * Causes in the Status of clipjob's 409 (reason Conflict). The API server's

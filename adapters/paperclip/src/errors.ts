@@ -37,6 +37,8 @@ export const ErrorCodes = {
   jobFailed: "job_failed",
   /** The run was cancelled and its Job deleted. */
   cancelled: "cancelled",
+  /** The adapter's settings cannot be used (a namespace not allowed, a relay URL not https); nothing was created. */
+  configInvalid: "clipjob_adapter_config_invalid",
 } as const;
 
 export type ErrorCode = (typeof ErrorCodes)[keyof typeof ErrorCodes];

@@ -198,6 +198,22 @@ export function buildRunObjects(input: BuildRunInput): RunObjects {
   return { jobName, job, envSecret, promptSecret, promptDelivery, notes };
 }
 
+/**
+ * Gives one of the run's Secrets another name, and the Job the reference
+ * to it: the name was taken by a Secret this adapter cannot vouch for
+ * (it may not read Secrets), which must be neither used nor deleted.
+ */
+export function renameRunSecret(objects: RunObjects, which: "env" | "prompt", name: string): void {
+  const secret = which === "env" ? objects.envSecret : objects.promptSecret;
+  if (!secret?.metadata) return;
+  secret.metadata.name = name;
+  if (which === "env") {
+    objects.job.metadata!.annotations![ANNOTATION_ENV_SECRET] = name;
+  } else {
+    objects.job.spec!.template.metadata!.annotations![ANNOTATION_PROMPT_SECRET] = name;
+  }
+}
+
 /** A name for a second try after the first name was taken by another run's Job. */
 export function retryJobName(jobName: string, suffix: string): string {
   return `${jobName.slice(0, 63 - suffix.length - 1)}-${suffix}`;

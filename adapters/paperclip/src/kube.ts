@@ -4,7 +4,7 @@
 // RBAC table is this interface).
 
 import { existsSync } from "node:fs";
-import { AuthorizationV1Api, BatchV1Api, CoreV1Api, KubeConfig, type V1Job, type V1Secret } from "@kubernetes/client-node";
+import { AuthenticationV1Api, AuthorizationV1Api, BatchV1Api, CoreV1Api, KubeConfig, type V1Job, type V1Secret } from "@kubernetes/client-node";
 
 import type { DeletePropagation } from "./config.js";
 
@@ -22,9 +22,16 @@ export interface KubeApi {
   /** Creates the Job; with dryRun the API server admits it (webhooks included) and stores nothing. */
   createJob(namespace: string, job: V1Job, opts?: { dryRun?: boolean }): Promise<V1Job>;
   readJob(namespace: string, name: string): Promise<V1Job>;
+  /** The Jobs of the namespace matching a label selector. */
+  listJobs(namespace: string, labelSelector: string): Promise<V1Job[]>;
   deleteJob(namespace: string, name: string, propagation: DeletePropagation): Promise<void>;
   /** A SelfSubjectAccessReview: may this client do that? */
   canI(q: AccessQuestion): Promise<{ allowed: boolean; reason?: string }>;
+  /**
+   * A SelfSubjectReview: the user the API server authenticates this client
+   * as, which clipjob records on the Jobs it creates (created-by).
+   */
+  whoAmI(): Promise<string>;
 }
 
 const IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token";
@@ -51,6 +58,7 @@ export function kubeApi(kc: KubeConfig): KubeApi {
   const core = kc.makeApiClient(CoreV1Api);
   const batch = kc.makeApiClient(BatchV1Api);
   const authz = kc.makeApiClient(AuthorizationV1Api);
+  const authn = kc.makeApiClient(AuthenticationV1Api);
   return {
     async createSecret(namespace, body) {
       await core.createNamespacedSecret({ namespace, body });
@@ -63,6 +71,9 @@ export function kubeApi(kc: KubeConfig): KubeApi {
     },
     async readJob(namespace, name) {
       return batch.readNamespacedJob({ namespace, name });
+    },
+    async listJobs(namespace, labelSelector) {
+      return (await batch.listNamespacedJob({ namespace, labelSelector })).items;
     },
     async deleteJob(namespace, name, propagationPolicy) {
       await batch.deleteNamespacedJob({ namespace, name, propagationPolicy });
@@ -84,6 +95,12 @@ export function kubeApi(kc: KubeConfig): KubeApi {
         },
       });
       return { allowed: review.status?.allowed === true, reason: review.status?.reason };
+    },
+    async whoAmI() {
+      const review = await authn.createSelfSubjectReview({ body: { apiVersion: "authentication.k8s.io/v1", kind: "SelfSubjectReview" } });
+      const user = review.status?.userInfo?.username ?? "";
+      if (!user) throw new Error("the API server's SelfSubjectReview named no user");
+      return user;
     },
   };
 }

@@ -4,8 +4,9 @@
 // too). The prompt goes to the pod by annotation or Secret, the env by the
 // run's env Secret; nothing here touches the cluster.
 
-import { readFile } from "node:fs/promises";
-import { dirname } from "node:path";
+import { constants } from "node:fs";
+import { open, readlink, realpath } from "node:fs/promises";
+import { dirname, isAbsolute, sep } from "node:path";
 
 import type { AdapterExecutionContext } from "@paperclipai/adapter-utils";
 import {
@@ -77,6 +78,55 @@ export function sessionToResume(runtime: AdapterExecutionContext["runtime"], wor
   return id;
 }
 
+/** An instructions file larger than this is refused: it goes into every prompt. */
+export const MAX_INSTRUCTIONS_BYTES = 1024 * 1024;
+
+/** Never read, whatever the roots say: the kernel's and the pod's secrets. */
+const NEVER_READ = ["/proc", "/sys", "/dev", "/var/run/secrets", "/run/secrets"];
+
+function within(path: string, dir: string): boolean {
+  return path === dir || path.startsWith(dir.endsWith(sep) ? dir : dir + sep);
+}
+
+/**
+ * Reads an agent's instructions file, confined to `roots`. The path comes
+ * from the agent's config, and the file's text goes into a pod annotation
+ * anyone who reads Jobs sees, so a path (or a symlink planted on the shared
+ * volume) naming /proc/self/environ or the server's token would publish the
+ * server's secrets. The check is on the file actually opened: its real
+ * path, read back from the open descriptor where the platform allows,
+ * must lie under a root; it must be a regular file, and not too large.
+ */
+export async function readInstructionsFile(path: string, roots: string[], maxBytes = MAX_INSTRUCTIONS_BYTES): Promise<string> {
+  if (!isAbsolute(path)) throw new Error("not an absolute path");
+  const realRoots = await Promise.all(roots.map((r) => realpath(r).catch(() => r)));
+  const check = (real: string) => {
+    if (NEVER_READ.some((d) => within(real, d))) throw new Error(`it resolves to ${real}, which is never read`);
+    if (!realRoots.some((r) => within(real, r))) {
+      throw new Error(`it resolves to ${real}, outside the directories instructions may come from (${roots.join(", ")}; the server's CLIPJOB_INSTRUCTIONS_ROOTS)`);
+    }
+  };
+  // Checked before opening too: opening a device or a FIFO has effects of
+  // its own (O_NONBLOCK keeps a FIFO from holding the run).
+  check(await realpath(path));
+  const fh = await open(path, constants.O_RDONLY | constants.O_NONBLOCK | constants.O_NOCTTY);
+  try {
+    // The path may have changed since (a symlink swapped on the shared
+    // volume): what counts is what was opened.
+    const opened = await readlink(`/proc/self/fd/${fh.fd}`).catch(() => null);
+    if (opened !== null) check(opened);
+    const st = await fh.stat();
+    if (!st.isFile()) throw new Error("not a regular file");
+    if (st.size > maxBytes) throw new Error(`${st.size} bytes, over the ${maxBytes} an instructions file may have`);
+    const buf = Buffer.alloc(maxBytes + 1);
+    const { bytesRead } = await fh.read(buf, 0, buf.length, 0);
+    if (bytesRead > maxBytes) throw new Error(`over the ${maxBytes} bytes an instructions file may have`);
+    return buf.subarray(0, bytesRead).toString("utf8");
+  } finally {
+    await fh.close();
+  }
+}
+
 export interface BuiltPrompt {
   prompt: string;
   metrics: Record<string, number>;
@@ -90,9 +140,9 @@ export interface BuiltPrompt {
  */
 export async function buildPrompt(
   ctx: Pick<AdapterExecutionContext, "agent" | "runId" | "context">,
-  settings: Pick<ClipjobSettings, "instructionsFilePath" | "promptTemplate" | "bootstrapPromptTemplate">,
+  settings: Pick<ClipjobSettings, "instructionsFilePath" | "instructionsRoots" | "promptTemplate" | "bootstrapPromptTemplate">,
   resumed: boolean,
-  read: (path: string) => Promise<string> = (p) => readFile(p, "utf8"),
+  read: (path: string) => Promise<string> = (p) => readInstructionsFile(p, settings.instructionsRoots),
 ): Promise<BuiltPrompt> {
   const { agent, runId, context } = ctx;
   const notes: string[] = [];

@@ -109,13 +109,29 @@ export interface RelayClientOptions {
   tokenFile: string;
   /** PEM bundle to verify the relay's certificate; empty: the system's CAs. */
   caFile?: string;
-  /** Timeout of a non-following request. Default 30 s. */
+  /**
+   * Deadline of a request: connecting, the headers and the whole body; of
+   * a log request, until its headers (a stream may last hours). Default 30 s.
+   */
   requestTimeoutMs?: number;
 }
 
+/**
+ * The most of an answer read, in bytes. A run record carries its result:
+ * the answer and the raw result event, each from a log line the relay cuts
+ * at 1 MiB, so up to 6 MiB once JSON-escaped ("<" is "\u003c"). A list
+ * carries such records (the adapter lists one agent's unfinished runs: a
+ * few); a probe lists none. More than that is not the relay speaking. An
+ * error's body only makes a message, so it is cut, not refused.
+ */
+export const RELAY_BODY_LIMITS = { run: 16 << 20, list: 32 << 20, probe: 1 << 20, error: 64 << 10 } as const;
+
 export interface LogResponse {
   status: number;
+  /** The event stream when status is 200; otherwise read already, into text. */
   body: IncomingMessage;
+  /** The body of any status but 200 (at most RELAY_BODY_LIMITS.error of it). */
+  text: string;
 }
 
 export class RelayClient {
@@ -134,7 +150,7 @@ export class RelayClient {
     return (await readFile(this.opts.tokenFile, "utf8")).trim();
   }
 
-  private async request(path: string, headers: Record<string, string>, signal?: AbortSignal, timeoutMs?: number): Promise<IncomingMessage> {
+  private async request(path: string, headers: Record<string, string>, signal: AbortSignal): Promise<IncomingMessage> {
     const url = new URL(path.replace(/^\//, ""), this.base);
     const ca = this.opts.caFile ? await readFile(this.opts.caFile) : undefined;
     const token = await this.token();
@@ -151,32 +167,66 @@ export class RelayClient {
         resolve,
       );
       req.on("error", reject);
-      if (timeoutMs) {
-        req.setTimeout(timeoutMs, () => req.destroy(new Error(`no answer from the relay within ${timeoutMs} ms`)));
-      }
       req.end();
     });
   }
 
-  private async getJSON<T>(path: string, signal?: AbortSignal): Promise<{ status: number; value: T | null; body: string }> {
-    const res = await this.request(path, { Accept: "application/json" }, signal, this.opts.requestTimeoutMs ?? 30_000);
-    const body = await readBody(res);
-    if (res.statusCode === 200) return { status: 200, value: JSON.parse(body) as T, body };
-    return { status: res.statusCode ?? 0, value: null, body };
+  /**
+   * Runs fn under the request deadline and the caller's signal, either of
+   * which aborts the signal fn is given: an idle timeout alone lets a relay
+   * that trickles a byte now and then hold the caller forever.
+   */
+  private async withDeadline<T>(what: string, signal: AbortSignal | undefined, fn: (signal: AbortSignal) => Promise<T>): Promise<T> {
+    const timeoutMs = this.opts.requestTimeoutMs ?? 30_000;
+    const ctl = new AbortController();
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      ctl.abort();
+    }, timeoutMs);
+    const onAbort = () => ctl.abort();
+    if (signal?.aborted) ctl.abort();
+    signal?.addEventListener("abort", onAbort, { once: true });
+    try {
+      return await fn(ctl.signal);
+    } catch (err) {
+      if (timedOut) throw new Error(`${what}: no complete answer from the relay within ${timeoutMs} ms`);
+      if (signal?.aborted) throw signal.reason ?? err;
+      throw err;
+    } finally {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", onAbort);
+    }
+  }
+
+  /** A non-following GET: its status and body, read whole within the deadline and maxBytes. */
+  private async getText(path: string, what: string, maxBytes: number, signal?: AbortSignal): Promise<{ status: number; body: string }> {
+    return this.withDeadline(what, signal, async (s) => {
+      const res = await this.request(path, { Accept: "application/json" }, s);
+      const { text, over } = await readBody(res, maxBytes, s);
+      if (over) throw new Error(`${what}: the relay's answer is over ${formatBytes(maxBytes)}, the most this client reads`);
+      return { status: res.statusCode ?? 0, body: text };
+    });
+  }
+
+  private async getJSON<T>(path: string, what: string, maxBytes: number, signal?: AbortSignal): Promise<{ status: number; value: T | null; body: string }> {
+    const { status, body } = await this.getText(path, what, maxBytes, signal);
+    if (status === 200) return { status, value: JSON.parse(body) as T, body };
+    return { status, value: null, body };
   }
 
   /** The runs the caller may read, newest first, filtered as given. */
   async listRuns(filter: { agent?: string; company?: string; phase?: string }, signal?: AbortSignal): Promise<RelayRun[]> {
     const q = new URLSearchParams();
     for (const [k, v] of Object.entries(filter)) if (v) q.set(k, v);
-    const { status, value, body } = await this.getJSON<{ runs: RelayRun[] }>(`/v1/runs?${q}`, signal);
+    const { status, value, body } = await this.getJSON<{ runs: RelayRun[] }>(`/v1/runs?${q}`, "listing runs", RELAY_BODY_LIMITS.list, signal);
     if (status !== 200 || !value) throw new RelayHttpError(status, body, "listing runs");
     return value.runs ?? [];
   }
 
   /** One run's status and result; null if the relay does not know it (or the caller may not read it). */
   async getRun(runId: string, signal?: AbortSignal): Promise<RelayRun | null> {
-    const { status, value, body } = await this.getJSON<RelayRun>(`/v1/runs/${encodeURIComponent(runId)}`, signal);
+    const { status, value, body } = await this.getJSON<RelayRun>(`/v1/runs/${encodeURIComponent(runId)}`, `reading run ${runId}`, RELAY_BODY_LIMITS.run, signal);
     if (status === 404) return null;
     if (status !== 200 || !value) throw new RelayHttpError(status, body, `reading run ${runId}`);
     return value;
@@ -190,22 +240,53 @@ export class RelayClient {
   async openLog(runId: string, after: number, resume: boolean, signal?: AbortSignal): Promise<LogResponse> {
     const headers: Record<string, string> = { Accept: "text/event-stream", "Cache-Control": "no-cache" };
     if (resume && after > 0) headers["Last-Event-ID"] = String(after);
-    const res = await this.request(`/v1/runs/${encodeURIComponent(runId)}/log?after=${after}`, headers, signal);
-    return { status: res.statusCode ?? 0, body: res };
+    return this.withDeadline(`opening run ${runId}'s log`, signal, async (s) => {
+      const res = await this.request(`/v1/runs/${encodeURIComponent(runId)}/log?after=${after}`, headers, s);
+      const status = res.statusCode ?? 0;
+      // A stream is the follower's to time out, as it idles; any other
+      // answer is read here, within the deadline.
+      const text = status === 200 ? "" : (await readBody(res, RELAY_BODY_LIMITS.error, s)).text;
+      return { status, body: res, text };
+    });
   }
 
   /** GET /v1/runs with the token: 200 means reachable and the token accepted. */
   async probe(signal?: AbortSignal): Promise<{ status: number; body: string }> {
-    const res = await this.request("/v1/runs?phase=none", { Accept: "application/json" }, signal, this.opts.requestTimeoutMs ?? 30_000);
-    return { status: res.statusCode ?? 0, body: await readBody(res) };
+    return this.getText("/v1/runs?phase=none", "probing the relay", RELAY_BODY_LIMITS.probe, signal);
   }
 }
 
-async function readBody(res: IncomingMessage): Promise<string> {
-  res.setEncoding("utf8");
-  let body = "";
-  for await (const chunk of res) body += chunk as string;
-  return body;
+/** The body, or its first maxBytes when it is longer (over: the rest was not read). */
+async function readBody(res: IncomingMessage, maxBytes: number, signal: AbortSignal): Promise<{ text: string; over: boolean }> {
+  // The signal aborts the request; the body is ended here too rather than
+  // trusting every Node version to pass that on to a response in flight.
+  const onAbort = () => res.destroy(new Error("the request was aborted"));
+  if (signal.aborted) onAbort();
+  signal.addEventListener("abort", onAbort, { once: true });
+  const chunks: Buffer[] = [];
+  let size = 0;
+  try {
+    for await (const chunk of res) {
+      const b = chunk as Buffer;
+      if (size + b.length > maxBytes) {
+        chunks.push(b.subarray(0, maxBytes - size));
+        res.destroy();
+        return { text: Buffer.concat(chunks).toString("utf8"), over: true };
+      }
+      chunks.push(b);
+      size += b.length;
+    }
+  } finally {
+    signal.removeEventListener("abort", onAbort);
+  }
+  signal.throwIfAborted();
+  return { text: Buffer.concat(chunks).toString("utf8"), over: false };
+}
+
+function formatBytes(n: number): string {
+  if (n % (1 << 20) === 0) return `${n / (1 << 20)} MiB`;
+  if (n % (1 << 10) === 0) return `${n / (1 << 10)} KiB`;
+  return `${n} bytes`;
 }
 
 export type JobState = "active" | "finished" | "gone";
@@ -243,13 +324,36 @@ export interface FollowOptions {
   idleTimeoutMs?: number;
   /** Consecutive 401/403 answers before giving up. Default 5. */
   maxAuthFailures?: number;
+  /** The longest SSE line (characters) before a stream counts as broken. Default 16 Mi. */
+  maxLineLength?: number;
 }
 
 export type FollowOutcome =
   | { kind: "ended"; end: RelayEnd | null; lastSeq: number }
   | { kind: "job-gone"; lastSeq: number }
   | { kind: "aborted"; lastSeq: number }
-  | { kind: "unavailable"; message: string; lastSeq: number };
+  | {
+      kind: "unavailable";
+      message: string;
+      lastSeq: number;
+      /**
+       * The Job as checkJob saw it on giving up: "active" means the run
+       * goes on, only unfollowed. Absent when unknown or without checkJob.
+       */
+      jobState?: JobState;
+    };
+
+/** Client errors that say "not now" rather than "never": retried. */
+const TRANSIENT_4XX = new Set([408, 425, 429]);
+
+/** Retry-After (seconds, or an HTTP date) in ms, at most maxMs; null when absent or unreadable. */
+function retryAfterMs(value: string | string[] | undefined, maxMs: number): number | null {
+  const v = typeof value === "string" ? value.trim() : "";
+  if (v === "") return null;
+  const ms = /^\d+$/.test(v) ? Number(v) * 1000 : Date.parse(v) - Date.now();
+  if (Number.isNaN(ms)) return null;
+  return Math.min(Math.max(ms, 0), maxMs);
+}
 
 function sleep(ms: number, signal: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
@@ -293,29 +397,38 @@ export async function followRun(o: FollowOptions): Promise<FollowOutcome> {
     }
   };
 
+  const askJob = async (): Promise<JobState | null> => {
+    try {
+      return (await o.checkJob?.()) ?? null;
+    } catch {
+      return null; // the API server is unsure too
+    }
+  };
+
+  // Giving up: whether the Job still runs tells the caller if the run is
+  // lost or only unfollowed. `known`: the state asked a moment ago.
+  const unavailable = async (message: string, known?: JobState | null): Promise<FollowOutcome> => {
+    const jobState = known === undefined ? await askJob() : known;
+    return { kind: "unavailable", message, lastSeq, ...(jobState ? { jobState } : {}) };
+  };
+
   // While no stream is open: whether to give up, from the Job's state.
   const withoutStream = async (why: "unknown" | "error", detail: string): Promise<FollowOutcome | null> => {
     const now = Date.now();
+    let state: JobState | null | undefined;
     if (o.checkJob && now - lastJobCheck >= jobCheckEvery) {
       lastJobCheck = now;
-      let state: JobState | null = null;
-      try {
-        state = await o.checkJob();
-      } catch {
-        state = null; // the API server is unsure too: keep waiting
-      }
+      state = await askJob(); // null: keep waiting
       if (state === "gone" && why === "unknown" && lastSeq === 0 && !attached) return { kind: "job-gone", lastSeq };
       if (state === "finished" || state === "gone") jobEndedAt ??= now;
     }
     if (jobEndedAt !== null && now - jobEndedAt >= relayGrace) {
-      return {
-        kind: "unavailable",
-        lastSeq,
-        message:
-          why === "unknown"
-            ? `the relay has no record of run ${o.runId} although its Job ended ${Math.round((now - jobEndedAt) / 1000)}s ago: check that the relay follows the Job's namespace and that the token may get pods/log there`
-            : `the relay could not be read for run ${o.runId} after its Job ended: ${detail}`,
-      };
+      return unavailable(
+        why === "unknown"
+          ? `the relay has no record of run ${o.runId} although its Job ended ${Math.round((now - jobEndedAt) / 1000)}s ago: check that the relay follows the Job's namespace and that the token may get pods/log there`
+          : `the relay could not be read for run ${o.runId} after its Job ended: ${detail}`,
+        state,
+      );
     }
     return null;
   };
@@ -359,7 +472,7 @@ export async function followRun(o: FollowOptions): Promise<FollowOutcome> {
       continue;
     }
 
-    const body = await readBody(res.body).catch(() => "");
+    const body = res.text;
     if (res.status === 204) {
       // Reconnected after the end with everything read.
       return { kind: "ended", end: null, lastSeq };
@@ -377,15 +490,15 @@ export async function followRun(o: FollowOptions): Promise<FollowOutcome> {
     if (res.status === 401 || res.status === 403) {
       authFailures++;
       if (authFailures >= maxAuthFailures) {
-        return { kind: "unavailable", lastSeq, message: `the relay refused the token (${res.status}): ${relayMessage(body)}` };
+        return unavailable(`the relay refused the token (${res.status}): ${relayMessage(body)}`);
       }
-    } else if (res.status >= 400 && res.status < 500) {
-      return { kind: "unavailable", lastSeq, message: `the relay answered ${res.status}: ${relayMessage(body)}` };
+    } else if (res.status >= 400 && res.status < 500 && !TRANSIENT_4XX.has(res.status)) {
+      return unavailable(`the relay answered ${res.status}: ${relayMessage(body)}`);
     }
     await notice(`relay answered ${res.status}${body ? `: ${relayMessage(body)}` : ""}; retrying`);
     const give = await withoutStream("error", `${res.status} ${relayMessage(body)}`);
     if (give) return give;
-    await sleep(backoff, o.signal);
+    await sleep(retryAfterMs(res.body.headers["retry-after"], maxBackoff) ?? backoff, o.signal);
     backoff = Math.min(backoff * 2, maxBackoff);
   }
   return { kind: "aborted", lastSeq };
@@ -404,7 +517,7 @@ async function consume(
   getSeq: () => number,
 ): Promise<RelayEnd | null | undefined> {
   body.setEncoding("utf8");
-  const parser = new SseParser();
+  const parser = new SseParser({ maxLineLength: o.maxLineLength });
   let idle: NodeJS.Timeout | undefined;
   const arm = () => {
     clearTimeout(idle);

@@ -29,10 +29,20 @@ export function endOf(run: RelayRun | null, end: RelayEnd | null): { phase: stri
   };
 }
 
+/**
+ * A count or an amount the agent printed, as Paperclip may store it: the
+ * agent controls its output, and a negative cost or token count would
+ * credit its budget.
+ */
+function amount(v: unknown): number {
+  return typeof v === "number" && Number.isFinite(v) && v > 0 ? v : 0;
+}
+
 function usageOf(r: RelayResult): UsageSummary | undefined {
   if (!r.usage) return undefined;
-  const usage: UsageSummary = { inputTokens: r.usage.inputTokens ?? 0, outputTokens: r.usage.outputTokens ?? 0 };
-  if (r.usage.cacheReadInputTokens) usage.cachedInputTokens = r.usage.cacheReadInputTokens;
+  const usage: UsageSummary = { inputTokens: Math.trunc(amount(r.usage.inputTokens)), outputTokens: Math.trunc(amount(r.usage.outputTokens)) };
+  const cached = Math.trunc(amount(r.usage.cacheReadInputTokens));
+  if (cached) usage.cachedInputTokens = cached;
   return usage;
 }
 
@@ -70,15 +80,18 @@ export function toExecutionResult(run: RelayRun | null, end: RelayEnd | null, ct
     usage: usageOf(r),
     // Claude's result and OpenCode's step totals count this invocation only.
     usageBasis: r.usage ? "per_run" : null,
-    costUsd: r.costUsd ?? null,
+    costUsd: r.costUsd === undefined || r.costUsd === null ? null : amount(r.costUsd),
     model,
     provider: providerOf(r, model),
     summary: r.text?.trim() ? r.text : null,
     sessionId,
     sessionDisplayId: sessionId,
     sessionParams: sessionId ? { sessionId, ...(ctx.workingDir ? { cwd: ctx.workingDir } : {}) } : null,
+    // The agent's own result event is kept whole but under its own key:
+    // at the top it could set what Paperclip reads there
+    // (executionCancellation, say).
     resultJson: {
-      ...(r.raw && typeof r.raw === "object" && !Array.isArray(r.raw) ? (r.raw as Record<string, unknown>) : {}),
+      ...(r.raw !== undefined ? { raw: r.raw } : {}),
       clipjob: {
         run: run?.id ?? null,
         job: ctx.job ?? (run?.job ? `${run.namespace}/${run.job}` : null),

@@ -5,6 +5,7 @@ import type { AdapterExecutionContext, AdapterInvocationMeta } from "@paperclipa
 import type { V1Job } from "@kubernetes/client-node";
 
 import { CLAUDE_ADAPTER, createClipjobAdapter, executeRun, type AdapterDeps } from "../src/adapter.js";
+import { jobNameFor } from "../src/job.js";
 import { RelayClient, type RelayRun } from "../src/relay.js";
 import { FakeKube, statusError } from "./fake-kube.js";
 import { FakeRelay } from "./fake-relay.js";
@@ -22,13 +23,29 @@ let tokenFile: string;
 let kube: FakeKube;
 let runCounter = 0;
 
-function deps(): AdapterDeps {
+/** The server's environment: where its credentials go. */
+function serverEnv(over: NodeJS.ProcessEnv = {}): NodeJS.ProcessEnv {
+  return { CLIPJOB_NAMESPACE: "paperclip", CLIPJOB_RELAY_URL: relay.url, CLIPJOB_RELAY_TOKEN_FILE: tokenFile, ...over };
+}
+
+function deps(env: NodeJS.ProcessEnv = {}): AdapterDeps {
   return {
     kube: () => kube,
     relay: (s) => new RelayClient({ baseUrl: s.relayUrl, tokenFile: s.relayTokenFile }),
     follow: { initialBackoffMs: 10, maxBackoffMs: 50, unknownRunPollMs: 20, jobCheckEveryMs: 20, relayGraceMs: 300 },
     cancelPollMs: 10,
+    env: serverEnv(env),
   };
+}
+
+/** The name the adapter gives the run's Job. */
+function jobNameOf(rec: Recorded): string {
+  return jobNameFor({ agentId: rec.ctx.agent.id, runId: rec.ctx.runId });
+}
+
+/** A Job as clipjob stores it when this server created it. */
+function ours(job: V1Job): V1Job {
+  return { ...job, metadata: { ...job.metadata, annotations: { ...job.metadata?.annotations, "clipjob.paperclip.io/created-by": kube.user } } };
 }
 
 function newCtx(over: Partial<AdapterExecutionContext> = {}, config: Record<string, unknown> = {}): Recorded {
@@ -38,7 +55,7 @@ function newCtx(over: Partial<AdapterExecutionContext> = {}, config: Record<stri
     runId: `run-${runCounter}`,
     agent: { id: `agent-${runCounter}`, companyId: "company-1", name: "Coder", adapterType: "claude_k8s", adapterConfig: {} },
     runtime: { sessionId: null, sessionParams: null, sessionDisplayId: null, taskKey: null },
-    config: { namespace: "paperclip", relayUrl: relay.url, relayTokenFile: tokenFile, promptTemplate: "Fix the failing test.", ...config },
+    config: { promptTemplate: "Fix the failing test.", ...config },
     context: {},
     authToken: "run-scoped-token",
     onLog: async (stream, chunk) => {
@@ -97,7 +114,8 @@ describe("execute", () => {
     assert.equal(result.costUsd, 0.01);
     assert.ok(rec.spawns >= 1, "liveness reported");
 
-    const [secretCall, jobCall] = kube.calls;
+    assert.equal(kube.calls[0], `list jobs paperclip.io/agent-id=${rec.ctx.agent.id}`, "looks for a queued run of the agent first");
+    const [, secretCall, jobCall] = kube.calls;
     assert.match(secretCall, /^create secret pc-run-\d+-[0-9a-f]{8}-env$/);
     assert.match(jobCall, /^create job pc-run-\d+-[0-9a-f]{8}$/);
     const job = [...kube.jobs.values()][0];
@@ -125,7 +143,7 @@ describe("execute", () => {
     const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
     assert.equal(result.errorCode, null);
     assert.deepEqual(
-      kube.calls.map((c) => c.replace(/pc-run-\d+-[0-9a-f]{8}/, "JOB")),
+      kube.calls.filter((c) => !c.startsWith("list jobs")).map((c) => c.replace(/pc-run-\d+-[0-9a-f]{8}/, "JOB")),
       ["create secret JOB-env", "create secret JOB-prompt", "create job JOB"],
     );
     const job = [...kube.jobs.values()][0];
@@ -205,7 +223,7 @@ describe("execute", () => {
     const rec = newCtx();
     relay.addRun({ id: "run-before-restart", agent: rec.ctx.agent.id, job: "pc-before", phase: "Running" });
     relay.appendLines("run-before-restart", "one", "two");
-    kube.jobs.set("pc-before", { metadata: { name: "pc-before" } });
+    kube.jobs.set("pc-before", ours({ metadata: { name: "pc-before" } }));
     setTimeout(() => {
       relay.appendLines("run-before-restart", "three");
       relay.finish("run-before-restart", { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "resumed" } });
@@ -219,19 +237,66 @@ describe("execute", () => {
 
   it("re-attaches to a run whose pod has not started yet", async () => {
     const rec = newCtx();
-    relay.addRun({ id: "run-pending", agent: rec.ctx.agent.id, phase: "Pending" });
+    relay.addRun({ id: "run-pending", agent: rec.ctx.agent.id, job: "pc-pending", phase: "Pending" });
+    kube.jobs.set("pc-pending", ours({ metadata: { name: "pc-pending" } }));
     setTimeout(() => relay.finish("run-pending", { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "late start" } }), 30);
     const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
     assert.equal(result.summary, "late start");
-    assert.deepEqual(kube.calls, []);
+    assert.ok(!kube.calls.some((c) => c.startsWith("create")), kube.calls.join());
   });
 
-  it("does not re-attach to the agent's run for another task", async () => {
+  /** clipjob in Reject mode: the agent's active run holds its claim. */
+  function refusedBusy(holder: string) {
+    kube.onCreateJob = () => {
+      throw statusError(409, "Conflict", "agent busy", [
+        { reason: "clipjob.paperclip.io/agent-busy", message: "agent busy" },
+        { reason: "clipjob.paperclip.io/holder-run-id", message: holder },
+      ]);
+    };
+  }
+
+  // Not this run's: clipjob decides (refuses in Reject mode, queues in
+  // Queue mode), so the adapter does not refuse it itself.
+  it("does not re-attach to the agent's run for another task: clipjob decides", async () => {
     const rec = newCtx({ context: { taskId: "task-b" } });
-    relay.addRun({ id: "run-other-task", agent: rec.ctx.agent.id, task: "task-a", phase: "Running" });
+    relay.addRun({ id: "run-other-task", agent: rec.ctx.agent.id, task: "task-a", job: "pc-other-task", phase: "Running" });
+    relay.appendLines("run-other-task", "the other task's output");
+    kube.jobs.set("pc-other-task", ours({ metadata: { name: "pc-other-task" } }));
+    refusedBusy("run-other-task");
     const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
     assert.equal(result.errorCode, "k8s_concurrent_run_blocked");
-    assert.deepEqual(kube.calls, []);
+    assert.equal(result.errorMeta?.holderRunId, "run-other-task");
+    assert.deepEqual(rec.stdout, []);
+    assert.equal(kube.secrets.size, 0, "the refused run's Secrets are removed");
+    assert.ok(rec.stderr.some((l) => /works on task task-a, not this run's task task-b: not re-attaching; clipjob decides/.test(l)), rec.stderr.join(""));
+  });
+
+  it("re-attaches to the agent's run clipjob queued, found among its Jobs (the relay knows no pod yet)", async () => {
+    const rec = newCtx({ context: { taskId: "task-q" } });
+    const queued = ours({
+      metadata: {
+        name: "pc-queued",
+        labels: { "paperclip.io/agent-id": rec.ctx.agent.id, "paperclip.io/run-id": "run-queued", "paperclip.io/company-id": "company-1", "paperclip.io/task-id": "task-q" },
+        annotations: { "clipjob.paperclip.io/queued": "" },
+      },
+      spec: { suspend: true, template: {} },
+    });
+    kube.jobs.set("pc-queued", queued);
+    // Another user's copy, queued too: not followed.
+    kube.jobs.set("pc-queued-copy", {
+      ...queued,
+      metadata: { ...queued.metadata, name: "pc-queued-copy", labels: { ...queued.metadata!.labels, "paperclip.io/run-id": "run-copy" }, annotations: { "clipjob.paperclip.io/queued": "", "clipjob.paperclip.io/created-by": "someone-else" } },
+    });
+    setTimeout(() => {
+      relay.addRun({ id: "run-queued", agent: rec.ctx.agent.id, job: "pc-queued" });
+      relay.appendLines("run-queued", "started at last");
+      relay.finish("run-queued", { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "was queued" } });
+    }, 100);
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.summary, "was queued", result.errorMessage ?? "");
+    assert.deepEqual(rec.stdout, ["started at last\n"]);
+    assert.ok(!kube.calls.some((c) => c.startsWith("create")), kube.calls.join());
+    assert.ok(rec.stderr.some((l) => l.includes("re-attaching to the agent's queued run run-queued")), rec.stderr.join(""));
   });
 
   // The relay lists runs of every namespace the server's token reads: a
@@ -257,10 +322,13 @@ describe("execute", () => {
 
   it("does not re-attach to another run without a task when this run has one", async () => {
     const rec = newCtx({ context: { taskId: "task-b" } });
-    relay.addRun({ id: "run-no-task", agent: rec.ctx.agent.id, phase: "Running" });
+    relay.addRun({ id: "run-no-task", agent: rec.ctx.agent.id, job: "pc-no-task", phase: "Running" });
+    relay.appendLines("run-no-task", "the task-less run's output");
+    kube.jobs.set("pc-no-task", ours({ metadata: { name: "pc-no-task" } }));
+    refusedBusy("run-no-task");
     const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
     assert.equal(result.errorCode, "k8s_concurrent_run_blocked");
-    assert.deepEqual(kube.calls, []);
+    assert.deepEqual(rec.stdout, []);
   });
 
   // The relay marks a run done only once its pod's streams drained, a few
@@ -278,9 +346,9 @@ describe("execute", () => {
     it(`does not re-attach to another run of the agent whose Job ${what}: runs its own`, async () => {
       kube.afterCreateJob = runsTo(claudeLines, claudeEnd);
       const rec = newCtx({ context: { taskId: "task-b" } });
-      relay.addRun({ id: `run-ending-${runCounter}`, agent: rec.ctx.agent.id, job: "pc-ending", jobUid: "uid-old", task: "task-a", phase: "Running" });
+      relay.addRun({ id: `run-ending-${runCounter}`, agent: rec.ctx.agent.id, job: "pc-ending", jobUid: "uid-old", task: "task-b", phase: "Running" });
       relay.appendLines(`run-ending-${runCounter}`, "the ending run's line");
-      if (job) kube.jobs.set("pc-ending", job);
+      if (job) kube.jobs.set("pc-ending", ours(job));
       const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
       assert.equal(result.errorCode, null, result.errorMessage ?? "");
       assert.equal(result.summary, "fixed it");
@@ -301,6 +369,110 @@ describe("execute", () => {
     assert.ok(!kube.calls.some((c) => c.startsWith("create")), kube.calls.join());
   });
 
+  // Hostile review: anyone who may create Jobs in the agents' namespace
+  // can copy an agent's labels (agent, company, task); clipjob records who
+  // created each Job, and only this server's Jobs are its runs.
+  for (const [what, createdBy] of [
+    ["another user created (labels copied)", "system:serviceaccount:paperclip:intruder"],
+    ["records no creator (not admitted by clipjob, or an older clipjob)", undefined],
+  ] as Array<[string, string | undefined]>) {
+    it(`does not re-attach to a Job in its namespace that ${what}: runs its own`, async () => {
+      kube.afterCreateJob = runsTo(claudeLines, claudeEnd);
+      const rec = newCtx({ context: { taskId: "task-a" } });
+      const id = `copied-${runCounter}`;
+      relay.addRun({ id, agent: rec.ctx.agent.id, task: "task-a", job: "pc-copied", phase: "Running" });
+      relay.appendLines(id, "forged output");
+      kube.jobs.set("pc-copied", {
+        metadata: { name: "pc-copied", ...(createdBy ? { annotations: { "clipjob.paperclip.io/created-by": createdBy } } : {}) },
+      });
+      const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+      assert.equal(result.errorCode, null, result.errorMessage ?? "");
+      assert.deepEqual(rec.stdout, claudeLines.map((l) => `${l}\n`), "only its own run's output");
+      assert.ok(kube.calls.some((c) => /^create job pc-run-/.test(c)), kube.calls.join());
+      assert.ok(rec.stderr.some((l) => /not re-attaching .*is not this server's/.test(l)), rec.stderr.join(""));
+    });
+  }
+
+  it("does not follow its own run id on a Job another user created", async () => {
+    kube.afterCreateJob = () => assert.fail("the name is taken: no Job of this server's can be created there");
+    const rec = newCtx();
+    relay.addRun({ id: rec.ctx.runId, agent: rec.ctx.agent.id, job: "pc-squatted", phase: "Running" });
+    relay.appendLines(rec.ctx.runId, "forged output");
+    kube.jobs.set("pc-squatted", { metadata: { name: "pc-squatted", annotations: { "clipjob.paperclip.io/created-by": "system:serviceaccount:paperclip:intruder" } } });
+    kube.onCreateJob = () => {
+      throw statusError(409, "Conflict", "agent busy", [{ reason: "clipjob.paperclip.io/agent-busy", message: "agent busy" }]);
+    };
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, "k8s_concurrent_run_blocked");
+    assert.deepEqual(rec.stdout, [], "none of the forged output");
+  });
+
+  it("does not re-attach when it cannot learn its own user: runs its own", async () => {
+    kube.afterCreateJob = runsTo(claudeLines, claudeEnd);
+    kube.whoAmIError = statusError(500, "InternalError", "etcd is sad");
+    const rec = newCtx();
+    relay.addRun({ id: `other-${runCounter}`, agent: rec.ctx.agent.id, job: "pc-unknowable", phase: "Running" });
+    kube.jobs.set("pc-unknowable", ours({ metadata: { name: "pc-unknowable" } }));
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, null, result.errorMessage ?? "");
+    assert.ok(rec.stderr.some((l) => /own user could not be read .*etcd is sad/.test(l)), rec.stderr.join(""));
+  });
+
+  it("a cancel during the re-attach checks is honoured: the followed run's Job is deleted", async () => {
+    const stop = new AbortController();
+    const rec = newCtx({ signal: stop.signal });
+    relay.addRun({ id: `to-cancel-${runCounter}`, agent: rec.ctx.agent.id, job: "pc-to-cancel", phase: "Running" });
+    kube.jobs.set("pc-to-cancel", ours({ metadata: { name: "pc-to-cancel" } }));
+    const read = kube.readJob.bind(kube);
+    kube.readJob = async (ns, name) => {
+      stop.abort(); // lands after the adapter's own aborted check, before the follow
+      return read(ns, name);
+    };
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, "cancelled");
+    assert.deepEqual(kube.deletions.map((d) => d.name), ["pc-to-cancel"]);
+  });
+
+  it("a Secret name taken by a Secret it cannot vouch for: uses another name and leaves that one alone", async () => {
+    kube.afterCreateJob = runsTo([], claudeEnd);
+    const rec = newCtx();
+    // Whoever made it, the adapter may not read it: it is neither used nor deleted.
+    const taken = `${jobNameOf(rec)}-env`;
+    kube.secrets.set(taken, { metadata: { name: taken, labels: { "paperclip.io/run-id": "someone-else" } }, stringData: { KEEP: "me" } });
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, null, result.errorMessage ?? "");
+    assert.equal(kube.secrets.get(taken)?.stringData?.KEEP, "me", "the other Secret is untouched");
+    assert.ok(!kube.calls.includes(`delete secret ${taken}`), kube.calls.join());
+    const job = kube.jobs.get(jobNameOf(rec))!;
+    const envSecret = job.metadata!.annotations!["paperclip.io/env-secret"];
+    assert.match(envSecret, new RegExp(`^${taken}-[0-9a-f]{6}$`));
+    assert.equal(kube.secrets.get(envSecret)?.stringData?.PAPERCLIP_API_KEY, "run-scoped-token");
+  });
+
+  it("an agent's config naming a namespace the server does not run agents in: refused, nothing created", async () => {
+    const rec = newCtx({}, { namespace: "kube-system", relayUrl: "http://attacker.example" });
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, "clipjob_adapter_config_invalid");
+    assert.match(result.errorMessage ?? "", /namespace "kube-system" is not one this server runs agents in/);
+    assert.deepEqual(kube.calls, []);
+    assert.ok(rec.stderr.some((l) => /the agent's relayUrl is ignored/.test(l)), rec.stderr.join(""));
+  });
+
+  it("the relay refusing the token while the Job still runs: says the Job still runs", async () => {
+    kube.afterCreateJob = (job) => relay.addRun({ id: job.metadata!.labels!["paperclip.io/run-id"], job: job.metadata?.name });
+    relay.failWith = 403;
+    try {
+      const rec = newCtx();
+      const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, { ...deps(), follow: { ...deps().follow, maxAuthFailures: 2 } });
+      assert.equal(result.errorCode, "clipjob_relay_unavailable");
+      assert.match(result.errorMessage ?? "", /is still running: the agent's next run re-attaches to it/);
+      assert.equal(result.errorMeta?.stillRunning, true);
+      assert.equal(kube.jobs.size, 1, "the running Job is left running");
+    } finally {
+      relay.failWith = null;
+    }
+  });
+
   it("a Job deleted before the relay saw it", async () => {
     kube.afterCreateJob = (job) => setTimeout(() => kube.jobs.delete(job.metadata!.name!), 30);
     const result = await executeRun(CLAUDE_ADAPTER, newCtx().ctx, deps());
@@ -308,8 +480,8 @@ describe("execute", () => {
   });
 
   it("the relay unreachable: nothing is created", async () => {
-    const rec = newCtx({}, { relayUrl: "http://127.0.0.1:9" });
-    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    const rec = newCtx();
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps({ CLIPJOB_RELAY_URL: "http://127.0.0.1:9" }));
     assert.equal(result.errorCode, "clipjob_relay_unavailable");
     assert.deepEqual(kube.calls, []);
   });
@@ -346,12 +518,12 @@ describe("testEnvironment", () => {
     const r = await adapter.testEnvironment({
       companyId: "company-1",
       adapterType: "claude_k8s",
-      config: { namespace: "paperclip", relayUrl: relay.url, relayTokenFile: tokenFile },
+      config: {},
     });
     assert.equal(r.status, "pass", JSON.stringify(r.checks, null, 2));
     assert.deepEqual(
       r.checks.map((c) => c.code),
-      ["clipjob_kube_config", "clipjob_rbac", "clipjob_webhook", "clipjob_relay"],
+      ["clipjob_kube_config", "clipjob_rbac", "clipjob_webhook", "clipjob_created_by", "clipjob_relay"],
     );
     assert.ok(kube.calls.some((c) => c.startsWith("dry-run job")));
     assert.equal(kube.jobs.size, 0);
@@ -362,12 +534,8 @@ describe("testEnvironment", () => {
     kube.onDryRun = () => {
       throw statusError(500, "InternalError", 'failed calling webhook "mjob.clipjob.paperclip.io": connection refused');
     };
-    const adapter = createClipjobAdapter(CLAUDE_ADAPTER, deps());
-    const r = await adapter.testEnvironment({
-      companyId: "company-1",
-      adapterType: "claude_k8s",
-      config: { namespace: "paperclip", relayUrl: "http://127.0.0.1:9", relayTokenFile: tokenFile },
-    });
+    const adapter = createClipjobAdapter(CLAUDE_ADAPTER, deps({ CLIPJOB_RELAY_URL: "http://127.0.0.1:9" }));
+    const r = await adapter.testEnvironment({ companyId: "company-1", adapterType: "claude_k8s", config: {} });
     assert.equal(r.status, "fail");
     const byCode = Object.fromEntries(r.checks.map((c) => [c.code, c]));
     assert.equal(byCode.clipjob_rbac.level, "error");
@@ -375,5 +543,20 @@ describe("testEnvironment", () => {
     assert.equal(byCode.clipjob_webhook.level, "error");
     assert.match(byCode.clipjob_webhook.message, /could not be called/);
     assert.equal(byCode.clipjob_relay.level, "error");
+  });
+
+  it("warns when clipjob records no creator, and fails on settings that cannot be used", async () => {
+    kube.onDryRun = (job) => ({ ...job, metadata: { ...job.metadata, annotations: { "clipjob.paperclip.io/profile": "claude_local" } }, spec: { template: { spec: { containers: [{ name: "agent" }] } } } });
+    const adapter = createClipjobAdapter(CLAUDE_ADAPTER, deps());
+    const r = await adapter.testEnvironment({ companyId: "company-1", adapterType: "claude_k8s", config: { relayUrl: "http://attacker.example" } });
+    const byCode = Object.fromEntries(r.checks.map((c) => [c.code, c]));
+    assert.equal(byCode.clipjob_created_by.level, "warn");
+    assert.match(byCode.clipjob_created_by.message, /will not re-attach/);
+    assert.equal(byCode.clipjob_config.level, "warn", "the agent's relayUrl is ignored");
+
+    const bad = createClipjobAdapter(CLAUDE_ADAPTER, deps({ CLIPJOB_RELAY_URL: "http://relay.clipjob-system.svc" }));
+    const r2 = await bad.testEnvironment({ companyId: "company-1", adapterType: "claude_k8s", config: {} });
+    assert.equal(r2.status, "fail");
+    assert.match(r2.checks.find((c) => c.level === "error")?.message ?? "", /must be https/);
   });
 });

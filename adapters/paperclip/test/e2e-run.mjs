@@ -7,11 +7,14 @@
 //   {"stream":"stdout","line":"..."}   each onLog call (the chunk less its final newline)
 //   {"meta":{...}}                     the onMeta call
 //   {"result":{...}}                   what execute() returned, last
+//   {"environment":{...}}              what testEnvironment() returned (mode "testEnvironment")
 //
 // The spec is a JSON object, given as the first argument (inline, or the
 // path of a file holding it) or in CLIPJOB_E2E_SPEC:
 //
-//   kubeconfig, namespace, relayUrl, relayTokenFile, relayCaFile   where things are
+//   kubeconfig, namespace, relayUrl, relayTokenFile, relayCaFile   where things are, handed
+//                  to the adapter as the server's environment (CLIPJOB_KUBECONFIG, …)
+//   mode?          "execute" (default) or "testEnvironment"
 //   agentId, runId, companyId?, taskId?                            the run
 //   prompt                                                          rendered as Paperclip's prompt template
 //   cancelAfterMs?                                                  abort the run this long after it starts
@@ -36,7 +39,8 @@ function readSpec() {
 let spec;
 try {
   spec = readSpec();
-  for (const key of ["namespace", "relayUrl", "relayTokenFile", "agentId", "runId", "prompt"]) {
+  const required = spec.mode === "testEnvironment" ? ["namespace", "relayUrl", "relayTokenFile"] : ["namespace", "relayUrl", "relayTokenFile", "agentId", "runId", "prompt"];
+  for (const key of required) {
     if (typeof spec[key] !== "string" || spec[key] === "") throw new Error(`spec.${key} is required`);
   }
 } catch (err) {
@@ -46,7 +50,21 @@ try {
 
 const emit = (obj) => process.stdout.write(`${JSON.stringify(obj)}\n`);
 const definition = spec.adapter === "opencode" ? OPENCODE_ADAPTER : CLAUDE_ADAPTER;
+// Where the server's credentials go is the server's environment, as in a
+// Paperclip pod; the agent's config cannot say.
+Object.assign(process.env, {
+  CLIPJOB_NAMESPACE: spec.namespace,
+  CLIPJOB_RELAY_URL: spec.relayUrl,
+  CLIPJOB_RELAY_TOKEN_FILE: spec.relayTokenFile,
+  CLIPJOB_KUBECONFIG: spec.kubeconfig ?? "",
+  CLIPJOB_RELAY_CA_FILE: spec.relayCaFile ?? "",
+});
 const adapter = createClipjobAdapter(definition);
+
+if (spec.mode === "testEnvironment") {
+  emit({ environment: await adapter.testEnvironment({ companyId: spec.companyId ?? "e2e-company", adapterType: definition.type, config: spec.config ?? {} }) });
+  process.exit(0);
+}
 
 const abort = new AbortController();
 if (typeof spec.cancelAfterMs === "number") setTimeout(() => abort.abort(), spec.cancelAfterMs).unref();
@@ -61,11 +79,6 @@ const ctx = {
     taskKey: null,
   },
   config: {
-    namespace: spec.namespace,
-    relayUrl: spec.relayUrl,
-    relayTokenFile: spec.relayTokenFile,
-    ...(spec.kubeconfig ? { kubeconfig: spec.kubeconfig } : {}),
-    ...(spec.relayCaFile ? { relayCaFile: spec.relayCaFile } : {}),
     promptTemplate: spec.prompt,
     ...(spec.config ?? {}),
   },

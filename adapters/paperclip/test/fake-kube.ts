@@ -22,10 +22,17 @@ export class FakeKube implements KubeApi {
   afterCreateJob: (job: V1Job) => void = () => {};
   onDryRun: (job: V1Job) => V1Job = (job) => ({
     ...job,
-    metadata: { ...job.metadata, annotations: { ...job.metadata?.annotations, "clipjob.paperclip.io/profile": "claude_local" } },
+    metadata: {
+      ...job.metadata,
+      annotations: { ...job.metadata?.annotations, "clipjob.paperclip.io/profile": "claude_local", "clipjob.paperclip.io/created-by": this.user },
+    },
     spec: { ...job.spec!, template: { ...job.spec!.template, spec: { containers: [{ name: "agent", image: "ghcr.io/paperclipai/paperclip:v1" }] } } },
   });
   denied = new Set<string>();
+  /** Who the API server says this client is; clipjob records it on the Jobs it creates. */
+  user = "system:serviceaccount:paperclip:paperclip";
+  /** Makes whoAmI fail (an API server that cannot be asked). */
+  whoAmIError: Error | null = null;
   /** Deleted Jobs linger this long (Foreground deletion waits for pods). */
   deleteDelayMs = 0;
 
@@ -49,7 +56,10 @@ export class FakeKube implements KubeApi {
     }
     this.calls.push(`create job ${name}`);
     if (this.jobs.has(name)) throw statusError(409, "AlreadyExists", `jobs.batch "${name}" already exists`);
-    const stored = this.onCreateJob(structuredClone(job));
+    // clipjob's mutating webhook records the creating user.
+    const created = structuredClone(job);
+    created.metadata!.annotations = { ...created.metadata?.annotations, "clipjob.paperclip.io/created-by": this.user };
+    const stored = this.onCreateJob(created);
     this.jobs.set(name, stored);
     this.afterCreateJob(stored);
     return stored;
@@ -61,11 +71,22 @@ export class FakeKube implements KubeApi {
     return job;
   }
 
+  async listJobs(_namespace: string, labelSelector: string): Promise<V1Job[]> {
+    this.calls.push(`list jobs ${labelSelector}`);
+    const [key, value] = labelSelector.split("=");
+    return [...this.jobs.values()].filter((j) => j.metadata?.labels?.[key] === value);
+  }
+
   async deleteJob(_namespace: string, name: string, propagation: DeletePropagation): Promise<void> {
     this.calls.push(`delete job ${name}`);
     this.deletions.push({ name, propagation });
     if (!this.jobs.has(name)) throw statusError(404, "NotFound", `jobs.batch "${name}" not found`);
     setTimeout(() => this.jobs.delete(name), this.deleteDelayMs);
+  }
+
+  async whoAmI(): Promise<string> {
+    if (this.whoAmIError) throw this.whoAmIError;
+    return this.user;
   }
 
   async canI(q: AccessQuestion): Promise<{ allowed: boolean }> {

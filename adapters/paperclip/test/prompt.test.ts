@@ -1,8 +1,12 @@
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { mkdirSync, mkdtempSync, symlinkSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { describe, it } from "node:test";
 
-import { DEFAULT_RELAY_TOKEN_FILE, DEFAULT_RELAY_URL, defaultNamespace, parseEnv, resolveSettings } from "../src/config.js";
-import { buildPrompt, buildRunEnv, sessionToResume } from "../src/prompt.js";
+import { DEFAULT_RELAY_TOKEN_FILE, DEFAULT_RELAY_URL, defaultNamespace, parseEnv, resolveSettings, SettingsError } from "../src/config.js";
+import { buildPrompt, buildRunEnv, readInstructionsFile, sessionToResume } from "../src/prompt.js";
 
 const agent = { id: "agent-1", companyId: "company-1", name: "Coder", adapterType: "claude_k8s", adapterConfig: {} };
 
@@ -20,8 +24,10 @@ describe("settings", () => {
 
   it("reads every key, numbers and booleans given as strings too", () => {
     const s = resolveSettings(
-      { namespace: "agents", profile: "my_profile", relayUrl: "https://relay:8090/", maxTurnsPerRun: "5", reattach: "false", deletePropagation: "Background", timeoutSec: 60 },
+      { namespace: "agents", profile: "my_profile", maxTurnsPerRun: "5", reattach: "false", deletePropagation: "Background", timeoutSec: 60 },
       { profile: "claude_local" },
+      () => {},
+      { CLIPJOB_NAMESPACE: "paperclip", CLIPJOB_NAMESPACES: "agents, more", CLIPJOB_RELAY_URL: "https://relay:8090/" },
     );
     assert.equal(s.namespace, "agents");
     assert.equal(s.profile, "my_profile");
@@ -30,6 +36,45 @@ describe("settings", () => {
     assert.equal(s.reattach, false);
     assert.equal(s.deletePropagation, "Background");
     assert.equal(s.timeoutSec, 60);
+  });
+
+  // Hostile review: an agent's config could send the server's relay token
+  // to any URL, and create Jobs in any namespace the server may write.
+  it("where the server's credentials go is the server's environment, never the agent's config", () => {
+    const warnings: string[] = [];
+    const env = {
+      CLIPJOB_NAMESPACE: "paperclip",
+      CLIPJOB_RELAY_URL: "https://clipjob-relay.clipjob-system.svc",
+      CLIPJOB_RELAY_TOKEN_FILE: "/var/run/secrets/clipjob-relay/token",
+      CLIPJOB_KUBECONFIG: "",
+    };
+    const s = resolveSettings(
+      {
+        relayUrl: "http://attacker.example:80",
+        relayTokenFile: "/var/run/secrets/kubernetes.io/serviceaccount/token",
+        relayCaFile: "/etc/evil-ca.pem",
+        kubeconfig: "/tmp/attacker-kubeconfig",
+      },
+      { profile: "claude_local" },
+      (w) => warnings.push(w),
+      env,
+    );
+    assert.equal(s.relayUrl, env.CLIPJOB_RELAY_URL);
+    assert.equal(s.relayTokenFile, env.CLIPJOB_RELAY_TOKEN_FILE);
+    assert.equal(s.relayCaFile, "");
+    assert.equal(s.kubeconfig, "");
+    assert.equal(warnings.length, 4);
+    assert.match(warnings.join("\n"), /the agent's relayUrl is ignored: .*CLIPJOB_RELAY_URL/);
+
+    assert.throws(
+      () => resolveSettings({ namespace: "kube-system" }, { profile: "claude_local" }, () => {}, env),
+      (err: unknown) => err instanceof SettingsError && /namespace "kube-system" is not one this server runs agents in \(paperclip\).*CLIPJOB_NAMESPACES/.test(err.message),
+    );
+    for (const url of ["http://relay.clipjob-system.svc", "ftp://relay", "https://user:pw@relay", "not a url"]) {
+      assert.throws(() => resolveSettings({}, { profile: "claude_local" }, () => {}, { ...env, CLIPJOB_RELAY_URL: url }), SettingsError, url);
+    }
+    // Plain http only to this host (a local port-forward).
+    assert.equal(resolveSettings({}, { profile: "claude_local" }, () => {}, { ...env, CLIPJOB_RELAY_URL: "http://127.0.0.1:8090" }).relayUrl, "http://127.0.0.1:8090");
   });
 
   it("the namespace: PAPERCLIP_NAMESPACE, POD_NAMESPACE, the ServiceAccount's, default", () => {
@@ -75,7 +120,7 @@ describe("run env", () => {
 });
 
 describe("prompt", () => {
-  const settings = { instructionsFilePath: "", promptTemplate: "You are {{agent.name}} on run {{runId}}.", bootstrapPromptTemplate: "" };
+  const settings = { instructionsFilePath: "", instructionsRoots: ["/paperclip"], promptTemplate: "You are {{agent.name}} on run {{runId}}.", bootstrapPromptTemplate: "" };
 
   it("renders Paperclip's template with the run's data", async () => {
     const p = await buildPrompt({ agent, runId: "run-9", context: {} }, settings, false);
@@ -117,5 +162,55 @@ describe("session to resume", () => {
     assert.equal(sessionToResume(runtime({ sessionId: "s1" }), "/paperclip/b"), "s1");
     assert.equal(sessionToResume(runtime(null, "legacy"), ""), "legacy");
     assert.equal(sessionToResume(runtime(null), ""), "");
+  });
+});
+
+// Hostile review: instructionsFilePath comes from the agent's config and
+// its text goes into a pod annotation anyone who reads Jobs sees;
+// /proc/self/environ put the server's env (its database URL) there.
+describe("instructions file", () => {
+  const root = mkdtempSync(join(tmpdir(), "clipjob-instructions-"));
+  const outside = mkdtempSync(join(tmpdir(), "clipjob-outside-"));
+  mkdirSync(join(root, "agents"));
+  writeFileSync(join(root, "agents", "AGENTS.md"), "Be careful.");
+  writeFileSync(join(outside, "secret.txt"), "DATABASE_URL=postgres://server");
+  symlinkSync("/proc/self/environ", join(root, "agents", "environ.md"));
+  symlinkSync(join(outside, "secret.txt"), join(root, "agents", "escape.md"));
+  symlinkSync(outside, join(root, "agents", "outside-dir"));
+  execFileSync("mkfifo", [join(root, "agents", "fifo.md")]);
+  writeFileSync(join(root, "agents", "huge.md"), "x".repeat(2048));
+
+  it("reads a file under the roots", async () => {
+    assert.equal(await readInstructionsFile(join(root, "agents", "AGENTS.md"), [root]), "Be careful.");
+  });
+
+  for (const [name, path, roots, want] of [
+    ["the server's environment", "/proc/self/environ", [root], /resolves to \/proc\/\d+\/environ, which is never read/],
+    ["a file outside the roots", join(outside, "secret.txt"), [root], /outside the directories instructions may come from/],
+    ["the server's environment, even with / as a root", "/proc/self/environ", ["/"], /which is never read/],
+    ["the server's ServiceAccount token, with / as a root", "/var/run/secrets/kubernetes.io/serviceaccount/token", ["/"], /never read|ENOENT/],
+    ["a symlink on the shared volume to /proc/self/environ", join(root, "agents", "environ.md"), [root], /resolves to \/proc\/\d+\/environ|outside/],
+    ["a symlink to a file outside the roots", join(root, "agents", "escape.md"), [root], /resolves to .*secret\.txt, outside/],
+    ["a path through a symlinked directory", join(root, "agents", "outside-dir", "secret.txt"), [root], /outside/],
+    ["a relative path", "agents/AGENTS.md", [root], /not an absolute path/],
+    ["a FIFO (would hold the run)", join(root, "agents", "fifo.md"), [root], /not a regular file/],
+  ] as const) {
+    it(`refuses ${name}`, async () => {
+      await assert.rejects(readInstructionsFile(path, [...roots]), want);
+    });
+  }
+
+  it("refuses a file over the size limit", async () => {
+    await assert.rejects(readInstructionsFile(join(root, "agents", "huge.md"), [root], 1024), /2048 bytes, over the 1024/);
+  });
+
+  it("a refused file is a note and stays out of the prompt", async () => {
+    const p = await buildPrompt(
+      { agent, runId: "r", context: {} },
+      { instructionsFilePath: "/proc/self/environ", instructionsRoots: [root], promptTemplate: "Hi.", bootstrapPromptTemplate: "" },
+      false,
+    );
+    assert.equal(p.prompt, "Hi.");
+    assert.match(p.notes[0], /instructions file \/proc\/self\/environ could not be read \(it resolves to/);
   });
 });

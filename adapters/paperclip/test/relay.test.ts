@@ -1,9 +1,13 @@
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import http, { type IncomingMessage, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { after, before, describe, it } from "node:test";
 
-import { followRun, RelayClient, type RelayLine } from "../src/relay.js";
+import { followRun, RELAY_BODY_LIMITS, RelayClient, type RelayLine } from "../src/relay.js";
 import { SseParser } from "../src/sse.js";
 import { FakeRelay } from "./fake-relay.js";
 
@@ -149,6 +153,7 @@ describe("followRun", () => {
       ...fast,
     });
     assert.equal(outcome.kind, "unavailable");
+    assert.equal(outcome.kind === "unavailable" && outcome.jobState, "finished");
   });
 
   it("reconnecting after the end gets 204 and ends", async () => {
@@ -165,6 +170,49 @@ describe("followRun", () => {
     try {
       const outcome = await followRun({ client, runId: "run-x", signal: new AbortController().signal, onLine: async () => {}, ...fast, maxAuthFailures: 2 });
       assert.equal(outcome.kind, "unavailable");
+      assert.ok(!("jobState" in outcome), "no checkJob: the Job's state is not known");
+    } finally {
+      relay.failWith = null;
+    }
+  });
+
+  it("says the Job still runs when it gives up on repeated 403s", async () => {
+    relay.failWith = 403;
+    try {
+      const outcome = await followRun({
+        client,
+        runId: "run-refused",
+        signal: new AbortController().signal,
+        onLine: async () => {},
+        checkJob: async () => "active",
+        ...fast,
+        maxAuthFailures: 3,
+      });
+      assert.equal(outcome.kind, "unavailable");
+      assert.equal(outcome.kind === "unavailable" && outcome.jobState, "active");
+    } finally {
+      relay.failWith = null;
+    }
+  });
+
+  it("gives up on a 400 with the Job's state, or none when asking fails", async () => {
+    relay.failWith = 400;
+    try {
+      const finished = await followRun({ client, runId: "run-400", signal: new AbortController().signal, onLine: async () => {}, checkJob: async () => "finished", ...fast });
+      assert.equal(finished.kind, "unavailable");
+      assert.equal(finished.kind === "unavailable" && finished.jobState, "finished");
+      const unknown = await followRun({
+        client,
+        runId: "run-400",
+        signal: new AbortController().signal,
+        onLine: async () => {},
+        checkJob: async () => {
+          throw new Error("the API server is away");
+        },
+        ...fast,
+      });
+      assert.equal(unknown.kind, "unavailable");
+      assert.ok(!("jobState" in unknown));
     } finally {
       relay.failWith = null;
     }
@@ -204,5 +252,238 @@ describe("RelayClient over TLS", () => {
   it("refuses it without the CA", async () => {
     const client = new RelayClient({ baseUrl: relay.url, tokenFile: relay.tokenFile() });
     await assert.rejects(client.getRun("run-tls"), /certificate/);
+  });
+});
+
+/** A loopback server answering as the test says, and a token file for a client of it. */
+async function serve(handler: (req: IncomingMessage, res: ServerResponse) => void): Promise<{ client: (opts?: { requestTimeoutMs?: number }) => RelayClient; close: () => Promise<void> }> {
+  const server = http.createServer(handler);
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const dir = mkdtempSync(join(tmpdir(), "clipjob-relay-test-"));
+  writeFileSync(join(dir, "token"), "token\n");
+  return {
+    client: (opts) => new RelayClient({ baseUrl: url, tokenFile: join(dir, "token"), ...opts }),
+    close: async () => {
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+const lineEvent = (seq: number, line: string) => `id: ${seq}\nevent: line\ndata: ${JSON.stringify({ type: "line", seq, ts: "", container: "agent", line })}\n\n`;
+const endEvent = (lastSeq: number) => `id: ${lastSeq}\nevent: end\ndata: ${JSON.stringify({ type: "end", phase: "Succeeded", exitCode: 0, lastSeq })}\n\n`;
+
+/** Answers 200 with the lines after Last-Event-ID (or ?after=), then the end. */
+function streamFrom(req: IncomingMessage, res: ServerResponse, lines: string[]): void {
+  const after = Number(req.headers["last-event-id"] ?? new URL(req.url ?? "/", "http://relay").searchParams.get("after") ?? 0);
+  res.writeHead(200, { "Content-Type": "text/event-stream" });
+  res.end(lines.map((l, i) => (i + 1 > after ? lineEvent(i + 1, l) : "")).join("") + endEvent(lines.length));
+}
+
+/** A signal that aborts after ms: a follow that would otherwise wait for minutes ends the test as "aborted". */
+const guard = (ms: number) => AbortSignal.timeout(ms);
+
+describe("RelayClient's limits", () => {
+  it("fails a request whose answer trickles past the deadline, saying so", async (t) => {
+    const relay = await serve((req, res) => {
+      res.writeHead(200, { "Content-Type": "application/json" });
+      res.write("{");
+      // A byte every 100 ms keeps any idle timeout from firing; after 3 s
+      // the answer would be whole.
+      const drip = setInterval(() => res.write(" "), 100);
+      const stop = setTimeout(() => {
+        clearInterval(drip);
+        res.end('"id":"run-slow","namespace":"ns","phase":"Running","done":false,"lastSeq":0}');
+      }, 3000);
+      res.on("close", () => {
+        clearInterval(drip);
+        clearTimeout(stop);
+      });
+    });
+    t.after(() => relay.close());
+    const client = relay.client({ requestTimeoutMs: 300 });
+    await assert.rejects(client.getRun("run-slow"), /reading run run-slow: no complete answer from the relay within 300 ms/);
+    await assert.rejects(client.listRuns({}), /listing runs: no complete answer from the relay within 300 ms/);
+    await assert.rejects(client.probe(), /probing the relay: no complete answer from the relay within 300 ms/);
+  });
+
+  it("ends the read of an answer when the caller's signal aborts", async (t) => {
+    const relay = await serve((req, res) => {
+      res.writeHead(200, { "Content-Type": "application/json" });
+      res.write("{");
+      const drip = setInterval(() => res.write(" "), 50);
+      res.on("close", () => clearInterval(drip));
+    });
+    t.after(() => relay.close());
+    const client = relay.client({ requestTimeoutMs: 60_000 });
+    const stop = new AbortController();
+    const reading = client.getRun("run-slow", stop.signal);
+    setTimeout(() => stop.abort(), 200);
+    await assert.rejects(reading, { name: "AbortError" });
+    const already = new AbortController();
+    already.abort();
+    await assert.rejects(client.listRuns({}, already.signal), { name: "AbortError" });
+  });
+
+  it("refuses an answer over its cap, naming the cap", async (t) => {
+    // A valid answer padded past the cap: read whole, it would parse.
+    const relay = await serve((req, res) => {
+      const path = new URL(req.url ?? "/", "http://relay").pathname;
+      const [cap, tail] =
+        path === "/v1/runs/run-big" ? [RELAY_BODY_LIMITS.run, '"id":"run-big","namespace":"ns","phase":"Running","done":false,"lastSeq":0}'] : [RELAY_BODY_LIMITS.list, '"runs":[]}'];
+      res.writeHead(200, { "Content-Type": "application/json" });
+      let left = cap + 1;
+      let closed = false;
+      res.on("close", () => (closed = true));
+      res.on("error", () => {}); // the client hung up: expected
+      const pad = " ".repeat(1 << 20);
+      const write = () => {
+        while (left > 0 && !closed) {
+          const n = Math.min(left, pad.length);
+          left -= n;
+          if (!res.write(pad.slice(0, n))) return void res.once("drain", write);
+        }
+        if (!closed) res.end(tail);
+      };
+      res.write("{");
+      write();
+    });
+    t.after(() => relay.close());
+    const client = relay.client();
+    await assert.rejects(client.getRun("run-big"), /reading run run-big: the relay's answer is over 16 MiB/);
+    await assert.rejects(client.listRuns({ agent: "a" }), /listing runs: the relay's answer is over 32 MiB/);
+    // phase=none: the probe, capped at 1 MiB.
+    await assert.rejects(client.probe(), /probing the relay: the relay's answer is over 1 MiB/);
+  });
+});
+
+describe("followRun against a misbehaving relay", () => {
+  const collect = () => {
+    const lines: RelayLine[] = [];
+    const notices: string[] = [];
+    return { lines, notices, onLine: async (l: RelayLine) => void lines.push(l), onNotice: (m: string) => void notices.push(m) };
+  };
+
+  for (const status of [408, 425, 429]) {
+    it(`retries after ${status} and hands every line once`, async (t) => {
+      const lastEventIds: (string | null)[] = [];
+      const relay = await serve((req, res) => {
+        lastEventIds.push((req.headers["last-event-id"] as string | undefined) ?? null);
+        switch (lastEventIds.length) {
+          case 1: // two lines, then the connection breaks
+            res.writeHead(200, { "Content-Type": "text/event-stream" });
+            res.write(lineEvent(1, "one") + lineEvent(2, "two"));
+            setTimeout(() => res.socket?.destroy(), 20);
+            return;
+          case 2:
+            res.writeHead(status, { "Content-Type": "application/json", "Retry-After": "0" });
+            res.end(JSON.stringify({ code: status, message: "not now" }));
+            return;
+          default:
+            streamFrom(req, res, ["one", "two", "three"]);
+        }
+      });
+      t.after(() => relay.close());
+      const c = collect();
+      const outcome = await followRun({ client: relay.client(), runId: "run-busy", signal: guard(20_000), ...c, ...fast });
+      assert.equal(outcome.kind, "ended", JSON.stringify(outcome));
+      assert.deepEqual(
+        c.lines.map((l) => [l.seq, l.line]),
+        [
+          [1, "one"],
+          [2, "two"],
+          [3, "three"],
+        ],
+      );
+      assert.deepEqual(lastEventIds, [null, "2", "2"]);
+      assert.ok(c.notices.some((n) => n.includes(`relay answered ${status}: not now; retrying`)), JSON.stringify(c.notices));
+    });
+  }
+
+  it("waits as Retry-After says rather than its own backoff", async (t) => {
+    let requests = 0;
+    const relay = await serve((req, res) => {
+      if (++requests === 1) {
+        res.writeHead(429, { "Retry-After": "1" }).end();
+        return;
+      }
+      streamFrom(req, res, ["after the wait"]);
+    });
+    t.after(() => relay.close());
+    // The backoff alone would wait a minute: the guard would end the follow first.
+    const outcome = await followRun({ client: relay.client(), runId: "run-429", signal: guard(20_000), onLine: async () => {}, ...fast, initialBackoffMs: 60_000, maxBackoffMs: 60_000 });
+    assert.equal(outcome.kind, "ended");
+    assert.equal(requests, 2);
+  });
+
+  it("waits no longer than maxBackoffMs whatever Retry-After says", async (t) => {
+    let requests = 0;
+    const relay = await serve((req, res) => {
+      if (++requests === 1) {
+        res.writeHead(503, { "Retry-After": "3600" }).end();
+        return;
+      }
+      streamFrom(req, res, ["soon"]);
+    });
+    t.after(() => relay.close());
+    const outcome = await followRun({ client: relay.client(), runId: "run-503", signal: guard(20_000), onLine: async () => {}, ...fast });
+    assert.equal(outcome.kind, "ended");
+    assert.equal(requests, 2);
+  });
+
+  it("treats a line over the limit as a broken stream and resumes after the last line handed on", async (t) => {
+    const lastEventIds: (string | null)[] = [];
+    let sendLong = () => {};
+    const relay = await serve((req, res) => {
+      lastEventIds.push((req.headers["last-event-id"] as string | undefined) ?? null);
+      if (lastEventIds.length === 1) {
+        res.writeHead(200, { "Content-Type": "text/event-stream" });
+        res.write(lineEvent(1, "short"));
+        // Once the first line was handed on, a second whose event never
+        // ends: only the limit stops it.
+        sendLong = () => res.write(`id: 2\nevent: line\ndata: {"seq":2,"line":"${"x".repeat(5000)}`);
+        return;
+      }
+      streamFrom(req, res, ["short", "long enough"]);
+    });
+    t.after(() => relay.close());
+    const c = collect();
+    const onLine = async (l: RelayLine) => {
+      await c.onLine(l);
+      if (l.seq === 1) sendLong();
+    };
+    const outcome = await followRun({ client: relay.client(), runId: "run-long", signal: guard(20_000), ...c, onLine, ...fast, maxLineLength: 1000 });
+    assert.equal(outcome.kind, "ended", JSON.stringify(outcome));
+    assert.deepEqual(
+      c.lines.map((l) => l.line),
+      ["short", "long enough"],
+    );
+    assert.deepEqual(lastEventIds, [null, "1"]);
+    assert.ok(
+      c.notices.some((n) => /log stream broke \(the event stream sent a line over 1000 characters\); resuming after line 1/.test(n)),
+      JSON.stringify(c.notices),
+    );
+  });
+
+  it("retries a log request whose headers do not come within the deadline", async (t) => {
+    let requests = 0;
+    const relay = await serve((req, res) => {
+      if (++requests === 1) return; // accepted, never answered
+      streamFrom(req, res, ["finally"]);
+    });
+    t.after(() => relay.close());
+    const c = collect();
+    const outcome = await followRun({ client: relay.client({ requestTimeoutMs: 300 }), runId: "run-mute", signal: guard(20_000), ...c, ...fast });
+    assert.equal(outcome.kind, "ended", JSON.stringify(outcome));
+    assert.deepEqual(
+      c.lines.map((l) => l.line),
+      ["finally"],
+    );
+    assert.ok(
+      c.notices.some((n) => n.includes("opening run run-mute's log: no complete answer from the relay within 300 ms")),
+      JSON.stringify(c.notices),
+    );
   });
 });

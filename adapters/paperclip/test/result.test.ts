@@ -45,7 +45,7 @@ describe("toExecutionResult", () => {
     assert.equal(r.sessionDisplayId, "sess-new");
     assert.deepEqual(r.sessionParams, { sessionId: "sess-new", cwd: "/paperclip/wt/1" });
     assert.equal(r.clearSession, undefined);
-    assert.equal(r.resultJson?.result, "fixed it", "the raw result event is kept");
+    assert.equal((r.resultJson?.raw as Record<string, unknown>).result, "fixed it", "the raw result event is kept");
     assert.equal((r.resultJson?.clipjob as Record<string, unknown>).job, "paperclip/pc-run-1");
   });
 
@@ -149,5 +149,29 @@ describe("toExecutionResult", () => {
   it("keeps the resumed session when the log names none", () => {
     const r = toExecutionResult(run({ exitCode: 0, result: { outcome: "succeeded", text: "x" } }), null, { resumedSessionId: "sess-old" });
     assert.equal(r.sessionId, "sess-old");
+  });
+
+  // Hostile review: the agent prints its result; it must not steer what
+  // Paperclip reads in resultJson, nor credit its budget.
+  it("an agent's result cannot set Paperclip's own resultJson keys or negative amounts", () => {
+    const r = toExecutionResult(
+      run({
+        exitCode: 0,
+        result: {
+          outcome: "succeeded",
+          text: "x",
+          costUsd: -1000,
+          usage: { inputTokens: -5e9, outputTokens: Number.NaN, cacheReadInputTokens: -1 },
+          raw: { executionCancellation: { state: "acknowledged" }, clipjob: { job: "forged" }, result: "x" },
+        },
+      }),
+      null,
+      { job: "paperclip/pc-run-1" },
+    );
+    assert.equal(r.resultJson?.executionCancellation, undefined);
+    assert.equal((r.resultJson?.clipjob as Record<string, unknown>).job, "paperclip/pc-run-1");
+    assert.deepEqual((r.resultJson?.raw as Record<string, unknown>).executionCancellation, { state: "acknowledged" }, "kept, under raw");
+    assert.equal(r.costUsd, 0);
+    assert.deepEqual(r.usage, { inputTokens: 0, outputTokens: 0 });
   });
 });
