@@ -19,12 +19,10 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/claim"
 	"github.com/paperclipai/clipjob/contract"
@@ -732,14 +730,7 @@ func TestPaperclipAdapterIgnoresACopiedJob(t *testing.T) {
 	spec.TaskID = "task-1"
 	r, reader, _ := theRelay(t)
 	ctx := ctxT(t)
-	token, err := harness.ServiceAccountToken(ctx, env.cluster, ns, "e2e-label-copier", []rbacv1.PolicyRule{
-		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"create"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc := rest.AnonymousClientConfig(env.cluster.Config)
-	rc.BearerToken = token
-	copier := kubernetes.NewForConfigOrDie(rc)
+	copier := clientAs(ctx, t, "e2e-label-copier", "create")
 	copied := bareJob(t, "e2e-pc-copied")
 	for k, v := range map[string]string{contract.LabelAgentID: agent, contract.LabelRunID: "e2e-pc-copied-run",
 		contract.LabelCompanyID: "e2e-company", contract.LabelTaskID: "task-1"} {
@@ -829,22 +820,7 @@ func TestPaperclipAdapterInQueueMode(t *testing.T) {
 	const agent = "agent-e2e-pc-queue"
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	t.Cleanup(cancel)
-	original := restoreConfigAfter(t)
-	writeConfig(ctx, t, string(original)+"policy:\n  concurrency:\n    mode: Queue\n    maxQueued: 2\n", true)
-
-	first := paperclipServer(t, agent, "e2e-pc-queue-1")
-	first.TaskID = "task-1"
-	a := startAdapter(ctx, t, first)
-	jobA := jobOfRun(ctx, t, a)
-	podA := waitPod(ctx, t, jobA.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
-
-	second := paperclipServer(t, agent, "e2e-pc-queue-2")
-	second.TaskID = "task-2"
-	b := startAdapter(ctx, t, second)
-	jobB := jobOfRun(ctx, t, b)
-	if !suspended(jobB) {
-		t.Fatalf("the second run's Job was not queued: %+v", jobB.Spec)
-	}
+	a, jobA, podA, b, jobB := queuedBehind(ctx, t, agent, "e2e-pc-queue-1", "e2e-pc-queue-2")
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 		return slices.ContainsFunc(b.lines("stderr"), func(l string) bool { return strings.Contains(l, "queued by clipjob") }), nil
 	})
@@ -893,4 +869,75 @@ func TestPaperclipAdapterInQueueMode(t *testing.T) {
 	if err != nil || len(jobs.Items) != 2 {
 		t.Errorf("the agent's Jobs: %d (%v); want the two runs', no third", len(jobs.Items), err)
 	}
+}
+
+// TestPaperclipAdapterRefusesARunIDTakenByAnotherJob: the relay binds a
+// run id to the first Job it sees carrying it, and a queued run's id shows
+// in its Job's labels. Someone who may only create Jobs starts one of
+// another agent with the queued run's id and prints a forged result. The
+// queued run's adapter hands on none of it and says another Job carries
+// the run's id (the hostile review's repro, which returned the forged
+// result as the run's success).
+func TestPaperclipAdapterRefusesARunIDTakenByAnotherJob(t *testing.T) {
+	const agent, victimRun = "agent-e2e-pc-runid", "e2e-pc-runid-victim"
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	t.Cleanup(cancel)
+	_, jobA, podA, v, jobV := queuedBehind(ctx, t, agent, "e2e-pc-runid-1", victimRun)
+	t.Cleanup(func() {
+		if logA, err := env.cluster.PodLog(context.Background(), ns, podA.Name); err == nil {
+			_ = logA.Write(claudeInit, claudeResult("first done"))
+		}
+		finishRun(context.Background(), t, jobA.Name, "0")
+	})
+
+	t.Cleanup(func() {
+		_ = env.cs.BatchV1().Jobs(ns).Delete(context.Background(), jobV.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
+	})
+
+	taker := clientAs(ctx, t, "e2e-runid-taker", "create")
+	bait := bareJob(t, "e2e-pc-runid-bait")
+	bait.Labels[contract.LabelAgentID] = "agent-e2e-pc-runid-evil"
+	bait.Labels[contract.LabelRunID] = victimRun
+	if _, err := taker.BatchV1().Jobs(ns).Create(ctx, bait, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := waitPod(ctx, t, bait.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	log, err := env.cluster.PodLog(ctx, ns, pod.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := log.Write(claudeInit, "FORGED LINE", claudeResult("FORGED: task done")); err != nil {
+		t.Fatal(err)
+	}
+	finishRun(ctx, t, bait.Name, "0")
+
+	res := v.wait(ctx, t)
+	if res.ErrorCode != "clipjob_relay_run_mismatch" || !strings.Contains(res.ErrorMessage, "another Job carries this run's id") {
+		t.Errorf("victim's result: %q %q; want clipjob_relay_run_mismatch\n%s", res.ErrorCode, res.ErrorMessage, v.describe())
+	}
+	if len(v.stdout()) != 0 || res.Summary != "" {
+		t.Errorf("the victim handed on the bait's output %q, summary %q", v.stdout(), res.Summary)
+	}
+}
+
+// queuedBehind switches clipjob to Queue mode for the test and starts two
+// runs of agent through the adapter: the first, for task-1, runs; the
+// second, for task-2, clipjob queues behind it.
+func queuedBehind(ctx context.Context, t *testing.T, agent, firstRun, secondRun string) (a *adapterRun, jobA *batchv1.Job, podA *corev1.Pod, b *adapterRun, jobB *batchv1.Job) {
+	t.Helper()
+	original := restoreConfigAfter(t)
+	writeConfig(ctx, t, string(original)+"policy:\n  concurrency:\n    mode: Queue\n    maxQueued: 2\n", true)
+	first := paperclipServer(t, agent, firstRun)
+	first.TaskID = "task-1"
+	a = startAdapter(ctx, t, first)
+	jobA = jobOfRun(ctx, t, a)
+	podA = waitPod(ctx, t, jobA.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	second := paperclipServer(t, agent, secondRun)
+	second.TaskID = "task-2"
+	b = startAdapter(ctx, t, second)
+	jobB = jobOfRun(ctx, t, b)
+	if !suspended(jobB) {
+		t.Fatalf("run %s's Job was not queued behind %s: %+v", secondRun, firstRun, jobB.Spec)
+	}
+	return a, jobA, podA, b, jobB
 }

@@ -288,14 +288,7 @@ func TestAgentLabelImmutable(t *testing.T) {
 func TestJobRecordsItsCreator(t *testing.T) {
 	ctx := ctxT(t)
 	const server = "system:serviceaccount:paperclip:paperclip"
-	token, err := harness.ServiceAccountToken(ctx, env.cluster, ns, "e2e-job-maker", []rbacv1.PolicyRule{
-		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"create", "get", "patch"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc := rest.AnonymousClientConfig(env.cluster.Config)
-	rc.BearerToken = token
-	maker := kubernetes.NewForConfigOrDie(rc)
+	maker := clientAs(ctx, t, "e2e-job-maker", "create", "get", "patch")
 	forged := bareJob(t, "e2e-forged-creator")
 	forged.Annotations = map[string]string{contract.AnnotationCreatedBy: server}
 	job, err := maker.BatchV1().Jobs(ns).Create(ctx, forged, metav1.CreateOptions{})
@@ -316,6 +309,21 @@ func TestJobRecordsItsCreator(t *testing.T) {
 			}
 		}
 	}
+}
+
+// clientAs is a client acting as ServiceAccount name of the suite's
+// namespace, which may only use verbs on Jobs there: someone other than
+// the Paperclip server who may create Jobs beside its agents.
+func clientAs(ctx context.Context, t *testing.T, name string, verbs ...string) kubernetes.Interface {
+	t.Helper()
+	token, err := harness.ServiceAccountToken(ctx, env.cluster, ns, name, []rbacv1.PolicyRule{
+		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: verbs}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := rest.AnonymousClientConfig(env.cluster.Config)
+	rc.BearerToken = token
+	return kubernetes.NewForConfigOrDie(rc)
 }
 
 func assertNoJob(ctx context.Context, t *testing.T, name string) {

@@ -42,7 +42,7 @@ import {
   readKubeError,
   secretFailureResult,
 } from "./errors.js";
-import { buildRunObjects, isLabelValue, renameRunSecret, retryJobName, RunIdentityError, type RunObjects } from "./job.js";
+import { buildRunObjects, isJobNameOf, isLabelValue, renameRunSecret, retryJobName, RunIdentityError, type RunObjects } from "./job.js";
 import { kubeApi, loadKubeConfig, type KubeApi } from "./kube.js";
 import { buildPrompt, buildRunEnv, sessionToResume, taskIdOf, workspaceOf } from "./prompt.js";
 import { followRun, RelayClient, type FollowOptions, type JobState, type RelayRun } from "./relay.js";
@@ -183,24 +183,25 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
    * followed whatever its Job's state (that is how this run ended), but
    * only if the Job, when it is still there, is this server's.
    */
-  const notToFollow = async (r: RelayRun): Promise<string | null> => {
-    if (!r.job) return "the relay names no Job for it, so who created it cannot be checked";
+  const notToFollow = async (r: RelayRun): Promise<{ why: string } | { uid: string | undefined }> => {
+    if (!r.job) return { why: "the relay names no Job for it, so who created it cannot be checked" };
     const ref = `${r.namespace}/${r.job}`;
     const own = r.id === ctx.runId;
     let job: V1Job;
     try {
       job = await kube.readJob(r.namespace, r.job);
     } catch (err) {
-      if (isNotFound(err)) return own ? null : `its Job ${ref} is gone`;
-      return `its Job ${ref} could not be read to check it (${readKubeError(err).message})`;
+      if (isNotFound(err)) return own ? { uid: undefined } : { why: `its Job ${ref} is gone` };
+      return { why: `its Job ${ref} could not be read to check it (${readKubeError(err).message})` };
     }
-    if (r.jobUid && job.metadata?.uid && job.metadata.uid !== r.jobUid) return own ? null : `its Job ${ref} is gone (another Job has its name)`;
+    if (r.jobUid && job.metadata?.uid && job.metadata.uid !== r.jobUid) {
+      return own ? { uid: undefined } : { why: `its Job ${ref} is gone (another Job has its name)` };
+    }
     const foreign = await notOurs(job);
-    if (foreign) return `its Job ${ref} is not this server's: ${foreign}`;
-    if (own) return null;
-    if (job.metadata?.deletionTimestamp) return `its Job ${ref} is being deleted`;
-    if (jobFinished(job)) return `its Job ${ref} has finished`;
-    return null;
+    if (foreign) return { why: `its Job ${ref} is not this server's: ${foreign}` };
+    if (!own && job.metadata?.deletionTimestamp) return { why: `its Job ${ref} is being deleted` };
+    if (!own && jobFinished(job)) return { why: `its Job ${ref} has finished` };
+    return { uid: job.metadata?.uid };
   };
 
   /** The Job an earlier attempt at this very run created: its labels, and this server made it. */
@@ -269,6 +270,7 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     running.push(...(await queuedRuns()));
     const taskId = taskIdOf(ctx.context ?? {});
     let existing: RelayRun | undefined;
+    let existingUid: string | undefined;
     // This run's own record first; then only runs this adapter could have
     // started: its namespace and the agent's company. The relay lists
     // every namespace the server's token may read, and a run elsewhere
@@ -282,12 +284,14 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
         );
         continue;
       }
-      // Another run's task must be this run's (one without a task label
-      // does not match one that has a task). Otherwise this run is the
-      // agent's next, and clipjob decides: it refuses it (Reject mode) or
-      // queues it (Queue mode).
-      if (r.id !== ctx.runId && taskId && r.task !== taskId) {
-        await notice(`the agent's run ${r.id} works on task ${r.task ?? "(none)"}, not this run's task ${taskId}: not re-attaching; clipjob decides whether this run waits or is refused`);
+      // Another run's task must be this run's (a run without a task and
+      // one with a task do not match). Otherwise this run is the agent's
+      // next, and clipjob decides: it refuses it (Reject mode) or queues
+      // it (Queue mode).
+      if (r.id !== ctx.runId && (r.task ?? "") !== taskId) {
+        await notice(
+          `the agent's run ${r.id} works on task ${r.task || "(none)"}, not this run's task ${taskId || "(none)"}: not re-attaching; clipjob decides whether this run waits or is refused`,
+        );
         continue;
       }
       // The relay marks a run done only once its pod's streams have
@@ -296,19 +300,20 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
       // is ending: following it would hand its output and end on as this
       // run's, and start nothing. A Job another user created is not this
       // agent's run, whatever its labels say.
-      const why = await notToFollow(r);
-      if (why) {
-        await notice(`not re-attaching to the agent's run ${r.id}, which the relay lists as ${r.phase}: ${why}`);
+      const verdict = await notToFollow(r);
+      if ("why" in verdict) {
+        await notice(`not re-attaching to the agent's run ${r.id}, which the relay lists as ${r.phase}: ${verdict.why}`);
         continue;
       }
       existing = r;
+      existingUid = verdict.uid;
       break;
     }
     if (existing) {
       await notice(
         `re-attaching to the agent's ${existing.phase === QUEUED_PHASE ? "queued" : "running"} run ${existing.id} (Job ${existing.namespace}/${existing.job ?? "?"}) instead of starting another; its log is followed from the start`,
       );
-      return follow(existing.id, existing.namespace, existing.job ?? "", existing.session ?? null);
+      return follow(existing.id, existing.namespace, existing.job ?? "", existing.session ?? null, existingUid);
     }
   }
 
@@ -379,7 +384,7 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
         const prior = await kube.readJob(ns, jobName).catch(() => null);
         if (prior && (await isThisRunsJob(prior))) {
           await notice(`Job ${ns}/${jobName} of this run already exists; following it`);
-          return follow(ctx.runId, ns, jobName, resumeSession || null);
+          return follow(ctx.runId, ns, jobName, resumeSession || null, prior.metadata?.uid);
         }
         const renamed = `${name.slice(0, 240)}-${randomBytes(3).toString("hex")}`;
         await notice(`a Secret ${ns}/${name} already exists and is not known to be this run's; the run's ${which} Secret is ${renamed} instead`);
@@ -444,10 +449,31 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     );
   }
   if (ctx.signal?.aborted) return cancelRun(jobName);
-  return follow(ctx.runId, ns, jobName, resumeSession || null);
+  return follow(ctx.runId, ns, jobName, resumeSession || null, admitted?.metadata?.uid);
+
+  /**
+   * Why the relay's record of the run is not the run of Job `job`
+   * (uid `jobUid` when known), or null. The relay binds a run id to the
+   * first Job it sees carrying it, in any namespace it follows; anyone who
+   * may create Jobs can put this run's id (which its labels show) on one.
+   * Without a uid (this run's own Job is gone), the record must name the
+   * Job this run would have had.
+   */
+  function recordMismatch(rec: RelayRun, runId: string, namespace: string, job: string, jobUid: string | undefined): string | null {
+    const theirs = `the relay's run ${runId} is Job ${rec.namespace}/${rec.job ?? "?"}${rec.jobUid ? ` (uid ${rec.jobUid})` : ""} of agent ${rec.agent ?? "?"}`;
+    const ours = `Job ${namespace}/${job || "?"}${jobUid ? ` (uid ${jobUid})` : ""} of agent ${agentId}`;
+    const why = `${theirs}, not this run's ${ours}: another Job carries this run's id, and none of its output is handed on`;
+    if (rec.namespace !== namespace || rec.agent !== agentId) return why;
+    if (jobUid && rec.jobUid) return rec.jobUid === jobUid ? null : why;
+    // A record without a uid (the relay always gives one): by the name of
+    // the Job this adapter vetted.
+    if (jobUid) return rec.job === job ? null : why;
+    // This run's own Job is gone: the name it would have had.
+    return rec.job && isJobNameOf({ agentId, runId }, rec.job) ? null : why;
+  }
 
   /** Follows a run to its end and maps what the relay reports. */
-  async function follow(runId: string, namespace: string, job: string, resumedSessionId: string | null): Promise<AdapterExecutionResult> {
+  async function follow(runId: string, namespace: string, job: string, resumedSessionId: string | null, jobUid?: string): Promise<AdapterExecutionResult> {
     const startedAt = new Date().toISOString();
     let lastLiveness = -Infinity;
     // Paperclip's stale-run reaper reads the run's liveness, which a remote
@@ -481,6 +507,7 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
           }
         },
         onNotice: notice,
+        verifyRun: (rec) => recordMismatch(rec, runId, namespace, job, jobUid),
         checkJob: job
           ? async (): Promise<JobState> => {
               try {
@@ -502,6 +529,8 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     switch (outcome.kind) {
       case "aborted":
         return cancelRun(job, namespace);
+      case "mismatch":
+        return failureResult(ErrorCodes.relayRunMismatch, `Following run ${runId}: ${outcome.message}`, { job: jobRef });
       case "job-gone":
         return failureResult(ErrorCodes.jobDeletedExternally, `Job ${jobRef} was deleted before the relay saw any of its pods`, { job: jobRef });
       case "unavailable":
@@ -530,6 +559,8 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
         if (!run && !outcome.end) {
           return failureResult(ErrorCodes.relayUnavailable, `Run ${runId} ended, but the relay has no record of its result`, { job: jobRef });
         }
+        const mismatch = run ? recordMismatch(run, runId, namespace, job, jobUid) : null;
+        if (mismatch) return failureResult(ErrorCodes.relayRunMismatch, `Run ${runId} ended: ${mismatch}`, { job: jobRef });
         return toExecutionResult(run, outcome.end, {
           workingDir: workingDir || null,
           configuredModel: settings.model || null,

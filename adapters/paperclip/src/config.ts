@@ -138,6 +138,13 @@ export interface ServerSettings {
   namespace: string;
   /** CLIPJOB_NAMESPACES: the namespaces an agent's `namespace` may pick (always includes `namespace`). */
   namespaces: string[];
+  /**
+   * CLIPJOB_PROFILES: the clipjob profiles an agent's `profile` may pick
+   * besides its adapter type's own. A profile is the operator's sandbox
+   * (runtime class, egress, ServiceAccount, env it hands over), so whoever
+   * edits an agent does not choose it unless the operator lists it.
+   */
+  profiles: string[];
   kubeconfig: string;
   relayUrl: string;
   relayTokenFile: string;
@@ -196,6 +203,7 @@ export function serverSettings(env: NodeJS.ProcessEnv = process.env, readNamespa
   return {
     namespace,
     namespaces: [...new Set([namespace, ...list(env.CLIPJOB_NAMESPACES, ",")])],
+    profiles: list(env.CLIPJOB_PROFILES, ","),
     kubeconfig: env.CLIPJOB_KUBECONFIG?.trim() ?? "",
     relayUrl: checkRelayUrl(env.CLIPJOB_RELAY_URL?.trim() || DEFAULT_RELAY_URL),
     relayTokenFile: env.CLIPJOB_RELAY_TOKEN_FILE?.trim() || DEFAULT_RELAY_TOKEN_FILE,
@@ -229,6 +237,12 @@ export function resolveSettings(
       `the agent's namespace ${JSON.stringify(namespace)} is not one this server runs agents in (${server.namespaces.join(", ")}); the server's operator lists them in CLIPJOB_NAMESPACES`,
     );
   }
+  const profile = str(config.profile, defaults.profile);
+  if (profile !== defaults.profile && !server.profiles.includes(profile)) {
+    throw new SettingsError(
+      `the agent's profile ${JSON.stringify(profile)} is not one this server lets agents pick (${[defaults.profile, ...server.profiles].join(", ")}); the server's operator lists them in CLIPJOB_PROFILES`,
+    );
+  }
   const propagation = str(config.deletePropagation, "Foreground");
   return {
     namespace,
@@ -237,7 +251,7 @@ export function resolveSettings(
     relayUrl: server.relayUrl,
     relayTokenFile: server.relayTokenFile,
     relayCaFile: server.relayCaFile,
-    profile: str(config.profile, defaults.profile),
+    profile,
     model: str(config.model),
     maxTurnsPerRun: Math.max(0, Math.trunc(num(config.maxTurnsPerRun, 0))),
     cwd: str(config.cwd),

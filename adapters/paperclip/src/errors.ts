@@ -29,6 +29,8 @@ export const ErrorCodes = {
   jobDeletedExternally: "k8s_job_deleted_externally",
   /** The relay could not be reached, or would not serve the run. */
   relayUnavailable: "clipjob_relay_unavailable",
+  /** The relay's run of this id belongs to another Job (one that copied the run's id): nothing of it is handed on. */
+  relayRunMismatch: "clipjob_relay_run_mismatch",
   timeout: "timeout",
   sessionUnavailable: "session_unavailable",
   /** Claude printed output but no result event (killed, OOM, crashed). */

@@ -84,6 +84,28 @@ export const MAX_INSTRUCTIONS_BYTES = 1024 * 1024;
 /** Never read, whatever the roots say: the kernel's and the pod's secrets. */
 const NEVER_READ = ["/proc", "/sys", "/dev", "/var/run/secrets", "/run/secrets"];
 
+/**
+ * What an instructions file is: a text document. Paperclip's home (a
+ * root by default) also holds the server's .env with its signing
+ * secrets, secrets/master.key, config.json and the database; none of
+ * those is a document, and a path through a hidden directory or one
+ * named secrets is refused too.
+ */
+const INSTRUCTIONS_EXTENSIONS = [".md", ".markdown", ".mdx", ".txt"];
+
+function notADocument(real: string, root: string): string | null {
+  // Below the root only: Paperclip's own home is ~/.paperclip.
+  const parts = real.slice(root.length).split(sep).filter((p) => p !== "");
+  const hidden = parts.find((p) => p.startsWith("."));
+  if (hidden) return `it resolves to ${real}, through ${hidden}, and hidden files and directories are never read`;
+  if (parts.some((p) => p.toLowerCase() === "secrets")) return `it resolves to ${real}, under a directory named secrets, which is never read`;
+  const base = parts[parts.length - 1] ?? "";
+  if (!INSTRUCTIONS_EXTENSIONS.some((ext) => base.toLowerCase().endsWith(ext))) {
+    return `it resolves to ${real}, which is not a text document (${INSTRUCTIONS_EXTENSIONS.join(", ")})`;
+  }
+  return null;
+}
+
 function within(path: string, dir: string): boolean {
   return path === dir || path.startsWith(dir.endsWith(sep) ? dir : dir + sep);
 }
@@ -102,9 +124,12 @@ export async function readInstructionsFile(path: string, roots: string[], maxByt
   const realRoots = await Promise.all(roots.map((r) => realpath(r).catch(() => r)));
   const check = (real: string) => {
     if (NEVER_READ.some((d) => within(real, d))) throw new Error(`it resolves to ${real}, which is never read`);
-    if (!realRoots.some((r) => within(real, r))) {
+    const root = realRoots.find((r) => within(real, r));
+    if (root === undefined) {
       throw new Error(`it resolves to ${real}, outside the directories instructions may come from (${roots.join(", ")}; the server's CLIPJOB_INSTRUCTIONS_ROOTS)`);
     }
+    const why = notADocument(real, root);
+    if (why) throw new Error(why);
   };
   // Checked before opening too: opening a device or a FIFO has effects of
   // its own (O_NONBLOCK keeps a FIFO from holding the run).

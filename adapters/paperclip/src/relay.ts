@@ -326,12 +326,21 @@ export interface FollowOptions {
   maxAuthFailures?: number;
   /** The longest SSE line (characters) before a stream counts as broken. Default 16 Mi. */
   maxLineLength?: number;
+  /**
+   * Checks the relay's record of the run before any of its lines is
+   * handed on: why the record is not this run's (another Job carrying the
+   * run's id, which the relay bound the id to first), or null. A record
+   * that is not this run's ends the follow ("mismatch"); one that cannot
+   * be read yet is asked again, as a broken stream is.
+   */
+  verifyRun?: (run: RelayRun) => string | null;
 }
 
 export type FollowOutcome =
   | { kind: "ended"; end: RelayEnd | null; lastSeq: number }
   | { kind: "job-gone"; lastSeq: number }
   | { kind: "aborted"; lastSeq: number }
+  | { kind: "mismatch"; message: string; lastSeq: number }
   | {
       kind: "unavailable";
       message: string;
@@ -385,6 +394,7 @@ export async function followRun(o: FollowOptions): Promise<FollowOutcome> {
   let lastSeq = o.afterSeq ?? 0;
   let backoff = initialBackoff;
   let attached = false;
+  let verified = false;
   let authFailures = 0;
   let lastJobCheck = -Infinity;
   let jobEndedAt: number | null = null;
@@ -449,6 +459,29 @@ export async function followRun(o: FollowOptions): Promise<FollowOutcome> {
     }
 
     if (res.status === 200) {
+      if (o.verifyRun && !verified) {
+        let why: string | null = null;
+        let record: RelayRun | null = null;
+        try {
+          record = await o.client.getRun(o.runId, o.signal);
+          why = record ? o.verifyRun(record) : `the relay serves run ${o.runId}'s log but has no record of it`;
+        } catch (err) {
+          why = `reading run ${o.runId}'s record to check it: ${err instanceof Error ? err.message : String(err)}`;
+        }
+        if (record && why) {
+          res.body.destroy();
+          return { kind: "mismatch", message: why, lastSeq };
+        }
+        if (why) {
+          res.body.destroy();
+          if (o.signal.aborted) break;
+          await notice(`${why}; retrying`);
+          await sleep(backoff, o.signal);
+          backoff = Math.min(backoff * 2, maxBackoff);
+          continue;
+        }
+        verified = true;
+      }
       authFailures = 0;
       jobEndedAt = null;
       lastTrouble = "";

@@ -30,18 +30,24 @@ export function endOf(run: RelayRun | null, end: RelayEnd | null): { phase: stri
 }
 
 /**
- * A count or an amount the agent printed, as Paperclip may store it: the
- * agent controls its output, and a negative cost or token count would
- * credit its budget.
+ * Bounds on what one run reports. The figures are what the agent printed,
+ * not a bill: a negative cost or token count would credit the agent's
+ * budget, an absurd one exhaust its company's. No single run costs more
+ * or reads and writes more tokens than this.
  */
-function amount(v: unknown): number {
-  return typeof v === "number" && Number.isFinite(v) && v > 0 ? v : 0;
+export const MAX_RUN_COST_USD = 10_000;
+export const MAX_RUN_TOKENS = 10_000_000_000;
+
+/** A count or an amount the agent printed, within [0, max]. */
+function amount(v: unknown, max: number): number {
+  return typeof v === "number" && Number.isFinite(v) && v > 0 ? Math.min(v, max) : 0;
 }
 
 function usageOf(r: RelayResult): UsageSummary | undefined {
   if (!r.usage) return undefined;
-  const usage: UsageSummary = { inputTokens: Math.trunc(amount(r.usage.inputTokens)), outputTokens: Math.trunc(amount(r.usage.outputTokens)) };
-  const cached = Math.trunc(amount(r.usage.cacheReadInputTokens));
+  const tokens = (v: unknown) => Math.trunc(amount(v, MAX_RUN_TOKENS));
+  const usage: UsageSummary = { inputTokens: tokens(r.usage.inputTokens), outputTokens: tokens(r.usage.outputTokens) };
+  const cached = tokens(r.usage.cacheReadInputTokens);
   if (cached) usage.cachedInputTokens = cached;
   return usage;
 }
@@ -80,7 +86,7 @@ export function toExecutionResult(run: RelayRun | null, end: RelayEnd | null, ct
     usage: usageOf(r),
     // Claude's result and OpenCode's step totals count this invocation only.
     usageBasis: r.usage ? "per_run" : null,
-    costUsd: r.costUsd === undefined || r.costUsd === null ? null : amount(r.costUsd),
+    costUsd: r.costUsd === undefined || r.costUsd === null ? null : amount(r.costUsd, MAX_RUN_COST_USD),
     model,
     provider: providerOf(r, model),
     summary: r.text?.trim() ? r.text : null,

@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
 import { after, before, beforeEach, describe, it } from "node:test";
 
 import type { AdapterExecutionContext, AdapterInvocationMeta } from "@paperclipai/adapter-utils";
@@ -45,7 +46,10 @@ function jobNameOf(rec: Recorded): string {
 
 /** A Job as clipjob stores it when this server created it. */
 function ours(job: V1Job): V1Job {
-  return { ...job, metadata: { ...job.metadata, annotations: { ...job.metadata?.annotations, "clipjob.paperclip.io/created-by": kube.user } } };
+  return {
+    ...job,
+    metadata: { uid: randomUUID(), ...job.metadata, annotations: { ...job.metadata?.annotations, "clipjob.paperclip.io/created-by": kube.user } },
+  };
 }
 
 function newCtx(over: Partial<AdapterExecutionContext> = {}, config: Record<string, unknown> = {}): Recorded {
@@ -73,7 +77,7 @@ function runsTo(lines: string[], end: Parameters<FakeRelay["finish"]>[1], delayM
   return (job: V1Job) => {
     const labels = job.metadata?.labels ?? {};
     setTimeout(() => {
-      relay.addRun({ id: labels["paperclip.io/run-id"], agent: labels["paperclip.io/agent-id"], job: job.metadata?.name });
+      relay.addRun({ id: labels["paperclip.io/run-id"], agent: labels["paperclip.io/agent-id"], job: job.metadata?.name, jobUid: job.metadata?.uid });
       relay.appendLines(labels["paperclip.io/run-id"], ...lines);
       relay.finish(labels["paperclip.io/run-id"], end);
     }, delayMs);
@@ -256,20 +260,31 @@ describe("execute", () => {
   }
 
   // Not this run's: clipjob decides (refuses in Reject mode, queues in
-  // Queue mode), so the adapter does not refuse it itself.
-  it("does not re-attach to the agent's run for another task: clipjob decides", async () => {
-    const rec = newCtx({ context: { taskId: "task-b" } });
-    relay.addRun({ id: "run-other-task", agent: rec.ctx.agent.id, task: "task-a", job: "pc-other-task", phase: "Running" });
-    relay.appendLines("run-other-task", "the other task's output");
-    kube.jobs.set("pc-other-task", ours({ metadata: { name: "pc-other-task" } }));
-    refusedBusy("run-other-task");
-    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
-    assert.equal(result.errorCode, "k8s_concurrent_run_blocked");
-    assert.equal(result.errorMeta?.holderRunId, "run-other-task");
-    assert.deepEqual(rec.stdout, []);
-    assert.equal(kube.secrets.size, 0, "the refused run's Secrets are removed");
-    assert.ok(rec.stderr.some((l) => /works on task task-a, not this run's task task-b: not re-attaching; clipjob decides/.test(l)), rec.stderr.join(""));
-  });
+  // Queue mode), so the adapter does not refuse it itself. A run without a
+  // task and one with a task do not match either way.
+  for (const [thisTask, otherTask] of [
+    ["task-b", "task-a"],
+    [undefined, "task-t"],
+    ["task-b", undefined],
+  ] as Array<[string | undefined, string | undefined]>) {
+    it(`a run for task ${thisTask ?? "(none)"} does not re-attach to the agent's run for task ${otherTask ?? "(none)"}: clipjob decides`, async () => {
+      const rec = newCtx({ context: thisTask ? { taskId: thisTask } : {} });
+      const other = `run-other-task-${runCounter}`;
+      relay.addRun({ id: other, agent: rec.ctx.agent.id, ...(otherTask ? { task: otherTask } : {}), job: "pc-other-task", phase: "Running" });
+      relay.appendLines(other, "the other task's output");
+      kube.jobs.set("pc-other-task", ours({ metadata: { name: "pc-other-task" } }));
+      refusedBusy(other);
+      const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+      assert.equal(result.errorCode, "k8s_concurrent_run_blocked");
+      assert.equal(result.errorMeta?.holderRunId, other);
+      assert.deepEqual(rec.stdout, []);
+      assert.equal(kube.secrets.size, 0, "the refused run's Secrets are removed");
+      assert.ok(
+        rec.stderr.some((l) => l.includes(`works on task ${otherTask ?? "(none)"}, not this run's task ${thisTask ?? "(none)"}: not re-attaching; clipjob decides`)),
+        rec.stderr.join(""),
+      );
+    });
+  }
 
   it("re-attaches to the agent's run clipjob queued, found among its Jobs (the relay knows no pod yet)", async () => {
     const rec = newCtx({ context: { taskId: "task-q" } });
@@ -320,17 +335,6 @@ describe("execute", () => {
     });
   }
 
-  it("does not re-attach to another run without a task when this run has one", async () => {
-    const rec = newCtx({ context: { taskId: "task-b" } });
-    relay.addRun({ id: "run-no-task", agent: rec.ctx.agent.id, job: "pc-no-task", phase: "Running" });
-    relay.appendLines("run-no-task", "the task-less run's output");
-    kube.jobs.set("pc-no-task", ours({ metadata: { name: "pc-no-task" } }));
-    refusedBusy("run-no-task");
-    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
-    assert.equal(result.errorCode, "k8s_concurrent_run_blocked");
-    assert.deepEqual(rec.stdout, []);
-  });
-
   // The relay marks a run done only once its pod's streams drained, a few
   // seconds after the pod went; a cancel returns as soon as the Job is
   // gone, and Paperclip starts the agent's next queued run at once. That
@@ -360,7 +364,7 @@ describe("execute", () => {
 
   it("re-attaches to its own run's record even when that run's Job is gone", async () => {
     const rec = newCtx();
-    relay.addRun({ id: rec.ctx.runId, agent: rec.ctx.agent.id, job: "pc-own-gone", phase: "Running" });
+    relay.addRun({ id: rec.ctx.runId, agent: rec.ctx.agent.id, job: jobNameOf(rec), phase: "Running" });
     relay.appendLines(rec.ctx.runId, "before the restart");
     setTimeout(() => relay.finish(rec.ctx.runId, { phase: "Unknown", result: { outcome: "failed", truncated: true } }), 30);
     const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
@@ -471,6 +475,41 @@ describe("execute", () => {
     } finally {
       relay.failWith = null;
     }
+  });
+
+  // Hostile review (second round): the relay binds a run id to the first
+  // Job it sees carrying it, in any namespace it follows, and a run's id
+  // shows in its labels (a queued Job's, its env Secret's). A Job carrying
+  // this run's id must not hand on its output and result as this run's.
+  for (const [what, bait] of [
+    ["of another agent", { agent: "agent-evil", job: "evil", jobUid: "uid-evil" }],
+    ["of this agent but another uid", { job: "evil", jobUid: "uid-evil" }],
+    ["in another namespace", { namespace: "tenant", job: "evil", jobUid: "uid-evil" }],
+  ] as Array<[string, Partial<RelayRun>]>) {
+    it(`a Job ${what} carrying this run's id: none of its output, and says so`, async () => {
+      kube.afterCreateJob = (job) => {
+        const id = job.metadata!.labels!["paperclip.io/run-id"];
+        relay.addRun({ id, agent: job.metadata!.labels!["paperclip.io/agent-id"], ...bait });
+        relay.appendLines(id, "FORGED LINE");
+        relay.finish(id, { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "FORGED: task done" } });
+      };
+      const rec = newCtx();
+      const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+      assert.equal(result.errorCode, "clipjob_relay_run_mismatch", result.errorMessage ?? "");
+      assert.match(result.errorMessage ?? "", /another Job carries this run's id/);
+      assert.deepEqual(rec.stdout, [], "none of the other Job's output");
+      assert.notEqual(result.summary, "FORGED: task done");
+    });
+  }
+
+  it("its own record naming a Job this run would not have had, its Job gone: not followed", async () => {
+    const rec = newCtx();
+    relay.addRun({ id: rec.ctx.runId, agent: rec.ctx.agent.id, job: "pc-someone-elses", phase: "Running" });
+    relay.appendLines(rec.ctx.runId, "FORGED LINE");
+    relay.finish(rec.ctx.runId, { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "FORGED" } });
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, "clipjob_relay_run_mismatch", result.errorMessage ?? "");
+    assert.deepEqual(rec.stdout, []);
   });
 
   it("a Job deleted before the relay saw it", async () => {

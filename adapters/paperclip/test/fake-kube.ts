@@ -1,6 +1,8 @@
 // An in-memory KubeApi: what the adapter asked of the cluster, and knobs
 // for what the API server (with clipjob's webhooks) answers.
 
+import { randomUUID } from "node:crypto";
+
 import { ApiException, type V1Job, type V1Secret } from "@kubernetes/client-node";
 
 import type { DeletePropagation } from "../src/config.js";
@@ -59,6 +61,7 @@ export class FakeKube implements KubeApi {
     // clipjob's mutating webhook records the creating user.
     const created = structuredClone(job);
     created.metadata!.annotations = { ...created.metadata?.annotations, "clipjob.paperclip.io/created-by": this.user };
+    created.metadata!.uid = randomUUID();
     const stored = this.onCreateJob(created);
     this.jobs.set(name, stored);
     this.afterCreateJob(stored);

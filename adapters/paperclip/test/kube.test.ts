@@ -4,6 +4,7 @@
 
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
+import { randomUUID } from "node:crypto";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import http, { type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
@@ -64,7 +65,8 @@ class FakeApiServer {
     if (!m) return send(404, { kind: "Status", code: 404, reason: "NotFound", message: "no route" });
     const [, , kind, name] = m;
     if (req.method === "POST") {
-      const obj = JSON.parse(body) as { metadata: { name: string } };
+      const obj = JSON.parse(body) as { metadata: { name: string; uid?: string } };
+      obj.metadata.uid = randomUUID(); // as the API server does
       if (kind === "jobs" && this.refuseJobsWith) {
         return send(this.refuseJobsWith.code, { kind: "Status", apiVersion: "v1", status: "Failure", code: this.refuseJobsWith.code, ...this.refuseJobsWith.status });
       }
@@ -74,6 +76,10 @@ class FakeApiServer {
       return;
     }
     const key = `${kind}/${name}`;
+    if (req.method === "GET" && !name) {
+      const items = [...this.objects.entries()].filter(([k]) => k.startsWith(`${kind}/`)).map(([, v]) => v);
+      return send(200, { kind: kind === "jobs" ? "JobList" : "SecretList", apiVersion: "v1", metadata: {}, items });
+    }
     if (req.method === "GET") return this.objects.has(key) ? send(200, this.objects.get(key)) : notFound(name);
     if (req.method === "DELETE") {
       if (!this.objects.delete(key)) return notFound(name);
@@ -117,7 +123,8 @@ describe("e2e-run.mjs against a stand-in API server and relay", () => {
   it("runs a Job to its result, printing each line once", async () => {
     api.onJobCreated = (job) => {
       const labels = (job.metadata as { labels: Record<string, string> }).labels;
-      relay.addRun({ id: labels["paperclip.io/run-id"], agent: labels["paperclip.io/agent-id"] });
+      const meta = job.metadata as { name: string; uid: string };
+      relay.addRun({ id: labels["paperclip.io/run-id"], agent: labels["paperclip.io/agent-id"], job: meta.name, jobUid: meta.uid });
       relay.appendLines(labels["paperclip.io/run-id"], "line 1", "line 2");
       relay.finish(labels["paperclip.io/run-id"], { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "done", sessionId: "s-1" } });
     };
@@ -156,7 +163,8 @@ describe("e2e-run.mjs against a stand-in API server and relay", () => {
   it("cancels: deletes the Job", async () => {
     api.onJobCreated = (job) => {
       const labels = (job.metadata as { labels: Record<string, string> }).labels;
-      relay.addRun({ id: labels["paperclip.io/run-id"], agent: labels["paperclip.io/agent-id"] });
+      const meta = job.metadata as { name: string; uid: string };
+      relay.addRun({ id: labels["paperclip.io/run-id"], agent: labels["paperclip.io/agent-id"], job: meta.name, jobUid: meta.uid });
       relay.appendLines(labels["paperclip.io/run-id"], "started");
     };
     const out = await runScript({ ...base, agentId: "agent-cancel", runId: "run-e2e-3", cancelAfterMs: 500 });

@@ -27,7 +27,7 @@ describe("settings", () => {
       { namespace: "agents", profile: "my_profile", maxTurnsPerRun: "5", reattach: "false", deletePropagation: "Background", timeoutSec: 60 },
       { profile: "claude_local" },
       () => {},
-      { CLIPJOB_NAMESPACE: "paperclip", CLIPJOB_NAMESPACES: "agents, more", CLIPJOB_RELAY_URL: "https://relay:8090/" },
+      { CLIPJOB_NAMESPACE: "paperclip", CLIPJOB_NAMESPACES: "agents, more", CLIPJOB_PROFILES: "my_profile", CLIPJOB_RELAY_URL: "https://relay:8090/" },
     );
     assert.equal(s.namespace, "agents");
     assert.equal(s.profile, "my_profile");
@@ -70,6 +70,12 @@ describe("settings", () => {
       () => resolveSettings({ namespace: "kube-system" }, { profile: "claude_local" }, () => {}, env),
       (err: unknown) => err instanceof SettingsError && /namespace "kube-system" is not one this server runs agents in \(paperclip\).*CLIPJOB_NAMESPACES/.test(err.message),
     );
+    // A profile is the operator's sandbox: only the adapter type's own, or one the operator lists.
+    assert.throws(
+      () => resolveSettings({ profile: "unsandboxed" }, { profile: "claude_local" }, () => {}, env),
+      (err: unknown) => err instanceof SettingsError && /profile "unsandboxed" is not one this server lets agents pick \(claude_local\).*CLIPJOB_PROFILES/.test(err.message),
+    );
+    assert.equal(resolveSettings({ profile: "claude_local" }, { profile: "claude_local" }, () => {}, env).profile, "claude_local");
     for (const url of ["http://relay.clipjob-system.svc", "ftp://relay", "https://user:pw@relay", "not a url"]) {
       assert.throws(() => resolveSettings({}, { profile: "claude_local" }, () => {}, { ...env, CLIPJOB_RELAY_URL: url }), SettingsError, url);
     }
@@ -174,6 +180,14 @@ describe("instructions file", () => {
   mkdirSync(join(root, "agents"));
   writeFileSync(join(root, "agents", "AGENTS.md"), "Be careful.");
   writeFileSync(join(outside, "secret.txt"), "DATABASE_URL=postgres://server");
+  // Paperclip's home as a root: the server's own files sit beside the
+  // instructions (instances/<id>/.env, secrets/master.key, config.json).
+  mkdirSync(join(root, "instances", "default", "secrets"), { recursive: true });
+  writeFileSync(join(root, "instances", "default", ".env"), "PAPERCLIP_AGENT_JWT_SECRET=s3cr3t");
+  writeFileSync(join(root, "instances", "default", "secrets", "master.key"), "bWFzdGVy");
+  writeFileSync(join(root, "instances", "default", "secrets", "notes.md"), "still a secret");
+  writeFileSync(join(root, "instances", "default", "config.json"), "{}");
+  symlinkSync(join(root, "instances", "default", ".env"), join(root, "agents", "planted.md"));
   symlinkSync("/proc/self/environ", join(root, "agents", "environ.md"));
   symlinkSync(join(outside, "secret.txt"), join(root, "agents", "escape.md"));
   symlinkSync(outside, join(root, "agents", "outside-dir"));
@@ -182,6 +196,13 @@ describe("instructions file", () => {
 
   it("reads a file under the roots", async () => {
     assert.equal(await readInstructionsFile(join(root, "agents", "AGENTS.md"), [root]), "Be careful.");
+  });
+
+  it("a root may itself be hidden (Paperclip's home is ~/.paperclip)", async () => {
+    const home = join(root, ".paperclip");
+    mkdirSync(join(home, "agents"), { recursive: true });
+    writeFileSync(join(home, "agents", "AGENTS.md"), "From home.");
+    assert.equal(await readInstructionsFile(join(home, "agents", "AGENTS.md"), [home]), "From home.");
   });
 
   for (const [name, path, roots, want] of [
@@ -194,6 +215,11 @@ describe("instructions file", () => {
     ["a path through a symlinked directory", join(root, "agents", "outside-dir", "secret.txt"), [root], /outside/],
     ["a relative path", "agents/AGENTS.md", [root], /not an absolute path/],
     ["a FIFO (would hold the run)", join(root, "agents", "fifo.md"), [root], /not a regular file/],
+    ["the server's .env in Paperclip's home", join(root, "instances", "default", ".env"), [root], /through \.env, and hidden files/],
+    ["a symlink on the shared volume to the server's .env", join(root, "agents", "planted.md"), [root], /through \.env, and hidden files/],
+    ["the secrets master key", join(root, "instances", "default", "secrets", "master.key"), [root], /under a directory named secrets/],
+    ["a document under secrets", join(root, "instances", "default", "secrets", "notes.md"), [root], /under a directory named secrets/],
+    ["the server's config.json", join(root, "instances", "default", "config.json"), [root], /not a text document/],
   ] as const) {
     it(`refuses ${name}`, async () => {
       await assert.rejects(readInstructionsFile(path, [...roots]), want);

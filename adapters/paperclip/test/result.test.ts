@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
 import type { RelayRun } from "../src/relay.js";
-import { toExecutionResult } from "../src/result.js";
+import { MAX_RUN_COST_USD, MAX_RUN_TOKENS, toExecutionResult } from "../src/result.js";
 
 function run(over: Partial<RelayRun>): RelayRun {
   return { id: "run-1", namespace: "paperclip", job: "pc-run-1", phase: "Succeeded", done: true, lastSeq: 3, ...over };
@@ -173,5 +173,14 @@ describe("toExecutionResult", () => {
     assert.deepEqual((r.resultJson?.raw as Record<string, unknown>).executionCancellation, { state: "acknowledged" }, "kept, under raw");
     assert.equal(r.costUsd, 0);
     assert.deepEqual(r.usage, { inputTokens: 0, outputTokens: 0 });
+  });
+
+  it("an absurd cost or token count is bounded", () => {
+    const r = toExecutionResult(
+      run({ exitCode: 0, result: { outcome: "succeeded", text: "x", costUsd: 1e300, usage: { inputTokens: 1e300, outputTokens: 5, cacheReadInputTokens: 1e20 } } }),
+      null,
+    );
+    assert.equal(r.costUsd, MAX_RUN_COST_USD);
+    assert.deepEqual(r.usage, { inputTokens: MAX_RUN_TOKENS, outputTokens: 5, cachedInputTokens: MAX_RUN_TOKENS });
   });
 });
