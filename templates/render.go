@@ -224,6 +224,9 @@ func (r *renderer) runOptions() []corev1.EnvVar {
 	for _, o := range contract.RunOptionEnv {
 		v, ok := r.job.Annotations[o.Annotation]
 		if !ok {
+			// Set empty: from the run's env Secret or the server's env a
+			// value would reach the command past the checks below.
+			env = append(env, corev1.EnvVar{Name: o.Env})
 			continue
 		}
 		p := field.NewPath("metadata", "annotations").Key(o.Annotation)
@@ -304,7 +307,10 @@ func (r *renderer) layeredEnv(hasPrompt bool) []corev1.EnvVar {
 	env := filterEnv(r.in.Inherited.Env, r.in.Config.Source.Env, r.prof.EnvKeys)
 	var run []corev1.EnvVar
 	for _, m := range contract.RunEnv {
-		if v := r.job.Labels[m.Label]; v != "" {
+		if v := r.job.Labels[m.Label]; v != "" || m.Label == contract.LabelSessionID {
+			// The session is set even when empty: from the run's env
+			// Secret (envFrom, which explicit env overrides) or the
+			// server's env it would resume a session the Job does not name.
 			run = append(run, corev1.EnvVar{Name: m.Env, Value: v})
 		}
 	}

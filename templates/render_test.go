@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/golden"
@@ -102,6 +103,37 @@ func TestRunOptionsAndWorkingDirAreStrict(t *testing.T) {
 		_, err := c.Render()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s=%q: %v, want %q", tc.key, tc.value, err, tc.want)
+		}
+	}
+}
+
+// TestRunOptionsCannotComeFromElsewhere: a Job naming no session, model or
+// turn limit gets them set empty, so the run's env Secret (envFrom, which
+// explicit env overrides) or the server's env cannot fill them in past
+// clipjob's checks (a model name, 1 to 10000 turns) and resume a session
+// the Job does not name (the adapter's hostile review: an agent's config
+// put PAPERCLIP_MAX_TURNS=999999 and another agent's session id there).
+func TestRunOptionsCannotComeFromElsewhere(t *testing.T) {
+	c := golden.Case(t, "profile-claude_local")
+	c.Source = c.Source.DeepCopy()
+	src := &c.Source.Spec.Template.Spec.Containers[0]
+	src.Env = append(src.Env,
+		corev1.EnvVar{Name: "PAPERCLIP_MODEL", Value: "--not-a-model"},
+		corev1.EnvVar{Name: "PAPERCLIP_MAX_TURNS", Value: "999999"},
+		corev1.EnvVar{Name: "PAPERCLIP_SESSION_ID", Value: "another-agents-session"})
+	res, err := c.Render()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ctr := range res.Job.Spec.Template.Spec.Containers {
+		seen := map[string][]string{}
+		for _, e := range ctr.Env {
+			seen[e.Name] = append(seen[e.Name], e.Value)
+		}
+		for _, name := range []string{"PAPERCLIP_MODEL", "PAPERCLIP_MAX_TURNS", "PAPERCLIP_SESSION_ID"} {
+			if got := seen[name]; len(got) != 1 || got[0] != "" {
+				t.Errorf("container %s: %s = %q, want set once and empty", ctr.Name, name, got)
+			}
 		}
 	}
 }

@@ -42,7 +42,7 @@ import {
   readKubeError,
   secretFailureResult,
 } from "./errors.js";
-import { buildRunObjects, isJobNameOf, isLabelValue, renameRunSecret, retryJobName, RunIdentityError, type RunObjects } from "./job.js";
+import { buildRunObjects, isLabelValue, jobNameFor, renameRunSecret, retryJobName, RunIdentityError, type RunObjects } from "./job.js";
 import { kubeApi, loadKubeConfig, type KubeApi } from "./kube.js";
 import { buildPrompt, buildRunEnv, sessionToResume, taskIdOf, workspaceOf } from "./prompt.js";
 import { followRun, RelayClient, type FollowOptions, type JobState, type RelayRun } from "./relay.js";
@@ -269,6 +269,9 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     }
     running.push(...(await queuedRuns()));
     const taskId = taskIdOf(ctx.context ?? {});
+    // A task id that cannot be a label value is on no Job (it is left off
+    // this run's): no other run can be shown to be for that task.
+    const taskLabel = taskId === "" || isLabelValue(taskId) ? taskId : null;
     let existing: RelayRun | undefined;
     let existingUid: string | undefined;
     // This run's own record first; then only runs this adapter could have
@@ -288,7 +291,7 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
       // one with a task do not match). Otherwise this run is the agent's
       // next, and clipjob decides: it refuses it (Reject mode) or queues
       // it (Queue mode).
-      if (r.id !== ctx.runId && (r.task ?? "") !== taskId) {
+      if (r.id !== ctx.runId && (taskLabel === null || (r.task ?? "") !== taskLabel)) {
         await notice(
           `the agent's run ${r.id} works on task ${r.task || "(none)"}, not this run's task ${taskId || "(none)"}: not re-attaching; clipjob decides whether this run waits or is refused`,
         );
@@ -313,7 +316,9 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
       await notice(
         `re-attaching to the agent's ${existing.phase === QUEUED_PHASE ? "queued" : "running"} run ${existing.id} (Job ${existing.namespace}/${existing.job ?? "?"}) instead of starting another; its log is followed from the start`,
       );
-      return follow(existing.id, existing.namespace, existing.job ?? "", existing.session ?? null, existingUid);
+      // Without a uid this run's own Job is gone: there is no Job to
+      // watch or delete, and a Job now of its name is another.
+      return follow(existing.id, existing.namespace, existingUid ? (existing.job ?? "") : "", existing.session ?? null, existingUid);
     }
   }
 
@@ -448,7 +453,7 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
       `queued by clipjob: the run starts when the agent's active run${holder ? ` (Job ${holder})` : ""} ends${position ? `; position ${position} in the agent's queue` : ""}`,
     );
   }
-  if (ctx.signal?.aborted) return cancelRun(jobName);
+  if (ctx.signal?.aborted) return cancelRun(jobName, ns, admitted?.metadata?.uid);
   return follow(ctx.runId, ns, jobName, resumeSession || null, admitted?.metadata?.uid);
 
   /**
@@ -468,8 +473,9 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     // A record without a uid (the relay always gives one): by the name of
     // the Job this adapter vetted.
     if (jobUid) return rec.job === job ? null : why;
-    // This run's own Job is gone: the name it would have had.
-    return rec.job && isJobNameOf({ agentId, runId }, rec.job) ? null : why;
+    // This run's own Job is gone: the name it would have had (not a
+    // retry's, whose suffix anyone may choose).
+    return rec.job === jobNameFor({ agentId, runId }) ? null : why;
   }
 
   /** Follows a run to its end and maps what the relay reports. */
@@ -528,7 +534,7 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     const jobRef = job ? `${namespace}/${job}` : null;
     switch (outcome.kind) {
       case "aborted":
-        return cancelRun(job, namespace);
+        return cancelRun(job, namespace, jobUid);
       case "mismatch":
         return failureResult(ErrorCodes.relayRunMismatch, `Following run ${runId}: ${outcome.message}`, { job: jobRef });
       case "job-gone":
@@ -572,7 +578,7 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
   }
 
   /** Deletes the run's Job (its pods, claim and Secrets go with it) and waits for it to be gone. */
-  async function cancelRun(job: string, namespace = ns): Promise<AdapterExecutionResult> {
+  async function cancelRun(job: string, namespace = ns, uid?: string): Promise<AdapterExecutionResult> {
     if (!job) {
       // Following a run whose Job is not known: work may be going on
       // that this cancel cannot reach, so no claim that none started.
@@ -586,7 +592,8 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     }
     await notice(`cancelled: deleting Job ${namespace}/${job} (propagation ${settings.deletePropagation})`);
     try {
-      await kube.deleteJob(namespace, job, settings.deletePropagation);
+      // Only the run's own Job: another may have its name by now.
+      await kube.deleteJob(namespace, job, settings.deletePropagation, uid);
     } catch (err) {
       if (!isNotFound(err)) {
         return {

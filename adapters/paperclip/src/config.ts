@@ -105,6 +105,26 @@ function bool(value: unknown, fallback: boolean): boolean {
 }
 
 /**
+ * Env names clipjob sets from the run itself (its labels, its annotations,
+ * its profile): in the run's env Secret they would fill in for a run
+ * option the Job does not name, past clipjob's checks of it (a model name,
+ * a turn limit) and the adapter's (a session resumed only in its own
+ * working directory).
+ */
+export const RESERVED_ENV = new Set([
+  "PAPERCLIP_AGENT_ID",
+  "PAPERCLIP_RUN_ID",
+  "PAPERCLIP_COMPANY_ID",
+  "PAPERCLIP_TASK_ID",
+  "PAPERCLIP_SESSION_ID",
+  "PAPERCLIP_MODEL",
+  "PAPERCLIP_MAX_TURNS",
+  "PAPERCLIP_PERMISSION_MODE",
+  "PAPERCLIP_PROMPT_FILE",
+  "HOME",
+]);
+
+/**
  * Env vars from adapterConfig.env: an object of strings, or Paperclip's
  * binding objects `{ type: "plain", value }`. Secret references cannot be
  * resolved here (the server resolves them into ctx.config before execute
@@ -116,6 +136,10 @@ export function parseEnv(value: unknown, warn: (msg: string) => void = () => {})
   for (const [key, raw] of Object.entries(value as Record<string, unknown>)) {
     if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(key)) {
       warn(`env ${JSON.stringify(key)} is not a valid variable name; left out`);
+      continue;
+    }
+    if (RESERVED_ENV.has(key)) {
+      warn(`env ${key} is clipjob's to set from the run (its labels, annotations and profile); left out`);
       continue;
     }
     if (typeof raw === "string") {

@@ -218,9 +218,3 @@ export function renameRunSecret(objects: RunObjects, which: "env" | "prompt", na
 export function retryJobName(jobName: string, suffix: string): string {
   return `${jobName.slice(0, 63 - suffix.length - 1)}-${suffix}`;
 }
-
-/** Whether name is one this adapter gives the run's Job: its own, or a retry's (six hex digits after it). */
-export function isJobNameOf(identity: RunIdentity, name: string): boolean {
-  const base = jobNameFor(identity);
-  return name === base || (/^[0-9a-f]{6}$/.test(name.slice(-6)) && name === retryJobName(base, name.slice(-6)));
-}

@@ -24,7 +24,8 @@ export interface KubeApi {
   readJob(namespace: string, name: string): Promise<V1Job>;
   /** The Jobs of the namespace matching a label selector. */
   listJobs(namespace: string, labelSelector: string): Promise<V1Job[]>;
-  deleteJob(namespace: string, name: string, propagation: DeletePropagation): Promise<void>;
+  /** Deletes the Job; with uid, only if the Job of that name is still that one (a 409 otherwise). */
+  deleteJob(namespace: string, name: string, propagation: DeletePropagation, uid?: string): Promise<void>;
   /** A SelfSubjectAccessReview: may this client do that? */
   canI(q: AccessQuestion): Promise<{ allowed: boolean; reason?: string }>;
   /**
@@ -75,8 +76,11 @@ export function kubeApi(kc: KubeConfig): KubeApi {
     async listJobs(namespace, labelSelector) {
       return (await batch.listNamespacedJob({ namespace, labelSelector })).items;
     },
-    async deleteJob(namespace, name, propagationPolicy) {
-      await batch.deleteNamespacedJob({ namespace, name, propagationPolicy });
+    async deleteJob(namespace, name, propagationPolicy, uid) {
+      // With a body, the API server reads the options from it alone: a
+      // propagationPolicy left in the query would be dropped, and a Job's
+      // default is to orphan its pods.
+      await batch.deleteNamespacedJob({ namespace, name, body: { propagationPolicy, ...(uid ? { preconditions: { uid } } : {}) } });
     },
     async canI(q) {
       const review = await authz.createSelfSubjectAccessReview({

@@ -142,6 +142,9 @@ export async function readInstructionsFile(path: string, roots: string[], maxByt
     if (opened !== null) check(opened);
     const st = await fh.stat();
     if (!st.isFile()) throw new Error("not a regular file");
+    // A hard link has no path of its own to check: a second name for the
+    // server's .env under a root would pass every rule above.
+    if (st.nlink > 1) throw new Error("it has other hard links, so what it is cannot be told from its path");
     if (st.size > maxBytes) throw new Error(`${st.size} bytes, over the ${maxBytes} an instructions file may have`);
     const buf = Buffer.alloc(maxBytes + 1);
     const { bytesRead } = await fh.read(buf, 0, buf.length, 0);
@@ -150,6 +153,20 @@ export async function readInstructionsFile(path: string, roots: string[], maxByt
   } finally {
     await fh.close();
   }
+}
+
+/**
+ * The roots of one agent's instructions: `{companyId}` and `{agentId}` in
+ * a root are the run's (so one company's agents cannot read another's
+ * files); a root whose id could leave its directory is dropped.
+ */
+export function rootsFor(roots: string[], agent: { id: string; companyId: string }): string[] {
+  const safe = (id: string) => /^[A-Za-z0-9_-]+$/.test(id);
+  return roots.flatMap((r) => {
+    if (r.includes("{companyId}") && !safe(agent.companyId)) return [];
+    if (r.includes("{agentId}") && !safe(agent.id)) return [];
+    return [r.replaceAll("{companyId}", agent.companyId).replaceAll("{agentId}", agent.id)];
+  });
 }
 
 export interface BuiltPrompt {
@@ -167,7 +184,7 @@ export async function buildPrompt(
   ctx: Pick<AdapterExecutionContext, "agent" | "runId" | "context">,
   settings: Pick<ClipjobSettings, "instructionsFilePath" | "instructionsRoots" | "promptTemplate" | "bootstrapPromptTemplate">,
   resumed: boolean,
-  read: (path: string) => Promise<string> = (p) => readInstructionsFile(p, settings.instructionsRoots),
+  read: (path: string) => Promise<string> = (p) => readInstructionsFile(p, rootsFor(settings.instructionsRoots, ctx.agent)),
 ): Promise<BuiltPrompt> {
   const { agent, runId, context } = ctx;
   const notes: string[] = [];

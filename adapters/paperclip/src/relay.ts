@@ -329,9 +329,10 @@ export interface FollowOptions {
   /**
    * Checks the relay's record of the run before any of its lines is
    * handed on: why the record is not this run's (another Job carrying the
-   * run's id, which the relay bound the id to first), or null. A record
-   * that is not this run's ends the follow ("mismatch"); one that cannot
-   * be read yet is asked again, as a broken stream is.
+   * run's id, which the relay bound the id to first), or null. Asked on
+   * every connection. A record that is not this run's ends the follow
+   * ("mismatch"); one that cannot be read yet is asked again, as a broken
+   * stream is (and given up on as one, once the Job ended).
    */
   verifyRun?: (run: RelayRun) => string | null;
 }
@@ -394,7 +395,6 @@ export async function followRun(o: FollowOptions): Promise<FollowOutcome> {
   let lastSeq = o.afterSeq ?? 0;
   let backoff = initialBackoff;
   let attached = false;
-  let verified = false;
   let authFailures = 0;
   let lastJobCheck = -Infinity;
   let jobEndedAt: number | null = null;
@@ -459,7 +459,10 @@ export async function followRun(o: FollowOptions): Promise<FollowOutcome> {
     }
 
     if (res.status === 200) {
-      if (o.verifyRun && !verified) {
+      // Each connection is checked before its lines: between two, the
+      // relay may have dropped the run (retention, a lost store) and bound
+      // its id to another Job.
+      if (o.verifyRun) {
         let why: string | null = null;
         let record: RelayRun | null = null;
         try {
@@ -476,11 +479,12 @@ export async function followRun(o: FollowOptions): Promise<FollowOutcome> {
           res.body.destroy();
           if (o.signal.aborted) break;
           await notice(`${why}; retrying`);
+          const give = await withoutStream("error", why);
+          if (give) return give;
           await sleep(backoff, o.signal);
           backoff = Math.min(backoff * 2, maxBackoff);
           continue;
         }
-        verified = true;
       }
       authFailures = 0;
       jobEndedAt = null;

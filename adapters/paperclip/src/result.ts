@@ -38,6 +38,13 @@ export function endOf(run: RelayRun | null, end: RelayEnd | null): { phase: stri
 export const MAX_RUN_COST_USD = 10_000;
 export const MAX_RUN_TOKENS = 10_000_000_000;
 
+/** The longest summary kept (characters); the whole text stays in the relay. */
+export const MAX_SUMMARY_CHARS = 64 * 1024;
+
+function boundedSummary(text: string): string {
+  return text.length <= MAX_SUMMARY_CHARS ? text : `${text.slice(0, MAX_SUMMARY_CHARS)}\n… (cut at ${MAX_SUMMARY_CHARS} characters; the whole result is in the relay's record of the run)`;
+}
+
 /** A count or an amount the agent printed, within [0, max]. */
 function amount(v: unknown, max: number): number {
   return typeof v === "number" && Number.isFinite(v) && v > 0 ? Math.min(v, max) : 0;
@@ -89,7 +96,7 @@ export function toExecutionResult(run: RelayRun | null, end: RelayEnd | null, ct
     costUsd: r.costUsd === undefined || r.costUsd === null ? null : amount(r.costUsd, MAX_RUN_COST_USD),
     model,
     provider: providerOf(r, model),
-    summary: r.text?.trim() ? r.text : null,
+    summary: r.text?.trim() ? boundedSummary(r.text) : null,
     sessionId,
     sessionDisplayId: sessionId,
     sessionParams: sessionId ? { sessionId, ...(ctx.workingDir ? { cwd: ctx.workingDir } : {}) } : null,

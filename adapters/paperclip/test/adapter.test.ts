@@ -6,7 +6,7 @@ import type { AdapterExecutionContext, AdapterInvocationMeta } from "@paperclipa
 import type { V1Job } from "@kubernetes/client-node";
 
 import { CLAUDE_ADAPTER, createClipjobAdapter, executeRun, type AdapterDeps } from "../src/adapter.js";
-import { jobNameFor } from "../src/job.js";
+import { jobNameFor, retryJobName } from "../src/job.js";
 import { RelayClient, type RelayRun } from "../src/relay.js";
 import { FakeKube, statusError } from "./fake-kube.js";
 import { FakeRelay } from "./fake-relay.js";
@@ -510,6 +510,39 @@ describe("execute", () => {
     const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
     assert.equal(result.errorCode, "clipjob_relay_run_mismatch", result.errorMessage ?? "");
     assert.deepEqual(rec.stdout, []);
+  });
+
+  it("its own record naming a retry name (whose suffix anyone may choose), its Job gone: not followed", async () => {
+    const rec = newCtx();
+    relay.addRun({ id: rec.ctx.runId, agent: rec.ctx.agent.id, job: retryJobName(jobNameOf(rec), "abcdef"), jobUid: "uid-attacker", phase: "Running" });
+    relay.appendLines(rec.ctx.runId, "FORGED LINE");
+    relay.finish(rec.ctx.runId, { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "FORGED" } });
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, "clipjob_relay_run_mismatch", result.errorMessage ?? "");
+    assert.deepEqual(rec.stdout, []);
+  });
+
+  it("cancelling its own run whose Job is gone deletes no Job of that name another user made since", async () => {
+    const stop = new AbortController();
+    const rec = newCtx({ signal: stop.signal });
+    relay.addRun({ id: rec.ctx.runId, agent: rec.ctx.agent.id, job: jobNameOf(rec), jobUid: "uid-gone", phase: "Running" });
+    relay.appendLines(rec.ctx.runId, "before the restart");
+    // Another user's Job has the name now (another uid, not this server's).
+    kube.jobs.set(jobNameOf(rec), { metadata: { name: jobNameOf(rec), uid: "uid-theirs", annotations: { "clipjob.paperclip.io/created-by": "someone-else" } } });
+    setTimeout(() => stop.abort(), 100);
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, "cancelled");
+    assert.deepEqual(kube.deletions, [], "their Job is left alone");
+    assert.ok(kube.jobs.has(jobNameOf(rec)));
+  });
+
+  it("a task id that cannot be a label never matches another run (it is on no Job)", async () => {
+    const rec = newCtx({ context: { taskId: "a task id with spaces" } });
+    relay.addRun({ id: `no-task-${runCounter}`, agent: rec.ctx.agent.id, job: "pc-no-task-2", phase: "Running" });
+    kube.jobs.set("pc-no-task-2", ours({ metadata: { name: "pc-no-task-2" } }));
+    refusedBusy(`no-task-${runCounter}`);
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, "k8s_concurrent_run_blocked");
   });
 
   it("a Job deleted before the relay saw it", async () => {

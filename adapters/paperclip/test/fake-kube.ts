@@ -80,10 +80,14 @@ export class FakeKube implements KubeApi {
     return [...this.jobs.values()].filter((j) => j.metadata?.labels?.[key] === value);
   }
 
-  async deleteJob(_namespace: string, name: string, propagation: DeletePropagation): Promise<void> {
+  async deleteJob(_namespace: string, name: string, propagation: DeletePropagation, uid?: string): Promise<void> {
     this.calls.push(`delete job ${name}`);
+    const job = this.jobs.get(name);
+    if (!job) throw statusError(404, "NotFound", `jobs.batch "${name}" not found`);
+    if (uid && job.metadata?.uid !== uid) {
+      throw statusError(409, "Conflict", `Precondition failed: UID in precondition: ${uid}, UID in object meta: ${job.metadata?.uid}`);
+    }
     this.deletions.push({ name, propagation });
-    if (!this.jobs.has(name)) throw statusError(404, "NotFound", `jobs.batch "${name}" not found`);
     setTimeout(() => this.jobs.delete(name), this.deleteDelayMs);
   }
 

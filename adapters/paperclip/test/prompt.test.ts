@@ -1,12 +1,12 @@
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { mkdirSync, mkdtempSync, symlinkSync, writeFileSync } from "node:fs";
+import { linkSync, mkdirSync, mkdtempSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, it } from "node:test";
 
 import { DEFAULT_RELAY_TOKEN_FILE, DEFAULT_RELAY_URL, defaultNamespace, parseEnv, resolveSettings, SettingsError } from "../src/config.js";
-import { buildPrompt, buildRunEnv, readInstructionsFile, sessionToResume } from "../src/prompt.js";
+import { buildPrompt, buildRunEnv, readInstructionsFile, rootsFor, sessionToResume } from "../src/prompt.js";
 
 const agent = { id: "agent-1", companyId: "company-1", name: "Coder", adapterType: "claude_k8s", adapterConfig: {} };
 
@@ -88,6 +88,16 @@ describe("settings", () => {
     assert.equal(defaultNamespace({ POD_NAMESPACE: "b" }, () => "c"), "b");
     assert.equal(defaultNamespace({}, () => "c"), "c");
     assert.equal(defaultNamespace({}, () => ""), "default");
+  });
+
+  // Hostile review: in the env Secret these would fill in for a run option
+  // the Job does not name, past clipjob's checks and the adapter's.
+  it("env: names clipjob sets from the run are left out", () => {
+    const warnings: string[] = [];
+    const env = parseEnv({ PAPERCLIP_SESSION_ID: "another-agents-session", PAPERCLIP_MAX_TURNS: "999999", PAPERCLIP_MODEL: "--x", HOME: "/", OK: "1" }, (w) => warnings.push(w));
+    assert.deepEqual(env, { OK: "1" });
+    assert.equal(warnings.length, 4);
+    assert.match(warnings[0], /PAPERCLIP_SESSION_ID is clipjob's to set from the run/);
   });
 
   it("env: strings and plain bindings; others reported", () => {
@@ -225,6 +235,20 @@ describe("instructions file", () => {
       await assert.rejects(readInstructionsFile(path, [...roots]), want);
     });
   }
+
+  it("refuses a hard link (a second name for the server's .env)", async () => {
+    linkSync(join(root, "instances", "default", ".env"), join(root, "agents", "linked.md"));
+    await assert.rejects(readInstructionsFile(join(root, "agents", "linked.md"), [root]), /other hard links/);
+  });
+
+  it("confines each company's agents to its own directory with {companyId}", async () => {
+    mkdirSync(join(root, "companies", "company-b"), { recursive: true });
+    writeFileSync(join(root, "companies", "company-b", "AGENTS.md"), "company B's");
+    const roots = rootsFor([join(root, "companies", "{companyId}")], { id: "a1", companyId: "company-a" });
+    assert.deepEqual(roots, [join(root, "companies", "company-a")]);
+    await assert.rejects(readInstructionsFile(join(root, "companies", "company-b", "AGENTS.md"), roots), /outside/);
+    assert.deepEqual(rootsFor([join(root, "{companyId}")], { id: "a1", companyId: "../x" }), [], "an id that could leave its directory drops the root");
+  });
 
   it("refuses a file over the size limit", async () => {
     await assert.rejects(readInstructionsFile(join(root, "agents", "huge.md"), [root], 1024), /2048 bytes, over the 1024/);

@@ -487,3 +487,59 @@ describe("followRun against a misbehaving relay", () => {
     );
   });
 });
+
+// Hostile review (third round): the relay may drop a run between two
+// connections (retention, a lost store) and bind its id to another Job;
+// each connection's record is checked before its lines.
+describe("followRun's check of the run's record", () => {
+  const record = (jobUid: string) => JSON.stringify({ id: "run-v", namespace: "paperclip", job: "pc-v", jobUid, agent: "a", phase: "Running", done: false, lastSeq: 0 });
+  const verifyRun = (r: { jobUid?: string }) => (r.jobUid === "uid-ours" ? null : `bound to ${r.jobUid}`);
+
+  it("checks every connection, and hands on nothing of one bound to another Job", async (t) => {
+    let logs = 0;
+    let records = 0;
+    const relay = await serve((req, res) => {
+      if (!req.url?.includes("/log")) {
+        records++;
+        res.writeHead(200, { "Content-Type": "application/json" }).end(record(records === 1 ? "uid-ours" : "uid-other"));
+        return;
+      }
+      if (++logs === 1) {
+        res.writeHead(200, { "Content-Type": "text/event-stream" });
+        res.write(lineEvent(1, "one") + lineEvent(2, "two"));
+        setTimeout(() => res.socket?.destroy(), 20);
+        return;
+      }
+      streamFrom(req, res, ["one", "two", "FORGED-3", "FORGED-4"]);
+    });
+    t.after(() => relay.close());
+    const lines: string[] = [];
+    const outcome = await followRun({ client: relay.client(), runId: "run-v", signal: guard(20_000), onLine: async (l) => void lines.push(l.line), verifyRun, ...fast });
+    assert.equal(outcome.kind, "mismatch", JSON.stringify(outcome));
+    assert.deepEqual(lines, ["one", "two"]);
+    assert.equal(records, 2, "one check per connection");
+  });
+
+  it("gives up on a record it cannot read once the Job is gone, as on a broken stream", async (t) => {
+    const relay = await serve((req, res) => {
+      if (!req.url?.includes("/log")) {
+        res.writeHead(500).end("store unavailable");
+        return;
+      }
+      streamFrom(req, res, ["never handed on"]);
+    });
+    t.after(() => relay.close());
+    const lines: string[] = [];
+    const outcome = await followRun({
+      client: relay.client(),
+      runId: "run-v",
+      signal: guard(20_000),
+      onLine: async (l) => void lines.push(l.line),
+      verifyRun,
+      checkJob: async () => "gone",
+      ...fast,
+    });
+    assert.equal(outcome.kind, "unavailable", JSON.stringify(outcome));
+    assert.deepEqual(lines, []);
+  });
+});

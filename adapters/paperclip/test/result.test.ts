@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
 import type { RelayRun } from "../src/relay.js";
-import { MAX_RUN_COST_USD, MAX_RUN_TOKENS, toExecutionResult } from "../src/result.js";
+import { MAX_RUN_COST_USD, MAX_RUN_TOKENS, MAX_SUMMARY_CHARS, toExecutionResult } from "../src/result.js";
 
 function run(over: Partial<RelayRun>): RelayRun {
   return { id: "run-1", namespace: "paperclip", job: "pc-run-1", phase: "Succeeded", done: true, lastSeq: 3, ...over };
@@ -173,6 +173,12 @@ describe("toExecutionResult", () => {
     assert.deepEqual((r.resultJson?.raw as Record<string, unknown>).executionCancellation, { state: "acknowledged" }, "kept, under raw");
     assert.equal(r.costUsd, 0);
     assert.deepEqual(r.usage, { inputTokens: 0, outputTokens: 0 });
+  });
+
+  it("a summary is bounded (the whole text stays in the relay)", () => {
+    const r = toExecutionResult(run({ exitCode: 0, result: { outcome: "succeeded", text: "x".repeat(MAX_SUMMARY_CHARS + 10) } }), null);
+    assert.ok((r.summary ?? "").startsWith("x".repeat(MAX_SUMMARY_CHARS)));
+    assert.match(r.summary ?? "", /cut at 65536 characters/);
   });
 
   it("an absurd cost or token count is bounded", () => {
