@@ -490,6 +490,8 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
       lastLiveness = now;
       await ctx.onSpawn({ pid: process.pid, processGroupId: null, startedAt }).catch(() => {});
     };
+    // The agent's container, from the relay's record of the run.
+    let mainContainer: string | undefined;
     const stop = new AbortController();
     const onAbort = () => stop.abort();
     ctx.signal?.addEventListener("abort", onAbort, { once: true });
@@ -502,7 +504,14 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
         runId,
         signal: stop.signal,
         onLine: async (line) => {
-          await ctx.onLog("stdout", `${line.line}\n`);
+          // stdout is the agent's output, which Paperclip's transcript
+          // parsers read; another container's lines (a client's sidecar
+          // or init container) go to stderr, named, so none is lost.
+          if (mainContainer && line.container && line.container !== mainContainer) {
+            await ctx.onLog("stderr", `[${line.container}] ${line.line}\n`);
+          } else {
+            await ctx.onLog("stdout", `${line.line}\n`);
+          }
           await refreshLiveness(false);
         },
         onKeepalive: () => refreshLiveness(false),
@@ -513,7 +522,10 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
           }
         },
         onNotice: notice,
-        verifyRun: (rec) => recordMismatch(rec, runId, namespace, job, jobUid),
+        verifyRun: (rec) => {
+          mainContainer = rec.mainContainer;
+          return recordMismatch(rec, runId, namespace, job, jobUid);
+        },
         checkJob: job
           ? async (): Promise<JobState> => {
               try {

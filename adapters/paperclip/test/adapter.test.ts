@@ -141,6 +141,26 @@ describe("execute", () => {
     assert.ok(rec.stderr.every((l) => l.startsWith("[clipjob] ")), "the adapter's notices are on stderr");
   });
 
+  it("another container's lines go to stderr, named; stdout stays the agent's output", async () => {
+    kube.afterCreateJob = (job) => {
+      const labels = job.metadata!.labels!;
+      const id = labels["paperclip.io/run-id"];
+      setTimeout(() => {
+        relay.addRun({ id, agent: labels["paperclip.io/agent-id"], job: job.metadata?.name, jobUid: job.metadata?.uid, mainContainer: "agent" });
+        relay.appendFrom(id, "git-sync", "cloned the repository");
+        relay.appendLines(id, claudeLines[0]);
+        relay.appendFrom(id, "proxy", "listening on :8080");
+        relay.appendLines(id, claudeLines[2]);
+        relay.finish(id, claudeEnd);
+      }, 30);
+    };
+    const rec = newCtx();
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, null, result.errorMessage ?? "");
+    assert.deepEqual(rec.stdout, [`${claudeLines[0]}\n`, `${claudeLines[2]}\n`]);
+    assert.ok(rec.stderr.includes("[git-sync] cloned the repository\n") && rec.stderr.includes("[proxy] listening on :8080\n"), rec.stderr.join(""));
+  });
+
   it("sends a large prompt in a Secret created before the Job", async () => {
     kube.afterCreateJob = runsTo([], claudeEnd);
     const rec = newCtx({}, { promptTemplate: "p".repeat(2048), promptAnnotationMaxBytes: 1024 });

@@ -74,11 +74,16 @@ export class FakeRelay {
   }
 
   appendLines(runId: string, ...lines: string[]): void {
+    this.appendFrom(runId, "agent", ...lines);
+  }
+
+  /** Lines of one container of the run's pod. */
+  appendFrom(runId: string, container: string, ...lines: string[]): void {
     const r = this.runs.get(runId);
     if (!r) throw new Error(`no run ${runId}`);
     for (const line of lines) {
       r.run.lastSeq++;
-      r.lines.push({ seq: r.run.lastSeq, ts: new Date().toISOString(), container: "agent", line });
+      r.lines.push({ seq: r.run.lastSeq, ts: new Date().toISOString(), container, line });
     }
     this.changed.emit("change");
   }
