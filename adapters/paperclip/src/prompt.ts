@@ -6,7 +6,7 @@
 
 import { constants } from "node:fs";
 import { open, readlink, realpath } from "node:fs/promises";
-import { dirname, isAbsolute, sep } from "node:path";
+import { dirname, isAbsolute, resolve, sep } from "node:path";
 
 import type { AdapterExecutionContext } from "@paperclipai/adapter-utils";
 import {
@@ -122,6 +122,12 @@ function within(path: string, dir: string): boolean {
 export async function readInstructionsFile(path: string, roots: string[], maxBytes = MAX_INSTRUCTIONS_BYTES): Promise<string> {
   if (!isAbsolute(path)) throw new Error("not an absolute path");
   const realRoots = await Promise.all(roots.map((r) => realpath(r).catch(() => r)));
+  // A path that is not under a root by its text is refused before the
+  // file system is asked: the refusal, in the run's log, then says nothing
+  // of what exists outside the roots.
+  if (![...roots, ...realRoots].some((r) => within(resolve(path), r))) {
+    throw new Error(`it is outside the directories instructions may come from (${roots.join(", ")}; the server's CLIPJOB_INSTRUCTIONS_ROOTS)`);
+  }
   const check = (real: string) => {
     if (NEVER_READ.some((d) => within(real, d))) throw new Error(`it resolves to ${real}, which is never read`);
     const root = realRoots.find((r) => within(real, r));

@@ -216,7 +216,7 @@ describe("instructions file", () => {
   });
 
   for (const [name, path, roots, want] of [
-    ["the server's environment", "/proc/self/environ", [root], /resolves to \/proc\/\d+\/environ, which is never read/],
+    ["the server's environment", "/proc/self/environ", [root], /^Error: it is outside the directories instructions may come from/],
     ["a file outside the roots", join(outside, "secret.txt"), [root], /outside the directories instructions may come from/],
     ["the server's environment, even with / as a root", "/proc/self/environ", ["/"], /which is never read/],
     ["the server's ServiceAccount token, with / as a root", "/var/run/secrets/kubernetes.io/serviceaccount/token", ["/"], /never read|ENOENT/],
@@ -250,6 +250,13 @@ describe("instructions file", () => {
     assert.deepEqual(rootsFor([join(root, "{companyId}")], { id: "a1", companyId: "../x" }), [], "an id that could leave its directory drops the root");
   });
 
+  it("says the same of a path outside the roots whether or not it exists", async () => {
+    const exists = await readInstructionsFile("/etc/hostname", [root]).catch((e: Error) => e.message);
+    const missing = await readInstructionsFile("/etc/no-such-file.md", [root]).catch((e: Error) => e.message);
+    assert.equal(exists.replace("/etc/hostname", "X"), missing.replace("/etc/no-such-file.md", "X"));
+    assert.match(exists, /outside the directories/);
+  });
+
   it("refuses a file over the size limit", async () => {
     await assert.rejects(readInstructionsFile(join(root, "agents", "huge.md"), [root], 1024), /2048 bytes, over the 1024/);
   });
@@ -261,6 +268,6 @@ describe("instructions file", () => {
       false,
     );
     assert.equal(p.prompt, "Hi.");
-    assert.match(p.notes[0], /instructions file \/proc\/self\/environ could not be read \(it resolves to/);
+    assert.match(p.notes[0], /instructions file \/proc\/self\/environ could not be read \(it is outside the directories/);
   });
 });
