@@ -22,7 +22,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/claim"
 	"github.com/paperclipai/clipjob/contract"
@@ -841,27 +840,8 @@ func TestPaperclipAdapterInQueueMode(t *testing.T) {
 		t.Fatalf("the restarted server did not re-attach to the queued run\n%s", c.describe())
 	}
 
-	logA, err := env.cluster.PodLog(ctx, ns, podA.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := logA.Write(claudeInit, claudeResult("first done")); err != nil {
-		t.Fatal(err)
-	}
-	finishRun(ctx, t, jobA.Name, "0")
-	checkSucceeded(t, a.wait(ctx, t), "e2e-pc-queue-1", jobA, "first done")
-
-	waitStarted(ctx, t, jobB.Name)
-	podB := waitPod(ctx, t, jobB.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
-	logB, err := env.cluster.PodLog(ctx, ns, podB.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
 	linesB := []string{claudeInit, "the queued run works", claudeResult("second done")}
-	if err := logB.Write(linesB...); err != nil {
-		t.Fatal(err)
-	}
-	finishRun(ctx, t, jobB.Name, "0")
+	runQueuedAfter(ctx, t, a, jobA, podA, jobB, linesB)
 	res := c.wait(ctx, t)
 	exactlyOnce(t, c.stdout(), linesB)
 	checkSucceeded(t, res, "e2e-pc-queue-2", jobB, "second done")
@@ -871,28 +851,19 @@ func TestPaperclipAdapterInQueueMode(t *testing.T) {
 	}
 }
 
-// TestPaperclipAdapterRefusesARunIDTakenByAnotherJob: the relay binds a
-// run id to the first Job it sees carrying it, and a queued run's id shows
-// in its Job's labels. Someone who may only create Jobs starts one of
-// another agent with the queued run's id and prints a forged result. The
-// queued run's adapter hands on none of it and says another Job carries
-// the run's id (the hostile review's repro, which returned the forged
-// result as the run's success).
-func TestPaperclipAdapterRefusesARunIDTakenByAnotherJob(t *testing.T) {
+// TestPaperclipAdapterKeepsARunWhoseIDAnotherJobTook: a queued run's id
+// shows in its Job's labels. Someone who may only create Jobs starts one of
+// another agent with that id first and prints a forged result (the hostile
+// review's repro, which returned the forged result as the run's success).
+// The relay keeps the id for the Job it saw first and the queued run's Job
+// apart under its own key; the queued run's adapter asks for its Job's run
+// (?job=<uid>), hands on none of the bait's output, and once the run
+// starts, its own, to its own result.
+func TestPaperclipAdapterKeepsARunWhoseIDAnotherJobTook(t *testing.T) {
 	const agent, victimRun = "agent-e2e-pc-runid", "e2e-pc-runid-victim"
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	t.Cleanup(cancel)
-	_, jobA, podA, v, jobV := queuedBehind(ctx, t, agent, "e2e-pc-runid-1", victimRun)
-	t.Cleanup(func() {
-		if logA, err := env.cluster.PodLog(context.Background(), ns, podA.Name); err == nil {
-			_ = logA.Write(claudeInit, claudeResult("first done"))
-		}
-		finishRun(context.Background(), t, jobA.Name, "0")
-	})
-
-	t.Cleanup(func() {
-		_ = env.cs.BatchV1().Jobs(ns).Delete(context.Background(), jobV.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
-	})
+	a, jobA, podA, v, jobV := queuedBehind(ctx, t, agent, "e2e-pc-runid-1", victimRun)
 
 	taker := clientAs(ctx, t, "e2e-runid-taker", "create")
 	bait := bareJob(t, "e2e-pc-runid-bait")
@@ -910,13 +881,26 @@ func TestPaperclipAdapterRefusesARunIDTakenByAnotherJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	finishRun(ctx, t, bait.Name, "0")
-
-	res := v.wait(ctx, t)
-	if res.ErrorCode != "clipjob_relay_run_mismatch" || !strings.Contains(res.ErrorMessage, "another Job carries this run's id") {
-		t.Errorf("victim's result: %q %q; want clipjob_relay_run_mismatch\n%s", res.ErrorCode, res.ErrorMessage, v.describe())
+	r, reader, _ := theRelay(t)
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		got, _ := relayRun(t, r, reader, victimRun)
+		return got != nil && got.Done, nil
+	})
+	if err != nil {
+		t.Fatalf("the relay never finished the bait's run: %v", err)
 	}
-	if len(v.stdout()) != 0 || res.Summary != "" {
-		t.Errorf("the victim handed on the bait's output %q, summary %q", v.stdout(), res.Summary)
+
+	// The active run ends; clipjob starts the queued one.
+	lines := []string{claudeInit, "the queued run's own work", claudeResult("the queued run's result")}
+	runQueuedAfter(ctx, t, a, jobA, podA, jobV, lines)
+	res := v.wait(ctx, t)
+	exactlyOnce(t, v.stdout(), lines)
+	if res.ErrorCode != "" || res.Summary != "the queued run's result" {
+		t.Errorf("the queued run's result: %q %q, summary %q; want its own\n%s", res.ErrorCode, res.ErrorMessage, res.Summary, v.describe())
+	}
+	// The bare id names the bait's run (the Job the relay saw first).
+	if got, _ := relayRun(t, r, reader, victimRun); got == nil || got.JobUID == string(jobV.UID) || got.Agent != "agent-e2e-pc-runid-evil" {
+		t.Errorf("the run id's record: %+v, want the bait's", got)
 	}
 }
 
@@ -940,4 +924,30 @@ func queuedBehind(ctx context.Context, t *testing.T, agent, firstRun, secondRun 
 		t.Fatalf("run %s's Job was not queued behind %s: %+v", secondRun, firstRun, jobB.Spec)
 	}
 	return a, jobA, podA, b, jobB
+}
+
+// runQueuedAfter ends the active run a (its agent prints a result "first
+// done" and exits 0) and, once clipjob has started the queued Job jobB,
+// has that run's agent print lines and exit 0.
+func runQueuedAfter(ctx context.Context, t *testing.T, a *adapterRun, jobA *batchv1.Job, podA *corev1.Pod, jobB *batchv1.Job, lines []string) {
+	t.Helper()
+	logA, err := env.cluster.PodLog(ctx, ns, podA.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := logA.Write(claudeInit, claudeResult("first done")); err != nil {
+		t.Fatal(err)
+	}
+	finishRun(ctx, t, jobA.Name, "0")
+	checkSucceeded(t, a.wait(ctx, t), a.spec.RunID, jobA, "first done")
+	waitStarted(ctx, t, jobB.Name)
+	podB := waitPod(ctx, t, jobB.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	logB, err := env.cluster.PodLog(ctx, ns, podB.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := logB.Write(lines...); err != nil {
+		t.Fatal(err)
+	}
+	finishRun(ctx, t, jobB.Name, "0")
 }

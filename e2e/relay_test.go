@@ -454,8 +454,8 @@ func TestRelayCollectsRunFinishedBeforeItWasSeen(t *testing.T) {
 // TestRelayRunCannotBeTakenOver: the run id is a label anyone who creates
 // pods can copy. A Job in another namespace whose pods carry a run's id,
 // and a bare pod beside the run with it, are refused at admission (they
-// carry paperclip.io/ labels); the relay, which would ignore them anyway
-// (TestCollectorIgnoresPodsOutsideTheRun), keeps the run in its namespace,
+// carry paperclip.io/ labels); the relay, which would keep them apart
+// anyway (TestCollectorKeepsOtherJobsApart), keeps the run in its namespace,
 // so a reader allowed only elsewhere cannot read it, with only its lines.
 func TestRelayRunCannotBeTakenOver(t *testing.T) {
 	ctx := ctxT(t)

@@ -21,6 +21,9 @@ import (
 //
 //	GET /v1/runs?agent=&company=&phase=   runs the caller may read, newest first
 //	GET /v1/runs/{run}                     one run: status and result
+//	    ?job=<uid> (here and on /log)          the run of that Job, which the
+//	                                           collector keeps apart when
+//	                                           another Job took the id first
 //	GET /v1/runs/{run}/log?after=N&follow=true
 //	    Accept: text/event-stream      SSE: "id: <seq>" per line, keepalive
 //	                                   comments, a final "end" event;
@@ -87,6 +90,13 @@ func (a *API) run(w http.ResponseWriter, r *http.Request) (*store.Run, *authnv1.
 	}
 	id := r.PathValue("run")
 	run, err := a.Store.Run(id)
+	// ?job=<uid>: the run of that Job. Another Job may have taken the run
+	// id first; the collector then keeps this Job's run under its own key.
+	// (A record bound to no Job is from before runs were bound: the id's.)
+	if job := r.URL.Query().Get("job"); err == nil && job != "" && run != nil && run.JobUID != "" && run.JobUID != job {
+		id = store.RunKey(id, job)
+		run, err = a.Store.Run(id)
+	}
 	if err != nil {
 		fail(w, http.StatusInternalServerError, "reading run %s: %v", id, err)
 		return nil, nil

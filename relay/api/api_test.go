@@ -392,3 +392,39 @@ type fakeWriter struct{ b *strings.Builder }
 func (f fakeWriter) Header() http.Header         { return http.Header{} }
 func (f fakeWriter) Write(p []byte) (int, error) { return f.b.Write(p) }
 func (f fakeWriter) WriteHeader(int)             {}
+
+// TestAPIFindsAJobsRunByItsUID: another Job took run-1's id first (the
+// collector bound it, and kept this Job's run under its own key); a client
+// that knows its Job asks with ?job= and gets its run and its log, never
+// the other Job's; the other Job's run is what the bare id names.
+func TestAPIFindsAJobsRunByItsUID(t *testing.T) {
+	s, srv := apiFixture(t)
+	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.JobUID = "uid-first" })
+	mine := store.RunKey("run-1", "uid-mine")
+	_, _ = s.UpdateRun(mine, func(r *store.Run) {
+		r.Namespace, r.Agent, r.JobUID, r.Phase = "paperclip", "agent-a", "uid-mine", "Running"
+	})
+	_, _ = s.Append(mine, "st", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "mine"), time.Now())
+	for _, tt := range []struct{ query, wantJob, wantLog string }{
+		{"", "uid-first", "one\ntwo\nthree\n"},
+		{"?job=uid-first", "uid-first", "one\ntwo\nthree\n"},
+		{"?job=uid-mine", "uid-mine", "mine\n"},
+	} {
+		var run store.Run
+		resp := get(t, srv.URL+"/v1/runs/run-1"+tt.query, "reader", "")
+		if err := json.NewDecoder(resp.Body).Decode(&run); err != nil || run.JobUID != tt.wantJob {
+			t.Errorf("run-1%s: %+v (%v), want the run of %s", tt.query, run, err, tt.wantJob)
+		}
+		sep := "?"
+		if tt.query != "" {
+			sep = "&"
+		}
+		body, _ := io.ReadAll(get(t, srv.URL+"/v1/runs/run-1/log"+tt.query+sep+"follow=false", "reader", "").Body)
+		if string(body) != tt.wantLog {
+			t.Errorf("log of run-1%s: %q, want %q", tt.query, body, tt.wantLog)
+		}
+	}
+	if code := get(t, srv.URL+"/v1/runs/run-1?job=uid-unknown", "reader", "").StatusCode; code != http.StatusNotFound {
+		t.Errorf("a Job with no run: %d, want 404", code)
+	}
+}

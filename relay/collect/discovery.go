@@ -3,6 +3,7 @@ package collect
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -78,7 +79,10 @@ func (c *Collector) Stop() {
 
 // OnPod handles a pod added or updated. Only a pod that a Job controls
 // is part of a run, and only of the run bound to that Job and namespace
-// when first seen: the run id is a label anyone creating pods can copy.
+// when first seen: the run id is a label anyone creating Jobs can copy.
+// The pods of another Job carrying the same id are a run of their own,
+// kept under store.RunKey(id, their Job's UID): nothing is dropped, and a
+// client that knows its Job finds its run whoever took the id first.
 func (c *Collector) OnPod(pod *corev1.Pod) {
 	run := pod.Labels[contract.LabelRunID]
 	if run == "" {
@@ -89,9 +93,27 @@ func (c *Collector) OnPod(pod *corev1.Pod) {
 		c.ignore(pod, run, "no-job", "not controlled by a Job")
 		return
 	}
+	rec, key, err := c.recordPod(pod, run, job.UID)
+	if err != nil {
+		c.Log.Error(err, "recording run", "run", key)
+		return
+	}
+	if rec.Done && rec.PodUID == string(pod.UID) {
+		return // collected completely before (e.g. before a relay restart)
+	}
+	if rec.LastSeq == 0 {
+		c.mirror(key) // the file exists from the start: readers wait for it, not long
+	}
+	c.followAll(pod, key)
+	c.maybeFinish(pod.Namespace, pod.Name, pod.UID, key)
+}
+
+// recordPod records the pod in its run: the run id's record if that is
+// bound to the pod's Job (or to none yet), else the Job's own key.
+func (c *Collector) recordPod(pod *corev1.Pod, run string, jobUID types.UID) (*store.Run, string, error) {
 	var refused string
-	rec, err := c.Store.UpdateRun(run, func(r *store.Run) {
-		if reason := bound(r, pod.Namespace, job.UID); reason != "" {
+	update := func(r *store.Run) {
+		if reason := bound(r, pod.Namespace, jobUID); reason != "" {
 			refused = reason
 			return
 		}
@@ -103,25 +125,22 @@ func (c *Collector) OnPod(pod *corev1.Pod) {
 			// and its log continues with the new pod's lines.
 			r.Done, r.ExitCode, r.Reason, r.FinishedAt, r.Result = false, nil, "", nil, nil
 		}
-		r.JobUID = string(job.UID)
+		r.JobUID = string(jobUID)
 		describe(r, pod)
-	})
-	if err != nil {
-		c.Log.Error(err, "recording run", "run", run)
-		return
 	}
-	if refused != "" {
-		c.ignore(pod, run, refused, "the run id belongs to another Job or namespace")
-		return
+	rec, err := c.Store.UpdateRun(run, update)
+	if err != nil || refused == "" {
+		return rec, run, err
 	}
-	if rec.Done && rec.PodUID == string(pod.UID) {
-		return // collected completely before (e.g. before a relay restart)
+	key := store.RunKey(run, string(jobUID))
+	podsKeptApart.WithLabelValues(refused).Inc()
+	c.Log.Info("run id taken by another Job: this Job's run is kept under its own key", "pod", pod.Namespace+"/"+pod.Name, "run", run, "key", key)
+	refused = ""
+	rec, err = c.Store.UpdateRun(key, update)
+	if err == nil && refused != "" {
+		err = fmt.Errorf("run %s: bound to another Job as well (%s)", key, refused)
 	}
-	if rec.LastSeq == 0 {
-		c.mirror(run) // the file exists from the start: readers wait for it, not long
-	}
-	c.followAll(pod, run)
-	c.maybeFinish(pod.Namespace, pod.Name, pod.UID, run)
+	return rec, key, err
 }
 
 // bound says why a pod of namespace ns controlled by Job jobUID is not
@@ -153,10 +172,12 @@ func (c *Collector) OnPodDeleted(pod *corev1.Pod) {
 	if run == "" || job == nil {
 		return
 	}
-	if r, err := c.Store.Run(run); err != nil || r == nil || bound(r, pod.Namespace, job.UID) != "" {
-		return
+	for _, key := range []string{run, store.RunKey(run, string(job.UID))} {
+		if r, err := c.Store.Run(key); err == nil && r != nil && bound(r, pod.Namespace, job.UID) == "" {
+			c.maybeFinish(pod.Namespace, pod.Name, pod.UID, key)
+			return
+		}
 	}
-	c.maybeFinish(pod.Namespace, pod.Name, pod.UID, run)
 }
 
 // followAll starts a follower for every container instance of the pod

@@ -197,11 +197,12 @@ func TestCollectorRestartedContainer(t *testing.T) {
 	}
 }
 
-// TestCollectorIgnoresPodsOutsideTheRun: a run id is a label anyone who
+// TestCollectorKeepsOtherJobsApart: a run id is a label anyone who
 // creates pods can copy. A bare pod, a pod in another namespace, or a pod
 // of another Job carrying a run's id neither joins it (no line of theirs
-// is stored, the run does not move namespace) nor finishes or reopens it.
-func TestCollectorIgnoresPodsOutsideTheRun(t *testing.T) {
+// is stored, the run does not move namespace) nor finishes or reopens it;
+// another Job's pods are kept as a run of their own.
+func TestCollectorKeepsOtherJobsApart(t *testing.T) {
 	c, logs, cache, s := newCollector(t)
 	real := agentPod("p1", "uid-1", time.Now())
 	real.Status.Phase = corev1.PodRunning
@@ -218,7 +219,7 @@ func TestCollectorIgnoresPodsOutsideTheRun(t *testing.T) {
 		"another namespace": jobs.MakePod("pb", "team-b").OwnedBy(jobs.MakeJob("job-1", "team-b").Run("run-1").UID("job-1-uid").Obj()).Obj(),
 		"another Job":       jobs.MakePod("px", "ns").OwnedBy(otherJob).Obj(),
 	}
-	before := testutil.ToFloat64(podsIgnored.WithLabelValues("namespace"))
+	before := testutil.ToFloat64(podsKeptApart.WithLabelValues("namespace"))
 	for name, p := range intruders {
 		p.Spec.Containers = []corev1.Container{{Name: "agent"}}
 		p.Status.Phase = corev1.PodSucceeded
@@ -239,8 +240,22 @@ func TestCollectorIgnoresPodsOutsideTheRun(t *testing.T) {
 	if got := storedText(t, s); got != "the agent's line" {
 		t.Errorf("stored %q: an intruder's lines joined the run", got)
 	}
-	if testutil.ToFloat64(podsIgnored.WithLabelValues("namespace")) <= before {
-		t.Error("the ignored pod was not counted")
+	if testutil.ToFloat64(podsKeptApart.WithLabelValues("namespace")) <= before {
+		t.Error("the pod kept apart was not counted")
+	}
+	// Nothing is dropped: each other Job's pods are a run of their own,
+	// under the run id and that Job's UID, where a client that knows its
+	// Job finds them (GET /v1/runs/run-1?job=<uid>).
+	for name, p := range intruders {
+		owner := metav1.GetControllerOf(p)
+		if owner == nil {
+			continue // a bare pod is part of no run
+		}
+		key := store.RunKey("run-1", string(owner.UID))
+		apart, _ := s.Run(key)
+		if apart == nil || apart.Namespace != p.Namespace || apart.JobUID != string(owner.UID) {
+			t.Errorf("%s: its run under %s is %+v", name, key, apart)
+		}
 	}
 
 	// Once the run is over, a pod of another Job does not reopen it.

@@ -36,7 +36,11 @@ var (
 	})
 	podsIgnored = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "clipjob_relay_pods_ignored_total",
-		Help: "Pods labeled with a run id that are not part of the run, by reason (no-job: no controlling Job; namespace or job: the run is bound to another).",
+		Help: "Pods labeled with a run id that are not part of any run: no controlling Job (reason no-job).",
+	}, []string{"reason"})
+	podsKeptApart = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "clipjob_relay_pods_kept_apart_total",
+		Help: "Pod events of a Job whose run id another Job took first, by reason (namespace or job): kept as a run of their own, under id@jobUID.",
 	}, []string{"reason"})
 	valuesReloads = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "clipjob_relay_redact_values_reloads_total",
@@ -54,6 +58,6 @@ var registerOnce sync.Once
 // registry, which the manager serves on /metrics.
 func RegisterMetrics() {
 	registerOnce.Do(func() {
-		metrics.Registry.MustRegister(streamsOpen, streamLimitWaits, linesStored, bytesStored, storeLag, reconnects, mirrorRefused, podsIgnored, linesTruncated, valuesReloads)
+		metrics.Registry.MustRegister(streamsOpen, streamLimitWaits, linesStored, bytesStored, storeLag, reconnects, mirrorRefused, podsIgnored, podsKeptApart, linesTruncated, valuesReloads)
 	})
 }

@@ -219,6 +219,11 @@ func (s *Store) UpdateRun(id string, fn func(*Run)) (*Run, error) {
 	return out, err
 }
 
+// RunKey is where the run of Job jobUID is kept when another Job took its
+// run id first (the collector binds a run id to the first Job it sees
+// carrying it). "@" is in no label value, so no run id is one.
+func RunKey(run, jobUID string) string { return run + "@" + jobUID }
+
 // Run returns a run's record, or nil if the relay never saw it.
 func (s *Store) Run(id string) (*Run, error) {
 	var r *Run

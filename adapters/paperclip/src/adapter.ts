@@ -522,6 +522,7 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
           }
         },
         onNotice: notice,
+        jobUid,
         verifyRun: (rec) => {
           mainContainer = rec.mainContainer;
           return recordMismatch(rec, runId, namespace, job, jobUid);
@@ -570,7 +571,7 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
       case "ended": {
         let run: RelayRun | null = null;
         try {
-          run = await relay.getRun(runId, ctx.signal);
+          run = await relay.getRun(runId, ctx.signal, jobUid);
         } catch (err) {
           await notice(`reading run ${runId}'s record from the relay: ${message(err)}; using its log's end`);
         }

@@ -224,9 +224,14 @@ export class RelayClient {
     return value.runs ?? [];
   }
 
-  /** One run's status and result; null if the relay does not know it (or the caller may not read it). */
-  async getRun(runId: string, signal?: AbortSignal): Promise<RelayRun | null> {
-    const { status, value, body } = await this.getJSON<RelayRun>(`/v1/runs/${encodeURIComponent(runId)}`, `reading run ${runId}`, RELAY_BODY_LIMITS.run, signal);
+  /**
+   * One run's status and result; null if the relay does not know it (or
+   * the caller may not read it). With jobUid, the run of that Job: another
+   * Job may have taken the run id first (the relay keeps both).
+   */
+  async getRun(runId: string, signal?: AbortSignal, jobUid?: string): Promise<RelayRun | null> {
+    const path = `/v1/runs/${encodeURIComponent(runId)}${jobQuery(jobUid, "?")}`;
+    const { status, value, body } = await this.getJSON<RelayRun>(path, `reading run ${runId}`, RELAY_BODY_LIMITS.run, signal);
     if (status === 404) return null;
     if (status !== 200 || !value) throw new RelayHttpError(status, body, `reading run ${runId}`);
     return value;
@@ -237,11 +242,11 @@ export class RelayClient {
    * sends Last-Event-ID, as an EventSource does, so the relay answers 204
    * once the run ended and everything was read.
    */
-  async openLog(runId: string, after: number, resume: boolean, signal?: AbortSignal): Promise<LogResponse> {
+  async openLog(runId: string, after: number, resume: boolean, signal?: AbortSignal, jobUid?: string): Promise<LogResponse> {
     const headers: Record<string, string> = { Accept: "text/event-stream", "Cache-Control": "no-cache" };
     if (resume && after > 0) headers["Last-Event-ID"] = String(after);
     return this.withDeadline(`opening run ${runId}'s log`, signal, async (s) => {
-      const res = await this.request(`/v1/runs/${encodeURIComponent(runId)}/log?after=${after}`, headers, s);
+      const res = await this.request(`/v1/runs/${encodeURIComponent(runId)}/log?after=${after}${jobQuery(jobUid, "&")}`, headers, s);
       const status = res.statusCode ?? 0;
       // A stream is the follower's to time out, as it idles; any other
       // answer is read here, within the deadline.
@@ -287,6 +292,11 @@ function formatBytes(n: number): string {
   if (n % (1 << 20) === 0) return `${n / (1 << 20)} MiB`;
   if (n % (1 << 10) === 0) return `${n / (1 << 10)} KiB`;
   return `${n} bytes`;
+}
+
+/** The `job` query parameter that picks a Job's run, or nothing. */
+function jobQuery(jobUid: string | undefined, sep: "?" | "&"): string {
+  return jobUid ? `${sep}job=${encodeURIComponent(jobUid)}` : "";
 }
 
 export type JobState = "active" | "finished" | "gone";
@@ -335,6 +345,8 @@ export interface FollowOptions {
    * stream is (and given up on as one, once the Job ended).
    */
   verifyRun?: (run: RelayRun) => string | null;
+  /** The run's Job, when known: its run is asked for, whoever took the run id first. */
+  jobUid?: string;
 }
 
 export type FollowOutcome =
@@ -446,7 +458,7 @@ export async function followRun(o: FollowOptions): Promise<FollowOutcome> {
   while (!o.signal.aborted) {
     let res: LogResponse;
     try {
-      res = await o.client.openLog(o.runId, lastSeq, lastSeq > 0, o.signal);
+      res = await o.client.openLog(o.runId, lastSeq, lastSeq > 0, o.signal, o.jobUid);
     } catch (err) {
       if (o.signal.aborted) break;
       const msg = err instanceof Error ? err.message : String(err);
@@ -466,7 +478,7 @@ export async function followRun(o: FollowOptions): Promise<FollowOutcome> {
         let why: string | null = null;
         let record: RelayRun | null = null;
         try {
-          record = await o.client.getRun(o.runId, o.signal);
+          record = await o.client.getRun(o.runId, o.signal, o.jobUid);
           why = record ? o.verifyRun(record) : `the relay serves run ${o.runId}'s log but has no record of it`;
         } catch (err) {
           why = `reading run ${o.runId}'s record to check it: ${err instanceof Error ? err.message : String(err)}`;

@@ -501,45 +501,68 @@ describe("execute", () => {
   // Job it sees carrying it, in any namespace it follows, and a run's id
   // shows in its labels (a queued Job's, its env Secret's). A Job carrying
   // this run's id must not hand on its output and result as this run's.
+  // The relay keeps this run's Job apart (GET /v1/runs/{run}?job=<uid>);
+  // a relay that answers with the other Job's record anyway (one older
+  // than ?job=) is caught by the record check.
   for (const [what, bait] of [
     ["of another agent", { agent: "agent-evil", job: "evil", jobUid: "uid-evil" }],
     ["of this agent but another uid", { job: "evil", jobUid: "uid-evil" }],
     ["in another namespace", { namespace: "tenant", job: "evil", jobUid: "uid-evil" }],
   ] as Array<[string, Partial<RelayRun>]>) {
-    it(`a Job ${what} carrying this run's id: none of its output, and says so`, async () => {
-      kube.afterCreateJob = (job) => {
-        const id = job.metadata!.labels!["paperclip.io/run-id"];
-        relay.addRun({ id, agent: job.metadata!.labels!["paperclip.io/agent-id"], ...bait });
-        relay.appendLines(id, "FORGED LINE");
-        relay.finish(id, { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "FORGED: task done" } });
-      };
-      const rec = newCtx();
-      const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
-      assert.equal(result.errorCode, "clipjob_relay_run_mismatch", result.errorMessage ?? "");
-      assert.match(result.errorMessage ?? "", /another Job carries this run's id/);
-      assert.deepEqual(rec.stdout, [], "none of the other Job's output");
-      assert.notEqual(result.summary, "FORGED: task done");
-    });
+    for (const keptApart of [true, false]) {
+      it(`a Job ${what} carrying this run's id, ${keptApart ? "the relay keeping this run apart: this run's own output" : "a relay without ?job=: none of its output, and says so"}`, async () => {
+        kube.afterCreateJob = (job) => {
+          const id = job.metadata!.labels!["paperclip.io/run-id"];
+          const agent = job.metadata!.labels!["paperclip.io/agent-id"];
+          relay.addRun({ id, agent, ...bait });
+          relay.appendLines(id, "FORGED LINE");
+          relay.finish(id, { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "FORGED: task done" } });
+          if (keptApart) {
+            const own = `${id}@${job.metadata!.uid}`;
+            relay.addRun({ id: own, agent, job: job.metadata!.name, jobUid: job.metadata!.uid });
+            relay.appendLines(own, claudeLines[2]);
+            relay.finish(own, claudeEnd);
+          }
+        };
+        relay.ignoresJobParam = !keptApart;
+        try {
+          const rec = newCtx();
+          const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+          assert.notEqual(result.summary, "FORGED: task done");
+          if (keptApart) {
+            assert.equal(result.errorCode, null, result.errorMessage ?? "");
+            assert.deepEqual(rec.stdout, [`${claudeLines[2]}\n`], "its own output only");
+          } else {
+            assert.equal(result.errorCode, "clipjob_relay_run_mismatch", result.errorMessage ?? "");
+            assert.match(result.errorMessage ?? "", /another Job carries this run's id/);
+            assert.deepEqual(rec.stdout, [], "none of the other Job's output");
+          }
+        } finally {
+          relay.ignoresJobParam = false;
+        }
+      });
+    }
   }
 
   it("its own record naming a Job this run would not have had, its Job gone: not followed", async () => {
     const rec = newCtx();
+    // Still running as the relay has it: the re-attach finds it (the server restarted).
     relay.addRun({ id: rec.ctx.runId, agent: rec.ctx.agent.id, job: "pc-someone-elses", phase: "Running" });
     relay.appendLines(rec.ctx.runId, "FORGED LINE");
-    relay.finish(rec.ctx.runId, { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "FORGED" } });
     const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
     assert.equal(result.errorCode, "clipjob_relay_run_mismatch", result.errorMessage ?? "");
     assert.deepEqual(rec.stdout, []);
+    assert.ok(!kube.calls.some((c) => c.startsWith("create")), kube.calls.join());
   });
 
   it("its own record naming a retry name (whose suffix anyone may choose), its Job gone: not followed", async () => {
     const rec = newCtx();
     relay.addRun({ id: rec.ctx.runId, agent: rec.ctx.agent.id, job: retryJobName(jobNameOf(rec), "abcdef"), jobUid: "uid-attacker", phase: "Running" });
     relay.appendLines(rec.ctx.runId, "FORGED LINE");
-    relay.finish(rec.ctx.runId, { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "FORGED" } });
     const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
     assert.equal(result.errorCode, "clipjob_relay_run_mismatch", result.errorMessage ?? "");
     assert.deepEqual(rec.stdout, []);
+    assert.ok(!kube.calls.some((c) => c.startsWith("create")), kube.calls.join());
   });
 
   it("cancelling its own run whose Job is gone deletes no Job of that name another user made since", async () => {

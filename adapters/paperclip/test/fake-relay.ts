@@ -34,6 +34,8 @@ export class FakeRelay {
   dropAfterLines: number[] = [];
   /** Keepalive comments on open streams, as the relay's 15 s ones. */
   keepaliveMs = 50;
+  /** Answer as a relay older than ?job= does: with the run id's record, whichever Job it is. */
+  ignoresJobParam = false;
   /** Answer log requests with this status while set (e.g. 401, 503). */
   failWith: number | null = null;
 
@@ -109,7 +111,10 @@ export class FakeRelay {
         .filter((r) => (!agent || r.agent === agent) && (!phase || r.phase === phase));
       return json(res, 200, { runs });
     }
-    const stored = parts[0] === "v1" && parts[1] === "runs" && parts[2] ? this.runs.get(decodeURIComponent(parts[2])) : undefined;
+    let stored = parts[0] === "v1" && parts[1] === "runs" && parts[2] ? this.runs.get(decodeURIComponent(parts[2])) : undefined;
+    // ?job=<uid>: that Job's run, kept under id@uid when another Job took the id first (relay/api).
+    const job = url.searchParams.get("job");
+    if (stored && job && !this.ignoresJobParam && stored.run.jobUid && stored.run.jobUid !== job) stored = this.runs.get(`${decodeURIComponent(parts[2])}@${job}`);
     if (parts.length === 3) {
       return stored ? json(res, 200, stored.run) : json(res, 404, { code: 404, message: "not found" });
     }
