@@ -398,17 +398,18 @@ func (f fakeWriter) WriteHeader(int)             {}
 // that knows its Job asks with ?job= and gets its run and its log, never
 // the other Job's; the other Job's run is what the bare id names.
 func TestAPIFindsAJobsRunByItsUID(t *testing.T) {
+	const uidFirst, uidMine = "0b7a9c1d-0000-4000-8000-0000000000a1", "0b7a9c1d-0000-4000-8000-0000000000b2"
 	s, srv := apiFixture(t)
-	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.JobUID = "uid-first" })
-	mine := store.RunKey("run-1", "uid-mine")
+	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.JobUID = uidFirst })
+	mine := store.RunKey("run-1", uidMine)
 	_, _ = s.UpdateRun(mine, func(r *store.Run) {
-		r.Namespace, r.Agent, r.JobUID, r.Phase = "paperclip", "agent-a", "uid-mine", "Running"
+		r.Namespace, r.Agent, r.JobUID, r.Phase = "paperclip", "agent-a", uidMine, "Running"
 	})
 	_, _ = s.Append(mine, "st", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "mine"), time.Now())
 	for _, tt := range []struct{ query, wantJob, wantLog string }{
-		{"", "uid-first", "one\ntwo\nthree\n"},
-		{"?job=uid-first", "uid-first", "one\ntwo\nthree\n"},
-		{"?job=uid-mine", "uid-mine", "mine\n"},
+		{"", uidFirst, "one\ntwo\nthree\n"},
+		{"?job=" + uidFirst, uidFirst, "one\ntwo\nthree\n"},
+		{"?job=" + uidMine, uidMine, "mine\n"},
 	} {
 		var run store.Run
 		resp := get(t, srv.URL+"/v1/runs/run-1"+tt.query, "reader", "")
@@ -424,7 +425,18 @@ func TestAPIFindsAJobsRunByItsUID(t *testing.T) {
 			t.Errorf("log of run-1%s: %q, want %q", tt.query, body, tt.wantLog)
 		}
 	}
-	if code := get(t, srv.URL+"/v1/runs/run-1?job=uid-unknown", "reader", "").StatusCode; code != http.StatusNotFound {
-		t.Errorf("a Job with no run: %d, want 404", code)
+	for _, job := range []string{"0b7a9c1d-0000-4000-8000-0000000000c3", "../x", "a@b"} {
+		if code := get(t, srv.URL+"/v1/runs/run-1?job="+job, "reader", "").StatusCode; code != http.StatusNotFound {
+			t.Errorf("?job=%s, a Job with no run here: %d, want 404", job, code)
+		}
+	}
+	// To a caller who may read nothing, ?job= tells no more than the id
+	// alone: the same answer whether the id or the Job's run exists.
+	bodyOf := func(path string) string {
+		b, _ := io.ReadAll(get(t, srv.URL+path, "nobody", "").Body)
+		return string(b)
+	}
+	if a, b := bodyOf("/v1/runs/run-1?job="+uidMine), bodyOf("/v1/runs/run-1?job=0b7a9c1d-0000-4000-8000-0000000000c3"); a != b {
+		t.Errorf("a run that exists and one that does not answer differently: %q vs %q", a, b)
 	}
 }

@@ -128,11 +128,25 @@ func (c *Collector) recordPod(pod *corev1.Pod, run string, jobUID types.UID) (*s
 		r.JobUID = string(jobUID)
 		describe(r, pod)
 	}
-	rec, err := c.Store.UpdateRun(run, update)
-	if err != nil || refused == "" {
-		return rec, run, err
+	apart := store.ValidJobUID(string(jobUID))
+	key := run
+	if apart {
+		// Once kept apart, a Job's run stays there, even if the record of
+		// the run id goes (retention) and the id could be bound anew.
+		if r, err := c.Store.Run(store.RunKey(run, string(jobUID))); err != nil {
+			return nil, run, err
+		} else if r != nil {
+			key = r.ID
+		}
 	}
-	key := store.RunKey(run, string(jobUID))
+	rec, err := c.Store.UpdateRun(key, update)
+	if err != nil || refused == "" {
+		return rec, key, err
+	}
+	if !apart || key != run {
+		return nil, key, fmt.Errorf("run %s: bound to another Job (%s), and Job UID %q cannot key a run of its own", key, refused, jobUID)
+	}
+	key = store.RunKey(run, string(jobUID))
 	podsKeptApart.WithLabelValues(refused).Inc()
 	c.Log.Info("run id taken by another Job: this Job's run is kept under its own key", "pod", pod.Namespace+"/"+pod.Name, "run", run, "key", key)
 	refused = ""
@@ -172,10 +186,13 @@ func (c *Collector) OnPodDeleted(pod *corev1.Pod) {
 	if run == "" || job == nil {
 		return
 	}
-	for _, key := range []string{run, store.RunKey(run, string(job.UID))} {
+	keys := []string{run}
+	if store.ValidJobUID(string(job.UID)) {
+		keys = append(keys, store.RunKey(run, string(job.UID)))
+	}
+	for _, key := range keys {
 		if r, err := c.Store.Run(key); err == nil && r != nil && bound(r, pod.Namespace, job.UID) == "" {
 			c.maybeFinish(pod.Namespace, pod.Name, pod.UID, key)
-			return
 		}
 	}
 }

@@ -66,7 +66,7 @@ func terminated(name, id string) corev1.ContainerStatus {
 }
 
 // runJob is the Job that controls the test pods.
-var runJob = jobs.MakeJob("job-1", "ns").Agent("a").Run("run-1").Obj()
+var runJob = jobs.MakeJob("job-1", "ns").Agent("a").Run("run-1").UID("0b7a9c1d-0000-4000-8000-0000000000f1").Obj()
 
 func agentPod(name, uid string, created time.Time) *corev1.Pod {
 	p := jobs.MakePod(name, "ns").OwnedBy(runJob).Obj()
@@ -213,10 +213,10 @@ func TestCollectorKeepsOtherJobsApart(t *testing.T) {
 	logs.get("p1", "agent").write(at(0), "the agent's line")
 	c.OnPod(real)
 
-	otherJob := jobs.MakeJob("job-x", "ns").Agent("a").Run("run-1").Obj()
+	otherJob := jobs.MakeJob("job-x", "ns").Agent("a").Run("run-1").UID("6f1c2f1e-0000-4000-8000-00000000000a").Obj()
 	intruders := map[string]*corev1.Pod{
 		"bare pod":          jobs.MakePod("bare", "ns").Label(contract.LabelRunID, "run-1").Obj(),
-		"another namespace": jobs.MakePod("pb", "team-b").OwnedBy(jobs.MakeJob("job-1", "team-b").Run("run-1").UID("job-1-uid").Obj()).Obj(),
+		"another namespace": jobs.MakePod("pb", "team-b").OwnedBy(jobs.MakeJob("job-1", "team-b").Run("run-1").UID("0b7a9c1d-0000-4000-8000-000000000001").Obj()).Obj(),
 		"another Job":       jobs.MakePod("px", "ns").OwnedBy(otherJob).Obj(),
 	}
 	before := testutil.ToFloat64(podsKeptApart.WithLabelValues("namespace"))
@@ -270,5 +270,68 @@ func TestCollectorKeepsOtherJobsApart(t *testing.T) {
 	c.OnPod(late)
 	if r, _ := s.Run("run-1"); !r.Done || r.PodUID != "uid-1" {
 		t.Errorf("a finished run was reopened: %+v", r)
+	}
+}
+
+// TestKeptApartRunStaysApart: the bait that took the run id first printed
+// nothing and finished; retention drops its record. The run kept apart
+// must stay where it is (found by its Job, finished by its pod), not be
+// split by a new record of the bare id (the relay's hostile review).
+func TestKeptApartRunStaysApart(t *testing.T) {
+	c, logs, cache, s := newCollector(t)
+	baitJob := jobs.MakeJob("bait", "team-b").Run("run-1").UID("0b7a9c1d-0000-4000-8000-00000000000b").Obj()
+	bait := jobs.MakePod("bait-pod", "team-b").OwnedBy(baitJob).Obj()
+	bait.Spec.Containers = []corev1.Container{{Name: "agent"}}
+	bait.Status.Phase = corev1.PodSucceeded
+	bait.Status.ContainerStatuses = []corev1.ContainerStatus{terminated("agent", "c-bait")}
+	cache.set(bait)
+	c.OnPod(bait)
+	c.OnPodDeleted(bait)
+
+	real := agentPod("p1", "uid-1", time.Now())
+	real.Status.Phase = corev1.PodRunning
+	real.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "agent", ContainerID: "c1",
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+	real.Spec.InitContainers = nil
+	owner := metav1.GetControllerOf(real)
+	key := store.RunKey("run-1", string(owner.UID))
+	cache.set(real)
+	logs.get("p1", "agent").write(at(0), "the agent's line")
+	c.OnPod(real)
+	waitFor(t, func() bool { r, _ := s.Run(key); return r != nil && r.LastSeq == 1 }, "the real run was not kept apart with its line")
+	waitFor(t, func() bool { r, _ := s.Run("run-1"); return r != nil && r.Done }, "the bait's run did not finish")
+	if dropped, err := s.Retain(time.Nanosecond, 0, time.Now().Add(time.Hour)); err != nil || len(dropped) != 1 || dropped[0].ID != "run-1" {
+		t.Fatalf("retention dropped %+v (%v), want the bait's finished run only", dropped, err)
+	}
+	c.OnPod(real) // a later update of the real pod
+	if r, _ := s.Run("run-1"); r != nil {
+		t.Errorf("the bare id was bound anew: %+v; the run must stay under %s", r, key)
+	}
+	real.Status.Phase = corev1.PodSucceeded
+	real.Status.ContainerStatuses = []corev1.ContainerStatus{terminated("agent", "c1")}
+	cache.set(real)
+	c.OnPod(real)
+	c.OnPodDeleted(real)
+	waitFor(t, func() bool { r, _ := s.Run(key); return r != nil && r.Done }, "the run kept apart was not finished by its pod")
+}
+
+// TestPodWithAMalformedOwnerUIDIsNotKeptApart: the API server does not
+// check an owner reference's UID, and a kept-apart run's key names its
+// mirror file: a UID that is not one keys no run.
+func TestPodWithAMalformedOwnerUIDIsNotKeptApart(t *testing.T) {
+	c, _, cache, s := newCollector(t)
+	first := jobs.MakePod("first", "ns").OwnedBy(jobs.MakeJob("j1", "ns").Run("run-1").UID("0b7a9c1d-0000-4000-8000-000000000011").Obj()).Obj()
+	first.Spec.Containers = []corev1.Container{{Name: "agent"}}
+	cache.set(first)
+	c.OnPod(first)
+	forged := jobs.MakePod("forged", "kube-system").OwnedBy(jobs.MakeJob("j2", "kube-system").Run("run-1").UID("x/../../pwned").Obj()).Obj()
+	forged.Spec.Containers = []corev1.Container{{Name: "agent"}}
+	cache.set(forged)
+	c.OnPod(forged)
+	runs, _ := s.Runs(nil)
+	for _, r := range runs {
+		if strings.Contains(r.ID, "pwned") {
+			t.Errorf("a run keyed by a malformed UID: %q", r.ID)
+		}
 	}
 }

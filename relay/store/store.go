@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"sync"
 	"time"
@@ -207,7 +208,9 @@ func (s *Store) UpdateRun(id string, fn func(*Run)) (*Run, error) {
 			return err
 		}
 		if r == nil {
-			r = &Run{ID: id, Phase: "Pending"}
+			// Seen now, though nothing is stored yet: retention counts from
+			// here for a run that never writes a line.
+			r = &Run{ID: id, Phase: "Pending", SeenAt: time.Now()}
 		}
 		fn(r)
 		out = r
@@ -221,8 +224,17 @@ func (s *Store) UpdateRun(id string, fn func(*Run)) (*Run, error) {
 
 // RunKey is where the run of Job jobUID is kept when another Job took its
 // run id first (the collector binds a run id to the first Job it sees
-// carrying it). "@" is in no label value, so no run id is one.
+// carrying it). "@" is in no label value and in no UID, so no run id is
+// one and no two are alike. jobUID must be one (ValidJobUID): an owner
+// reference's UID is not checked by the API server, and the key names a
+// mirror file.
 func RunKey(run, jobUID string) string { return run + "@" + jobUID }
+
+var uidPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+
+// ValidJobUID says whether uid has the shape of the UIDs the API server
+// gives objects.
+func ValidJobUID(uid string) bool { return uidPattern.MatchString(uid) }
 
 // Run returns a run's record, or nil if the relay never saw it.
 func (s *Store) Run(id string) (*Run, error) {
