@@ -89,7 +89,7 @@ func (a *API) run(w http.ResponseWriter, r *http.Request) (*store.Run, *authnv1.
 		return nil, nil
 	}
 	id := r.PathValue("run")
-	run, err := a.runOfJob(id, r.URL.Query().Get("job"))
+	run, err := a.Store.RunOfJob(id, r.URL.Query().Get("job"))
 	if err != nil {
 		fail(w, http.StatusInternalServerError, "reading run %s: %v", id, err)
 		return nil, nil
@@ -180,27 +180,6 @@ func limitParam(v string) (int, error) {
 }
 
 func match(want, have string) bool { return want == "" || want == have }
-
-// runOfJob is run id's record, or with job (a Job's UID) that Job's run:
-// kept under store.RunKey when another Job took the id first, else the
-// id's record if it is that Job's (or bound to none: from before runs were
-// bound); nil if neither.
-func (a *API) runOfJob(id, job string) (*store.Run, error) {
-	if job == "" {
-		return a.Store.Run(id)
-	}
-	if !store.ValidJobUID(job) {
-		return nil, nil
-	}
-	if apart, err := a.Store.Run(store.RunKey(id, job)); err != nil || apart != nil {
-		return apart, err
-	}
-	run, err := a.Store.Run(id)
-	if err != nil || run == nil || (run.JobUID != "" && run.JobUID != job) {
-		return nil, err
-	}
-	return run, nil
-}
 
 func (a *API) getRun(w http.ResponseWriter, r *http.Request) {
 	if run, _ := a.run(w, r); run != nil {

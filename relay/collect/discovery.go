@@ -3,7 +3,6 @@ package collect
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -94,6 +93,10 @@ func (c *Collector) OnPod(pod *corev1.Pod) {
 		return
 	}
 	rec, key, err := c.recordPod(pod, run, job.UID)
+	if errors.Is(err, errUnkeyable) {
+		c.ignore(pod, run, "job-uid", "the run id belongs to another Job, and this one's UID cannot key a run")
+		return
+	}
 	if err != nil {
 		c.Log.Error(err, "recording run", "run", key)
 		return
@@ -107,6 +110,10 @@ func (c *Collector) OnPod(pod *corev1.Pod) {
 	c.followAll(pod, key)
 	c.maybeFinish(pod.Namespace, pod.Name, pod.UID, key)
 }
+
+// errUnkeyable: the run id is bound to another Job, and the pod's Job UID
+// (which the API server does not check) cannot key a run of its own.
+var errUnkeyable = errors.New("run id taken, and the Job UID cannot key a run")
 
 // recordPod records the pod in its run: the run id's record if that is
 // bound to the pod's Job (or to none yet), else the Job's own key.
@@ -128,33 +135,33 @@ func (c *Collector) recordPod(pod *corev1.Pod, run string, jobUID types.UID) (*s
 		r.JobUID = string(jobUID)
 		describe(r, pod)
 	}
-	apart := store.ValidJobUID(string(jobUID))
-	key := run
-	if apart {
-		// Once kept apart, a Job's run stays there, even if the record of
-		// the run id goes (retention) and the id could be bound anew.
-		if r, err := c.Store.Run(store.RunKey(run, string(jobUID))); err != nil {
-			return nil, run, err
-		} else if r != nil {
-			key = r.ID
+	// Once kept apart, a Job's run stays there, even if the record of the
+	// run id goes (retention) and the id could be bound anew.
+	apart := ""
+	if store.ValidJobUID(string(jobUID)) {
+		apart = store.RunKey(run, string(jobUID))
+		r, err := c.Store.Run(apart)
+		if err != nil {
+			return nil, apart, err
+		}
+		if r != nil {
+			rec, err := c.Store.UpdateRun(apart, update)
+			return rec, apart, err
 		}
 	}
-	rec, err := c.Store.UpdateRun(key, update)
+	rec, err := c.Store.UpdateRun(run, update)
 	if err != nil || refused == "" {
-		return rec, key, err
+		return rec, run, err
 	}
-	if !apart || key != run {
-		return nil, key, fmt.Errorf("run %s: bound to another Job (%s), and Job UID %q cannot key a run of its own", key, refused, jobUID)
+	if apart == "" {
+		return nil, run, errUnkeyable
 	}
-	key = store.RunKey(run, string(jobUID))
 	podsKeptApart.WithLabelValues(refused).Inc()
-	c.Log.Info("run id taken by another Job: this Job's run is kept under its own key", "pod", pod.Namespace+"/"+pod.Name, "run", run, "key", key)
-	refused = ""
-	rec, err = c.Store.UpdateRun(key, update)
-	if err == nil && refused != "" {
-		err = fmt.Errorf("run %s: bound to another Job as well (%s)", key, refused)
-	}
-	return rec, key, err
+	c.Log.Info("run id taken by another Job: this Job's run is kept under its own key", "pod", pod.Namespace+"/"+pod.Name, "run", run, "key", apart)
+	// The key holds the Job's UID, so the pods of that Job (one namespace)
+	// are never refused there.
+	rec, err = c.Store.UpdateRun(apart, update)
+	return rec, apart, err
 }
 
 // bound says why a pod of namespace ns controlled by Job jobUID is not

@@ -327,7 +327,11 @@ func TestPodWithAMalformedOwnerUIDIsNotKeptApart(t *testing.T) {
 	forged := jobs.MakePod("forged", "kube-system").OwnedBy(jobs.MakeJob("j2", "kube-system").Run("run-1").UID("x/../../pwned").Obj()).Obj()
 	forged.Spec.Containers = []corev1.Container{{Name: "agent"}}
 	cache.set(forged)
+	before := testutil.ToFloat64(podsIgnored.WithLabelValues("job-uid"))
 	c.OnPod(forged)
+	if testutil.ToFloat64(podsIgnored.WithLabelValues("job-uid")) <= before {
+		t.Error("the pod was not counted as ignored")
+	}
 	runs, _ := s.Runs(nil)
 	for _, r := range runs {
 		if strings.Contains(r.ID, "pwned") {

@@ -236,6 +236,27 @@ var uidPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-
 // gives objects.
 func ValidJobUID(uid string) bool { return uidPattern.MatchString(uid) }
 
+// RunOfJob is run id's record, or with jobUID that Job's run: kept under
+// RunKey when another Job took the id first (once there, it stays there),
+// else the id's record if it is that Job's or bound to none (from before
+// runs were bound); nil if neither.
+func (s *Store) RunOfJob(id, jobUID string) (*Run, error) {
+	if jobUID == "" {
+		return s.Run(id)
+	}
+	if !ValidJobUID(jobUID) {
+		return nil, nil
+	}
+	if apart, err := s.Run(RunKey(id, jobUID)); err != nil || apart != nil {
+		return apart, err
+	}
+	run, err := s.Run(id)
+	if err != nil || run == nil || (run.JobUID != "" && run.JobUID != jobUID) {
+		return nil, err
+	}
+	return run, nil
+}
+
 // Run returns a run's record, or nil if the relay never saw it.
 func (s *Store) Run(id string) (*Run, error) {
 	var r *Run
