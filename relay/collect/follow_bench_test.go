@@ -15,11 +15,7 @@ import (
 // timestamped stream, decide what is new, redact, batch and commit.
 func BenchmarkFollowLines(b *testing.B) {
 	const n = 20000
-	src := newFakeLog()
-	for i := 0; i < n; i++ {
-		src.write(t0.Add(time.Duration(i)*time.Microsecond), fmt.Sprintf(`{"type":"assistant","n":%d,"text":"token sk-ant-api03-AAAAAAAAAAAAAAAAAAAAAA and more text to make a realistic line"}`, i))
-	}
-	src.ended = true
+	src := endedLog(n, `{"type":"assistant","n":%d,"text":"token sk-ant-api03-AAAAAAAAAAAAAAAAAAAAAA and more text to make a realistic line"}`)
 	redact, _ := NewRedactor(nil, []string{"some-configured-secret-value"})
 	b.ReportAllocs()
 	for b.Loop() {
@@ -47,11 +43,7 @@ func BenchmarkFollowManyStreams(b *testing.B) {
 	const streams, n = 200, 1000
 	srcs := make([]*fakeLog, streams)
 	for i := range srcs {
-		srcs[i] = newFakeLog()
-		for j := range n {
-			srcs[i].write(t0.Add(time.Duration(j)*time.Microsecond), fmt.Sprintf(`{"type":"assistant","n":%d,"text":"%s"}`, j, strings.Repeat("a1B2c3D4e5", 25)))
-		}
-		srcs[i].ended = true
+		srcs[i] = endedLog(n, `{"type":"assistant","n":%d,"text":"`+strings.Repeat("a1B2c3D4e5", 25)+`"}`)
 	}
 	redact, _ := NewRedactor(nil, []string{"some-configured-secret-value"})
 	b.ReportAllocs()
@@ -77,4 +69,15 @@ func BenchmarkFollowManyStreams(b *testing.B) {
 		s.Close()
 	}
 	b.ReportMetric(float64(streams*n*b.N)/b.Elapsed().Seconds(), "lines/s")
+}
+
+// endedLog is a container log of n lines, a microsecond apart, each line
+// format with its number, that has ended.
+func endedLog(n int, format string) *fakeLog {
+	src := newFakeLog()
+	for i := range n {
+		src.write(t0.Add(time.Duration(i)*time.Microsecond), fmt.Sprintf(format, i))
+	}
+	src.ended = true
+	return src
 }
