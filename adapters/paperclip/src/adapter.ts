@@ -157,23 +157,21 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     }
   };
 
-  // Who the API server says this server is, asked once: clipjob records
-  // the creating user on every Job, and only Jobs this server created are
-  // its runs (labels can be copied by anyone who may create Jobs here).
+  // Who the API server says this server is, asked once it is known (a
+  // failed answer is asked again): clipjob records the creating user on
+  // every Job, and only Jobs this server created are its runs (labels can
+  // be copied by anyone who may create Jobs here).
   let self: Promise<string> | null = null;
-  const whoAmI = () => (self ??= kube.whoAmI());
-
-  /** Why the Job is not one this server created; null when it is. */
-  const notOurs = async (job: V1Job): Promise<string | null> => {
-    const by = job.metadata?.annotations?.[ANNOTATION_CREATED_BY];
-    if (by === undefined) return `it does not record who created it (no ${ANNOTATION_CREATED_BY}: clipjob did not admit it, or is older than that annotation)`;
-    let me: string;
+  const ownershipOf = async (job: V1Job): Promise<Ownership> => {
     try {
-      me = await whoAmI();
+      self ??= kube.whoAmI().catch((err) => {
+        self = null;
+        throw err;
+      });
+      return ownership(job, await self);
     } catch (err) {
-      return `this server's own user could not be read to compare (SelfSubjectReview: ${readKubeError(err).message})`;
+      return ownership(job, { error: readKubeError(err).message });
     }
-    return by === me ? null : `it was created by ${by}, not by this server (${me})`;
   };
 
   /**
@@ -197,20 +195,40 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     if (r.jobUid && job.metadata?.uid && job.metadata.uid !== r.jobUid) {
       return own ? { uid: undefined } : { why: `its Job ${ref} is gone (another Job has its name)` };
     }
-    const foreign = await notOurs(job);
-    if (foreign) return { why: `its Job ${ref} is not this server's: ${foreign}` };
+    const o = await ownershipOf(job);
+    if ("foreign" in o) return { why: `its Job ${ref} is not this server's: ${o.foreign}` };
+    if ("unknown" in o) return { why: `its Job ${ref} is not known to be this server's: ${o.unknown}` };
     if (!own && job.metadata?.deletionTimestamp) return { why: `its Job ${ref} is being deleted` };
     if (!own && jobFinished(job)) return { why: `its Job ${ref} has finished` };
     return { uid: job.metadata?.uid };
   };
 
-  /** The Job an earlier attempt at this very run created: its labels, and this server made it. */
-  const isThisRunsJob = async (job: V1Job): Promise<boolean> => {
+  /**
+   * The Job an earlier attempt at this very run created (its name, its
+   * labels, and clipjob says this server made it); none when there is no
+   * such Job; unknown when that cannot be told, and then nothing more may
+   * be created: a second Job would run the run twice.
+   */
+  const priorAttempt = async (): Promise<{ job: V1Job } | { none: true } | { unknown: string }> => {
+    let job: V1Job;
+    try {
+      job = await kube.readJob(ns, jobName);
+    } catch (err) {
+      return isNotFound(err) ? { none: true } : { unknown: `Job ${ns}/${jobName} could not be read (${readKubeError(err).message})` };
+    }
     const labels = job.metadata?.labels ?? {};
-    if (labels[LABEL_RUN_ID] !== ctx.runId || labels[LABEL_AGENT_ID] !== agentId) return false;
-    const foreign = await notOurs(job);
-    if (foreign) await notice(`Job ${ns}/${job.metadata?.name} carries this run's labels but is not this server's: ${foreign}`);
-    return foreign === null;
+    if (labels[LABEL_RUN_ID] !== ctx.runId || labels[LABEL_AGENT_ID] !== agentId) return { none: true };
+    const o = await ownershipOf(job);
+    if ("ours" in o) return { job };
+    if ("unknown" in o) return { unknown: `Job ${ns}/${jobName} carries this run's labels, and whether this server created it cannot be told: ${o.unknown}` };
+    await notice(`Job ${ns}/${jobName} carries this run's labels but is not this server's: ${o.foreign}`);
+    return { none: true };
+  };
+
+  /** The run cannot go on without risking a second Job: what this execution created is removed. */
+  const undecided = async (why: string): Promise<AdapterExecutionResult> => {
+    await dropSecrets();
+    return failureResult(ErrorCodes.jobCreateFailed, `The run was not submitted: ${why}. A second Job could run it twice, so nothing more was created`);
   };
 
   /**
@@ -386,14 +404,14 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
         // exists, follow it. If not, the name is taken by a Secret this
         // adapter cannot vouch for (it may not read Secrets): use another
         // name, leaving that one alone.
-        const prior = await kube.readJob(ns, jobName).catch(() => null);
-        if (prior && (await isThisRunsJob(prior))) {
+        const prior = await priorAttempt();
+        if ("job" in prior) {
           await notice(`Job ${ns}/${jobName} of this run already exists; following it`);
-          return follow(ctx.runId, ns, jobName, resumeSession || null, prior.metadata?.uid);
+          return follow(ctx.runId, ns, jobName, resumeSession || null, prior.job.metadata?.uid);
         }
-        const renamed = `${name.slice(0, 240)}-${randomBytes(3).toString("hex")}`;
+        if ("unknown" in prior) return undecided(prior.unknown);
+        const renamed = renameRunSecret(objects, which, randomBytes(3).toString("hex"));
         await notice(`a Secret ${ns}/${name} already exists and is not known to be this run's; the run's ${which} Secret is ${renamed} instead`);
-        renameRunSecret(objects, which, renamed);
         try {
           await kube.createSecret(ns, secret);
         } catch (again) {
@@ -405,7 +423,7 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
         return secretFailureResult(which, `${ns}/${name}`, err);
       }
     }
-    createdSecrets.push(secret.metadata!.name!);
+    createdSecrets.push(secret.metadata!.name!); // renamed, perhaps
   }
   if (ctx.signal?.aborted) {
     await dropSecrets();
@@ -420,12 +438,13 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     } catch (err) {
       const f = classifyCreateError(err);
       if (f.kind === "name-taken") {
-        const prior = await kube.readJob(ns, jobName).catch(() => null);
-        if (prior && (await isThisRunsJob(prior))) {
+        const prior = await priorAttempt();
+        if ("job" in prior) {
           await notice(`Job ${ns}/${jobName} of this run already exists; following it`);
-          admitted = prior;
+          admitted = prior.job;
           break;
         }
+        if ("unknown" in prior) return undecided(prior.unknown);
         if (attempt === 0) {
           // Another run's Job has the name (two run ids with the same
           // slug and hash prefix): take another.
@@ -653,6 +672,17 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
   }
 }
 
+/** Whether clipjob says this server created a Job, or why that cannot be told. */
+type Ownership = { ours: true } | { foreign: string } | { unknown: string };
+
+/** The Job's created-by (written by clipjob's webhook) against this server's user `me`. */
+function ownership(job: V1Job, me: string | { error: string }): Ownership {
+  const by = job.metadata?.annotations?.[ANNOTATION_CREATED_BY];
+  if (by === undefined) return { unknown: `it does not record who created it (no ${ANNOTATION_CREATED_BY}: clipjob did not admit it, or is older than that annotation)` };
+  if (typeof me !== "string") return { unknown: `this server's own user could not be read to compare (SelfSubjectReview: ${me.error})` };
+  return by === me ? { ours: true } : { foreign: `it was created by ${by}, not by this server (${me})` };
+}
+
 /** A run cancelled before any agent work started: nothing to stop, safe to run again. */
 function cancelledBeforeStart(when: string): AdapterExecutionResult {
   return {
@@ -768,23 +798,19 @@ export async function testClipjobEnvironment(
         });
         // Re-attaching after a restart follows only Jobs clipjob says
         // this server created.
-        const by = got.metadata?.annotations?.[ANNOTATION_CREATED_BY];
-        const me = await kube.whoAmI().catch((err) => `(unknown: ${readKubeError(err).message})`);
-        if (by === undefined) {
+        const me = await kube.whoAmI().catch((err) => ({ error: readKubeError(err).message }));
+        const o = ownership(got, me);
+        if ("ours" in o) {
+          checks.push({ code: "clipjob_created_by", level: "info", message: `clipjob records this server (${me as string}) as the creator of its Jobs` });
+        } else if ("foreign" in o) {
+          checks.push({ code: "clipjob_created_by", level: "error", message: `clipjob recorded the dry run's creator wrongly: ${o.foreign}` });
+        } else {
           checks.push({
             code: "clipjob_created_by",
             level: "warn",
-            message: `clipjob does not record who creates Jobs (no ${ANNOTATION_CREATED_BY}): after a server restart the adapter cannot tell its running runs from copies and will not re-attach to them`,
-            hint: "Upgrade clipjob",
+            message: `whether clipjob records this server as the creator of its Jobs cannot be told (${o.unknown}): after a server restart the adapter will not re-attach to its running runs, and a retried run whose Job exists is refused`,
+            hint: got.metadata?.annotations?.[ANNOTATION_CREATED_BY] === undefined ? "Upgrade clipjob" : undefined,
           });
-        } else if (by !== me) {
-          checks.push({
-            code: "clipjob_created_by",
-            level: "error",
-            message: `clipjob recorded the dry run's creator as ${by}, but this server is ${me}`,
-          });
-        } else {
-          checks.push({ code: "clipjob_created_by", level: "info", message: `clipjob records this server (${me}) as the creator of its Jobs` });
         }
       } else {
         checks.push({

@@ -203,18 +203,25 @@ export function buildRunObjects(input: BuildRunInput): RunObjects {
  * to it: the name was taken by a Secret this adapter cannot vouch for
  * (it may not read Secrets), which must be neither used nor deleted.
  */
-export function renameRunSecret(objects: RunObjects, which: "env" | "prompt", name: string): void {
+export function renameRunSecret(objects: RunObjects, which: "env" | "prompt", suffix: string): string {
   const secret = which === "env" ? objects.envSecret : objects.promptSecret;
-  if (!secret?.metadata) return;
+  if (!secret?.metadata?.name) throw new Error(`the run has no ${which} Secret`);
+  const name = withSuffix(secret.metadata.name, suffix, 253);
   secret.metadata.name = name;
   if (which === "env") {
     objects.job.metadata!.annotations![ANNOTATION_ENV_SECRET] = name;
   } else {
     objects.job.spec!.template.metadata!.annotations![ANNOTATION_PROMPT_SECRET] = name;
   }
+  return name;
 }
 
 /** A name for a second try after the first name was taken by another run's Job. */
 export function retryJobName(jobName: string, suffix: string): string {
-  return `${jobName.slice(0, 63 - suffix.length - 1)}-${suffix}`;
+  return withSuffix(jobName, suffix, 63);
+}
+
+/** name-suffix, name cut so the whole is at most max characters. */
+function withSuffix(name: string, suffix: string, max: number): string {
+  return `${name.slice(0, max - suffix.length - 1)}-${suffix}`;
 }

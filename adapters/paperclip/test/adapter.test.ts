@@ -413,7 +413,7 @@ describe("execute", () => {
       assert.equal(result.errorCode, null, result.errorMessage ?? "");
       assert.deepEqual(rec.stdout, claudeLines.map((l) => `${l}\n`), "only its own run's output");
       assert.ok(kube.calls.some((c) => /^create job pc-run-/.test(c)), kube.calls.join());
-      assert.ok(rec.stderr.some((l) => /not re-attaching .*is not this server's/.test(l)), rec.stderr.join(""));
+      assert.ok(rec.stderr.some((l) => /not re-attaching .*is not (known to be )?this server's/.test(l)), rec.stderr.join(""));
     });
   }
 
@@ -613,6 +613,28 @@ describe("execute", () => {
     assert.deepEqual(again.stdout, ["only once\n"]);
     assert.equal(kube.jobs.size, 1);
   });
+
+  // Simplicity review: "cannot tell who made it" was taken for "someone
+  // else made it", and a retried execute whose Job exists created a second
+  // Job of the run (refused, or queued to run it twice).
+  for (const [what, setup] of [
+    ["its own user cannot be read", () => void (kube.whoAmIError = statusError(500, "InternalError", "etcd is sad"))],
+    ["its Job cannot be read", () => void (kube.readJob = () => Promise.reject(statusError(503, "ServiceUnavailable", "try later")))],
+  ] as Array<[string, () => void]>) {
+    it(`a retried execute whose Job exists while ${what}: refused, nothing more created`, async () => {
+      const rec = newCtx({}, { reattach: false });
+      kube.afterCreateJob = runsTo(["only once"], claudeEnd);
+      assert.equal((await executeRun(CLAUDE_ADAPTER, rec.ctx, deps())).errorCode, null);
+      setup();
+      const again = newCtx({ runId: rec.ctx.runId, agent: rec.ctx.agent }, { reattach: false });
+      kube.afterCreateJob = () => assert.fail("no second Job");
+      const second = await executeRun(CLAUDE_ADAPTER, again.ctx, deps());
+      assert.equal(second.errorCode, "k8s_job_create_failed", second.errorMessage ?? "");
+      assert.match(second.errorMessage ?? "", /A second Job could run it twice, so nothing more was created/);
+      assert.equal(kube.jobs.size, 1);
+      assert.ok(!kube.calls.some((c) => /^create job .*-[0-9a-f]{6}$/.test(c)), kube.calls.join());
+    });
+  }
 
   it("resumes the stored session in the same working directory", async () => {
     kube.afterCreateJob = runsTo([], claudeEnd);
