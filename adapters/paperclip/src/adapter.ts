@@ -39,6 +39,7 @@ import {
   ErrorCodes,
   failureResult,
   isNotFound,
+  message,
   readKubeError,
   secretFailureResult,
 } from "./errors.js";
@@ -78,10 +79,6 @@ export interface AdapterDeps {
 const defaultKube = (s: ClipjobSettings): KubeApi => kubeApi(loadKubeConfig(s.kubeconfig));
 const defaultRelay = (s: ClipjobSettings): RelayClient =>
   new RelayClient({ baseUrl: s.relayUrl, tokenFile: s.relayTokenFile, caFile: s.relayCaFile || undefined });
-
-function message(err: unknown): string {
-  return err instanceof Error ? err.message : String(err);
-}
 
 function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));

@@ -111,7 +111,7 @@ function bool(value: unknown, fallback: boolean): boolean {
  * a turn limit) and the adapter's (a session resumed only in its own
  * working directory).
  */
-export const RESERVED_ENV = new Set([
+const RESERVED_ENV = new Set([
   "PAPERCLIP_AGENT_ID",
   "PAPERCLIP_RUN_ID",
   "PAPERCLIP_COMPANY_ID",
@@ -177,7 +177,7 @@ export interface ServerSettings {
 }
 
 /** The adapterConfig keys that were connection settings; now the server's (see ServerSettings). */
-export const SERVER_ONLY_KEYS: Record<string, string> = {
+const SERVER_ONLY_KEYS: Record<string, string> = {
   kubeconfig: "CLIPJOB_KUBECONFIG",
   relayUrl: "CLIPJOB_RELAY_URL",
   relayTokenFile: "CLIPJOB_RELAY_TOKEN_FILE",
@@ -191,14 +191,15 @@ function list(value: string | undefined, sep: string | RegExp): string[] {
     .filter((v) => v !== "");
 }
 
-const LOOPBACK_HOSTS = new Set(["127.0.0.1", "localhost", "[::1]", "::1"]);
+// URL.hostname keeps IPv6 brackets.
+const LOOPBACK_HOSTS = new Set(["127.0.0.1", "localhost", "[::1]"]);
 
 /**
  * The relay's URL, checked: the server's token goes with every request,
  * so it travels over TLS, or in plain HTTP only to this host (a local
  * port-forward or proxy), never in clear across the network.
  */
-export function checkRelayUrl(raw: string): string {
+function checkRelayUrl(raw: string): string {
   let url: URL;
   try {
     url = new URL(raw);
@@ -217,7 +218,7 @@ export function checkRelayUrl(raw: string): string {
 }
 
 /** Reads the server's settings from its environment. */
-export function serverSettings(env: NodeJS.ProcessEnv = process.env, readNamespaceFile = readServiceAccountNamespace): ServerSettings {
+function serverSettings(env: NodeJS.ProcessEnv = process.env, readNamespaceFile = readServiceAccountNamespace): ServerSettings {
   const namespace = env.CLIPJOB_NAMESPACE?.trim() || defaultNamespace(env, readNamespaceFile);
   const home = env.PAPERCLIP_HOME?.trim() ? resolve(env.PAPERCLIP_HOME.trim().replace(/^~(?=$|\/)/, homedir())) : resolve(homedir(), ".paperclip");
   const roots = list(env.CLIPJOB_INSTRUCTIONS_ROOTS, ":");

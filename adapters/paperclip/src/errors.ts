@@ -16,6 +16,11 @@ import { CAUSE_AGENT_BUSY, CAUSE_HOLDER_JOB, CAUSE_HOLDER_RUN_ID, CAUSE_HOLDER_S
  * The two `clipjob_`/`k8s_env_` codes are this adapter's own: nothing before
  * it had a relay or a per-run env Secret.
  */
+/** An error's message, whatever was thrown. */
+export function message(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
+
 export const ErrorCodes = {
   /** Another run of the agent is active (clipjob's 409 agent-busy), or its queue is full. */
   concurrentRunBlocked: "k8s_concurrent_run_blocked",

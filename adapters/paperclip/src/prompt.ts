@@ -22,6 +22,7 @@ import {
 } from "@paperclipai/adapter-utils/server-utils";
 
 import type { ClipjobSettings } from "./config.js";
+import { message } from "./errors.js";
 
 function text(value: unknown): string {
   return typeof value === "string" ? value.trim() : "";
@@ -79,7 +80,7 @@ export function sessionToResume(runtime: AdapterExecutionContext["runtime"], wor
 }
 
 /** An instructions file larger than this is refused: it goes into every prompt. */
-export const MAX_INSTRUCTIONS_BYTES = 1024 * 1024;
+const MAX_INSTRUCTIONS_BYTES = 1024 * 1024;
 
 /** Never read, whatever the roots say: the kernel's and the pod's secrets. */
 const NEVER_READ = ["/proc", "/sys", "/dev", "/var/run/secrets", "/run/secrets"];
@@ -216,7 +217,7 @@ export async function buildPrompt(
           `Resolve any relative file references from ${dirname(settings.instructionsFilePath)}.`;
       }
     } catch (err) {
-      notes.push(`instructions file ${settings.instructionsFilePath} could not be read (${err instanceof Error ? err.message : String(err)}); continuing without it`);
+      notes.push(`instructions file ${settings.instructionsFilePath} could not be read (${message(err)}); continuing without it`);
     }
   }
 

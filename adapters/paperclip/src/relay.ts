@@ -9,6 +9,7 @@ import { readFile } from "node:fs/promises";
 import http, { type IncomingMessage } from "node:http";
 import https from "node:https";
 
+import { message } from "./errors.js";
 import { SseParser } from "./sse.js";
 
 /** Token accounting as the relay reports it (relay/result.Usage). */
@@ -455,18 +456,25 @@ export async function followRun(o: FollowOptions): Promise<FollowOutcome> {
     return null;
   };
 
+  // No stream now for a reason that may pass: say so, give up if the Job
+  // says to, else wait (Retry-After, else the backoff, which grows).
+  const retryLater = async (say: string, detail: string, waitMs = backoff): Promise<FollowOutcome | null> => {
+    await notice(say);
+    const give = await withoutStream("error", detail);
+    if (give) return give;
+    await sleep(waitMs, o.signal);
+    backoff = Math.min(backoff * 2, maxBackoff);
+    return null;
+  };
+
   while (!o.signal.aborted) {
     let res: LogResponse;
     try {
       res = await o.client.openLog(o.runId, lastSeq, lastSeq > 0, o.signal, o.jobUid);
     } catch (err) {
       if (o.signal.aborted) break;
-      const msg = err instanceof Error ? err.message : String(err);
-      await notice(`relay unreachable (${msg}); retrying`);
-      const give = await withoutStream("error", msg);
+      const give = await retryLater(`relay unreachable (${message(err)}); retrying`, message(err));
       if (give) return give;
-      await sleep(backoff, o.signal);
-      backoff = Math.min(backoff * 2, maxBackoff);
       continue;
     }
 
@@ -481,7 +489,7 @@ export async function followRun(o: FollowOptions): Promise<FollowOutcome> {
           record = await o.client.getRun(o.runId, o.signal, o.jobUid);
           why = record ? o.verifyRun(record) : `the relay serves run ${o.runId}'s log but has no record of it`;
         } catch (err) {
-          why = `reading run ${o.runId}'s record to check it: ${err instanceof Error ? err.message : String(err)}`;
+          why = `reading run ${o.runId}'s record to check it: ${message(err)}`;
         }
         if (record && why) {
           res.body.destroy();
@@ -490,11 +498,8 @@ export async function followRun(o: FollowOptions): Promise<FollowOutcome> {
         if (why) {
           res.body.destroy();
           if (o.signal.aborted) break;
-          await notice(`${why}; retrying`);
-          const give = await withoutStream("error", why);
+          const give = await retryLater(`${why}; retrying`, why);
           if (give) return give;
-          await sleep(backoff, o.signal);
-          backoff = Math.min(backoff * 2, maxBackoff);
           continue;
         }
       }
@@ -509,7 +514,7 @@ export async function followRun(o: FollowOptions): Promise<FollowOutcome> {
         end = await consume(res.body, o, idleTimeout, (seq) => (lastSeq = seq), () => lastSeq);
       } catch (err) {
         if (o.signal.aborted) break;
-        await notice(`log stream broke (${err instanceof Error ? err.message : String(err)}); resuming after line ${lastSeq}`);
+        await notice(`log stream broke (${message(err)}); resuming after line ${lastSeq}`);
       }
       if (end !== undefined) return { kind: "ended", end, lastSeq };
       if (o.signal.aborted) break;
@@ -544,11 +549,12 @@ export async function followRun(o: FollowOptions): Promise<FollowOutcome> {
     } else if (res.status >= 400 && res.status < 500 && !TRANSIENT_4XX.has(res.status)) {
       return unavailable(`the relay answered ${res.status}: ${relayMessage(body)}`);
     }
-    await notice(`relay answered ${res.status}${body ? `: ${relayMessage(body)}` : ""}; retrying`);
-    const give = await withoutStream("error", `${res.status} ${relayMessage(body)}`);
+    const give = await retryLater(
+      `relay answered ${res.status}${body ? `: ${relayMessage(body)}` : ""}; retrying`,
+      `${res.status} ${relayMessage(body)}`,
+      retryAfterMs(res.body.headers["retry-after"], maxBackoff) ?? backoff,
+    );
     if (give) return give;
-    await sleep(retryAfterMs(res.body.headers["retry-after"], maxBackoff) ?? backoff, o.signal);
-    backoff = Math.min(backoff * 2, maxBackoff);
   }
   return { kind: "aborted", lastSeq };
 }

@@ -84,8 +84,6 @@ export class SseParser {
 
   private checkLength(length: number, what: string): void {
     if (length > this.maxLineLength) {
-      this.buffer = "";
-      this.data = [];
       throw new Error(`the event stream sent ${what} over ${this.maxLineLength} characters`);
     }
   }
