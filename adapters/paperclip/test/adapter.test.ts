@@ -544,26 +544,22 @@ describe("execute", () => {
     }
   }
 
-  it("its own record naming a Job this run would not have had, its Job gone: not followed", async () => {
-    const rec = newCtx();
-    // Still running as the relay has it: the re-attach finds it (the server restarted).
-    relay.addRun({ id: rec.ctx.runId, agent: rec.ctx.agent.id, job: "pc-someone-elses", phase: "Running" });
-    relay.appendLines(rec.ctx.runId, "FORGED LINE");
-    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
-    assert.equal(result.errorCode, "clipjob_relay_run_mismatch", result.errorMessage ?? "");
-    assert.deepEqual(rec.stdout, []);
-    assert.ok(!kube.calls.some((c) => c.startsWith("create")), kube.calls.join());
-  });
-
-  it("its own record naming a retry name (whose suffix anyone may choose), its Job gone: not followed", async () => {
-    const rec = newCtx();
-    relay.addRun({ id: rec.ctx.runId, agent: rec.ctx.agent.id, job: retryJobName(jobNameOf(rec), "abcdef"), jobUid: "uid-attacker", phase: "Running" });
-    relay.appendLines(rec.ctx.runId, "FORGED LINE");
-    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
-    assert.equal(result.errorCode, "clipjob_relay_run_mismatch", result.errorMessage ?? "");
-    assert.deepEqual(rec.stdout, []);
-    assert.ok(!kube.calls.some((c) => c.startsWith("create")), kube.calls.join());
-  });
+  // Its own record, still running as the relay has it (the server
+  // restarted), its Job gone: taken only under the name its Job had.
+  for (const [what, job] of [
+    ["a Job this run would not have had", () => ({ job: "pc-someone-elses" })],
+    ["a retry name (whose suffix anyone may choose)", (rec: Recorded) => ({ job: retryJobName(jobNameOf(rec), "abcdef"), jobUid: "uid-attacker" })],
+  ] as Array<[string, (rec: Recorded) => Partial<RelayRun>]>) {
+    it(`its own record naming ${what}, its Job gone: not followed`, async () => {
+      const rec = newCtx();
+      relay.addRun({ id: rec.ctx.runId, agent: rec.ctx.agent.id, phase: "Running", ...job(rec) });
+      relay.appendLines(rec.ctx.runId, "FORGED LINE");
+      const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+      assert.equal(result.errorCode, "clipjob_relay_run_mismatch", result.errorMessage ?? "");
+      assert.deepEqual(rec.stdout, []);
+      assert.ok(!kube.calls.some((c) => c.startsWith("create")), kube.calls.join());
+    });
+  }
 
   it("cancelling its own run whose Job is gone deletes no Job of that name another user made since", async () => {
     const stop = new AbortController();
@@ -577,6 +573,25 @@ describe("execute", () => {
     assert.equal(result.errorCode, "cancelled");
     assert.deepEqual(kube.deletions, [], "their Job is left alone");
     assert.ok(kube.jobs.has(jobNameOf(rec)));
+  });
+
+  it("cancel deletes the run's Job only while it is still that Job (UID precondition)", async () => {
+    const stop = new AbortController();
+    kube.afterCreateJob = (job) => {
+      relay.addRun({ id: job.metadata!.labels!["paperclip.io/run-id"], agent: job.metadata!.labels!["paperclip.io/agent-id"], job: job.metadata!.name, jobUid: job.metadata!.uid });
+      relay.appendLines(job.metadata!.labels!["paperclip.io/run-id"], "working");
+      setTimeout(() => {
+        // Gone and made again by someone else under the same name.
+        kube.jobs.set(job.metadata!.name!, { metadata: { name: job.metadata!.name, uid: "uid-someone-elses", annotations: { "clipjob.paperclip.io/created-by": "someone-else" } } });
+        stop.abort();
+      }, 100);
+    };
+    const rec = newCtx({ signal: stop.signal });
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, "cancelled");
+    assert.match(result.errorMessage ?? "", /deleting Job .* failed: Precondition failed/);
+    assert.deepEqual(kube.deletions, [], "the Job now of that name is left alone");
+    assert.equal(kube.jobs.get(jobNameOf(rec))?.metadata?.uid, "uid-someone-elses");
   });
 
   it("a task id that cannot be a label never matches another run (it is on no Job)", async () => {
