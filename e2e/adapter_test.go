@@ -25,6 +25,7 @@ import (
 
 	"github.com/paperclipai/clipjob/claim"
 	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
 	"github.com/paperclipai/clipjob/relay"
 )
@@ -506,15 +507,7 @@ func TestPaperclipAdapterRunsAnAgent(t *testing.T) {
 	// The restarted server has re-attached (and followed the run so far)
 	// before the run ends.
 	d.waitStdout(ctx, t, len(lines))
-	last := claudeResult("fixed it")
-	if err := log.Write(last); err != nil {
-		t.Fatal(err)
-	}
-	lines = append(lines, last)
-	finishRun(ctx, t, job.Name, "0")
-	res := a.wait(ctx, t)
-	exactlyOnce(t, a.stdout(), lines)
-	checkSucceeded(t, res, run, job, "fixed it")
+	lines = endRun(ctx, t, a, log, job, lines, "fixed it")
 	if cmd, _ := a.meta["command"].(string); cmd != "clipjob bare Job "+ns+"/"+job.Name {
 		t.Errorf("onMeta command %q", cmd)
 	}
@@ -572,16 +565,7 @@ func TestPaperclipAdapterFollowsAcrossRelayRestarts(t *testing.T) {
 			}
 		}
 	})
-	want = append([]string{claudeInit}, want...)
-	last := claudeResult("survived two relay restarts")
-	if err := log.Write(last); err != nil {
-		t.Fatal(err)
-	}
-	want = append(want, last)
-	finishRun(ctx, t, job.Name, "0")
-	res := a.wait(ctx, t)
-	exactlyOnce(t, a.stdout(), want)
-	checkSucceeded(t, res, run, job, "survived two relay restarts")
+	endRun(ctx, t, a, log, job, append([]string{claudeInit}, want...), "survived two relay restarts")
 }
 
 // TestPaperclipAdapterCancelsARun: a run cancelled while its agent works
@@ -935,11 +919,10 @@ func runQueuedAfter(ctx context.Context, t *testing.T, a *adapterRun, jobA *batc
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := logA.Write(claudeInit, claudeResult("first done")); err != nil {
+	if err := logA.Write(claudeInit); err != nil {
 		t.Fatal(err)
 	}
-	finishRun(ctx, t, jobA.Name, "0")
-	checkSucceeded(t, a.wait(ctx, t), a.spec.RunID, jobA, "first done")
+	endRun(ctx, t, a, logA, jobA, []string{claudeInit}, "first done")
 	waitStarted(ctx, t, jobB.Name)
 	podB := waitPod(ctx, t, jobB.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
 	logB, err := env.cluster.PodLog(ctx, ns, podB.Name)
@@ -950,4 +933,22 @@ func runQueuedAfter(ctx context.Context, t *testing.T, a *adapterRun, jobA *batc
 		t.Fatal(err)
 	}
 	finishRun(ctx, t, jobB.Name, "0")
+}
+
+// endRun has the run's agent print its result line (text) and exit 0, and
+// checks that the adapter handed on written and that line, each once and
+// in order, and returned the run's success with text. It returns the
+// lines handed on.
+func endRun(ctx context.Context, t *testing.T, a *adapterRun, log *cluster.PodLog, job *batchv1.Job, written []string, text string) []string {
+	t.Helper()
+	last := claudeResult(text)
+	if err := log.Write(last); err != nil {
+		t.Fatal(err)
+	}
+	lines := append(slices.Clone(written), last)
+	finishRun(ctx, t, job.Name, "0")
+	res := a.wait(ctx, t)
+	exactlyOnce(t, a.stdout(), lines)
+	checkSucceeded(t, res, a.spec.RunID, job, text)
+	return lines
 }
