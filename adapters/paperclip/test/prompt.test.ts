@@ -76,11 +76,14 @@ describe("settings", () => {
       (err: unknown) => err instanceof SettingsError && /profile "unsandboxed" is not one this server lets agents pick \(claude_local\).*CLIPJOB_PROFILES/.test(err.message),
     );
     assert.equal(resolveSettings({ profile: "claude_local" }, { profile: "claude_local" }, () => {}, env).profile, "claude_local");
-    for (const url of ["http://relay.clipjob-system.svc", "ftp://relay", "https://user:pw@relay", "not a url"]) {
+    for (const url of ["http://relay.clipjob-system.svc", "ftp://relay", "https://user:pw@relay", "https://relay?x=1", "https://relay#f", "http://[::2]:8090", "not a url"]) {
       assert.throws(() => resolveSettings({}, { profile: "claude_local" }, () => {}, { ...env, CLIPJOB_RELAY_URL: url }), SettingsError, url);
     }
     // Plain http only to this host (a local port-forward).
-    assert.equal(resolveSettings({}, { profile: "claude_local" }, () => {}, { ...env, CLIPJOB_RELAY_URL: "http://127.0.0.1:8090" }).relayUrl, "http://127.0.0.1:8090");
+    for (const url of ["http://127.0.0.1:8090", "http://localhost:8090", "http://[::1]:8090"]) {
+      assert.equal(resolveSettings({}, { profile: "claude_local" }, () => {}, { ...env, CLIPJOB_RELAY_URL: url }).relayUrl, url);
+    }
+    assert.throws(() => resolveSettings({}, { profile: "claude_local" }, () => {}, { ...env, CLIPJOB_INSTRUCTIONS_ROOTS: "relative/dir" }), /not an absolute path/);
   });
 
   it("the namespace: PAPERCLIP_NAMESPACE, POD_NAMESPACE, the ServiceAccount's, default", () => {
