@@ -51,6 +51,8 @@ exec opencode "$@" < "${PAPERCLIP_PROMPT_FILE:-/dev/null}"`}
 func builtinDefaults() Profile {
 	return Profile{
 		ContainerName: "agent",
+		// Every agent calls the Paperclip server back.
+		EnvKeys: []string{"PAPERCLIP_API_URL"},
 		Resources: &corev1.ResourceRequirements{
 			Requests: corev1.ResourceList{
 				corev1.ResourceCPU:    resource.MustParse("1"),

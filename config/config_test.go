@@ -75,12 +75,12 @@ func TestParseErrorsNameTheField(t *testing.T) {
 func TestDefaults(t *testing.T) {
 	cfg := Default()
 	want := Source{Namespace: "paperclip", Deployment: "paperclip", Container: "paperclip", DataMountPath: "/paperclip",
-		Env: EnvFilter{Deny: DefaultEnvDeny}, InheritEnvFrom: cfg.Source.InheritEnvFrom}
+		Env: EnvFilter{Deny: DefaultEnvDeny}}
 	if diff := cmp.Diff(want, cfg.Source); diff != "" {
 		t.Errorf("source defaults (-want +got):\n%s", diff)
 	}
-	if !cfg.Source.InheritsEnvFrom() {
-		t.Error("envFrom is inherited by default")
+	if len(cfg.Source.Env.Allow) != 0 || len(cfg.Source.Env.AllowFrom) != 0 {
+		t.Error("by default agents inherit only their profile's envKeys, and no envFrom")
 	}
 	if diff := cmp.Diff([]string{"claude_local", "codex_local", "cursor_local", "default", "gemini_local", "opencode_local", "pi_local"}, cfg.ProfileNames()); diff != "" {
 		t.Errorf("profiles (-want +got):\n%s", diff)

@@ -8,7 +8,6 @@ import (
 	"os"
 	"strings"
 
-	"k8s.io/utils/ptr"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 )
@@ -47,6 +46,11 @@ func Parse(data []byte) (*Config, error) {
 		return nil, fmt.Errorf("decoding: %w", err)
 	}
 	if len(strict) > 0 {
+		for i, e := range strict {
+			if hint, ok := removedFields[strings.TrimPrefix(e.Error(), "unknown field ")]; ok {
+				strict[i] = fmt.Errorf("%w: %s", e, hint)
+			}
+		}
 		return nil, fmt.Errorf("decoding: %w", errors.Join(strict...))
 	}
 	cfg.setDefaults()
@@ -59,6 +63,13 @@ func Parse(data []byte) (*Config, error) {
 	sum := sha256.Sum256(js)
 	cfg.hash = hex.EncodeToString(sum[:8])
 	return cfg, nil
+}
+
+// removedFields are fields earlier versions read, by the strict decoder's
+// quoted path, with what replaces them: an old file is refused (the
+// previous config keeps serving) with the way forward, not only "unknown".
+var removedFields = map[string]string{
+	`"source.inheritEnvFrom"`: "removed: agents inherit envFrom only from the ConfigMaps and Secrets listed in source.env.allowFrom (docs/migration.md)",
 }
 
 // Default returns the configuration of an empty file: the default source
@@ -88,9 +99,6 @@ func (c *Config) setDefaults() {
 	if s.DataMountPath == "" {
 		s.DataMountPath = "/paperclip"
 	}
-	if s.InheritEnvFrom == nil {
-		s.InheritEnvFrom = ptr.To(true)
-	}
 	cc := &c.Policy.Concurrency
 	if cc.Mode == "" {
 		cc.Mode = ModeReject
@@ -108,6 +116,3 @@ func (c *Config) setDefaults() {
 		c.DefaultProfile = DefaultProfileName
 	}
 }
-
-// InheritsEnvFrom reports whether envFrom references are inherited.
-func (s Source) InheritsEnvFrom() bool { return s.InheritEnvFrom == nil || *s.InheritEnvFrom }

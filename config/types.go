@@ -63,23 +63,29 @@ type Source struct {
 	// PersistentVolumeClaim; agent containers mount it at the same path and
 	// get it as HOME. Default "/paperclip".
 	DataMountPath string `json:"dataMountPath,omitempty"`
-	// Env filters the env and valueFrom entries inherited by name.
+	// Env selects what of the source container's env, valueFrom and
+	// envFrom agents inherit: by allowlist, so a server credential under a
+	// name nobody thought to deny stays the server's.
 	Env EnvFilter `json:"env,omitempty"`
-	// InheritEnvFrom copies the container's envFrom references as they are.
-	// They carry every key of their Secret or ConfigMap, so the Env filter
-	// cannot apply to them. Default true, as Paperclip's adapters do.
-	InheritEnvFrom *bool `json:"inheritEnvFrom,omitempty"`
 }
 
-// EnvFilter selects inherited env vars by name. Patterns are shell globs
+// EnvFilter selects inherited env by allowlist. Patterns are shell globs
 // (path.Match syntax, e.g. "DATABASE_*").
 type EnvFilter struct {
-	// Allow, when not empty, lets only matching names through (plus the
-	// active profile's envKeys).
+	// Allow lists the env names (literal or valueFrom) agents inherit
+	// besides the active profile's envKeys. Empty (the default): only the
+	// profile's envKeys. ["*"] inherits every name but the denied ones, as
+	// clipjob did before the allowlist.
 	Allow []string `json:"allow,omitempty"`
+	// AllowFrom lists the ConfigMaps and Secrets whose envFrom entries
+	// agents inherit. An envFrom hands over every key of its source, so
+	// only sources named here go; a Secret that backs a denied variable is
+	// withheld even when listed. Default: none.
+	AllowFrom []string `json:"allowFrom,omitempty"`
 	// Deny drops matching names; it wins over Allow and envKeys. It adds
 	// to DefaultEnvDeny, which always applies: to hand one of those values
-	// to agents anyway, set it in a profile's env.
+	// to agents anyway, set it in a profile's env. A second guard behind
+	// the allowlist.
 	Deny []string `json:"deny,omitempty"`
 }
 
@@ -179,6 +185,26 @@ type Policy struct {
 	Namespaces []string `json:"namespaces,omitempty"`
 	// Concurrency keeps at most one active run per agent.
 	Concurrency Concurrency `json:"concurrency,omitempty"`
+	// Secrets says which Secrets an agent Job may reference besides those
+	// made for its run and those clipjob hands it from the source.
+	Secrets SecretPolicy `json:"secrets,omitempty"`
+}
+
+// SecretPolicy is what the run-secret rule admits beyond a run's own
+// Secrets (labeled for the run) and the source's shared ones.
+type SecretPolicy struct {
+	// Shared (globs) are Secrets many runs may reference as they are, e.g.
+	// an LLM key: no run label is needed, and no run's Job ever owns or
+	// deletes one. A Secret the server reads under a denied env name stays
+	// refused even when listed. A Secret named here is never a run's env or
+	// prompt Secret.
+	Shared []string `json:"shared,omitempty"`
+	// CreatedAfterJob lets a Job reference a Secret that does not exist
+	// yet when its name is the Job's own name plus a suffix
+	// ("<job>-env"): Paperclip's Kubernetes plugin creates its run's
+	// Secret after the Job, owned by it. Whoever creates that Secret later
+	// decides what the pod reads. Default false.
+	CreatedAfterJob bool `json:"createdAfterJob,omitempty"`
 }
 
 // ImagePolicy is the image allowlist.

@@ -81,6 +81,9 @@ func validatePolicy(pol Policy, p *field.Path) field.ErrorList {
 	if c.PendingGraceSeconds < 0 {
 		errs = append(errs, field.Invalid(cp.Child("pendingGraceSeconds"), c.PendingGraceSeconds, "must be 0 or more"))
 	}
+	for i, g := range pol.Secrets.Shared {
+		errs = append(errs, glob(g, p.Child("secrets", "shared").Index(i))...)
+	}
 	return errs
 }
 
@@ -95,6 +98,9 @@ func validateSource(s Source, p *field.Path) field.ErrorList {
 	}
 	for i, g := range s.Env.Deny {
 		errs = append(errs, glob(g, p.Child("env", "deny").Index(i))...)
+	}
+	for i, g := range s.Env.AllowFrom {
+		errs = append(errs, glob(g, p.Child("env", "allowFrom").Index(i))...)
 	}
 	return errs
 }
@@ -231,7 +237,7 @@ func absPath(v string, p *field.Path) field.ErrorList {
 
 func glob(g string, p *field.Path) field.ErrorList {
 	if g == "" {
-		return field.ErrorList{field.Required(p, "an env name or glob")}
+		return field.ErrorList{field.Required(p, "a name or glob")}
 	}
 	if _, err := path.Match(g, ""); err != nil {
 		return field.ErrorList{field.Invalid(p, g, "not a valid glob: "+err.Error())}

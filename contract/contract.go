@@ -28,6 +28,12 @@ const (
 	RoleAgent   = "agent"
 )
 
+// ReservedPrefix begins the name of every volume clipjob adds to an agent
+// pod (the shared data volume, the source's secret volumes, the prompt,
+// writable paths, a tenant's workspace), so none meets a volume of the
+// Job's own: a Job may not use a name with this prefix for another volume.
+const ReservedPrefix = "clipjob-"
+
 // Pod-template annotations that carry the prompt.
 const (
 	// AnnotationPrompt holds a small prompt inline.
@@ -118,6 +124,37 @@ var RunEnv = []struct{ Label, Env string }{
 	{LabelCompanyID, "PAPERCLIP_COMPANY_ID"},
 	{LabelTaskID, "PAPERCLIP_TASK_ID"},
 	{LabelSessionID, "PAPERCLIP_SESSION_ID"},
+}
+
+// SecretMadeForRun reports whether a Secret named secretName, labeled
+// secretLabels, was made for the run of the Job named jobName with
+// jobLabels: it carries the Job's run id, and either its agent id or a
+// name that is the Job's own plus one suffix word ("<job>-env",
+// "<job>-prompt"), the way Paperclip's adapters name their runs' Secrets.
+// A run id alone is the client's choice and could be another agent's; a
+// Job's name is unique in its namespace while the Job exists, and the
+// suffix word has no "-", so one Secret name fits one Job name only.
+func SecretMadeForRun(jobName string, jobLabels map[string]string, secretName string, secretLabels map[string]string) bool {
+	run := jobLabels[LabelRunID]
+	if run == "" || secretLabels[LabelRunID] != run {
+		return false
+	}
+	return secretLabels[LabelAgentID] == jobLabels[LabelAgentID] || NamedForJob(jobName, secretName)
+}
+
+// NamedForJob reports whether secretName is jobName plus "-" and one
+// word of lowercase letters and digits.
+func NamedForJob(jobName, secretName string) bool {
+	suffix, ok := strings.CutPrefix(secretName, jobName+"-")
+	if jobName == "" || !ok || suffix == "" {
+		return false
+	}
+	for _, c := range suffix {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
 }
 
 // IsAgentJob reports whether labels mark an agent run.

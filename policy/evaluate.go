@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -65,15 +66,20 @@ type Input struct {
 	Config   *config.Config
 	// SourceImages are the source Deployment's images, always allowed.
 	SourceImages []string
-	// Claims looks PVCs up; nil skips the volume rule with a warning (an
-	// offline check without the PVC's manifest).
+	// Claims looks PVCs up; a *FactUnknown error (an offline check not
+	// given the PVC's manifest) leaves the volume rule undecided.
 	Claims ClaimLookup
 	// SecretLabels returns a Secret's labels (or a NotFound error), for the
-	// run's Secrets; nil skips that rule with a warning.
+	// Secrets the Job references; a *FactUnknown error leaves the
+	// run-secret rule undecided for that Secret.
 	SecretLabels SecretLabels
 	// SharedSecrets are the Secrets clipjob hands agents from the source
 	// (templates.Inherited.SharedSecrets); a Job may reference them.
 	SharedSecrets []string
+	// ServerSecrets are the Secrets the server reads under a denied env
+	// name (templates.Inherited.ServerSecrets): never an agent's, whatever
+	// policy.secrets.shared says.
+	ServerSecrets []string
 	// User is who makes the request (the admission request's userInfo);
 	// empty (an offline check) skips the creator rule on CREATE.
 	User string
@@ -84,10 +90,37 @@ type Input struct {
 // Secret's data.
 type SecretLabels func(namespace, name string) (map[string]string, error)
 
+// FactUnknown is the error a lookup returns for a fact it was not given
+// (an offline check without the object's manifest): the rule that needed
+// it says what the cluster would do with and without it, never guessing.
+type FactUnknown struct {
+	// Fact names it: "Secret paperclip/llm-key".
+	Fact string
+	// Give says how to give it, e.g. "add its manifest with --objects".
+	Give string
+}
+
+func (e *FactUnknown) Error() string { return e.Fact + " was not given (" + e.Give + ")" }
+
+// Undecided is a verdict that hangs on a fact not given.
+type Undecided struct {
+	Fact, Give string
+	// WithoutIt is what the cluster answers when the object does not
+	// exist; WithIt what the object must be for the rule to pass.
+	WithoutIt, WithIt string
+}
+
+func (u Undecided) String() string {
+	return fmt.Sprintf("%s was not given (%s): without it the cluster refuses the Job (%s); with it, %s", u.Fact, u.Give, u.WithoutIt, u.WithIt)
+}
+
 // Decision is the verdict of Evaluate.
 type Decision struct {
 	// Errs are the violations; none means allowed.
 	Errs field.ErrorList
+	// Undecided are the rules that could not be judged for want of a fact
+	// (offline only: the webhook has every fact).
+	Undecided []Undecided
 	// Warnings are soft findings for the client.
 	Warnings []string
 	// Failed lists the rules that found violations, for metrics.
@@ -98,6 +131,9 @@ type Decision struct {
 
 // Allowed reports whether the Job passed every rule.
 func (d *Decision) Allowed() bool { return len(d.Errs) == 0 }
+
+// Decided reports whether no verdict hangs on a missing fact.
+func (d *Decision) Decided() bool { return len(d.Undecided) == 0 }
 
 func (d *Decision) add(rule string, errs field.ErrorList) {
 	d.Checked = append(d.Checked, rule)
@@ -113,6 +149,16 @@ func (d *Decision) add(rule string, errs field.ErrorList) {
 // because, say, the claim was deleted later.
 func Evaluate(in Input) *Decision {
 	d := &Decision{}
+	if in.SecretLabels == nil {
+		in.SecretLabels = func(ns, name string) (map[string]string, error) {
+			return nil, &FactUnknown{Fact: "Secret " + ns + "/" + name, Give: "no Secret lookup"}
+		}
+	}
+	if in.Claims == nil {
+		in.Claims = func(ns, name string) (*corev1.PersistentVolumeClaim, error) {
+			return nil, &FactUnknown{Fact: "PersistentVolumeClaim " + ns + "/" + name, Give: "no PersistentVolumeClaim lookup"}
+		}
+	}
 	d.add(RuleLabels, checkLabels(in))
 	d.add(RuleCreator, checkCreator(in))
 	if in.Operation == Create || podShapeChanged(in.Old, in.Job) {
@@ -130,49 +176,107 @@ func Evaluate(in Input) *Decision {
 	d.add(RulePodSecurity, checkPodSecurity(in.Job))
 	d.add(RuleSandbox, checkSandbox(in))
 	d.add(RuleCredentials, checkDeniedEnv(in))
-	volErrs, volWarn := checkVolume(in)
+	volErrs, volWarn, volUndecided := checkVolume(in)
 	d.add(RuleVolume, volErrs)
 	d.Warnings = append(d.Warnings, volWarn...)
-	secErrs, secWarn := checkRunSecret(in)
+	d.Undecided = append(d.Undecided, volUndecided...)
+	secErrs, secWarn, secUndecided := checkRunSecret(in)
 	d.add(RuleRunSecret, secErrs)
 	d.Warnings = append(d.Warnings, secWarn...)
+	d.Undecided = append(d.Undecided, secUndecided...)
 	return d
 }
 
-// checkRunSecret: the Job's env and prompt Secrets exist and were made for
-// this run: labeled with its run id and agent id. Any Secret of the
-// namespace would otherwise be an agent's for the naming, and the claim
-// controller makes the Job own them, so they go when the Job goes; a run
-// id alone is the client's choice and could be another agent's.
-func checkRunSecret(in Input) (field.ErrorList, []string) {
+// checkRunSecret: every Secret the Job references is one of three kinds.
+// A run's own Secret (its env and prompt Secrets, and any other it names)
+// must exist and be made for this run (contract.SecretMadeForRun): any
+// Secret of the namespace would otherwise be an agent's for the naming,
+// and the Job comes to own its run's Secrets, so they go when it goes. A
+// Secret clipjob hands agents from the source may be referenced. A Secret
+// the operator shares (policy.secrets.shared, an LLM key) may be
+// referenced as it is, but never named as a run's env or prompt Secret,
+// and never if the server reads it under a denied name.
+func checkRunSecret(in Input) (field.ErrorList, []string, []Undecided) {
 	type ref struct {
 		name string
 		path *field.Path
+		// ofRun: named by a run annotation, so the Job would own it.
+		ofRun bool
 	}
 	var refs []ref
 	if name, ok := in.Job.Annotations[contract.AnnotationEnvSecret]; ok {
-		refs = append(refs, ref{name, metaPath.Child("annotations").Key(contract.AnnotationEnvSecret)})
+		refs = append(refs, ref{name, metaPath.Child("annotations").Key(contract.AnnotationEnvSecret), true})
 	}
 	if v, ok := in.Job.Spec.Template.Annotations[contract.AnnotationPromptSecret]; ok {
 		name, _, _ := strings.Cut(v, "/")
-		refs = append(refs, ref{name, tplPath.Child("metadata", "annotations").Key(contract.AnnotationPromptSecret)})
+		refs = append(refs, ref{name, tplPath.Child("metadata", "annotations").Key(contract.AnnotationPromptSecret), true})
 	}
-	// And every Secret the Job's pods reference, but those clipjob shares
-	// from the source: a Job's own envFrom or volume of a Secret of the
-	// namespace would otherwise reach what the contract's annotations may
-	// not.
-	spec := in.Job.Spec.Template.Spec
 	seen := map[string]bool{}
 	for _, r := range refs {
 		seen[r.name] = true
 	}
-	add := func(name string, p *field.Path) {
+	forEachSecretRef(in.Job.Spec.Template.Spec, func(name string, p *field.Path) {
 		if name == "" || seen[name] || slices.Contains(in.SharedSecrets, name) {
 			return
 		}
 		seen[name] = true
-		refs = append(refs, ref{name, p})
+		refs = append(refs, ref{name, p, false})
+	})
+	var errs field.ErrorList
+	var warnings []string
+	var undecided []Undecided
+	job, sp := in.Job, in.Config.Policy.Secrets
+	run, agent := job.Labels[contract.LabelRunID], job.Labels[contract.LabelAgentID]
+	labelIt := fmt.Sprintf("labeled %s=%s and %s=%s", contract.LabelRunID, run, contract.LabelAgentID, agent)
+	for _, r := range refs {
+		shared := config.MatchAny(sp.Shared, r.name)
+		switch {
+		case shared && r.ofRun:
+			errs = append(errs, field.Forbidden(r.path, fmt.Sprintf(
+				"Secret %s is shared (policy.secrets.shared), and a run's env or prompt Secret is owned by its Job and deleted with it: name a Secret made for this run (%s)", r.name, labelIt)))
+			continue
+		case shared && slices.Contains(in.ServerSecrets, r.name):
+			errs = append(errs, field.Forbidden(r.path, fmt.Sprintf(
+				"Secret %s holds the Paperclip server's credentials (its Deployment reads it under a denied env name); policy.secrets.shared cannot make it an agent's", r.name)))
+			continue
+		case shared:
+			continue
+		}
+		missing := fmt.Sprintf("%s: no Secret %q in namespace %s; create the run's Secret (%s) before its Job", r.name, r.name, job.Namespace, labelIt)
+		if contract.NamedForJob(job.Name, r.name) {
+			missing += ", or set policy.secrets.createdAfterJob: true in the clipjob config to let a Secret named for its Job come after it"
+		} else if !r.ofRun {
+			missing += ", or, if many runs share it, list it in policy.secrets.shared in the clipjob config"
+		}
+		notFound := field.NotFound(r.path, missing)
+		labels, err := in.SecretLabels(job.Namespace, r.name)
+		var unknown *FactUnknown
+		switch {
+		case errors.As(err, &unknown):
+			undecided = append(undecided, Undecided{Fact: unknown.Fact, Give: unknown.Give, WithoutIt: notFound.Error(),
+				WithIt: fmt.Sprintf("allowed when it is %s (or, named %s-<word>, labeled %s=%s)", labelIt, job.Name, contract.LabelRunID, run)})
+		case apierrors.IsNotFound(err) && sp.CreatedAfterJob && contract.NamedForJob(job.Name, r.name):
+			warnings = append(warnings, fmt.Sprintf("Secret %s does not exist yet (policy.secrets.createdAfterJob): the pod waits for it, and reads whatever is created under that name", r.name))
+		case apierrors.IsNotFound(err):
+			errs = append(errs, notFound)
+		case err != nil:
+			errs = append(errs, field.InternalError(r.path, fmt.Errorf("looking up Secret %s/%s: %w", job.Namespace, r.name, err)))
+		case !contract.SecretMadeForRun(job.Name, job.Labels, r.name, labels):
+			msg := fmt.Sprintf("Secret %s is labeled %s=%q, %s=%q, not this run's %q of agent %q: a run's Secret is made for that run (%s)",
+				r.name, contract.LabelRunID, labels[contract.LabelRunID], contract.LabelAgentID, labels[contract.LabelAgentID], run, agent, labelIt)
+			if !r.ofRun {
+				msg += "; if many runs share it (an LLM key), list it in policy.secrets.shared in the clipjob config, and do not label it for a run: a run's Job owns and deletes its run's Secrets"
+			}
+			errs = append(errs, field.Forbidden(r.path, msg))
+		}
 	}
+	return errs, warnings, undecided
+}
+
+// forEachSecretRef calls f with every Secret the pod spec references by
+// name (envFrom, env valueFrom, secret and projected volumes) and the path
+// of the reference.
+func forEachSecretRef(spec corev1.PodSpec, f func(name string, p *field.Path)) {
 	for _, list := range []struct {
 		cs []corev1.Container
 		p  *field.Path
@@ -180,12 +284,12 @@ func checkRunSecret(in Input) (field.ErrorList, []string) {
 		for i, c := range list.cs {
 			for j, e := range c.EnvFrom {
 				if e.SecretRef != nil {
-					add(e.SecretRef.Name, list.p.Index(i).Child("envFrom").Index(j).Child("secretRef"))
+					f(e.SecretRef.Name, list.p.Index(i).Child("envFrom").Index(j).Child("secretRef"))
 				}
 			}
 			for j, e := range c.Env {
 				if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
-					add(e.ValueFrom.SecretKeyRef.Name, list.p.Index(i).Child("env").Index(j).Child("valueFrom", "secretKeyRef"))
+					f(e.ValueFrom.SecretKeyRef.Name, list.p.Index(i).Child("env").Index(j).Child("valueFrom", "secretKeyRef"))
 				}
 			}
 		}
@@ -193,38 +297,16 @@ func checkRunSecret(in Input) (field.ErrorList, []string) {
 	for i, v := range spec.Volumes {
 		p := podPath.Child("volumes").Index(i)
 		if v.Secret != nil {
-			add(v.Secret.SecretName, p.Child("secret"))
+			f(v.Secret.SecretName, p.Child("secret"))
 		}
 		if v.Projected != nil {
 			for j, src := range v.Projected.Sources {
 				if src.Secret != nil {
-					add(src.Secret.Name, p.Child("projected", "sources").Index(j).Child("secret"))
+					f(src.Secret.Name, p.Child("projected", "sources").Index(j).Child("secret"))
 				}
 			}
 		}
 	}
-	var errs field.ErrorList
-	var warnings []string
-	run, agent := in.Job.Labels[contract.LabelRunID], in.Job.Labels[contract.LabelAgentID]
-	for _, r := range refs {
-		if in.SecretLabels == nil {
-			warnings = append(warnings, fmt.Sprintf("Secret %s not checked (no cluster access)", r.name))
-			continue
-		}
-		labels, err := in.SecretLabels(in.Job.Namespace, r.name)
-		switch {
-		case apierrors.IsNotFound(err):
-			errs = append(errs, field.NotFound(r.path, fmt.Sprintf("%s: no Secret %q in namespace %s; create the run's Secret (labeled %s=%s, %s=%s) before its Job",
-				r.name, r.name, in.Job.Namespace, contract.LabelRunID, run, contract.LabelAgentID, agent)))
-		case err != nil:
-			errs = append(errs, field.InternalError(r.path, fmt.Errorf("looking up Secret %s/%s: %w", in.Job.Namespace, r.name, err)))
-		case labels[contract.LabelRunID] != run || labels[contract.LabelAgentID] != agent:
-			errs = append(errs, field.Forbidden(r.path, fmt.Sprintf(
-				"Secret %s is labeled %s=%q, %s=%q, not this run's %q of agent %q: a run's Secret is made for that run (label it so); other Secrets of the namespace are not for agents",
-				r.name, contract.LabelRunID, labels[contract.LabelRunID], contract.LabelAgentID, labels[contract.LabelAgentID], run, agent)))
-		}
-	}
-	return errs, warnings
 }
 
 // checkDeadlineNotRaised lets an agent Job's activeDeadlineSeconds be set
@@ -575,7 +657,7 @@ func checkPodSecurity(job *batchv1.Job) field.ErrorList {
 
 // checkVolume requires the claim mounted at the data path to exist in the
 // Job's namespace, and warns unless it is ReadWriteMany.
-func checkVolume(in Input) (field.ErrorList, []string) {
+func checkVolume(in Input) (field.ErrorList, []string, []Undecided) {
 	spec := in.Job.Spec.Template.Spec
 	dataPath := in.Config.Source.DataMountPath
 	var volName string
@@ -592,22 +674,24 @@ func checkVolume(in Input) (field.ErrorList, []string) {
 		}
 		p := podPath.Child("volumes").Index(i).Child("persistentVolumeClaim", "claimName")
 		name := v.PersistentVolumeClaim.ClaimName
-		if in.Claims == nil {
-			return nil, []string{fmt.Sprintf("PersistentVolumeClaim %s not checked (no cluster access)", name)}
-		}
+		notFound := field.NotFound(p, fmt.Sprintf(
+			"%s: no PersistentVolumeClaim %q in namespace %s; agent Jobs share Paperclip's data through it, so create the Job in the namespace that has it",
+			name, name, in.Job.Namespace))
 		pvc, err := in.Claims(in.Job.Namespace, name)
+		var unknown *FactUnknown
 		switch {
+		case errors.As(err, &unknown):
+			return nil, nil, []Undecided{{Fact: unknown.Fact, Give: unknown.Give, WithoutIt: notFound.Error(),
+				WithIt: "allowed (ReadWriteMany, or a warning)"}}
 		case apierrors.IsNotFound(err):
-			return field.ErrorList{field.NotFound(p, fmt.Sprintf(
-				"%s: no PersistentVolumeClaim %q in namespace %s; agent Jobs share Paperclip's data through it, so create the Job in the namespace that has it",
-				name, name, in.Job.Namespace))}, nil
+			return field.ErrorList{notFound}, nil, nil
 		case err != nil:
-			return field.ErrorList{field.InternalError(p, fmt.Errorf("looking up PersistentVolumeClaim %s/%s: %w", in.Job.Namespace, name, err))}, nil
+			return field.ErrorList{field.InternalError(p, fmt.Errorf("looking up PersistentVolumeClaim %s/%s: %w", in.Job.Namespace, name, err))}, nil, nil
 		}
 		if !slices.Contains(pvc.Spec.AccessModes, corev1.ReadWriteMany) {
 			return nil, []string{fmt.Sprintf("PersistentVolumeClaim %s/%s is not ReadWriteMany (%v): the agent pod may not be able to mount it beside the Paperclip server",
-				in.Job.Namespace, name, pvc.Spec.AccessModes)}
+				in.Job.Namespace, name, pvc.Spec.AccessModes)}, nil
 		}
 	}
-	return nil, nil
+	return nil, nil, nil
 }

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -41,7 +42,8 @@ func sharedSecrets(t testing.TB) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return inh.SharedSecrets(c.Config.Source.Env.Deny)
+	prof, _ := c.Config.JobProfile("claude_local")
+	return inh.SharedSecrets(c.Config.Source.Env, prof)
 }
 
 func rwx(ns, name string) (*corev1.PersistentVolumeClaim, error) {
@@ -71,6 +73,7 @@ func TestEvaluate(t *testing.T) {
 		wantErr   []string // substrings of the aggregated error; none: allowed
 		wantWarn  []string
 		wantRules []string // failed rules
+		undecided string   // the fact a verdict hangs on
 	}{
 		{name: "rendered Job passes", claims: rwx},
 		{name: "image outside the allowlist", mutate: func(j *batchv1.Job) { j.Spec.Template.Spec.Containers[0].Image = "evil.example.com/miner:1" },
@@ -123,7 +126,7 @@ func TestEvaluate(t *testing.T) {
 			p.Spec.AccessModes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
 			return p, nil
 		}, wantWarn: []string{"PersistentVolumeClaim paperclip/paperclip-data is not ReadWriteMany"}},
-		{name: "offline: claim unchecked", wantWarn: []string{"PersistentVolumeClaim paperclip-data not checked"}},
+		{name: "offline: claim not given", undecided: "PersistentVolumeClaim paperclip/paperclip-data"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -150,6 +153,10 @@ func TestEvaluate(t *testing.T) {
 			}
 			if strings.Join(d.Failed, ",") != strings.Join(tt.wantRules, ",") {
 				t.Errorf("failed rules %v, want %v", d.Failed, tt.wantRules)
+			}
+			if got := fmt.Sprint(d.Undecided); tt.undecided != "" && (len(d.Undecided) != 1 || d.Undecided[0].Fact != tt.undecided ||
+				!strings.Contains(d.Undecided[0].WithoutIt, "Not found")) {
+				t.Errorf("undecided %s, want one on %s saying the cluster would not find it", got, tt.undecided)
 			}
 			warn := strings.Join(d.Warnings, "\n")
 			for _, w := range tt.wantWarn {
@@ -382,9 +389,10 @@ func TestRunEnvSecret(t *testing.T) {
 	job.Annotations[contract.AnnotationEnvSecret] = "run-env"
 	run, agent := job.Labels[contract.LabelRunID], job.Labels[contract.LabelAgentID]
 	cfg := mustConfig(t, "")
+	expected := "run-env"
 	lookup := func(labels map[string]string, err error) SecretLabels {
 		return func(ns, name string) (map[string]string, error) {
-			if ns != job.Namespace || name != "run-env" {
+			if ns != job.Namespace || name != expected {
 				t.Errorf("looked up %s/%s", ns, name)
 			}
 			return labels, err
@@ -392,10 +400,11 @@ func TestRunEnvSecret(t *testing.T) {
 	}
 	notFound := apierrors.NewNotFound(corev1.Resource("secrets"), "run-env")
 	for _, tc := range []struct {
-		name    string
-		lookup  SecretLabels
-		wantErr string
-		warn    string
+		name, secret, cfg string
+		lookup            SecretLabels
+		wantErr           string
+		warn              string
+		undecided         bool
 	}{
 		{name: "made for this run", lookup: lookup(map[string]string{contract.LabelRunID: run, contract.LabelAgentID: agent}, nil)},
 		// A run id is the client's choice: another agent's run with the same
@@ -405,9 +414,42 @@ func TestRunEnvSecret(t *testing.T) {
 		{name: "missing", lookup: lookup(nil, notFound), wantErr: `metadata.annotations[paperclip.io/env-secret]: Not found: "run-env: no Secret \"run-env\" in namespace paperclip; create the run's Secret (labeled paperclip.io/run-id=` + run},
 		{name: "another run's", lookup: lookup(map[string]string{contract.LabelRunID: "other-run"}, nil), wantErr: `Forbidden: Secret run-env is labeled paperclip.io/run-id="other-run"`},
 		{name: "the server's", lookup: lookup(map[string]string{"app": "paperclip"}, nil), wantErr: `labeled paperclip.io/run-id=""`},
-		{name: "no cluster access", lookup: nil, warn: "Secret run-env not checked"},
+		// Named for its Job ("<job>-<word>"), the run id alone makes it the
+		// run's: Paperclip's adapters label their Secrets so.
+		{name: "named for the Job, run id only", secret: job.Name + "-env", lookup: lookup(map[string]string{contract.LabelRunID: run}, nil)},
+		// More than one word after the Job's name would let a Job named
+		// like a prefix of another run's Job take that run's Secret.
+		{name: "named after a prefix of the Job", secret: job.Name + "-x-env", lookup: lookup(map[string]string{contract.LabelRunID: run}, nil),
+			wantErr: "not this run's"},
+		{name: "named for the Job, another run", secret: job.Name + "-env", lookup: lookup(map[string]string{contract.LabelRunID: "other"}, nil),
+			wantErr: "not this run's"},
+		// A shared Secret is never a run's: its Job would own and delete it.
+		{name: "a shared Secret as the run's", secret: "llm-key", cfg: "policy: {secrets: {shared: [llm-*]}}",
+			lookup: lookup(map[string]string{contract.LabelRunID: run, contract.LabelAgentID: agent}, nil), wantErr: "is shared (policy.secrets.shared)"},
+		// Not there yet: refused, unless the config lets a Secret named for
+		// its Job come after it, as Paperclip's Kubernetes plugin does.
+		{name: "named for the Job, not there", secret: job.Name + "-env", lookup: lookup(nil, notFound),
+			wantErr: "or set policy.secrets.createdAfterJob: true"},
+		{name: "named for the Job, after it", secret: job.Name + "-env", cfg: "policy: {secrets: {createdAfterJob: true}}",
+			lookup: lookup(nil, notFound), warn: "does not exist yet (policy.secrets.createdAfterJob)"},
+		{name: "another name, after the Job", cfg: "policy: {secrets: {createdAfterJob: true}}", lookup: lookup(nil, notFound), wantErr: "Not found"},
+		{name: "no lookup", lookup: nil, undecided: true},
 	} {
-		d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SecretLabels: tc.lookup, SharedSecrets: sharedSecrets(t)})
+		name := "run-env"
+		if tc.secret != "" {
+			name = tc.secret
+		}
+		job := job.DeepCopy()
+		job.Annotations[contract.AnnotationEnvSecret] = name
+		cfg := cfg
+		if tc.cfg != "" {
+			cfg = mustConfig(t, tc.cfg)
+		}
+		expected = name
+		d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SecretLabels: tc.lookup, Claims: rwx, SharedSecrets: sharedSecrets(t)})
+		if tc.undecided != (len(d.Undecided) == 1) {
+			t.Errorf("%s: undecided %v", tc.name, d.Undecided)
+		}
 		got := ""
 		for _, e := range d.Errs {
 			if strings.Contains(e.Field, "env-secret") {
@@ -427,7 +469,6 @@ func TestRunEnvSecret(t *testing.T) {
 // Secrets' rule: any but those clipjob shares from the source must be
 // labeled for the run, whatever the route.
 func TestJobsOwnSecretReferences(t *testing.T) {
-	cfg := mustConfig(t, "")
 	labels := map[string]map[string]string{"run-own": {contract.LabelRunID: "run-01jd8x", contract.LabelAgentID: "agent-7f3a"}}
 	lookup := func(_, name string) (map[string]string, error) {
 		if l, ok := labels[name]; ok {
@@ -461,11 +502,22 @@ func TestJobsOwnSecretReferences(t *testing.T) {
 			j.Spec.Template.Spec.Volumes = append(j.Spec.Template.Spec.Volumes, corev1.Volume{Name: "x",
 				VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "run-own"}}})
 		}, ""},
+		// Shared by config: referenced as it is, no run label needed.
+		{"a shared Secret by envFrom", func(j *batchv1.Job) {
+			j.Spec.Template.Spec.Containers[0].EnvFrom = append(j.Spec.Template.Spec.Containers[0].EnvFrom,
+				corev1.EnvFromSource{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "llm-key"}, Optional: ptr.To(true)}})
+		}, ""},
+		// ... but never the server's own, whatever the config lists.
+		{"the server's credentials, listed as shared", func(j *batchv1.Job) {
+			j.Spec.Template.Spec.Containers[0].EnvFrom = append(j.Spec.Template.Spec.Containers[0].EnvFrom,
+				corev1.EnvFromSource{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "server-db-shared"}}})
+		}, "server-db-shared holds the Paperclip server's credentials"},
 	} {
 		job := renderedJob(t)
 		tc.mutate(job)
+		cfg := mustConfig(t, "policy: {secrets: {shared: [llm-key, server-db-shared]}}")
 		d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, Claims: rwx, SecretLabels: lookup, SharedSecrets: sharedSecrets(t),
-			SourceImages: []string{job.Spec.Template.Spec.Containers[0].Image}})
+			ServerSecrets: []string{"server-db-shared"}, SourceImages: []string{job.Spec.Template.Spec.Containers[0].Image}})
 		got := d.Errs.ToAggregate()
 		switch {
 		case tc.want == "" && got != nil:

@@ -2,6 +2,7 @@ package templates
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -31,10 +32,12 @@ type Inherited struct {
 	DataVolume    corev1.Volume `json:"dataVolume"`
 	DataMountPath string        `json:"dataMountPath"`
 	// SecretVolumes and SecretMounts are the container's secret-backed
-	// mounts, made read-only.
+	// mounts, made read-only, their volumes renamed into clipjob's names
+	// (contract.ReservedPrefix) so they never meet a Job's own.
 	SecretVolumes []corev1.Volume      `json:"secretVolumes,omitempty"`
 	SecretMounts  []corev1.VolumeMount `json:"secretMounts,omitempty"`
-	// Env is the container's env, literal and valueFrom, unfiltered.
+	// Env and EnvFrom are the container's, unfiltered: the allowlist
+	// (config.EnvFilter) and the profile's envKeys apply at render time.
 	Env     []corev1.EnvVar        `json:"env,omitempty"`
 	EnvFrom []corev1.EnvFromSource `json:"envFrom,omitempty"`
 }
@@ -98,9 +101,7 @@ func InheritFromDeployment(d *appsv1.Deployment, src config.Source) (*Inherited,
 		DNSConfig:        tpl.DNSConfig,
 		DataMountPath:    src.DataMountPath,
 		Env:              c.Env,
-	}
-	if src.InheritsEnvFrom() {
-		in.EnvFrom = c.EnvFrom
+		EnvFrom:          c.EnvFrom,
 	}
 	foundData := false
 	for _, m := range c.VolumeMounts {
@@ -115,11 +116,13 @@ func InheritFromDeployment(d *appsv1.Deployment, src config.Source) (*Inherited,
 			}
 			pvc := v.DeepCopy()
 			pvc.PersistentVolumeClaim.ReadOnly = false
+			pvc.Name = DataVolume
 			in.DataVolume, foundData = *pvc, true
 		case v.Secret != nil:
+			v.Name = reservedName(secretVolumePrefix, v.Name)
 			in.SecretVolumes = append(in.SecretVolumes, v)
 			in.SecretMounts = append(in.SecretMounts, corev1.VolumeMount{
-				Name: m.Name, MountPath: m.MountPath, SubPath: m.SubPath, ReadOnly: true,
+				Name: v.Name, MountPath: m.MountPath, SubPath: m.SubPath, ReadOnly: true,
 			})
 		}
 	}
@@ -130,15 +133,17 @@ func InheritFromDeployment(d *appsv1.Deployment, src config.Source) (*Inherited,
 	return in, nil
 }
 
-// filterEnv applies the source env filter; keys the profile needs pass the
-// allow list but never the deny list.
+// filterEnv is the source env agents inherit, by allowlist: the names the
+// profile needs (envKeys) and those the operator lists (f.Allow), never a
+// denied one. A server credential under a name nobody listed stays the
+// server's, whatever it is called.
 func filterEnv(env []corev1.EnvVar, f config.EnvFilter, envKeys []string) []corev1.EnvVar {
 	out := make([]corev1.EnvVar, 0, len(env))
 	for _, e := range env {
 		if config.MatchAny(f.Deny, e.Name) {
 			continue
 		}
-		if len(f.Allow) > 0 && !config.MatchAny(f.Allow, e.Name) && !slices.Contains(envKeys, e.Name) {
+		if !config.MatchAny(f.Allow, e.Name) && !slices.Contains(envKeys, e.Name) {
 			continue
 		}
 		out = append(out, e)
@@ -146,8 +151,17 @@ func filterEnv(env []corev1.EnvVar, f config.EnvFilter, envKeys []string) []core
 	return out
 }
 
-// WorkspaceVolume names the emptyDir a tenant namespace's agents work in.
-const WorkspaceVolume = "workspace"
+// envFromSource names what an envFrom entry reads, and whether it is a
+// Secret.
+func envFromSource(e corev1.EnvFromSource) (name string, secret bool) {
+	switch {
+	case e.SecretRef != nil:
+		return e.SecretRef.Name, true
+	case e.ConfigMapRef != nil:
+		return e.ConfigMapRef.Name, false
+	}
+	return "", false
+}
 
 // TenantInherited is what an agent in a tenant namespace (one apart from
 // the server; config TenantNamespaces) inherits: nothing but an emptyDir
@@ -186,21 +200,38 @@ func (in *Inherited) ReadSecrets() []string {
 	return out
 }
 
-// SharedSecrets are the Secrets clipjob itself hands agents from the
-// source: those its inherited env reads (not under a denied name) and its
-// secret volumes. A Job may reference these; any other Secret it names
-// must be made for its run.
-func (in *Inherited) SharedSecrets(deny []string) []string {
+// SharedSecrets are the Secrets clipjob itself hands an agent of profile
+// prof from the source: those its inherited env reads, its inherited
+// envFrom Secrets and its secret volumes (what Render would hand over,
+// withheld ones left out). A Job may reference these; any other Secret it
+// names must be made for its run or shared by config.
+func (in *Inherited) SharedSecrets(f config.EnvFilter, prof config.Resolved) []string {
+	w := newWithheld(in.Env, f.Deny, prof.Env)
 	var out []string
-	for _, e := range in.Env {
-		if ref := secretKeyRef(e); ref != nil && !config.MatchAny(deny, e.Name) {
+	for _, e := range filterEnv(in.Env, f, prof.EnvKeys) {
+		if ref := secretKeyRef(e); ref != nil && w.why(e) == "" {
 			out = append(out, ref.Name)
 		}
 	}
+	for _, e := range w.envFrom(in.EnvFrom, f.AllowFrom, func(string) {}) {
+		if name, secret := envFromSource(e); secret {
+			out = append(out, name)
+		}
+	}
+	byName := map[string]corev1.Volume{}
 	for _, v := range in.SecretVolumes {
-		if v.Secret != nil {
+		byName[v.Name] = v
+	}
+	for _, m := range in.SecretMounts {
+		if v := byName[m.Name]; v.Secret != nil && w.volume(v, m.MountPath) == "" {
 			out = append(out, v.Secret.SecretName)
 		}
 	}
 	return out
+}
+
+// ServerSecrets are the Secrets the server reads under a denied env name:
+// its own credentials, which no config makes an agent's.
+func (in *Inherited) ServerSecrets(deny []string) []string {
+	return slices.Sorted(maps.Keys(newWithheld(in.Env, deny, nil).secrets))
 }

@@ -149,7 +149,7 @@ func (r *renderer) render() {
 			c.WorkingDir = workDir
 		}
 		c.Env = r.withheld.env(c.Name, config.MergeEnv(env, c.Env), r.warn)
-		for _, ef := range r.withheld.envFrom(r.in.Inherited.EnvFrom, r.warn) {
+		for _, ef := range r.withheld.envFrom(r.in.Inherited.EnvFrom, r.in.Config.Source.Env.AllowFrom, r.warn) {
 			if !hasEnvFrom(c.EnvFrom, ef) {
 				c.EnvFrom = append(c.EnvFrom, ef)
 			}
@@ -346,7 +346,7 @@ func (r *renderer) sharedMounts(prompt *corev1.Volume) []mountWithVolume {
 	}
 	for _, m := range inh.SecretMounts {
 		if why := r.withheld.volume(secrets[m.Name], m.MountPath); why != "" {
-			r.warn(fmt.Sprintf("secret volume %s at %s not inherited: %s", m.Name, m.MountPath, why))
+			r.warn(fmt.Sprintf("Secret %s mounted at %s not inherited: %s", secrets[m.Name].Secret.SecretName, m.MountPath, why))
 			continue
 		}
 		out = append(out, mountWithVolume{mount: m, volume: secrets[m.Name]})
@@ -397,19 +397,13 @@ func (r *renderer) addVolumes(spec *corev1.PodSpec) {
 		}
 		if !equality.Semantic.DeepEqual(spec.Volumes[i].VolumeSource, v.VolumeSource) {
 			r.errs = append(r.errs, field.Invalid(volumesPath.Index(i).Child("name"), v.Name,
-				"clipjob mounts a volume of this name (from the source or the profile); rename the Job's volume"))
+				"volume names starting "+contract.ReservedPrefix+" are clipjob's (the bare-Job contract reserves them), and clipjob mounts another volume under this one; rename the Job's volume"))
 		}
 	}
 }
 
 func writableVolumeName(p string) string {
-	name := strings.Trim(strings.NewReplacer("/", "-", "_", "-", ".", "-").Replace(strings.ToLower(p)), "-")
-	name = writableVolumePrefix + name
-	if len(name) > validation.DNS1123LabelMaxLength {
-		sum := sha256.Sum256([]byte(p))
-		name = name[:validation.DNS1123LabelMaxLength-9] + "-" + hex.EncodeToString(sum[:4])
-	}
-	return name
+	return reservedName(writableVolumePrefix, strings.Trim(strings.NewReplacer("/", "-", "_", "-", ".", "-").Replace(strings.ToLower(p)), "-"))
 }
 
 // promptVolume projects the prompt into a file: an inline prompt from the
@@ -548,10 +542,14 @@ func (r *renderer) pod(spec *corev1.PodSpec) {
 func (r *renderer) sandbox(spec *corev1.PodSpec) {
 	prof := r.prof
 	if prof.ServiceAccountName != "" {
+		r.pin(spec.ServiceAccountName != "" && spec.ServiceAccountName != prof.ServiceAccountName,
+			"serviceAccountName", spec.ServiceAccountName, prof.ServiceAccountName)
 		spec.ServiceAccountName = prof.ServiceAccountName
 	}
-	if prof.AutomountServiceAccountToken != nil {
-		spec.AutomountServiceAccountToken = ptr.To(*prof.AutomountServiceAccountToken)
+	if a := prof.AutomountServiceAccountToken; a != nil {
+		r.pin(spec.AutomountServiceAccountToken != nil && *spec.AutomountServiceAccountToken != *a,
+			"automountServiceAccountToken", fmt.Sprint(ptr.Deref(spec.AutomountServiceAccountToken, false)), fmt.Sprint(*a))
+		spec.AutomountServiceAccountToken = ptr.To(*a)
 	}
 	for k, v := range prof.NodeSelector {
 		if spec.NodeSelector == nil {
@@ -562,9 +560,25 @@ func (r *renderer) sandbox(spec *corev1.PodSpec) {
 	if len(prof.Tolerations) > 0 {
 		spec.Tolerations = slices.Clone(prof.Tolerations)
 	}
-	if prof.RuntimeClassName != nil {
-		spec.RuntimeClassName = ptr.To(*prof.RuntimeClassName)
+	if rc := prof.RuntimeClassName; rc != nil {
+		r.pin(spec.RuntimeClassName != nil && *spec.RuntimeClassName != *rc,
+			"runtimeClassName", ptr.Deref(spec.RuntimeClassName, ""), *rc)
+		spec.RuntimeClassName = ptr.To(*rc)
 	}
+}
+
+// pin refuses, when conflict, a pod field the Job set to other than its
+// profile's value: the profile's value is the operator's and applies, but
+// replacing what a client wrote without a word would run its pod otherwise
+// than it asked (a token it expects, missing). The message names the one
+// setting that would let the Job through.
+func (r *renderer) pin(conflict bool, fieldName, got, want string) {
+	if !conflict {
+		return
+	}
+	r.errs = append(r.errs, field.Invalid(podPath.Child(fieldName), got, fmt.Sprintf(
+		"profile %q sets %s %s, and a Job cannot replace its profile's sandbox: leave it unset, or set profiles.%s.%s: %s in the clipjob config to run this adapter's pods so",
+		r.prof.Name, fieldName, want, r.prof.Name, fieldName, got)))
 }
 
 func (r *renderer) jobSpec() {

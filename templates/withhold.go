@@ -91,12 +91,18 @@ func (w *withheld) env(container string, env []corev1.EnvVar, warn func(string))
 	})
 }
 
-// envFrom keeps ConfigMaps: a whole Secret may hold values under denied
-// names, and envFrom cannot leave keys out.
-func (w *withheld) envFrom(list []corev1.EnvFromSource, warn func(string)) []corev1.EnvFromSource {
+// envFrom keeps the entries whose ConfigMap or Secret the operator lists
+// (source.env.allowFrom): an envFrom hands over every key of its source,
+// so the name filter cannot apply. A listed Secret that backs a denied
+// variable is withheld all the same, saying so.
+func (w *withheld) envFrom(list []corev1.EnvFromSource, allow []string, warn func(string)) []corev1.EnvFromSource {
 	return slices.DeleteFunc(slices.Clone(list), func(e corev1.EnvFromSource) bool {
-		if e.SecretRef != nil {
-			warn(fmt.Sprintf("envFrom Secret %s not inherited: a whole Secret may hold values the server keeps under denied names; set the keys agents need in the profile's env", e.SecretRef.Name))
+		name, secret := envFromSource(e)
+		if !config.MatchAny(allow, name) {
+			return true
+		}
+		if secret && w.secrets[name] {
+			warn(fmt.Sprintf("envFrom Secret %s not inherited though source.env.allowFrom lists it: the server reads it under a denied env name", name))
 			return true
 		}
 		return false

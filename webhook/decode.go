@@ -15,6 +15,7 @@ import (
 	sigsjson "sigs.k8s.io/json"
 
 	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/decide"
 )
 
 var jobKind = schema.GroupVersionKind{Group: "batch", Version: "v1", Kind: "Job"}
@@ -27,15 +28,11 @@ type agentRequest struct {
 }
 
 // isAgentJob is what the mutator completes: a Job labeled as an agent run.
-func isAgentJob(j *batchv1.Job) bool { return contract.IsAgentJob(j.Labels) }
+func isAgentJob(j *batchv1.Job) bool { return decide.Classify(j) == decide.AgentRun }
 
 // claimsContract is what the validator checks: a Job carrying any
-// paperclip.io/ label, on itself or on its pods. The API server copies a
-// template's labels onto a Job that has none, but not onto one with labels
-// of its own, so the template must be looked at too.
-func claimsContract(j *batchv1.Job) bool {
-	return contract.HasContractLabel(j.Labels, j.Spec.Template.Labels)
-}
+// paperclip.io/ label, on itself or on its pods (decide.Classify).
+func claimsContract(j *batchv1.Job) bool { return decide.Classify(j) != decide.NotAgent }
 
 // decodeAgentRequest is the first step of both handlers: it answers, with
 // the outcome to count, every request that is not theirs (an operation

@@ -16,6 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/decide"
+	"github.com/paperclipai/clipjob/policy"
 	"github.com/paperclipai/clipjob/templates"
 )
 
@@ -78,19 +80,15 @@ func (m *Mutator) mutate(ctx context.Context, req admission.Request) (admission.
 	}
 	job := ar.Job
 	cfg := m.Configs.Current()
-	inh, hashes, err := inheritedIn(ctx, m.Sources, cfg, namespaceOf(job, req))
-	if err != nil {
-		return denial(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
-			"clipjob cannot complete agent Jobs: "+err.Error()), OutcomeDenied
+	if job.Namespace == "" {
+		job.Namespace = req.Namespace // a tenant namespace inherits nothing
 	}
-	res, err := templates.Render(templates.Input{Job: job, Inherited: inh, Config: cfg, Hashes: hashes, Creator: req.UserInfo.Username})
-	if err != nil {
-		var re *templates.RenderError
-		if errors.As(err, &re) {
-			return denial(http.StatusUnprocessableEntity, metav1.StatusReasonInvalid, err.Error()), OutcomeDenied
-		}
-		return admission.Errored(http.StatusInternalServerError, err), OutcomeErrored
+	mu := decide.Mutate(decide.Input{Operation: policy.Create, Job: job, Config: cfg, User: req.UserInfo.Username,
+		Facts: decide.Facts{Source: sourceFacts(ctx, m.Sources)}})
+	if mu.Refusal != nil {
+		return refuse(*mu.Refusal), outcomeOfRefusal(*mu.Refusal)
 	}
+	res := mu.Result
 	if !res.Changed {
 		return admission.Allowed("agent Job already complete").WithWarnings(res.Warnings...), OutcomeUnchanged
 	}
@@ -103,6 +101,32 @@ func (m *Mutator) mutate(ctx context.Context, req admission.Request) (admission.
 		return admission.Errored(http.StatusInternalServerError, err), OutcomeErrored
 	}
 	return resp.WithWarnings(res.Warnings...), OutcomePatched
+}
+
+// refuse is the admission answer of a decision's refusal: an error for a
+// failed lookup, else a denial with the decision's code and reason.
+func refuse(r decide.Refusal) admission.Response {
+	if r.Internal {
+		return admission.Errored(r.Code, errors.New(r.Message))
+	}
+	return denial(r.Code, r.Reason, r.Message)
+}
+
+func outcomeOfRefusal(r decide.Refusal) string {
+	if r.Internal {
+		return OutcomeErrored
+	}
+	return OutcomeDenied
+}
+
+// sourceFacts is the decision's view of the source workload: the cache's.
+func sourceFacts(ctx context.Context, sources InheritedSource) func(*config.Config) (*templates.Inherited, *templates.TemplateHashes, error) {
+	return func(cfg *config.Config) (*templates.Inherited, *templates.TemplateHashes, error) {
+		if sources == nil {
+			return nil, nil, errors.New("no source cache")
+		}
+		return sources.Inherited(ctx, cfg)
+	}
 }
 
 // keepUnknownFields drops the "remove" operations that only undo decoding:
@@ -140,27 +164,4 @@ func denial(code int32, reason metav1.StatusReason, msg string) admission.Respon
 	resp.Result.Code = code
 	resp.Result.Reason = reason
 	return resp
-}
-
-// inheritedIn is what an agent Job in namespace inherits: the source's
-// values, or in a tenant namespace (apart from the server) nothing but a
-// workspace. The mutating and the validating webhook both ask here, so
-// they agree on it.
-func inheritedIn(ctx context.Context, sources InheritedSource, cfg *config.Config, namespace string) (*templates.Inherited, *templates.TemplateHashes, error) {
-	if cfg.IsTenant(namespace) {
-		return templates.TenantInherited(cfg.Source), nil, nil
-	}
-	if sources == nil {
-		return nil, nil, errors.New("no source cache")
-	}
-	return sources.Inherited(ctx, cfg)
-}
-
-// namespaceOf is the Job's namespace, which a CREATE may leave to the
-// request.
-func namespaceOf(job *batchv1.Job, req admission.Request) string {
-	if job.Namespace != "" {
-		return job.Namespace
-	}
-	return req.Namespace
 }

@@ -13,7 +13,6 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -22,6 +21,7 @@ import (
 	"github.com/paperclipai/clipjob/claim"
 	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/decide"
 	"github.com/paperclipai/clipjob/policy"
 )
 
@@ -105,34 +105,19 @@ func (v *Validator) validate(ctx context.Context, req admission.Request) (admiss
 		job.Namespace = req.Namespace // the claim is keyed by it
 	}
 	cfg := v.Configs.Current()
-	// What the source gives agents here, read once: its image is always
-	// allowed, its shared Secrets may be referenced. A missing source only
-	// narrows both.
-	var sourceImages, sharedSecrets []string
-	if inh, _, err := inheritedIn(ctx, v.Sources, cfg, job.Namespace); err == nil {
-		if inh.Image != "" {
-			sourceImages = []string{inh.Image}
-		}
-		sharedSecrets = inh.SharedSecrets(cfg.Source.Env.Deny)
-	}
-	d := policy.Evaluate(policy.Input{
-		Operation: op, Job: job, Old: old, Config: cfg,
-		SourceImages: sourceImages,
-		Claims: func(ns, name string) (*corev1.PersistentVolumeClaim, error) {
-			return v.PVCs(ctx, ns, name)
-		},
-		SecretLabels:  v.secretLabels(ctx),
-		SharedSecrets: sharedSecrets,
-		User:          req.UserInfo.Username,
-	})
+	val := decide.Validate(decide.Input{Operation: op, Job: job, Old: old, Config: cfg, User: req.UserInfo.Username,
+		Facts: decide.Facts{Source: sourceFacts(ctx, v.Sources), PVCs: v.pvcs(ctx), SecretLabels: v.secretLabels(ctx)}})
+	d := val.Decision
 	for _, r := range d.Checked {
 		policyDecisions.WithLabelValues(r, outcomeOf(slices.Contains(d.Failed, r))).Inc()
 	}
-	if !d.Allowed() {
-		if internal := d.Errs.Filter(notInternal); len(internal) > 0 {
-			return admission.Errored(http.StatusInternalServerError, internal.ToAggregate()).WithWarnings(d.Warnings...), OutcomeErrored
-		}
-		return denial(http.StatusForbidden, metav1.StatusReasonForbidden, d.Errs.ToAggregate().Error()).WithWarnings(d.Warnings...), OutcomeDenied
+	if val.Refusal != nil {
+		return refuse(*val.Refusal).WithWarnings(d.Warnings...), outcomeOfRefusal(*val.Refusal)
+	}
+	if !d.Decided() {
+		// The webhook is given every lookup; a verdict without one is a
+		// wiring fault, and admitting on it would skip a rule.
+		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("clipjob could not judge the Job: %s", d.Undecided[0])), OutcomeErrored
 	}
 	if resp, full := v.queueFull(ctx, op, job, cfg.Policy.Concurrency); full {
 		return resp.WithWarnings(d.Warnings...), OutcomeDenied
@@ -177,13 +162,6 @@ func needsClaim(op policy.Operation, job, old *batchv1.Job, mode config.Concurre
 	}
 }
 
-// notInternal keeps, through Filter, only internal errors (lookups that
-// failed), which fail the request as errors rather than denials.
-func notInternal(err error) bool {
-	fe, ok := err.(*field.Error)
-	return !ok || fe.Type != field.ErrorTypeInternal
-}
-
 // busy is the 409 for a run whose agent has an active one, with the holder
 // in the Status causes (contract.CauseHolderJob and the rest).
 func busy(job *batchv1.Job, err error) admission.Response {
@@ -221,6 +199,13 @@ func (v *Validator) secretLabels(ctx context.Context) policy.SecretLabels {
 		return nil
 	}
 	return func(ns, name string) (map[string]string, error) { return v.Secrets(ctx, ns, name) }
+}
+
+func (v *Validator) pvcs(ctx context.Context) policy.ClaimLookup {
+	if v.PVCs == nil {
+		return nil
+	}
+	return func(ns, name string) (*corev1.PersistentVolumeClaim, error) { return v.PVCs(ctx, ns, name) }
 }
 
 // queueFull refuses, in Queue mode with maxQueued, a new run of an agent

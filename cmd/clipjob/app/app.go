@@ -14,30 +14,38 @@ import (
 	"io"
 	"os"
 
+	batchv1 "k8s.io/api/batch/v1"
+
 	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/decide"
 	"github.com/paperclipai/clipjob/internal/manifest"
-	"github.com/paperclipai/clipjob/templates"
+	"github.com/paperclipai/clipjob/policy"
 )
 
 const usage = `clipjob renders Paperclip agent Jobs as the clipjob webhook would.
 
 Usage:
-  clipjob render -f job.yaml --source deployment.yaml [--config config.yaml]
-  clipjob check  -f job.yaml [--source deployment.yaml] [--pvc pvc.yaml] [--config config.yaml]
+  clipjob render -f job.yaml [--source deployment.yaml] [--config config.yaml]
+  clipjob check  -f job.yaml [--source deployment.yaml] [--objects objects.yaml]... [--config config.yaml]
   clipjob doctor [--namespace clipjob-system] [--release clipjob] [--values values.yaml] [-o json]
 
 Commands:
   render   print the complete Job(s) the webhook would store for a bare Job
-  check    evaluate Job(s) against the policy as the validating webhook does;
-           with --source, render them first, as the mutating webhook would
+  check    decide Job(s) as the cluster would on create: complete them as the
+           mutating webhook does, then judge them as the validating one;
+           exit 0 all admitted, 1 one denied, 3 one undecided (a Secret,
+           PVC or the source not given: it says what the cluster would do)
+  (--source is the source Deployment's manifest; Secrets and PVCs in it
+  count as --objects. A tenant namespace's Job needs neither.)
   doctor   check a live install and name the fix for each failure (exit 1)
 
 Run 'clipjob COMMAND -h' for the flags of a command.
 `
 
 // Main runs the CLI and returns the process exit code: 0 success, 1 a
-// render or policy failure, 2 a usage error.
+// render or policy failure, 2 a usage error, 3 a verdict that needs a fact
+// not given.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stderr, usage)
@@ -61,9 +69,18 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 type usageError struct{ error }
 
+// exitError ends a command with its own exit code.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e exitError) Error() string { return e.msg }
+
 func run(cmd func([]string, io.Reader, io.Writer, io.Writer) error, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	err := cmd(args, stdin, stdout, stderr)
 	var ue usageError
+	var ee exitError
 	switch {
 	case err == nil:
 		return 0
@@ -72,6 +89,9 @@ func run(cmd func([]string, io.Reader, io.Writer, io.Writer) error, args []strin
 	case errors.As(err, &ue):
 		fmt.Fprintln(stderr, "clipjob:", err)
 		return 2
+	case errors.As(err, &ee):
+		fmt.Fprintln(stderr, "clipjob:", err)
+		return ee.code
 	default:
 		fmt.Fprintln(stderr, "clipjob:", err)
 		return 1
@@ -107,45 +127,47 @@ func (c commonFlags) parse(args []string) error {
 
 func render(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	f := newFlags("render", `Job manifest(s) to render ("-" for stdin); other kinds pass through`, stderr)
-	fs, jobFile, cfgFile, srcFile := f.fs, f.jobFile, f.cfgFile, f.srcFile
 	if err := f.parse(args); err != nil {
 		return err
 	}
-	if *jobFile == "" || *srcFile == "" {
-		fs.Usage()
-		return usageError{errors.New("render needs -f and --source")}
+	if *f.jobFile == "" {
+		f.fs.Usage()
+		return usageError{errors.New("render needs -f")}
 	}
-	cfg, err := loadConfig(*cfgFile)
+	cfg, err := loadConfig(*f.cfgFile)
 	if err != nil {
 		return err
 	}
-	inh, err := loadSource(*srcFile, cfg)
+	facts, err := readFacts(cfg, *f.srcFile, nil)
 	if err != nil {
 		return err
 	}
-	jobs, err := readManifests(*jobFile, stdin)
+	jobs, err := readManifests(*f.jobFile, stdin)
 	if err != nil {
 		return err
 	}
 	if len(jobs.Jobs) == 0 {
-		return fmt.Errorf("%s holds no Job", *jobFile)
+		return fmt.Errorf("%s holds no Job", *f.jobFile)
 	}
 	var out bytes.Buffer
 	for i, job := range jobs.Jobs {
+		defaultNamespace(job, cfg, stderr)
 		if i > 0 {
 			out.WriteString("---\n")
 		}
-		if !contract.IsAgentJob(job.Labels) {
+		m := decide.Mutate(decide.Input{Operation: policy.Create, Job: job, Config: cfg, Facts: facts.decide()})
+		switch {
+		case m.Kind != decide.AgentRun:
 			fmt.Fprintf(stderr, "clipjob: Job %s has no label %s; left as it is\n", job.Name, contract.LabelAgentID)
-		} else {
-			res, err := templates.Render(templates.Input{Job: job, Inherited: inh, Config: cfg})
-			if err != nil {
-				return fmt.Errorf("job %s: %w", job.Name, err)
-			}
-			for _, w := range res.Warnings {
+		case m.Undecided != nil:
+			return usageError{fmt.Errorf("job %s: %s: give the source Deployment's manifest with --source", job.Name, m.Undecided.Fact)}
+		case m.Refusal != nil:
+			return fmt.Errorf("job %s: %s", job.Name, m.Refusal.Message)
+		default:
+			for _, w := range m.Result.Warnings {
 				fmt.Fprintf(stderr, "Warning: Job %s: %s\n", job.Name, w)
 			}
-			job = res.Job
+			job = m.Result.Job
 		}
 		y, err := manifest.JobYAML(job)
 		if err != nil {
@@ -157,27 +179,21 @@ func render(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	return err
 }
 
+// defaultNamespace puts a Job that names no namespace in the source's, as
+// a client whose context is that namespace would, and says so: which
+// namespace a Job is in decides what it inherits.
+func defaultNamespace(job *batchv1.Job, cfg *config.Config, stderr io.Writer) {
+	if job.Namespace == "" {
+		job.Namespace = cfg.Source.Namespace
+		fmt.Fprintf(stderr, "clipjob: Job %s names no namespace; taken to be %s (the source's)\n", job.Name, job.Namespace)
+	}
+}
+
 func loadConfig(path string) (*config.Config, error) {
 	if path == "" {
 		return config.Default(), nil
 	}
 	return config.Load(path)
-}
-
-func loadSource(path string, cfg *config.Config) (*templates.Inherited, error) {
-	set, err := readManifests(path, nil)
-	if err != nil {
-		return nil, err
-	}
-	for _, d := range set.Deployments {
-		if d.Name == cfg.Source.Deployment && (d.Namespace == "" || d.Namespace == cfg.Source.Namespace) {
-			if d.Namespace == "" {
-				d.Namespace = cfg.Source.Namespace
-			}
-			return templates.InheritFromDeployment(d, cfg.Source)
-		}
-	}
-	return nil, fmt.Errorf("%s holds no Deployment %s/%s (the configured source)", path, cfg.Source.Namespace, cfg.Source.Deployment)
 }
 
 func readManifests(path string, stdin io.Reader) (*manifest.Set, error) {

@@ -4,22 +4,29 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-
-	"github.com/paperclipai/clipjob/contract"
-	"github.com/paperclipai/clipjob/policy"
-	"github.com/paperclipai/clipjob/templates"
+	"github.com/paperclipai/clipjob/decide"
 )
 
-// errDenied makes check exit 1 after printing every verdict.
-var errDenied = errors.New("policy denied at least one Job")
+// errDenied makes check exit 1 after printing every verdict; errUndecided
+// exit 3 when no Job was denied but some verdict needs a fact not given.
+var (
+	errDenied    = errors.New("policy denied at least one Job")
+	errUndecided = exitError{code: 3, msg: "at least one verdict needs a fact not given (see undecided above)"}
+)
+
+// stringList is a repeatable flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 func check(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	f := newFlags("check", `Job manifest(s) to check ("-" for stdin)`, stderr)
-	pvcFile := f.fs.String("pvc", "", "manifest(s) of the PersistentVolumeClaims the Jobs mount (default: the volume rule is not checked)")
+	var objects stringList
+	f.fs.Var(&objects, "objects", "manifest(s) of the Secrets and PersistentVolumeClaims the Jobs reference, as the cluster has them (repeatable); a referenced object in none of them leaves its rule undecided")
+	f.fs.Var(&objects, "pvc", "the same as --objects")
 	if err := f.parse(args); err != nil {
 		return err
 	}
@@ -31,32 +38,9 @@ func check(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var inh *templates.Inherited
-	var sourceImages []string
-	if *f.srcFile != "" {
-		if inh, err = loadSource(*f.srcFile, cfg); err != nil {
-			return err
-		}
-		sourceImages = []string{inh.Image}
-	}
-	var claims policy.ClaimLookup
-	if *pvcFile != "" {
-		set, err := readManifests(*pvcFile, nil)
-		if err != nil {
-			return err
-		}
-		pvcs := map[string]*corev1.PersistentVolumeClaim{}
-		for _, o := range set.Others {
-			if p, ok := o.(*corev1.PersistentVolumeClaim); ok {
-				pvcs[p.Namespace+"/"+p.Name] = p
-			}
-		}
-		claims = func(ns, name string) (*corev1.PersistentVolumeClaim, error) {
-			if p, ok := pvcs[ns+"/"+name]; ok {
-				return p, nil
-			}
-			return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "persistentvolumeclaims"}, name)
-		}
+	facts, err := readFacts(cfg, *f.srcFile, objects)
+	if err != nil {
+		return err
 	}
 	jobs, err := readManifests(*f.jobFile, stdin)
 	if err != nil {
@@ -65,39 +49,41 @@ func check(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(jobs.Jobs) == 0 {
 		return fmt.Errorf("%s holds no Job", *f.jobFile)
 	}
-	denied := false
+	denied, undecided := false, false
 	for _, job := range jobs.Jobs {
-		if !contract.IsAgentJob(job.Labels) {
-			fmt.Fprintf(stdout, "job/%s: skipped (no label %s)\n", job.Name, contract.LabelAgentID)
-			continue
-		}
-		if inh != nil {
-			res, err := templates.Render(templates.Input{Job: job, Inherited: inh, Config: cfg})
-			if err != nil {
-				fmt.Fprintf(stdout, "job/%s: denied by the mutating webhook: %v\n", job.Name, err)
-				denied = true
-				continue
-			}
-			job = res.Job
-		}
-		var shared []string
-		if inh != nil {
-			shared = inh.SharedSecrets(cfg.Source.Env.Deny)
-		}
-		d := policy.Evaluate(policy.Input{Operation: policy.Create, Job: job, Config: cfg, SourceImages: sourceImages, Claims: claims, SharedSecrets: shared})
-		for _, w := range d.Warnings {
+		defaultNamespace(job, cfg, stderr)
+		v := decide.Create(decide.Input{Job: job, Config: cfg, Facts: facts.decide()})
+		for _, w := range v.Warnings {
 			fmt.Fprintf(stderr, "Warning: job/%s: %s\n", job.Name, w)
 		}
-		if !d.Allowed() {
-			fmt.Fprintf(stdout, "job/%s: denied: %s\n", job.Name, d.Errs.ToAggregate())
+		switch {
+		case v.Kind == decide.NotAgent:
+			fmt.Fprintf(stdout, "job/%s: not an agent Job (no paperclip.io/ label on it or its pods); clipjob leaves it alone\n", job.Name)
+		case v.Refusal != nil:
+			fmt.Fprintf(stdout, "job/%s: denied by the %s webhook (%d %s): %s\n", job.Name, webhookName(v.Stage), v.Refusal.Code, v.Refusal.Reason, v.Refusal.Message)
 			denied = true
-			continue
+		case len(v.Undecided) > 0:
+			for _, u := range v.Undecided {
+				fmt.Fprintf(stdout, "job/%s: undecided: %s\n", job.Name, u)
+			}
+			undecided = true
+		default:
+			fmt.Fprintf(stdout, "job/%s: allowed\n", job.Name)
 		}
-		fmt.Fprintf(stdout, "job/%s: allowed\n", job.Name)
 	}
 	fmt.Fprintln(stderr, "Note: one active run per agent needs the cluster's claims; `clipjob check` does not evaluate it.")
-	if denied {
+	switch {
+	case denied:
 		return errDenied
+	case undecided:
+		return errUndecided
 	}
 	return nil
+}
+
+func webhookName(stage string) string {
+	if stage == decide.StageMutate {
+		return "mutating"
+	}
+	return "validating"
 }

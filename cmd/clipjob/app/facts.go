@@ -1,0 +1,112 @@
+package app
+
+import (
+	"fmt"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/decide"
+	"github.com/paperclipai/clipjob/internal/manifest"
+	"github.com/paperclipai/clipjob/policy"
+	"github.com/paperclipai/clipjob/templates"
+)
+
+// offlineFacts are what the CLI knows of the cluster: the manifests it was
+// given. Anything else is a *policy.FactUnknown, never a guess: a Secret
+// missing from the files may well exist in the cluster.
+type offlineFacts struct {
+	srcFile     string
+	deployments []*appsv1.Deployment
+	secrets     map[string]*corev1.Secret
+	pvcs        map[string]*corev1.PersistentVolumeClaim
+}
+
+func newOfflineFacts() *offlineFacts {
+	return &offlineFacts{secrets: map[string]*corev1.Secret{}, pvcs: map[string]*corev1.PersistentVolumeClaim{}}
+}
+
+// add takes the Deployments (when fromSource), Secrets and PVCs of set.
+func (f *offlineFacts) add(set *manifest.Set, fromSource bool) {
+	if fromSource {
+		f.deployments = append(f.deployments, set.Deployments...)
+	}
+	for _, o := range set.Others {
+		switch o := o.(type) {
+		case *corev1.Secret:
+			f.secrets[o.Namespace+"/"+o.Name] = o
+		case *corev1.PersistentVolumeClaim:
+			f.pvcs[o.Namespace+"/"+o.Name] = o
+		}
+	}
+}
+
+// lookup finds ns/name, or a manifest of that name that names no namespace.
+func lookup[T any](m map[string]T, ns, name string) (T, bool) {
+	if v, ok := m[ns+"/"+name]; ok {
+		return v, true
+	}
+	v, ok := m["/"+name]
+	return v, ok
+}
+
+func (f *offlineFacts) decide() decide.Facts {
+	facts := decide.Facts{
+		SecretLabels: func(ns, name string) (map[string]string, error) {
+			if s, ok := lookup(f.secrets, ns, name); ok {
+				return s.Labels, nil
+			}
+			return nil, &policy.FactUnknown{Fact: "Secret " + ns + "/" + name, Give: "add its manifest with --objects"}
+		},
+		PVCs: func(ns, name string) (*corev1.PersistentVolumeClaim, error) {
+			if p, ok := lookup(f.pvcs, ns, name); ok {
+				return p, nil
+			}
+			return nil, &policy.FactUnknown{Fact: "PersistentVolumeClaim " + ns + "/" + name, Give: "add its manifest with --objects"}
+		},
+	}
+	if f.srcFile != "" {
+		facts.Source = f.source
+	}
+	return facts
+}
+
+// source is the configured source Deployment among those given: the CLI's
+// answer to what the webhook's informer holds.
+func (f *offlineFacts) source(cfg *config.Config) (*templates.Inherited, *templates.TemplateHashes, error) {
+	for _, d := range f.deployments {
+		if d.Name == cfg.Source.Deployment && (d.Namespace == "" || d.Namespace == cfg.Source.Namespace) {
+			d = d.DeepCopy()
+			d.Namespace = cfg.Source.Namespace
+			inh, err := templates.InheritFromDeployment(d, cfg.Source)
+			return inh, nil, err
+		}
+	}
+	return nil, nil, fmt.Errorf("%s holds no Deployment %s/%s (the configured source)", f.srcFile, cfg.Source.Namespace, cfg.Source.Deployment)
+}
+
+// readFacts reads the source file and the object files into facts; a
+// source file without the configured Deployment is an error, not a fact.
+func readFacts(cfg *config.Config, srcFile string, objectFiles []string) (*offlineFacts, error) {
+	f := newOfflineFacts()
+	if srcFile != "" {
+		set, err := readManifests(srcFile, nil)
+		if err != nil {
+			return nil, err
+		}
+		f.srcFile = srcFile
+		f.add(set, true)
+		if _, _, err := f.source(cfg); err != nil {
+			return nil, err
+		}
+	}
+	for _, file := range objectFiles {
+		set, err := readManifests(file, nil)
+		if err != nil {
+			return nil, err
+		}
+		f.add(set, false)
+	}
+	return f, nil
+}

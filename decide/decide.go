@@ -1,0 +1,250 @@
+package decide
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+
+	batchv1 "k8s.io/api/batch/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/policy"
+	"github.com/paperclipai/clipjob/templates"
+)
+
+// Kind is what clipjob makes of a Job.
+type Kind int
+
+const (
+	// NotAgent: no paperclip.io/ label on the Job or its pod template;
+	// not clipjob's.
+	NotAgent Kind = iota
+	// AgentRun: the Job carries paperclip.io/agent-id; it is completed
+	// and judged.
+	AgentRun
+	// ClaimsContract: paperclip.io/ labels (on the Job or only on its pod
+	// template) but no agent label on the Job. It is judged as an agent
+	// run, which refuses it: anything that looks like an agent is treated
+	// as one, and an agent Job names its agent on itself.
+	ClaimsContract
+)
+
+func (k Kind) String() string {
+	return [...]string{"not an agent Job", "agent run", "claims the contract without an agent label"}[k]
+}
+
+// Classify says what a Job is to clipjob. The API server copies a pod
+// template's labels onto a Job that has none before any webhook sees it,
+// so a Job labeled only through its template with no labels of its own
+// arrives as an AgentRun; one with labels of its own does not.
+func Classify(job *batchv1.Job) Kind {
+	switch {
+	case contract.IsAgentJob(job.Labels):
+		return AgentRun
+	case contract.HasContractLabel(job.Labels, job.Spec.Template.Labels):
+		return ClaimsContract
+	}
+	return NotAgent
+}
+
+// Facts are what a decision knows of the cluster.
+type Facts struct {
+	// Source is what agent Jobs in the source's namespaces inherit under
+	// cfg, with the memo of template hashes that belongs to it (nil
+	// computes them). An error says why not: a *templates.SourceError, or
+	// a *policy.FactUnknown offline.
+	Source func(cfg *config.Config) (*templates.Inherited, *templates.TemplateHashes, error)
+	// SecretLabels and PVCs look the objects a Job references up.
+	SecretLabels policy.SecretLabels
+	PVCs         policy.ClaimLookup
+}
+
+// Inherited is what an agent Job in namespace inherits: in a tenant
+// namespace (config TenantNamespaces) nothing but a workspace, whatever
+// the source; elsewhere the source's values.
+func (f Facts) Inherited(cfg *config.Config, namespace string) (*templates.Inherited, *templates.TemplateHashes, error) {
+	if cfg.IsTenant(namespace) {
+		return templates.TenantInherited(cfg.Source), nil, nil
+	}
+	if f.Source == nil {
+		return nil, nil, &policy.FactUnknown{Fact: "source Deployment " + cfg.Source.Namespace + "/" + cfg.Source.Deployment, Give: "no source given"}
+	}
+	return f.Source(cfg)
+}
+
+// Input is one admission request, as a decision sees it.
+type Input struct {
+	Operation policy.Operation
+	// Job is the object; Old the stored one on UPDATE. Job's namespace
+	// must be set (a CREATE may leave it to the request).
+	Job, Old *batchv1.Job
+	Config   *config.Config
+	Facts    Facts
+	// User is who makes the request; empty offline.
+	User string
+}
+
+// Refusal is how a webhook answers a Job it does not admit: the HTTP code
+// and reason of the Status and its message. The CLI prints the same.
+type Refusal struct {
+	Code    int32
+	Reason  metav1.StatusReason
+	Message string
+	// Internal: a lookup failed; the request fails rather than is denied.
+	Internal bool
+}
+
+// Mutation is the mutating webhook's half of the decision.
+type Mutation struct {
+	Kind Kind
+	// Result is the rendered Job; nil when the Job is not an agent run or
+	// is refused.
+	Result *templates.Result
+	// Refusal, when not nil, is why the Job cannot be completed.
+	Refusal *Refusal
+	// Undecided: offline, the source was not given.
+	Undecided *policy.Undecided
+}
+
+// Mutate completes an agent Job on CREATE: the mutating webhook's work.
+func Mutate(in Input) Mutation {
+	kind := Classify(in.Job)
+	if in.Operation != policy.Create || kind != AgentRun {
+		return Mutation{Kind: kind}
+	}
+	inh, hashes, err := in.Facts.Inherited(in.Config, in.Job.Namespace)
+	var unknown *policy.FactUnknown
+	switch {
+	case errors.As(err, &unknown):
+		return Mutation{Kind: kind, Undecided: &policy.Undecided{Fact: unknown.Fact, Give: unknown.Give,
+			WithoutIt: "503 " + sourceMissing(fmt.Errorf("source Deployment %s/%s: not found", in.Config.Source.Namespace, in.Config.Source.Deployment)),
+			WithIt:    "the Job is completed from it and then judged"}}
+	case err != nil:
+		return Mutation{Kind: kind, Refusal: &Refusal{Code: http.StatusServiceUnavailable, Reason: metav1.StatusReasonServiceUnavailable, Message: sourceMissing(err)}}
+	}
+	res, err := templates.Render(templates.Input{Job: in.Job, Inherited: inh, Config: in.Config, Hashes: hashes, Creator: in.User})
+	var re *templates.RenderError
+	switch {
+	case errors.As(err, &re):
+		return Mutation{Kind: kind, Refusal: &Refusal{Code: http.StatusUnprocessableEntity, Reason: metav1.StatusReasonInvalid, Message: err.Error()}}
+	case err != nil:
+		return Mutation{Kind: kind, Refusal: &Refusal{Code: http.StatusInternalServerError, Reason: metav1.StatusReasonInternalError, Message: err.Error(), Internal: true}}
+	}
+	return Mutation{Kind: kind, Result: res}
+}
+
+func sourceMissing(err error) string { return "clipjob cannot complete agent Jobs: " + err.Error() }
+
+// Validation is the validating webhook's half of the decision, before the
+// claim (which needs the API server as its arbiter and is the webhook's).
+type Validation struct {
+	Kind     Kind
+	Decision *policy.Decision
+	// Refusal, when not nil, is why the Job is not admitted.
+	Refusal *Refusal
+}
+
+// Validate judges the final Job on CREATE and UPDATE: the validating
+// webhook's work. A Job that is not an agent run's, before or after the
+// change, is not judged (Decision nil).
+func Validate(in Input) Validation {
+	kind := Classify(in.Job)
+	if kind == NotAgent && (in.Old == nil || Classify(in.Old) == NotAgent) {
+		return Validation{Kind: kind}
+	}
+	cfg := in.Config
+	pin := policy.Input{
+		Operation: in.Operation, Job: in.Job, Old: in.Old, Config: cfg,
+		Claims: in.Facts.PVCs, SecretLabels: in.Facts.SecretLabels, User: in.User,
+	}
+	// What the source gives agents here: its image is always allowed, its
+	// shared Secrets may be referenced, its own are never an agent's. A
+	// missing source only narrows the first two.
+	if inh, _, err := in.Facts.Inherited(cfg, in.Job.Namespace); err == nil {
+		if inh.Image != "" {
+			pin.SourceImages = []string{inh.Image}
+		}
+		prof, _ := cfg.JobProfile(contract.AdapterType(in.Job.Labels))
+		pin.SharedSecrets = inh.SharedSecrets(cfg.Source.Env, prof)
+		pin.ServerSecrets = inh.ServerSecrets(cfg.Source.Env.Deny)
+	}
+	d := policy.Evaluate(pin)
+	v := Validation{Kind: kind, Decision: d}
+	if !d.Allowed() {
+		if internal := d.Errs.Filter(notInternal); len(internal) > 0 {
+			v.Refusal = &Refusal{Code: http.StatusInternalServerError, Reason: metav1.StatusReasonInternalError, Message: internal.ToAggregate().Error(), Internal: true}
+		} else {
+			v.Refusal = &Refusal{Code: http.StatusForbidden, Reason: metav1.StatusReasonForbidden, Message: d.Errs.ToAggregate().Error()}
+		}
+	}
+	return v
+}
+
+// notInternal keeps, through Filter, only internal errors (lookups that
+// failed), which fail the request as errors rather than denials.
+func notInternal(err error) bool {
+	var fe *field.Error
+	return !errors.As(err, &fe) || fe.Type != field.ErrorTypeInternal
+}
+
+// Verdict is what the cluster decides about a CREATE, up to the claim.
+type Verdict struct {
+	Kind Kind
+	// Stage is the webhook that refused ("mutate" or "validate"), or "".
+	Stage string
+	// Refusal is nil when the Job is admitted (or undecided).
+	Refusal *Refusal
+	// Job is the Job as it would be stored: rendered, for an agent run
+	// that got that far.
+	Job *batchv1.Job
+	// Profile is the profile the mutation applied.
+	Profile string
+	// Warnings are every warning the client would be shown, mutation's
+	// first.
+	Warnings []string
+	// Undecided are verdicts hanging on facts not given (offline only).
+	Undecided []policy.Undecided
+}
+
+// Admitted reports whether the Job is admitted, as far as the facts go.
+func (v Verdict) Admitted() bool { return v.Refusal == nil && len(v.Undecided) == 0 }
+
+// Stages of a Verdict.
+const (
+	StageMutate   = "mutate"
+	StageValidate = "validate"
+)
+
+// Create decides a CREATE the way the cluster does: mutation, then
+// validation of the result. (Between the two the API server defaults and
+// validates the object; a Job it would refuse is not this package's to
+// judge.)
+func Create(in Input) Verdict {
+	in.Operation = policy.Create
+	v := Verdict{Kind: Classify(in.Job), Job: in.Job}
+	m := Mutate(in)
+	switch {
+	case m.Undecided != nil:
+		v.Undecided = []policy.Undecided{*m.Undecided}
+		return v
+	case m.Refusal != nil:
+		v.Stage, v.Refusal = StageMutate, m.Refusal
+		return v
+	case m.Result != nil:
+		v.Job, v.Profile, v.Warnings = m.Result.Job, m.Result.Profile, append(v.Warnings, m.Result.Warnings...)
+	}
+	in.Job = v.Job
+	val := Validate(in)
+	if val.Decision == nil {
+		return v
+	}
+	v.Warnings = append(v.Warnings, val.Decision.Warnings...)
+	v.Undecided = val.Decision.Undecided
+	if val.Refusal != nil {
+		v.Stage, v.Refusal = StageValidate, val.Refusal
+	}
+	return v
+}
