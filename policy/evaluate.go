@@ -587,7 +587,8 @@ func checkImages(in Input) (field.ErrorList, []string) {
 			trusted[img.String()] = true
 		}
 	}
-	allowedList := strings.Join(append(append([]string{}, pol.Allow...), "the source Deployment's and profiles' images"), ", ")
+	allowedList := strings.Join(append(append([]string{}, pol.Allow...), "the source Deployment's and profiles' images"), ", ") +
+		" (policy.images.allow in the clipjob config)"
 
 	var errs field.ErrorList
 	var warnings []string
@@ -675,7 +676,7 @@ func checkVolume(in Input) (field.ErrorList, []string, []Undecided) {
 		p := podPath.Child("volumes").Index(i).Child("persistentVolumeClaim", "claimName")
 		name := v.PersistentVolumeClaim.ClaimName
 		notFound := field.NotFound(p, fmt.Sprintf(
-			"%s: no PersistentVolumeClaim %q in namespace %s; agent Jobs share Paperclip's data through it, so create the Job in the namespace that has it",
+			"%s: no PersistentVolumeClaim %q in namespace %s; agent Jobs share Paperclip's data through it, so create the Job in the namespace that has it, or, if agents here run apart from the server, list the namespace in tenantNamespaces in the clipjob config",
 			name, name, in.Job.Namespace))
 		pvc, err := in.Claims(in.Job.Namespace, name)
 		var unknown *FactUnknown

@@ -27,6 +27,7 @@ func check(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	var objects stringList
 	f.fs.Var(&objects, "objects", "manifest(s) of the Secrets and PersistentVolumeClaims the Jobs reference, as the cluster has them (repeatable); a referenced object in none of them leaves its rule undecided")
 	f.fs.Var(&objects, "pvc", "the same as --objects")
+	complete := f.fs.Bool("objects-complete", false, "the --source and --objects files hold every Secret and PVC the Jobs could reference: one in none of them does not exist (as in a namespace exported with kubectl get secrets,pvc -o yaml)")
 	if err := f.parse(args); err != nil {
 		return err
 	}
@@ -42,6 +43,7 @@ func check(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	facts.complete = *complete
 	jobs, err := readManifests(*f.jobFile, stdin)
 	if err != nil {
 		return err

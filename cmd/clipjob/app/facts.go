@@ -5,6 +5,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/decide"
@@ -17,6 +18,9 @@ import (
 // given. Anything else is a *policy.FactUnknown, never a guess: a Secret
 // missing from the files may well exist in the cluster.
 type offlineFacts struct {
+	// complete: the files hold every Secret and PVC there is, so one not
+	// in them does not exist (--objects-complete).
+	complete    bool
 	srcFile     string
 	deployments []*appsv1.Deployment
 	secrets     map[string]*corev1.Secret
@@ -57,11 +61,17 @@ func (f *offlineFacts) decide() decide.Facts {
 			if s, ok := lookup(f.secrets, ns, name); ok {
 				return s.Labels, nil
 			}
+			if f.complete {
+				return nil, apierrors.NewNotFound(corev1.Resource("secrets"), name)
+			}
 			return nil, &policy.FactUnknown{Fact: "Secret " + ns + "/" + name, Give: "add its manifest with --objects"}
 		},
 		PVCs: func(ns, name string) (*corev1.PersistentVolumeClaim, error) {
 			if p, ok := lookup(f.pvcs, ns, name); ok {
 				return p, nil
+			}
+			if f.complete {
+				return nil, apierrors.NewNotFound(corev1.Resource("persistentvolumeclaims"), name)
 			}
 			return nil, &policy.FactUnknown{Fact: "PersistentVolumeClaim " + ns + "/" + name, Give: "add its manifest with --objects"}
 		},
@@ -73,17 +83,26 @@ func (f *offlineFacts) decide() decide.Facts {
 }
 
 // source is the configured source Deployment among those given: the CLI's
-// answer to what the webhook's informer holds.
+// answer to what the webhook's informer holds. One that cannot be
+// inherited from is the same *templates.SourceError the webhook answers.
 func (f *offlineFacts) source(cfg *config.Config) (*templates.Inherited, *templates.TemplateHashes, error) {
+	d := f.sourceDeployment(cfg)
+	if d == nil {
+		return nil, nil, fmt.Errorf("%s holds no Deployment %s/%s (the configured source)", f.srcFile, cfg.Source.Namespace, cfg.Source.Deployment)
+	}
+	inh, err := templates.InheritFromDeployment(d, cfg.Source)
+	return inh, nil, err
+}
+
+func (f *offlineFacts) sourceDeployment(cfg *config.Config) *appsv1.Deployment {
 	for _, d := range f.deployments {
 		if d.Name == cfg.Source.Deployment && (d.Namespace == "" || d.Namespace == cfg.Source.Namespace) {
 			d = d.DeepCopy()
 			d.Namespace = cfg.Source.Namespace
-			inh, err := templates.InheritFromDeployment(d, cfg.Source)
-			return inh, nil, err
+			return d
 		}
 	}
-	return nil, nil, fmt.Errorf("%s holds no Deployment %s/%s (the configured source)", f.srcFile, cfg.Source.Namespace, cfg.Source.Deployment)
+	return nil
 }
 
 // readFacts reads the source file and the object files into facts; a
@@ -97,8 +116,8 @@ func readFacts(cfg *config.Config, srcFile string, objectFiles []string) (*offli
 		}
 		f.srcFile = srcFile
 		f.add(set, true)
-		if _, _, err := f.source(cfg); err != nil {
-			return nil, err
+		if f.sourceDeployment(cfg) == nil {
+			return nil, fmt.Errorf("%s holds no Deployment %s/%s (the configured source)", srcFile, cfg.Source.Namespace, cfg.Source.Deployment)
 		}
 	}
 	for _, file := range objectFiles {
