@@ -444,3 +444,32 @@ func TestNotesNameTheDoctor(t *testing.T) {
 		t.Errorf("NOTES.txt:\n%s", r.Notes)
 	}
 }
+
+// TestTenantNamespacesGetTheirRole: every tenant namespace of the config
+// gets the webhook's Role and counts as an agent namespace (admitted,
+// covered by the claim Lease policy), with no hand-made Role; a glob,
+// which no Role can name, is refused with the fix.
+func TestTenantNamespacesGetTheirRole(t *testing.T) {
+	r := render(t, map[string]any{"config": map[string]any{
+		"source":           map[string]any{"namespace": "paperclip"},
+		"tenantNamespaces": []any{"paperclip-co-1", "paperclip-co-2"},
+	}})
+	for _, ns := range []string{"paperclip", "paperclip-co-1", "paperclip-co-2"} {
+		if r.FindIn("Role", ns, "clipjob-webhook-agents") == nil || r.FindIn("RoleBinding", ns, "clipjob-webhook-agents") == nil {
+			t.Errorf("no webhook Role and binding in %s", ns)
+		}
+	}
+	var cm corev1.ConfigMap
+	into(t, r, "ConfigMap", "clipjob-config", &cm)
+	cfg, err := config.Parse([]byte(cm.Data["config.yaml"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff([]string{"paperclip", "paperclip-co-1", "paperclip-co-2"}, cfg.Policy.Namespaces); d != "" {
+		t.Errorf("tenant namespaces not admitted (-want +got):\n%s", d)
+	}
+	_, err = Render(rel, map[string]any{"config": map[string]any{"tenantNamespaces": []any{"paperclip-*"}}})
+	if err == nil || !strings.Contains(err.Error(), `"paperclip-*" is a glob`) || !strings.Contains(err.Error(), "list each tenant namespace") {
+		t.Errorf("a tenant glob: %v", err)
+	}
+}

@@ -4,8 +4,10 @@
 // with the Job, at its TTL or when it is deleted, and an adapter leaves no
 // per-run credentials behind.
 //
-// A Secret is taken only if it is labeled with the Job's run id and agent
-// id, and no other Job owns it: the Job's
+// A Secret is taken only if it was made for the run
+// (contract.SecretMadeForRun: labeled with the Job's run id, and with its
+// agent id or named for the Job), the operator does not share it
+// (policy.secrets.shared), and no other Job owns it: the Job's
 // annotations can change after admission, and owning a Secret means
 // deleting it, so naming one of the server's Secrets must not make it
 // disappear with an agent's Job. The reconciler runs on the elected replica

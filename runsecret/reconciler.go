@@ -46,7 +46,11 @@ type Reconciler struct {
 	// Jobs reads agent Jobs from the manager's cache.
 	Jobs    client.Reader
 	Secrets SecretAPI
-	Log     logr.Logger
+	// Shared reports whether the operator shares a Secret among runs
+	// (config policy.secrets.shared): such a Secret is never a run's to
+	// own, whatever its labels say. Nil shares none.
+	Shared func(name string) bool
+	Log    logr.Logger
 }
 
 // Reconcile implements reconcile.Reconciler, keyed by Job.
@@ -67,7 +71,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			continue // refused at admission, or deleted since: nothing to own
 		case err != nil:
 			return reconcile.Result{}, fmt.Errorf("reading Secret %s/%s: %w", job.Namespace, name, err)
-		case run == "" || meta.Labels[contract.LabelRunID] != run || meta.Labels[contract.LabelAgentID] != job.Labels[contract.LabelAgentID]:
+		case r.Shared != nil && r.Shared(name):
+			r.Log.Info("not taking a shared Secret (policy.secrets.shared): its runs' Jobs would delete it", "job", job.Namespace+"/"+job.Name, "secret", name)
+			continue
+		case run == "" || !contract.SecretMadeForRun(job.Name, job.Labels, name, meta.Labels):
 			r.Log.Info("not taking a Secret that is not labeled for the run", "job", job.Namespace+"/"+job.Name,
 				"secret", name, "want", run+" of "+job.Labels[contract.LabelAgentID],
 				"has", meta.Labels[contract.LabelRunID]+" of "+meta.Labels[contract.LabelAgentID])

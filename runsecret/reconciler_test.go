@@ -94,6 +94,31 @@ func TestASecretNotMadeForTheRunIsLeftAlone(t *testing.T) {
 	reconcileJob(t, job, fakeSecrets{}) // missing: nothing to do, no error
 }
 
+// A shared Secret is never taken, even labeled for the run: its Job would
+// delete what every run reads. One named for the Job with the run id
+// alone (as Paperclip's adapters label theirs) is taken.
+func TestASharedSecretIsNeverTaken(t *testing.T) {
+	job := jobs.MakeJob("run-2", "paperclip").Agent("a").Run("run-2").Annotation(contract.AnnotationEnvSecret, "llm-key").Obj()
+	job.UID = "uid-2"
+	secrets := fakeSecrets{"paperclip/llm-key": secret("llm-key", map[string]string{contract.LabelRunID: "run-2", contract.LabelAgentID: "a"})}
+	r := &Reconciler{Jobs: crfake.NewClientBuilder().WithObjects(job).Build(), Secrets: secrets, Log: logr.Discard(),
+		Shared: func(name string) bool { return name == "llm-key" }}
+	if _, err := r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "paperclip", Name: "run-2"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := owners(secrets["paperclip/llm-key"]); len(got) != 0 {
+		t.Errorf("a shared Secret was taken by %v", got)
+	}
+	job2 := jobs.MakeJob("run-3", "paperclip").Agent("a").Run("run-3").Annotation(contract.AnnotationEnvSecret, "run-3-env").Obj()
+	job2.UID = "uid-3"
+	secrets["paperclip/run-3-env"] = secret("run-3-env", map[string]string{contract.LabelRunID: "run-3"})
+	secrets["paperclip/run-3-x-env"] = secret("run-3-x-env", map[string]string{contract.LabelRunID: "run-3"})
+	reconcileJob(t, job2, secrets)
+	if got := owners(secrets["paperclip/run-3-env"]); len(got) != 1 || got[0] != "uid-3" {
+		t.Errorf("a Secret named for its Job and labeled with its run: owners %v", got)
+	}
+}
+
 func TestNames(t *testing.T) {
 	job := jobs.MakeJob("j", "ns").Annotation(contract.AnnotationEnvSecret, "env").Obj()
 	job.Spec.Template.Annotations = map[string]string{contract.AnnotationPromptSecret: "prompt"}

@@ -106,7 +106,8 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	secrets := &runsecret.Reconciler{Jobs: mgr.GetCache(), Secrets: runsecret.KubeSecrets{Meta: meta, Client: clientset},
-		Log: log.WithName("run-secrets")}
+		Shared: func(name string) bool { return config.MatchAny(store.Current().Policy.Secrets.Shared, name) },
+		Log:    log.WithName("run-secrets")}
 	if err := secrets.SetupWithManager(mgr); err != nil {
 		return err
 	}

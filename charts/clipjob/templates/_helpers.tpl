@@ -101,9 +101,17 @@ capabilities:
   drop: [ALL]
 {{- end -}}
 
-{{/* The namespaces agents run in, as a JSON list: agentNamespaces, else the source namespace. Claims of scope Cluster live in one of them. */}}
+{{/* The namespaces agents run in, as a JSON list: agentNamespaces (else the source namespace), and the tenant namespaces of the config, so the webhook gets its Role in each with no hand-made one. A tenant glob cannot be given a Role: the chart refuses it, naming the fix. Claims of scope Cluster live in one of them. */}}
 {{- define "clipjob.agentNamespaces" -}}
 {{- $nss := .Values.agentNamespaces | default (list .Values.config.source.namespace) -}}
+{{- range (.Values.config.tenantNamespaces | default list) -}}
+{{- if regexMatch "[*?\\[]" . -}}
+{{- fail (printf "config.tenantNamespaces: %q is a glob, and the chart can give the webhook a Role only in namespaces it can name; list each tenant namespace (the webhook reads run Secrets' metadata and writes claims there)" .) -}}
+{{- end -}}
+{{- if not (has . $nss) -}}
+{{- $nss = append $nss . -}}
+{{- end -}}
+{{- end -}}
 {{- if has .Release.Namespace $nss -}}
 {{- fail (printf "agentNamespaces: the release namespace %s may not be an agent namespace (the webhooks never see the release namespace, so agents there would run unchecked); install clipjob in a namespace of its own" .Release.Namespace) -}}
 {{- end -}}
