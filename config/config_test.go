@@ -390,3 +390,12 @@ func TestLoadStore(t *testing.T) {
 		t.Errorf("status %+v", st)
 	}
 }
+
+// A config from before the allowlist is refused with the way forward, not
+// only "unknown field".
+func TestRemovedFieldSaysWhatReplacesIt(t *testing.T) {
+	_, err := Parse([]byte("apiVersion: " + APIVersion + "\nkind: " + Kind + "\nsource:\n  inheritEnvFrom: true\n"))
+	if err == nil || !strings.Contains(err.Error(), `unknown field "source.inheritEnvFrom": removed`) || !strings.Contains(err.Error(), "source.env.allowFrom") {
+		t.Errorf("got %v", err)
+	}
+}

@@ -34,11 +34,17 @@ const (
 // namespace, and a tenant namespace apart from it.
 var AgentNamespaces = []any{"paperclip", "paperclip-acme"}
 
+// TenantNamespaces are where the suite runs the Kubernetes plugin's Jobs:
+// listed in the config only, so the chart alone gives the webhook its
+// rights there.
+var TenantNamespaces = []any{"paperclip-co-1"}
+
 // ChartValues are the values the suite installs the chart with: the
 // webhooks called at addr, certificates signed by the CA caBundle (PEM).
 func ChartValues(addr string, caBundle []byte) map[string]any {
 	return map[string]any{
 		"agentNamespaces": AgentNamespaces,
+		"config":          map[string]any{"tenantNamespaces": TenantNamespaces},
 		"webhook":         map[string]any{"url": "https://" + addr},
 		"certificates":    map[string]any{"mode": "external", "caBundle": base64.StdEncoding.EncodeToString(caBundle)},
 	}
@@ -59,12 +65,13 @@ func RenderChart(addr string, caBundle []byte, values map[string]any) (*charts.R
 // self-managed certificates (the chart's default, whose RBAC is the
 // widest). What exists already is left alone.
 func ApplyChartRBAC(ctx context.Context, cs kubernetes.Interface) error {
-	for _, ns := range append([]any{Release.Namespace}, AgentNamespaces...) {
+	for _, ns := range append(append([]any{Release.Namespace}, AgentNamespaces...), TenantNamespaces...) {
 		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns.(string)}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return err
 		}
 	}
-	r, err := charts.Render(Release, map[string]any{"agentNamespaces": AgentNamespaces})
+	r, err := charts.Render(Release, map[string]any{"agentNamespaces": AgentNamespaces,
+		"config": map[string]any{"tenantNamespaces": TenantNamespaces}})
 	if err != nil {
 		return err
 	}
