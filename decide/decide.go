@@ -170,6 +170,7 @@ func Validate(in Input) Validation {
 		prof, _ := cfg.JobProfile(contract.AdapterType(in.Job.Labels))
 		pin.SharedSecrets = inh.SharedSecrets(cfg.Source.Env, prof)
 		pin.ServerSecrets = inh.ServerSecrets(cfg.Source.Env.Deny)
+		pin.SourceSecrets = inh.ReadSecrets()
 	}
 	d := policy.Evaluate(pin)
 	v := Validation{Kind: kind, Decision: d}

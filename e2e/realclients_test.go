@@ -62,7 +62,13 @@ func TestRealClientsJobsOnTheCluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		writeConfig(ctx, t, string(data)+"source: {deployment: paperclip-real-clients}\n", true)
+		content := string(data)
+		if strings.Contains(content, "\nsource:\n") {
+			content = strings.Replace(content, "  deployment: paperclip\n", "  deployment: paperclip-real-clients\n", 1)
+		} else {
+			content += "source: {deployment: paperclip-real-clients}\n"
+		}
+		writeConfig(ctx, t, content, true)
 	}
 	dryRun := func(job *batchv1.Job) (*batchv1.Job, error) {
 		return env.cs.BatchV1().Jobs(job.Namespace).Create(ctx, job.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})

@@ -80,6 +80,10 @@ type Input struct {
 	// name (templates.Inherited.ServerSecrets): never an agent's, whatever
 	// policy.secrets.shared says.
 	ServerSecrets []string
+	// SourceSecrets are every Secret the server's container reads
+	// (templates.Inherited.ReadSecrets): policy.secrets.shared shares one
+	// only by its exact name, never through a glob.
+	SourceSecrets []string
 	// User is who makes the request (the admission request's userInfo);
 	// empty (an offline check) skips the creator rule on CREATE.
 	User string
@@ -166,6 +170,7 @@ func Evaluate(in Input) *Decision {
 	}
 	if in.Operation == Update {
 		d.add(RuleTemplate, checkTemplateUnchanged(in))
+		d.add(RuleRunSecret, checkRunSecretUnchanged(in))
 		d.add(RuleDeadline, checkDeadlineNotRaised(in))
 		return d
 	}
@@ -239,6 +244,10 @@ func checkRunSecret(in Input) (field.ErrorList, []string, []Undecided) {
 			errs = append(errs, field.Forbidden(r.path, fmt.Sprintf(
 				"Secret %s holds the Paperclip server's credentials (its Deployment reads it under a denied env name); policy.secrets.shared cannot make it an agent's", r.name)))
 			continue
+		case shared && slices.Contains(in.SourceSecrets, r.name) && !slices.Contains(sp.Shared, r.name):
+			errs = append(errs, field.Forbidden(r.path, fmt.Sprintf(
+				"Secret %s is read by the Paperclip server's Deployment, and a glob in policy.secrets.shared does not share such a Secret: list it by its exact name if every run may read all of it", r.name)))
+			continue
 		case shared:
 			continue
 		}
@@ -274,8 +283,9 @@ func checkRunSecret(in Input) (field.ErrorList, []string, []Undecided) {
 }
 
 // forEachSecretRef calls f with every Secret the pod spec references by
-// name (envFrom, env valueFrom, secret and projected volumes) and the path
-// of the reference.
+// name (envFrom, env valueFrom, pull secrets, secret, projected and CSI
+// volumes) and the path of the reference. (The other in-tree volume types
+// that name a Secret are refused by Pod Security "restricted".)
 func forEachSecretRef(spec corev1.PodSpec, f func(name string, p *field.Path)) {
 	for _, list := range []struct {
 		cs []corev1.Container
@@ -294,10 +304,16 @@ func forEachSecretRef(spec corev1.PodSpec, f func(name string, p *field.Path)) {
 			}
 		}
 	}
+	for i, s := range spec.ImagePullSecrets {
+		f(s.Name, podPath.Child("imagePullSecrets").Index(i))
+	}
 	for i, v := range spec.Volumes {
 		p := podPath.Child("volumes").Index(i)
 		if v.Secret != nil {
 			f(v.Secret.SecretName, p.Child("secret"))
+		}
+		if v.CSI != nil && v.CSI.NodePublishSecretRef != nil {
+			f(v.CSI.NodePublishSecretRef.Name, p.Child("csi", "nodePublishSecretRef"))
 		}
 		if v.Projected != nil {
 			for j, src := range v.Projected.Sources {
@@ -307,6 +323,22 @@ func forEachSecretRef(spec corev1.PodSpec, f func(name string, p *field.Path)) {
 			}
 		}
 	}
+}
+
+// checkRunSecretUnchanged keeps the Job's env Secret as admitted: the Job
+// comes to own the Secret it names, and a name changed afterwards was
+// never checked.
+func checkRunSecretUnchanged(in Input) field.ErrorList {
+	if in.Old == nil || !contract.IsAgentJob(in.Old.Labels) {
+		return nil
+	}
+	was, had := in.Old.Annotations[contract.AnnotationEnvSecret]
+	now, has := in.Job.Annotations[contract.AnnotationEnvSecret]
+	if had == has && was == now {
+		return nil
+	}
+	return field.ErrorList{field.Invalid(metaPath.Child("annotations").Key(contract.AnnotationEnvSecret), now, fmt.Sprintf(
+		"is immutable (was %q): the run's env Secret was checked at admission; create a new Job instead", was))}
 }
 
 // checkDeadlineNotRaised lets an agent Job's activeDeadlineSeconds be set

@@ -531,6 +531,23 @@ func TestJobsOwnSecretReferences(t *testing.T) {
 // TestCreatorIsTheCreatingUser: the created-by annotation is how a client
 // tells its own runs from a Job that copied their labels, so a Job may
 // not name another creator, and nobody may rewrite it afterwards.
+// TestRunSecretIsFixedOnceAdmitted: the env Secret a Job names was checked
+// at admission and comes to be owned by the Job; an UPDATE naming another
+// (the server's) is refused.
+func TestRunSecretIsFixedOnceAdmitted(t *testing.T) {
+	old := renderedJob(t)
+	old.Annotations[contract.AnnotationEnvSecret] = old.Name + "-env"
+	job := old.DeepCopy()
+	job.Annotations[contract.AnnotationEnvSecret] = "paperclip-db"
+	d := Evaluate(Input{Operation: Update, Job: job, Old: old, Config: mustConfig(t, "")})
+	if d.Allowed() || !strings.Contains(d.Errs.ToAggregate().Error(), "env-secret]: Invalid value: \"paperclip-db\": is immutable") {
+		t.Errorf("changing the env Secret after admission: %v", d.Errs.ToAggregate())
+	}
+	if d := Evaluate(Input{Operation: Update, Job: old.DeepCopy(), Old: old, Config: mustConfig(t, "")}); !d.Allowed() {
+		t.Errorf("an UPDATE that keeps it: %v", d.Errs.ToAggregate())
+	}
+}
+
 func TestCreatorIsTheCreatingUser(t *testing.T) {
 	const server = "system:serviceaccount:paperclip:paperclip"
 	cfg := mustConfig(t, "")

@@ -202,7 +202,7 @@ func (in *Inherited) ReadSecrets() []string {
 
 // SharedSecrets are the Secrets clipjob itself hands an agent of profile
 // prof from the source: those its inherited env reads, its inherited
-// envFrom Secrets and its secret volumes (what Render would hand over,
+// envFrom Secrets, its secret volumes and its pull secrets (what Render would hand over,
 // withheld ones left out). A Job may reference these; any other Secret it
 // names must be made for its run or shared by config.
 func (in *Inherited) SharedSecrets(f config.EnvFilter, prof config.Resolved) []string {
@@ -226,6 +226,9 @@ func (in *Inherited) SharedSecrets(f config.EnvFilter, prof config.Resolved) []s
 		if v := byName[m.Name]; v.Secret != nil && w.volume(v, m.MountPath) == "" {
 			out = append(out, v.Secret.SecretName)
 		}
+	}
+	for _, ps := range in.ImagePullSecrets {
+		out = append(out, ps.Name)
 	}
 	return out
 }
