@@ -31,7 +31,8 @@ const (
 // ReservedPrefix begins the name of every volume clipjob adds to an agent
 // pod (the shared data volume, the source's secret volumes, the prompt,
 // writable paths, a tenant's workspace), so none meets a volume of the
-// Job's own: a Job may not use a name with this prefix for another volume.
+// Job's own. A Job volume named like one clipjob adds, with another
+// source, is refused.
 const ReservedPrefix = "clipjob-"
 
 // Pod-template annotations that carry the prompt.

@@ -2,7 +2,6 @@ package decide
 
 import (
 	"errors"
-	"fmt"
 	"net/http"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -31,10 +30,6 @@ const (
 	// as one, and an agent Job names its agent on itself.
 	ClaimsContract
 )
-
-func (k Kind) String() string {
-	return [...]string{"not an agent Job", "agent run", "claims the contract without an agent label"}[k]
-}
 
 // Classify says what a Job is to clipjob. The API server copies a pod
 // template's labels onto a Job that has none before any webhook sees it,
@@ -120,7 +115,7 @@ func Mutate(in Input) Mutation {
 	switch {
 	case errors.As(err, &unknown):
 		return Mutation{Kind: kind, Undecided: &policy.Undecided{Fact: unknown.Fact, Give: unknown.Give,
-			WithoutIt: "503 " + sourceMissing(fmt.Errorf("source Deployment %s/%s: not found", in.Config.Source.Namespace, in.Config.Source.Deployment)),
+			WithoutIt: "503 " + sourceMissing(&templates.SourceError{Source: in.Config.Source.Namespace + "/" + in.Config.Source.Deployment, Reason: "not found"}),
 			WithIt:    "the Job is completed from it and then judged"}}
 	case err != nil:
 		return Mutation{Kind: kind, Refusal: &Refusal{Code: http.StatusServiceUnavailable, Reason: metav1.StatusReasonServiceUnavailable, Message: sourceMissing(err)}}
@@ -160,17 +155,18 @@ func Validate(in Input) Validation {
 		Operation: in.Operation, Job: in.Job, Old: in.Old, Config: cfg,
 		Claims: in.Facts.PVCs, SecretLabels: in.Facts.SecretLabels, User: in.User,
 	}
-	// What the source gives agents here: its image is always allowed, its
-	// shared Secrets may be referenced, its own are never an agent's. A
-	// missing source only narrows the first two.
-	if inh, _, err := in.Facts.Inherited(cfg, in.Job.Namespace); err == nil {
-		if inh.Image != "" {
-			pin.SourceImages = []string{inh.Image}
+	// What the source gives agents here, for the rules of a CREATE (an
+	// UPDATE checks only what may not change): its image is always
+	// allowed, its handed Secrets may be referenced, its own are never an
+	// agent's. A missing source only narrows the first two.
+	if in.Operation == policy.Create {
+		if inh, _, err := in.Facts.Inherited(cfg, in.Job.Namespace); err == nil {
+			if inh.Image != "" {
+				pin.SourceImages = []string{inh.Image}
+			}
+			prof, _ := cfg.JobProfile(contract.AdapterType(in.Job.Labels))
+			pin.SharedSecrets, pin.ServerSecrets, pin.SourceSecrets = inh.SecretsFor(cfg.Source.Env, prof)
 		}
-		prof, _ := cfg.JobProfile(contract.AdapterType(in.Job.Labels))
-		pin.SharedSecrets = inh.SharedSecrets(cfg.Source.Env, prof)
-		pin.ServerSecrets = inh.ServerSecrets(cfg.Source.Env.Deny)
-		pin.SourceSecrets = inh.ReadSecrets()
 	}
 	d := policy.Evaluate(pin)
 	v := Validation{Kind: kind, Decision: d}
@@ -201,17 +197,12 @@ type Verdict struct {
 	// Job is the Job as it would be stored: rendered, for an agent run
 	// that got that far.
 	Job *batchv1.Job
-	// Profile is the profile the mutation applied.
-	Profile string
 	// Warnings are every warning the client would be shown, mutation's
 	// first.
 	Warnings []string
 	// Undecided are verdicts hanging on facts not given (offline only).
 	Undecided []policy.Undecided
 }
-
-// Admitted reports whether the Job is admitted, as far as the facts go.
-func (v Verdict) Admitted() bool { return v.Refusal == nil && len(v.Undecided) == 0 }
 
 // Stages of a Verdict.
 const (
@@ -235,7 +226,7 @@ func Create(in Input) Verdict {
 		v.Stage, v.Refusal = StageMutate, m.Refusal
 		return v
 	case m.Result != nil:
-		v.Job, v.Profile, v.Warnings = m.Result.Job, m.Result.Profile, append(v.Warnings, m.Result.Warnings...)
+		v.Job, v.Warnings = m.Result.Job, m.Result.Warnings
 	}
 	in.Job = v.Job
 	val := Validate(in)

@@ -251,23 +251,27 @@ func checkRunSecret(in Input) (field.ErrorList, []string, []Undecided) {
 		case shared:
 			continue
 		}
-		missing := fmt.Sprintf("%s: no Secret %q in namespace %s; create the run's Secret (%s) before its Job", r.name, r.name, job.Namespace, labelIt)
-		if contract.NamedForJob(job.Name, r.name) {
-			missing += ", or set policy.secrets.createdAfterJob: true in the clipjob config to let a Secret named for its Job come after it"
-		} else if !r.ofRun {
-			missing += ", or, if many runs share it, list it in policy.secrets.shared in the clipjob config"
+		// Built only when a Secret is missing or unknown: this runs on
+		// every admission.
+		notFound := func() *field.Error {
+			missing := fmt.Sprintf("%s: no Secret %q in namespace %s; create the run's Secret (%s) before its Job", r.name, r.name, job.Namespace, labelIt)
+			if contract.NamedForJob(job.Name, r.name) {
+				missing += ", or set policy.secrets.createdAfterJob: true in the clipjob config to let a Secret named for its Job come after it"
+			} else if !r.ofRun {
+				missing += ", or, if many runs share it, list it in policy.secrets.shared in the clipjob config"
+			}
+			return field.NotFound(r.path, missing)
 		}
-		notFound := field.NotFound(r.path, missing)
 		labels, err := in.SecretLabels(job.Namespace, r.name)
 		var unknown *FactUnknown
 		switch {
 		case errors.As(err, &unknown):
-			undecided = append(undecided, Undecided{Fact: unknown.Fact, Give: unknown.Give, WithoutIt: notFound.Error(),
+			undecided = append(undecided, Undecided{Fact: unknown.Fact, Give: unknown.Give, WithoutIt: notFound().Error(),
 				WithIt: fmt.Sprintf("allowed when it is %s (or, named %s-<word>, labeled %s=%s)", labelIt, job.Name, contract.LabelRunID, run)})
 		case apierrors.IsNotFound(err) && sp.CreatedAfterJob && contract.NamedForJob(job.Name, r.name):
 			warnings = append(warnings, fmt.Sprintf("Secret %s does not exist yet (policy.secrets.createdAfterJob): the pod waits for it, and reads whatever is created under that name", r.name))
 		case apierrors.IsNotFound(err):
-			errs = append(errs, notFound)
+			errs = append(errs, notFound())
 		case err != nil:
 			errs = append(errs, field.InternalError(r.path, fmt.Errorf("looking up Secret %s/%s: %w", job.Namespace, r.name, err)))
 		case !contract.SecretMadeForRun(job.Name, job.Labels, r.name, labels):
@@ -707,17 +711,19 @@ func checkVolume(in Input) (field.ErrorList, []string, []Undecided) {
 		}
 		p := podPath.Child("volumes").Index(i).Child("persistentVolumeClaim", "claimName")
 		name := v.PersistentVolumeClaim.ClaimName
-		notFound := field.NotFound(p, fmt.Sprintf(
-			"%s: no PersistentVolumeClaim %q in namespace %s; agent Jobs share Paperclip's data through it, so create the Job in the namespace that has it, or, if agents here run apart from the server, list the namespace in tenantNamespaces in the clipjob config",
-			name, name, in.Job.Namespace))
+		notFound := func() *field.Error {
+			return field.NotFound(p, fmt.Sprintf(
+				"%s: no PersistentVolumeClaim %q in namespace %s; agent Jobs share Paperclip's data through it, so create the Job in the namespace that has it, or, if agents here run apart from the server, list the namespace in tenantNamespaces in the clipjob config",
+				name, name, in.Job.Namespace))
+		}
 		pvc, err := in.Claims(in.Job.Namespace, name)
 		var unknown *FactUnknown
 		switch {
 		case errors.As(err, &unknown):
-			return nil, nil, []Undecided{{Fact: unknown.Fact, Give: unknown.Give, WithoutIt: notFound.Error(),
+			return nil, nil, []Undecided{{Fact: unknown.Fact, Give: unknown.Give, WithoutIt: notFound().Error(),
 				WithIt: "allowed (ReadWriteMany, or a warning)"}}
 		case apierrors.IsNotFound(err):
-			return field.ErrorList{notFound}, nil, nil
+			return field.ErrorList{notFound()}, nil, nil
 		case err != nil:
 			return field.ErrorList{field.InternalError(p, fmt.Errorf("looking up PersistentVolumeClaim %s/%s: %w", in.Job.Namespace, name, err))}, nil, nil
 		}

@@ -43,7 +43,8 @@ func sharedSecrets(t testing.TB) []string {
 		t.Fatal(err)
 	}
 	prof, _ := c.Config.JobProfile("claude_local")
-	return inh.SharedSecrets(c.Config.Source.Env, prof)
+	handed, _, _ := inh.SecretsFor(c.Config.Source.Env, prof)
+	return handed
 }
 
 func rwx(ns, name string) (*corev1.PersistentVolumeClaim, error) {

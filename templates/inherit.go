@@ -2,7 +2,6 @@ package templates
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -200,22 +199,25 @@ func (in *Inherited) ReadSecrets() []string {
 	return out
 }
 
-// SharedSecrets are the Secrets clipjob itself hands an agent of profile
-// prof from the source: those its inherited env reads, its inherited
-// envFrom Secrets, its secret volumes and its pull secrets (what Render would hand over,
-// withheld ones left out). A Job may reference these; any other Secret it
-// names must be made for its run or shared by config.
-func (in *Inherited) SharedSecrets(f config.EnvFilter, prof config.Resolved) []string {
+// SecretsFor sorts the Secrets of the source by what an agent of profile
+// prof may do with them, in one pass over the source:
+//   - handed: those clipjob itself hands the agent (what Render would:
+//     Secrets its inherited env reads, its inherited envFrom Secrets, its
+//     secret volumes and pull secrets, withheld ones left out); a Job may
+//     reference these;
+//   - server: those the server reads under a denied env name, its own
+//     credentials, which no config makes an agent's;
+//   - read: every Secret the server's container reads (ReadSecrets).
+func (in *Inherited) SecretsFor(f config.EnvFilter, prof config.Resolved) (handed, server, read []string) {
 	w := newWithheld(in.Env, f.Deny, prof.Env)
-	var out []string
 	for _, e := range filterEnv(in.Env, f, prof.EnvKeys) {
 		if ref := secretKeyRef(e); ref != nil && w.why(e) == "" {
-			out = append(out, ref.Name)
+			handed = append(handed, ref.Name)
 		}
 	}
 	for _, e := range w.envFrom(in.EnvFrom, f.AllowFrom, func(string) {}) {
 		if name, secret := envFromSource(e); secret {
-			out = append(out, name)
+			handed = append(handed, name)
 		}
 	}
 	byName := map[string]corev1.Volume{}
@@ -224,17 +226,14 @@ func (in *Inherited) SharedSecrets(f config.EnvFilter, prof config.Resolved) []s
 	}
 	for _, m := range in.SecretMounts {
 		if v := byName[m.Name]; v.Secret != nil && w.volume(v, m.MountPath) == "" {
-			out = append(out, v.Secret.SecretName)
+			handed = append(handed, v.Secret.SecretName)
 		}
 	}
 	for _, ps := range in.ImagePullSecrets {
-		out = append(out, ps.Name)
+		handed = append(handed, ps.Name)
 	}
-	return out
-}
-
-// ServerSecrets are the Secrets the server reads under a denied env name:
-// its own credentials, which no config makes an agent's.
-func (in *Inherited) ServerSecrets(deny []string) []string {
-	return slices.Sorted(maps.Keys(newWithheld(in.Env, deny, nil).secrets))
+	for name := range w.secrets {
+		server = append(server, name)
+	}
+	return handed, server, in.ReadSecrets()
 }

@@ -9,9 +9,12 @@ import (
 	"testing"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/internal/golden"
 	"github.com/paperclipai/clipjob/templates"
 )
@@ -55,6 +58,51 @@ func BenchmarkMutateHTTP(b *testing.B) {
 		hook.ServeHTTP(w, req)
 		if w.Code != http.StatusOK {
 			b.Fatal(w.Code)
+		}
+	}
+}
+
+// benchValidator is the validating handler over a rendered claude_local
+// Job, with the claim switched off (Disabled): what it costs besides the
+// Lease write, which the API server's time dominates (docs/benchmarks.md).
+func benchValidator(b *testing.B) (*Validator, *batchv1.Job) {
+	c, m, raw := benchCase(b)
+	job := applyPatch(b, raw, m.Handle(context.Background(), createRequest(b, raw)))
+	job.UID = "3f1d2c4e-0000-4000-8000-000000000001"
+	cfg, err := config.Parse([]byte("apiVersion: clipjob.paperclip.io/v1alpha1\nkind: Config\npolicy: {concurrency: {mode: Disabled}}\n"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	inh, _, _ := m.Sources.Inherited(context.Background(), c.Config)
+	pvc := &corev1.PersistentVolumeClaim{Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}}}
+	return &Validator{Configs: staticConfig{cfg}, Sources: staticSource{inh: inh},
+		PVCs:    func(context.Context, string, string) (*corev1.PersistentVolumeClaim, error) { return pvc, nil },
+		Secrets: func(context.Context, string, string) (map[string]string, error) { return nil, nil }}, job
+}
+
+// BenchmarkValidate is the validating handler on CREATE, without HTTP.
+func BenchmarkValidate(b *testing.B) {
+	v, job := benchValidator(b)
+	req := validateRequest(b, admissionv1.Create, job, nil, false)
+	b.ReportAllocs()
+	for b.Loop() {
+		if resp := v.Handle(context.Background(), req); !resp.Allowed {
+			b.Fatal(resp.Result.Message)
+		}
+	}
+}
+
+// BenchmarkValidateUpdate is an UPDATE of an admitted agent Job (the claim
+// controller's and the Job controller's patches): the common call.
+func BenchmarkValidateUpdate(b *testing.B) {
+	v, job := benchValidator(b)
+	updated := job.DeepCopy()
+	updated.Finalizers = append(updated.Finalizers, "example.com/keep")
+	req := validateRequest(b, admissionv1.Update, updated, job, false)
+	b.ReportAllocs()
+	for b.Loop() {
+		if resp := v.Handle(context.Background(), req); !resp.Allowed {
+			b.Fatal(resp.Result.Message)
 		}
 	}
 }

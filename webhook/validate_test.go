@@ -101,6 +101,18 @@ func TestValidatorAdmitsThenRefusesSecondRun(t *testing.T) {
 	}
 }
 
+// A validator missing a lookup cannot judge a Job that needs it: the
+// request fails (500) instead of being admitted with a rule skipped.
+func TestValidatorWithoutALookupFailsTheRequest(t *testing.T) {
+	job, v, _ := renderedCase(t)
+	job.Annotations[contract.AnnotationEnvSecret] = job.Name + "-env"
+	v.Secrets = nil
+	resp := v.Handle(context.Background(), validateRequest(t, admissionv1.Create, job, nil, false))
+	if resp.Allowed || resp.Result.Code != http.StatusInternalServerError || !strings.Contains(resp.Result.Message, "could not judge the Job: Secret paperclip/"+job.Name+"-env was not given") {
+		t.Errorf("allowed %v, %d %q", resp.Allowed, resp.Result.Code, resp.Result.Message)
+	}
+}
+
 func TestValidatorDryRunWritesNoClaim(t *testing.T) {
 	job, v, cs := renderedCase(t)
 	ctx := context.Background()

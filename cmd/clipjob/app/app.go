@@ -160,7 +160,7 @@ func render(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		case m.Kind != decide.AgentRun:
 			fmt.Fprintf(stderr, "clipjob: Job %s has no label %s; left as it is\n", job.Name, contract.LabelAgentID)
 		case m.Undecided != nil:
-			return usageError{fmt.Errorf("job %s: %s: give the source Deployment's manifest with --source", job.Name, m.Undecided.Fact)}
+			return usageError{fmt.Errorf("job %s: %s was not given: %s", job.Name, m.Undecided.Fact, m.Undecided.Give)}
 		case m.Refusal != nil:
 			return fmt.Errorf("job %s: %s", job.Name, m.Refusal.Message)
 		default:

@@ -184,6 +184,15 @@ spec:
 	if code != 3 || !strings.Contains(stdout.String(), want) {
 		t.Errorf("missing claim: exit %d, want 3 and %q in:\n%s", code, want, stdout.String())
 	}
+
+	// Without the source, what the Job becomes is itself undecided: the
+	// cluster would refuse it with a 503 when the source is missing.
+	stdout.Reset()
+	code = Main([]string{"check", "-f", good}, nil, &stdout, &stderr)
+	want = "job/good: undecided: source Deployment paperclip/paperclip was not given (give its manifest with --source): without it the cluster refuses the Job (503 clipjob cannot complete agent Jobs"
+	if code != 3 || !strings.Contains(stdout.String(), want) {
+		t.Errorf("no source: exit %d, want 3 and %q in:\n%s", code, want, stdout.String())
+	}
 }
 
 func must[T any](v T, err error) T {

@@ -76,9 +76,7 @@ func (f *offlineFacts) decide() decide.Facts {
 			return nil, &policy.FactUnknown{Fact: "PersistentVolumeClaim " + ns + "/" + name, Give: "add its manifest with --objects"}
 		},
 	}
-	if f.srcFile != "" {
-		facts.Source = f.source
-	}
+	facts.Source = f.source
 	return facts
 }
 
@@ -87,8 +85,9 @@ func (f *offlineFacts) decide() decide.Facts {
 // inherited from is the same *templates.SourceError the webhook answers.
 func (f *offlineFacts) source(cfg *config.Config) (*templates.Inherited, *templates.TemplateHashes, error) {
 	d := f.sourceDeployment(cfg)
-	if d == nil {
-		return nil, nil, fmt.Errorf("%s holds no Deployment %s/%s (the configured source)", f.srcFile, cfg.Source.Namespace, cfg.Source.Deployment)
+	if d == nil { // readFacts refused a --source without it: none was given
+		return nil, nil, &policy.FactUnknown{Fact: "source Deployment " + cfg.Source.Namespace + "/" + cfg.Source.Deployment,
+			Give: "give its manifest with --source"}
 	}
 	inh, err := templates.InheritFromDeployment(d, cfg.Source)
 	return inh, nil, err
