@@ -25,7 +25,6 @@ import (
 	"github.com/paperclipai/clipjob/cmd/clipjob/app"
 	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/internal/golden"
-	"github.com/paperclipai/clipjob/internal/manifest"
 	"github.com/paperclipai/clipjob/templates"
 	"github.com/paperclipai/clipjob/webhook"
 )
@@ -58,7 +57,7 @@ func fixtures(t *testing.T) []fixture {
 	// configOf writes the Config document of file, if any, to its own
 	// file: the CLI reads a config from a file of its own.
 	configOf := func(file, fallback string) string {
-		set := read(t, file)
+		set := golden.ReadManifests(t, file)
 		if len(set.Configs) == 0 {
 			return fallback
 		}
@@ -69,7 +68,7 @@ func fixtures(t *testing.T) []fixture {
 		return p
 	}
 	sourceOf := func(file, fallback string) string {
-		if len(read(t, file).Deployments) > 0 {
+		if len(golden.ReadManifests(t, file).Deployments) > 0 {
 			return file
 		}
 		return fallback
@@ -166,7 +165,7 @@ func clusterOf(t *testing.T, f fixture) cluster {
 			t.Fatal(err)
 		}
 	}
-	src := read(t, f.srcFile)
+	src := golden.ReadManifests(t, f.srcFile)
 	c.srcErr = fmt.Errorf("no source Deployment in %s", f.srcFile)
 	for _, d := range src.Deployments {
 		if d.Name == c.cfg.Source.Deployment {
@@ -175,7 +174,7 @@ func clusterOf(t *testing.T, f fixture) cluster {
 		}
 	}
 	for _, file := range append([]string{f.srcFile}, f.objects...) {
-		for _, o := range read(t, file).Others {
+		for _, o := range golden.ReadManifests(t, file).Others {
 			switch o := o.(type) {
 			case *corev1.Secret:
 				c.secrets[o.Namespace+"/"+o.Name] = o
@@ -305,24 +304,11 @@ func throughCLI(t *testing.T, f fixture) verdict {
 
 func oneJob(t *testing.T, file string) *batchv1.Job {
 	t.Helper()
-	set := read(t, file)
+	set := golden.ReadManifests(t, file)
 	if len(set.Jobs) != 1 {
 		t.Fatalf("%s: want one Job, found %d", file, len(set.Jobs))
 	}
 	return set.Jobs[0]
-}
-
-func read(t *testing.T, file string) *manifest.Set {
-	t.Helper()
-	data, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	set, err := manifest.Read(bytes.NewReader(data))
-	if err != nil {
-		t.Fatalf("%s: %v", file, err)
-	}
-	return set
 }
 
 func mustJSON(t *testing.T, v any) []byte {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/decide"
+	"github.com/paperclipai/clipjob/internal/golden"
 	"github.com/paperclipai/clipjob/policy"
 	"github.com/paperclipai/clipjob/templates"
 )
@@ -155,7 +156,7 @@ type clientCase struct {
 
 func newClientCase(t *testing.T, file string) *clientCase {
 	t.Helper()
-	src := read(t, realFile("source.yaml")).Deployments[0]
+	src := golden.ReadManifests(t, realFile("source.yaml")).Deployments[0]
 	return &clientCase{job: oneJob(t, realFile(file)), src: src}
 }
 

@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -29,16 +28,7 @@ const ns = "paperclip"
 // do not collide.
 func bareJob(t *testing.T, name string) *batchv1.Job {
 	t.Helper()
-	f, err := os.Open(filepath.Join(harness.Root(), "examples", "bare-job.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	set, err := manifest.Read(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	job := set.Jobs[0]
+	job := golden.ReadManifests(t, filepath.Join(harness.Root(), "examples", "bare-job.yaml")).Jobs[0]
 	job.Name = name
 	job.Labels[contract.LabelAgentID] = "agent-" + name
 	job.Labels[contract.LabelRunID] = name

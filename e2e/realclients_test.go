@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,8 +12,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
 	"github.com/paperclipai/clipjob/e2e/harness"
+	"github.com/paperclipai/clipjob/internal/golden"
 	"github.com/paperclipai/clipjob/internal/manifest"
 )
 
@@ -30,18 +32,7 @@ func TestRealClientsJobsOnTheCluster(t *testing.T) {
 	ctx := ctxT(t)
 	restoreConfigAfter(t)
 	dir := filepath.Join(harness.Root(), "decide", "testdata", "real-clients")
-	read := func(name string) *manifest.Set {
-		f, err := os.Open(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		set, err := manifest.Read(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return set
-	}
+	read := func(name string) *manifest.Set { return golden.ReadManifests(t, filepath.Join(dir, name)) }
 	// The cluster the clients read: their Secrets and, under a name of its
 	// own, their Paperclip Deployment (the suite's source stays as it is).
 	src := read("source.yaml")
@@ -57,18 +48,23 @@ func TestRealClientsJobsOnTheCluster(t *testing.T) {
 	if _, err := env.cs.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
+	// Each config as documented, its source pointed at that Deployment.
 	useConfig := func(file string) {
-		data, err := os.ReadFile(filepath.Join(dir, file))
+		var cfg map[string]any
+		if err := yaml.Unmarshal(read(file).Configs[0], &cfg); err != nil {
+			t.Fatal(err)
+		}
+		source, _ := cfg["source"].(map[string]any)
+		if source == nil {
+			source = map[string]any{}
+		}
+		source["deployment"] = dep.Name
+		cfg["source"] = source
+		data, err := yaml.Marshal(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		content := string(data)
-		if strings.Contains(content, "\nsource:\n") {
-			content = strings.Replace(content, "  deployment: paperclip\n", "  deployment: paperclip-real-clients\n", 1)
-		} else {
-			content += "source: {deployment: paperclip-real-clients}\n"
-		}
-		writeConfig(ctx, t, content, true)
+		writeConfig(ctx, t, string(data), true)
 	}
 	dryRun := func(job *batchv1.Job) (*batchv1.Job, error) {
 		return env.cs.BatchV1().Jobs(job.Namespace).Create(ctx, job.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
@@ -103,7 +99,7 @@ func TestRealClientsJobsOnTheCluster(t *testing.T) {
 		t.Fatalf("the plugin's Job in its tenant namespace: %v", err)
 	}
 	t.Cleanup(func() {
-		_ = env.cs.BatchV1().Jobs(plugin.Namespace).Delete(ctx, plugin.Name, metav1.DeleteOptions{PropagationPolicy: ptrTo(metav1.DeletePropagationBackground)})
+		_ = env.cs.BatchV1().Jobs(plugin.Namespace).Delete(ctx, plugin.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
 	})
 	spec := stored.Spec.Template.Spec
 	if spec.AutomountServiceAccountToken == nil || !*spec.AutomountServiceAccountToken || spec.ServiceAccountName != "paperclip-tenant-sa" {
@@ -121,7 +117,7 @@ func TestRealClientsJobsOnTheCluster(t *testing.T) {
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: plugin.Name + "-env", Namespace: plugin.Namespace,
 		Labels: map[string]string{"paperclip.io/run-id": plugin.Labels["paperclip.io/run-id"], "paperclip.io/managed-by": "paperclip-k8s-plugin"},
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: stored.Name, UID: stored.UID,
-			Controller: ptrTo(true), BlockOwnerDeletion: ptrTo(true)}}},
+			Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}}},
 		StringData: map[string]string{"BOOTSTRAP_TOKEN": "x"}}
 	if _, err := env.cs.CoreV1().Secrets(plugin.Namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -134,5 +130,3 @@ func TestRealClientsJobsOnTheCluster(t *testing.T) {
 		t.Errorf("no claim Lease in %s: %v", plugin.Namespace, err)
 	}
 }
-
-func ptrTo[T any](v T) *T { return &v }

@@ -47,8 +47,8 @@ func Dir() string {
 func Cases(t testing.TB) []Fixture {
 	t.Helper()
 	dir := Dir()
-	baseCfg := mustRead(t, filepath.Join(dir, "config.yaml"))
-	baseSrc := mustRead(t, filepath.Join(dir, "source.yaml"))
+	baseCfg := ReadManifests(t, filepath.Join(dir, "config.yaml"))
+	baseSrc := ReadManifests(t, filepath.Join(dir, "source.yaml"))
 	files, err := filepath.Glob(filepath.Join(dir, "cases", "*.yaml"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no fixtures in %s: %v", dir, err)
@@ -58,7 +58,7 @@ func Cases(t testing.TB) []Fixture {
 	want := map[string]bool{}
 	for _, f := range files {
 		name := strings.TrimSuffix(filepath.Base(f), ".yaml")
-		set := mustRead(t, f)
+		set := ReadManifests(t, f)
 		if len(set.Jobs) != 1 {
 			t.Fatalf("%s: want exactly one Job, found %d", f, len(set.Jobs))
 		}
@@ -151,7 +151,9 @@ func Compare(t testing.TB, path string, got []byte) {
 
 func refresh() bool { return os.Getenv("REFRESH_GOLDEN") == "true" }
 
-func mustRead(t testing.TB, path string) *manifest.Set {
+// ReadManifests reads the manifests of the file at path, failing the test
+// on an error.
+func ReadManifests(t testing.TB, path string) *manifest.Set {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
