@@ -18,6 +18,8 @@ import (
 type Inherited struct {
 	// Source names the workload, as "namespace/name".
 	Source string `json:"source"`
+	// Tenant: inherited in a tenant namespace, that is nothing.
+	Tenant bool `json:"tenant,omitempty"`
 	// Revision identifies the source's pod template (its generation); it is
 	// recorded on rendered Jobs, not hashed.
 	Revision string `json:"-"`
@@ -169,6 +171,7 @@ func envFromSource(e corev1.EnvFromSource) (name string, secret bool) {
 func TenantInherited(src config.Source) *Inherited {
 	return &Inherited{
 		Source:        "none (tenant namespace)",
+		Tenant:        true,
 		DataMountPath: src.DataMountPath,
 		DataVolume:    corev1.Volume{Name: WorkspaceVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 	}

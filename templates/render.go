@@ -289,7 +289,7 @@ func (r *renderer) image(c *corev1.Container, p *field.Path) {
 	}
 	if c.Image == "" {
 		from := "the source Deployment " + r.in.Inherited.Source
-		if r.in.Inherited.Image == "" && r.in.Inherited.DataVolume.EmptyDir != nil {
+		if r.in.Inherited.Tenant {
 			from = "a tenant namespace (which inherits nothing)"
 		}
 		r.errs = append(r.errs, field.Required(p.Child("image"), fmt.Sprintf(
@@ -498,9 +498,12 @@ func (r *renderer) warnMissingKeys(c *corev1.Container) {
 				break
 			}
 		}
-		if !found {
-			r.warnings = append(r.warnings, fmt.Sprintf("container %q: profile %q expects env %s, which neither the source %s nor the Job sets",
-				c.Name, r.prof.Name, k, r.in.Inherited.Source))
+		switch {
+		case found:
+		case r.in.Inherited.Tenant:
+			r.warn(fmt.Sprintf("container %q: profile %q expects env %s, which the Job does not set (a tenant namespace inherits nothing)", c.Name, r.prof.Name, k))
+		default:
+			r.warn(fmt.Sprintf("container %q: profile %q expects env %s, which neither the source %s nor the Job sets", c.Name, r.prof.Name, k, r.in.Inherited.Source))
 		}
 	}
 }

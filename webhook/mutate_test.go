@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -238,6 +239,9 @@ func TestMutatorTenantNamespaceInheritsNothing(t *testing.T) {
 	}
 	if got.Annotations[contract.AnnotationSource] != "none (tenant namespace) " {
 		t.Errorf("source annotation %q", got.Annotations[contract.AnnotationSource])
+	}
+	if want := `container "agent": profile "claude_local" expects env ANTHROPIC_API_KEY, which the Job does not set (a tenant namespace inherits nothing)`; !slices.Contains(resp.Warnings, want) {
+		t.Errorf("warnings %q, want %q", resp.Warnings, want)
 	}
 }
 
