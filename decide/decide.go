@@ -157,15 +157,16 @@ func Validate(in Input) Validation {
 	}
 	// What the source gives agents here, for the rules of a CREATE (an
 	// UPDATE checks only what may not change): its image is always
-	// allowed, its handed Secrets may be referenced, its own are never an
-	// agent's. A missing source only narrows the first two.
+	// allowed, its handed Secrets (and keys) may be referenced, its own are
+	// never an agent's. A missing source only narrows the first two.
 	if in.Operation == policy.Create {
 		if inh, _, err := in.Facts.Inherited(cfg, in.Job.Namespace); err == nil {
 			if inh.Image != "" {
 				pin.SourceImages = []string{inh.Image}
 			}
 			prof, _ := cfg.JobProfile(contract.AdapterType(in.Job.Labels))
-			pin.SharedSecrets, pin.ServerSecrets, pin.SourceSecrets = inh.SecretsFor(cfg.Source.Env, prof)
+			ss := inh.SecretsFor(cfg.Source.Env, prof)
+			pin.HandedSecrets, pin.HandedKeys, pin.ServerSecrets, pin.SourceSecrets = ss.Whole, ss.Keys, ss.Server, ss.Read
 		}
 	}
 	d := policy.Evaluate(pin)

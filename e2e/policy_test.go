@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -373,8 +375,9 @@ func diff(a, b []float64) []float64 {
 }
 
 // TestCheckGivesTheWebhooksVerdict runs `clipjob check` and the cluster on
-// the same Jobs, with the Deployment, PVC and config the webhooks use: the
-// verdicts and the denial text agree.
+// the same Jobs, with the Deployment, the namespace's Secrets and claims
+// (exported as a List, as kubectl does) and the config the webhooks use:
+// the verdicts and the denial text agree.
 func TestCheckGivesTheWebhooksVerdict(t *testing.T) {
 	ctx := ctxT(t)
 	dir := t.TempDir()
@@ -383,23 +386,48 @@ func TestCheckGivesTheWebhooksVerdict(t *testing.T) {
 		t.Fatal(err)
 	}
 	dep.APIVersion, dep.Kind = "apps/v1", "Deployment"
-	pvc, err := env.cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "paperclip-data", metav1.GetOptions{})
+	// The namespace's Secrets and claims as one List, the way `kubectl get
+	// secrets,pvc -o yaml` exports them, taken as all there is.
+	objects := &corev1.List{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "List"}}
+	pvcs, err := env.cs.CoreV1().PersistentVolumeClaims(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pvc.APIVersion, pvc.Kind = "v1", "PersistentVolumeClaim"
+	for i := range pvcs.Items {
+		pvcs.Items[i].APIVersion, pvcs.Items[i].Kind = "v1", "PersistentVolumeClaim"
+		objects.Items = append(objects.Items, rawOf(t, &pvcs.Items[i]))
+	}
+	secrets, err := env.cs.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range secrets.Items {
+		secrets.Items[i].APIVersion, secrets.Items[i].Kind = "v1", "Secret"
+		objects.Items = append(objects.Items, rawOf(t, &secrets.Items[i]))
+	}
 
 	good := bareJob(t, "e2e-check-good")
 	evil := bareJob(t, "e2e-check-evil")
 	evil.Spec.Template.Spec.Containers = []corev1.Container{{Name: "agent", Image: "quay.io/evil/agent:2", Command: []string{"x"}}}
 	rooted := bareJob(t, "e2e-check-hostpath")
 	rooted.Spec.Template.Spec.Volumes = []corev1.Volume{{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/etc"}}}}
+	// Another run's Secret, named for this Job: the List must be read for
+	// check to refuse it as the cluster does.
+	foreign := bareJob(t, "e2e-check-foreign")
+	foreign.Annotations = map[string]string{contract.AnnotationEnvSecret: foreign.Name + "-env"}
+	foreignSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: foreign.Name + "-env", Namespace: ns,
+		Labels: map[string]string{contract.LabelRunID: "another-run"}}}
+	if _, err := env.cs.CoreV1().Secrets(ns).Create(ctx, foreignSecret, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	foreignSecret.APIVersion, foreignSecret.Kind = "v1", "Secret"
+	objects.Items = append(objects.Items, rawOf(t, foreignSecret))
 
-	for _, job := range []*batchv1.Job{good, evil, rooted} {
+	for _, job := range []*batchv1.Job{good, evil, rooted, foreign} {
 		job.APIVersion, job.Kind = "batch/v1", "Job"
 		var out, errb bytes.Buffer
 		code := app.Main([]string{"check", "-f", golden.WriteYAML(t, dir, job.Name+".yaml", job),
-			"--source", golden.WriteYAML(t, dir, "dep.yaml", dep), "--pvc", golden.WriteYAML(t, dir, "pvc.yaml", pvc),
+			"--source", golden.WriteYAML(t, dir, "dep.yaml", dep), "--objects", golden.WriteYAML(t, dir, "objects.yaml", objects), "--objects-complete",
 			"--config", env.webhook.ConfigFile}, nil, &out, &errb)
 		_, werr := env.cs.BatchV1().Jobs(ns).Create(ctx, job.DeepCopy(), metav1.CreateOptions{})
 		cliAllowed := code == 0
@@ -414,6 +442,16 @@ func TestCheckGivesTheWebhooksVerdict(t *testing.T) {
 			}
 		}
 	}
+}
+
+// rawOf is obj as a List item.
+func rawOf(t *testing.T, obj any) runtime.RawExtension {
+	t.Helper()
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return runtime.RawExtension{Raw: raw}
 }
 
 // TestAgentRunIsOnePod: a client cannot run several agent pods under one

@@ -73,16 +73,18 @@ type Input struct {
 	// Secrets the Job references; a *FactUnknown error leaves the
 	// run-secret rule undecided for that Secret.
 	SecretLabels SecretLabels
-	// SharedSecrets are the Secrets clipjob hands agents from the source
-	// (templates.Inherited.SharedSecrets); a Job may reference them.
-	SharedSecrets []string
+	// HandedSecrets are the Secrets clipjob hands agents whole from the
+	// source, and HandedKeys the keys it hands one by one ("secret/key")
+	// (templates.Inherited.SecretsFor): a Job may reference those, and a
+	// handed key's Secret only by that key.
+	HandedSecrets, HandedKeys []string
 	// ServerSecrets are the Secrets the server reads under a denied env
 	// name (templates.Inherited.ServerSecrets): never an agent's, whatever
 	// policy.secrets.shared says.
 	ServerSecrets []string
 	// SourceSecrets are every Secret the server's container reads
-	// (templates.Inherited.ReadSecrets): policy.secrets.shared shares one
-	// only by its exact name, never through a glob.
+	// (templates.Inherited.ReadSecrets): never a run's, and shared by
+	// policy.secrets.shared only under its exact name, never by a glob.
 	SourceSecrets []string
 	// User is who makes the request (the admission request's userInfo);
 	// empty (an offline check) skips the creator rule on CREATE.
@@ -220,8 +222,9 @@ func checkRunSecret(in Input) (field.ErrorList, []string, []Undecided) {
 	for _, r := range refs {
 		seen[r.name] = true
 	}
-	forEachSecretRef(in.Job.Spec.Template.Spec, func(name string, p *field.Path) {
-		if name == "" || seen[name] || slices.Contains(in.SharedSecrets, name) {
+	forEachSecretRef(in.Job.Spec.Template.Spec, func(name, key string, p *field.Path) {
+		handed := slices.Contains(in.HandedSecrets, name) || key != "" && slices.Contains(in.HandedKeys, name+"/"+key)
+		if name == "" || handed || seen[name] {
 			return
 		}
 		seen[name] = true
@@ -236,19 +239,25 @@ func checkRunSecret(in Input) (field.ErrorList, []string, []Undecided) {
 	for _, r := range refs {
 		shared := config.MatchAny(sp.Shared, r.name)
 		switch {
+		case slices.Contains(in.ServerSecrets, r.name):
+			errs = append(errs, field.Forbidden(r.path, fmt.Sprintf(
+				"Secret %s holds the Paperclip server's credentials (its Deployment reads it under a denied env name): no label and no setting makes it an agent's", r.name)))
+			continue
 		case shared && r.ofRun:
 			errs = append(errs, field.Forbidden(r.path, fmt.Sprintf(
 				"Secret %s is shared (policy.secrets.shared), and a run's env or prompt Secret is owned by its Job and deleted with it: name a Secret made for this run (%s)", r.name, labelIt)))
-			continue
-		case shared && slices.Contains(in.ServerSecrets, r.name):
-			errs = append(errs, field.Forbidden(r.path, fmt.Sprintf(
-				"Secret %s holds the Paperclip server's credentials (its Deployment reads it under a denied env name); policy.secrets.shared cannot make it an agent's", r.name)))
 			continue
 		case shared && slices.Contains(in.SourceSecrets, r.name) && !slices.Contains(sp.Shared, r.name):
 			errs = append(errs, field.Forbidden(r.path, fmt.Sprintf(
 				"Secret %s is read by the Paperclip server's Deployment, and a glob in policy.secrets.shared does not share such a Secret: list it by its exact name if every run may read all of it", r.name)))
 			continue
 		case shared:
+			continue
+		case slices.Contains(in.SourceSecrets, r.name):
+			// Whatever its labels say: the server's Secret is not a run's,
+			// and the run's Job would come to own and delete it.
+			errs = append(errs, field.Forbidden(r.path, fmt.Sprintf(
+				"Secret %s is read by the Paperclip server's Deployment, so it is not a run's (whatever its labels): reference only what clipjob hands agents from it, or, if every run may read all of it, list it in policy.secrets.shared by its exact name", r.name)))
 			continue
 		}
 		// Built only when a Secret is missing or unknown: this runs on
@@ -288,9 +297,11 @@ func checkRunSecret(in Input) (field.ErrorList, []string, []Undecided) {
 
 // forEachSecretRef calls f with every Secret the pod spec references by
 // name (envFrom, env valueFrom, pull secrets, secret, projected and CSI
-// volumes) and the path of the reference. (The other in-tree volume types
-// that name a Secret are refused by Pod Security "restricted".)
-func forEachSecretRef(spec corev1.PodSpec, f func(name string, p *field.Path)) {
+// volumes), the key for a single-key reference (env valueFrom) or "" for
+// the whole Secret, and the path of the reference. (The other in-tree
+// volume types that name a Secret are refused by Pod Security
+// "restricted".)
+func forEachSecretRef(spec corev1.PodSpec, f func(name, key string, p *field.Path)) {
 	for _, list := range []struct {
 		cs []corev1.Container
 		p  *field.Path
@@ -298,31 +309,31 @@ func forEachSecretRef(spec corev1.PodSpec, f func(name string, p *field.Path)) {
 		for i, c := range list.cs {
 			for j, e := range c.EnvFrom {
 				if e.SecretRef != nil {
-					f(e.SecretRef.Name, list.p.Index(i).Child("envFrom").Index(j).Child("secretRef"))
+					f(e.SecretRef.Name, "", list.p.Index(i).Child("envFrom").Index(j).Child("secretRef"))
 				}
 			}
 			for j, e := range c.Env {
 				if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
-					f(e.ValueFrom.SecretKeyRef.Name, list.p.Index(i).Child("env").Index(j).Child("valueFrom", "secretKeyRef"))
+					f(e.ValueFrom.SecretKeyRef.Name, e.ValueFrom.SecretKeyRef.Key, list.p.Index(i).Child("env").Index(j).Child("valueFrom", "secretKeyRef"))
 				}
 			}
 		}
 	}
 	for i, s := range spec.ImagePullSecrets {
-		f(s.Name, podPath.Child("imagePullSecrets").Index(i))
+		f(s.Name, "", podPath.Child("imagePullSecrets").Index(i))
 	}
 	for i, v := range spec.Volumes {
 		p := podPath.Child("volumes").Index(i)
 		if v.Secret != nil {
-			f(v.Secret.SecretName, p.Child("secret"))
+			f(v.Secret.SecretName, "", p.Child("secret"))
 		}
 		if v.CSI != nil && v.CSI.NodePublishSecretRef != nil {
-			f(v.CSI.NodePublishSecretRef.Name, p.Child("csi", "nodePublishSecretRef"))
+			f(v.CSI.NodePublishSecretRef.Name, "", p.Child("csi", "nodePublishSecretRef"))
 		}
 		if v.Projected != nil {
 			for j, src := range v.Projected.Sources {
 				if src.Secret != nil {
-					f(src.Secret.Name, p.Child("projected", "sources").Index(j).Child("secret"))
+					f(src.Secret.Name, "", p.Child("projected", "sources").Index(j).Child("secret"))
 				}
 			}
 		}
@@ -453,6 +464,23 @@ func checkSandbox(in Input) field.ErrorList {
 	}
 	if rc := prof.RuntimeClassName; rc != nil && (spec.RuntimeClassName == nil || *spec.RuntimeClassName != *rc) {
 		errs = append(errs, field.Invalid(podPath.Child("runtimeClassName"), fmtPtr(spec.RuntimeClassName), "must be "+*rc+": "+why))
+	}
+	// A token by projection is a token all the same: where the profile
+	// mounts none, a Job may not mount one (or a pod certificate, the
+	// other credential of its identity) through a projected volume.
+	if a := prof.AutomountServiceAccountToken; a == nil || !*a {
+		for i, v := range spec.Volumes {
+			if v.Projected == nil {
+				continue
+			}
+			for j, src := range v.Projected.Sources {
+				if src.ServiceAccountToken != nil || src.PodCertificate != nil {
+					errs = append(errs, field.Forbidden(podPath.Child("volumes").Index(i).Child("projected", "sources").Index(j), fmt.Sprintf(
+						"profile %q mounts no ServiceAccount token (automountServiceAccountToken false), and a projected token or pod certificate is one: set profiles.%s.automountServiceAccountToken: true in the clipjob config to let this adapter's pods hold one",
+						prof.Name, prof.Name)))
+				}
+			}
+		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(prof.NodeSelector)) {
 		if got, ok := spec.NodeSelector[k]; !ok || got != prof.NodeSelector[k] {

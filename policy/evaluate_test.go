@@ -33,9 +33,9 @@ func renderedJob(t testing.TB) *batchv1.Job {
 	return res.Job
 }
 
-// sharedSecrets are the Secrets the fixture's source hands agents, which
-// a rendered Job references.
-func sharedSecrets(t testing.TB) []string {
+// handed is what the fixture's source hands agents, which a rendered Job
+// references.
+func handed(t testing.TB) templates.SourceSecrets {
 	t.Helper()
 	c := golden.Case(t, "profile-claude_local")
 	inh, err := templates.InheritFromDeployment(c.Source, c.Config.Source)
@@ -43,8 +43,7 @@ func sharedSecrets(t testing.TB) []string {
 		t.Fatal(err)
 	}
 	prof, _ := c.Config.JobProfile("claude_local")
-	handed, _, _ := inh.SecretsFor(c.Config.Source.Env, prof)
-	return handed
+	return inh.SecretsFor(c.Config.Source.Env, prof)
 }
 
 func rwx(ns, name string) (*corev1.PersistentVolumeClaim, error) {
@@ -139,7 +138,7 @@ func TestEvaluate(t *testing.T) {
 			if tt.cfg != "" {
 				cfg = mustConfig(t, tt.cfg)
 			}
-			d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SourceImages: []string{sourceImage}, Claims: tt.claims, SharedSecrets: sharedSecrets(t)})
+			d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SourceImages: []string{sourceImage}, Claims: tt.claims, HandedSecrets: handed(t).Whole, HandedKeys: handed(t).Keys})
 			msg := ""
 			if !d.Allowed() {
 				msg = d.Errs.ToAggregate().Error()
@@ -342,7 +341,7 @@ func TestEveryRenderedFixturePasses(t *testing.T) {
 		}
 		d := Evaluate(Input{Operation: Create, Job: res.Job, Config: c.Config,
 			SourceImages: []string{c.Source.Spec.Template.Spec.Containers[len(c.Source.Spec.Template.Spec.Containers)-1].Image}, Claims: rwx,
-			SharedSecrets: sharedSecrets(t)})
+			HandedSecrets: handed(t).Whole, HandedKeys: handed(t).Keys})
 		if !d.Allowed() {
 			t.Errorf("%s: rendered Job denied: %v", c.Name, d.Errs)
 		}
@@ -370,7 +369,7 @@ func runCasesOn(t *testing.T, rule string, rendered *batchv1.Job, cfg *config.Co
 		t.Run(tc.name, func(t *testing.T) {
 			job := rendered.DeepCopy()
 			tc.mutate(job)
-			d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SourceImages: []string{sourceImage}, Claims: rwx, SharedSecrets: sharedSecrets(t)})
+			d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SourceImages: []string{sourceImage}, Claims: rwx, HandedSecrets: handed(t).Whole, HandedKeys: handed(t).Keys})
 			if tc.want == "" {
 				if !d.Allowed() {
 					t.Fatalf("denied: %v", d.Errs)
@@ -447,7 +446,7 @@ func TestRunEnvSecret(t *testing.T) {
 			cfg = mustConfig(t, tc.cfg)
 		}
 		expected = name
-		d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SecretLabels: tc.lookup, Claims: rwx, SharedSecrets: sharedSecrets(t)})
+		d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SecretLabels: tc.lookup, Claims: rwx, HandedSecrets: handed(t).Whole, HandedKeys: handed(t).Keys})
 		if tc.undecided != (len(d.Undecided) == 1) {
 			t.Errorf("%s: undecided %v", tc.name, d.Undecided)
 		}
@@ -517,7 +516,7 @@ func TestJobsOwnSecretReferences(t *testing.T) {
 		job := renderedJob(t)
 		tc.mutate(job)
 		cfg := mustConfig(t, "policy: {secrets: {shared: [llm-key, server-db-shared]}}")
-		d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, Claims: rwx, SecretLabels: lookup, SharedSecrets: sharedSecrets(t),
+		d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, Claims: rwx, SecretLabels: lookup, HandedSecrets: handed(t).Whole, HandedKeys: handed(t).Keys,
 			ServerSecrets: []string{"server-db-shared"}, SourceImages: []string{job.Spec.Template.Spec.Containers[0].Image}})
 		got := d.Errs.ToAggregate()
 		switch {

@@ -202,25 +202,37 @@ func (in *Inherited) ReadSecrets() []string {
 	return out
 }
 
-// SecretsFor sorts the Secrets of the source by what an agent of profile
-// prof may do with them, in one pass over the source:
-//   - handed: those clipjob itself hands the agent (what Render would:
-//     Secrets its inherited env reads, its inherited envFrom Secrets, its
-//     secret volumes and pull secrets, withheld ones left out); a Job may
-//     reference these;
-//   - server: those the server reads under a denied env name, its own
-//     credentials, which no config makes an agent's;
-//   - read: every Secret the server's container reads (ReadSecrets).
-func (in *Inherited) SecretsFor(f config.EnvFilter, prof config.Resolved) (handed, server, read []string) {
+// SourceSecrets sorts the Secrets of the source by what an agent may do
+// with them.
+type SourceSecrets struct {
+	// Whole are the Secrets clipjob hands the agent whole (inherited
+	// envFrom, secret volumes, pull secrets): a Job may reference them.
+	Whole []string
+	// Keys are the keys clipjob hands the agent one by one through its
+	// inherited env, as "secret/key": a Job may read those keys, not the
+	// rest of their Secret (which may hold the server's own).
+	Keys []string
+	// Server are the Secrets the server reads under a denied env name:
+	// its own credentials, which no config makes an agent's.
+	Server []string
+	// Read are every Secret the server's container reads (ReadSecrets).
+	Read []string
+}
+
+// SecretsFor sorts the Secrets of the source for an agent of profile prof,
+// in one pass: what Render would hand over (withheld ones left out), the
+// server's own, and all it reads.
+func (in *Inherited) SecretsFor(f config.EnvFilter, prof config.Resolved) SourceSecrets {
 	w := newWithheld(in.Env, f.Deny, prof.Env)
+	var out SourceSecrets
 	for _, e := range filterEnv(in.Env, f, prof.EnvKeys) {
 		if ref := secretKeyRef(e); ref != nil && w.why(e) == "" {
-			handed = append(handed, ref.Name)
+			out.Keys = append(out.Keys, ref.Name+"/"+ref.Key)
 		}
 	}
 	for _, e := range w.envFrom(in.EnvFrom, f.AllowFrom, func(string) {}) {
 		if name, secret := envFromSource(e); secret {
-			handed = append(handed, name)
+			out.Whole = append(out.Whole, name)
 		}
 	}
 	byName := map[string]corev1.Volume{}
@@ -229,14 +241,15 @@ func (in *Inherited) SecretsFor(f config.EnvFilter, prof config.Resolved) (hande
 	}
 	for _, m := range in.SecretMounts {
 		if v := byName[m.Name]; v.Secret != nil && w.volume(v, m.MountPath) == "" {
-			handed = append(handed, v.Secret.SecretName)
+			out.Whole = append(out.Whole, v.Secret.SecretName)
 		}
 	}
 	for _, ps := range in.ImagePullSecrets {
-		handed = append(handed, ps.Name)
+		out.Whole = append(out.Whole, ps.Name)
 	}
 	for name := range w.secrets {
-		server = append(server, name)
+		out.Server = append(out.Server, name)
 	}
-	return handed, server, in.ReadSecrets()
+	out.Read = in.ReadSecrets()
+	return out
 }

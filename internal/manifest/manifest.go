@@ -63,30 +63,46 @@ func Read(r io.Reader) (*Set, error) {
 		if isEmpty(doc) {
 			continue
 		}
-		var meta struct {
-			APIVersion string `json:"apiVersion"`
-			Kind       string `json:"kind"`
-		}
-		if err := yaml.Unmarshal(doc, &meta); err != nil {
+		if err := set.add(doc); err != nil {
 			return nil, fmt.Errorf("document %d: %w", i, err)
 		}
-		if meta.Kind == config.Kind && meta.APIVersion == config.APIVersion {
-			set.Configs = append(set.Configs, doc)
-			continue
-		}
-		obj, _, err := decoder.Decode(doc, nil, nil)
-		if err != nil {
-			return nil, fmt.Errorf("document %d (%s %s): %w", i, meta.APIVersion, meta.Kind, err)
-		}
-		switch o := obj.(type) {
-		case *batchv1.Job:
-			set.Jobs = append(set.Jobs, o)
-		case *appsv1.Deployment:
-			set.Deployments = append(set.Deployments, o)
-		default:
-			set.Others = append(set.Others, o)
-		}
 	}
+}
+
+// add decodes one document into the set. A List (what `kubectl get -o
+// yaml` prints for several objects) adds each of its items: taking it for
+// one unknown object would lose them without a word.
+func (set *Set) add(doc []byte) error {
+	var meta struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+	}
+	if err := yaml.Unmarshal(doc, &meta); err != nil {
+		return err
+	}
+	if meta.Kind == config.Kind && meta.APIVersion == config.APIVersion {
+		set.Configs = append(set.Configs, doc)
+		return nil
+	}
+	obj, _, err := decoder.Decode(doc, nil, nil)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", meta.APIVersion, meta.Kind, err)
+	}
+	switch o := obj.(type) {
+	case *batchv1.Job:
+		set.Jobs = append(set.Jobs, o)
+	case *appsv1.Deployment:
+		set.Deployments = append(set.Deployments, o)
+	case *corev1.List:
+		for j, item := range o.Items {
+			if err := set.add(item.Raw); err != nil {
+				return fmt.Errorf("List item %d: %w", j+1, err)
+			}
+		}
+	default:
+		set.Others = append(set.Others, o)
+	}
+	return nil
 }
 
 func isEmpty(doc []byte) bool {
