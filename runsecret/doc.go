@@ -12,5 +12,7 @@
 // deleting it, so naming one of the server's Secrets must not make it
 // disappear with an agent's Job. The reconciler runs on the elected replica
 // beside the claim controller, on the manager's cache of agent Jobs, and
-// writes only an owner reference.
+// writes only an owner reference. A Secret the Job names that is not there
+// yet is looked for again while the run lasts: a client may make it after
+// the Job (policy.secrets.createdAfterJob).
 package runsecret

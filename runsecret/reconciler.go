@@ -1,9 +1,11 @@
 package runsecret
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/go-logr/logr"
 	batchv1 "k8s.io/api/batch/v1"
@@ -17,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	"github.com/paperclipai/clipjob/claim"
 	"github.com/paperclipai/clipjob/contract"
 )
 
@@ -50,7 +53,13 @@ type Reconciler struct {
 	// (config policy.secrets.shared): such a Secret is never a run's to
 	// own, whatever its labels say. Nil shares none.
 	Shared func(name string) bool
-	Log    logr.Logger
+	// MissingRetry is how soon a Job that names a Secret not there yet is
+	// looked at again, until the Secret appears or the Job ends: a client
+	// may create its run's Secret after the Job (policy.secrets.
+	// createdAfterJob), and Jobs are reconciled on create only. Default
+	// 15s.
+	MissingRetry time.Duration
+	Log          logr.Logger
 }
 
 // Reconcile implements reconcile.Reconciler, keyed by Job.
@@ -64,11 +73,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	run := job.Labels[contract.LabelRunID]
 	owner := metav1.OwnerReference{APIVersion: "batch/v1", Kind: "Job", Name: job.Name, UID: job.UID}
+	var result reconcile.Result
 	for _, name := range Names(&job) {
 		meta, err := r.Secrets.Metadata(ctx, job.Namespace, name)
 		switch {
+		case apierrors.IsNotFound(err) && !claim.Finished(&job):
+			// Not made yet (or deleted since): look again while the run
+			// lasts, so a Secret made after its Job goes with it too.
+			result.RequeueAfter = cmp.Or(r.MissingRetry, 15*time.Second)
+			continue
 		case apierrors.IsNotFound(err):
-			continue // refused at admission, or deleted since: nothing to own
+			continue // the run is over: nothing to own
 		case err != nil:
 			return reconcile.Result{}, fmt.Errorf("reading Secret %s/%s: %w", job.Namespace, name, err)
 		case r.Shared != nil && r.Shared(name):
@@ -90,7 +105,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		r.Log.V(1).Info("run Secret now owned by its Job", "job", job.Namespace+"/"+job.Name, "secret", name)
 	}
-	return reconcile.Result{}, nil
+	return result, nil
 }
 
 // ownedByAnotherJob: a run's Secret belongs to one run's Job; a second

@@ -3,6 +3,7 @@ package runsecret
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	batchv1 "k8s.io/api/batch/v1"
@@ -116,6 +117,37 @@ func TestASharedSecretIsNeverTaken(t *testing.T) {
 	reconcileJob(t, job2, secrets)
 	if got := owners(secrets["paperclip/run-3-env"]); len(got) != 1 || got[0] != "uid-3" {
 		t.Errorf("a Secret named for its Job and labeled with its run: owners %v", got)
+	}
+}
+
+// A Secret named by the Job but made after it (policy.secrets.
+// createdAfterJob) is looked for again while the run lasts, and owned once
+// it is there; once the run is over, nobody waits for it.
+func TestASecretMadeAfterItsJobIsTakenWhenItAppears(t *testing.T) {
+	job := jobs.MakeJob("run-4", "paperclip").Agent("a").Run("run-4").Annotation(contract.AnnotationEnvSecret, "run-4-env").Obj()
+	job.UID = "uid-4"
+	secrets := fakeSecrets{}
+	r := &Reconciler{Jobs: crfake.NewClientBuilder().WithObjects(job).Build(), Secrets: secrets, Log: logr.Discard(), MissingRetry: time.Minute}
+	req := reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "paperclip", Name: "run-4"}}
+	res, err := r.Reconcile(context.Background(), req)
+	if err != nil || res.RequeueAfter != time.Minute {
+		t.Fatalf("the Secret not there yet: %+v, %v; want a look again in a minute", res, err)
+	}
+	secrets["paperclip/run-4-env"] = secret("run-4-env", map[string]string{contract.LabelRunID: "run-4"})
+	if res, err = r.Reconcile(context.Background(), req); err != nil || res.RequeueAfter != 0 {
+		t.Fatalf("the Secret there: %+v, %v", res, err)
+	}
+	if got := owners(secrets["paperclip/run-4-env"]); len(got) != 1 || got[0] != "uid-4" {
+		t.Errorf("owners %v", got)
+	}
+
+	done := jobs.MakeJob("run-5", "paperclip").Agent("a").Run("run-5").Annotation(contract.AnnotationEnvSecret, "run-5-env").Obj()
+	done.UID = "uid-5"
+	done.Status.Conditions = []batchv1.JobCondition{{Type: batchv1.JobComplete, Status: corev1.ConditionTrue}}
+	r.Jobs = crfake.NewClientBuilder().WithObjects(done).Build()
+	res, err = r.Reconcile(context.Background(), reconcile.Request{NamespacedName: types.NamespacedName{Namespace: "paperclip", Name: "run-5"}})
+	if err != nil || res.RequeueAfter != 0 {
+		t.Errorf("a finished run's missing Secret: %+v, %v; want no retry", res, err)
 	}
 }
 
