@@ -213,9 +213,9 @@ func throughWebhook(t *testing.T, f fixture) verdict {
 			}
 			return nil, apierrors.NewNotFound(corev1.Resource("persistentvolumeclaims"), name)
 		},
-		Secrets: func(_ context.Context, ns, name string) (map[string]string, error) {
+		Secrets: func(_ context.Context, ns, name string) (*metav1.ObjectMeta, error) {
 			if s, ok := c.secrets[ns+"/"+name]; ok {
-				return s.Labels, nil
+				return &s.ObjectMeta, nil
 			}
 			return nil, apierrors.NewNotFound(corev1.Resource("secrets"), name)
 		},

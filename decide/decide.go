@@ -52,8 +52,8 @@ type Facts struct {
 	// computes them). An error says why not: a *templates.SourceError, or
 	// a *policy.FactUnknown offline.
 	Source func(cfg *config.Config) (*templates.Inherited, *templates.TemplateHashes, error)
-	// SecretLabels and PVCs look the objects a Job references up.
-	SecretLabels policy.SecretLabels
+	// SecretMeta and PVCs look the objects a Job references up.
+	SecretMeta policy.SecretMeta
 	PVCs         policy.ClaimLookup
 }
 
@@ -153,7 +153,7 @@ func Validate(in Input) Validation {
 	cfg := in.Config
 	pin := policy.Input{
 		Operation: in.Operation, Job: in.Job, Old: in.Old, Config: cfg,
-		Claims: in.Facts.PVCs, SecretLabels: in.Facts.SecretLabels, User: in.User,
+		Claims: in.Facts.PVCs, SecretMeta: in.Facts.SecretMeta, User: in.User,
 	}
 	// What the source gives agents here, for the rules of a CREATE (an
 	// UPDATE checks only what may not change): its image is always

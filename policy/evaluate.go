@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	psaapi "k8s.io/pod-security-admission/api"
@@ -69,10 +70,10 @@ type Input struct {
 	// Claims looks PVCs up; a *FactUnknown error (an offline check not
 	// given the PVC's manifest) leaves the volume rule undecided.
 	Claims ClaimLookup
-	// SecretLabels returns a Secret's labels (or a NotFound error), for the
+	// SecretMeta returns a Secret's metadata (or a NotFound error), for the
 	// Secrets the Job references; a *FactUnknown error leaves the
 	// run-secret rule undecided for that Secret.
-	SecretLabels SecretLabels
+	SecretMeta SecretMeta
 	// HandedSecrets are the Secrets clipjob hands agents whole from the
 	// source, and HandedKeys the keys it hands one by one ("secret/key")
 	// (templates.Inherited.SecretsFor): a Job may reference those, and a
@@ -91,10 +92,10 @@ type Input struct {
 	User string
 }
 
-// SecretLabels returns the labels of a Secret, or an error; a NotFound
-// error means there is none. Only metadata: the webhook never reads a
-// Secret's data.
-type SecretLabels func(namespace, name string) (map[string]string, error)
+// SecretMeta returns the metadata of a Secret (its labels and owners), or
+// an error; a NotFound error means there is none. Only metadata: the
+// webhook never reads a Secret's data.
+type SecretMeta func(namespace, name string) (*metav1.ObjectMeta, error)
 
 // FactUnknown is the error a lookup returns for a fact it was not given
 // (an offline check without the object's manifest): the rule that needed
@@ -155,8 +156,8 @@ func (d *Decision) add(rule string, errs field.ErrorList) {
 // because, say, the claim was deleted later.
 func Evaluate(in Input) *Decision {
 	d := &Decision{}
-	if in.SecretLabels == nil {
-		in.SecretLabels = func(ns, name string) (map[string]string, error) {
+	if in.SecretMeta == nil {
+		in.SecretMeta = func(ns, name string) (*metav1.ObjectMeta, error) {
 			return nil, &FactUnknown{Fact: "Secret " + ns + "/" + name, Give: "no Secret lookup"}
 		}
 	}
@@ -271,7 +272,7 @@ func checkRunSecret(in Input) (field.ErrorList, []string, []Undecided) {
 			}
 			return field.NotFound(r.path, missing)
 		}
-		labels, err := in.SecretLabels(job.Namespace, r.name)
+		meta, err := in.SecretMeta(job.Namespace, r.name)
 		var unknown *FactUnknown
 		switch {
 		case errors.As(err, &unknown):
@@ -283,9 +284,14 @@ func checkRunSecret(in Input) (field.ErrorList, []string, []Undecided) {
 			errs = append(errs, notFound())
 		case err != nil:
 			errs = append(errs, field.InternalError(r.path, fmt.Errorf("looking up Secret %s/%s: %w", job.Namespace, r.name, err)))
-		case !contract.SecretMadeForRun(job.Name, job.Labels, r.name, labels):
+		case ownerJob(meta) != "":
+			// Another run's, still there until its Job goes (at its TTL):
+			// copying that run's ids does not make it this one's.
+			errs = append(errs, field.Forbidden(r.path, fmt.Sprintf(
+				"Secret %s belongs to Job %s (its owner), another run: a run's Secret serves the run that made it; make one for this run", r.name, ownerJob(meta))))
+		case !contract.SecretMadeForRun(job.Name, job.Labels, r.name, meta.Labels):
 			msg := fmt.Sprintf("Secret %s is labeled %s=%q, %s=%q, not this run's %q of agent %q: a run's Secret is made for that run (%s)",
-				r.name, contract.LabelRunID, labels[contract.LabelRunID], contract.LabelAgentID, labels[contract.LabelAgentID], run, agent, labelIt)
+				r.name, contract.LabelRunID, meta.Labels[contract.LabelRunID], contract.LabelAgentID, meta.Labels[contract.LabelAgentID], run, agent, labelIt)
 			if !r.ofRun {
 				msg += "; if many runs share it (an LLM key), list it in policy.secrets.shared in the clipjob config, and do not label it for a run: a run's Job owns and deletes its run's Secrets"
 			}
@@ -293,6 +299,17 @@ func checkRunSecret(in Input) (field.ErrorList, []string, []Undecided) {
 		}
 	}
 	return errs, warnings, undecided
+}
+
+// ownerJob names the Job that owns a Secret, or "". On CREATE the Job
+// being admitted owns nothing yet, so any owner is another run's Job.
+func ownerJob(meta *metav1.ObjectMeta) string {
+	for _, o := range meta.OwnerReferences {
+		if o.Kind == "Job" {
+			return o.Name
+		}
+	}
+	return ""
 }
 
 // forEachSecretRef calls f with every Secret the pod spec references by

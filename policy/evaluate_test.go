@@ -390,18 +390,18 @@ func TestRunEnvSecret(t *testing.T) {
 	run, agent := job.Labels[contract.LabelRunID], job.Labels[contract.LabelAgentID]
 	cfg := mustConfig(t, "")
 	expected := "run-env"
-	lookup := func(labels map[string]string, err error) SecretLabels {
-		return func(ns, name string) (map[string]string, error) {
+	lookup := func(labels map[string]string, err error, owners ...metav1.OwnerReference) SecretMeta {
+		return func(ns, name string) (*metav1.ObjectMeta, error) {
 			if ns != job.Namespace || name != expected {
 				t.Errorf("looked up %s/%s", ns, name)
 			}
-			return labels, err
+			return &metav1.ObjectMeta{Labels: labels, OwnerReferences: owners}, err
 		}
 	}
 	notFound := apierrors.NewNotFound(corev1.Resource("secrets"), "run-env")
 	for _, tc := range []struct {
 		name, secret, cfg string
-		lookup            SecretLabels
+		lookup            SecretMeta
 		wantErr           string
 		warn              string
 		undecided         bool
@@ -413,6 +413,11 @@ func TestRunEnvSecret(t *testing.T) {
 			wantErr: `paperclip.io/agent-id="agent-other", not this run's`},
 		{name: "missing", lookup: lookup(nil, notFound), wantErr: `metadata.annotations[paperclip.io/env-secret]: Not found: "run-env: no Secret \"run-env\" in namespace paperclip; create the run's Secret (labeled paperclip.io/run-id=` + run},
 		{name: "another run's", lookup: lookup(map[string]string{contract.LabelRunID: "other-run"}, nil), wantErr: `Forbidden: Secret run-env is labeled paperclip.io/run-id="other-run"`},
+		// A finished run's Secret, kept until its Job's TTL: a Job copying
+		// that run's ids does not get its callback token.
+		{name: "labeled for this run, owned by another Job", lookup: lookup(map[string]string{contract.LabelRunID: run, contract.LabelAgentID: agent}, nil,
+			metav1.OwnerReference{APIVersion: "batch/v1", Kind: "Job", Name: "run-earlier", UID: "uid-earlier"}),
+			wantErr: "Secret run-env belongs to Job run-earlier (its owner), another run"},
 		{name: "the server's", lookup: lookup(map[string]string{"app": "paperclip"}, nil), wantErr: `labeled paperclip.io/run-id=""`},
 		// Named for its Job ("<job>-<word>"), the run id alone makes it the
 		// run's: Paperclip's adapters label their Secrets so.
@@ -446,7 +451,7 @@ func TestRunEnvSecret(t *testing.T) {
 			cfg = mustConfig(t, tc.cfg)
 		}
 		expected = name
-		d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SecretLabels: tc.lookup, Claims: rwx, HandedSecrets: handed(t).Whole, HandedKeys: handed(t).Keys})
+		d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, SecretMeta: tc.lookup, Claims: rwx, HandedSecrets: handed(t).Whole, HandedKeys: handed(t).Keys})
 		if tc.undecided != (len(d.Undecided) == 1) {
 			t.Errorf("%s: undecided %v", tc.name, d.Undecided)
 		}
@@ -470,11 +475,8 @@ func TestRunEnvSecret(t *testing.T) {
 // labeled for the run, whatever the route.
 func TestJobsOwnSecretReferences(t *testing.T) {
 	labels := map[string]map[string]string{"run-own": {contract.LabelRunID: "run-01jd8x", contract.LabelAgentID: "agent-7f3a"}}
-	lookup := func(_, name string) (map[string]string, error) {
-		if l, ok := labels[name]; ok {
-			return l, nil
-		}
-		return map[string]string{}, nil
+	lookup := func(_, name string) (*metav1.ObjectMeta, error) {
+		return &metav1.ObjectMeta{Labels: labels[name]}, nil
 	}
 	for _, tc := range []struct {
 		name   string
@@ -516,7 +518,7 @@ func TestJobsOwnSecretReferences(t *testing.T) {
 		job := renderedJob(t)
 		tc.mutate(job)
 		cfg := mustConfig(t, "policy: {secrets: {shared: [llm-key, server-db-shared]}}")
-		d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, Claims: rwx, SecretLabels: lookup, HandedSecrets: handed(t).Whole, HandedKeys: handed(t).Keys,
+		d := Evaluate(Input{Operation: Create, Job: job, Config: cfg, Claims: rwx, SecretMeta: lookup, HandedSecrets: handed(t).Whole, HandedKeys: handed(t).Keys,
 			ServerSecrets: []string{"server-db-shared"}, SourceImages: []string{job.Spec.Template.Spec.Containers[0].Image}})
 		got := d.Errs.ToAggregate()
 		switch {

@@ -77,7 +77,7 @@ func benchValidator(b *testing.B) (*Validator, *batchv1.Job) {
 	pvc := &corev1.PersistentVolumeClaim{Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}}}
 	return &Validator{Configs: staticConfig{cfg}, Sources: staticSource{inh: inh},
 		PVCs:    func(context.Context, string, string) (*corev1.PersistentVolumeClaim, error) { return pvc, nil },
-		Secrets: func(context.Context, string, string) (map[string]string, error) { return nil, nil }}, job
+		Secrets: func(context.Context, string, string) (*metav1.ObjectMeta, error) { return &metav1.ObjectMeta{}, nil }}, job
 }
 
 // BenchmarkValidate is the validating handler on CREATE, without HTTP.

@@ -98,7 +98,7 @@ func Run(ctx context.Context, o Options) error {
 	lock.Active = claim.CachedActiveRuns(mgr.GetCache())
 	server.Register(MutatePath, closeWhileStopping(&admission.Webhook{Handler: &Mutator{Configs: store, Sources: sources}}, stopping))
 	server.Register(ValidatePath, closeWhileStopping(&admission.Webhook{Handler: &Validator{Configs: store, Sources: sources,
-		PVCs: cachedPVCs(mgr.GetCache(), livePVCs(clientset)), Secrets: liveSecretLabels(meta), Claims: lock}}, stopping))
+		PVCs: cachedPVCs(mgr.GetCache(), livePVCs(clientset)), Secrets: liveSecretMeta(meta), Claims: lock}}, stopping))
 	server.Register(PodPath, closeWhileStopping(&admission.Webhook{Handler: &PodValidator{}}, stopping))
 	controller := &claim.Controller{Jobs: mgr.GetCache(), Client: clientset, Lock: lock, Configs: store,
 		Log: log.WithName("claim-controller")}

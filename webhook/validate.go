@@ -38,19 +38,19 @@ type Validator struct {
 	Claims  *claim.Lock
 }
 
-// SecretMetadataGetter returns a Secret's labels, never its data.
-type SecretMetadataGetter func(ctx context.Context, namespace, name string) (map[string]string, error)
+// SecretMetadataGetter returns a Secret's metadata, never its data.
+type SecretMetadataGetter func(ctx context.Context, namespace, name string) (*metav1.ObjectMeta, error)
 
-// liveSecretLabels reads a Secret's metadata only (the metadata API), live:
+// liveSecretMeta reads a Secret's metadata only (the metadata API), live:
 // the webhook never holds a Secret's data.
-func liveSecretLabels(mc metadata.Interface) SecretMetadataGetter {
+func liveSecretMeta(mc metadata.Interface) SecretMetadataGetter {
 	secrets := corev1.SchemeGroupVersion.WithResource("secrets")
-	return func(ctx context.Context, ns, name string) (map[string]string, error) {
+	return func(ctx context.Context, ns, name string) (*metav1.ObjectMeta, error) {
 		m, err := mc.Resource(secrets).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return nil, err
 		}
-		return m.Labels, nil
+		return &m.ObjectMeta, nil
 	}
 }
 
@@ -106,7 +106,7 @@ func (v *Validator) validate(ctx context.Context, req admission.Request) (admiss
 	}
 	cfg := v.Configs.Current()
 	val := decide.Validate(decide.Input{Operation: op, Job: job, Old: old, Config: cfg, User: req.UserInfo.Username,
-		Facts: decide.Facts{Source: sourceFacts(ctx, v.Sources), PVCs: v.pvcs(ctx), SecretLabels: v.secretLabels(ctx)}})
+		Facts: decide.Facts{Source: sourceFacts(ctx, v.Sources), PVCs: v.pvcs(ctx), SecretMeta: v.secretMeta(ctx)}})
 	d := val.Decision
 	for _, r := range d.Checked {
 		policyDecisions.WithLabelValues(r, outcomeOf(slices.Contains(d.Failed, r))).Inc()
@@ -194,11 +194,11 @@ func conflict(job *batchv1.Job, msg string, causes ...metav1.StatusCause) admiss
 	return resp
 }
 
-func (v *Validator) secretLabels(ctx context.Context) policy.SecretLabels {
+func (v *Validator) secretMeta(ctx context.Context) policy.SecretMeta {
 	if v.Secrets == nil {
 		return nil
 	}
-	return func(ns, name string) (map[string]string, error) { return v.Secrets(ctx, ns, name) }
+	return func(ns, name string) (*metav1.ObjectMeta, error) { return v.Secrets(ctx, ns, name) }
 }
 
 func (v *Validator) pvcs(ctx context.Context) policy.ClaimLookup {

@@ -6,6 +6,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/decide"
@@ -57,9 +58,9 @@ func lookup[T any](m map[string]T, ns, name string) (T, bool) {
 
 func (f *offlineFacts) decide() decide.Facts {
 	facts := decide.Facts{
-		SecretLabels: func(ns, name string) (map[string]string, error) {
+		SecretMeta: func(ns, name string) (*metav1.ObjectMeta, error) {
 			if s, ok := lookup(f.secrets, ns, name); ok {
-				return s.Labels, nil
+				return &s.ObjectMeta, nil
 			}
 			if f.complete {
 				return nil, apierrors.NewNotFound(corev1.Resource("secrets"), name)
