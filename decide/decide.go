@@ -54,7 +54,7 @@ type Facts struct {
 	Source func(cfg *config.Config) (*templates.Inherited, *templates.TemplateHashes, error)
 	// SecretMeta and PVCs look the objects a Job references up.
 	SecretMeta policy.SecretMeta
-	PVCs         policy.ClaimLookup
+	PVCs       policy.ClaimLookup
 }
 
 // Inherited is what an agent Job in namespace inherits: in a tenant
