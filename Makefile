@@ -14,7 +14,7 @@ BENCH_ROUNDS ?= 3
 BENCH_RUNS   ?= 200,500
 BENCH_COUNT  ?= 3
 
-.PHONY: all build image test adapter unit e2e e2e-kind demo bench kube-binaries fuzz lint fmt vet clean
+.PHONY: all build image image-docker test adapter unit e2e e2e-kind demo bench kube-binaries node-packages fuzz lint fmt vet clean
 
 # The image the chart runs, tagged with the chart's appVersion.
 IMAGE     ?= ghcr.io/paperclipai/clipjob:$(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/clipjob/Chart.yaml)
@@ -24,16 +24,23 @@ all: build
 build: ## Build the binaries into bin/
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-image: ## Build the container image (needs a Docker engine)
+image: ## Build the container image with no registry or engine: $(BIN)/clipjob-image.tar (docker load, ctr images import, kind load image-archive)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(BIN)/image/ ./cmd/...
+	$(GO) run ./hack/image -tag $(IMAGE) -o $(BIN)/clipjob-image.tar $(BIN)/image
+
+image-docker: ## The same image with a Docker engine and registries (the Dockerfile)
 	docker build -t $(IMAGE) .
 
-kube-binaries: ## Build (first time only) etcd, kube-apiserver, controller-manager, scheduler, kwok
+kube-binaries: ## Build (first time only) etcd, kube-apiserver, controller-manager, scheduler, kubelet, kube-proxy, kwok
 	@bash hack/kube-binaries.sh >/dev/null
 
-demo: kube-binaries ## Local control plane + webhook; submit a bare Job and print the result
+node-packages: ## Install (first time only) the real node's Debian packages: containerd, runc, CNI plugins, busybox-static
+	@bash hack/node-packages.sh
+
+demo: kube-binaries node-packages ## Local control plane + webhook; submit a bare Job and print the result
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/demo $(DEMO_FLAGS)
 
-test: lint kube-binaries adapter ## Unit, golden, fuzz-seed and e2e tests, and the Paperclip adapter's
+test: lint kube-binaries node-packages adapter ## Unit, golden, fuzz-seed and e2e tests, and the Paperclip adapter's
 	@echo "make test: unit, golden and e2e tests (e2e runs a real kube-apiserver on loopback)"
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 30m ./...
 
@@ -43,7 +50,7 @@ adapter: ## The Paperclip adapter (adapters/paperclip): install from its lockfil
 unit: ## Unit and golden tests only (no control plane)
 	$(GOTEST) ./contract/... ./config/... ./templates/... ./policy/... ./claim/... ./certs/... ./webhook/... ./relay/... ./cmd/... ./charts/... ./internal/...
 
-e2e: kube-binaries ## The e2e suite alone
+e2e: kube-binaries node-packages ## The e2e suite alone
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 30m -v ./e2e/
 
 e2e-kind: ## The in-cluster e2e tests on a kind cluster (needs a Docker engine)

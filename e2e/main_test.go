@@ -45,7 +45,7 @@ func run(m *testing.M) (code int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	fmt.Fprintln(os.Stderr, "e2e: starting a local control plane (the first run builds Kubernetes from the Go module proxy: several minutes)")
-	c, err := cluster.Start(ctx, cluster.Options{})
+	c, err := cluster.Start(ctx, cluster.Options{RealNode: cluster.WantRealNode()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: cluster:", err)
 		return 1

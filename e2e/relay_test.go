@@ -29,8 +29,9 @@ import (
 	"github.com/paperclipai/clipjob/relay/store"
 )
 
-// sharedDir stands in for the shared volume the relay mirrors runs to.
-func sharedDir() string { return filepath.Join(env.cluster.Dir, "shared") }
+// sharedDir is the shared volume the relay mirrors runs to (on the real
+// node, the example Paperclip's PersistentVolume).
+func sharedDir() string { return harness.SharedDir(env.cluster) }
 
 var relayOnce struct {
 	sync.Once
@@ -160,11 +161,11 @@ func exactlyOnce(t *testing.T, got, want []string) {
 				dup = append(dup, w)
 			}
 		}
-		t.Fatalf("stored %d lines, want %d; lost %d %v, duplicated %d %v", len(got), len(want), len(lost), head(lost), len(dup), head(dup))
+		t.Fatalf("stored %d lines, want %d; lost %d %.1000q, duplicated %d %.1000q", len(got), len(want), len(lost), head(lost), len(dup), head(dup))
 	}
 	for i := range want {
 		if got[i] != want[i] {
-			t.Fatalf("line %d is %q, want %q", i, got[i], want[i])
+			t.Fatalf("line %d is %.300q (%d bytes), want %.300q (%d bytes)", i, got[i], len(got[i]), want[i], len(want[i]))
 		}
 	}
 }

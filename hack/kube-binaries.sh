@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds (once) and prints the directory holding the binaries of a real local
 # control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler
-# and kwok. Everything comes from the Go module proxy; nothing is downloaded
+# and kwok, and of a real node beside it: kubelet and kube-proxy. Everything
+# comes from the Go module proxy; nothing is downloaded
 # from anywhere else. Binaries are cached outside the repository, keyed by
 # version, so only the first run pays the build (about 5-10 minutes on 2 cores).
 #
@@ -28,7 +29,7 @@ cache=${CLIPJOB_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/clipjob}
 bin="$cache/kube/$KUBE_VERSION/bin"
 mkdir -p "$bin"
 
-want=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+want=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kwok)
 missing() { for b in "${want[@]}"; do [ -x "$bin/$b" ] || echo "$b"; done; }
 
 # envtest users already have etcd and kube-apiserver: reuse them.
@@ -70,7 +71,7 @@ build_kube() {
   go get "k8s.io/kubernetes/cmd/kube-apiserver@$KUBE_VERSION" >&2
   local pkg=k8s.io/component-base/version
   local ld="-s -w -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
-  for b in kube-apiserver kube-controller-manager kube-scheduler; do
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
     [ -x "$bin/$b" ] && continue
     log "go build $b"
     go build -trimpath -ldflags "$ld" -o "$bin/$b.tmp" "k8s.io/kubernetes/cmd/$b" && mv "$bin/$b.tmp" "$bin/$b"
@@ -110,7 +111,7 @@ build_kwok() {
   go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" -o "$bin/kwok.tmp" sigs.k8s.io/kwok/cmd/kwok && mv "$bin/kwok.tmp" "$bin/kwok"
 }
 
-case " $todo " in *" kube-"*|*" etcd "*) build_kube ;; esac
+case " $todo " in *" kube"*|*" etcd "*) build_kube ;; esac
 [ -x "$bin/etcd" ] || { ETCD_VERSION=${ETCD_VERSION:-v3.7.0}; build_etcd; }
 [ -x "$bin/kwok" ] || build_kwok
 

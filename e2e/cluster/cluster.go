@@ -51,6 +51,10 @@ type Options struct {
 	Dir string
 	// Log receives progress lines. Default os.Stderr.
 	Log io.Writer
+	// RealNode adds a real kubelet, kube-proxy and containerd beside kwok
+	// (see node.go); Start fails, naming what is missing, on a machine that
+	// cannot run one.
+	RealNode bool
 }
 
 // Cluster is a running local control plane.
@@ -70,6 +74,7 @@ type Cluster struct {
 
 	ownDir bool
 	procs  []*process
+	node   *realNode
 	log    io.Writer
 }
 
@@ -81,8 +86,9 @@ type process struct {
 }
 
 // Start brings up etcd, kube-apiserver, kube-controller-manager,
-// kube-scheduler and kwok with one Ready node, and waits until the API
-// server is ready. On error everything started is stopped.
+// kube-scheduler and kwok with one Ready node (and, with RealNode, a real
+// one beside it), and waits until the API server is ready. On error
+// everything started is stopped.
 func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	if o.Log == nil {
 		o.Log = os.Stderr
@@ -102,6 +108,14 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	bin, err := BinDir(o.BinDir, o.Log)
 	if err != nil {
 		return nil, err
+	}
+	if o.RealNode {
+		if miss := checkNodeRequirements(bin); len(miss) > 0 {
+			return nil, nodeRequirementsError(miss)
+		}
+		if c.node, err = newRealNode(ctx, c); err != nil {
+			return nil, err
+		}
 	}
 	if err := c.writePKI(); err != nil {
 		return nil, err
@@ -125,11 +139,18 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 
-	c.logf("starting kube-apiserver on https://127.0.0.1:%d", apiPort)
+	// Without a real node every client is on loopback. With one, pods reach
+	// the API server at the node's address, through the kubernetes Service.
+	bind, advertise, reconciler := "127.0.0.1", "127.0.0.1", "none"
+	if c.node != nil {
+		bind, advertise, reconciler = "0.0.0.0", c.node.ip, "lease"
+	}
+	c.logf("starting kube-apiserver on https://%s:%d", bind, apiPort)
 	if err := c.run(bin, "kube-apiserver",
 		"--etcd-servers", etcdURL,
-		"--bind-address", "127.0.0.1", "--secure-port", strconv.Itoa(apiPort),
-		"--advertise-address", "127.0.0.1", "--endpoint-reconciler-type", "none",
+		"--bind-address", bind, "--secure-port", strconv.Itoa(apiPort),
+		"--advertise-address", advertise, "--endpoint-reconciler-type", reconciler,
+		"--kubelet-preferred-address-types", "InternalIP,Hostname",
 		"--cert-dir", filepath.Join(c.Dir, "apiserver"),
 		"--tls-cert-file", pki("apiserver.crt"), "--tls-private-key-file", pki("apiserver.key"),
 		"--client-ca-file", pki("ca.crt"),
@@ -196,6 +217,11 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	if err := c.createNode(ctx, cs); err != nil {
 		return nil, err
 	}
+	if c.node != nil {
+		if err := c.node.start(ctx, bin, apiPort); err != nil {
+			return nil, err
+		}
+	}
 	if err := c.exited(); err != nil {
 		return nil, err
 	}
@@ -206,6 +232,10 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 // Stop ends every process (SIGTERM, then SIGKILL after 5s) and removes the
 // directory if Start created it.
 func (c *Cluster) Stop() {
+	if c.node != nil {
+		c.node.stop()
+		c.node = nil
+	}
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		c.procs[i].terminate()
 	}
@@ -412,8 +442,12 @@ func (c *Cluster) writePKI() error {
 		files[name+".crt"], files[name+".key"] = kp.CertPEM, kp.KeyPEM
 		return nil
 	}
-	apiserver, err := ca.Serving("kube-apiserver", "127.0.0.1", "localhost", "10.0.0.1",
-		"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")
+	hosts := []string{"127.0.0.1", "localhost", "10.0.0.1",
+		"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
+	if c.node != nil {
+		hosts = append(hosts, c.node.ip)
+	}
+	apiserver, err := ca.Serving("kube-apiserver", hosts...)
 	if err := add("apiserver", apiserver, err); err != nil {
 		return err
 	}

@@ -2,11 +2,16 @@ package cluster
 
 import (
 	"context"
+	"net"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 )
 
 // TestStartStop brings the control plane up and checks that the API server
@@ -32,5 +37,105 @@ func TestStartStop(t *testing.T) {
 	}
 	if _, err := cs.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRealNodeRunsAPodAndCleansUp: the real node runs a container from a
+// locally built image, its log comes back through the API server and the
+// kubelet, and Stop leaves nothing behind: no link, mount, cgroup, shim or
+// changed forwarding setting.
+func TestRealNodeRunsAPodAndCleansUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a control plane; run without -short")
+	}
+	if !WantRealNode() {
+		t.Skipf("%s=kwok: no real node asked for", NodeEnv)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	forward, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	chains := readChains()
+	c, err := Start(ctx, Options{Log: os.Stderr, RealNode: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			c.Stop()
+		}
+	}()
+	node := *c.node
+	cs := c.Clientset()
+	sel, tol := RealNodePlacement()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "hello", Namespace: "default"},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever, NodeSelector: sel, Tolerations: tol,
+			Containers: []corev1.Container{{
+				Name: "c", Image: FakeAgentImage, ImagePullPolicy: corev1.PullNever,
+				Command:         []string{"sh", "-c", "echo hello from $(id -u); echo 'lines=2' | claude"},
+				SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](1000)},
+			}},
+		},
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		_, err := cs.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) || !strings.Contains(err.Error(), "serviceaccount") {
+			t.Fatal(err) // the default ServiceAccount is made moments after start
+		}
+	}
+	var phase corev1.PodPhase
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		p, err := cs.CoreV1().Pods("default").Get(ctx, "hello", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if phase = p.Status.Phase; phase == corev1.PodSucceeded || phase == corev1.PodFailed {
+			break
+		}
+	}
+	if phase != corev1.PodSucceeded {
+		t.Fatalf("pod phase %s; kubelet log %s", phase, c.LogFile("kubelet"))
+	}
+	logs, err := cs.CoreV1().Pods("default").GetLogs("hello", &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(logs), "hello from 1000\n") || !strings.Contains(string(logs), `"type":"result"`) {
+		t.Errorf("logs through the kubelet:\n%s", logs)
+	}
+
+	c.Stop()
+	stopped = true
+	if _, err := net.InterfaceByName(node.link); err == nil {
+		t.Errorf("link %s still there", node.link)
+	}
+	if _, err := net.InterfaceByName(node.bridge); err == nil {
+		t.Errorf("bridge %s still there", node.bridge)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mounts), node.dir) {
+		t.Errorf("mounts under %s remain", node.dir)
+	}
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", node.cgroupRoot)); err == nil {
+		t.Errorf("cgroup %s remains", node.cgroupRoot)
+	}
+	if now, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward"); string(now) != string(forward) {
+		t.Errorf("ip_forward %q, was %q", now, forward)
+	}
+	for key := range readChains() {
+		if !chains[key] {
+			t.Errorf("iptables chain %s remains", key)
+		}
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range procs {
+		if b, _ := os.ReadFile(f); strings.Contains(string(b), node.socket) {
+			t.Errorf("a process of the node still runs: %q", b)
+		}
 	}
 }

@@ -55,9 +55,9 @@ func run(keep bool) error {
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 
-	step("Starting a local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)")
+	step("Starting a local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)\n    and a real node (containerd, kubelet, kube-proxy; %s=kwok for none)", cluster.NodeEnv)
 	fmt.Println("    The first run builds the Kubernetes binaries from the Go module proxy; that takes several minutes.")
-	c, err := cluster.Start(ctx, cluster.Options{Log: os.Stdout})
+	c, err := cluster.Start(ctx, cluster.Options{Log: os.Stdout, RealNode: cluster.WantRealNode()})
 	if err != nil {
 		return err
 	}
@@ -88,6 +88,15 @@ func run(keep bool) error {
 		return err
 	}
 	job := set.Jobs[0]
+	if c.HasRealNode() {
+		// The real node is tainted so that the suite's kwok tests stay off
+		// it; Paperclip's own Jobs carry no placement.
+		fmt.Printf("    (the demo adds a nodeSelector and toleration for the real node %s, where the\n"+
+			"    Paperclip image is a fake agent; its prompt gains a word of that agent's script:\n"+
+			"    print the API key it was given, as an agent that ran `env` would)\n", cluster.RealNodeName)
+		job.Spec.Template.Spec.NodeSelector, job.Spec.Template.Spec.Tolerations = cluster.RealNodePlacement()
+		job.Spec.Template.Annotations["paperclip.io/prompt"] += " leak=ANTHROPIC_API_KEY"
+	}
 	if _, err := cs.BatchV1().Jobs(job.Namespace).Create(ctx, job, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("creating the bare Job: %w", err)
 	}
@@ -105,7 +114,7 @@ func run(keep bool) error {
 	}
 	fmt.Print(indent(string(y)))
 
-	step("The Pod the Job controller made from it, scheduled to the kwok node:")
+	step("The Pod the Job controller made from it:")
 	var pod *corev1.Pod
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		pods, err := cs.CoreV1().Pods(job.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + job.Name})
@@ -113,7 +122,7 @@ func run(keep bool) error {
 			return false, nil
 		}
 		pod = &pods.Items[0]
-		return pod.Status.Phase == corev1.PodRunning, nil
+		return pod.Status.Phase != corev1.PodPending, nil
 	})
 	if err != nil {
 		return fmt.Errorf("waiting for the agent pod: %w", err)
@@ -153,7 +162,11 @@ var agentLog = []string{
 // showRelay runs the log relay, lets the agent write and finish, deletes
 // the Job as the TTL controller would, and shows what the relay kept.
 func showRelay(ctx context.Context, c *cluster.Cluster, pod *corev1.Pod, job string) (_ *harness.Relay, err error) {
-	step("Starting clipjob-relay; the agent writes its stream-json log (kwok plays the container)")
+	if c.HasRealNode() {
+		step("Starting clipjob-relay; it follows the agent container's log through the kubelet")
+	} else {
+		step("Starting clipjob-relay; the agent writes its stream-json log (kwok plays the container)")
+	}
 	bin, err := harness.Build(c.Dir, "clipjob-relay")
 	if err != nil {
 		return nil, err
@@ -167,20 +180,22 @@ func showRelay(ctx context.Context, c *cluster.Cluster, pod *corev1.Pod, job str
 			r.Stop()
 		}
 	}()
-	log, err := c.PodLog(ctx, pod.Namespace, pod.Name)
-	if err != nil {
-		return nil, err
-	}
-	if err := log.Write(agentLog...); err != nil {
-		return nil, err
+	cs := c.Clientset()
+	if !c.HasRealNode() {
+		log, err := c.PodLog(ctx, pod.Namespace, pod.Name)
+		if err != nil {
+			return nil, err
+		}
+		if err := log.Write(agentLog...); err != nil {
+			return nil, err
+		}
+		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"0"}}}`, cluster.AnnotationExitCode)
+		if _, err := cs.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			return nil, err
+		}
 	}
 	token, err := harness.ServiceAccountToken(ctx, c, pod.Namespace, "paperclip-server", harness.LogReaderRules, relay.DefaultTokenAudience)
 	if err != nil {
-		return nil, err
-	}
-	cs := c.Clientset()
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"0"}}}`, cluster.AnnotationExitCode)
-	if _, err := cs.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		return nil, err
 	}
 	run := pod.Labels["paperclip.io/run-id"]

@@ -54,6 +54,11 @@ func Build(dir, command string) (string, error) {
 // chart's claim Lease policy. It returns the replica and the binary (to
 // start more replicas). extra flags go to the webhook.
 func Install(ctx context.Context, c *cluster.Cluster, name string, extra ...string) (*Webhook, string, error) {
+	if c.HasRealNode() {
+		if err := realPaperclip(ctx, c); err != nil {
+			return nil, "", err
+		}
+	}
 	if err := Apply(ctx, c, "examples/paperclip.yaml"); err != nil {
 		return nil, "", fmt.Errorf("installing the example Paperclip: %w", err)
 	}
@@ -200,15 +205,7 @@ func Apply(ctx context.Context, c *cluster.Cluster, file string) error {
 
 // ApplyTo is Apply on the cluster rc reaches.
 func ApplyTo(ctx context.Context, rc *rest.Config, file string) error {
-	if !filepath.IsAbs(file) {
-		file = filepath.Join(Root(), file)
-	}
-	f, err := os.Open(file)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	set, err := manifest.Read(f)
+	set, err := readExample(file)
 	if err != nil {
 		return err
 	}
@@ -232,4 +229,17 @@ func ApplyTo(ctx context.Context, rc *rest.Config, file string) error {
 		}
 	}
 	return nil
+}
+
+// readExample reads a manifest file under examples/ (or an absolute path).
+func readExample(file string) (*manifest.Set, error) {
+	if !filepath.IsAbs(file) {
+		file = filepath.Join(Root(), file)
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return manifest.Read(f)
 }

@@ -1,0 +1,155 @@
+package cluster
+
+import (
+	"context"
+	"debug/elf"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	"github.com/paperclipai/clipjob/internal/ociimage"
+)
+
+// Images the real node has from the start, loaded into its containerd:
+// no registry is reachable, so pods name them with imagePullPolicy Never
+// (or IfNotPresent, which finds them).
+const (
+	PauseImage     = "docker.io/local/pause:1"
+	FakeAgentImage = "docker.io/local/fake-agent:1"
+)
+
+// agentCLIs are the commands the built-in profiles run: each is the fake
+// agent in FakeAgentImage.
+var agentCLIs = []string{"claude", "opencode", "codex", "gemini", "cursor-agent", "pi"}
+
+// shellTools are the busybox applets the profiles' `sh -c` commands (and a
+// test's kubectl exec) use.
+var shellTools = []string{"sh", "cat", "env", "id", "ls", "mkdir", "rm", "sleep", "stat", "touch", "wc", "head", "tail"}
+
+// imageRecipe builds one test image's spec from binaries it compiles.
+type imageRecipe struct {
+	tag   string
+	build func(dir string) (ociimage.Spec, error)
+}
+
+// TestImages are the images every real node loads: the pod sandbox and
+// the fake agent.
+func TestImages() []imageRecipe {
+	return []imageRecipe{
+		{PauseImage, func(dir string) (ociimage.Spec, error) {
+			pause, err := goBuild(dir, "./e2e/images/pause")
+			return ociimage.Spec{Tag: PauseImage, Entrypoint: []string{"/pause"},
+				Files: []ociimage.File{{Path: "/pause", Source: pause}}}, err
+		}},
+		{FakeAgentImage, fakeAgentSpec},
+	}
+}
+
+// fakeAgentSpec: the fake agent under every agent CLI's name, and a static
+// busybox for the profiles' shell commands.
+func fakeAgentSpec(dir string) (ociimage.Spec, error) {
+	agent, err := goBuild(dir, "./e2e/images/fakeagent")
+	if err != nil {
+		return ociimage.Spec{}, err
+	}
+	busybox, err := exec.LookPath("busybox")
+	if err != nil {
+		return ociimage.Spec{}, fmt.Errorf("the fake agent image needs a static busybox (Debian's busybox-static): %w", err)
+	}
+	if f, err := elf.Open(busybox); err == nil {
+		interp := f.Section(".interp")
+		f.Close()
+		if interp != nil {
+			return ociimage.Spec{}, fmt.Errorf("%s is dynamically linked; install Debian's busybox-static (hack/node-packages.sh)", busybox)
+		}
+	}
+	s := ociimage.Spec{Tag: FakeAgentImage, Env: []string{"PATH=/usr/local/bin:/bin"},
+		Entrypoint: []string{"/usr/local/bin/claude"},
+		Files: []ociimage.File{
+			{Path: "/bin/busybox", Source: busybox},
+			{Path: "/usr/local/bin/fakeagent", Source: agent},
+		}}
+	for _, t := range shellTools {
+		s.Files = append(s.Files, ociimage.File{Path: "/bin/" + t, Link: "busybox"})
+	}
+	for _, cli := range agentCLIs {
+		s.Files = append(s.Files, ociimage.File{Path: "/usr/local/bin/" + cli, Link: "fakeagent"})
+	}
+	return s, nil
+}
+
+// goBuild compiles a main package of this module, statically, into dir.
+func goBuild(dir, pkg string) (string, error) {
+	out := filepath.Join(dir, filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", out, pkg)
+	cmd.Dir = moduleRoot()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build %s: %v: %s", pkg, err, strings.TrimSpace(string(b)))
+	}
+	return out, nil
+}
+
+func moduleRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// loadImages builds each image and imports it into the node's containerd.
+func (n *realNode) loadImages(ctx context.Context, recipes ...imageRecipe) error {
+	dir := filepath.Join(n.dir, "images")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for _, r := range recipes {
+		spec, err := r.build(dir)
+		if err != nil {
+			return fmt.Errorf("image %s: %w", r.tag, err)
+		}
+		archive := filepath.Join(dir, strings.NewReplacer("/", "_", ":", "_").Replace(r.tag)+".tar")
+		if err := ociimage.WriteArchive(archive, spec); err != nil {
+			return fmt.Errorf("image %s: %w", r.tag, err)
+		}
+		if err := n.importArchive(ctx, archive); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// importArchive loads a docker-archive tarball into the node's containerd
+// (the namespace the CRI uses).
+func (n *realNode) importArchive(ctx context.Context, archive string) error {
+	cmd := exec.CommandContext(ctx, "ctr", "--address", n.socket, "--namespace", "k8s.io",
+		"images", "import", "--all-platforms", archive)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("ctr images import %s: %v: %s", archive, err, strings.TrimSpace(string(b)))
+	}
+	n.cluster.logf("loaded image %s", filepath.Base(archive))
+	return nil
+}
+
+// LoadImage imports a docker-archive tarball (e.g. `make image`'s) into
+// the real node's containerd.
+func (c *Cluster) LoadImage(ctx context.Context, archive string) error {
+	if c.node == nil {
+		return fmt.Errorf("no real node to load %s into (%s=kwok)", archive, NodeEnv)
+	}
+	return c.node.importArchive(ctx, archive)
+}
+
+// TagImage gives an image the real node has another name, so a pod naming
+// that image runs it (e.g. the fake agent as the Paperclip image).
+func (c *Cluster) TagImage(ctx context.Context, image, as string) error {
+	if c.node == nil {
+		return fmt.Errorf("no real node to tag %s in (%s=kwok)", image, NodeEnv)
+	}
+	cmd := exec.CommandContext(ctx, "ctr", "--address", c.node.socket, "--namespace", "k8s.io", "images", "tag", "--force", image, as)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("ctr images tag %s %s: %v: %s", image, as, err, strings.TrimSpace(string(b)))
+	}
+	return nil
+}

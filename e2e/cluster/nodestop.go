@@ -1,0 +1,270 @@
+package cluster
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// stop takes the node down and leaves the machine as it found it: the
+// kubelet first (so nothing restarts a pod), then every pod sandbox through
+// the CRI (containerd runs each one's CNI teardown: its address, its
+// iptables rules), containerd and any shim it left, kube-proxy's rules,
+// the mounts under the node's directory, the links and cgroups it made,
+// and the forwarding sysctl as it was.
+func (n *realNode) stop() {
+	byName := map[string]*process{}
+	for _, p := range n.procs {
+		byName[p.name] = p
+	}
+	for _, name := range []string{"kubelet", "kube-proxy"} {
+		if p := byName[name]; p != nil {
+			p.terminate()
+		}
+	}
+	if p := byName["containerd"]; p != nil {
+		n.removeSandboxes()
+		p.terminate()
+	}
+	n.killShims()
+	if bin := n.kubeProxyBin(); bin != "" {
+		_ = exec.Command(bin, "--cleanup").Run()
+	}
+	n.chainsBefore.removeNewChains()
+	unmountUnder(n.dir)
+	n.removeLinks()
+	removeCgroups(n.cgroupRoot)
+	if n.ipForwardSaved != "" {
+		_ = os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte(n.ipForwardSaved), 0o644)
+	}
+	n.procs = nil
+	if n.lock != nil {
+		n.lock.Close() // and with it the lock
+		n.lock = nil
+	}
+}
+
+func (n *realNode) kubeProxyBin() string {
+	for _, p := range n.procs {
+		if p.name == "kube-proxy" {
+			return p.bin
+		}
+	}
+	return ""
+}
+
+// removeSandboxes stops and removes every pod sandbox containerd has.
+func (n *realNode) removeSandboxes() {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := grpc.NewClient("unix://"+n.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		n.cluster.logf("real node cleanup: CRI: %v", err)
+		return
+	}
+	defer conn.Close()
+	rt := runtimeapi.NewRuntimeServiceClient(conn)
+	list, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+	if err != nil {
+		n.cluster.logf("real node cleanup: listing pod sandboxes: %v", err)
+		return
+	}
+	for _, sb := range list.Items {
+		if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+			n.cluster.logf("real node cleanup: stopping sandbox of %s/%s: %v", sb.Metadata.GetNamespace(), sb.Metadata.GetName(), err)
+		}
+		if _, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+			n.cluster.logf("real node cleanup: removing sandbox of %s/%s: %v", sb.Metadata.GetNamespace(), sb.Metadata.GetName(), err)
+		}
+	}
+}
+
+// killShims kills the runc shims of this node's containerd (they outlive
+// it by design) and the containers they hold, found by the socket path in
+// their command line.
+func (n *realNode) killShims() {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range procs {
+		b, err := os.ReadFile(f)
+		if err != nil || !strings.Contains(string(b), "containerd-shim") || !strings.Contains(string(b), n.socket) {
+			continue
+		}
+		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+		if err != nil {
+			continue
+		}
+		// The shim's children are the containers: kill the group.
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// unmountUnder detaches every mount below dir, deepest first: the kubelet's
+// volume tmpfs, containerd's rootfs overlays and sandbox shm.
+func unmountUnder(dir string) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	var points []string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) > 4 && (fields[4] == dir || strings.HasPrefix(fields[4], dir+"/")) {
+			points = append(points, fields[4])
+		}
+	}
+	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
+	for _, p := range points {
+		_ = syscall.Unmount(p, syscall.MNT_DETACH)
+	}
+}
+
+func (n *realNode) removeLinks() {
+	for _, l := range []string{n.bridge, n.link} {
+		if l != "" {
+			_ = exec.Command("ip", "link", "delete", l).Run()
+		}
+	}
+}
+
+// makeCgroups creates the node's cgroup root in every v1 hierarchy (the
+// kubelet refuses a root that is missing from one); a cpuset gets its
+// parent's CPUs and memory nodes, as a new cpuset starts with none.
+func makeCgroups(root string) error {
+	hierarchies, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, h := range hierarchies {
+		if _, err := os.Stat(filepath.Join(h, "cgroup.procs")); err != nil {
+			continue // not a hierarchy (e.g. a unified-mode file)
+		}
+		dir := filepath.Join(h, root)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("real node: creating cgroup %s: %w", dir, err)
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			if b, err := os.ReadFile(filepath.Join(h, f)); err == nil {
+				if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+					return fmt.Errorf("real node: %s: %w", filepath.Join(dir, f), err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// removeCgroups removes the node's cgroup root in every v1 hierarchy, its
+// children first (a cgroup directory goes only once empty).
+func removeCgroups(root string) {
+	if root == "" {
+		return
+	}
+	hierarchies, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, h := range hierarchies {
+		top := filepath.Join(h, root)
+		var dirs []string
+		_ = filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
+		for _, d := range dirs {
+			_ = syscall.Rmdir(d)
+		}
+	}
+}
+
+// iptablesChains are the chains of each table ("iptables filter KUBE-X"),
+// read before the node starts so stop can remove the ones it made: the
+// kubelet's canaries and firewall, the CNI firewall plugin's chains.
+type iptablesChains map[string]bool
+
+var iptablesTables = []string{"filter", "nat", "mangle"}
+
+func readChains() iptablesChains {
+	chains := iptablesChains{}
+	for _, cmd := range []string{"iptables", "ip6tables"} {
+		for _, table := range iptablesTables {
+			out, err := exec.Command(cmd, "-w", "-t", table, "-S").Output()
+			if err != nil {
+				continue
+			}
+			for _, line := range strings.Split(string(out), "\n") {
+				if f := strings.Fields(line); len(f) >= 2 && (f[0] == "-N" || f[0] == "-P") {
+					chains[cmd+" "+table+" "+f[1]] = true
+				}
+			}
+		}
+	}
+	return chains
+}
+
+// removeNewChains deletes every rule that jumps to a chain made since
+// before was read, then those chains.
+func (before iptablesChains) removeNewChains() {
+	if before == nil {
+		return
+	}
+	for key := range readChains() {
+		if before[key] {
+			continue
+		}
+		f := strings.Fields(key)
+		cmd, table, chain := f[0], f[1], f[2]
+		out, _ := exec.Command(cmd, "-w", "-t", table, "-S").Output()
+		for _, line := range strings.Split(string(out), "\n") {
+			rule := splitRule(line)
+			if len(rule) > 2 && rule[0] == "-A" && strings.Contains(" "+line+" ", " -j "+chain+" ") {
+				_ = exec.Command(cmd, append([]string{"-w", "-t", table, "-D"}, rule[1:]...)...).Run()
+			}
+		}
+		_ = exec.Command(cmd, "-w", "-t", table, "-F", chain).Run()
+	}
+	for key := range readChains() {
+		if !before[key] {
+			f := strings.Fields(key)
+			_ = exec.Command(f[0], "-w", "-t", f[1], "-X", f[2]).Run()
+		}
+	}
+}
+
+// splitRule splits a line of `iptables -S` into arguments; a comment is
+// printed in double quotes.
+func splitRule(line string) []string {
+	var args []string
+	var cur strings.Builder
+	quoted, inArg := false, false
+	for _, r := range line {
+		switch {
+		case r == '"':
+			quoted, inArg = !quoted, true
+		case r == ' ' && !quoted:
+			if inArg {
+				args = append(args, cur.String())
+				cur.Reset()
+				inArg = false
+			}
+		default:
+			cur.WriteRune(r)
+			inArg = true
+		}
+	}
+	if inArg {
+		args = append(args, cur.String())
+	}
+	return args
+}

@@ -1,0 +1,178 @@
+// Command fakeagent stands in for an agent CLI (claude, opencode, ...) in a
+// real container: it reads the prompt on stdin, as the profiles' commands
+// give it, and writes what that CLI writes (Claude's stream-json, or
+// OpenCode's JSON events), then exits with a chosen code. So a run on a
+// real kubelet behaves like an agent run without a model.
+//
+// The prompt is its script: whitespace-separated key=value words, e.g.
+//
+//	lines=200 rate=50 burst=1000 bigline=1 probe=1 write=/paperclip/x exit=3
+//
+//	lines    assistant text lines to write (default 3)
+//	rate     lines per second (default 0: as fast as it can)
+//	burst    lines more, written at once after the paced ones
+//	bigline  lines more of bigsize bytes each (JSON and all)
+//	bigsize  default 1 MiB less 64 bytes: just under the relay's line limit
+//	probe    1: first, a line describing the container (see probe.go)
+//	write    a file to create, then read back (the probe line says how)
+//	leak     an env variable to print, NAME=value, as a tool result: an
+//	         agent that ran `env` (the relay must redact what it prints)
+//	sleep    seconds to wait before the result (a run to cancel, or delete)
+//	exit     the exit code (default 0); non-zero writes an error result
+//	result   0: no result event (a run that is cut short)
+//
+// The binary is installed under each agent CLI's name; argv[0] picks the
+// output format.
+package main
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// script is what the prompt asks for.
+type script struct {
+	lines, burst, bigLines, bigSize, exit int
+	rate                                  float64
+	probe, result                         bool
+	write, leak                           string
+	sleep                                 time.Duration
+}
+
+func parseScript(prompt string) (script, error) {
+	s := script{lines: 3, result: true, bigSize: 1<<20 - 64}
+	for _, w := range strings.Fields(prompt) {
+		k, v, ok := strings.Cut(w, "=")
+		if !ok {
+			continue // words of a real prompt: not part of the script
+		}
+		var err error
+		switch k {
+		case "lines":
+			s.lines, err = strconv.Atoi(v)
+		case "rate":
+			s.rate, err = strconv.ParseFloat(v, 64)
+		case "burst":
+			s.burst, err = strconv.Atoi(v)
+		case "bigline":
+			s.bigLines, err = strconv.Atoi(v)
+		case "bigsize":
+			s.bigSize, err = strconv.Atoi(v)
+		case "exit":
+			s.exit, err = strconv.Atoi(v)
+		case "probe":
+			s.probe = v == "1"
+		case "result":
+			s.result = v != "0"
+		case "write":
+			s.write = v
+		case "leak":
+			s.leak = v
+		case "sleep":
+			var secs float64
+			secs, err = strconv.ParseFloat(v, 64)
+			s.sleep = time.Duration(secs * float64(time.Second))
+		}
+		if err != nil {
+			return s, fmt.Errorf("prompt word %q: %v", w, err)
+		}
+	}
+	return s, nil
+}
+
+// flagValue is the value after flag in args ("" if absent).
+func flagValue(args []string, flag string) string {
+	for i, a := range args {
+		if a == flag && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
+}
+
+func main() {
+	prompt, err := io.ReadAll(os.Stdin)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fakeagent: reading the prompt:", err)
+		os.Exit(2)
+	}
+	s, err := parseScript(string(prompt))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fakeagent:", err)
+		os.Exit(2)
+	}
+	out := bufio.NewWriterSize(os.Stdout, 1<<16)
+	emit := func(v any) {
+		out.Write(mustJSON(v))
+		out.WriteByte('\n')
+		out.Flush()
+	}
+	cli := filepath.Base(os.Args[0])
+	session := flagValue(os.Args[1:], "--resume")
+	if session == "" {
+		session = flagValue(os.Args[1:], "--session")
+	}
+	if session == "" {
+		b := make([]byte, 8)
+		rand.Read(b)
+		session = "fake-" + hex.EncodeToString(b)
+	}
+	model := flagValue(os.Args[1:], "--model")
+	if model == "" {
+		model = "fake-model"
+	}
+	f := format(cli, session, model)
+
+	emit(f.init())
+	if s.probe {
+		emit(map[string]any{"type": "system", "subtype": "fake_agent_probe", "probe": probe(s.write)})
+	}
+	if s.leak != "" {
+		emit(f.toolResult(s.leak + "=" + os.Getenv(s.leak)))
+	}
+	var interval time.Duration
+	if s.rate > 0 {
+		interval = time.Duration(float64(time.Second) / s.rate)
+	}
+	n := 0
+	for i := 0; i < s.lines; i++ {
+		n++
+		emit(f.text(fmt.Sprintf("line %d", n)))
+		if interval > 0 {
+			time.Sleep(interval)
+		}
+	}
+	for i := 0; i < s.burst; i++ {
+		n++
+		emit(f.text(fmt.Sprintf("line %d", n)))
+	}
+	for i := 0; i < s.bigLines; i++ {
+		n++
+		text := fmt.Sprintf("line %d ", n)
+		overhead := len(mustJSON(f.text(text)))
+		emit(f.text(text + strings.Repeat("x", max(0, s.bigSize-overhead))))
+	}
+	time.Sleep(s.sleep)
+	if s.result {
+		emit(f.result(s.exit, n))
+	}
+	out.Flush()
+	os.Exit(s.exit)
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"os"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// Probe is what the container looks like from inside: the facts the
+// security floor promises, read the way an agent (or an attacker in one)
+// would read them. The e2e suite decodes it from the run's log.
+type Probe struct {
+	UID, GID int
+	Groups   []int
+	// CapEff, CapPrm, CapBnd: the capability sets of /proc/self/status, hex.
+	CapEff, CapPrm, CapBnd string
+	// Seccomp is /proc/self/status's mode: 0 none, 2 filter.
+	Seccomp    string
+	NoNewPrivs string
+	// ServiceAccountToken: a token file is mounted at the usual path.
+	ServiceAccountToken bool
+	// RootWritable: creating a file in / (and /usr) worked.
+	RootWritable bool
+	// TmpWritable: creating a file in /tmp worked.
+	TmpWritable bool
+	// Write reports the file the script asked for: WriteError is empty when
+	// it was created and read back; WriteGID is its group (the fsGroup).
+	Write      string
+	WriteError string
+	WriteGID   int
+	// Unshare and Mount are the errors of trying to gain privilege the way
+	// a container escape starts: a mount namespace of its own, a mount.
+	Unshare, Mount string
+	// Env is the names (never the values) of the environment.
+	Env      []string
+	Hostname string
+}
+
+func probe(write string) Probe {
+	p := Probe{UID: os.Getuid(), GID: os.Getgid(), Write: write}
+	p.Groups, _ = os.Getgroups()
+	if b, err := os.ReadFile("/proc/self/status"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			k, v, _ := strings.Cut(line, ":")
+			v = strings.TrimSpace(v)
+			switch k {
+			case "CapEff":
+				p.CapEff = v
+			case "CapPrm":
+				p.CapPrm = v
+			case "CapBnd":
+				p.CapBnd = v
+			case "Seccomp":
+				p.Seccomp = v
+			case "NoNewPrivs":
+				p.NoNewPrivs = v
+			}
+		}
+	}
+	_, err := os.Stat("/var/run/secrets/kubernetes.io/serviceaccount/token")
+	p.ServiceAccountToken = err == nil
+	p.RootWritable = canCreate("/fakeagent-probe") || canCreate("/usr/fakeagent-probe")
+	p.TmpWritable = canCreate("/tmp/fakeagent-probe")
+	if write != "" {
+		p.WriteError = writeAndRead(write)
+		if st, err := os.Stat(write); err == nil {
+			p.WriteGID = int(st.Sys().(*syscall.Stat_t).Gid)
+		}
+	}
+	p.Unshare = errString(syscall.Unshare(syscall.CLONE_NEWNS))
+	p.Mount = errString(syscall.Mount("tmpfs", "/tmp", "tmpfs", 0, ""))
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		p.Env = append(p.Env, k)
+	}
+	sort.Strings(p.Env)
+	p.Hostname, _ = os.Hostname()
+	return p
+}
+
+func canCreate(path string) bool {
+	f, err := os.Create(path)
+	if err != nil {
+		return false
+	}
+	f.Close()
+	os.Remove(path)
+	return true
+}
+
+func writeAndRead(path string) string {
+	want := "written by fakeagent\n"
+	if err := os.WriteFile(path, []byte(want), 0o640); err != nil {
+		return err.Error()
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	if string(got) != want {
+		return "read back " + string(got)
+	}
+	return ""
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

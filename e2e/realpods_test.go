@@ -1,0 +1,298 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/e2e/cluster"
+	"github.com/paperclipai/clipjob/e2e/harness"
+	"github.com/paperclipai/clipjob/relay/collect"
+	"github.com/paperclipai/clipjob/relay/result"
+	"github.com/paperclipai/clipjob/relay/store"
+)
+
+// The tests here run agent Jobs as real containers on the real node (see
+// e2e/cluster/node.go): the Paperclip image is the fake agent
+// (e2e/images/fakeagent), whose prompt is its script.
+
+// requireRealNode skips, saying why, only where the run asked for no real
+// node (CLIPJOB_E2E_NODE=kwok); otherwise the suite would not have started.
+func requireRealNode(t *testing.T) {
+	t.Helper()
+	if !env.cluster.HasRealNode() {
+		t.Skipf("needs the real node; this run asked for none (%s=kwok)", cluster.NodeEnv)
+	}
+}
+
+// realJob is a bare agent Job, as a Paperclip adapter submits it, placed
+// on the real node, whose fake agent follows script.
+func realJob(t *testing.T, name, script string) *batchv1.Job {
+	t.Helper()
+	job := bareJob(t, name)
+	job.Spec.Template.Annotations[contract.AnnotationPrompt] = script
+	job.Spec.Template.Spec.NodeSelector, job.Spec.Template.Spec.Tolerations = cluster.RealNodePlacement()
+	return job
+}
+
+// waitJobEnded waits for the Job's Complete or Failed condition.
+func waitJobEnded(ctx context.Context, t *testing.T, name string, timeout time.Duration) *batchv1.Job {
+	t.Helper()
+	var job *batchv1.Job
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		var err error
+		job, err = env.cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, c := range job.Status.Conditions {
+			if (c.Type == batchv1.JobComplete || c.Type == batchv1.JobFailed) && c.Status == corev1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		pod := waitPod(ctx, t, name, func(*corev1.Pod) bool { return true })
+		t.Fatalf("Job %s did not end: %v; pod %+v; kubelet log %s", name, err, podSummary(pod), env.cluster.LogFile("kubelet"))
+	}
+	return job
+}
+
+// kubeletLog is the container's log as the API server serves it from the
+// kubelet, split into lines.
+func kubeletLog(ctx context.Context, t *testing.T, pod string) []string {
+	t.Helper()
+	b, err := env.cs.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+}
+
+// sseRun reads a run's SSE stream from its first line to its end event,
+// returning the lines and the end event's data.
+func sseRun(t *testing.T, r *harness.Relay, token, run string) ([]string, string) {
+	t.Helper()
+	resp, err := relayGet(t, r, "/v1/runs/"+run+"/log", token, "text/event-stream")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("SSE: %v %v", err, resp)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 1<<16), 8<<20)
+	var lines []string
+	var event, data string
+	for sc.Scan() {
+		l := sc.Text()
+		switch {
+		case strings.HasPrefix(l, "event: "):
+			event = strings.TrimPrefix(l, "event: ")
+		case strings.HasPrefix(l, "data: "):
+			data = strings.TrimPrefix(l, "data: ")
+		case l == "":
+			switch event {
+			case "line":
+				var line store.Line
+				if err := json.Unmarshal([]byte(data), &line); err != nil {
+					t.Fatalf("SSE line event %.200s: %v", data, err)
+				}
+				lines = append(lines, line.Line)
+			case "end":
+				return lines, data
+			}
+			event, data = "", ""
+		}
+	}
+	t.Fatalf("SSE stream of %s ended without an end event (%v) after %d lines", run, sc.Err(), len(lines))
+	return nil, ""
+}
+
+// TestRealAgentRunHoldsTheFloor: a bare Job becomes a running fake agent on
+// a real kubelet; from inside its container the promised floor holds (uid
+// and groups, no capabilities, seccomp filtering, no privilege gained by a
+// mount or a namespace, no ServiceAccount token, a read-only root with a
+// writable /tmp, the shared volume writable with the fsGroup, none of the
+// server's own env); its output, paced, in a burst and with a 1 MiB line,
+// reaches the relay through the kubelet and comes back over SSE and as
+// text each line once and in order, its result parsed, and the mirror file
+// is on the shared volume.
+func TestRealAgentRunHoldsTheFloor(t *testing.T) {
+	requireRealNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	r, token, _ := theRelay(t)
+	name := "e2e-real-floor"
+	script := "probe=1 write=/paperclip/probe-" + name + " leak=ANTHROPIC_API_KEY lines=40 rate=100 burst=500 bigline=1"
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, realJob(t, name, script), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	job := waitJobEnded(ctx, t, name, 3*time.Minute)
+	if job.Status.Succeeded != 1 {
+		t.Fatalf("Job %s: %+v", name, job.Status)
+	}
+	pod := waitPod(ctx, t, name, func(*corev1.Pod) bool { return true })
+	if pod.Spec.NodeName != cluster.RealNodeName {
+		t.Fatalf("the run ran on %s, not the real node", pod.Spec.NodeName)
+	}
+	want := kubeletLog(ctx, t, pod.Name)
+	if n := len(want); n != 1+1+1+40+500+1+1 {
+		t.Fatalf("the container wrote %d lines, want %d", n, 1+1+1+40+500+1+1)
+	}
+	// The agent printed its API key (the example's llm-keys Secret); the
+	// relay stores and serves it redacted.
+	const key = "sk-ant-demo-not-a-real-key"
+	if !strings.Contains(want[2], "ANTHROPIC_API_KEY="+key) {
+		t.Fatalf("the agent did not print its key: %.300q", want[2])
+	}
+	want[2] = strings.ReplaceAll(want[2], key, "[REDACTED]")
+
+	checkFloor(t, pod, want[1])
+	written, err := os.ReadFile(filepath.Join(sharedDir(), "probe-"+name))
+	if err != nil || string(written) != "written by fakeagent\n" {
+		t.Errorf("the agent's file on the shared volume, from the host: %q %v", written, err)
+	}
+
+	run := pod.Labels[contract.LabelRunID]
+	stored := waitRun(ctx, t, r, token, run, func(x *store.Run) bool { return x.Done })
+	exactlyOnce(t, plainLog(t, r, token, run), want)
+	sse, end := sseRun(t, r, token, run)
+	exactlyOnce(t, sse, want)
+	var endData struct {
+		Phase    string
+		ExitCode *int32
+		Result   *result.Result
+	}
+	if err := json.Unmarshal([]byte(end), &endData); err != nil {
+		t.Fatal(err)
+	}
+	res := stored.Result
+	if endData.Phase != "Succeeded" || endData.ExitCode == nil || *endData.ExitCode != 0 || res == nil ||
+		res.Outcome != "succeeded" || res.CostUSD == nil || *res.CostUSD != 0.0123 || res.Usage == nil ||
+		res.Usage.OutputTokens != 40+500+1 || !strings.HasPrefix(res.SessionID, "fake-") {
+		t.Errorf("end %s; stored result %s", end, mustJSON(res))
+	}
+	mirror, err := os.ReadFile(filepath.Join(sharedDir(), "run-logs", "acme", "agent-"+name, run+".pod.ndjson"))
+	if err != nil {
+		t.Fatalf("no NDJSON mirror on the shared volume: %v", err)
+	}
+	exactlyOnce(t, strings.Split(strings.TrimSuffix(string(mirror), "\n"), "\n"), want)
+	if strings.Contains(string(mirror), key) {
+		t.Error("the API key reached the mirror file")
+	}
+	t.Logf("run %s: %d lines, %d bytes through the kubelet", run, len(want), stored.Bytes)
+}
+
+// TestRealAgentFailureIsReported: an agent that fails (exit 3 with an
+// error result) fails its Job, and the relay reports the exit code and
+// the agent's own error; a 2 MiB line it wrote on the way (the kubelet
+// hands it over in 16 KiB pieces) is stored cut at the relay's limit with
+// the marker saying so, and the line after it is whole.
+func TestRealAgentFailureIsReported(t *testing.T) {
+	requireRealNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	r, token, _ := theRelay(t)
+	name := "e2e-real-fail"
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, realJob(t, name, "lines=2 bigline=1 bigsize=2097152 exit=3"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if job := waitJobEnded(ctx, t, name, 3*time.Minute); job.Status.Failed == 0 {
+		t.Fatalf("Job %s did not fail: %+v", name, job.Status)
+	}
+	got := waitRun(ctx, t, r, token, name, func(x *store.Run) bool { return x.Done })
+	if got.ExitCode == nil || *got.ExitCode != 3 || got.Result == nil || got.Result.Outcome != "failed" ||
+		!slices.Contains(got.Result.Errors, "failed with exit code 3") {
+		t.Errorf("run %+v, result %s", got, fmt.Sprint(got.Result))
+	}
+	lines := plainLog(t, r, token, name)
+	if len(lines) != 5 {
+		t.Fatalf("stored %d lines, want 5 (init, 2, the long one, the result)", len(lines))
+	}
+	long := lines[3]
+	if !strings.HasSuffix(long, collect.TruncatedMarker) || len(long) > 1<<20+len(collect.TruncatedMarker) || len(long) < 1<<20-100 ||
+		!strings.HasPrefix(long, `{"message":{"content":[{"text":"line 3 xxx`) {
+		t.Errorf("the 2 MiB line is stored as %d bytes: %.100q … %q", len(long), long, long[max(0, len(long)-60):])
+	}
+	if !strings.Contains(lines[4], `"type":"result"`) {
+		t.Errorf("the line after the long one: %.300q", lines[4])
+	}
+}
+
+func mustJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// checkFloor reads the fake agent's probe line and checks the promised
+// floor from inside the container: uid and groups as the pod asks, no
+// capabilities, seccomp filtering with no_new_privs, no mount or mount
+// namespace, no ServiceAccount token, a read-only root with a writable
+// /tmp, the shared volume written with the fsGroup (when the script asked
+// for a write), the profile's env keys and none of the server's own.
+func checkFloor(t *testing.T, pod *corev1.Pod, line string) {
+	t.Helper()
+	var probe struct {
+		UID, GID                  int
+		Groups                    []int
+		CapEff, CapPrm, Seccomp   string
+		NoNewPrivs                string
+		ServiceAccountToken       bool
+		RootWritable, TmpWritable bool
+		Write, WriteError         string
+		WriteGID                  int
+		Unshare, Mount            string
+		Env                       []string
+	}
+	var ev struct{ Probe json.RawMessage }
+	if err := json.Unmarshal([]byte(line), &ev); err != nil || json.Unmarshal(ev.Probe, &probe) != nil {
+		t.Fatalf("no probe line: %.300s (%v)", line, err)
+	}
+	floor := pod.Spec.SecurityContext
+	if probe.UID == 0 || floor == nil || floor.RunAsUser == nil || int64(probe.UID) != *floor.RunAsUser {
+		t.Errorf("uid %d; the pod asks for %v", probe.UID, floor)
+	}
+	if floor.FSGroup == nil || !slices.Contains(probe.Groups, int(*floor.FSGroup)) {
+		t.Errorf("groups %v lack the fsGroup %v", probe.Groups, floor.FSGroup)
+	}
+	if probe.CapEff != "0000000000000000" || probe.CapPrm != "0000000000000000" {
+		t.Errorf("capabilities: effective %s, permitted %s; want none", probe.CapEff, probe.CapPrm)
+	}
+	if probe.Seccomp != "2" || probe.NoNewPrivs != "1" {
+		t.Errorf("seccomp mode %q, no_new_privs %q; want 2 (filter) and 1", probe.Seccomp, probe.NoNewPrivs)
+	}
+	if probe.Unshare == "" || probe.Mount == "" {
+		t.Errorf("a new mount namespace (%q) or a mount (%q) worked inside the agent", probe.Unshare, probe.Mount)
+	}
+	if probe.ServiceAccountToken {
+		t.Error("a ServiceAccount token is mounted; the profile mounts none")
+	}
+	if probe.RootWritable || !probe.TmpWritable {
+		t.Errorf("root writable %v, /tmp writable %v; want a read-only root and a writable /tmp", probe.RootWritable, probe.TmpWritable)
+	}
+	if probe.Write != "" && (probe.WriteError != "" || probe.WriteGID != harness.SharedGID) {
+		t.Errorf("writing the shared volume: %q, file group %d (want %d)", probe.WriteError, probe.WriteGID, harness.SharedGID)
+	}
+	for _, server := range []string{"DATABASE_URL", "BETTER_AUTH_SECRET"} {
+		if slices.Contains(probe.Env, server) {
+			t.Errorf("the server's %s reached the agent", server)
+		}
+	}
+	if !slices.Contains(probe.Env, "ANTHROPIC_API_KEY") || !slices.Contains(probe.Env, "PAPERCLIP_API_URL") {
+		t.Errorf("env %v lacks the profile's keys", probe.Env)
+	}
+}

@@ -1,0 +1,205 @@
+package ociimage
+
+import (
+	"archive/tar"
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// File is one entry of an image's single layer.
+type File struct {
+	// Path is absolute in the image, e.g. /usr/local/bin/clipjob-webhook.
+	Path string
+	// Source is a file on the host whose content is copied; or Data is the
+	// content; or Link makes a symbolic link to that target.
+	Source string
+	Data   []byte
+	Link   string
+	// Mode is the permission bits (default 0o755 for Source, 0o644 for Data).
+	Mode int64
+}
+
+// Spec is an image: its files and how it runs.
+type Spec struct {
+	// Tag is the reference it is loaded under, e.g. docker.io/local/pause:1.
+	Tag        string
+	Files      []File
+	Entrypoint []string
+	Cmd        []string
+	// User as uid:gid; empty runs as the image's root.
+	User       string
+	Env        []string
+	WorkingDir string
+}
+
+// epoch stamps every file, so the same inputs make the same layer digest.
+var epoch = time.Unix(0, 0).UTC()
+
+// Build assembles the image: one layer holding the files (and their parent
+// directories), a config for linux on this machine's architecture.
+func Build(s Spec) (v1.Image, error) {
+	layerTar, err := layerBytes(s.Files)
+	if err != nil {
+		return nil, err
+	}
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(layerTar)), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		return nil, err
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	// A config without a platform is filtered out by containerd's import.
+	cf.OS, cf.Architecture = "linux", runtime.GOARCH
+	cf.Created = v1.Time{Time: epoch}
+	cf.Config.Entrypoint = s.Entrypoint
+	cf.Config.Cmd = s.Cmd
+	cf.Config.User = s.User
+	cf.Config.Env = s.Env
+	cf.Config.WorkingDir = s.WorkingDir
+	return mutate.ConfigFile(img, cf)
+}
+
+// WriteArchive builds the image and writes it, tagged s.Tag, as a
+// docker-archive tarball at path.
+func WriteArchive(path string, s Spec) error {
+	ref, err := name.NewTag(s.Tag)
+	if err != nil {
+		return fmt.Errorf("image tag %q: %w", s.Tag, err)
+	}
+	img, err := Build(s)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := tarball.WriteToFile(tmp, ref, img); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// Paths lists the files and directories of an image, flattened over its
+// layers, each as an absolute path ("/usr/local/bin/clipjob").
+func Paths(img v1.Image) ([]string, error) {
+	layers, err := img.Layers()
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	for _, l := range layers {
+		rc, err := l.Uncompressed()
+		if err != nil {
+			return nil, err
+		}
+		tr := tar.NewReader(rc)
+		for {
+			h, err := tr.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				rc.Close()
+				return nil, err
+			}
+			seen["/"+strings.TrimSuffix(strings.TrimPrefix(h.Name, "./"), "/")] = true
+		}
+		rc.Close()
+	}
+	out := make([]string, 0, len(seen))
+	for p := range seen {
+		out = append(out, p)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// layerBytes writes the files as a tar stream in path order, each parent
+// directory once before its children, owned by root.
+func layerBytes(files []File) ([]byte, error) {
+	sorted := append([]File(nil), files...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Path < sorted[j].Path })
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	dirs := map[string]bool{}
+	var addDir func(string) error
+	addDir = func(d string) error {
+		if d == "/" || d == "." || dirs[d] {
+			return nil
+		}
+		if err := addDir(path.Dir(d)); err != nil {
+			return err
+		}
+		dirs[d] = true
+		return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: strings.TrimPrefix(d, "/") + "/", Mode: 0o755, ModTime: epoch, Format: tar.FormatPAX})
+	}
+	seen := map[string]bool{}
+	for _, f := range sorted {
+		if !path.IsAbs(f.Path) || path.Clean(f.Path) != f.Path {
+			return nil, fmt.Errorf("image file %q: want a clean absolute path", f.Path)
+		}
+		if seen[f.Path] {
+			return nil, fmt.Errorf("image file %q listed twice", f.Path)
+		}
+		seen[f.Path] = true
+		if err := addDir(path.Dir(f.Path)); err != nil {
+			return nil, err
+		}
+		h := &tar.Header{Name: strings.TrimPrefix(f.Path, "/"), ModTime: epoch, Mode: f.Mode, Format: tar.FormatPAX}
+		var data []byte
+		switch {
+		case f.Link != "":
+			h.Typeflag, h.Linkname = tar.TypeSymlink, f.Link
+			if h.Mode == 0 {
+				h.Mode = 0o777
+			}
+		case f.Source != "":
+			b, err := os.ReadFile(f.Source)
+			if err != nil {
+				return nil, fmt.Errorf("image file %s: %w", f.Path, err)
+			}
+			data = b
+			if h.Mode == 0 {
+				h.Mode = 0o755
+			}
+		default:
+			data = f.Data
+			if h.Mode == 0 {
+				h.Mode = 0o644
+			}
+		}
+		if h.Typeflag != tar.TypeSymlink {
+			h.Typeflag, h.Size = tar.TypeReg, int64(len(data))
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return nil, err
+		}
+		if _, err := tw.Write(data); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
