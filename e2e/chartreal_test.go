@@ -123,7 +123,25 @@ func installInCluster(ctx context.Context, t *testing.T) *charts.Rendered {
 		waitDeploymentAvailable(ctx, t, d)
 	}
 	waitCABundle(ctx, t)
+	waitAdmitting(ctx, t)
 	return r
+}
+
+// waitAdmitting waits until an agent Job is admitted through the chart's
+// webhook: a Deployment is available before kube-proxy has the Service's
+// rules, and until then the API server's calls are refused.
+func waitAdmitting(ctx context.Context, t *testing.T) {
+	t.Helper()
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		job := bareJob(t, "e2e-chart-ready")
+		stored, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		last = err
+		return err == nil && stored.Annotations[contract.AnnotationProfile] != "", nil
+	})
+	if err != nil {
+		t.Fatalf("the chart's webhook never admitted a Job: %v (last: %v)", err, last)
+	}
 }
 
 func deleteWebhookConfigurations(ctx context.Context, t *testing.T) {

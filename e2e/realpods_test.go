@@ -15,8 +15,10 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/cluster"
@@ -294,5 +296,160 @@ func checkFloor(t *testing.T, pod *corev1.Pod, line string) {
 	}
 	if !slices.Contains(probe.Env, "ANTHROPIC_API_KEY") || !slices.Contains(probe.Env, "PAPERCLIP_API_URL") {
 		t.Errorf("env %v lacks the profile's keys", probe.Env)
+	}
+}
+
+// agentSequence checks a stored log is the fake agent's: an init event,
+// then assistant lines "<prefix> 1" … "<prefix> n" each once and in order,
+// and (when withResult) its result; it returns how many lines it read.
+func agentSequence(t *testing.T, lines []string, prefix string, n int, withResult bool) int {
+	t.Helper()
+	if len(lines) == 0 || !strings.Contains(lines[0], `"subtype":"init"`) {
+		t.Fatalf("the log does not start with the init event: %.200q", head(lines))
+	}
+	i := 1
+	for k := 1; k <= n; k, i = k+1, i+1 {
+		if i >= len(lines) {
+			t.Fatalf("%d lines stored; %s %d and on are missing", len(lines), prefix, k)
+		}
+		if want := fmt.Sprintf(`"text":"%s %d`, prefix, k); !strings.Contains(lines[i], want+`"`) && !strings.Contains(lines[i], want+" ") {
+			t.Fatalf("line %d is %.120q, want %s %d (lost, duplicated or out of order)", i, lines[i], prefix, k)
+		}
+	}
+	if withResult {
+		if i >= len(lines) || !strings.Contains(lines[i], `"type":"result"`) {
+			t.Fatalf("no result after %s %d", prefix, n)
+		}
+		i++
+	}
+	return i
+}
+
+// TestRealAgentLogRotationLosesNoLine: an agent writes 4 MiB in ten seconds
+// while the kubelet rotates its log at 1 MiB (checked every 3 s, 3 files
+// kept): the relay, following through the kubelet, stores every line once
+// and in order, and the rotation did happen.
+func TestRealAgentLogRotationLosesNoLine(t *testing.T) {
+	requireRealNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r, token, _ := theRelay(t)
+	name := "e2e-real-rotate"
+	const n = 4000
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, realJob(t, name, fmt.Sprintf("lines=%d rate=400 pad=1024", n)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if job := waitJobEnded(ctx, t, name, 3*time.Minute); job.Status.Succeeded != 1 {
+		t.Fatalf("Job %s: %+v", name, job.Status)
+	}
+	pod := waitPod(ctx, t, name, func(*corev1.Pod) bool { return true })
+	rotated, _ := filepath.Glob(filepath.Join(env.cluster.PodLogsDir(), ns+"_"+pod.Name+"_*", "agent", "0.log.*"))
+	if len(rotated) == 0 {
+		t.Fatalf("the kubelet never rotated the log (containerLogMaxSize %s): the test proved nothing", cluster.ContainerLogMaxSize)
+	}
+	run := waitRun(ctx, t, r, token, name, func(x *store.Run) bool { return x.Done })
+	lines := plainLog(t, r, token, name)
+	if got := agentSequence(t, lines, "line", n, true); got != len(lines) {
+		t.Errorf("%d lines stored after the result", len(lines)-got)
+	}
+	t.Logf("%d lines, %d bytes through %d rotated files", len(lines), run.Bytes, len(rotated))
+}
+
+// TestRealAgentPodDeletedMidRun: the agent's pod is deleted while it
+// writes; the relay keeps every line it stored, each once and in order,
+// and marks the run cut short.
+func TestRealAgentPodDeletedMidRun(t *testing.T) {
+	requireRealNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	r, token, _ := theRelay(t)
+	name := "e2e-real-deleted"
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, realJob(t, name, "lines=3000 rate=50"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitRun(ctx, t, r, token, name, func(x *store.Run) bool { return x.LastSeq >= 30 })
+	pod := waitPod(ctx, t, name, func(*corev1.Pod) bool { return true })
+	if err := env.cs.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	run := waitRun(ctx, t, r, token, name, func(x *store.Run) bool { return x.Done })
+	lines := plainLog(t, r, token, name)
+	got := agentSequence(t, lines, "line", len(lines)-1, false)
+	if got != len(lines) || len(lines) < 31 || len(lines) > 3001 {
+		t.Fatalf("stored %d lines", len(lines))
+	}
+	if run.Result == nil || !run.Result.Truncated || run.Result.Outcome == "succeeded" {
+		t.Errorf("run %s ended as %s, want it marked cut short", name, mustJSON(run.Result))
+	}
+	t.Logf("pod deleted after %d lines; run %s: phase %s, result %s", len(lines)-1, name, run.Phase, mustJSON(run.Result))
+}
+
+// TestRealAgentJobTTLKeepsTheLog: the Job's TTL deletes it and its pod
+// soon after it ends (the TTL controller, as in production); the relay
+// still serves the whole log and the result.
+func TestRealAgentJobTTLKeepsTheLog(t *testing.T) {
+	requireRealNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	r, token, _ := theRelay(t)
+	name := "e2e-real-ttl"
+	job := realJob(t, name, "lines=50")
+	job.Spec.TTLSecondsAfterFinished = ptr.To[int32](1)
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := env.cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
+		if !apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + name})
+		return err == nil && len(pods.Items) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("the TTL controller did not delete Job %s and its pod: %v", name, err)
+	}
+	run := waitRun(ctx, t, r, token, name, func(x *store.Run) bool { return x.Done })
+	lines := plainLog(t, r, token, name)
+	if got := agentSequence(t, lines, "line", 50, true); got != len(lines) {
+		t.Errorf("%d lines after the result", len(lines)-got)
+	}
+	if run.Result == nil || run.Result.Outcome != "succeeded" || run.ExitCode == nil || *run.ExitCode != 0 {
+		t.Errorf("after the TTL: run %s", mustJSON(run))
+	}
+}
+
+// TestRealAgentContainerRestartIsFollowed: with restartPolicy OnFailure the
+// agent's first container fails and the kubelet restarts it in the same
+// pod; the relay stores both containers' lines, each once, in order: the
+// first's 20 lines with no result, then the second's from its init event
+// to its result.
+func TestRealAgentContainerRestartIsFollowed(t *testing.T) {
+	requireRealNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	r, token, _ := theRelay(t)
+	name := "e2e-real-restart"
+	job := realJob(t, name, "lines=20 rate=20 failonce=1")
+	job.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyOnFailure
+	job.Spec.BackoffLimit = ptr.To[int32](3)
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if job := waitJobEnded(ctx, t, name, 3*time.Minute); job.Status.Succeeded != 1 {
+		t.Fatalf("Job %s: %+v", name, job.Status)
+	}
+	pod := waitPod(ctx, t, name, func(*corev1.Pod) bool { return true })
+	if rc := pod.Status.ContainerStatuses[0].RestartCount; rc != 1 {
+		t.Fatalf("the agent container restarted %d times, want 1", rc)
+	}
+	run := waitRun(ctx, t, r, token, name, func(x *store.Run) bool { return x.Done })
+	lines := plainLog(t, r, token, name)
+	first := agentSequence(t, lines, "line", 20, false)
+	if second := agentSequence(t, lines[first:], "again", 20, true); first+second != len(lines) {
+		t.Errorf("%d lines stored, want %d", len(lines), first+second)
+	}
+	if run.Result == nil || run.Result.Outcome != "succeeded" {
+		t.Errorf("the restarted run ended as %s", mustJSON(run.Result))
 	}
 }

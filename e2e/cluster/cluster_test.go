@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 )
 
@@ -89,11 +90,13 @@ func TestRealNodeRunsAPodAndCleansUp(t *testing.T) {
 		}
 	}
 	var phase corev1.PodPhase
+	var podUID types.UID
 	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
 		p, err := cs.CoreV1().Pods("default").Get(ctx, "hello", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
+		podUID = p.UID
 		if phase = p.Status.Phase; phase == corev1.PodSucceeded || phase == corev1.PodFailed {
 			break
 		}
@@ -131,6 +134,13 @@ func TestRealNodeRunsAPodAndCleansUp(t *testing.T) {
 		if !chains[key] {
 			t.Errorf("iptables chain %s remains", key)
 		}
+	}
+	logLinks, _ := filepath.Glob("/var/log/containers/hello_default_*")
+	if len(logLinks) > 0 {
+		t.Errorf("log links remain: %v", logLinks)
+	}
+	if _, err := os.Stat("/var/log/pods/default_hello_" + string(podUID)); err == nil {
+		t.Error("the pod's logs went to the machine's /var/log/pods")
 	}
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, f := range procs {

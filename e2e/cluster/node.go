@@ -262,7 +262,19 @@ func (n *realNode) start(ctx context.Context, bin string, apiPort int) error {
 		"--v", "1"); err != nil {
 		return err
 	}
-	return n.waitReady(ctx, c.Clientset(), 120*time.Second)
+	if err := n.waitReady(ctx, c.Clientset(), 120*time.Second); err != nil {
+		return err
+	}
+	// The kubelet takes a config field it does not know with a warning;
+	// the node would run with the default instead (e.g. its logs in the
+	// machine's /var/log/pods).
+	if b, err := os.ReadFile(c.LogFile("kubelet")); err == nil {
+		if i := strings.Index(string(b), "strict decoding error"); i >= 0 {
+			line, _, _ := strings.Cut(string(b[i:]), "\n")
+			return fmt.Errorf("the kubelet does not know a field of %s: %s", files.kubelet, line)
+		}
+	}
+	return nil
 }
 
 func (n *realNode) run(bin, name string, args ...string) error {

@@ -167,9 +167,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 		},
 		"containerLogMaxSize":  ContainerLogMaxSize,
 		"containerLogMaxFiles": 3,
-		"syncFrequency":        "5s",
-		"fileCheckFrequency":   "5s",
-		"staticPodPath":        "",
+		// Checked every 3s (the least allowed; 10s by default), so a test's
+		// agent sees its log rotated several times within seconds.
+		"containerLogMonitorInterval": "3s",
+		// Pods' logs under the node's directory, not the machine's /var/log.
+		"podLogsDir":         n.podLogsDir(),
+		"syncFrequency":      "5s",
+		"fileCheckFrequency": "5s",
+		"staticPodPath":      "",
 	}
 	b, err := yaml.Marshal(cfg)
 	if err != nil {
@@ -183,4 +188,16 @@ func writePair(prefix string, kp *KeyPair) error {
 		return err
 	}
 	return os.WriteFile(prefix+".key", kp.KeyPEM, 0o600)
+}
+
+func (n *realNode) podLogsDir() string { return filepath.Join(n.dir, "pod-logs") }
+
+// PodLogsDir is where the real node's kubelet keeps container logs:
+// <namespace>_<pod>_<uid>/<container>/<restart>.log, and the rotated files
+// beside each.
+func (c *Cluster) PodLogsDir() string {
+	if c.node == nil {
+		return ""
+	}
+	return c.node.podLogsDir()
 }

@@ -43,6 +43,7 @@ func (n *realNode) stop() {
 		_ = exec.Command(bin, "--cleanup").Run()
 	}
 	n.chainsBefore.removeNewChains()
+	n.removeLogLinks()
 	unmountUnder(n.dir)
 	n.removeLinks()
 	removeCgroups(n.cgroupRoot)
@@ -130,6 +131,17 @@ func unmountUnder(dir string) {
 	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
 	for _, p := range points {
 		_ = syscall.Unmount(p, syscall.MNT_DETACH)
+	}
+}
+
+// removeLogLinks removes the kubelet's links to this node's container logs
+// from /var/log/containers, a path it does not let a config change.
+func (n *realNode) removeLogLinks() {
+	links, _ := filepath.Glob("/var/log/containers/*.log")
+	for _, l := range links {
+		if target, err := os.Readlink(l); err == nil && strings.HasPrefix(target, n.dir+"/") {
+			_ = os.Remove(l)
+		}
 	}
 }
 

@@ -17,6 +17,10 @@
 //	write    a file to create, then read back (the probe line says how)
 //	leak     an env variable to print, NAME=value, as a tool result: an
 //	         agent that ran `env` (the relay must redact what it prints)
+//	pad      bytes to pad each paced and burst line to (a log that grows fast)
+//	failonce 1: the first container of the pod exits 1 after its lines; a
+//	         restarted one (restartPolicy OnFailure) runs to the end. It
+//	         remembers through /tmp, which outlives a container restart.
 //	sleep    seconds to wait before the result (a run to cancel, or delete)
 //	exit     the exit code (default 0); non-zero writes an error result
 //	result   0: no result event (a run that is cut short)
@@ -41,11 +45,11 @@ import (
 
 // script is what the prompt asks for.
 type script struct {
-	lines, burst, bigLines, bigSize, exit int
-	rate                                  float64
-	probe, result                         bool
-	write, leak                           string
-	sleep                                 time.Duration
+	lines, burst, bigLines, bigSize, exit, pad int
+	rate                                       float64
+	probe, result, failOnce                    bool
+	write, leak                                string
+	sleep                                      time.Duration
 }
 
 func parseScript(prompt string) (script, error) {
@@ -71,6 +75,10 @@ func parseScript(prompt string) (script, error) {
 			s.exit, err = strconv.Atoi(v)
 		case "probe":
 			s.probe = v == "1"
+		case "pad":
+			s.pad, err = strconv.Atoi(v)
+		case "failonce":
+			s.failOnce = v == "1"
 		case "result":
 			s.result = v != "0"
 		case "write":
@@ -143,17 +151,37 @@ func main() {
 	if s.rate > 0 {
 		interval = time.Duration(float64(time.Second) / s.rate)
 	}
+	// A restarted container says so, and numbers its lines apart.
+	prefix := "line"
+	if s.failOnce {
+		if _, err := os.Stat(failedOnceMarker); err == nil {
+			prefix = "again"
+		}
+	}
 	n := 0
-	for i := 0; i < s.lines; i++ {
+	line := func() {
 		n++
-		emit(f.text(fmt.Sprintf("line %d", n)))
+		text := fmt.Sprintf("%s %d", prefix, n)
+		if pad := s.pad - len(mustJSON(f.text(text))) - 1; pad > 0 {
+			text += " " + strings.Repeat("p", pad)
+		}
+		emit(f.text(text))
+	}
+	for i := 0; i < s.lines; i++ {
+		line()
 		if interval > 0 {
 			time.Sleep(interval)
 		}
 	}
 	for i := 0; i < s.burst; i++ {
-		n++
-		emit(f.text(fmt.Sprintf("line %d", n)))
+		line()
+	}
+	if s.failOnce && prefix == "line" {
+		if err := os.WriteFile(failedOnceMarker, nil, 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "fakeagent:", err)
+		}
+		out.Flush()
+		os.Exit(1)
 	}
 	for i := 0; i < s.bigLines; i++ {
 		n++
@@ -168,6 +196,10 @@ func main() {
 	out.Flush()
 	os.Exit(s.exit)
 }
+
+// failedOnceMarker survives a container restart (/tmp is the pod's
+// emptyDir) but not the pod.
+const failedOnceMarker = "/tmp/fakeagent-failed-once"
 
 func mustJSON(v any) []byte {
 	b, err := json.Marshal(v)
