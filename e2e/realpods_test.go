@@ -453,3 +453,29 @@ func TestRealAgentContainerRestartIsFollowed(t *testing.T) {
 		t.Errorf("the restarted run ended as %s", mustJSON(run.Result))
 	}
 }
+
+// TestRealAgentAskingForRootGetsTheFloor: a hostile client's bare Job asks
+// for root (pod and container runAsUser 0, group 0, privilege escalation)
+// and a token. Either clipjob refuses it, naming the field, or what runs
+// on the real kubelet is the floor anyway: never uid 0, no capability.
+func TestRealAgentAskingForRootGetsTheFloor(t *testing.T) {
+	requireRealNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	name := "e2e-real-root"
+	job := realJob(t, name, "probe=1 lines=1")
+	job.Spec.Template.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsUser: ptr.To[int64](0), RunAsGroup: ptr.To[int64](0), FSGroup: ptr.To[int64](0)}
+	job.Spec.Template.Spec.Containers = []corev1.Container{{Name: "agent", SecurityContext: &corev1.SecurityContext{
+		RunAsUser: ptr.To[int64](0), RunAsNonRoot: ptr.To(false), AllowPrivilegeEscalation: ptr.To(true)}}}
+	_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+	if err != nil {
+		if !strings.Contains(err.Error(), "runAsNonRoot") && !strings.Contains(err.Error(), "allowPrivilegeEscalation") && !strings.Contains(err.Error(), "runAsUser") {
+			t.Fatalf("refused without naming the field: %v", err)
+		}
+		t.Logf("refused: %v", err)
+		return
+	}
+	waitJobEnded(ctx, t, name, 3*time.Minute)
+	pod := waitPod(ctx, t, name, func(*corev1.Pod) bool { return true })
+	checkFloor(t, pod, kubeletLog(ctx, t, pod.Name)[1])
+}

@@ -144,6 +144,12 @@ func (r *renderer) render() {
 	for i := range spec.Containers {
 		c := &spec.Containers[i]
 		p := containersPath.Index(i)
+		// The profile's container given with no command (say, to set its
+		// resources) runs the profile's command: otherwise the inherited
+		// image's entrypoint — the Paperclip server — would run as the agent.
+		if c.Name == r.prof.ContainerName && len(c.Command) == 0 && len(c.Args) == 0 && len(r.prof.Command) > 0 {
+			c.Command, c.Args = r.prof.Command, r.prof.Args
+		}
 		r.image(c, p)
 		if c.WorkingDir == "" {
 			c.WorkingDir = workDir

@@ -52,7 +52,9 @@ func TestRealNodeRunsAPodAndCleansUp(t *testing.T) {
 	if !WantRealNode() {
 		t.Skipf("%s=kwok: no real node asked for", NodeEnv)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	// Generous: the e2e package's real node may hold the machine's one
+	// real-node lock for its whole run first.
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	forward, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
 	chains := readChains()
@@ -146,6 +148,28 @@ func TestRealNodeRunsAPodAndCleansUp(t *testing.T) {
 	for _, f := range procs {
 		if b, _ := os.ReadFile(f); strings.Contains(string(b), node.socket) {
 			t.Errorf("a process of the node still runs: %q", b)
+		}
+	}
+}
+
+// TestMissingNodeRequirementsAreNamed: a machine without what the real node
+// needs gets an error naming each missing piece and its fix, and the one
+// variable that runs without a real node.
+func TestMissingNodeRequirementsAreNamed(t *testing.T) {
+	empty := t.TempDir()
+	miss := checkNodeRequirements(empty)
+	err := nodeRequirementsError(miss)
+	for _, want := range []string{"kubelet in " + empty, "kube-proxy in " + empty, "hack/kube-binaries.sh", NodeEnv + "=kwok"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
+	}
+	t.Setenv("PATH", empty)
+	miss = checkNodeRequirements(empty)
+	err = nodeRequirementsError(miss)
+	for _, want := range []string{"missing containerd", "missing runc", "missing busybox", "hack/node-packages.sh"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("with no PATH, error %q does not name %q", err, want)
 		}
 	}
 }

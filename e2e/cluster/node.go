@@ -55,6 +55,7 @@ type realNode struct {
 	kubeletPort    int
 	ipForwardSaved string
 	chainsBefore   iptablesChains
+	imagesLoaded   time.Time
 	procs          []*process // containerd, kubelet, kube-proxy
 	cluster        *Cluster
 	// lock is held while the node exists: one real node per machine.
@@ -222,6 +223,7 @@ func (n *realNode) start(ctx context.Context, bin string, apiPort int) error {
 	if err := makeCgroups(n.cgroupRoot); err != nil {
 		return err
 	}
+	began := time.Now()
 	c.logf("starting containerd (socket %s)", n.socket)
 	if err := n.run("", "containerd", "--config", files.containerd); err != nil {
 		return err
@@ -232,6 +234,7 @@ func (n *realNode) start(ctx context.Context, bin string, apiPort int) error {
 	if err := n.loadImages(ctx, TestImages()...); err != nil {
 		return err
 	}
+	n.imagesLoaded = time.Now()
 	ports, err := FreePorts(3)
 	if err != nil {
 		return err
@@ -265,6 +268,7 @@ func (n *realNode) start(ctx context.Context, bin string, apiPort int) error {
 	if err := n.waitReady(ctx, c.Clientset(), 120*time.Second); err != nil {
 		return err
 	}
+	c.logf("node %s Ready %.1fs after containerd started (images built and loaded %.1fs in)", RealNodeName, time.Since(began).Seconds(), n.imagesLoaded.Sub(began).Seconds())
 	// The kubelet takes a config field it does not know with a warning;
 	// the node would run with the default instead (e.g. its logs in the
 	// machine's /var/log/pods).
@@ -319,7 +323,6 @@ func (n *realNode) waitReady(ctx context.Context, cs kubernetes.Interface, timeo
 		if err == nil {
 			for _, cond := range node.Status.Conditions {
 				if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-					n.cluster.logf("node %s Ready", RealNodeName)
 					return nil
 				}
 			}

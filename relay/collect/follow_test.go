@@ -273,6 +273,9 @@ func (failingSource) Stream(context.Context, string, string, string, time.Time, 
 
 // TestFollowerReconnectsBeforeLifetime: streams are cut proactively (as
 // before an API server's long-request limit) and resumed exactly-once.
+// Each burst is written once the follower has opened a new stream since
+// the last one, so every burst lands in a later stream however slowly the
+// machine runs it; no count depends on how much time passed.
 func TestFollowerReconnectsBeforeLifetime(t *testing.T) {
 	s, _ := storetest.Open(t)
 	src := newFakeLog()
@@ -280,9 +283,21 @@ func TestFollowerReconnectsBeforeLifetime(t *testing.T) {
 	f.opts.MaxStreamLifetime = 20 * time.Millisecond
 	done := make(chan struct{})
 	go func() { f.run(context.Background()); close(done) }()
+	sessions := func() int {
+		src.mu.Lock()
+		defer src.mu.Unlock()
+		return src.sessions
+	}
 	for i := 0; i < 10; i++ {
+		before := sessions()
 		writeBurst(src, i*9, 9)
-		time.Sleep(15 * time.Millisecond)
+		deadline := time.Now().Add(time.Minute)
+		for sessions() == before {
+			if time.Now().After(deadline) {
+				t.Fatalf("burst %d: no new stream within a minute of a 20ms lifetime (%d so far)", i, before)
+			}
+			time.Sleep(time.Millisecond)
+		}
 	}
 	src.mu.Lock()
 	src.ended = true
@@ -291,8 +306,8 @@ func TestFollowerReconnectsBeforeLifetime(t *testing.T) {
 	src.mu.Unlock()
 	<-done
 	assertExactlyOnce(t, s, 90)
-	if src.sessions < 4 {
-		t.Errorf("%d sessions in ~150ms with a 20ms lifetime", src.sessions)
+	if n := sessions(); n < 10 {
+		t.Errorf("%d sessions for 10 bursts each after a reconnect", n)
 	}
 }
 
