@@ -57,12 +57,12 @@ func inClusterValues() map[string]any {
 
 // installInCluster replaces the suite's host-process webhook registration
 // with the chart's own install, and puts it back when the test ends.
-func installInCluster(ctx context.Context, t *testing.T) *charts.Rendered {
+func installInCluster(ctx context.Context, t *testing.T, values map[string]any) *charts.Rendered {
 	t.Helper()
 	if _, err := harness.LoadClipjobImage(ctx, env.cluster); err != nil {
 		t.Fatal(err)
 	}
-	r, err := charts.Render(harness.Release, inClusterValues())
+	r, err := charts.Render(harness.Release, values)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,6 +100,11 @@ func installInCluster(ctx context.Context, t *testing.T) *charts.Rendered {
 			_ = cl.Delete(ctx, o, client.PropagationPolicy(metav1.DeletePropagationForeground))
 		}
 		_ = cl.Delete(ctx, pv)
+		// The certificates' Secrets too: the next install (another
+		// certificates mode) must not find this one's.
+		for _, secret := range []string{"-ca", "-webhook-tls", "-relay-tls"} {
+			_ = env.cs.CoreV1().Secrets(harness.Release.Namespace).Delete(ctx, harness.Release.Name+secret, metav1.DeleteOptions{})
+		}
 		_ = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
 			pods, err := env.cs.CoreV1().Pods(harness.Release.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + harness.Release.Name})
 			return err == nil && len(pods.Items) == 0, nil
@@ -228,7 +233,7 @@ func TestChartRunsOnTheRealNode(t *testing.T) {
 	requireRealNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	installInCluster(ctx, t)
+	installInCluster(ctx, t, inClusterValues())
 
 	name := "e2e-chart-real"
 	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, realJob(t, name, "probe=1 lines=30 rate=50 burst=200"), metav1.CreateOptions{}); err != nil {

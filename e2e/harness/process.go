@@ -52,6 +52,17 @@ func (p *Process) Start(ctx context.Context) error {
 }
 
 func (p *Process) waitReady(ctx context.Context, timeout time.Duration) error {
+	if p.ProbeAddr == "" {
+		// Nothing to ask: ready unless it exits at once (a bad flag); the
+		// caller waits for what the process does.
+		select {
+		case err := <-p.done:
+			p.done <- err
+			return fmt.Errorf("%s exited (%v); see %s", p.bin, err, p.Log)
+		case <-time.After(500 * time.Millisecond):
+			return nil
+		}
+	}
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		select {
