@@ -25,9 +25,11 @@ const (
 // agent in FakeAgentImage.
 var agentCLIs = []string{"claude", "opencode", "codex", "gemini", "cursor-agent", "pi"}
 
-// shellTools are the busybox applets the profiles' `sh -c` commands (and a
-// test's kubectl exec) use.
-var shellTools = []string{"sh", "cat", "env", "id", "ls", "mkdir", "rm", "sleep", "stat", "touch", "wc", "head", "tail"}
+// shellTools are the busybox applets the profiles' `sh -c` commands use,
+// and those a hostile agent reaches for in a test's own command (links on
+// the shared volume, connections out).
+var shellTools = []string{"sh", "cat", "env", "id", "ls", "mkdir", "rm", "sleep", "stat", "touch", "wc", "head", "tail",
+	"ln", "cp", "mv", "chmod", "grep", "readlink", "find", "echo", "printf", "nc", "wget", "ps", "kill", "mount", "df"}
 
 // imageRecipe builds one test image's spec from binaries it compiles.
 type imageRecipe struct {
