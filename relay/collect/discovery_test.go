@@ -299,7 +299,12 @@ func TestKeptApartRunStaysApart(t *testing.T) {
 	logs.get("p1", "agent").write(at(0), "the agent's line")
 	c.OnPod(real)
 	waitFor(t, func() bool { r, _ := s.Run(key); return r != nil && r.LastSeq == 1 }, "the real run was not kept apart with its line")
-	waitFor(t, func() bool { r, _ := s.Run("run-1"); return r != nil && r.Done }, "the bait's run did not finish")
+	// Retention reads the run index, which a commit updates just after
+	// the record a reader of Run sees: wait on what Retain will read.
+	waitFor(t, func() bool {
+		done, _ := s.Runs(func(r *store.Summary) bool { return r.ID == "run-1" && r.Done })
+		return len(done) == 1
+	}, "the bait's run did not finish")
 	if dropped, err := s.Retain(time.Nanosecond, 0, time.Now().Add(time.Hour)); err != nil || len(dropped) != 1 || dropped[0].ID != "run-1" {
 		t.Fatalf("retention dropped %+v (%v), want the bait's finished run only", dropped, err)
 	}
