@@ -170,6 +170,9 @@ func (f *follower) run(ctx context.Context) {
 type readResult struct {
 	line []byte
 	err  error
+	// fragment is what came after the last newline, sent with the error:
+	// the last line of a finished container's log, which may have none.
+	fragment []byte
 }
 
 // session is one stream: it returns done when the log is drained, or
@@ -186,6 +189,12 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	}
 	sctx, cancel := context.WithTimeout(ctx, f.opts.MaxStreamLifetime)
 	defer cancel()
+	// A stream opened once the container had ended reads its whole last
+	// file; one it was following when it ended may not have: the kubelet
+	// stops at the EOF of whichever file it was reading, and under a fast
+	// writer that can be a rotated one, the rest (the result with it) in
+	// the newest file.
+	endedAtOpen := f.state().ended
 	rc, err := f.src.Stream(sctx, f.ref.Namespace, f.ref.Pod, f.ref.Container, cur.SinceTime(), f.state().replaced)
 	if err != nil {
 		return false, err
@@ -208,10 +217,16 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 				return false, b.flush()
 			}
 			if r.err != nil {
+				final := errors.Is(r.err, io.EOF) && endedAtOpen && f.state().ended
+				if final && len(r.fragment) > 0 {
+					if err := b.add(r.fragment); err != nil { // the last line, with no newline
+						return false, err
+					}
+				}
 				if err := b.flush(); err != nil {
 					return false, err
 				}
-				return f.streamEnded(ctx, sctx, r.err)
+				return f.streamEnded(ctx, sctx, r.err, endedAtOpen)
 			}
 			if err := b.add(r.line); err != nil {
 				return false, err
@@ -243,9 +258,11 @@ func (f *follower) takeSlot(ctx context.Context) bool {
 	}
 }
 
-// readLines reads whole lines from rc until an error, which it sends last.
-// A fragment before an error is a line cut in the middle: it is dropped,
-// and the resume reads it whole (its timestamp has not been counted).
+// readLines reads whole lines from rc until an error, which it sends last
+// with the fragment before it. A fragment is a line cut in the middle,
+// which the resume reads whole (its timestamp has not been counted) —
+// unless the stream was a finished container's last: then it is its last
+// line, written without a newline, and the follower keeps it.
 func readLines(rc io.Reader, maxLine int, stop <-chan struct{}) <-chan readResult {
 	lines := make(chan readResult, 64)
 	go func() {
@@ -265,7 +282,7 @@ func readLines(rc io.Reader, maxLine int, stop <-chan struct{}) <-chan readResul
 				return
 			}
 			if err != nil {
-				send(readResult{err: err})
+				send(readResult{err: err, fragment: b})
 				return
 			}
 		}
@@ -300,7 +317,7 @@ func readLine(br *bufio.Reader, max int) ([]byte, error) {
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return line, err // the fragment, for a caller that knows it is whole
 		}
 		if cut {
 			linesTruncated.Inc()
@@ -311,13 +328,17 @@ func readLine(br *bufio.Reader, max int) ([]byte, error) {
 }
 
 // streamEnded decides what the end of a stream means: done for the EOF of
-// a finished container, a quiet reconnect at the proactive lifetime, else
-// an error to reconnect after.
-func (f *follower) streamEnded(ctx, sctx context.Context, err error) (bool, error) {
+// a stream opened on a finished container; for the EOF of one that ended
+// while followed, one more read from the cursor (see session); a quiet
+// reconnect at the proactive lifetime; else an error to reconnect after.
+func (f *follower) streamEnded(ctx, sctx context.Context, err error, endedAtOpen bool) (bool, error) {
 	lifetime := sctx.Err() != nil && ctx.Err() == nil
 	switch {
-	case errors.Is(err, io.EOF) && f.state().ended:
+	case errors.Is(err, io.EOF) && f.state().ended && endedAtOpen:
 		return true, nil // the server ended the stream of a finished container
+	case errors.Is(err, io.EOF) && f.state().ended:
+		reconnects.WithLabelValues("final").Inc()
+		return false, nil
 	case lifetime:
 		reconnects.WithLabelValues("lifetime").Inc()
 		return false, nil

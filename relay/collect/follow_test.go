@@ -29,6 +29,7 @@ type fakeLog struct {
 	grew       chan struct{}
 	breakAfter []int // per stream session, consumed in order
 	cutMidLine bool  // a break sends half of the next line first
+	eofAfter   []int // per session: end the stream cleanly after that many lines, as a kubelet that stopped at a rotated file's end
 	sessions   int
 	ended      bool
 }
@@ -45,9 +46,12 @@ func (f *fakeLog) write(ts time.Time, msg string) {
 
 func (f *fakeLog) Stream(ctx context.Context, _, _, _ string, since time.Time, _ bool) (io.ReadCloser, error) {
 	f.mu.Lock()
-	limit := -1
+	limit, eofAt := -1, -1
 	if f.sessions < len(f.breakAfter) {
 		limit = f.breakAfter[f.sessions]
+	}
+	if f.sessions < len(f.eofAfter) {
+		eofAt = f.eofAfter[f.sessions]
 	}
 	f.sessions++
 	f.mu.Unlock()
@@ -64,6 +68,10 @@ func (f *fakeLog) Stream(ctx context.Context, _, _, _ string, since time.Time, _
 				ts, _, _ := splitTimestamp([]byte(strings.TrimSuffix(l, "\n")))
 				if !since.IsZero() && ts.Before(since) {
 					continue
+				}
+				if eofAt >= 0 && sent == eofAt {
+					pw.Close()
+					return
 				}
 				if limit >= 0 && sent == limit {
 					if f.cutMidLine {
@@ -90,6 +98,16 @@ func (f *fakeLog) Stream(ctx context.Context, _, _, _ string, since time.Time, _
 		}
 	}()
 	return pr, nil
+}
+
+// writeUnterminated writes a last line with no newline, as a program that
+// exits after printf without one.
+func (f *fakeLog) writeUnterminated(ts time.Time, msg string) {
+	f.mu.Lock()
+	f.lines = append(f.lines, ts.Format(time.RFC3339Nano)+" "+msg)
+	close(f.grew)
+	f.grew = make(chan struct{})
+	f.mu.Unlock()
 }
 
 func (f *fakeLog) state() containerState {
@@ -436,5 +454,49 @@ func TestFollowerReadsThePodOnlyWhenQuiet(t *testing.T) {
 	<-done
 	if n := reads.Load(); n > 5 {
 		t.Errorf("the pod was read %d times while its stream delivered 100 lines over ~200 batch ticks", n)
+	}
+}
+
+// TestFollowerRereadsALogThatEndedWhileFollowed: the kubelet ends a
+// followed stream at the EOF of the file it was reading once the container
+// has exited — under a fast writer, a rotated file, with the rest (the
+// result among it) in the newest one. A stream that was open when the
+// container ended is read once more from the cursor; only the EOF of one
+// opened on an ended container is the end.
+func TestFollowerRereadsALogThatEndedWhileFollowed(t *testing.T) {
+	s, _ := storetest.Open(t)
+	src := newFakeLog()
+	writeBurst(src, 0, 10)
+	src.ended = true
+	src.eofAfter = []int{5} // the first stream stops half way
+	f := newFollower(t, s, src)
+	f.state = func() containerState { // running when the first stream opens, ended after
+		src.mu.Lock()
+		defer src.mu.Unlock()
+		return containerState{ended: src.sessions > 0}
+	}
+	f.run(context.Background())
+	assertExactlyOnce(t, s, 10)
+	if src.sessions != 2 {
+		t.Errorf("%d streams, want the followed one and one final read", src.sessions)
+	}
+}
+
+// TestFollowerKeepsAnUnterminatedLastLine: a finished container's last line
+// with no newline (printf of a result) is a line, not a fragment to resume.
+func TestFollowerKeepsAnUnterminatedLastLine(t *testing.T) {
+	s, _ := storetest.Open(t)
+	src := newFakeLog()
+	src.write(t0, "first")
+	src.writeUnterminated(t0.Add(time.Second), `{"type":"result","total_cost_usd":0.5}`)
+	src.ended = true
+	f := newFollower(t, s, src)
+	f.run(context.Background())
+	got, err := s.Lines("run-1", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[1].Line != `{"type":"result","total_cost_usd":0.5}` {
+		t.Fatalf("stored %+v", got)
 	}
 }
