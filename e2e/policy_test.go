@@ -344,7 +344,7 @@ func finishRun(ctx context.Context, t *testing.T, job, exitCode string) {
 	if _, err := env.cs.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
 		j, err := env.cs.BatchV1().Jobs(ns).Get(ctx, job, metav1.GetOptions{})
 		return err == nil && claim.Finished(j), nil
 	})

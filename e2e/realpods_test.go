@@ -479,3 +479,31 @@ func TestRealAgentAskingForRootGetsTheFloor(t *testing.T) {
 	pod := waitPod(ctx, t, name, func(*corev1.Pod) bool { return true })
 	checkFloor(t, pod, kubeletLog(ctx, t, pod.Name)[1])
 }
+
+// TestRealAgentFloodKeepsItsTailAndResult: an agent floods its log (300,000
+// lines as fast as it can, the kubelet rotating it every few seconds) and
+// then writes its result. The kubelet's follow may skip whole rotated
+// files under such a writer (docs/real-node.md), but the end of the log —
+// the last line and the result — must be stored, and the run's result
+// parsed: the relay reads a log that ended while followed once more.
+func TestRealAgentFloodKeepsItsTailAndResult(t *testing.T) {
+	requireRealNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	r, token, _ := theRelay(t)
+	name := "e2e-real-flood"
+	const n = 300000
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, realJob(t, name, fmt.Sprintf("lines=0 burst=%d", n)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitJobEnded(ctx, t, name, 4*time.Minute)
+	run := waitRun(ctx, t, r, token, name, func(x *store.Run) bool { return x.Done })
+	lines := plainLog(t, r, token, name)
+	if len(lines) < 2 || !strings.Contains(lines[len(lines)-2], fmt.Sprintf(`"text":"line %d"`, n)) || !strings.Contains(lines[len(lines)-1], `"type":"result"`) {
+		t.Fatalf("the flood's tail was lost: %d lines stored, last %.200q", len(lines), lines[max(0, len(lines)-2):])
+	}
+	if run.Result == nil || run.Result.Outcome != "succeeded" || run.Result.CostUSD == nil || run.Result.Truncated {
+		t.Errorf("after the flood the run's result is %s", mustJSON(run.Result))
+	}
+	t.Logf("flood: %d of %d lines stored (the kubelet's follow skips rotated files it did not reach)", len(lines), n+2)
+}

@@ -117,7 +117,7 @@ func relayRun(t *testing.T, r *harness.Relay, token, run string) (*store.Run, in
 func waitRun(ctx context.Context, t *testing.T, r *harness.Relay, token, run string, ok func(*store.Run) bool) *store.Run {
 	t.Helper()
 	var last *store.Run
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
 		last, _ = relayRun(t, r, token, run)
 		return last != nil && ok(last), nil
 	})
@@ -293,7 +293,10 @@ func TestRelayResumesAfterKwokRestart(t *testing.T) {
 // has stored some of them (and asserts it had not stored all), finishes
 // the run and requires every line stored exactly once.
 func breakMidRun(t *testing.T, name string, breakIt func(context.Context) error) {
-	ctx := ctxT(t)
+	// Generous: a restarted component (kwok, the relay) takes its time on
+	// a busy machine; every wait below is for a condition.
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
 	r, token, _ := theRelay(t)
 	pod, log := agentRun(ctx, t, name)
 	run := pod.Labels[contract.LabelRunID]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds (once) and prints the directory holding the binaries of a real local
 # control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler
-# and kwok, and of a real node beside it: kubelet and kube-proxy. Everything
+# and kwok, and of a real node beside it: kubelet, kube-proxy and kube-router
+# (its network policy controller only, for the egress tests). Everything
 # comes from the Go module proxy; nothing is downloaded
 # from anywhere else. Binaries are cached outside the repository, keyed by
 # version, so only the first run pays the build (about 5-10 minutes on 2 cores).
@@ -25,11 +26,13 @@ if [ -z "${KUBE_VERSION:-}" ]; then
   KUBE_VERSION="v1.${api#v0.}"
 fi
 KWOK_VERSION=${KWOK_VERSION:-v0.8.0}
+# The newest kube-router the module proxy serves.
+KUBE_ROUTER_VERSION=${KUBE_ROUTER_VERSION:-v2.1.0}
 cache=${CLIPJOB_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/clipjob}
 bin="$cache/kube/$KUBE_VERSION/bin"
 mkdir -p "$bin"
 
-want=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kwok)
+want=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kwok kube-router)
 missing() { for b in "${want[@]}"; do [ -x "$bin/$b" ] || echo "$b"; done; }
 
 # envtest users already have etcd and kube-apiserver: reuse them.
@@ -111,9 +114,19 @@ build_kwok() {
   go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" -o "$bin/kwok.tmp" sigs.k8s.io/kwok/cmd/kwok && mv "$bin/kwok.tmp" "$bin/kwok"
 }
 
+build_kube_router() {
+  local mod="$work/kube-router"
+  mkdir -p "$mod" && cd "$mod"
+  go mod init clipjob.local/kube-router-build >/dev/null 2>&1
+  log "go build kube-router $KUBE_ROUTER_VERSION"
+  go get "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION" >&2
+  go build -trimpath -ldflags "-s -w" -o "$bin/kube-router.tmp" github.com/cloudnativelabs/kube-router/v2/cmd/kube-router && mv "$bin/kube-router.tmp" "$bin/kube-router"
+}
+
 case " $todo " in *" kube"*|*" etcd "*) build_kube ;; esac
 [ -x "$bin/etcd" ] || { ETCD_VERSION=${ETCD_VERSION:-v3.7.0}; build_etcd; }
 [ -x "$bin/kwok" ] || build_kwok
+[ -x "$bin/kube-router" ] || build_kube_router
 
 todo=$(missing | tr "\n" " ")
 [ -z "$todo" ] || { log "still missing: $todo"; exit 1; }

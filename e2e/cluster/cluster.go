@@ -38,6 +38,9 @@ var kwokLogsCRD []byte
 // with that exit code ("0" succeeds the pod, anything else fails it).
 const AnnotationExitCode = "e2e.clipjob.paperclip.io/exit-code"
 
+// serviceCIDR is where Services get their cluster IPs.
+const serviceCIDR = "10.0.0.0/24"
+
 // NodeName is the kwok node pods are scheduled to.
 const NodeName = "kwok-node-0"
 
@@ -156,7 +159,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		"--client-ca-file", pki("ca.crt"),
 		"--kubelet-client-certificate", pki("admin.crt"), "--kubelet-client-key", pki("admin.key"),
 		"--kubelet-certificate-authority", pki("ca.crt"),
-		"--service-cluster-ip-range", "10.0.0.0/24",
+		"--service-cluster-ip-range", serviceCIDR,
 		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file", pki("sa.pub"), "--service-account-signing-key-file", pki("sa.key"),
 		"--authorization-mode", "Node,RBAC",

@@ -56,7 +56,8 @@ func TestRealNodeRunsAPodAndCleansUp(t *testing.T) {
 	// real-node lock for its whole run first.
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
-	forward, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
+	sysctls := saveSysctls()
+	paths := existingMachinePaths()
 	chains := readChains()
 	c, err := Start(ctx, Options{Log: os.Stderr, RealNode: true})
 	if err != nil {
@@ -129,8 +130,15 @@ func TestRealNodeRunsAPodAndCleansUp(t *testing.T) {
 	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", node.cgroupRoot)); err == nil {
 		t.Errorf("cgroup %s remains", node.cgroupRoot)
 	}
-	if now, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward"); string(now) != string(forward) {
-		t.Errorf("ip_forward %q, was %q", now, forward)
+	for name, was := range sysctls {
+		if now := saveSysctls()[name]; now != was {
+			t.Errorf("sysctl %s is %q, was %q", name, now, was)
+		}
+	}
+	for p := range existingMachinePaths() {
+		if !paths[p] {
+			t.Errorf("%s was made by the node and remains", p)
+		}
 	}
 	for key := range readChains() {
 		if !chains[key] {

@@ -16,6 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -46,18 +47,21 @@ const (
 
 // realNode is a kubelet, kube-proxy and containerd of this cluster.
 type realNode struct {
-	dir            string // <cluster>/node
-	ip             string
-	link, bridge   string
-	podCIDR        string
-	cgroupRoot     string
-	socket         string
-	kubeletPort    int
-	ipForwardSaved string
-	chainsBefore   iptablesChains
-	imagesLoaded   time.Time
-	procs          []*process // containerd, kubelet, kube-proxy
-	cluster        *Cluster
+	dir          string // <cluster>/node
+	ip           string
+	link, bridge string
+	podCIDR      string
+	cgroupRoot   string
+	socket       string
+	kubeletPort  int
+	sysctlsSaved map[string]string
+	pathsBefore  map[string]bool
+	chainsBefore iptablesChains
+	setsBefore   ipsets
+	imagesLoaded time.Time
+	procs        []*process // containerd, kubelet, kube-proxy, kube-router
+	bin          string     // where the Kubernetes binaries are
+	cluster      *Cluster
 	// lock is held while the node exists: one real node per machine.
 	lock *os.File
 }
@@ -109,12 +113,12 @@ func checkNodeRequirements(bin string) []nodeRequirement {
 	if os.Geteuid() != 0 {
 		miss = append(miss, nodeRequirement{"root (containerd, the kubelet and network links need it)", "run as root"})
 	}
-	for _, b := range []string{"kubelet", "kube-proxy"} {
+	for _, b := range []string{"kubelet", "kube-proxy", "kube-router"} {
 		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
 			miss = append(miss, nodeRequirement{b + " in " + bin, "run hack/kube-binaries.sh"})
 		}
 	}
-	for _, t := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "ip", "iptables", "busybox"} {
+	for _, t := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "ip", "iptables", "ipset", "busybox"} {
 		if _, err := exec.LookPath(t); err != nil {
 			miss = append(miss, nodeRequirement{t, "run hack/node-packages.sh (Debian packages)"})
 		}
@@ -211,11 +215,15 @@ func newRealNode(ctx context.Context, c *Cluster) (_ *realNode, err error) {
 // kube-proxy, and waits for the node to be Ready.
 func (n *realNode) start(ctx context.Context, bin string, apiPort int) error {
 	c := n.cluster
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward"); err == nil {
-		// The bridge plugin turns forwarding on; Stop puts it back.
-		n.ipForwardSaved = strings.TrimSpace(string(b))
-	}
+	n.bin = bin
+	n.sysctlsSaved = saveSysctls()
+	n.pathsBefore = existingMachinePaths()
+	// Each container's log is a watch of the kubelet's (inotify): the
+	// machine's default of 128 instances per user would cap the node near
+	// 120 followed containers. Put back at stop.
+	_ = os.WriteFile(sysctlPath("fs.inotify.max_user_instances"), []byte("8192"), 0o644)
 	n.chainsBefore = readChains()
+	n.setsBefore = readSets()
 	files, err := n.writeConfigs(apiPort)
 	if err != nil {
 		return err
@@ -346,6 +354,36 @@ func (n *realNode) exited() error {
 		}
 	}
 	return nil
+}
+
+// EnforceNetworkPolicy starts kube-router's network policy controller on
+// the real node (its router and service proxy off: the bridge CNI and
+// kube-proxy stay), so NetworkPolicies hold for the node's pods from then
+// on. It stops with the node, which removes its iptables rules and ipsets.
+func (c *Cluster) EnforceNetworkPolicy(ctx context.Context) error {
+	n := c.node
+	if n == nil {
+		return fmt.Errorf("no real node to enforce network policy on (%s=kwok)", NodeEnv)
+	}
+	for _, p := range n.procs {
+		if p.name == "kube-router" {
+			return nil
+		}
+	}
+	// kube-router reads the node's pod range from its spec; nothing else
+	// here allocates one (the controller manager's nodeipam is off).
+	patch := fmt.Sprintf(`{"spec":{"podCIDR":%q,"podCIDRs":[%q]}}`, n.podCIDR, n.podCIDR)
+	if _, err := c.Clientset().CoreV1().Nodes().Patch(ctx, RealNodeName, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("giving node %s its pod range: %w", RealNodeName, err)
+	}
+	c.logf("starting kube-router's network policy controller on %s", RealNodeName)
+	if err := n.run(n.bin, "kube-router", "--kubeconfig", c.Kubeconfig, "--hostname-override", RealNodeName,
+		"--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
+		"--service-cluster-ip-range", serviceCIDR, "--health-port", "0", "--metrics-port", "0",
+		"--iptables-sync-period", "10s", "--v", "1"); err != nil {
+		return err
+	}
+	return n.exited()
 }
 
 // RealNodePlacement is what a pod needs to run on the real node: the

@@ -29,10 +29,13 @@ func (n *realNode) stop() {
 	for _, p := range n.procs {
 		byName[p.name] = p
 	}
-	for _, name := range []string{"kubelet", "kube-proxy"} {
+	for _, name := range []string{"kubelet", "kube-proxy", "kube-router"} {
 		if p := byName[name]; p != nil {
 			p.terminate()
 		}
+	}
+	if p := byName["kube-router"]; p != nil {
+		_ = exec.Command(p.bin, "--cleanup-config").Run()
 	}
 	if p := byName["containerd"]; p != nil {
 		n.removeSandboxes()
@@ -43,13 +46,13 @@ func (n *realNode) stop() {
 		_ = exec.Command(bin, "--cleanup").Run()
 	}
 	n.chainsBefore.removeNewChains()
+	n.setsBefore.destroyNewSets()
 	n.removeLogLinks()
 	unmountUnder(n.dir)
 	n.removeLinks()
 	removeCgroups(n.cgroupRoot)
-	if n.ipForwardSaved != "" {
-		_ = os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte(n.ipForwardSaved), 0o644)
-	}
+	restoreSysctls(n.sysctlsSaved)
+	n.removeMachinePaths()
 	n.procs = nil
 	if n.lock != nil {
 		n.lock.Close() // and with it the lock
@@ -279,4 +282,91 @@ func splitRule(line string) []string {
 		args = append(args, cur.String())
 	}
 	return args
+}
+
+// ipsets are the machine's ipset names, read before the node starts so
+// stop can destroy the ones kube-router made.
+type ipsets map[string]bool
+
+func readSets() ipsets {
+	sets := ipsets{}
+	out, err := exec.Command("ipset", "list", "-n").Output()
+	if err != nil {
+		return sets
+	}
+	for _, name := range strings.Fields(string(out)) {
+		sets[name] = true
+	}
+	return sets
+}
+
+func (before ipsets) destroyNewSets() {
+	if before == nil {
+		return
+	}
+	for name := range readSets() {
+		if !before[name] {
+			_ = exec.Command("ipset", "destroy", name).Run()
+		}
+	}
+}
+
+// nodeSysctls are the machine-wide settings the node changes: the bridge
+// plugin turns on forwarding, the kubelet sets its kernel tunables at start
+// (protectKernelDefaults off), the node raises the inotify instances.
+var nodeSysctls = []string{
+	"net.ipv4.ip_forward",
+	"vm.overcommit_memory", "vm.panic_on_oom", "kernel.panic", "kernel.panic_on_oops",
+	"kernel.keys.root_maxkeys", "kernel.keys.root_maxbytes",
+	"fs.inotify.max_user_instances",
+}
+
+func sysctlPath(name string) string {
+	return filepath.Join("/proc/sys", strings.ReplaceAll(name, ".", "/"))
+}
+
+func saveSysctls() map[string]string {
+	saved := map[string]string{}
+	for _, name := range nodeSysctls {
+		if b, err := os.ReadFile(sysctlPath(name)); err == nil {
+			saved[name] = strings.TrimSpace(string(b))
+		}
+	}
+	return saved
+}
+
+func restoreSysctls(saved map[string]string) {
+	for name, v := range saved {
+		_ = os.WriteFile(sysctlPath(name), []byte(v), 0o644)
+	}
+}
+
+// machinePaths are where the kubelet and containerd write outside the
+// node's directory whatever their configuration: removed at stop when the
+// node made them (a directory only when empty).
+var machinePaths = []string{
+	"/var/lib/kubelet/device-plugins/kubelet.sock", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet",
+	"/var/lib/cni/results", "/var/lib/cni",
+	"/run/containerd/runc/k8s.io", "/run/containerd/runc", "/run/containerd/s", "/run/containerd", "/run/netns",
+}
+
+// existingMachinePaths records which of machinePaths were there before.
+func existingMachinePaths() map[string]bool {
+	there := map[string]bool{}
+	for _, p := range machinePaths {
+		if _, err := os.Lstat(p); err == nil {
+			there[p] = true
+		}
+	}
+	return there
+}
+
+func (n *realNode) removeMachinePaths() {
+	for _, p := range machinePaths {
+		if n.pathsBefore[p] {
+			continue
+		}
+		_ = syscall.Unlink(p)
+		_ = syscall.Rmdir(p)
+	}
 }

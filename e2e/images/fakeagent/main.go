@@ -15,6 +15,10 @@
 //	bigsize  default 1 MiB less 64 bytes: just under the relay's line limit
 //	probe    1: first, a line describing the container (see probe.go)
 //	write    a file to create, then read back (the probe line says how)
+//	connect  host:port,host:port: try each, 3 s apiece, and print a line
+//	         saying which connected (egress policy tests)
+//	wait     seconds to wait first, as a real agent does before its first
+//	         call out (a network policy controller sees the pod meanwhile)
 //	leak     an env variable to print, NAME=value, as a tool result: an
 //	         agent that ran `env` (the relay must redact what it prints)
 //	pad      bytes to pad each paced and burst line to (a log that grows fast)
@@ -26,7 +30,8 @@
 //	result   0: no result event (a run that is cut short)
 //
 // The binary is installed under each agent CLI's name; argv[0] picks the
-// output format.
+// output format. `fakeagent --serve 3100,8080` is instead a server that
+// answers every connection on those ports (a stand-in Paperclip server).
 package main
 
 import (
@@ -48,8 +53,8 @@ type script struct {
 	lines, burst, bigLines, bigSize, exit, pad int
 	rate                                       float64
 	probe, result, failOnce                    bool
-	write, leak                                string
-	sleep                                      time.Duration
+	write, leak, connect                       string
+	sleep, wait                                time.Duration
 }
 
 func parseScript(prompt string) (script, error) {
@@ -85,10 +90,17 @@ func parseScript(prompt string) (script, error) {
 			s.write = v
 		case "leak":
 			s.leak = v
-		case "sleep":
+		case "connect":
+			s.connect = v
+		case "sleep", "wait":
 			var secs float64
 			secs, err = strconv.ParseFloat(v, 64)
-			s.sleep = time.Duration(secs * float64(time.Second))
+			d := time.Duration(secs * float64(time.Second))
+			if k == "sleep" {
+				s.sleep = d
+			} else {
+				s.wait = d
+			}
 		}
 		if err != nil {
 			return s, fmt.Errorf("prompt word %q: %v", w, err)
@@ -108,6 +120,10 @@ func flagValue(args []string, flag string) string {
 }
 
 func main() {
+	if len(os.Args) == 3 && os.Args[1] == "--serve" {
+		serve(strings.Split(os.Args[2], ","))
+		return
+	}
 	prompt, err := io.ReadAll(os.Stdin)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fakeagent: reading the prompt:", err)
@@ -141,8 +157,12 @@ func main() {
 	f := format(cli, session, model)
 
 	emit(f.init())
+	time.Sleep(s.wait)
 	if s.probe {
 		emit(map[string]any{"type": "system", "subtype": "fake_agent_probe", "probe": probe(s.write)})
+	}
+	if s.connect != "" {
+		emit(map[string]any{"type": "system", "subtype": "fake_agent_connect", "connect": connect(strings.Split(s.connect, ","))})
 	}
 	if s.leak != "" {
 		emit(f.toolResult(s.leak + "=" + os.Getenv(s.leak)))
