@@ -56,9 +56,6 @@ func TestRealNodeRunsAPodAndCleansUp(t *testing.T) {
 	// real-node lock for its whole run first.
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
-	sysctls := saveSysctls()
-	paths := existingMachinePaths()
-	chains := readChains()
 	c, err := Start(ctx, Options{Log: os.Stderr, RealNode: true})
 	if err != nil {
 		t.Fatal(err)
@@ -130,6 +127,10 @@ func TestRealNodeRunsAPodAndCleansUp(t *testing.T) {
 	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", node.cgroupRoot)); err == nil {
 		t.Errorf("cgroup %s remains", node.cgroupRoot)
 	}
+	// What the machine had is what the node read once it held the
+	// machine's real-node lock (another cluster's node may have run while
+	// this one waited for it).
+	sysctls, paths, chains := node.sysctlsSaved, node.pathsBefore, node.chainsBefore
 	for name, was := range sysctls {
 		if now := saveSysctls()[name]; now != was {
 			t.Errorf("sysctl %s is %q, was %q", name, now, was)
