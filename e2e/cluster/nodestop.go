@@ -228,14 +228,29 @@ func readChains() iptablesChains {
 	return chains
 }
 
-// removeNewChains deletes every rule that jumps to a chain made since
+// nodeChainPrefixes name the chains the node's components make: the
+// kubelet's, kube-proxy's and kube-router's (KUBE-), the CNI plugins'
+// (CNI-). A chain of another name made meanwhile (dockerd started beside
+// the node, say) is not the node's to remove.
+var nodeChainPrefixes = []string{"KUBE-", "CNI-"}
+
+func isNodeChain(name string) bool {
+	for _, p := range nodeChainPrefixes {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// removeNewChains deletes every rule that jumps to a node chain made since
 // before was read, then those chains.
 func (before iptablesChains) removeNewChains() {
 	if before == nil {
 		return
 	}
 	for key := range readChains() {
-		if before[key] {
+		if before[key] || !isNodeChain(strings.Fields(key)[2]) {
 			continue
 		}
 		f := strings.Fields(key)
@@ -250,8 +265,7 @@ func (before iptablesChains) removeNewChains() {
 		_ = exec.Command(cmd, "-w", "-t", table, "-F", chain).Run()
 	}
 	for key := range readChains() {
-		if !before[key] {
-			f := strings.Fields(key)
+		if f := strings.Fields(key); !before[key] && isNodeChain(f[2]) {
 			_ = exec.Command(f[0], "-w", "-t", f[1], "-X", f[2]).Run()
 		}
 	}
@@ -305,7 +319,8 @@ func (before ipsets) destroyNewSets() {
 		return
 	}
 	for name := range readSets() {
-		if !before[name] {
+		// kube-router's sets are KUBE-SRC-…, KUBE-DST-…, kube-router-….
+		if !before[name] && (strings.HasPrefix(name, "KUBE-") || strings.HasPrefix(name, "kube-router")) {
 			_ = exec.Command("ipset", "destroy", name).Run()
 		}
 	}
