@@ -53,7 +53,7 @@ unit: ## Unit and golden tests only (no control plane)
 e2e: kube-binaries node-packages ## The e2e suite alone
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 30m -v ./e2e/
 
-e2e-kind: ## The in-cluster e2e tests on a kind cluster (needs a Docker engine)
+e2e-kind: ## The in-cluster e2e tests on a kind cluster built here (Docker engine, kind and node image from Debian's packages and the module proxy; not with make test at once)
 	bash hack/e2e-kind.sh
 
 bench: kube-binaries ## Go benchmarks of the hot paths, then admission and the relay at fleet scale (docs/benchmarks.md)

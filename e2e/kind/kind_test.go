@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/charts"
 	"github.com/paperclipai/clipjob/contract"
@@ -126,7 +127,9 @@ func TestInCluster(t *testing.T) {
 	if _, err := cs.CoreV1().Pods("paperclip").Create(ctx, pod, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("a bare agent pod: want 403, got %v", err)
 	}
-	_ = cs.BatchV1().Jobs("paperclip").Delete(ctx, first.Name, metav1.DeleteOptions{})
+	// With its pod: an orphaned agent pod keeps its CPU request, and on a
+	// 2-core kind node the next run's webhook pods no longer fit.
+	_ = cs.BatchV1().Jobs("paperclip").Delete(ctx, first.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
 }
 
 func available(d *appsv1.Deployment) bool {
