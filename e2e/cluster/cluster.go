@@ -368,26 +368,39 @@ func (c *Cluster) installLogsCRD(ctx context.Context) error {
 	if err := yaml.Unmarshal(kwokLogsCRD, crd); err != nil {
 		return err
 	}
+	return c.CreateCRDs(ctx, crd)
+}
+
+// CreateCRDs creates the CRDs (leaving existing ones alone) and waits until
+// each is served.
+func (c *Cluster) CreateCRDs(ctx context.Context, crds ...*apiextensionsv1.CustomResourceDefinition) error {
 	cs, err := apiextensionsclient.NewForConfig(c.Config)
 	if err != nil {
 		return err
 	}
-	if _, err := cs.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
+	for _, crd := range crds {
+		if _, err := cs.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("CRD %s: %w", crd.Name, err)
+		}
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		got, err := cs.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
-		if err == nil {
-			for _, cond := range got.Status.Conditions {
-				if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-					return nil
+	for _, crd := range crds {
+		deadline := time.Now().Add(time.Minute)
+		for established := false; !established; {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("CRD %s not established after a minute", crd.Name)
+			}
+			got, err := cs.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
+			if err == nil {
+				for _, cond := range got.Status.Conditions {
+					established = established || cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue
 				}
 			}
+			if !established {
+				time.Sleep(100 * time.Millisecond)
+			}
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
-	return errors.New("kwok Logs CRD not established after 30s")
+	return nil
 }
 
 // exited returns an error naming the first component that has exited.

@@ -7,13 +7,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
 	"github.com/paperclipai/clipjob/e2e/cluster"
@@ -62,14 +57,9 @@ func StartCertManager(ctx context.Context, c *cluster.Cluster) (*CertManager, er
 	return m, nil
 }
 
-// createCRDs creates the CRDs of the files (leaving existing ones alone)
-// and waits until each is served.
+// createCRDs reads each file's CRD and has the cluster create it.
 func createCRDs(ctx context.Context, c *cluster.Cluster, files []string) error {
-	cs, err := apiextensionsclient.NewForConfig(c.Config)
-	if err != nil {
-		return err
-	}
-	var names []string
+	var crds []*apiextensionsv1.CustomResourceDefinition
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -79,27 +69,7 @@ func createCRDs(ctx context.Context, c *cluster.Cluster, files []string) error {
 		if err := yaml.UnmarshalStrict(b, crd); err != nil {
 			return fmt.Errorf("%s: %w", f, err)
 		}
-		if _, err := cs.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("CRD %s: %w", crd.Name, err)
-		}
-		names = append(names, crd.Name)
+		crds = append(crds, crd)
 	}
-	for _, name := range names {
-		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-			crd, err := cs.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				return false, nil
-			}
-			for _, cond := range crd.Status.Conditions {
-				if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-					return true, nil
-				}
-			}
-			return false, nil
-		})
-		if err != nil {
-			return fmt.Errorf("CRD %s not established: %w", name, err)
-		}
-	}
-	return nil
+	return c.CreateCRDs(ctx, crds...)
 }
