@@ -85,14 +85,19 @@ func fakeAgentSpec(dir string) (ociimage.Spec, error) {
 
 // goBuild compiles a main package of this module, statically, into dir.
 func goBuild(dir, pkg string) (string, error) {
-	out := filepath.Join(dir, filepath.Base(pkg))
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", out, pkg)
+	return filepath.Join(dir, filepath.Base(pkg)), BuildStatic(context.Background(), dir, pkg)
+}
+
+// BuildStatic compiles main packages of this module (e.g. "./cmd/...")
+// into dir as `make image` does: static, trimmed, stripped.
+func BuildStatic(ctx context.Context, dir string, pkgs ...string) error {
+	cmd := exec.CommandContext(ctx, "go", append([]string{"build", "-trimpath", "-ldflags", "-s -w", "-o", dir + "/"}, pkgs...)...)
 	cmd.Dir = moduleRoot()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build %s: %v: %s", pkg, err, strings.TrimSpace(string(b)))
+		return fmt.Errorf("go build %s: %v: %s", strings.Join(pkgs, " "), err, strings.TrimSpace(string(b)))
 	}
-	return out, nil
+	return nil
 }
 
 func moduleRoot() string {

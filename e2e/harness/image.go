@@ -2,11 +2,8 @@ package harness
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 
 	"github.com/paperclipai/clipjob/charts"
@@ -42,11 +39,8 @@ func loadClipjobImage(ctx context.Context, c *cluster.Cluster) (string, error) {
 	if err := os.MkdirAll(bins, 0o755); err != nil {
 		return "", err
 	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bins+"/", "./cmd/...")
-	cmd.Dir = Root()
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/...: %v: %s", err, strings.TrimSpace(string(out)))
+	if err := cluster.BuildStatic(ctx, bins, "./cmd/..."); err != nil {
+		return "", err
 	}
 	spec, err := ociimage.ClipjobFromDir(ref, bins)
 	if err != nil {
