@@ -217,8 +217,8 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 				return false, b.flush()
 			}
 			if r.err != nil {
-				final := errors.Is(r.err, io.EOF) && endedAtOpen && f.state().ended
-				if final && len(r.fragment) > 0 {
+				ended := f.state().ended
+				if errors.Is(r.err, io.EOF) && endedAtOpen && ended && len(r.fragment) > 0 {
 					if err := b.add(r.fragment); err != nil { // the last line, with no newline
 						return false, err
 					}
@@ -226,7 +226,7 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 				if err := b.flush(); err != nil {
 					return false, err
 				}
-				return f.streamEnded(ctx, sctx, r.err, endedAtOpen)
+				return f.streamEnded(ctx, sctx, r.err, endedAtOpen, ended)
 			}
 			if err := b.add(r.line); err != nil {
 				return false, err
@@ -331,12 +331,12 @@ func readLine(br *bufio.Reader, max int) ([]byte, error) {
 // a stream opened on a finished container; for the EOF of one that ended
 // while followed, one more read from the cursor (see session); a quiet
 // reconnect at the proactive lifetime; else an error to reconnect after.
-func (f *follower) streamEnded(ctx, sctx context.Context, err error, endedAtOpen bool) (bool, error) {
+func (f *follower) streamEnded(ctx, sctx context.Context, err error, endedAtOpen, ended bool) (bool, error) {
 	lifetime := sctx.Err() != nil && ctx.Err() == nil
 	switch {
-	case errors.Is(err, io.EOF) && f.state().ended && endedAtOpen:
+	case errors.Is(err, io.EOF) && ended && endedAtOpen:
 		return true, nil // the server ended the stream of a finished container
-	case errors.Is(err, io.EOF) && f.state().ended:
+	case errors.Is(err, io.EOF) && ended:
 		reconnects.WithLabelValues("final").Inc()
 		return false, nil
 	case lifetime:
