@@ -64,7 +64,7 @@ func TestChartWithCertManagerOnTheRealNode(t *testing.T) {
 
 	stop := make(chan struct{})
 	ok, failed, lastErr, done := admissionLoop(ctx, t, "e2e-certmanager-renew", stop)
-	time.Sleep(2 * time.Second)
+	waitAdmitted(ctx, t, ok, 20)
 	renew(ctx, t, certs, certName)
 	waitCertificate(ctx, t, certs, certName, func(rev int64, issuing bool) bool { return rev >= 2 && !issuing })
 	// The kubelet brings the renewed Secret into the pods within its sync
@@ -74,7 +74,7 @@ func TestChartWithCertManagerOnTheRealNode(t *testing.T) {
 		after = servedLeaf(ctx, t)
 		return !after.Equal(before), nil
 	})
-	time.Sleep(2 * time.Second)
+	waitAdmitted(ctx, t, ok, ok.Load()+20)
 	close(stop)
 	<-done
 	if err != nil {

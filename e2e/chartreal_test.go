@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -298,16 +299,23 @@ func rollingRestartUnderLoad(ctx context.Context, t *testing.T) {
 	t.Helper()
 	stop := make(chan struct{})
 	ok, failed, lastErr, done := admissionLoop(ctx, t, "e2e-chart-rollout", stop)
-	time.Sleep(2 * time.Second)
+	waitAdmitted(ctx, t, ok, 20)
 	name := harness.Release.Name + "-webhook"
 	patch := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"e2e.clipjob.paperclip.io/restarted":%q}}}}}`, time.Now().Format(time.RFC3339Nano))
 	if _, err := env.cs.AppsV1().Deployments(harness.Release.Namespace).Patch(ctx, name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// The Deployment reports progress only after it has seen the patch.
-	time.Sleep(time.Second)
 	waitDeploymentAvailable(ctx, t, name)
-	time.Sleep(3 * time.Second) // the old pods' shutdown delay runs out under load too
+	// Until the old pods are gone (their shutdown delay runs out under
+	// load too), and then some more creates.
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := env.cs.CoreV1().Pods(harness.Release.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=webhook"})
+		return err == nil && len(pods.Items) == 2, nil
+	})
+	if err != nil {
+		t.Errorf("the old webhook pods never went: %v", err)
+	}
+	waitAdmitted(ctx, t, ok, ok.Load()+20)
 	close(stop)
 	<-done
 	t.Logf("rolling restart under load: %d admitted, %d failed", ok.Load(), failed.Load())
@@ -316,5 +324,17 @@ func rollingRestartUnderLoad(ctx context.Context, t *testing.T) {
 	}
 	if ok.Load() < 20 {
 		t.Errorf("only %d creates ran during the rollout: the load was too thin to show anything", ok.Load())
+	}
+}
+
+// waitAdmitted waits until the admission loop has had n creates admitted,
+// so what a test does under load happens under load however slow the
+// machine is.
+func waitAdmitted(ctx context.Context, t *testing.T, ok *atomic.Int64, n int64) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		return ok.Load() >= n, nil
+	}); err != nil {
+		t.Fatalf("the admission loop had %d creates admitted, waiting for %d: %v", ok.Load(), n, err)
 	}
 }

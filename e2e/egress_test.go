@@ -62,11 +62,10 @@ func standInServer(ctx context.Context, t *testing.T) string {
 
 // connectFromAgent runs a bare agent Job on the real node whose agent tries
 // each address, and returns what it could reach ("ok" or the error).
-func connectFromAgent(ctx context.Context, t *testing.T, name string, addrs []string) map[string]string {
+func connectFromAgent(ctx context.Context, t *testing.T, name string, delay int, addrs []string) map[string]string {
 	t.Helper()
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, realJob(t, name, "lines=0 wait=5 connect="+strings.Join(addrs, ",")), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	script := fmt.Sprintf("lines=0 wait=%d connect=%s", delay, strings.Join(addrs, ","))
+	createJob(ctx, t, realJob(t, name, script))
 	waitJobEnded(ctx, t, name, 3*time.Minute)
 	pod := waitPod(ctx, t, name, func(*corev1.Pod) bool { return true })
 	if pod.Labels["paperclip.io/role"] != "agent" {
@@ -117,7 +116,7 @@ func TestEgressPolicyOnTheRealNode(t *testing.T) {
 	allowed := []string{net.JoinHostPort(server, "3100"), net.JoinHostPort(nodeIP, "443")}
 	denied := []string{net.JoinHostPort(server, "8080"), net.JoinHostPort(nodeIP, api.Port()), "10.0.0.1:443"}
 	all := append(append([]string{}, allowed...), denied...)
-	open := connectFromAgent(ctx, t, "e2e-egress-open", all)
+	open := connectFromAgent(ctx, t, "e2e-egress-open", 0, all)
 	for _, a := range all {
 		if open[a] != "ok" {
 			t.Fatalf("without a policy the agent cannot reach %s (%s): the test would prove nothing", a, open[a])
@@ -146,13 +145,14 @@ func TestEgressPolicyOnTheRealNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	// kube-router gives a pod its rules once it has seen the pod's address;
-	// the agent waits 5 s before its first call out, as a real one does
-	// (a policy controller that is slower than that leaves a window, which
-	// docs/real-node.md names). A run that still beat it proves nothing,
-	// so each attempt is a new run, until one is judged by the policy.
+	// the agent waits before its first call out, as a real one does (a
+	// policy controller slower than that leaves a window, which
+	// docs/security.md names). A run that still beat it proves nothing, so
+	// each attempt is a new run that waits twice as long, until one is
+	// judged by the policy.
 	var got map[string]string
-	for i := 0; i < 4; i++ {
-		got = connectFromAgent(ctx, t, fmt.Sprintf("e2e-egress-policy-%d", i), all)
+	for i, delay := 0, 5; i < 4; i, delay = i+1, delay*2 {
+		got = connectFromAgent(ctx, t, fmt.Sprintf("e2e-egress-policy-%d", i), delay, all)
 		if got[denied[0]] != "ok" {
 			break
 		}

@@ -51,6 +51,14 @@ func realJob(t *testing.T, name, script string) *batchv1.Job {
 	return job
 }
 
+// createJob creates an agent Job in the agent namespace or fails the test.
+func createJob(ctx context.Context, t *testing.T, job *batchv1.Job) {
+	t.Helper()
+	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating Job %s: %v", job.Name, err)
+	}
+}
+
 // waitJobEnded waits for the Job's Complete or Failed condition.
 func waitJobEnded(ctx context.Context, t *testing.T, name string, timeout time.Duration) *batchv1.Job {
 	t.Helper()
@@ -140,9 +148,7 @@ func TestRealAgentRunHoldsTheFloor(t *testing.T) {
 	r, token, _ := theRelay(t)
 	name := "e2e-real-floor"
 	script := "probe=1 write=/paperclip/probe-" + name + " leak=ANTHROPIC_API_KEY lines=40 rate=100 burst=500 bigline=1"
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, realJob(t, name, script), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createJob(ctx, t, realJob(t, name, script))
 	job := waitJobEnded(ctx, t, name, 3*time.Minute)
 	if job.Status.Succeeded != 1 {
 		t.Fatalf("Job %s: %+v", name, job.Status)
@@ -210,9 +216,7 @@ func TestRealAgentFailureIsReported(t *testing.T) {
 	defer cancel()
 	r, token, _ := theRelay(t)
 	name := "e2e-real-fail"
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, realJob(t, name, "lines=2 bigline=1 bigsize=2097152 exit=3"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createJob(ctx, t, realJob(t, name, "lines=2 bigline=1 bigsize=2097152 exit=3"))
 	if job := waitJobEnded(ctx, t, name, 3*time.Minute); job.Status.Failed == 0 {
 		t.Fatalf("Job %s did not fail: %+v", name, job.Status)
 	}
@@ -336,9 +340,7 @@ func TestRealAgentLogRotationLosesNoLine(t *testing.T) {
 	r, token, _ := theRelay(t)
 	name := "e2e-real-rotate"
 	const n = 4000
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, realJob(t, name, fmt.Sprintf("lines=%d rate=400 pad=1024", n)), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createJob(ctx, t, realJob(t, name, fmt.Sprintf("lines=%d rate=400 pad=1024", n)))
 	if job := waitJobEnded(ctx, t, name, 3*time.Minute); job.Status.Succeeded != 1 {
 		t.Fatalf("Job %s: %+v", name, job.Status)
 	}
@@ -364,9 +366,7 @@ func TestRealAgentPodDeletedMidRun(t *testing.T) {
 	defer cancel()
 	r, token, _ := theRelay(t)
 	name := "e2e-real-deleted"
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, realJob(t, name, "lines=3000 rate=50"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createJob(ctx, t, realJob(t, name, "lines=3000 rate=50"))
 	waitRun(ctx, t, r, token, name, func(x *store.Run) bool { return x.LastSeq >= 30 })
 	pod := waitPod(ctx, t, name, func(*corev1.Pod) bool { return true })
 	if err := env.cs.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
@@ -395,9 +395,7 @@ func TestRealAgentJobTTLKeepsTheLog(t *testing.T) {
 	name := "e2e-real-ttl"
 	job := realJob(t, name, "lines=50")
 	job.Spec.TTLSecondsAfterFinished = ptr.To[int32](1)
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createJob(ctx, t, job)
 	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
 		_, err := env.cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
 		if !apierrors.IsNotFound(err) {
@@ -433,9 +431,7 @@ func TestRealAgentContainerRestartIsFollowed(t *testing.T) {
 	job := realJob(t, name, "lines=20 rate=20 failonce=1")
 	job.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyOnFailure
 	job.Spec.BackoffLimit = ptr.To[int32](3)
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createJob(ctx, t, job)
 	if job := waitJobEnded(ctx, t, name, 3*time.Minute); job.Status.Succeeded != 1 {
 		t.Fatalf("Job %s: %+v", name, job.Status)
 	}
@@ -493,9 +489,7 @@ func TestRealAgentFloodKeepsItsTailAndResult(t *testing.T) {
 	r, token, _ := theRelay(t)
 	name := "e2e-real-flood"
 	const n = 300000
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, realJob(t, name, fmt.Sprintf("lines=0 burst=%d", n)), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createJob(ctx, t, realJob(t, name, fmt.Sprintf("lines=0 burst=%d", n)))
 	waitJobEnded(ctx, t, name, 4*time.Minute)
 	run := waitRun(ctx, t, r, token, name, func(x *store.Run) bool { return x.Done })
 	lines := plainLog(t, r, token, name)
