@@ -5,6 +5,8 @@ BIN       ?= bin
 GOTEST    ?= $(GO) test
 # Kubernetes binaries for the local control plane (built once, cached).
 KUBE_BIN   = $(shell bash hack/kube-binaries.sh)
+# The Node.js the Paperclip server needs (24), from the npm registry (installed once, cached); the machine's own Node stays.
+PAPERCLIP_NODE = $(shell bash hack/paperclip/install.sh --node)
 DEMO_FLAGS ?=
 FUZZTIME  ?= 30s
 
@@ -14,7 +16,7 @@ BENCH_ROUNDS ?= 3
 BENCH_RUNS   ?= 200,500
 BENCH_COUNT  ?= 3
 
-.PHONY: all build image image-docker test adapter unit e2e e2e-kind demo bench kube-binaries node-packages fuzz lint fmt vet clean
+.PHONY: all build image image-docker test adapter unit e2e e2e-kind demo bench kube-binaries node-packages paperclip fuzz lint fmt vet clean
 
 # The image the chart runs, tagged with the chart's appVersion.
 IMAGE     ?= ghcr.io/paperclipai/clipjob:$(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/clipjob/Chart.yaml)
@@ -34,23 +36,26 @@ image-docker: ## The same image with a Docker engine and registries (the Dockerf
 kube-binaries: ## Build (first time only) etcd, kube-apiserver, controller-manager, scheduler, kubelet, kube-proxy, kwok
 	@bash hack/kube-binaries.sh >/dev/null
 
+paperclip: ## Install (first time only) the real Paperclip server the e2e suite runs agents through, and the Node.js 24 it needs, from the npm registry
+	@bash hack/paperclip/install.sh >/dev/null
+
 node-packages: ## Install (first time only) the real node's Debian packages: containerd, runc, CNI plugins, busybox-static
 	@bash hack/node-packages.sh
 
 demo: kube-binaries node-packages ## Local control plane + webhook; submit a bare Job and print the result
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/demo $(DEMO_FLAGS)
 
-test: lint kube-binaries node-packages adapter ## Unit, golden, fuzz-seed and e2e tests, and the Paperclip adapter's
+test: lint kube-binaries node-packages paperclip adapter ## Unit, golden, fuzz-seed and e2e tests, and the Paperclip adapter's
 	@echo "make test: unit, golden and e2e tests (e2e runs a real kube-apiserver on loopback)"
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 30m ./...
 
-adapter: ## The Paperclip adapter (adapters/paperclip): install from its lockfile, build, unit tests
-	cd adapters/paperclip && npm ci --no-audit --no-fund && npm test
+adapter: paperclip ## The Paperclip adapter (adapters/paperclip): install from its lockfile, build, unit tests, on the Node.js Paperclip runs on
+	cd adapters/paperclip && PATH="$(PAPERCLIP_NODE):$$PATH" npm ci --no-audit --no-fund && PATH="$(PAPERCLIP_NODE):$$PATH" npm test
 
 unit: ## Unit and golden tests only (no control plane)
 	$(GOTEST) ./contract/... ./config/... ./templates/... ./policy/... ./claim/... ./certs/... ./webhook/... ./relay/... ./cmd/... ./charts/... ./internal/...
 
-e2e: kube-binaries node-packages ## The e2e suite alone
+e2e: kube-binaries node-packages paperclip ## The e2e suite alone
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 30m -v ./e2e/
 
 e2e-kind: ## The in-cluster e2e tests on a kind cluster built here (Docker engine, kind and node image from Debian's packages and the module proxy; not with make test at once)

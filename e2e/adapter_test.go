@@ -46,21 +46,38 @@ var adapterBuild struct {
 	err error
 }
 
+// nodeBin is the directory of the Node.js Paperclip runs on (24, from
+// hack/paperclip/install.sh): the adapter is built and run on it, as in a
+// Paperclip server.
+func nodeBin(t *testing.T) string {
+	t.Helper()
+	dir, err := harness.PaperclipInstall()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(dir, "node", "bin")
+}
+
+// withNode is the test process's environment with nodeBin first on PATH.
+func withNode(t *testing.T) []string {
+	return append(os.Environ(), "PATH="+nodeBin(t)+string(os.PathListSeparator)+os.Getenv("PATH"))
+}
+
 // buildAdapter builds the adapter once per test binary: npm ci when its
 // node_modules is missing (make test installs them from the lockfile),
-// then npm run build.
+// then npm run build, on Paperclip's Node.
 func buildAdapter(t *testing.T) {
 	t.Helper()
+	environ := withNode(t)
 	adapterBuild.Do(func() {
-		for _, tool := range []string{"node", "npm"} {
-			if _, err := exec.LookPath(tool); err != nil {
-				adapterBuild.err = fmt.Errorf("%s is not on PATH: the Paperclip adapter's end-to-end tests need Node.js 20 or later with npm (README, Quick start)", tool)
-				return
-			}
+		if _, err := exec.LookPath("npm"); err != nil {
+			adapterBuild.err = fmt.Errorf("npm is not on PATH: the Paperclip adapter's end-to-end tests need npm (README, Quick start)")
+			return
 		}
 		npm := func(args ...string) error {
 			cmd := exec.Command("npm", args...)
 			cmd.Dir = adapterDir()
+			cmd.Env = environ
 			out, err := cmd.CombinedOutput()
 			if err != nil {
 				return fmt.Errorf("npm %s in adapters/paperclip: %w\n%s", strings.Join(args, " "), err, out)
@@ -230,7 +247,7 @@ func startAdapter(ctx context.Context, t *testing.T, spec adapterSpec) *adapterR
 	if err := os.WriteFile(specFile, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.CommandContext(ctx, "node", filepath.Join("test", "e2e-run.mjs"), specFile)
+	cmd := exec.CommandContext(ctx, filepath.Join(nodeBin(t), "node"), filepath.Join("test", "e2e-run.mjs"), specFile)
 	cmd.Dir = adapterDir()
 	cmd.Stderr = &a.stderr
 	stdout, err := cmd.StdoutPipe()

@@ -63,6 +63,7 @@ func run(m *testing.M) (code int) {
 	defer wh.Stop()
 	env.webhook, env.webhookAddr, env.webhookBin = wh, wh.Addr, bin
 	code = m.Run()
+	closePaperclip(code != 0)
 	if code != 0 {
 		fmt.Fprintf(os.Stderr, "e2e: failed; webhook log %s, cluster logs %s\n", wh.Log, c.Dir+"/logs")
 		if os.Getenv("CI") != "" {

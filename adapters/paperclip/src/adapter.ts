@@ -45,7 +45,7 @@ import {
 } from "./errors.js";
 import { buildRunObjects, isLabelValue, jobNameFor, renameRunSecret, retryJobName, RunIdentityError, type RunObjects } from "./job.js";
 import { kubeApi, loadKubeConfig, type KubeApi } from "./kube.js";
-import { buildPrompt, buildRunEnv, sessionToResume, taskIdOf, workspaceOf } from "./prompt.js";
+import { buildPrompt, buildRunEnv, retryOfRunId, sessionToResume, taskIdOf, workspaceOf } from "./prompt.js";
 import { followRun, RelayClient, type FollowOptions, type JobState, type RelayRun } from "./relay.js";
 import { toExecutionResult } from "./result.js";
 
@@ -181,6 +181,8 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
   const notToFollow = async (r: RelayRun): Promise<{ why: string } | { uid: string | undefined }> => {
     if (!r.job) return { why: "the relay names no Job for it, so who created it cannot be checked" };
     const ref = `${r.namespace}/${r.job}`;
+    // The retried run's Job is followed only while it runs: when it ended,
+    // its outcome was the retried run's, and the retry runs anew.
     const own = r.id === ctx.runId;
     let job: V1Job;
     try {
@@ -263,11 +265,18 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
       .filter((r) => r.id !== "");
   }
 
-  // A run of the agent already going (the server restarted mid-run, or
-  // Paperclip retries the run): follow it rather than start a second one.
-  // A run whose pod has not started yet (Pending) is as active as one
-  // whose pod runs; so is one clipjob queued (no pod at all, so the relay
-  // does not know it yet: found from the agent's Jobs).
+  // This very run already going: an earlier attempt at it submitted its
+  // Job (the server restarted mid-run and Paperclip runs it again), or
+  // Paperclip retries it as a new run that names it (retryOfRunId). Only
+  // those are followed. Another run of the agent is another run, whatever
+  // its task: following it would hand its output and its cost to this run
+  // as well (Paperclip lets an agent have 20 runs at once by default). For
+  // that one clipjob decides: it refuses this run (Reject mode) or queues
+  // it (Queue mode). A run whose pod has not started yet (Pending) is as
+  // active as one whose pod runs; so is one clipjob queued (no pod at all,
+  // so the relay does not know it yet: found from the agent's Jobs).
+  const retryOf = retryOfRunId(ctx.context ?? {});
+  const mine = (id: string) => id === ctx.runId || (retryOf !== "" && id === retryOf);
   if (settings.reattach) {
     let running: RelayRun[];
     try {
@@ -283,32 +292,25 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
       );
     }
     running.push(...(await queuedRuns()));
-    const taskId = taskIdOf(ctx.context ?? {});
-    // A task id that cannot be a label value is on no Job (it is left off
-    // this run's): no other run can be shown to be for that task.
-    const taskLabel = taskId === "" || isLabelValue(taskId) ? taskId : null;
     let existing: RelayRun | undefined;
     let existingUid: string | undefined;
-    // This run's own record first; then only runs this adapter could have
-    // started: its namespace and the agent's company. The relay lists
-    // every namespace the server's token may read, and a run elsewhere
-    // with the agent's id is someone else's Job wearing its label.
+    // This run's own record first, then the run it retries. Only runs this
+    // adapter could have started: its namespace and the agent's company.
+    // The relay lists every namespace the server's token may read, and a
+    // run elsewhere with the agent's id is someone else's Job wearing its
+    // label.
     running.sort((a, b) => Number(b.id === ctx.runId) - Number(a.id === ctx.runId));
     for (const r of running) {
       if (r.agent !== agentId || r.done) continue;
-      if (r.namespace !== settings.namespace || (r.company ?? "") !== (ctx.agent.companyId ?? "")) {
+      if (!mine(r.id)) {
         await notice(
-          `not re-attaching to run ${r.id} of agent ${agentId} in namespace ${r.namespace} (company ${r.company ?? "none"}): this adapter runs the agent in ${settings.namespace} for company ${ctx.agent.companyId ?? "none"}`,
+          `the agent's run ${r.id} is another run: not re-attaching to it (Paperclip may run an agent several times at once); clipjob decides whether this run waits or is refused`,
         );
         continue;
       }
-      // Another run's task must be this run's (a run without a task and
-      // one with a task do not match). Otherwise this run is the agent's
-      // next, and clipjob decides: it refuses it (Reject mode) or queues
-      // it (Queue mode).
-      if (r.id !== ctx.runId && (taskLabel === null || (r.task ?? "") !== taskLabel)) {
+      if (r.namespace !== settings.namespace || (r.company ?? "") !== (ctx.agent.companyId ?? "")) {
         await notice(
-          `the agent's run ${r.id} works on task ${r.task || "(none)"}, not this run's task ${taskId || "(none)"}: not re-attaching; clipjob decides whether this run waits or is refused`,
+          `not re-attaching to run ${r.id} of agent ${agentId} in namespace ${r.namespace} (company ${r.company ?? "none"}): this adapter runs the agent in ${settings.namespace} for company ${ctx.agent.companyId ?? "none"}`,
         );
         continue;
       }
@@ -344,6 +346,8 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
   }
   const prompt = await buildPrompt(ctx, settings, resumeSession !== "");
   for (const n of prompt.notes) await notice(n);
+  const runEnv = buildRunEnv(ctx, settings);
+  for (const n of runEnv.notes) await notice(n);
   let objects: RunObjects;
   try {
     objects = buildRunObjects({
@@ -351,7 +355,7 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
       namespace: ns,
       profile: settings.profile,
       prompt: prompt.prompt,
-      env: buildRunEnv(ctx, settings),
+      env: runEnv.env,
       sessionId: resumeSession || null,
       model: settings.model || null,
       maxTurns: settings.maxTurnsPerRun || null,

@@ -42,6 +42,8 @@ export interface ClipjobSettings {
   env: Record<string, string>;
   /** PAPERCLIP_API_URL for the agent; empty: what clipjob inherits from the server. */
   paperclipApiUrl: string;
+  /** The server's own API URL (PAPERCLIP_API_URL): loopback URLs to it are rewritten to paperclipApiUrl in the pod. */
+  serverApiUrl: string;
   /** The Job's activeDeadlineSeconds; 0: the profile's. */
   timeoutSec: number;
   /** The Job's ttlSecondsAfterFinished; 0: the profile's. */
@@ -174,6 +176,10 @@ export interface ServerSettings {
   relayTokenFile: string;
   relayCaFile: string;
   instructionsRoots: string[];
+  /** CLIPJOB_PAPERCLIP_API_URL: where pods reach Paperclip's API ("" when not set). */
+  podApiUrl: string;
+  /** PAPERCLIP_API_URL: the server's own API URL, which Paperclip writes into runs' env. */
+  serverApiUrl: string;
 }
 
 /** The adapterConfig keys that were connection settings; now the server's (see ServerSettings). */
@@ -236,6 +242,8 @@ function serverSettings(env: NodeJS.ProcessEnv = process.env, readNamespaceFile 
     // Paperclip keeps managed instructions under its home; the shared
     // volume is where a Kubernetes install keeps them.
     instructionsRoots: roots.length > 0 ? roots.map((r) => resolve(r)) : [home, "/paperclip"],
+    podApiUrl: env.CLIPJOB_PAPERCLIP_API_URL?.trim() ?? "",
+    serverApiUrl: env.PAPERCLIP_API_URL?.trim() ?? "",
   };
 }
 
@@ -284,7 +292,9 @@ export function resolveSettings(
     promptTemplate: typeof config.promptTemplate === "string" ? config.promptTemplate : "",
     bootstrapPromptTemplate: typeof config.bootstrapPromptTemplate === "string" ? config.bootstrapPromptTemplate : "",
     env: parseEnv(config.env, warn),
-    paperclipApiUrl: str(config.paperclipApiUrl),
+    // The server's setting first: the operator knows where pods reach it.
+    paperclipApiUrl: server.podApiUrl || str(config.paperclipApiUrl),
+    serverApiUrl: server.serverApiUrl,
     timeoutSec: Math.max(0, Math.trunc(num(config.timeoutSec, 0))),
     ttlSecondsAfterFinished: Math.max(0, Math.trunc(num(config.ttlSecondsAfterFinished, 0))),
     promptAnnotationMaxBytes: Math.max(0, Math.trunc(num(config.promptAnnotationMaxBytes, DEFAULT_PROMPT_ANNOTATION_MAX_BYTES))),

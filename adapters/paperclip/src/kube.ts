@@ -3,7 +3,9 @@
 // what the adapter may do in a cluster is listed in one place (the README's
 // RBAC table is this interface).
 
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
+import { homedir } from "node:os";
+import { join } from "node:path";
 import { AuthenticationV1Api, AuthorizationV1Api, BatchV1Api, CoreV1Api, KubeConfig, type V1Job, type V1Secret } from "@kubernetes/client-node";
 
 import type { DeletePropagation } from "./config.js";
@@ -37,21 +39,88 @@ export interface KubeApi {
 
 const IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 
+/** A client configuration that cannot be used, and what to set instead. */
+export class KubeConfigError extends Error {}
+
+// Keys of a kubeconfig user that client-node (like kubectl) does not read,
+// in the spelling people write them by mistake: a user holding only these
+// would connect as anonymous.
+const MISSPELLED_USER_KEYS: Record<string, string> = {
+  tokenFile: "token-file",
+  clientCertificate: "client-certificate",
+  clientCertificateData: "client-certificate-data",
+  clientKey: "client-key",
+  clientKeyData: "client-key-data",
+  authProvider: "auth-provider",
+};
+
 /**
  * The client's configuration: a kubeconfig file when given, else the pod's
  * ServiceAccount when running in a cluster, else the usual search
- * (KUBECONFIG, ~/.kube/config).
+ * (KUBECONFIG, ~/.kube/config). It is refused, naming what to set, when
+ * there is none (client-node would otherwise talk to localhost:8080) and
+ * when its user carries no credentials client-node reads (it would
+ * otherwise connect as anonymous).
  */
-export function loadKubeConfig(kubeconfigPath: string): KubeConfig {
+export function loadKubeConfig(kubeconfigPath: string, env: NodeJS.ProcessEnv = process.env): KubeConfig {
   const kc = new KubeConfig();
+  let source: string;
+  let loaded: string[];
   if (kubeconfigPath) {
-    kc.loadFromFile(kubeconfigPath);
-  } else if (process.env.KUBERNETES_SERVICE_HOST && existsSync(IN_CLUSTER_TOKEN)) {
+    if (!existsSync(kubeconfigPath)) {
+      throw new KubeConfigError(`CLIPJOB_KUBECONFIG names ${kubeconfigPath}, which does not exist (or the server's user may not read its directory)`);
+    }
+    source = `CLIPJOB_KUBECONFIG (${kubeconfigPath})`;
+    loaded = [kubeconfigPath];
+  } else if (env.KUBERNETES_SERVICE_HOST && existsSync(IN_CLUSTER_TOKEN)) {
     kc.loadFromCluster();
+    return kc;
   } else {
-    kc.loadFromDefault();
+    const files = (env.KUBECONFIG ?? "").split(":").filter((f) => f !== "");
+    const home = join(env.HOME || homedir(), ".kube", "config");
+    const found = files.length > 0 ? files.filter((f) => existsSync(f)) : existsSync(home) ? [home] : [];
+    if (found.length === 0) {
+      throw new KubeConfigError(
+        `no Kubernetes client configuration: CLIPJOB_KUBECONFIG is not set, the server is not in a pod with a ServiceAccount, and ${files.length > 0 ? `KUBECONFIG (${files.join(":")}) names no file that exists` : `there is no KUBECONFIG nor ${home}`}. Set CLIPJOB_KUBECONFIG in the server's environment to a kubeconfig file`,
+      );
+    }
+    source = files.length > 0 ? `KUBECONFIG (${found.join(":")})` : home;
+    loaded = found;
+  }
+  loadFiles(kc, loaded, source);
+  const cluster = kc.getCurrentCluster();
+  if (!cluster?.server) {
+    throw new KubeConfigError(`${source}: its current context (${kc.getCurrentContext() || "none"}) names no cluster with a server. Set CLIPJOB_KUBECONFIG to a kubeconfig whose current context has one`);
+  }
+  const user = kc.getCurrentUser();
+  if (!user?.token && !user?.certData && !user?.certFile && !user?.exec && !user?.authProvider && !user?.username) {
+    const misspelled = [...new Set(loaded.flatMap((f) => misspelledUserKeys(readFileSync(f, "utf8"))))];
+    throw new KubeConfigError(
+      `${source}: user ${user?.name ? JSON.stringify(user.name) : "(none)"} of context ${kc.getCurrentContext() || "(none)"} carries no credentials the client reads (token, token-file, client-certificate and client-key, exec, auth-provider), so it would connect as anonymous${
+        misspelled.length > 0 ? `; it has ${misspelled.map((k) => `${k} (the key is ${MISSPELLED_USER_KEYS[k]})`).join(", ")}` : ""
+      }`,
+    );
   }
   return kc;
+}
+
+/** Loads kubeconfig files into kc (the first one's current context wins), naming source in an error. */
+function loadFiles(kc: KubeConfig, files: string[], source: string): void {
+  try {
+    kc.loadFromFile(files[0]!);
+    for (const f of files.slice(1)) {
+      const more = new KubeConfig();
+      more.loadFromFile(f);
+      kc.mergeConfig(more, true);
+    }
+  } catch (err) {
+    throw new KubeConfigError(`${source}: ${err instanceof Error ? err.message : String(err)}`);
+  }
+}
+
+/** The misspelled user keys a kubeconfig file's text holds. */
+function misspelledUserKeys(text: string): string[] {
+  return Object.keys(MISSPELLED_USER_KEYS).filter((k) => new RegExp(`^\\s*(- )?${k}\\s*:`, "m").test(text));
 }
 
 /** The KubeApi of a real cluster. */

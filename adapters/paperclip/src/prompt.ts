@@ -21,6 +21,7 @@ import {
   stringifyPaperclipWakePayload,
 } from "@paperclipai/adapter-utils/server-utils";
 
+import { podEnv } from "./podenv.js";
 import type { ClipjobSettings } from "./config.js";
 import { message } from "./errors.js";
 
@@ -63,6 +64,14 @@ export function workspaceOf(context: Record<string, unknown>): RunWorkspace {
 /** The task (issue) the run works on, if the wake names one. */
 export function taskIdOf(context: Record<string, unknown>): string {
   return text(context.taskId) || text(context.issueId);
+}
+
+/**
+ * The run Paperclip retries with this one (a scheduled retry is a new run
+ * naming the one it retries), if any.
+ */
+export function retryOfRunId(context: Record<string, unknown>): string {
+  return text(context.retryOfRunId);
 }
 
 /**
@@ -254,8 +263,8 @@ export async function buildPrompt(
  */
 export function buildRunEnv(
   ctx: Pick<AdapterExecutionContext, "context" | "authToken" | "runtimeTools">,
-  settings: Pick<ClipjobSettings, "env" | "paperclipApiUrl">,
-): Record<string, string> {
+  settings: Pick<ClipjobSettings, "env" | "paperclipApiUrl" | "serverApiUrl">,
+): { env: Record<string, string>; notes: string[] } {
   const { context } = ctx;
   const env: Record<string, string> = {};
   const w = workspaceOf(context);
@@ -295,5 +304,14 @@ export function buildRunEnv(
   Object.assign(env, settings.env);
   // The run-scoped callback token, unless the agent's config sets its own.
   if (ctx.authToken && !settings.env.PAPERCLIP_API_KEY) env.PAPERCLIP_API_KEY = ctx.authToken;
-  return env;
+  // The server's local paths and loopback URLs stay on the server.
+  const pod = podEnv(env, { serverApiUrl: settings.serverApiUrl, podApiUrl: settings.paperclipApiUrl });
+  const notes: string[] = [];
+  if (pod.dropped.length > 0) {
+    notes.push(`left out of the pod's env: ${pod.dropped.map((d) => `${d.name} (${d.why})`).join("; ")}`);
+  }
+  if (pod.rewritten.length > 0) {
+    notes.push(`rewritten to ${settings.paperclipApiUrl} for the pod: ${pod.rewritten.join(", ")}`);
+  }
+  return { env: pod.env, notes };
 }

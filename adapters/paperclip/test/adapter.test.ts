@@ -243,8 +243,8 @@ describe("execute", () => {
     assert.deepEqual(kube.calls, []);
   });
 
-  it("re-attaches to the agent's running run instead of creating one", async () => {
-    const rec = newCtx();
+  it("re-attaches to the run Paperclip retries (retryOfRunId) instead of creating one", async () => {
+    const rec = newCtx({ context: { retryOfRunId: "run-before-restart" } });
     relay.addRun({ id: "run-before-restart", agent: rec.ctx.agent.id, job: "pc-before", phase: "Running" });
     relay.appendLines("run-before-restart", "one", "two");
     kube.jobs.set("pc-before", ours({ metadata: { name: "pc-before" } }));
@@ -259,11 +259,11 @@ describe("execute", () => {
     assert.ok(rec.stderr.some((l) => l.includes("re-attaching")));
   });
 
-  it("re-attaches to a run whose pod has not started yet", async () => {
+  it("re-attaches to this run's own Job (an earlier attempt at the run) whose pod has not started yet", async () => {
     const rec = newCtx();
-    relay.addRun({ id: "run-pending", agent: rec.ctx.agent.id, job: "pc-pending", phase: "Pending" });
+    relay.addRun({ id: rec.ctx.runId, agent: rec.ctx.agent.id, job: "pc-pending", phase: "Pending" });
     kube.jobs.set("pc-pending", ours({ metadata: { name: "pc-pending" } }));
-    setTimeout(() => relay.finish("run-pending", { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "late start" } }), 30);
+    setTimeout(() => relay.finish(rec.ctx.runId, { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "late start" } }), 30);
     const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
     assert.equal(result.summary, "late start");
     assert.ok(!kube.calls.some((c) => c.startsWith("create")), kube.calls.join());
@@ -279,15 +279,18 @@ describe("execute", () => {
     };
   }
 
-  // Not this run's: clipjob decides (refuses in Reject mode, queues in
-  // Queue mode), so the adapter does not refuse it itself. A run without a
-  // task and one with a task do not match either way.
+  // Another run of the agent, whatever its task, is another run: following
+  // it would hand its output and its cost to this run too (Paperclip runs
+  // an agent up to 20 times at once by default). clipjob decides: it
+  // refuses this run (Reject mode) or queues it (Queue mode).
   for (const [thisTask, otherTask] of [
+    ["task-a", "task-a"],
+    [undefined, undefined],
     ["task-b", "task-a"],
     [undefined, "task-t"],
     ["task-b", undefined],
   ] as Array<[string | undefined, string | undefined]>) {
-    it(`a run for task ${thisTask ?? "(none)"} does not re-attach to the agent's run for task ${otherTask ?? "(none)"}: clipjob decides`, async () => {
+    it(`a run for task ${thisTask ?? "(none)"} does not re-attach to the agent's other run for task ${otherTask ?? "(none)"}: clipjob decides`, async () => {
       const rec = newCtx({ context: thisTask ? { taskId: thisTask } : {} });
       const other = `run-other-task-${runCounter}`;
       relay.addRun({ id: other, agent: rec.ctx.agent.id, ...(otherTask ? { task: otherTask } : {}), job: "pc-other-task", phase: "Running" });
@@ -297,17 +300,15 @@ describe("execute", () => {
       const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
       assert.equal(result.errorCode, "k8s_concurrent_run_blocked");
       assert.equal(result.errorMeta?.holderRunId, other);
-      assert.deepEqual(rec.stdout, []);
+      assert.deepEqual(rec.stdout, [], "none of the other run's output is this run's");
+      assert.equal(result.costUsd, undefined, "the other run's cost is not billed to this one");
       assert.equal(kube.secrets.size, 0, "the refused run's Secrets are removed");
-      assert.ok(
-        rec.stderr.some((l) => l.includes(`works on task ${otherTask ?? "(none)"}, not this run's task ${thisTask ?? "(none)"}: not re-attaching; clipjob decides`)),
-        rec.stderr.join(""),
-      );
+      assert.ok(rec.stderr.some((l) => l.includes(`the agent's run ${other} is another run: not re-attaching`)), rec.stderr.join(""));
     });
   }
 
-  it("re-attaches to the agent's run clipjob queued, found among its Jobs (the relay knows no pod yet)", async () => {
-    const rec = newCtx({ context: { taskId: "task-q" } });
+  it("re-attaches to the retried run clipjob queued, found among its Jobs (the relay knows no pod yet)", async () => {
+    const rec = newCtx({ context: { taskId: "task-q", retryOfRunId: "run-queued" } });
     const queued = ours({
       metadata: {
         name: "pc-queued",
@@ -367,10 +368,11 @@ describe("execute", () => {
     ["has finished", { metadata: { name: "pc-ending" }, status: { conditions: [{ type: "Complete", status: "True" }] } }],
     ["was replaced by another Job of the name", { metadata: { name: "pc-ending", uid: "uid-new" } }],
   ] as Array<[string, V1Job | null]>) {
-    it(`does not re-attach to another run of the agent whose Job ${what}: runs its own`, async () => {
+    it(`does not re-attach to the retried run whose Job ${what}: runs its own`, async () => {
       kube.afterCreateJob = runsTo(claudeLines, claudeEnd);
       const rec = newCtx({ context: { taskId: "task-b" } });
       relay.addRun({ id: `run-ending-${runCounter}`, agent: rec.ctx.agent.id, job: "pc-ending", jobUid: "uid-old", task: "task-b", phase: "Running" });
+      rec.ctx.context.retryOfRunId = `run-ending-${runCounter}`; // the run Paperclip retries
       relay.appendLines(`run-ending-${runCounter}`, "the ending run's line");
       if (job) kube.jobs.set("pc-ending", ours(job));
       const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
@@ -405,6 +407,7 @@ describe("execute", () => {
       const rec = newCtx({ context: { taskId: "task-a" } });
       const id = `copied-${runCounter}`;
       relay.addRun({ id, agent: rec.ctx.agent.id, task: "task-a", job: "pc-copied", phase: "Running" });
+      rec.ctx.context.retryOfRunId = id; // the copy claims to be the run Paperclip retries
       relay.appendLines(id, "forged output");
       kube.jobs.set("pc-copied", {
         metadata: { name: "pc-copied", ...(createdBy ? { annotations: { "clipjob.paperclip.io/created-by": createdBy } } : {}) },
@@ -436,6 +439,7 @@ describe("execute", () => {
     kube.whoAmIError = statusError(500, "InternalError", "etcd is sad");
     const rec = newCtx();
     relay.addRun({ id: `other-${runCounter}`, agent: rec.ctx.agent.id, job: "pc-unknowable", phase: "Running" });
+    rec.ctx.context.retryOfRunId = `other-${runCounter}`;
     kube.jobs.set("pc-unknowable", ours({ metadata: { name: "pc-unknowable" } }));
     const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
     assert.equal(result.errorCode, null, result.errorMessage ?? "");
@@ -446,6 +450,7 @@ describe("execute", () => {
     const stop = new AbortController();
     const rec = newCtx({ signal: stop.signal });
     relay.addRun({ id: `to-cancel-${runCounter}`, agent: rec.ctx.agent.id, job: "pc-to-cancel", phase: "Running" });
+    rec.ctx.context.retryOfRunId = `to-cancel-${runCounter}`;
     kube.jobs.set("pc-to-cancel", ours({ metadata: { name: "pc-to-cancel" } }));
     const read = kube.readJob.bind(kube);
     kube.readJob = async (ns, name) => {

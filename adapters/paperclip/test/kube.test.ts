@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
 import { randomUUID } from "node:crypto";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import http, { type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
@@ -13,6 +13,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { after, before, describe, it } from "node:test";
 
+import { KubeConfigError, loadKubeConfig } from "../src/kube.js";
 import { FakeRelay } from "./fake-relay.js";
 
 /** Enough of kube-apiserver for a run: Secrets and Jobs in one namespace, and a 409 on demand. */
@@ -175,5 +176,57 @@ describe("e2e-run.mjs against a stand-in API server and relay", () => {
       out.filter((o) => o.stream === "stdout").map((o) => o.line),
       ["started"],
     );
+  });
+});
+
+describe("loadKubeConfig", () => {
+  const dir = mkdtempSync(join(tmpdir(), "clipjob-kubeconfig-load-"));
+  after(() => rmSync(dir, { recursive: true, force: true }));
+  const kubeconfig = (user: string) =>
+    [
+      "apiVersion: v1",
+      "kind: Config",
+      "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:6443'}}]",
+      "contexts: [{name: x, context: {cluster: c, user: u}}]",
+      "current-context: x",
+      "users:",
+      "- name: u",
+      "  user:",
+      ...user.split("\n").map((l) => `    ${l}`),
+      "",
+    ].join("\n");
+  const write = (name: string, text: string) => {
+    const f = join(dir, name);
+    writeFileSync(f, text);
+    return f;
+  };
+
+  it("with nothing configured, names CLIPJOB_KUBECONFIG instead of talking to localhost:8080", () => {
+    assert.throws(
+      () => loadKubeConfig("", { HOME: join(dir, "no-home") }),
+      (err: Error) => err instanceof KubeConfigError && /CLIPJOB_KUBECONFIG is not set/.test(err.message) && /Set CLIPJOB_KUBECONFIG/.test(err.message),
+    );
+    assert.throws(() => loadKubeConfig("", { HOME: dir, KUBECONFIG: join(dir, "missing") }), /KUBECONFIG \(.*missing\) names no file that exists/);
+    assert.throws(() => loadKubeConfig(join(dir, "nope"), {}), /CLIPJOB_KUBECONFIG names .*nope, which does not exist/);
+  });
+
+  it("refuses a user whose token is under tokenFile (the key is token-file): it would connect as anonymous", () => {
+    const f = write("camel", kubeconfig("tokenFile: /var/run/secrets/token"));
+    assert.throws(() => loadKubeConfig(f, {}), (err: Error) => err instanceof KubeConfigError && /would connect as anonymous/.test(err.message) && /tokenFile \(the key is token-file\)/.test(err.message));
+    assert.throws(() => loadKubeConfig(write("none", kubeconfig("{}")), {}), /carries no credentials/);
+  });
+
+  it("takes a token, a token-file, a client certificate or exec", () => {
+    const tokenFile = write("token", "abc");
+    for (const user of ["token: abc", `token-file: ${tokenFile}`, "client-certificate-data: Zm9v\nclient-key-data: YmFy", "exec: {apiVersion: client.authentication.k8s.io/v1, command: true}"]) {
+      const kc = loadKubeConfig(write("ok", kubeconfig(user)), {});
+      assert.equal(kc.getCurrentCluster()?.server, "https://127.0.0.1:6443", user);
+    }
+    assert.equal(loadKubeConfig("", { KUBECONFIG: write("env", kubeconfig("token: abc")) }).getCurrentUser()?.token, "abc");
+  });
+
+  it("refuses a context with no cluster server", () => {
+    const f = write("noserver", kubeconfig("token: abc").replace("server: 'https://127.0.0.1:6443'", "insecure-skip-tls-verify: true"));
+    assert.throws(() => loadKubeConfig(f, {}), (err: Error) => err instanceof KubeConfigError && /^CLIPJOB_KUBECONFIG \(.*\): .*server is missing/.test(err.message));
   });
 });

@@ -6,6 +6,7 @@ import { join } from "node:path";
 import { describe, it } from "node:test";
 
 import { DEFAULT_RELAY_TOKEN_FILE, DEFAULT_RELAY_URL, defaultNamespace, parseEnv, resolveSettings, SettingsError } from "../src/config.js";
+import { podEnv } from "../src/podenv.js";
 import { buildPrompt, buildRunEnv, readInstructionsFile, rootsFor, sessionToResume } from "../src/prompt.js";
 
 const agent = { id: "agent-1", companyId: "company-1", name: "Coder", adapterType: "claude_k8s", adapterConfig: {} };
@@ -113,7 +114,7 @@ describe("settings", () => {
 
 describe("run env", () => {
   it("carries the callback token, the wake and the workspace; config env wins, but not over an explicit key", () => {
-    const env = buildRunEnv(
+    const { env } = buildRunEnv(
       {
         authToken: "tok",
         context: {
@@ -124,7 +125,7 @@ describe("run env", () => {
           paperclipWorkspace: { cwd: "/paperclip/wt", repoUrl: "https://example.invalid/r.git" },
         },
       },
-      { env: { EXTRA: "x" }, paperclipApiUrl: "http://paperclip.paperclip.svc:3100" },
+      { env: { EXTRA: "x" }, paperclipApiUrl: "http://paperclip.paperclip.svc:3100", serverApiUrl: "" },
     );
     assert.equal(env.PAPERCLIP_API_KEY, "tok");
     assert.equal(env.PAPERCLIP_TASK_ID, "task-1");
@@ -134,7 +135,7 @@ describe("run env", () => {
     assert.equal(env.PAPERCLIP_WORKSPACE_CWD, "/paperclip/wt");
     assert.equal(env.PAPERCLIP_API_URL, "http://paperclip.paperclip.svc:3100");
     assert.equal(env.EXTRA, "x");
-    assert.equal(buildRunEnv({ authToken: "tok", context: {} }, { env: { PAPERCLIP_API_KEY: "own" }, paperclipApiUrl: "" }).PAPERCLIP_API_KEY, "own");
+    assert.equal(buildRunEnv({ authToken: "tok", context: {} }, { env: { PAPERCLIP_API_KEY: "own" }, paperclipApiUrl: "", serverApiUrl: "" }).env.PAPERCLIP_API_KEY, "own");
   });
 });
 
@@ -273,5 +274,85 @@ describe("instructions file", () => {
     );
     assert.equal(p.prompt, "Hi.");
     assert.match(p.notes[0], /instructions file \/proc\/self\/environ could not be read \(it is outside the directories/);
+  });
+});
+
+describe("run env in the pod", () => {
+  // What Paperclip 2026.916 puts in a run's config.env and context on its
+  // own machine (read from @paperclipai/server's heartbeat service).
+  const serverEnv = {
+    TMPDIR: "/tmp/paperclip-run-iss-1a2b3c4d5e6f-Xy12",
+    TMP: "/tmp/paperclip-run-iss-1a2b3c4d5e6f-Xy12",
+    TEMP: "/tmp/paperclip-run-iss-1a2b3c4d5e6f-Xy12",
+    PAPERCLIP_RUN_SCRATCH_DIR: "/tmp/paperclip-run-iss-1a2b3c4d5e6f-Xy12",
+    GH_CONFIG_DIR: "/home/paperclip/.config/gh",
+    PATH: "/tmp/paperclip-github-runtime/run-1:/usr/local/bin:/usr/bin",
+    PAPERCLIP_GIT_METADATA_ROOTS: JSON.stringify(["/home/paperclip/.paperclip/instances/default/projects"]),
+    GIT_CONFIG_GLOBAL: "/dev/null",
+    PAPERCLIP_RUNTIME_TOOLS_MCP_URL: "http://127.0.0.1:3100/api/mcp/runtime-tools",
+    PAPERCLIP_GITHUB_BROKER_URL: "http://localhost:3100",
+    OTHER_LOCAL: "http://127.0.0.1:9999/x",
+    WEBSITE: "https://example.com/docs",
+    EXTRA: "/opt/tools",
+  };
+
+  it("leaves the server's paths and loopback URLs out, naming them, when pods have no URL for Paperclip", () => {
+    const { env, notes } = buildRunEnv(
+      { context: { paperclipWorkspace: { cwd: "/paperclip/projects/p/repo", agentHome: "/home/paperclip/.paperclip/instances/default/workspaces/a-1" } } },
+      { env: serverEnv, paperclipApiUrl: "", serverApiUrl: "http://127.0.0.1:3100" },
+    );
+    for (const k of ["TMPDIR", "TMP", "TEMP", "PAPERCLIP_RUN_SCRATCH_DIR", "GH_CONFIG_DIR", "PATH", "PAPERCLIP_GIT_METADATA_ROOTS", "AGENT_HOME", "PAPERCLIP_RUNTIME_TOOLS_MCP_URL", "PAPERCLIP_GITHUB_BROKER_URL", "OTHER_LOCAL"]) {
+      assert.equal(env[k], undefined, `${k} reached the pod: ${env[k]}`);
+    }
+    // What means the same in the pod stays: the shared volume, /dev/null,
+    // URLs elsewhere, and the agent's own values that are no server path.
+    assert.equal(env.PAPERCLIP_WORKSPACE_CWD, "/paperclip/projects/p/repo");
+    assert.equal(env.GIT_CONFIG_GLOBAL, "/dev/null");
+    assert.equal(env.WEBSITE, "https://example.com/docs");
+    assert.equal(env.EXTRA, "/opt/tools");
+    assert.equal(notes.length, 1);
+    assert.match(notes[0]!, /TMPDIR \(a path on the Paperclip server outside \/paperclip/);
+    assert.match(notes[0]!, /PAPERCLIP_RUNTIME_TOOLS_MCP_URL \(a loopback URL of the Paperclip server, which pods cannot reach \(set CLIPJOB_PAPERCLIP_API_URL/);
+    assert.doesNotMatch(notes[0]!, /127\.0\.0\.1|paperclip-run-/, "a note names variables, never their values");
+  });
+
+  it("rewrites the server's own loopback URLs to where pods reach Paperclip, and keeps a home on the shared volume", () => {
+    const { env, notes } = buildRunEnv(
+      { context: { paperclipWorkspace: { agentHome: "/paperclip/instances/default/workspaces/a-1" } } },
+      { env: serverEnv, paperclipApiUrl: "http://paperclip.paperclip.svc:3100", serverApiUrl: "http://127.0.0.1:3100" },
+    );
+    assert.equal(env.PAPERCLIP_RUNTIME_TOOLS_MCP_URL, "http://paperclip.paperclip.svc:3100/api/mcp/runtime-tools");
+    assert.equal(env.PAPERCLIP_GITHUB_BROKER_URL, undefined, "localhost:3100 is not the server's URL as Paperclip writes it: left out");
+    assert.equal(env.OTHER_LOCAL, undefined, "another loopback port is not Paperclip's API");
+    assert.equal(env.AGENT_HOME, "/paperclip/instances/default/workspaces/a-1");
+    assert.equal(env.PAPERCLIP_API_URL, "http://paperclip.paperclip.svc:3100");
+    assert.ok(notes.some((n) => n.includes("rewritten to http://paperclip.paperclip.svc:3100 for the pod: PAPERCLIP_RUNTIME_TOOLS_MCP_URL")), notes.join("\n"));
+  });
+});
+
+describe("podEnv", () => {
+  const opts = { serverApiUrl: "http://127.0.0.1:3100", podApiUrl: "https://paperclip.example" };
+  it("refuses paths that only look like the shared volume", () => {
+    const { env } = podEnv({ TMPDIR: "/paperclip/../etc", AGENT_HOME: "/paperclipx/a", TMP: "/paperclip/./x", TEMP: "/paperclip/tmp" }, opts);
+    assert.deepEqual(env, { TEMP: "/paperclip/tmp" });
+  });
+  it("drops a list with any path off the volume, and a path variable that holds no path", () => {
+    const { env } = podEnv({ PATH: "/paperclip/bin:/usr/bin", PAPERCLIP_GIT_METADATA_ROOTS: JSON.stringify(["/paperclip/a"]), GH_CONFIG_DIR: "relative/dir" }, opts);
+    assert.deepEqual(env, { PAPERCLIP_GIT_METADATA_ROOTS: JSON.stringify(["/paperclip/a"]) });
+  });
+  it("knows every loopback spelling, and rewrites only the server's origin and base path", () => {
+    const { env, dropped } = podEnv(
+      {
+        A: "http://127.0.0.1:3100/api/x?q=1",
+        B: "http://127.1.2.3:3100/api",
+        C: "http://[::1]:3100/api",
+        D: "ws://localhost:3100/ws",
+        E: "http://0.0.0.0:3100/",
+        F: "HTTP://127.0.0.1:3100",
+      },
+      opts,
+    );
+    assert.deepEqual(env, { A: "https://paperclip.example/api/x?q=1", F: "https://paperclip.example/" });
+    assert.deepEqual(dropped.map((d) => d.name).sort(), ["B", "C", "D", "E"]);
   });
 });

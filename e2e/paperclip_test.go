@@ -1,0 +1,413 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/paperclipai/clipjob/e2e/cluster"
+	"github.com/paperclipai/clipjob/e2e/harness"
+)
+
+// The real Paperclip server (paperclipai from the npm registry, pinned by
+// hack/paperclip/) runs agents through the adapter, installed the way the
+// adapter's README tells operators: `npm pack`, the tarball installed with
+// npm by the server's user, and both package directories registered with
+// Paperclip's adapter manager. Agents are created, woken and read through
+// Paperclip's own API; their Jobs run the fake agent on the real node.
+
+var realPaperclip struct {
+	sync.Once
+	pc  *harness.Paperclip
+	err error
+	// adapters is what the adapter manager answered to each install.
+	adapters map[string]map[string]any
+}
+
+// closePaperclip stops the server at the end of the suite (its directory
+// is kept when the suite failed).
+func closePaperclip(failed bool) {
+	if realPaperclip.pc != nil {
+		realPaperclip.pc.Close(failed)
+	}
+}
+
+// adapterPackageDirs are the package directories the README registers:
+// the package itself (claude_k8s) and its opencode/ directory.
+var adapterPackageDirs = map[string]string{"claude_k8s": "", "opencode_k8s": "opencode"}
+
+// thePaperclip starts the server once per test binary, with the adapter's
+// settings in its environment (the README's CLIPJOB_* variables, pointing
+// at the suite's API server and relay with the README's Role), and
+// installs the adapter as the README says.
+func thePaperclip(t *testing.T) *harness.Paperclip {
+	t.Helper()
+	requireRealNode(t)
+	spec := paperclipServer(t, "", "")
+	realPaperclip.Do(func() {
+		realPaperclip.pc, realPaperclip.err = startPaperclip(t, spec)
+	})
+	if realPaperclip.err != nil {
+		t.Fatal(realPaperclip.err)
+	}
+	return realPaperclip.pc
+}
+
+func startPaperclip(t *testing.T, spec adapterSpec) (_ *harness.Paperclip, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	pc, err := harness.NewPaperclip()
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			pc.Close(true) // stopped and unmounted; its logs kept
+			err = fmt.Errorf("%w (the server's directory is kept: %s)", err, pc.Dir)
+		}
+	}()
+	// What the server reads, as an operator would place it.
+	files := map[string]string{"kubeconfig": spec.Kubeconfig, "relay-token": spec.RelayTokenFile, "relay-ca.crt": spec.RelayCAFile}
+	for name, from := range files {
+		data, err := os.ReadFile(from)
+		if err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(filepath.Join(pc.Files(), name), data, 0o600); err != nil {
+			return nil, err
+		}
+	}
+	pkg, err := packAdapter(ctx, t, pc)
+	if err != nil {
+		return nil, err
+	}
+	if err := pc.Own(pc.Files()); err != nil {
+		return nil, err
+	}
+	pc.Env = map[string]string{
+		"CLIPJOB_KUBECONFIG":       filepath.Join(pc.Files(), "kubeconfig"),
+		"CLIPJOB_NAMESPACE":        spec.Namespace,
+		"CLIPJOB_RELAY_URL":        spec.RelayURL,
+		"CLIPJOB_RELAY_TOKEN_FILE": filepath.Join(pc.Files(), "relay-token"),
+		"CLIPJOB_RELAY_CA_FILE":    filepath.Join(pc.Files(), "relay-ca.crt"),
+	}
+	start := time.Now()
+	if err := pc.Start(ctx); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(os.Stderr, "e2e: the Paperclip server is up in %s at %s (log %s)\n", time.Since(start).Round(time.Second), pc.URL, pc.Log)
+	// The README's install: npm install of the packed tarball by the
+	// server's user, then the adapter manager for each directory.
+	prefix := filepath.Join(pc.Files(), "adapter")
+	if err := os.MkdirAll(prefix, 0o755); err != nil {
+		return nil, err
+	}
+	if err := pc.Own(prefix); err != nil {
+		return nil, err
+	}
+	install := pc.Command(ctx, prefix, "npm", "install", "--prefix", prefix, "--no-audit", "--no-fund", pkg)
+	if out, err := install.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("npm install %s (the README's install, as the server's user): %w\n%s", pkg, err, out)
+	} else if strings.Contains(string(out), "EBADENGINE") {
+		return nil, fmt.Errorf("npm install %s warned of an engine mismatch on Paperclip's Node:\n%s", pkg, out)
+	}
+	realPaperclip.adapters = map[string]map[string]any{}
+	for typ, sub := range adapterPackageDirs {
+		dir := filepath.Join(prefix, "node_modules", "@clipjob", "paperclip-adapter", sub)
+		var installed map[string]any
+		if err := pc.Do(ctx, http.MethodPost, "/api/adapters/install", map[string]any{"packageName": dir, "isLocalPath": true}, &installed); err != nil {
+			return nil, fmt.Errorf("installing the adapter %s as the README says: %w", typ, err)
+		}
+		if installed["type"] != typ {
+			return nil, fmt.Errorf("installing %s registered type %v, want %s", dir, installed["type"], typ)
+		}
+		realPaperclip.adapters[typ] = installed
+	}
+	return pc, nil
+}
+
+// packAdapter is `npm pack` of the adapter (its prepack builds it), in the
+// server's files, readable by the server's user.
+func packAdapter(ctx context.Context, t *testing.T, pc *harness.Paperclip) (string, error) {
+	// As the invoking user, with their npm cache: the checkout is theirs.
+	cmd := exec.CommandContext(ctx, "npm", "pack", "--json", "--pack-destination", pc.Files())
+	cmd.Dir = adapterDir()
+	cmd.Env = withNode(t)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("npm pack in adapters/paperclip: %w\n%s", err, stderr.String())
+	}
+	var packed []struct{ Filename string }
+	if err := json.Unmarshal(out, &packed); err != nil || len(packed) != 1 {
+		return "", fmt.Errorf("npm pack --json answered %q (%v)", out, err)
+	}
+	return filepath.Join(pc.Files(), packed[0].Filename), nil
+}
+
+// pcCompany is a Paperclip company made for a test.
+type pcCompany struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+}
+
+type pcAgent struct {
+	ID        string `json:"id"`
+	CompanyID string `json:"companyId"`
+	Name      string `json:"name"`
+	Status    string `json:"status"`
+}
+
+// pcRun is the part of a heartbeat run the tests read.
+type pcRun struct {
+	ID            string         `json:"id"`
+	AgentID       string         `json:"agentId"`
+	Status        string         `json:"status"`
+	Error         string         `json:"error"`
+	ErrorCode     string         `json:"errorCode"`
+	ExitCode      *int           `json:"exitCode"`
+	UsageJSON     map[string]any `json:"usageJson"`
+	ResultJSON    map[string]any `json:"resultJson"`
+	SessionBefore string         `json:"sessionIdBefore"`
+	SessionAfter  string         `json:"sessionIdAfter"`
+	RetryOf       string         `json:"retryOfRunId"`
+}
+
+func (r pcRun) terminal() bool {
+	switch r.Status {
+	case "succeeded", "failed", "cancelled", "timed_out", "interrupted":
+		return true
+	}
+	return false
+}
+
+func newCompany(ctx context.Context, t *testing.T, pc *harness.Paperclip, name string) pcCompany {
+	t.Helper()
+	var c pcCompany
+	if err := pc.Do(ctx, http.MethodPost, "/api/companies", map[string]any{"name": name}, &c); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func newAgent(ctx context.Context, t *testing.T, pc *harness.Paperclip, company, name, adapterType string, adapterConfig, runtimeConfig map[string]any) pcAgent {
+	t.Helper()
+	body := map[string]any{"name": name, "adapterType": adapterType, "adapterConfig": adapterConfig}
+	if runtimeConfig != nil {
+		body["runtimeConfig"] = runtimeConfig
+	}
+	var a pcAgent
+	if err := pc.Do(ctx, http.MethodPost, "/api/companies/"+company+"/agents", body, &a); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// wake asks Paperclip for a run of agent, as the board's "Run now" does,
+// and returns the run it queued.
+func wake(ctx context.Context, t *testing.T, pc *harness.Paperclip, agent string, reason string) pcRun {
+	t.Helper()
+	var r pcRun
+	if err := pc.Do(ctx, http.MethodPost, "/api/agents/"+agent+"/wakeup", map[string]any{"source": "on_demand", "triggerDetail": "manual", "reason": reason}, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.ID == "" {
+		t.Fatalf("wakeup of agent %s queued no run: %+v", agent, r)
+	}
+	return r
+}
+
+func getRun(ctx context.Context, pc *harness.Paperclip, id string) (pcRun, error) {
+	var r pcRun
+	err := pc.Do(ctx, http.MethodGet, "/api/heartbeat-runs/"+id, nil, &r)
+	return r, err
+}
+
+// waitRunEnds waits (generously: a pod on a busy machine) until Paperclip
+// records run id as ended.
+func waitRunEnds(ctx context.Context, t *testing.T, pc *harness.Paperclip, id string) pcRun {
+	t.Helper()
+	var r pcRun
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
+		var err error
+		r, err = getRun(ctx, pc, id)
+		return err == nil && r.terminal(), nil
+	})
+	if err != nil {
+		t.Fatalf("run %s did not end: last %+v\n%s", id, r, runLogText(ctx, pc, id))
+	}
+	return r
+}
+
+// waitRunStatus waits until run id's status is one of want.
+func waitRunStatus(ctx context.Context, t *testing.T, pc *harness.Paperclip, id string, want ...string) pcRun {
+	t.Helper()
+	var r pcRun
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
+		var err error
+		r, err = getRun(ctx, pc, id)
+		return err == nil && slices.Contains(want, r.Status), nil
+	})
+	if err != nil {
+		t.Fatalf("run %s never became %v: last %+v\n%s", id, want, r, runLogText(ctx, pc, id))
+	}
+	return r
+}
+
+// pcLogLine is one record of a run's log as Paperclip stores it.
+type pcLogLine struct {
+	Stream string `json:"stream"`
+	Chunk  string `json:"chunk"`
+}
+
+// runLog is the run's log through Paperclip's API, every record.
+func runLog(ctx context.Context, pc *harness.Paperclip, id string) ([]pcLogLine, error) {
+	var out []pcLogLine
+	offset := 0
+	for {
+		var page struct {
+			Content    string `json:"content"`
+			NextOffset *int   `json:"nextOffset"`
+		}
+		if err := pc.Do(ctx, http.MethodGet, fmt.Sprintf("/api/heartbeat-runs/%s/log?offset=%d&limitBytes=1048576", url.PathEscape(id), offset), nil, &page); err != nil {
+			return out, err
+		}
+		sc := bufio.NewScanner(strings.NewReader(page.Content))
+		sc.Buffer(make([]byte, 0, 64<<10), 8<<20)
+		for sc.Scan() {
+			var l pcLogLine
+			if json.Unmarshal(sc.Bytes(), &l) == nil {
+				out = append(out, l)
+			}
+		}
+		if page.NextOffset == nil || *page.NextOffset <= offset {
+			return out, nil
+		}
+		offset = *page.NextOffset
+	}
+}
+
+// runLogText is the run's log, for a failure message.
+func runLogText(ctx context.Context, pc *harness.Paperclip, id string) string {
+	lines, err := runLog(ctx, pc, id)
+	var b strings.Builder
+	fmt.Fprintf(&b, "Paperclip's log of run %s (%d records, err %v):\n", id, len(lines), err)
+	for _, l := range lines {
+		fmt.Fprintf(&b, "  %s: %s", l.Stream, strings.TrimRight(truncateText(l.Chunk, 400), "\n")+"\n")
+	}
+	return b.String()
+}
+
+func truncateText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// stdoutLines are the agent's output lines in the run's log, in order.
+func stdoutLines(lines []pcLogLine) []string {
+	var out []string
+	for _, l := range lines {
+		if l.Stream == "stdout" {
+			out = append(out, strings.Split(strings.TrimRight(l.Chunk, "\n"), "\n")...)
+		}
+	}
+	return out
+}
+
+// agentTexts are the assistant texts among the agent's stream-json lines.
+func agentTexts(lines []string) []string {
+	var out []string
+	for _, l := range lines {
+		var ev struct {
+			Type    string
+			Message struct{ Content []struct{ Type, Text string } }
+		}
+		if json.Unmarshal([]byte(l), &ev) != nil || ev.Type != "assistant" {
+			continue
+		}
+		for _, c := range ev.Message.Content {
+			if c.Type == "text" {
+				out = append(out, c.Text)
+			}
+		}
+	}
+	return out
+}
+
+// realNodeProfiles puts the profiles the adapter's types use on the real
+// node (the suite's other tests keep kwok), for the rest of the test.
+func realNodeProfiles(ctx context.Context, t *testing.T) {
+	t.Helper()
+	original := restoreConfigAfter(t)
+	sel, tol := cluster.RealNodePlacement()
+	var placement strings.Builder
+	for k, v := range sel {
+		fmt.Fprintf(&placement, "    nodeSelector: {%q: %q}\n", k, v)
+	}
+	fmt.Fprintf(&placement, "    tolerations: [{key: %q, operator: %s, effect: %s}]\n", tol[0].Key, tol[0].Operator, tol[0].Effect)
+	writeConfig(ctx, t, string(original)+"profiles:\n  claude_local:\n"+placement.String()+"  opencode_local:\n"+placement.String(), true)
+}
+
+func TestPaperclipServerRunsAnAgentThroughClipjob(t *testing.T) {
+	pc := thePaperclip(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	realNodeProfiles(ctx, t)
+
+	// The adapter manager's view of what the README's install registered.
+	var listed []map[string]any
+	if err := pc.Do(ctx, http.MethodGet, "/api/adapters", nil, &listed); err != nil {
+		t.Fatal(err)
+	}
+	for typ := range adapterPackageDirs {
+		i := slices.IndexFunc(listed, func(a map[string]any) bool { return a["type"] == typ })
+		if i < 0 {
+			t.Fatalf("the adapter manager does not list %s after the README's install: %v", typ, listed)
+		}
+		a := listed[i]
+		if a["source"] != "external" || a["loaded"] != true || a["overriddenBuiltin"] != false {
+			t.Errorf("adapter %s: %v, want external, loaded, not overriding a built-in type", typ, a)
+		}
+	}
+
+	company := newCompany(ctx, t, pc, "Acme Robotics")
+	agent := newAgent(ctx, t, pc, company.ID, "Builder", "claude_k8s", map[string]any{
+		"promptTemplate": "lines=6 rate=20 probe=1 (agent {{agent.name}})",
+	}, nil)
+	run := wake(ctx, t, pc, agent.ID, "e2e: the first run")
+	done := waitRunEnds(ctx, t, pc, run.ID)
+	if done.Status != "succeeded" {
+		t.Fatalf("run %s: %+v\n%s", run.ID, done, runLogText(ctx, pc, run.ID))
+	}
+	lines, err := runLog(ctx, pc, run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"line 1", "line 2", "line 3", "line 4", "line 5", "line 6"}
+	if got := agentTexts(stdoutLines(lines)); !slices.Equal(got, want) {
+		t.Errorf("the agent's lines in Paperclip's run log: %q, want %q\n%s", got, want, runLogText(ctx, pc, run.ID))
+	}
+	if done.SessionAfter == "" || !strings.HasPrefix(done.SessionAfter, "fake-") {
+		t.Errorf("session recorded after the run: %q, want the fake agent's", done.SessionAfter)
+	}
+	if cost, _ := done.UsageJSON["costUsd"].(float64); cost != 0.0123 {
+		t.Errorf("usage recorded: %v, want costUsd 0.0123", done.UsageJSON)
+	}
+	t.Logf("run %s: %+v", run.ID, done)
+}
