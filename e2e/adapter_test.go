@@ -109,6 +109,8 @@ type adapterSpec struct {
 	AgentID        string `json:"agentId"`
 	RunID          string `json:"runId"`
 	TaskID         string `json:"taskId,omitempty"`
+	// RetryOf is the run Paperclip retries with this one (retryOfRunId).
+	RetryOf string `json:"retryOfRunId,omitempty"`
 	Prompt         string `json:"prompt"`
 	CancelAfterMs  int    `json:"cancelAfterMs,omitempty"`
 	// Mode "testEnvironment" runs the adapter's checks instead of a run.
@@ -510,8 +512,8 @@ func TestPaperclipAdapterRunsAnAgent(t *testing.T) {
 		if res.ErrorMeta["holderJob"] != ns+"/"+job.Name {
 			t.Errorf("errorMeta %v: want holderJob %s/%s", res.ErrorMeta, ns, job.Name)
 		}
-		if n := strings.Join(b.lines("stderr"), ""); !strings.Contains(n, "works on task task-1, not this run's task task-2: not re-attaching") {
-			t.Errorf("notices %q: want one saying it did not re-attach to the other task's run", n)
+		if n := strings.Join(b.lines("stderr"), ""); !strings.Contains(n, "the agent's run "+run+" is another run: not re-attaching") {
+			t.Errorf("notices %q: want one saying it did not re-attach to the agent's other run", n)
 		}
 	})
 	t.Run("a second run is refused by clipjob's claim", func(t *testing.T) {
@@ -699,7 +701,7 @@ func TestPaperclipAdapterCancelsARun(t *testing.T) {
 	if err != nil || claim.HolderOf(lease).UID != string(nextJob.UID) {
 		t.Errorf("the agent's claim after the cancel: %v %v, want it held by the next run's Job", lease, err)
 	}
-	if n := next.lines("stderr"); !slices.ContainsFunc(n, func(l string) bool { return strings.Contains(l, "not re-attaching to the agent's run "+run) }) {
+	if n := next.lines("stderr"); !slices.ContainsFunc(n, func(l string) bool { return strings.Contains(l, "the agent's run "+run+" is another run: not re-attaching") }) {
 		t.Errorf("the next run's notices %q: want one saying it did not re-attach to the cancelled run", n)
 	}
 	nextPod := waitPod(ctx, t, nextJob.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
@@ -727,7 +729,9 @@ func TestPaperclipAdapterCancelsARun(t *testing.T) {
 func TestPaperclipAdapterIgnoresACopiedJob(t *testing.T) {
 	const agent, run = "agent-e2e-pc-copied", "e2e-pc-copied-victim"
 	spec := paperclipServer(t, agent, run)
-	spec.TaskID = "task-1"
+	// The copy claims to be the run Paperclip retries with this one: only
+	// who created it tells it apart.
+	spec.TaskID, spec.RetryOf = "task-1", "e2e-pc-copied-run"
 	r, reader, _ := theRelay(t)
 	ctx := ctxT(t)
 	copier := clientAs(ctx, t, "e2e-label-copier", "create")
@@ -830,7 +834,7 @@ func TestPaperclipAdapterInQueueMode(t *testing.T) {
 	b.kill() // the server restarts while the run waits
 
 	retried := paperclipServer(t, agent, "e2e-pc-queue-2-retry")
-	retried.TaskID = "task-2"
+	retried.TaskID, retried.RetryOf = "task-2", "e2e-pc-queue-2"
 	c := startAdapter(ctx, t, retried)
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 		return slices.ContainsFunc(c.lines("stderr"), func(l string) bool {

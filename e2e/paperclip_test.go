@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/paperclipai/clipjob/e2e/cluster"
@@ -410,4 +411,281 @@ func TestPaperclipServerRunsAnAgentThroughClipjob(t *testing.T) {
 		t.Errorf("usage recorded: %v, want costUsd 0.0123", done.UsageJSON)
 	}
 	t.Logf("run %s: %+v", run.ID, done)
+}
+
+// agentRuns are the agent's runs as Paperclip lists them.
+func agentRuns(ctx context.Context, t *testing.T, pc *harness.Paperclip, company, agent string) []pcRun {
+	t.Helper()
+	var runs []pcRun
+	if err := pc.Do(ctx, http.MethodGet, "/api/companies/"+company+"/heartbeat-runs?agentId="+agent+"&limit=100", nil, &runs); err != nil {
+		t.Fatal(err)
+	}
+	return runs
+}
+
+// costOf is what Paperclip recorded as the run's cost.
+func costOf(r pcRun) float64 {
+	c, _ := r.UsageJSON["costUsd"].(float64)
+	return c
+}
+
+// agentJobs are the agent's Jobs in the suite's namespace.
+func agentJobs(ctx context.Context, t *testing.T, agent string) []string {
+	t.Helper()
+	list, err := env.cs.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: "paperclip.io/agent-id=" + agent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, j := range list.Items {
+		if j.DeletionTimestamp == nil {
+			names = append(names, j.Name)
+		}
+	}
+	return names
+}
+
+// waitAgentJobs waits until the agent has n Jobs not being deleted.
+func waitAgentJobs(ctx context.Context, t *testing.T, agent string, n int) {
+	t.Helper()
+	var jobs []string
+	if err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		jobs = agentJobs(ctx, t, agent)
+		return len(jobs) == n, nil
+	}); err != nil {
+		t.Fatalf("agent %s's Jobs: %v, want %d", agent, jobs, n)
+	}
+}
+
+// Two runs of one agent at once (Paperclip allows 20 by default): each is
+// its own run, never attached to the other's Job nor billed its cost. With
+// clipjob in Reject mode the second is refused as busy, in terms Paperclip
+// retries (nothing ran, transient): its retry runs once the first is done.
+func TestPaperclipRunsOfOneAgentAtOnce(t *testing.T) {
+	pc := thePaperclip(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	realNodeProfiles(ctx, t)
+	company := newCompany(ctx, t, pc, "Concurrent Co")
+	agent := newAgent(ctx, t, pc, company.ID, "Twice", "claude_k8s", map[string]any{"promptTemplate": "lines=3 sleep=6"}, nil)
+	first := wake(ctx, t, pc, agent.ID, "e2e: first")
+	waitAgentJobs(ctx, t, agent.ID, 1) // the first run holds the agent
+	second := wake(ctx, t, pc, agent.ID, "e2e: second, while the first runs")
+
+	refused := waitRunEnds(ctx, t, pc, second.ID)
+	if refused.Status != "failed" || refused.ErrorCode != "k8s_concurrent_run_blocked" {
+		t.Fatalf("the second run: %+v, want failed with k8s_concurrent_run_blocked\n%s", refused, runLogText(ctx, pc, second.ID))
+	}
+	if costOf(refused) != 0 {
+		t.Errorf("the refused run was billed %v: another run's cost", refused.UsageJSON)
+	}
+	lines, _ := runLog(ctx, pc, second.ID)
+	if got := agentTexts(stdoutLines(lines)); len(got) != 0 {
+		t.Errorf("the refused run's log holds agent output %q: another run's", got)
+	}
+	done := waitRunEnds(ctx, t, pc, first.ID)
+	if done.Status != "succeeded" || costOf(done) != 0.0123 {
+		t.Fatalf("the first run: %+v", done)
+	}
+	// Paperclip runs the refused one again (its bounded retry, 30 s later).
+	var retry pcRun
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		for _, r := range agentRuns(ctx, t, pc, company.ID, agent.ID) {
+			if r.RetryOf == second.ID && r.terminal() {
+				retry = r
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("Paperclip did not run the refused run again: %v", agentRuns(ctx, t, pc, company.ID, agent.ID))
+	}
+	if retry.Status != "succeeded" || costOf(retry) != 0.0123 {
+		t.Errorf("the retry of the refused run: %+v\n%s", retry, runLogText(ctx, pc, retry.ID))
+	}
+	total := 0.0
+	for _, r := range agentRuns(ctx, t, pc, company.ID, agent.ID) {
+		total += costOf(r)
+	}
+	if total < 0.0245 || total > 0.0247 {
+		t.Errorf("the agent's runs cost %v in all, want two runs' 0.0246", total)
+	}
+}
+
+// With maxConcurrentRuns 1 (what the README tells operators to set)
+// Paperclip itself queues the second run; none is refused.
+func TestPaperclipQueuesAnAgentsSecondRunWithOneSlot(t *testing.T) {
+	pc := thePaperclip(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	realNodeProfiles(ctx, t)
+	company := newCompany(ctx, t, pc, "One Slot Co")
+	agent := newAgent(ctx, t, pc, company.ID, "Once", "claude_k8s", map[string]any{"promptTemplate": "lines=2 sleep=4"},
+		map[string]any{"heartbeat": map[string]any{"maxConcurrentRuns": 1}})
+	first := wake(ctx, t, pc, agent.ID, "e2e: first")
+	second := wake(ctx, t, pc, agent.ID, "e2e: second")
+	for _, id := range []string{first.ID, second.ID} {
+		if r := waitRunEnds(ctx, t, pc, id); r.Status != "succeeded" || costOf(r) != 0.0123 {
+			t.Errorf("run %s: %+v\n%s", id, r, runLogText(ctx, pc, id))
+		}
+	}
+}
+
+// The server's local paths and loopback URLs never reach the pod: the
+// fake agent's probe lists the names of its environment.
+func TestPaperclipRunEnvHoldsNoServerPaths(t *testing.T) {
+	pc := thePaperclip(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	realNodeProfiles(ctx, t)
+	company := newCompany(ctx, t, pc, "Env Co")
+	agent := newAgent(ctx, t, pc, company.ID, "Prober", "claude_k8s", map[string]any{
+		"promptTemplate": "lines=1 probe=1",
+		// An agent's own env that names a loopback URL is left out too.
+		"env": map[string]any{"MY_LOCAL_URL": "http://127.0.0.1:3100/api", "MY_SETTING": "kept"},
+	}, nil)
+	run := wake(ctx, t, pc, agent.ID, "e2e: probe")
+	if r := waitRunEnds(ctx, t, pc, run.ID); r.Status != "succeeded" {
+		t.Fatalf("run: %+v\n%s", r, runLogText(ctx, pc, run.ID))
+	}
+	lines, _ := runLog(ctx, pc, run.ID)
+	var names []string
+	for _, l := range stdoutLines(lines) {
+		var ev struct {
+			Subtype string
+			Probe   struct{ Env []string }
+		}
+		if json.Unmarshal([]byte(l), &ev) == nil && ev.Subtype == "fake_agent_probe" {
+			names = ev.Probe.Env
+		}
+	}
+	if names == nil {
+		t.Fatalf("no probe line in the run's log\n%s", runLogText(ctx, pc, run.ID))
+	}
+	for _, k := range []string{"TMPDIR", "TMP", "TEMP", "PAPERCLIP_RUN_SCRATCH_DIR", "AGENT_HOME", "GH_CONFIG_DIR", "MY_LOCAL_URL", "PAPERCLIP_RUNTIME_TOOLS_MCP_URL"} {
+		if slices.Contains(names, k) {
+			t.Errorf("%s reached the pod (its env: %v)", k, names)
+		}
+	}
+	if !slices.Contains(names, "MY_SETTING") || !slices.Contains(names, "PAPERCLIP_RUN_ID") {
+		t.Errorf("the run's own env did not reach the pod: %v", names)
+	}
+	var notes []string
+	for _, l := range lines {
+		if l.Stream == "stderr" && strings.Contains(l.Chunk, "left out of the pod's env") {
+			notes = append(notes, l.Chunk)
+		}
+	}
+	if len(notes) != 1 || !strings.Contains(notes[0], "TMPDIR") || !strings.Contains(notes[0], "MY_LOCAL_URL") || strings.Contains(notes[0], "127.0.0.1") {
+		t.Errorf("the run's log should name what was left out, not its values: %q", notes)
+	}
+}
+
+// A restart of Paperclip mid-run: a graceful one (SIGTERM) deletes the
+// interrupted run's Job; a crash (SIGKILL) leaves it, and the agent's next
+// run finds it through clipjob's 409, asks Paperclip, which says the run is
+// over, and deletes it. Either way the agent's next run runs.
+func TestPaperclipRestartMidRun(t *testing.T) {
+	pc := thePaperclip(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+	realNodeProfiles(ctx, t)
+	company := newCompany(ctx, t, pc, "Restart Co")
+	for _, stop := range []string{"SIGTERM", "SIGKILL"} {
+		t.Run(stop, func(t *testing.T) {
+			agent := newAgent(ctx, t, pc, company.ID, "Long "+stop, "claude_k8s", map[string]any{"promptTemplate": "lines=1 sleep=600"}, nil)
+			run := wake(ctx, t, pc, agent.ID, "e2e: a long run")
+			waitRunStatus(ctx, t, pc, run.ID, "running")
+			waitAgentJobs(ctx, t, agent.ID, 1)
+			if stop == "SIGTERM" {
+				pc.Stop()
+				if got := agentJobs(ctx, t, agent.ID); len(got) != 0 {
+					t.Errorf("after a graceful stop the interrupted run's Job is still there: %v", got)
+				}
+			} else {
+				pc.Kill()
+				if got := agentJobs(ctx, t, agent.ID); len(got) != 1 {
+					t.Fatalf("a crash leaves the Job (nobody could delete it): %v", got)
+				}
+				// The server stays down over a minute, as after a crash
+				// that needs someone: Paperclip's controller lease on the
+				// run (60 s) has expired when it starts, so it marks the
+				// run lost at once. (Back sooner, it marks it lost ~5
+				// minutes after the run's last update; the agent's runs
+				// are refused and retried until then.)
+				time.Sleep(65 * time.Second)
+			}
+			if err := pc.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			old := waitRunEnds(ctx, t, pc, run.ID)
+			t.Logf("after the %s restart Paperclip records the run %s (%s)", stop, old.Status, old.ErrorCode)
+			if err := pc.Do(ctx, http.MethodPatch, "/api/agents/"+agent.ID, map[string]any{"adapterConfig": map[string]any{"promptTemplate": "lines=2"}}, nil); err != nil {
+				t.Fatal(err)
+			}
+			next := wake(ctx, t, pc, agent.ID, "e2e: after the restart")
+			done := waitRunEnds(ctx, t, pc, next.ID)
+			if done.Status != "succeeded" {
+				t.Fatalf("the agent's next run after a %s restart: %+v\n%s", stop, done, runLogText(ctx, pc, next.ID))
+			}
+			if stop == "SIGKILL" {
+				if log := runLogText(ctx, pc, next.ID); !strings.Contains(log, "ended in Paperclip") {
+					t.Errorf("the next run does not say it deleted the orphan:\n%s", log)
+				}
+			}
+			if got := agentJobs(ctx, t, agent.ID); len(got) > 1 {
+				t.Errorf("Jobs left: %v", got)
+			}
+		})
+	}
+}
+
+// Paperclip's "Test environment" for the adapter, through its API.
+func TestPaperclipTestEnvironment(t *testing.T) {
+	pc := thePaperclip(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	company := newCompany(ctx, t, pc, "Checks Co")
+	var res struct {
+		Status string
+		Checks []struct{ Code, Level, Message, Hint string }
+	}
+	if err := pc.Do(ctx, http.MethodPost, "/api/companies/"+company.ID+"/adapters/claude_k8s/test-environment", map[string]any{"adapterConfig": map[string]any{}}, &res); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range res.Checks {
+		if c.Level == "error" {
+			t.Errorf("check %s: %s (%s)", c.Code, c.Message, c.Hint)
+		}
+	}
+	if res.Status == "fail" || len(res.Checks) == 0 {
+		t.Errorf("the environment test through Paperclip: %+v", res)
+	}
+}
+
+// The adapter types offer the models of Paperclip's built-in adapter of
+// the same CLI, as Paperclip lists them.
+func TestPaperclipListsTheBuiltInAdaptersModels(t *testing.T) {
+	pc := thePaperclip(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	company := newCompany(ctx, t, pc, "Models Co")
+	ids := func(typ string) []string {
+		var models []struct{ ID string }
+		if err := pc.Do(ctx, http.MethodGet, "/api/companies/"+company.ID+"/adapters/"+typ+"/models", nil, &models); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, m := range models {
+			out = append(out, m.ID)
+		}
+		return out
+	}
+	for ours, builtin := range map[string]string{"claude_k8s": "claude_local", "opencode_k8s": "opencode_local"} {
+		got, want := ids(ours), ids(builtin)
+		if len(want) == 0 || !slices.Equal(got, want) {
+			t.Errorf("%s lists models %v; %s lists %v", ours, got, builtin, want)
+		}
+	}
 }

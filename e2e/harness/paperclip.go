@@ -88,11 +88,15 @@ func NewPaperclip() (*Paperclip, error) {
 	if err != nil {
 		return nil, err
 	}
+	reapStalePaperclips()
 	dir, err := os.MkdirTemp("", "clipjob-paperclip-")
 	if err != nil {
 		return nil, err
 	}
 	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
 		return nil, err
 	}
 	p := &Paperclip{Dir: dir, Home: filepath.Join(dir, "home"), Log: filepath.Join(dir, "server.log"), uid: -1, install: install, Env: map[string]string{}}
@@ -130,6 +134,29 @@ func NewPaperclip() (*Paperclip, error) {
 	p.port = port
 	p.URL = fmt.Sprintf("http://127.0.0.1:%d", port)
 	return p, nil
+}
+
+// reapStalePaperclips stops what a test binary that died (a timeout, a
+// kill) left of its servers: the embedded PostgreSQL outlives the server
+// (a grandchild, not reached by the parent-death signal), and the install
+// stays mounted. Their directories stay, with their logs.
+func reapStalePaperclips() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "clipjob-paperclip-*"))
+	for _, dir := range dirs {
+		data, err := os.ReadFile(filepath.Join(dir, "owner.pid"))
+		if err != nil {
+			continue
+		}
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err != nil || pid <= 1 || syscall.Kill(pid, 0) == nil {
+			continue // its test binary is alive
+		}
+		stale := &Paperclip{Dir: dir, Home: filepath.Join(dir, "home"), install: filepath.Join(dir, "install")}
+		stale.stopPostgres()
+		if err := syscall.Unmount(stale.install, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
+			continue
+		}
+		_ = os.Remove(filepath.Join(dir, "owner.pid"))
+	}
 }
 
 // Files is the directory for what the server reads (kubeconfig, tokens,
@@ -319,7 +346,12 @@ func (p *Paperclip) signal(sig syscall.Signal, grace time.Duration) {
 		<-p.done
 	}
 	p.done <- nil
-	// A PostgreSQL left by a kill (it may have left the group) stops too.
+	p.stopPostgres()
+}
+
+// stopPostgres stops the instance's PostgreSQL if it still runs (a kill
+// of the server leaves it: it is not in the server's process group).
+func (p *Paperclip) stopPostgres() {
 	pidFile := filepath.Join(p.Home, "instances", "default", "db", "postmaster.pid")
 	if data, err := os.ReadFile(pidFile); err == nil {
 		if pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(data), "\n", 2)[0])); err == nil && pid > 1 {

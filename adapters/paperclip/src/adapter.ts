@@ -12,6 +12,7 @@ import type {
   AdapterEnvironmentTestResult,
   AdapterExecutionContext,
   AdapterExecutionResult,
+  AdapterModel,
   AdapterSessionCodec,
   ServerAdapterModule,
 } from "@paperclipai/adapter-utils";
@@ -45,24 +46,46 @@ import {
 } from "./errors.js";
 import { buildRunObjects, isLabelValue, jobNameFor, renameRunSecret, retryJobName, RunIdentityError, type RunObjects } from "./job.js";
 import { kubeApi, loadKubeConfig, type KubeApi } from "./kube.js";
+import { builtinModels, CLAUDE_MODELS, OPENCODE_MODELS } from "./models.js";
+import { ENDED_RUN_STATUSES, paperclipRuns, type PaperclipRuns } from "./paperclip.js";
 import { buildPrompt, buildRunEnv, retryOfRunId, sessionToResume, taskIdOf, workspaceOf } from "./prompt.js";
 import { followRun, RelayClient, type FollowOptions, type JobState, type RelayRun } from "./relay.js";
 import { toExecutionResult } from "./result.js";
+import { followUntilShutdown } from "./shutdown.js";
 
 /** The phase this adapter gives a run clipjob queued, which the relay does not know yet. */
 const QUEUED_PHASE = "Queued";
 
 /** One Paperclip adapter type and the clipjob profile its runs use. */
 export interface AdapterDefinition {
-  /** Paperclip's adapter type. Not a built-in type: Paperclip refuses to let a plugin replace one. */
+  /**
+   * Paperclip's adapter type. Not a built-in type: Paperclip would let it
+   * take one over, which would move every local agent of that type to
+   * Kubernetes at once (see the README).
+   */
   type: string;
   label: string;
   /** The paperclip.io/adapter-type label: the clipjob profile (config key `profile` overrides it). */
   profile: string;
+  /** The models an agent may pick, and the built-in adapter package whose list they follow. */
+  models?: AdapterModel[];
+  builtinPackage?: string;
 }
 
-export const CLAUDE_ADAPTER: AdapterDefinition = { type: "claude_k8s", label: "Claude (Kubernetes, clipjob)", profile: "claude_local" };
-export const OPENCODE_ADAPTER: AdapterDefinition = { type: "opencode_k8s", label: "OpenCode (Kubernetes, clipjob)", profile: "opencode_local" };
+export const CLAUDE_ADAPTER: AdapterDefinition = {
+  type: "claude_k8s",
+  label: "Claude (Kubernetes, clipjob)",
+  profile: "claude_local",
+  models: CLAUDE_MODELS,
+  builtinPackage: "@paperclipai/adapter-claude-local",
+};
+export const OPENCODE_ADAPTER: AdapterDefinition = {
+  type: "opencode_k8s",
+  label: "OpenCode (Kubernetes, clipjob)",
+  profile: "opencode_local",
+  models: OPENCODE_MODELS,
+  builtinPackage: "@paperclipai/adapter-opencode-local",
+};
 
 /** Seams for tests: the cluster, the relay, and the follower's timings. */
 export interface AdapterDeps {
@@ -74,6 +97,8 @@ export interface AdapterDeps {
   /** How often a cancelled Job is checked for being gone. Default 1 s. */
   cancelPollMs?: number;
   env?: NodeJS.ProcessEnv;
+  /** Paperclip's API, as the run (whether a run is still live there). */
+  paperclip?: (settings: ClipjobSettings, token: string | undefined) => PaperclipRuns;
 }
 
 const defaultKube = (s: ClipjobSettings): KubeApi => kubeApi(loadKubeConfig(s.kubeconfig));
@@ -433,11 +458,19 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
 
   ctx.onDispatch?.();
   let admitted: V1Job | null = null;
+  let reaped = false;
   for (let attempt = 0; attempt < 2 && !admitted; attempt++) {
     try {
       admitted = await kube.createJob(ns, objects.job);
     } catch (err) {
       const f = classifyCreateError(err);
+      if (f.kind === "agent-busy" && !reaped && f.holderJob && f.holderRunId !== ctx.runId) {
+        reaped = true;
+        if (await reapOrphan(f.holderJob, f.holderRunId)) {
+          attempt--;
+          continue;
+        }
+      }
       if (f.kind === "name-taken") {
         const prior = await priorAttempt();
         if ("job" in prior) {
@@ -472,9 +505,67 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     await notice(
       `queued by clipjob: the run starts when the agent's active run${holder ? ` (Job ${holder})` : ""} ends${position ? `; position ${position} in the agent's queue` : ""}`,
     );
+    // An orphan ahead of it would hold it until the orphan's deadline.
+    if (holder) await reapOrphan(holder.includes("/") ? holder : `${ns}/${holder}`);
   }
   if (ctx.signal?.aborted) return cancelRun(jobName, ns, admitted?.metadata?.uid);
   return follow(ctx.runId, ns, jobName, resumeSession || null, admitted?.metadata?.uid);
+
+  /**
+   * Deletes the agent's active Job `holderRef` (namespace/name) when it is
+   * an orphan: this server's Job of another run of this agent that
+   * Paperclip says has ended (a server that stopped mid-run left it, and
+   * nobody follows it). True when it was deleted and is gone. Anything
+   * that cannot be shown leaves the Job alone.
+   */
+  async function reapOrphan(holderRef: string, holderRunId?: string): Promise<boolean> {
+    const [holderNs, holderName] = holderRef.split("/", 2);
+    if (!holderNs || !holderName || holderNs !== ns) return false;
+    let job: V1Job;
+    try {
+      job = await kube.readJob(holderNs, holderName);
+    } catch {
+      return false;
+    }
+    const labels = job.metadata?.labels ?? {};
+    const runId = labels[LABEL_RUN_ID] ?? "";
+    if (!runId || runId === ctx.runId || (holderRunId && runId !== holderRunId) || labels[LABEL_AGENT_ID] !== agentId) return false;
+    if (job.metadata?.deletionTimestamp || jobFinished(job)) return false;
+    if (!("ours" in (await ownershipOf(job)))) return false;
+    const paperclip = deps.paperclip ? deps.paperclip(settings, ctx.authToken) : paperclipRuns(settings.serverApiUrl, ctx.authToken);
+    const state = await paperclip.runStatus(runId, ctx.signal);
+    if ("unknown" in state) {
+      await notice(`the agent's run ${runId} holds it (Job ${holderRef}); whether Paperclip still runs it is not known (${state.unknown}), so it is left alone`);
+      return false;
+    }
+    if (!ENDED_RUN_STATUSES.has(state.status)) return false;
+    await notice(
+      `the agent's run ${runId} ended in Paperclip (${state.status}) but its Job ${holderRef} is still active: a server that stopped mid-run left it, and nobody follows it. Deleting it`,
+    );
+    try {
+      await kube.deleteJob(holderNs, holderName, settings.deletePropagation, job.metadata?.uid);
+    } catch (err) {
+      if (!isNotFound(err)) {
+        await notice(`deleting the orphaned Job ${holderRef}: ${readKubeError(err).message}`);
+        return false;
+      }
+    }
+    return waitGone(holderNs, holderName);
+  }
+
+  /** Waits (cancelGraceSec at most) until Job namespace/name is gone. */
+  async function waitGone(namespace: string, name: string): Promise<boolean> {
+    const deadline = Date.now() + settings.cancelGraceSec * 1000;
+    for (;;) {
+      try {
+        await kube.readJob(namespace, name);
+      } catch (err) {
+        if (isNotFound(err)) return true;
+      }
+      if (Date.now() >= deadline) return false;
+      await sleep(deps.cancelPollMs ?? 1000);
+    }
+  }
 
   /**
    * Why the relay's record of the run is not the run of Job `job`
@@ -517,6 +608,8 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     ctx.signal?.addEventListener("abort", onAbort, { once: true });
     // A cancel that came before this point fired no event.
     if (ctx.signal?.aborted) stop.abort();
+    // A graceful stop of the server deletes the Job (shutdown.ts).
+    const forget = job ? followUntilShutdown({ kube, namespace, job, uid: jobUid, propagation: settings.deletePropagation, notice }) : () => {};
     let outcome;
     try {
       outcome = await followRun({
@@ -563,6 +656,7 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
       });
     } finally {
       ctx.signal?.removeEventListener("abort", onAbort);
+      forget();
     }
     const jobRef = job ? `${namespace}/${job}` : null;
     switch (outcome.kind) {
@@ -575,11 +669,11 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
       case "unavailable":
         if (outcome.jobState === "active") {
           // The agent is still working: say so, rather than let the run
-          // look failed and its Job forgotten. The agent's next run
-          // re-attaches to it; cancelling this one deletes it.
+          // look failed and its Job forgotten. Paperclip records this run
+          // failed, so the agent's next run deletes the Job (reapOrphan).
           return failureResult(
             ErrorCodes.relayUnavailable,
-            `Following run ${runId}: ${outcome.message}. Its Job ${jobRef} is still running: the agent's next run re-attaches to it, and cancelling deletes it`,
+            `Following run ${runId}: ${outcome.message}. Its Job ${jobRef} is still running: this run is over for Paperclip, so the agent's next run that meets the Job deletes it`,
             { job: jobRef, lastSeq: outcome.lastSeq, stillRunning: true },
           );
         }
@@ -640,20 +734,7 @@ export async function executeRun(def: AdapterDefinition, ctx: AdapterExecutionCo
     }
     // With Foreground propagation the Job is gone only once its pods are,
     // so its absence confirms the agent stopped.
-    const deadline = Date.now() + settings.cancelGraceSec * 1000;
-    let gone = false;
-    for (;;) {
-      try {
-        await kube.readJob(namespace, job);
-      } catch (err) {
-        if (isNotFound(err)) {
-          gone = true;
-          break;
-        }
-      }
-      if (Date.now() >= deadline) break;
-      await sleep(deps.cancelPollMs ?? 1000);
-    }
+    const gone = await waitGone(namespace, job);
     // A Job deleted at once may go before clipjob made it the owner of the
     // run's Secrets; with the Job gone they serve nothing, so remove them
     // (already gone with the Job is fine).
@@ -915,6 +996,8 @@ export function createClipjobAdapter(def: AdapterDefinition, deps: AdapterDeps =
     ...(sessionManagement ? { sessionManagement } : {}),
     // The agent calls Paperclip back with the run's token (PAPERCLIP_API_KEY).
     supportsLocalAgentJwt: true,
+    ...(def.models ? { models: def.models } : {}),
+    ...(def.models && def.builtinPackage ? { listModels: () => builtinModels(def.builtinPackage!, def.models!) } : {}),
     agentConfigurationDoc: agentConfigurationDoc(def),
   };
 }

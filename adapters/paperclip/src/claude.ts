@@ -6,7 +6,7 @@ import { agentConfigurationDoc as docFor, CLAUDE_ADAPTER, createClipjobAdapter }
 
 export const type = CLAUDE_ADAPTER.type;
 export const label = CLAUDE_ADAPTER.label;
-export const models = undefined;
+export const models = CLAUDE_ADAPTER.models;
 export const agentConfigurationDoc = docFor(CLAUDE_ADAPTER);
 
 export function createServerAdapter(): ServerAdapterModule {

@@ -151,21 +151,44 @@ function failed(errorCode: ErrorCode, errorMessage: string, errorMeta?: Record<s
   return { exitCode: null, signal: null, timedOut: false, errorCode, errorMessage, ...(errorMeta ? { errorMeta } : {}) };
 }
 
+/** How long Paperclip waits before it runs a refused run again (its own bounded retry waits 30 s twice). */
+export const BUSY_RETRY_AFTER_MS = 30_000;
+
+/**
+ * A run refused because the agent is busy, in the terms Paperclip retries:
+ * nothing of the agent ran (bootstrap, no provider work started), and the
+ * cause is transient. Paperclip then schedules the run again (twice, 30 s
+ * apart, as for a provider's transient error) instead of asking the board
+ * to reconcile it; the run's error code still says why.
+ */
+function busy(result: AdapterExecutionResult, now = Date.now()): AdapterExecutionResult {
+  return {
+    ...result,
+    errorFamily: "transient_upstream",
+    retryNotBefore: new Date(now + BUSY_RETRY_AFTER_MS).toISOString(),
+    executionRecovery: { kind: "bootstrap", providerWorkStarted: false },
+  };
+}
+
 /** The result of a run whose Job was not admitted (name-taken is handled by the caller). */
 export function createFailureResult(f: CreateFailure, job: string): AdapterExecutionResult {
   const meta: Record<string, unknown> = { httpStatus: f.error.httpStatus, reason: f.error.status?.reason ?? null };
   switch (f.kind) {
     case "agent-busy":
-      return failed(
-        ErrorCodes.concurrentRunBlocked,
-        `Concurrent run blocked: the agent already has an active run${f.holderRunId ? ` ${f.holderRunId}` : ""}${f.holderJob ? ` (Job ${f.holderJob}` : ""}${f.holderJob && f.holderSince ? `, since ${f.holderSince})` : f.holderJob ? ")" : ""}. ${f.error.message}`,
-        { ...meta, holderJob: f.holderJob ?? null, holderRunId: f.holderRunId ?? null, holderSince: f.holderSince || null },
+      return busy(
+        failed(
+          ErrorCodes.concurrentRunBlocked,
+          `Concurrent run blocked: the agent already has an active run${f.holderRunId ? ` ${f.holderRunId}` : ""}${f.holderJob ? ` (Job ${f.holderJob}` : ""}${f.holderJob && f.holderSince ? `, since ${f.holderSince})` : f.holderJob ? ")" : ""}. ${f.error.message}`,
+          { ...meta, holderJob: f.holderJob ?? null, holderRunId: f.holderRunId ?? null, holderSince: f.holderSince || null },
+        ),
       );
     case "queue-full":
-      return failed(
-        ErrorCodes.concurrentRunBlocked,
-        `Run blocked: the agent's queue is full (clipjob Queue mode, policy.concurrency.maxQueued); retry when one of its waiting runs has started. ${f.error.message}`,
-        { ...meta, queueFull: true },
+      return busy(
+        failed(
+          ErrorCodes.concurrentRunBlocked,
+          `Run blocked: the agent's queue is full (clipjob Queue mode, policy.concurrency.maxQueued); retry when one of its waiting runs has started. ${f.error.message}`,
+          { ...meta, queueFull: true },
+        ),
       );
     case "guard-unreachable":
       return failed(

@@ -7,7 +7,7 @@ import { agentConfigurationDoc as docFor, createClipjobAdapter, OPENCODE_ADAPTER
 
 export const type = OPENCODE_ADAPTER.type;
 export const label = OPENCODE_ADAPTER.label;
-export const models = undefined;
+export const models = OPENCODE_ADAPTER.models;
 export const agentConfigurationDoc = docFor(OPENCODE_ADAPTER);
 
 export function createServerAdapter(): ServerAdapterModule {

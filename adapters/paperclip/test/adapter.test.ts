@@ -8,6 +8,7 @@ import type { V1Job } from "@kubernetes/client-node";
 import { CLAUDE_ADAPTER, createClipjobAdapter, executeRun, type AdapterDeps } from "../src/adapter.js";
 import { jobNameFor, retryJobName } from "../src/job.js";
 import { RelayClient, type RelayRun } from "../src/relay.js";
+import { deleteFollowedJobs, followedJobs } from "../src/shutdown.js";
 import { FakeKube, statusError } from "./fake-kube.js";
 import { FakeRelay } from "./fake-relay.js";
 
@@ -40,6 +41,12 @@ function deps(env: NodeJS.ProcessEnv = {}): AdapterDeps {
 }
 
 /** The name the adapter gives the run's Job. */
+/** Polls cond until it holds (10 s at most). */
+async function waitFor(cond: () => boolean): Promise<void> {
+  for (let i = 0; i < 1000 && !cond(); i++) await new Promise((r) => setTimeout(r, 10));
+  assert.ok(cond(), "the condition never held");
+}
+
 function jobNameOf(rec: Recorded): string {
   return jobNameFor({ agentId: rec.ctx.agent.id, runId: rec.ctx.runId });
 }
@@ -307,6 +314,89 @@ describe("execute", () => {
     });
   }
 
+  // A server that crashed mid-run left its Job: Paperclip marked the run
+  // ended (process_lost), nobody follows the Job, and it holds the agent.
+  describe("an orphan holding the agent", () => {
+    function orphanHolds(rec: Recorded, holderRun: string, job: Partial<V1Job> = {}, createdBy?: string) {
+      const held = ours({ ...job, metadata: { name: "pc-orphan", labels: { "paperclip.io/agent-id": rec.ctx.agent.id, "paperclip.io/run-id": holderRun } } });
+      if (createdBy) held.metadata!.annotations!["clipjob.paperclip.io/created-by"] = createdBy;
+      kube.jobs.set("pc-orphan", held);
+      kube.onCreateJob = (j) => {
+        if (kube.jobs.has("pc-orphan")) {
+          throw statusError(409, "Conflict", "agent busy", [
+            { reason: "clipjob.paperclip.io/agent-busy", message: "agent busy" },
+            { reason: "clipjob.paperclip.io/holder-run-id", message: holderRun },
+            { reason: "clipjob.paperclip.io/holder-job", message: "paperclip/pc-orphan" },
+          ]);
+        }
+        return j;
+      };
+    }
+    const paperclipSays =
+      (answers: Record<string, { status: string } | { unknown: string }>, asked: string[] = []): AdapterDeps["paperclip"] =>
+      () => ({
+        runStatus: async (id) => {
+          asked.push(id);
+          return answers[id] ?? { unknown: "not found" };
+        },
+      });
+
+    for (const status of ["failed", "interrupted", "cancelled", "succeeded", "timed_out"]) {
+      it(`deletes a Job whose run Paperclip records as ${status}, then runs`, async () => {
+        kube.afterCreateJob = runsTo(claudeLines, claudeEnd);
+        const rec = newCtx();
+        orphanHolds(rec, "run-lost");
+        const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, { ...deps(), paperclip: paperclipSays({ "run-lost": { status } }) });
+        assert.equal(result.errorCode, null, result.errorMessage ?? "");
+        assert.deepEqual(kube.deletions.map((d) => d.name), ["pc-orphan"]);
+        assert.ok(rec.stderr.some((l) => l.includes(`the agent's run run-lost ended in Paperclip (${status}) but its Job paperclip/pc-orphan is still active`)), rec.stderr.join(""));
+      });
+    }
+
+    for (const [what, answer] of [
+      ["still running in Paperclip", { status: "running" }],
+      ["queued for a retry", { status: "scheduled_retry" }],
+      ["unknown to Paperclip", { unknown: "Paperclip answered HTTP 404 for run run-lost" }],
+    ] as Array<[string, { status: string } | { unknown: string }]>) {
+      it(`leaves a holder alone when its run is ${what}: busy, for Paperclip to retry`, async () => {
+        const rec = newCtx();
+        orphanHolds(rec, "run-lost");
+        const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, { ...deps(), paperclip: paperclipSays({ "run-lost": answer }) });
+        assert.equal(result.errorCode, "k8s_concurrent_run_blocked");
+        assert.deepEqual(result.executionRecovery, { kind: "bootstrap", providerWorkStarted: false });
+        assert.equal(result.errorFamily, "transient_upstream");
+        assert.deepEqual(kube.deletions, []);
+      });
+    }
+
+    for (const [what, job, createdBy] of [
+      ["another user's (labels copied)", {}, "system:serviceaccount:paperclip:intruder"],
+      ["finished", { status: { conditions: [{ type: "Complete", status: "True" }] } }, undefined],
+    ] as Array<[string, Partial<V1Job>, string | undefined]>) {
+      it(`never deletes a holder Job that is ${what}`, async () => {
+        const rec = newCtx();
+        orphanHolds(rec, "run-lost", job, createdBy);
+        const asked: string[] = [];
+        const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, { ...deps(), paperclip: paperclipSays({ "run-lost": { status: "failed" } }, asked) });
+        assert.equal(result.errorCode, "k8s_concurrent_run_blocked");
+        assert.deepEqual(kube.deletions, []);
+        assert.deepEqual(asked, [], "Paperclip is not even asked");
+      });
+    }
+  });
+
+  it("a graceful stop of the server deletes the Jobs it follows (Paperclip will not follow them again)", async () => {
+    kube.afterCreateJob = runsTo(["started"], claudeEnd, 60_000);
+    const rec = newCtx();
+    const running = executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    await waitFor(() => followedJobs().includes(`paperclip/${jobNameOf(rec)}`));
+    await deleteFollowedJobs("SIGTERM");
+    assert.deepEqual(kube.deletions.map((d) => d.name), [jobNameOf(rec)]);
+    assert.ok(rec.stderr.some((l) => l.includes("the Paperclip server is stopping (SIGTERM)")), rec.stderr.join(""));
+    await running;
+    assert.deepEqual(followedJobs(), [], "a run that ended is followed no more");
+  });
+
   it("re-attaches to the retried run clipjob queued, found among its Jobs (the relay knows no pod yet)", async () => {
     const rec = newCtx({ context: { taskId: "task-q", retryOfRunId: "run-queued" } });
     const queued = ours({
@@ -494,7 +584,7 @@ describe("execute", () => {
       const rec = newCtx();
       const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, { ...deps(), follow: { ...deps().follow, maxAuthFailures: 2 } });
       assert.equal(result.errorCode, "clipjob_relay_unavailable");
-      assert.match(result.errorMessage ?? "", /is still running: the agent's next run re-attaches to it/);
+      assert.match(result.errorMessage ?? "", /is still running: this run is over for Paperclip, so the agent's next run that meets the Job deletes it/);
       assert.equal(result.errorMeta?.stillRunning, true);
       assert.equal(kube.jobs.size, 1, "the running Job is left running");
     } finally {

@@ -36,6 +36,10 @@ describe("create errors", () => {
     assert.equal(r.errorMeta?.holderJob, "paperclip/pc-run-1");
     assert.equal(r.errorMeta?.holderSince, "2026-01-02T03:04:05Z");
     assert.match(r.errorMessage ?? "", /run-1/);
+    // In the terms Paperclip retries: nothing ran, the cause passes.
+    assert.deepEqual(r.executionRecovery, { kind: "bootstrap", providerWorkStarted: false });
+    assert.equal(r.errorFamily, "transient_upstream");
+    assert.ok(Date.parse(r.retryNotBefore ?? "") > Date.now(), r.retryNotBefore ?? "");
   });
 
   it("reads the causes, not the message", () => {

@@ -1,0 +1,74 @@
+// What happens to the Jobs this server follows when the server stops.
+// Paperclip's graceful shutdown (SIGTERM, SIGINT) marks every running run
+// `interrupted` and does not run it again for an external adapter; it calls
+// no adapter hook and does not abort the run's signal, and exits about five
+// seconds later. A Job left running would hold the agent's claim with
+// nobody following it, so the agent's next runs would be refused (or
+// queued) until its deadline. So on that signal the adapter deletes the
+// Jobs of the runs it follows, as a cancel does. A crash gives no signal:
+// the next run of the agent finds the orphan through clipjob's 409 and
+// Paperclip's record of the run (adapter.ts, reapOrphan).
+
+import type { DeletePropagation } from "./config.js";
+import type { KubeApi } from "./kube.js";
+
+interface Followed {
+  kube: KubeApi;
+  namespace: string;
+  job: string;
+  uid?: string;
+  propagation: DeletePropagation;
+  notice: (msg: string) => Promise<void>;
+}
+
+const followed = new Map<symbol, Followed>();
+let installed = false;
+
+/** The signals of a graceful stop. */
+export const SHUTDOWN_SIGNALS = ["SIGTERM", "SIGINT"] as const;
+
+/**
+ * Records that this process follows Job namespace/job, so that a graceful
+ * stop of the server deletes it; the returned function forgets it.
+ */
+export function followUntilShutdown(entry: Followed): () => void {
+  const key = Symbol(entry.job);
+  followed.set(key, entry);
+  if (!installed) {
+    installed = true;
+    for (const sig of SHUTDOWN_SIGNALS) {
+      // Whether the host handles the signal itself (Paperclip's server
+      // does, by then: runs start once it serves). Counted now, because a
+      // handler added with once() is gone by the time the signal reaches
+      // this one.
+      const hostHandles = process.listenerCount(sig) > 0;
+      process.on(sig, () => void onShutdown(sig, hostHandles));
+    }
+  }
+  return () => followed.delete(key);
+}
+
+/** The Jobs followed now (for tests). */
+export function followedJobs(): string[] {
+  return [...followed.values()].map((f) => `${f.namespace}/${f.job}`);
+}
+
+/** Deletes every followed Job; resolves when each deletion was answered. */
+export async function deleteFollowedJobs(signal: string): Promise<void> {
+  const entries = [...followed.values()];
+  followed.clear();
+  await Promise.all(
+    entries.map(async (f) => {
+      await f.notice(`the Paperclip server is stopping (${signal}); it will not follow this run again, so its Job ${f.namespace}/${f.job} is deleted`).catch(() => {});
+      await f.kube.deleteJob(f.namespace, f.job, f.propagation, f.uid).catch(() => {});
+    }),
+  );
+}
+
+async function onShutdown(sig: (typeof SHUTDOWN_SIGNALS)[number], hostHandles: boolean): Promise<void> {
+  await deleteFollowedJobs(sig);
+  // A host with no handler of its own (not Paperclip's server) would have
+  // ended on the signal: end as it would have. Paperclip's own shutdown
+  // (its drain of runs) must not be cut short.
+  if (!hostHandles && process.listenerCount(sig) === 1) process.exit(sig === "SIGTERM" ? 143 : 130);
+}
