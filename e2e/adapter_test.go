@@ -110,9 +110,9 @@ type adapterSpec struct {
 	RunID          string `json:"runId"`
 	TaskID         string `json:"taskId,omitempty"`
 	// RetryOf is the run Paperclip retries with this one (retryOfRunId).
-	RetryOf string `json:"retryOfRunId,omitempty"`
-	Prompt         string `json:"prompt"`
-	CancelAfterMs  int    `json:"cancelAfterMs,omitempty"`
+	RetryOf       string `json:"retryOfRunId,omitempty"`
+	Prompt        string `json:"prompt"`
+	CancelAfterMs int    `json:"cancelAfterMs,omitempty"`
 	// Mode "testEnvironment" runs the adapter's checks instead of a run.
 	Mode   string         `json:"mode,omitempty"`
 	Config map[string]any `json:"config,omitempty"`
@@ -701,7 +701,9 @@ func TestPaperclipAdapterCancelsARun(t *testing.T) {
 	if err != nil || claim.HolderOf(lease).UID != string(nextJob.UID) {
 		t.Errorf("the agent's claim after the cancel: %v %v, want it held by the next run's Job", lease, err)
 	}
-	if n := next.lines("stderr"); !slices.ContainsFunc(n, func(l string) bool { return strings.Contains(l, "the agent's run "+run+" is another run: not re-attaching") }) {
+	if n := next.lines("stderr"); !slices.ContainsFunc(n, func(l string) bool {
+		return strings.Contains(l, "the agent's run "+run+" is another run: not re-attaching")
+	}) {
 		t.Errorf("the next run's notices %q: want one saying it did not re-attach to the cancelled run", n)
 	}
 	nextPod := waitPod(ctx, t, nextJob.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
