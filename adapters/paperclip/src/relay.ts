@@ -397,166 +397,197 @@ function sleep(ms: number, signal: AbortSignal): Promise<void> {
  * and repeats nothing.
  */
 export async function followRun(o: FollowOptions): Promise<FollowOutcome> {
-  const initialBackoff = o.initialBackoffMs ?? 500;
-  const maxBackoff = o.maxBackoffMs ?? 15_000;
-  const unknownPoll = o.unknownRunPollMs ?? 2_000;
-  const jobCheckEvery = o.jobCheckEveryMs ?? 10_000;
-  const relayGrace = o.relayGraceMs ?? 60_000;
-  const idleTimeout = o.idleTimeoutMs ?? 60_000;
-  const maxAuthFailures = o.maxAuthFailures ?? 5;
+  return new Follower(o).follow();
+}
 
-  let lastSeq = o.afterSeq ?? 0;
-  let backoff = initialBackoff;
-  let attached = false;
-  let authFailures = 0;
-  let lastJobCheck = -Infinity;
-  let jobEndedAt: number | null = null;
-  let lastTrouble = "";
+/** One follow of a run's log: its timings, where it got to, and what it last said. */
+class Follower {
+  private readonly initialBackoff: number;
+  private readonly maxBackoff: number;
+  private readonly unknownPoll: number;
+  private readonly jobCheckEvery: number;
+  private readonly relayGrace: number;
+  private readonly idleTimeout: number;
+  private readonly maxAuthFailures: number;
 
-  const notice = async (msg: string) => {
-    if (msg !== lastTrouble) {
-      lastTrouble = msg;
-      await o.onNotice?.(msg);
+  private lastSeq: number;
+  private backoff: number;
+  private attached = false;
+  private authFailures = 0;
+  private lastJobCheck = -Infinity;
+  private jobEndedAt: number | null = null;
+  private lastTrouble = "";
+
+  constructor(private readonly o: FollowOptions) {
+    this.initialBackoff = o.initialBackoffMs ?? 500;
+    this.maxBackoff = o.maxBackoffMs ?? 15_000;
+    this.unknownPoll = o.unknownRunPollMs ?? 2_000;
+    this.jobCheckEvery = o.jobCheckEveryMs ?? 10_000;
+    this.relayGrace = o.relayGraceMs ?? 60_000;
+    this.idleTimeout = o.idleTimeoutMs ?? 60_000;
+    this.maxAuthFailures = o.maxAuthFailures ?? 5;
+    this.lastSeq = o.afterSeq ?? 0;
+    this.backoff = this.initialBackoff;
+  }
+
+  /** Opens the log again and again until the run's end, a reason to give up, or the abort. */
+  async follow(): Promise<FollowOutcome> {
+    const o = this.o;
+    while (!o.signal.aborted) {
+      let res: LogResponse;
+      try {
+        res = await o.client.openLog(o.runId, this.lastSeq, this.lastSeq > 0, o.signal, o.jobUid);
+      } catch (err) {
+        if (o.signal.aborted) break;
+        const give = await this.retryLater(`relay unreachable (${message(err)}); retrying`, message(err));
+        if (give) return give;
+        continue;
+      }
+      const outcome = res.status === 200 ? await this.readStream(res) : await this.noStream(res);
+      if (outcome) return outcome;
     }
-  };
+    return this.aborted();
+  }
 
-  const askJob = async (): Promise<JobState | null> => {
+  private aborted(): FollowOutcome {
+    return { kind: "aborted", lastSeq: this.lastSeq };
+  }
+
+  private async notice(msg: string): Promise<void> {
+    if (msg !== this.lastTrouble) {
+      this.lastTrouble = msg;
+      await this.o.onNotice?.(msg);
+    }
+  }
+
+  private async askJob(): Promise<JobState | null> {
     try {
-      return (await o.checkJob?.()) ?? null;
+      return (await this.o.checkJob?.()) ?? null;
     } catch {
       return null; // the API server is unsure too
     }
-  };
+  }
 
   // Giving up: whether the Job still runs tells the caller if the run is
   // lost or only unfollowed. `known`: the state asked a moment ago.
-  const unavailable = async (message: string, known?: JobState | null): Promise<FollowOutcome> => {
-    const jobState = known === undefined ? await askJob() : known;
-    return { kind: "unavailable", message, lastSeq, ...(jobState ? { jobState } : {}) };
-  };
+  private async unavailable(message: string, known?: JobState | null): Promise<FollowOutcome> {
+    const jobState = known === undefined ? await this.askJob() : known;
+    return { kind: "unavailable", message, lastSeq: this.lastSeq, ...(jobState ? { jobState } : {}) };
+  }
 
   // While no stream is open: whether to give up, from the Job's state.
-  const withoutStream = async (why: "unknown" | "error", detail: string): Promise<FollowOutcome | null> => {
+  private async withoutStream(why: "unknown" | "error", detail: string): Promise<FollowOutcome | null> {
+    const o = this.o;
     const now = Date.now();
     let state: JobState | null | undefined;
-    if (o.checkJob && now - lastJobCheck >= jobCheckEvery) {
-      lastJobCheck = now;
-      state = await askJob(); // null: keep waiting
-      if (state === "gone" && why === "unknown" && lastSeq === 0 && !attached) return { kind: "job-gone", lastSeq };
-      if (state === "finished" || state === "gone") jobEndedAt ??= now;
+    if (o.checkJob && now - this.lastJobCheck >= this.jobCheckEvery) {
+      this.lastJobCheck = now;
+      state = await this.askJob(); // null: keep waiting
+      if (state === "gone" && why === "unknown" && this.lastSeq === 0 && !this.attached) return { kind: "job-gone", lastSeq: this.lastSeq };
+      if (state === "finished" || state === "gone") this.jobEndedAt ??= now;
     }
-    if (jobEndedAt !== null && now - jobEndedAt >= relayGrace) {
-      return unavailable(
+    if (this.jobEndedAt !== null && now - this.jobEndedAt >= this.relayGrace) {
+      return this.unavailable(
         why === "unknown"
-          ? `the relay has no record of run ${o.runId} although its Job ended ${Math.round((now - jobEndedAt) / 1000)}s ago: check that the relay follows the Job's namespace and that the token may get pods/log there`
+          ? `the relay has no record of run ${o.runId} although its Job ended ${Math.round((now - this.jobEndedAt) / 1000)}s ago: check that the relay follows the Job's namespace and that the token may get pods/log there`
           : `the relay could not be read for run ${o.runId} after its Job ended: ${detail}`,
         state,
       );
     }
     return null;
-  };
+  }
 
   // No stream now for a reason that may pass: say so, give up if the Job
   // says to, else wait (Retry-After, else the backoff, which grows).
-  const retryLater = async (say: string, detail: string, waitMs = backoff): Promise<FollowOutcome | null> => {
-    await notice(say);
-    const give = await withoutStream("error", detail);
+  private async retryLater(say: string, detail: string, waitMs = this.backoff): Promise<FollowOutcome | null> {
+    await this.notice(say);
+    const give = await this.withoutStream("error", detail);
     if (give) return give;
-    await sleep(waitMs, o.signal);
-    backoff = Math.min(backoff * 2, maxBackoff);
+    await sleep(waitMs, this.o.signal);
+    this.backoff = Math.min(this.backoff * 2, this.maxBackoff);
     return null;
-  };
+  }
 
-  while (!o.signal.aborted) {
-    let res: LogResponse;
-    try {
-      res = await o.client.openLog(o.runId, lastSeq, lastSeq > 0, o.signal, o.jobUid);
-    } catch (err) {
-      if (o.signal.aborted) break;
-      const give = await retryLater(`relay unreachable (${message(err)}); retrying`, message(err));
-      if (give) return give;
-      continue;
-    }
-
-    if (res.status === 200) {
-      // Each connection is checked before its lines: between two, the
-      // relay may have dropped the run (retention, a lost store) and bound
-      // its id to another Job.
-      if (o.verifyRun) {
-        let why: string | null = null;
-        let record: RelayRun | null = null;
-        try {
-          record = await o.client.getRun(o.runId, o.signal, o.jobUid);
-          why = record ? o.verifyRun(record) : `the relay serves run ${o.runId}'s log but has no record of it`;
-        } catch (err) {
-          why = `reading run ${o.runId}'s record to check it: ${message(err)}`;
-        }
-        if (record && why) {
-          res.body.destroy();
-          return { kind: "mismatch", message: why, lastSeq };
-        }
-        if (why) {
-          res.body.destroy();
-          if (o.signal.aborted) break;
-          const give = await retryLater(`${why}; retrying`, why);
-          if (give) return give;
-          continue;
-        }
-      }
-      authFailures = 0;
-      jobEndedAt = null;
-      lastTrouble = "";
-      await o.onAttached?.(!attached);
-      attached = true;
-      const before = lastSeq;
-      let end: RelayEnd | null | undefined;
+  /** A stream is open (200): its lines, once its record is checked. The outcome, or null to open the log again. */
+  private async readStream(res: LogResponse): Promise<FollowOutcome | null> {
+    const o = this.o;
+    // Each connection is checked before its lines: between two, the
+    // relay may have dropped the run (retention, a lost store) and bound
+    // its id to another Job.
+    if (o.verifyRun) {
+      let why: string | null = null;
+      let record: RelayRun | null = null;
       try {
-        end = await consume(res.body, o, idleTimeout, (seq) => (lastSeq = seq), () => lastSeq);
+        record = await o.client.getRun(o.runId, o.signal, o.jobUid);
+        why = record ? o.verifyRun(record) : `the relay serves run ${o.runId}'s log but has no record of it`;
       } catch (err) {
-        if (o.signal.aborted) break;
-        await notice(`log stream broke (${message(err)}); resuming after line ${lastSeq}`);
+        why = `reading run ${o.runId}'s record to check it: ${message(err)}`;
       }
-      if (end !== undefined) return { kind: "ended", end, lastSeq };
-      if (o.signal.aborted) break;
-      // The stream ended without its end event (the relay restarted, a
-      // proxy cut it, access was re-checked): resume where it stopped.
-      if (lastSeq > before) backoff = initialBackoff;
-      await sleep(backoff, o.signal);
-      backoff = Math.min(backoff * 2, maxBackoff);
-      continue;
+      if (record && why) {
+        res.body.destroy();
+        return { kind: "mismatch", message: why, lastSeq: this.lastSeq };
+      }
+      if (why) {
+        res.body.destroy();
+        if (o.signal.aborted) return this.aborted();
+        return this.retryLater(`${why}; retrying`, why);
+      }
     }
+    this.authFailures = 0;
+    this.jobEndedAt = null;
+    this.lastTrouble = "";
+    await o.onAttached?.(!this.attached);
+    this.attached = true;
+    const before = this.lastSeq;
+    let end: RelayEnd | null | undefined;
+    try {
+      end = await consume(res.body, o, this.idleTimeout, (seq) => (this.lastSeq = seq), () => this.lastSeq);
+    } catch (err) {
+      if (o.signal.aborted) return this.aborted();
+      await this.notice(`log stream broke (${message(err)}); resuming after line ${this.lastSeq}`);
+    }
+    if (end !== undefined) return { kind: "ended", end, lastSeq: this.lastSeq };
+    if (o.signal.aborted) return this.aborted();
+    // The stream ended without its end event (the relay restarted, a
+    // proxy cut it, access was re-checked): resume where it stopped.
+    if (this.lastSeq > before) this.backoff = this.initialBackoff;
+    await sleep(this.backoff, o.signal);
+    this.backoff = Math.min(this.backoff * 2, this.maxBackoff);
+    return null;
+  }
 
+  /** The relay answered without a stream: the outcome, or null to ask again. */
+  private async noStream(res: LogResponse): Promise<FollowOutcome | null> {
+    const o = this.o;
     const body = res.text;
     if (res.status === 204) {
       // Reconnected after the end with everything read.
-      return { kind: "ended", end: null, lastSeq };
+      return { kind: "ended", end: null, lastSeq: this.lastSeq };
     }
     if (res.status === 404) {
       // Not seen yet: its pod does not exist yet (a queued run waits for
       // its agent with no pod at all). No timeout: clipjob ends a run that
       // cannot start, and the Job check above notices a Job that is gone.
-      if (!attached) await notice(`waiting for the relay to see run ${o.runId}'s pod`);
-      const give = await withoutStream("unknown", relayMessage(body));
+      if (!this.attached) await this.notice(`waiting for the relay to see run ${o.runId}'s pod`);
+      const give = await this.withoutStream("unknown", relayMessage(body));
       if (give) return give;
-      await sleep(unknownPoll, o.signal);
-      continue;
+      await sleep(this.unknownPoll, o.signal);
+      return null;
     }
     if (res.status === 401 || res.status === 403) {
-      authFailures++;
-      if (authFailures >= maxAuthFailures) {
-        return unavailable(`the relay refused the token (${res.status}): ${relayMessage(body)}`);
+      this.authFailures++;
+      if (this.authFailures >= this.maxAuthFailures) {
+        return this.unavailable(`the relay refused the token (${res.status}): ${relayMessage(body)}`);
       }
     } else if (res.status >= 400 && res.status < 500 && !TRANSIENT_4XX.has(res.status)) {
-      return unavailable(`the relay answered ${res.status}: ${relayMessage(body)}`);
+      return this.unavailable(`the relay answered ${res.status}: ${relayMessage(body)}`);
     }
-    const give = await retryLater(
+    return this.retryLater(
       `relay answered ${res.status}${body ? `: ${relayMessage(body)}` : ""}; retrying`,
       `${res.status} ${relayMessage(body)}`,
-      retryAfterMs(res.body.headers["retry-after"], maxBackoff) ?? backoff,
+      retryAfterMs(res.body.headers["retry-after"], this.maxBackoff) ?? this.backoff,
     );
-    if (give) return give;
   }
-  return { kind: "aborted", lastSeq };
 }
 
 /**

@@ -7,7 +7,7 @@
 // queued) until its deadline. So on that signal the adapter deletes the
 // Jobs of the runs it follows, as a cancel does. A crash gives no signal:
 // the next run of the agent finds the orphan through clipjob's 409 and
-// Paperclip's record of the run (adapter.ts, reapOrphan).
+// Paperclip's record of the run (run/submit.ts, reapOrphan).
 
 import type { DeletePropagation } from "./config.js";
 import type { KubeApi } from "./kube.js";

@@ -3,7 +3,7 @@
 // a stream mid-event and to withhold a run until a test says it exists.
 
 import { EventEmitter } from "node:events";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import http, { type IncomingMessage, type ServerResponse } from "node:http";
 import https from "node:https";
 import type { AddressInfo } from "node:net";
@@ -55,11 +55,16 @@ export class FakeRelay {
   async close(): Promise<void> {
     this.server.closeAllConnections();
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
+    for (const dir of this.tempDirs.splice(0)) rmSync(dir, { recursive: true, force: true });
   }
+
+  /** Directories of token files, removed on close. */
+  private readonly tempDirs: string[] = [];
 
   /** A file holding the token, as a projected token would be mounted. */
   tokenFile(): string {
     const dir = mkdtempSync(join(tmpdir(), "clipjob-relay-token-"));
+    this.tempDirs.push(dir);
     const file = join(dir, "token");
     writeFileSync(file, `${this.token}\n`);
     return file;

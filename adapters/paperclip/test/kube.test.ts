@@ -35,10 +35,15 @@ class FakeApiServer {
   async close(): Promise<void> {
     this.server.closeAllConnections();
     await new Promise<void>((r) => this.server.close(() => r()));
+    if (this.dir) rmSync(this.dir, { recursive: true, force: true });
   }
+
+  /** The kubeconfig's directory, removed on close. */
+  private dir = "";
 
   kubeconfig(): string {
     const dir = mkdtempSync(join(tmpdir(), "clipjob-kubeconfig-"));
+    this.dir = dir;
     const file = join(dir, "kubeconfig");
     writeFileSync(
       file,

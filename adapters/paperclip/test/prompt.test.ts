@@ -1,9 +1,9 @@
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { linkSync, mkdirSync, mkdtempSync, symlinkSync, writeFileSync } from "node:fs";
+import { linkSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { describe, it } from "node:test";
+import { after, describe, it } from "node:test";
 
 import { DEFAULT_RELAY_TOKEN_FILE, DEFAULT_RELAY_URL, defaultNamespace, parseEnv, resolveSettings, SettingsError } from "../src/config.js";
 import { podEnv } from "../src/podenv.js";
@@ -191,6 +191,10 @@ describe("session to resume", () => {
 describe("instructions file", () => {
   const root = mkdtempSync(join(tmpdir(), "clipjob-instructions-"));
   const outside = mkdtempSync(join(tmpdir(), "clipjob-outside-"));
+  after(() => {
+    rmSync(root, { recursive: true, force: true });
+    rmSync(outside, { recursive: true, force: true });
+  });
   mkdirSync(join(root, "agents"));
   writeFileSync(join(root, "agents", "AGENTS.md"), "Be careful.");
   writeFileSync(join(outside, "secret.txt"), "DATABASE_URL=postgres://server");
