@@ -42,17 +42,11 @@ const IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 /** A client configuration that cannot be used, and what to set instead. */
 export class KubeConfigError extends Error {}
 
-// Keys of a kubeconfig user that client-node (like kubectl) does not read,
-// in the spelling people write them by mistake: a user holding only these
-// would connect as anonymous.
-const MISSPELLED_USER_KEYS: Record<string, string> = {
-  tokenFile: "token-file",
-  clientCertificate: "client-certificate",
-  clientCertificateData: "client-certificate-data",
-  clientKey: "client-key",
-  clientKeyData: "client-key-data",
-  authProvider: "auth-provider",
-};
+// The credential keys of a kubeconfig user with a dash, as client-node
+// (like kubectl) reads them. Spelt otherwise (tokenFile, token_file,
+// TokenFile) they are ignored: a user holding only those would connect as
+// anonymous, so such a spelling is named in the refusal.
+const DASHED_USER_KEYS = ["token-file", "client-certificate", "client-certificate-data", "client-key", "client-key-data", "auth-provider"];
 
 /**
  * The client's configuration: a kubeconfig file when given, else the pod's
@@ -93,11 +87,11 @@ export function loadKubeConfig(kubeconfigPath: string, env: NodeJS.ProcessEnv = 
     throw new KubeConfigError(`${source}: its current context (${kc.getCurrentContext() || "none"}) names no cluster with a server. Set CLIPJOB_KUBECONFIG to a kubeconfig whose current context has one`);
   }
   const user = kc.getCurrentUser();
-  if (!user?.token && !user?.certData && !user?.certFile && !user?.exec && !user?.authProvider && !user?.username) {
+  if (!hasCredentials(user)) {
     const misspelled = [...new Set(loaded.flatMap((f) => misspelledUserKeys(readFileSync(f, "utf8"))))];
     throw new KubeConfigError(
-      `${source}: user ${user?.name ? JSON.stringify(user.name) : "(none)"} of context ${kc.getCurrentContext() || "(none)"} carries no credentials the client reads (token, token-file, client-certificate and client-key, exec, auth-provider), so it would connect as anonymous${
-        misspelled.length > 0 ? `; it has ${misspelled.map((k) => `${k} (the key is ${MISSPELLED_USER_KEYS[k]})`).join(", ")}` : ""
+      `${source}: user ${user?.name ? JSON.stringify(user.name) : "(none)"} of context ${kc.getCurrentContext() || "(none)"} carries no credentials the client reads (token, token-file, client-certificate with client-key, exec with a command, auth-provider with a name, username with password), so it would connect as anonymous${
+        misspelled.length > 0 ? `; it has ${misspelled.map((k) => `${k} (the key is ${rightKey(k)})`).join(", ")}` : ""
       }`,
     );
   }
@@ -118,9 +112,38 @@ function loadFiles(kc: KubeConfig, files: string[], source: string): void {
   }
 }
 
-/** The misspelled user keys a kubeconfig file's text holds. */
+/**
+ * Whether a kubeconfig user carries credentials client-node sends: half of
+ * a pair (a certificate without its key, a username without a password)
+ * or an exec without a command sends nothing.
+ */
+function hasCredentials(user: ReturnType<KubeConfig["getCurrentUser"]>): boolean {
+  if (!user) return false;
+  if (user.token) return true;
+  if ((user.certData || user.certFile) && (user.keyData || user.keyFile)) return true;
+  if (user.exec && typeof (user.exec as { command?: unknown }).command === "string" && (user.exec as { command: string }).command !== "") return true;
+  if (user.authProvider && typeof (user.authProvider as { name?: unknown }).name === "string" && (user.authProvider as { name: string }).name !== "") return true;
+  return Boolean(user.username && user.password);
+}
+
+/** The misspelled user keys a kubeconfig file's text holds: any spelling of a key that is not the key. */
 function misspelledUserKeys(text: string): string[] {
-  return Object.keys(MISSPELLED_USER_KEYS).filter((k) => new RegExp(`^\\s*(- )?${k}\\s*:`, "m").test(text));
+  const known = new Map(DASHED_USER_KEYS.map((k) => [normalizeKey(k), k]));
+  const found = new Set<string>();
+  for (const m of text.matchAll(/^\s*(?:- )?([A-Za-z][A-Za-z_-]*)\s*:/gm)) {
+    const key = m[1]!;
+    const right = known.get(normalizeKey(key));
+    if (right && key !== right) found.add(key);
+  }
+  return [...found];
+}
+
+function rightKey(k: string): string {
+  return DASHED_USER_KEYS.find((r) => normalizeKey(r) === normalizeKey(k)) ?? k;
+}
+
+function normalizeKey(k: string): string {
+  return k.replace(/[-_]/g, "").toLowerCase();
 }
 
 /** The KubeApi of a real cluster. */

@@ -7,6 +7,8 @@
 // with the run's own token (the agent's JWT, which reads its company's
 // runs).
 
+import { apiBase } from "./podenv.js";
+
 /** Run statuses after which Paperclip follows the run no more. */
 export const ENDED_RUN_STATUSES = new Set(["succeeded", "failed", "cancelled", "timed_out", "interrupted"]);
 
@@ -21,12 +23,9 @@ export function paperclipRuns(baseUrl: string, token: string | undefined, fetchI
     async runStatus(runId, signal) {
       if (!baseUrl) return { unknown: "the server's PAPERCLIP_API_URL is not set" };
       if (!token) return { unknown: "the run has no token for Paperclip's API" };
-      let url: string;
-      try {
-        url = new URL(`api/heartbeat-runs/${encodeURIComponent(runId)}`, baseUrl.endsWith("/") ? baseUrl : `${baseUrl}/`).toString();
-      } catch {
-        return { unknown: `PAPERCLIP_API_URL ${JSON.stringify(baseUrl)} is not a URL` };
-      }
+      const base = apiBase(baseUrl);
+      if (!base) return { unknown: `PAPERCLIP_API_URL ${JSON.stringify(baseUrl)} is not a URL` };
+      const url = `${base.origin}${base.path}/api/heartbeat-runs/${encodeURIComponent(runId)}`;
       try {
         const res = await fetchImpl(url, {
           headers: { authorization: `Bearer ${token}`, accept: "application/json" },

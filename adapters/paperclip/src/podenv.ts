@@ -76,8 +76,8 @@ export function podEnv(env: Record<string, string>, opts: PodEnvOptions): PodEnv
   for (const [name, value] of Object.entries(env)) {
     if (SERVER_PATH_VARS.has(name)) {
       const outside = pathsIn(value).filter((p) => !SAME_EVERYWHERE.has(p) && !underSharedRoot(p));
-      if (outside.length > 0 || pathsIn(value).length === 0) {
-        out.dropped.push({ name, why: `a path on the Paperclip server${outside.length > 0 ? ` outside ${SHARED_ROOT}` : ""}, not in the pod` });
+      if (outside.length > 0) {
+        out.dropped.push({ name, why: `a path on the Paperclip server outside ${SHARED_ROOT}, not in the pod` });
         continue;
       }
     }
@@ -102,38 +102,56 @@ export function podEnv(env: Record<string, string>, opts: PodEnvOptions): PodEnv
   return out;
 }
 
-/** The paths in a value: one path, a colon-separated list, or a JSON array of paths. */
+/**
+ * The entries of a value: one path, a colon-separated list, or a JSON
+ * array. A server path variable passes only when every entry is an
+ * absolute path on the shared volume: a relative entry ("bin", ".")
+ * would resolve against whatever directory the pod starts in.
+ */
 function pathsIn(value: string): string[] {
   const v = value.trim();
   if (v.startsWith("[")) {
     try {
       const list: unknown = JSON.parse(v);
-      if (Array.isArray(list)) return list.filter((p): p is string => typeof p === "string" && p.startsWith("/"));
+      if (Array.isArray(list)) return list.map((p) => (typeof p === "string" ? p : ""));
     } catch {
       // not JSON: read as a list below
     }
   }
-  return v.split(":").filter((p) => p.startsWith("/"));
+  return v.split(":");
 }
 
-/** Whether path lies on the shared volume (lexically: no "..", no "." parts). */
+/** Whether path lies on the shared volume (lexically: absolute, no "..", no "." parts). */
 function underSharedRoot(path: string): boolean {
   if (path !== SHARED_ROOT && !path.startsWith(`${SHARED_ROOT}/`)) return false;
   return !path.split("/").some((part) => part === ".." || part === ".");
 }
 
-/** The value as a URL, when it is one to a loopback host. */
+/**
+ * The value as a URL, when it is one (of any scheme: a database or a
+ * cache on the server's loopback is as unreachable) to a loopback host.
+ */
 function loopbackUrl(value: string): URL | null {
-  if (!/^(https?|wss?):\/\//i.test(value.trim())) return null;
+  const v = value.trim();
+  if (!/^[a-z][a-z0-9+.-]*:/i.test(v)) return null;
   let url: URL;
   try {
-    url = new URL(value.trim());
+    url = new URL(v);
   } catch {
     return null;
   }
-  const host = url.hostname.replace(/^\[|\]$/g, "").toLowerCase();
+  const host = url.hostname.replace(/^\[|\]$/g, "").replace(/\.$/, "").toLowerCase();
+  if (host === "") return null;
   const loopback =
-    host === "localhost" || host.endsWith(".localhost") || host === "::1" || host === "0.0.0.0" || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
+    host === "localhost" ||
+    host.endsWith(".localhost") ||
+    host === "::1" ||
+    host === "::" ||
+    host === "0.0.0.0" ||
+    /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host) ||
+    // IPv4-mapped IPv6, as the URL parser writes it (::ffff:7f00:1)
+    /^::ffff:(127\.|7f[0-9a-f]{2}:)/.test(host) ||
+    host === "::ffff:0:0";
   return loopback ? url : null;
 }
 
@@ -143,18 +161,27 @@ function loopbackUrl(value: string): URL | null {
  * URL to reach Paperclip at.
  */
 function rewriteToPods(url: URL, opts: PodEnvOptions): string | null {
-  if (!opts.podApiUrl || !opts.serverApiUrl) return null;
-  let server: URL;
-  let pods: URL;
+  const server = apiBase(opts.serverApiUrl);
+  const pods = apiBase(opts.podApiUrl);
+  if (!server || !pods || url.origin !== server.origin) return null;
+  if (server.path && url.pathname !== server.path && !url.pathname.startsWith(`${server.path}/`)) return null;
+  const rest = url.pathname.slice(server.path.length);
+  return `${pods.origin}${pods.path}${rest || "/"}${url.search}${url.hash}`;
+}
+
+/**
+ * A Paperclip API URL as Paperclip reads it: origin and base path, with no
+ * trailing slash and no trailing "/api" (Paperclip accepts
+ * PAPERCLIP_API_URL with or without it, and adds "/api" to its routes
+ * itself); null when it is not a URL.
+ */
+export function apiBase(raw: string): { origin: string; path: string } | null {
+  if (!raw) return null;
+  let u: URL;
   try {
-    server = new URL(opts.serverApiUrl);
-    pods = new URL(opts.podApiUrl);
+    u = new URL(raw);
   } catch {
     return null;
   }
-  if (url.origin !== server.origin) return null;
-  const serverBase = server.pathname.replace(/\/+$/, "");
-  if (serverBase && url.pathname !== serverBase && !url.pathname.startsWith(`${serverBase}/`)) return null;
-  const rest = url.pathname.slice(serverBase.length);
-  return `${pods.origin}${pods.pathname.replace(/\/+$/, "")}${rest}${url.search}${url.hash}`;
+  return { origin: u.origin, path: u.pathname.replace(/\/+$/, "").replace(/\/api$/, "") };
 }

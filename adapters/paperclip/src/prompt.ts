@@ -67,14 +67,6 @@ export function taskIdOf(context: Record<string, unknown>): string {
 }
 
 /**
- * The run Paperclip retries with this one (a scheduled retry is a new run
- * naming the one it retries), if any.
- */
-export function retryOfRunId(context: Record<string, unknown>): string {
-  return text(context.retryOfRunId);
-}
-
-/**
  * The session to resume: Paperclip's stored session params (or its legacy
  * session id), unless they were made in another working directory —
  * agents keep sessions per directory, as Paperclip's Claude adapter checks.

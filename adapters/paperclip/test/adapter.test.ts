@@ -250,21 +250,20 @@ describe("execute", () => {
     assert.deepEqual(kube.calls, []);
   });
 
-  it("re-attaches to the run Paperclip retries (retryOfRunId) instead of creating one", async () => {
+  // Paperclip's retry of a run is a new run: it does not follow the retried
+  // run's Job (the agent's other runs would take that Job for an orphan).
+  it("does not re-attach to the run Paperclip retries (retryOfRunId): another run, clipjob decides", async () => {
     const rec = newCtx({ context: { retryOfRunId: "run-before-restart" } });
     relay.addRun({ id: "run-before-restart", agent: rec.ctx.agent.id, job: "pc-before", phase: "Running" });
     relay.appendLines("run-before-restart", "one", "two");
     kube.jobs.set("pc-before", ours({ metadata: { name: "pc-before" } }));
-    setTimeout(() => {
-      relay.appendLines("run-before-restart", "three");
-      relay.finish("run-before-restart", { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "resumed" } });
-    }, 50);
+    refusedBusy("run-before-restart");
     const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
-    assert.deepEqual(rec.stdout, ["one\n", "two\n", "three\n"]);
-    assert.equal(result.summary, "resumed");
-    assert.ok(!kube.calls.some((c) => c.startsWith("create")), kube.calls.join());
-    assert.ok(rec.stderr.some((l) => l.includes("re-attaching")));
+    assert.equal(result.errorCode, "k8s_concurrent_run_blocked");
+    assert.deepEqual(rec.stdout, []);
+    assert.ok(rec.stderr.some((l) => l.includes("the agent's run run-before-restart is another run: not re-attaching")), rec.stderr.join(""));
   });
+
 
   it("re-attaches to this run's own Job (an earlier attempt at the run) whose pod has not started yet", async () => {
     const rec = newCtx();
@@ -397,32 +396,33 @@ describe("execute", () => {
     assert.deepEqual(followedJobs(), [], "a run that ended is followed no more");
   });
 
-  it("re-attaches to the retried run clipjob queued, found among its Jobs (the relay knows no pod yet)", async () => {
-    const rec = newCtx({ context: { taskId: "task-q", retryOfRunId: "run-queued" } });
+  it("re-attaches to its own run clipjob queued, found among its Jobs (the relay knows no pod yet)", async () => {
+    const rec = newCtx({ context: { taskId: "task-q" } });
+    const id = rec.ctx.runId;
     const queued = ours({
       metadata: {
         name: "pc-queued",
-        labels: { "paperclip.io/agent-id": rec.ctx.agent.id, "paperclip.io/run-id": "run-queued", "paperclip.io/company-id": "company-1", "paperclip.io/task-id": "task-q" },
+        labels: { "paperclip.io/agent-id": rec.ctx.agent.id, "paperclip.io/run-id": id, "paperclip.io/company-id": "company-1", "paperclip.io/task-id": "task-q" },
         annotations: { "clipjob.paperclip.io/queued": "" },
       },
       spec: { suspend: true, template: {} },
     });
-    kube.jobs.set("pc-queued", queued);
-    // Another user's copy, queued too: not followed.
+    // Another user's copy of it, queued too and listed first: not followed.
     kube.jobs.set("pc-queued-copy", {
       ...queued,
-      metadata: { ...queued.metadata, name: "pc-queued-copy", labels: { ...queued.metadata!.labels, "paperclip.io/run-id": "run-copy" }, annotations: { "clipjob.paperclip.io/queued": "", "clipjob.paperclip.io/created-by": "someone-else" } },
+      metadata: { ...queued.metadata, name: "pc-queued-copy", annotations: { "clipjob.paperclip.io/queued": "", "clipjob.paperclip.io/created-by": "someone-else" } },
     });
+    kube.jobs.set("pc-queued", queued);
     setTimeout(() => {
-      relay.addRun({ id: "run-queued", agent: rec.ctx.agent.id, job: "pc-queued" });
-      relay.appendLines("run-queued", "started at last");
-      relay.finish("run-queued", { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "was queued" } });
+      relay.addRun({ id, agent: rec.ctx.agent.id, job: "pc-queued" });
+      relay.appendLines(id, "started at last");
+      relay.finish(id, { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "was queued" } });
     }, 100);
     const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
     assert.equal(result.summary, "was queued", result.errorMessage ?? "");
     assert.deepEqual(rec.stdout, ["started at last\n"]);
     assert.ok(!kube.calls.some((c) => c.startsWith("create")), kube.calls.join());
-    assert.ok(rec.stderr.some((l) => l.includes("re-attaching to the agent's queued run run-queued")), rec.stderr.join(""));
+    assert.ok(rec.stderr.some((l) => l.includes(`re-attaching to the agent's queued run ${id}`)), rec.stderr.join(""));
   });
 
   // The relay lists runs of every namespace the server's token reads: a
@@ -458,11 +458,10 @@ describe("execute", () => {
     ["has finished", { metadata: { name: "pc-ending" }, status: { conditions: [{ type: "Complete", status: "True" }] } }],
     ["was replaced by another Job of the name", { metadata: { name: "pc-ending", uid: "uid-new" } }],
   ] as Array<[string, V1Job | null]>) {
-    it(`does not re-attach to the retried run whose Job ${what}: runs its own`, async () => {
+    it(`does not re-attach to another run of the agent whose Job ${what}: runs its own`, async () => {
       kube.afterCreateJob = runsTo(claudeLines, claudeEnd);
       const rec = newCtx({ context: { taskId: "task-b" } });
       relay.addRun({ id: `run-ending-${runCounter}`, agent: rec.ctx.agent.id, job: "pc-ending", jobUid: "uid-old", task: "task-b", phase: "Running" });
-      rec.ctx.context.retryOfRunId = `run-ending-${runCounter}`; // the run Paperclip retries
       relay.appendLines(`run-ending-${runCounter}`, "the ending run's line");
       if (job) kube.jobs.set("pc-ending", ours(job));
       const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
@@ -470,7 +469,7 @@ describe("execute", () => {
       assert.equal(result.summary, "fixed it");
       assert.deepEqual(rec.stdout, claudeLines.map((l) => `${l}\n`), "only its own run's output");
       assert.ok(kube.calls.some((c) => /^create job pc-run-/.test(c)), kube.calls.join());
-      assert.ok(rec.stderr.some((l) => l.includes("not re-attaching to the agent's run run-ending-")), rec.stderr.join());
+      assert.ok(rec.stderr.some((l) => /the agent's run run-ending-\d+ is another run: not re-attaching/.test(l)), rec.stderr.join());
     });
   }
 
@@ -497,7 +496,6 @@ describe("execute", () => {
       const rec = newCtx({ context: { taskId: "task-a" } });
       const id = `copied-${runCounter}`;
       relay.addRun({ id, agent: rec.ctx.agent.id, task: "task-a", job: "pc-copied", phase: "Running" });
-      rec.ctx.context.retryOfRunId = id; // the copy claims to be the run Paperclip retries
       relay.appendLines(id, "forged output");
       kube.jobs.set("pc-copied", {
         metadata: { name: "pc-copied", ...(createdBy ? { annotations: { "clipjob.paperclip.io/created-by": createdBy } } : {}) },
@@ -506,7 +504,7 @@ describe("execute", () => {
       assert.equal(result.errorCode, null, result.errorMessage ?? "");
       assert.deepEqual(rec.stdout, claudeLines.map((l) => `${l}\n`), "only its own run's output");
       assert.ok(kube.calls.some((c) => /^create job pc-run-/.test(c)), kube.calls.join());
-      assert.ok(rec.stderr.some((l) => /not re-attaching .*is not (known to be )?this server's/.test(l)), rec.stderr.join(""));
+      assert.ok(rec.stderr.some((l) => /the agent's run copied-\d+ is another run: not re-attaching/.test(l)), rec.stderr.join(""));
     });
   }
 
@@ -524,23 +522,23 @@ describe("execute", () => {
     assert.deepEqual(rec.stdout, [], "none of the forged output");
   });
 
-  it("does not re-attach when it cannot learn its own user: runs its own", async () => {
-    kube.afterCreateJob = runsTo(claudeLines, claudeEnd);
+  it("does not re-attach when it cannot learn its own user: submits, and clipjob decides", async () => {
     kube.whoAmIError = statusError(500, "InternalError", "etcd is sad");
     const rec = newCtx();
-    relay.addRun({ id: `other-${runCounter}`, agent: rec.ctx.agent.id, job: "pc-unknowable", phase: "Running" });
-    rec.ctx.context.retryOfRunId = `other-${runCounter}`;
+    relay.addRun({ id: rec.ctx.runId, agent: rec.ctx.agent.id, job: "pc-unknowable", phase: "Running" });
+    relay.appendLines(rec.ctx.runId, "output of a Job that cannot be vouched for");
     kube.jobs.set("pc-unknowable", ours({ metadata: { name: "pc-unknowable" } }));
+    refusedBusy(rec.ctx.runId);
     const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
-    assert.equal(result.errorCode, null, result.errorMessage ?? "");
+    assert.equal(result.errorCode, "k8s_concurrent_run_blocked", result.errorMessage ?? "");
+    assert.deepEqual(rec.stdout, [], "none of that Job's output");
     assert.ok(rec.stderr.some((l) => /own user could not be read .*etcd is sad/.test(l)), rec.stderr.join(""));
   });
 
   it("a cancel during the re-attach checks is honoured: the followed run's Job is deleted", async () => {
     const stop = new AbortController();
     const rec = newCtx({ signal: stop.signal });
-    relay.addRun({ id: `to-cancel-${runCounter}`, agent: rec.ctx.agent.id, job: "pc-to-cancel", phase: "Running" });
-    rec.ctx.context.retryOfRunId = `to-cancel-${runCounter}`;
+    relay.addRun({ id: rec.ctx.runId, agent: rec.ctx.agent.id, job: "pc-to-cancel", phase: "Running" });
     kube.jobs.set("pc-to-cancel", ours({ metadata: { name: "pc-to-cancel" } }));
     const read = kube.readJob.bind(kube);
     kube.readJob = async (ns, name) => {

@@ -21,7 +21,6 @@
 //   adapter?        "claude" (default) or "opencode"
 //   authToken?      the run's callback token (default "e2e-run-token")
 //   sessionId?      a session to resume
-//   retryOfRunId?   the run Paperclip retries with this one
 //   config?         more adapterConfig keys, e.g. {"promptAnnotationMaxBytes": 16}
 //
 // Build first (npm ci && npm run build). Exit status 0 once a result was
@@ -83,7 +82,7 @@ const ctx = {
     promptTemplate: spec.prompt,
     ...(spec.config ?? {}),
   },
-  context: { ...(spec.taskId ? { taskId: spec.taskId } : {}), ...(spec.retryOfRunId ? { retryOfRunId: spec.retryOfRunId } : {}) },
+  context: spec.taskId ? { taskId: spec.taskId } : {},
   authToken: spec.authToken ?? "e2e-run-token",
   signal: abort.signal,
   onCancellationReady: async () => {},

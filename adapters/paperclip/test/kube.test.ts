@@ -219,11 +219,27 @@ describe("loadKubeConfig", () => {
     const f = write("camel", kubeconfig("tokenFile: /var/run/secrets/token"));
     assert.throws(() => loadKubeConfig(f, {}), (err: Error) => err instanceof KubeConfigError && /would connect as anonymous/.test(err.message) && /tokenFile \(the key is token-file\)/.test(err.message));
     assert.throws(() => loadKubeConfig(write("none", kubeconfig("{}")), {}), /carries no credentials/);
+    for (const spelling of ["token_file", "tokenfile", "TokenFile"]) {
+      assert.throws(() => loadKubeConfig(write(spelling, kubeconfig(`${spelling}: /var/run/secrets/token`)), {}), new RegExp(`${spelling} \\(the key is token-file\\)`));
+    }
+  });
+
+  it("refuses half a credential: it sends nothing (hostile review)", () => {
+    for (const user of [
+      "username: admin",
+      "client-certificate-data: Zm9v",
+      "client-key-data: YmFy",
+      "exec: {apiVersion: client.authentication.k8s.io/v1}",
+      "auth-provider: {config: {}}",
+    ]) {
+      assert.throws(() => loadKubeConfig(write("half", kubeconfig(user)), {}), /carries no credentials/, user);
+    }
+    assert.equal(loadKubeConfig(write("basic", kubeconfig("username: admin\npassword: pw")), {}).getCurrentUser()?.username, "admin");
   });
 
   it("takes a token, a token-file, a client certificate or exec", () => {
     const tokenFile = write("token", "abc");
-    for (const user of ["token: abc", `token-file: ${tokenFile}`, "client-certificate-data: Zm9v\nclient-key-data: YmFy", "exec: {apiVersion: client.authentication.k8s.io/v1, command: true}"]) {
+    for (const user of ["token: abc", `token-file: ${tokenFile}`, "client-certificate-data: Zm9v\nclient-key-data: YmFy", "exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/true}"]) {
       const kc = loadKubeConfig(write("ok", kubeconfig(user)), {});
       assert.equal(kc.getCurrentCluster()?.server, "https://127.0.0.1:6443", user);
     }

@@ -340,6 +340,40 @@ describe("podEnv", () => {
     const { env } = podEnv({ TMPDIR: "/paperclip/../etc", AGENT_HOME: "/paperclipx/a", TMP: "/paperclip/./x", TEMP: "/paperclip/tmp" }, opts);
     assert.deepEqual(env, { TEMP: "/paperclip/tmp" });
   });
+  it("catches every loopback spelling the URL parser knows (hostile review)", () => {
+    const { env, dropped } = podEnv(
+      {
+        A: "http://[::ffff:127.0.0.1]:3100/x",
+        B: "http://[::]:3100/x",
+        C: "http://localhost.:3100/x",
+        D: "http:127.0.0.1:3100/x",
+        E: "http:\\\\127.0.0.1:3100\\x",
+        F: "postgres://u:p@127.0.0.1:5432/paperclip",
+        G: "redis://localhost:6379",
+        H: "http://2130706433:3100/",
+        I: "http://0x7f.1:3100/",
+        J: "http://127.1/",
+        K: "C:\\not\\a\\url",
+      },
+      { serverApiUrl: "", podApiUrl: "" },
+    );
+    assert.deepEqual(Object.keys(env), ["K"]);
+    assert.equal(dropped.length, 10);
+  });
+
+  it("reads PAPERCLIP_API_URL with or without /api, as Paperclip does", () => {
+    for (const server of ["http://127.0.0.1:3100", "http://127.0.0.1:3100/", "http://127.0.0.1:3100/api", "http://127.0.0.1:3100/api/"]) {
+      for (const pods of ["https://pc.example", "https://pc.example/api"]) {
+        const { env } = podEnv({ A: "http://127.0.0.1:3100/api/mcp/runtime-tools" }, { serverApiUrl: server, podApiUrl: pods });
+        assert.equal(env.A, "https://pc.example/api/mcp/runtime-tools", `${server} -> ${pods}`);
+      }
+    }
+  });
+
+  it("drops a path variable with a relative entry: it would resolve wherever the pod starts", () => {
+    assert.deepEqual(podEnv({ PATH: "/paperclip/bin:bin:." }, opts).env, {});
+  });
+
   it("drops a list with any path off the volume, and a path variable that holds no path", () => {
     const { env } = podEnv({ PATH: "/paperclip/bin:/usr/bin", PAPERCLIP_GIT_METADATA_ROOTS: JSON.stringify(["/paperclip/a"]), GH_CONFIG_DIR: "relative/dir" }, opts);
     assert.deepEqual(env, { PAPERCLIP_GIT_METADATA_ROOTS: JSON.stringify(["/paperclip/a"]) });

@@ -7,7 +7,6 @@ import type { V1Job } from "@kubernetes/client-node";
 
 import { ANNOTATION_QUEUED, LABEL_AGENT_ID, LABEL_COMPANY_ID, LABEL_RUN_ID, LABEL_SESSION_ID, LABEL_TASK_ID } from "../contract.js";
 import { ErrorCodes, failureResult, isNotFound, message, readKubeError } from "../errors.js";
-import { retryOfRunId } from "../prompt.js";
 import type { RelayRun } from "../relay.js";
 import { cancelledBeforeStart } from "./cancel.js";
 import { ownershipOf } from "./ownership.js";
@@ -17,18 +16,19 @@ import { jobFinished, type FollowTarget, type Run, type RunEnds } from "./run.js
 const QUEUED_PHASE = "Queued";
 
 // This very run already going: an earlier attempt at it submitted its
-// Job (the server restarted mid-run and Paperclip runs it again), or
-// Paperclip retries it as a new run that names it (retryOfRunId). Only
-// those are followed. Another run of the agent is another run, whatever
-// its task: following it would hand its output and its cost to this run
-// as well (Paperclip lets an agent have 20 runs at once by default). For
-// that one clipjob decides: it refuses this run (Reject mode) or queues
-// it (Queue mode). A run whose pod has not started yet (Pending) is as
-// active as one whose pod runs; so is one clipjob queued (no pod at all,
-// so the relay does not know it yet: found from the agent's Jobs).
+// Job (the server restarted mid-run and Paperclip runs it again). Only
+// that is followed. Another run of the agent is another run, whatever its
+// task, even the one Paperclip retries with this one (retryOfRunId):
+// following it would hand its output and its cost to this run as well
+// (Paperclip lets an agent have 20 runs at once by default), and the
+// agent's other runs would take its Job for an orphan and delete it
+// (submit.ts, reapOrphan: Paperclip says the retried run ended). For
+// another run clipjob decides: it refuses this run (Reject mode) or
+// queues it (Queue mode). A run whose pod has not started yet (Pending)
+// is as active as one whose pod runs; so is one clipjob queued (no pod at
+// all, so the relay does not know it yet: found from the agent's Jobs).
 function mine(run: Run, id: string): boolean {
-  const retryOf = retryOfRunId(run.ctx.context ?? {});
-  return id === run.ctx.runId || (retryOf !== "" && id === retryOf);
+  return id === run.ctx.runId;
 }
 
 /**
@@ -151,32 +151,27 @@ async function queuedRuns(run: Run): Promise<RelayRun[]> {
 }
 
 /**
- * Why a run the relay lists as active is not one to follow: its Job is
- * not this server's, is gone, being deleted, finished, or replaced by
- * another Job of the name; null to follow it. This run's own record is
- * followed whatever its Job's state (that is how this run ended), but
- * only if the Job, when it is still there, is this server's.
+ * Why this run's record, which the relay lists as active, is not one to
+ * follow: its Job is not (known to be) this server's. It is followed
+ * whatever its Job's state otherwise (that is how this run ended); the
+ * uid is that of the Job, or none when the Job is gone or another Job has
+ * its name.
  */
 async function notToFollow(run: Run, r: RelayRun): Promise<{ why: string } | { uid: string | undefined }> {
   if (!r.job) return { why: "the relay names no Job for it, so who created it cannot be checked" };
   const ref = `${r.namespace}/${r.job}`;
-  // The retried run's Job is followed only while it runs: when it ended,
-  // its outcome was the retried run's, and the retry runs anew.
-  const own = r.id === run.ctx.runId;
   let job: V1Job;
   try {
     job = await run.kube.readJob(r.namespace, r.job);
   } catch (err) {
-    if (isNotFound(err)) return own ? { uid: undefined } : { why: `its Job ${ref} is gone` };
+    // This run's own record is followed whatever its Job's state: that
+    // is how this run ended.
+    if (isNotFound(err)) return { uid: undefined };
     return { why: `its Job ${ref} could not be read to check it (${readKubeError(err).message})` };
   }
-  if (r.jobUid && job.metadata?.uid && job.metadata.uid !== r.jobUid) {
-    return own ? { uid: undefined } : { why: `its Job ${ref} is gone (another Job has its name)` };
-  }
+  if (r.jobUid && job.metadata?.uid && job.metadata.uid !== r.jobUid) return { uid: undefined };
   const o = await ownershipOf(run, job);
   if ("foreign" in o) return { why: `its Job ${ref} is not this server's: ${o.foreign}` };
   if ("unknown" in o) return { why: `its Job ${ref} is not known to be this server's: ${o.unknown}` };
-  if (!own && job.metadata?.deletionTimestamp) return { why: `its Job ${ref} is being deleted` };
-  if (!own && jobFinished(job)) return { why: `its Job ${ref} has finished` };
   return { uid: job.metadata?.uid };
 }
