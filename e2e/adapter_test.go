@@ -109,8 +109,8 @@ type adapterSpec struct {
 	AgentID        string `json:"agentId"`
 	RunID          string `json:"runId"`
 	TaskID         string `json:"taskId,omitempty"`
-	Prompt        string `json:"prompt"`
-	CancelAfterMs int    `json:"cancelAfterMs,omitempty"`
+	Prompt         string `json:"prompt"`
+	CancelAfterMs  int    `json:"cancelAfterMs,omitempty"`
 	// Mode "testEnvironment" runs the adapter's checks instead of a run.
 	Mode   string         `json:"mode,omitempty"`
 	Config map[string]any `json:"config,omitempty"`
