@@ -758,3 +758,63 @@ func TestPaperclipTestEnvironmentNamesWhatIsMissing(t *testing.T) {
 		}
 	}
 }
+
+// An OpenCode agent (opencode_k8s, the package's opencode/ directory) on
+// an issue assigned to it: Paperclip wakes it, the run's Job runs the fake
+// agent's OpenCode events on the real node, and Paperclip records the
+// run's cost and posts its summary as the issue's comment.
+func TestPaperclipOpenCodeAgentWorksAnIssue(t *testing.T) {
+	pc := thePaperclip(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	realNodeProfiles(ctx, t)
+	company := newCompany(ctx, t, pc, "Issue Co")
+	agent := newAgent(ctx, t, pc, company.ID, "Coder", "opencode_k8s", map[string]any{"promptTemplate": "lines=4"}, nil)
+	var issue struct{ ID string }
+	if err := pc.Do(ctx, http.MethodPost, "/api/companies/"+company.ID+"/issues", map[string]any{"title": "Fix the failing test", "assigneeAgentId": agent.ID}, &issue); err != nil {
+		t.Fatal(err)
+	}
+	// The assignment wakes the agent.
+	var run pcRun
+	if err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		runs := agentRuns(ctx, t, pc, company.ID, agent.ID)
+		if len(runs) > 0 {
+			run = runs[0]
+		}
+		return len(runs) > 0, nil
+	}); err != nil {
+		t.Fatal("the assignment woke no run of the agent")
+	}
+	done := waitRunEnds(ctx, t, pc, run.ID)
+	if done.Status != "succeeded" || costOf(done) != 0.0123 {
+		t.Fatalf("the OpenCode run: %+v\n%s", done, runLogText(ctx, pc, run.ID))
+	}
+	lines, _ := runLog(ctx, pc, run.ID)
+	var texts []string
+	for _, l := range stdoutLines(lines) {
+		var ev struct {
+			Type string
+			Part struct{ Text string }
+		}
+		if json.Unmarshal([]byte(l), &ev) == nil && ev.Type == "text" {
+			texts = append(texts, ev.Part.Text)
+		}
+	}
+	if want := []string{"line 1", "line 2", "line 3", "line 4"}; !slices.Equal(texts, want) {
+		t.Errorf("the OpenCode agent's lines in Paperclip's log: %q, want %q", texts, want)
+	}
+	var comments []struct{ Body string }
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		if err := pc.Do(ctx, http.MethodGet, "/api/issues/"+issue.ID+"/comments?order=asc", nil, &comments); err != nil {
+			return false, nil
+		}
+		return len(comments) > 0, nil
+	})
+	if err != nil {
+		t.Fatalf("Paperclip posted no comment on the issue after the run: %+v", done.ResultJSON)
+	}
+	// Paperclip comments with the agent's final message.
+	if last := comments[len(comments)-1].Body; !strings.Contains(last, "line 4") {
+		t.Errorf("the issue's comment after the run: %q, want the agent's final message (line 4)", last)
+	}
+}

@@ -23,6 +23,13 @@ interface Followed {
 
 const followed = new Map<symbol, Followed>();
 let installed = false;
+// The signal the server is stopping on, once it came.
+let stoppingOn: string | null = null;
+
+/** The signal the server is stopping on, or null while it serves. */
+export function serverStopping(): string | null {
+  return stoppingOn;
+}
 
 /** The signals of a graceful stop. */
 export const SHUTDOWN_SIGNALS = ["SIGTERM", "SIGINT"] as const;
@@ -32,6 +39,12 @@ export const SHUTDOWN_SIGNALS = ["SIGTERM", "SIGINT"] as const;
  * stop of the server deletes it; the returned function forgets it.
  */
 export function followUntilShutdown(entry: Followed): () => void {
+  if (stoppingOn) {
+    // A Job created after the signal was handled: deleted now, as the
+    // others were.
+    void deleteJob(entry, stoppingOn);
+    return () => {};
+  }
   const key = Symbol(entry.job);
   followed.set(key, entry);
   if (!installed) {
@@ -55,14 +68,20 @@ export function followedJobs(): string[] {
 
 /** Deletes every followed Job; resolves when each deletion was answered. */
 export async function deleteFollowedJobs(signal: string): Promise<void> {
+  stoppingOn = signal;
   const entries = [...followed.values()];
   followed.clear();
-  await Promise.all(
-    entries.map(async (f) => {
-      await f.notice(`the Paperclip server is stopping (${signal}); it will not follow this run again, so its Job ${f.namespace}/${f.job} is deleted`).catch(() => {});
-      await f.kube.deleteJob(f.namespace, f.job, f.propagation, f.uid).catch(() => {});
-    }),
-  );
+  await Promise.all(entries.map((f) => deleteJob(f, signal)));
+}
+
+async function deleteJob(f: Followed, signal: string): Promise<void> {
+  await f.notice(`the Paperclip server is stopping (${signal}); it will not follow this run again, so its Job ${f.namespace}/${f.job} is deleted`).catch(() => {});
+  await f.kube.deleteJob(f.namespace, f.job, f.propagation, f.uid).catch(() => {});
+}
+
+/** Forgets a stop (for tests: one process runs many). */
+export function resetStopping(): void {
+  stoppingOn = null;
 }
 
 async function onShutdown(sig: (typeof SHUTDOWN_SIGNALS)[number], hostHandles: boolean): Promise<void> {

@@ -8,7 +8,7 @@ import type { V1Job } from "@kubernetes/client-node";
 import { CLAUDE_ADAPTER, createClipjobAdapter, executeRun, type AdapterDeps } from "../src/adapter.js";
 import { jobNameFor, retryJobName } from "../src/job.js";
 import { RelayClient, type RelayRun } from "../src/relay.js";
-import { deleteFollowedJobs, followedJobs } from "../src/shutdown.js";
+import { deleteFollowedJobs, followedJobs, resetStopping } from "../src/shutdown.js";
 import { FakeKube, statusError } from "./fake-kube.js";
 import { FakeRelay } from "./fake-relay.js";
 
@@ -394,6 +394,20 @@ describe("execute", () => {
     assert.ok(rec.stderr.some((l) => l.includes("the Paperclip server is stopping (SIGTERM)")), rec.stderr.join(""));
     await running;
     assert.deepEqual(followedJobs(), [], "a run that ended is followed no more");
+
+    // A run that reaches its Job after the signal creates none: Paperclip
+    // will not follow it again.
+    try {
+      const late = newCtx();
+      const result = await executeRun(CLAUDE_ADAPTER, late.ctx, deps());
+      assert.equal(result.errorCode, "cancelled");
+      assert.match(result.errorMessage ?? "", /the Paperclip server is stopping \(SIGTERM\)/);
+      assert.ok(!kube.calls.some((c) => c === `create job ${jobNameOf(late)}`), kube.calls.join());
+      assert.deepEqual([...kube.secrets.keys()].filter((n) => n.startsWith(jobNameOf(late))), [], "its Secrets are removed");
+      assert.ok(kube.calls.some((c) => c.startsWith(`create secret ${jobNameOf(late)}`)), `it got that far: ${kube.calls.join()}`);
+    } finally {
+      resetStopping();
+    }
   });
 
   it("re-attaches to its own run clipjob queued, found among its Jobs (the relay knows no pod yet)", async () => {

@@ -15,6 +15,7 @@ import { classifyCreateError, createFailureResult, ErrorCodes, failureResult, is
 import { buildRunObjects, isLabelValue, renameRunSecret, retryJobName, RunIdentityError, type RunObjects } from "../job.js";
 import { ENDED_RUN_STATUSES } from "../paperclip.js";
 import { buildPrompt, buildRunEnv, sessionToResume, taskIdOf, type BuiltPrompt } from "../prompt.js";
+import { serverStopping } from "../shutdown.js";
 import { cancelledBeforeStart, waitGone } from "./cancel.js";
 import { ownershipOf } from "./ownership.js";
 import { jobFinished, type FollowTarget, type Run, type RunEnds } from "./run.js";
@@ -43,6 +44,12 @@ export async function submit(run: Run): Promise<RunEnds | { existing: FollowTarg
   if (run.ctx.signal?.aborted) {
     await run.dropSecrets();
     return { result: cancelledBeforeStart("before its Job was created") };
+  }
+  // The server is stopping: Paperclip will not follow this run again.
+  const stopping = serverStopping();
+  if (stopping) {
+    await run.dropSecrets();
+    return { result: cancelledBeforeStart(`before its Job was created: the Paperclip server is stopping (${stopping})`) };
   }
   const created = await createJob(run, sub);
   if ("result" in created) return created;
