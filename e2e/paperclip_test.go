@@ -366,6 +366,18 @@ func realNodeProfiles(ctx context.Context, t *testing.T) {
 	writeConfig(ctx, t, string(original)+"profiles:\n  claude_local:\n"+placement.String()+"  opencode_local:\n"+placement.String(), true)
 }
 
+// paperclipOnTheRealNode is a test's start: the server, a context of
+// timeout, the adapter types' profiles on the real node, and a company of
+// its own named name.
+func paperclipOnTheRealNode(t *testing.T, timeout time.Duration, name string) (*harness.Paperclip, context.Context, pcCompany) {
+	t.Helper()
+	pc := thePaperclip(t)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	realNodeProfiles(ctx, t)
+	return pc, ctx, newCompany(ctx, t, pc, name)
+}
+
 func TestPaperclipServerRunsAnAgentThroughClipjob(t *testing.T) {
 	pc := thePaperclip(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -463,11 +475,7 @@ func waitAgentJobs(ctx context.Context, t *testing.T, agent string, n int) {
 // clipjob in Reject mode the second is refused as busy, in terms Paperclip
 // retries (nothing ran, transient): its retry runs once the first is done.
 func TestPaperclipRunsOfOneAgentAtOnce(t *testing.T) {
-	pc := thePaperclip(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	realNodeProfiles(ctx, t)
-	company := newCompany(ctx, t, pc, "Concurrent Co")
+	pc, ctx, company := paperclipOnTheRealNode(t, 10*time.Minute, "Concurrent Co")
 	agent := newAgent(ctx, t, pc, company.ID, "Twice", "claude_k8s", map[string]any{"promptTemplate": "lines=3 sleep=6"}, nil)
 	first := wake(ctx, t, pc, agent.ID, "e2e: first")
 	waitAgentJobs(ctx, t, agent.ID, 1) // the first run holds the agent
@@ -517,11 +525,7 @@ func TestPaperclipRunsOfOneAgentAtOnce(t *testing.T) {
 // With maxConcurrentRuns 1 (what the README tells operators to set)
 // Paperclip itself queues the second run; none is refused.
 func TestPaperclipQueuesAnAgentsSecondRunWithOneSlot(t *testing.T) {
-	pc := thePaperclip(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	realNodeProfiles(ctx, t)
-	company := newCompany(ctx, t, pc, "One Slot Co")
+	pc, ctx, company := paperclipOnTheRealNode(t, 10*time.Minute, "One Slot Co")
 	agent := newAgent(ctx, t, pc, company.ID, "Once", "claude_k8s", map[string]any{"promptTemplate": "lines=2 sleep=4"},
 		map[string]any{"heartbeat": map[string]any{"maxConcurrentRuns": 1}})
 	first := wake(ctx, t, pc, agent.ID, "e2e: first")
@@ -536,11 +540,7 @@ func TestPaperclipQueuesAnAgentsSecondRunWithOneSlot(t *testing.T) {
 // The server's local paths and loopback URLs never reach the pod: the
 // fake agent's probe lists the names of its environment.
 func TestPaperclipRunEnvHoldsNoServerPaths(t *testing.T) {
-	pc := thePaperclip(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	realNodeProfiles(ctx, t)
-	company := newCompany(ctx, t, pc, "Env Co")
+	pc, ctx, company := paperclipOnTheRealNode(t, 10*time.Minute, "Env Co")
 	agent := newAgent(ctx, t, pc, company.ID, "Prober", "claude_k8s", map[string]any{
 		"promptTemplate": "lines=1 probe=1",
 		// An agent's own env that names a loopback URL is left out too.
@@ -588,11 +588,7 @@ func TestPaperclipRunEnvHoldsNoServerPaths(t *testing.T) {
 // run finds it through clipjob's 409, asks Paperclip, which says the run is
 // over, and deletes it. Either way the agent's next run runs.
 func TestPaperclipRestartMidRun(t *testing.T) {
-	pc := thePaperclip(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
-	defer cancel()
-	realNodeProfiles(ctx, t)
-	company := newCompany(ctx, t, pc, "Restart Co")
+	pc, ctx, company := paperclipOnTheRealNode(t, 12*time.Minute, "Restart Co")
 	for _, stop := range []string{"SIGTERM", "SIGKILL"} {
 		t.Run(stop, func(t *testing.T) {
 			agent := newAgent(ctx, t, pc, company.ID, "Long "+stop, "claude_k8s", map[string]any{"promptTemplate": "lines=1 sleep=600"}, nil)
@@ -764,11 +760,7 @@ func TestPaperclipTestEnvironmentNamesWhatIsMissing(t *testing.T) {
 // agent's OpenCode events on the real node, and Paperclip records the
 // run's cost and posts its summary as the issue's comment.
 func TestPaperclipOpenCodeAgentWorksAnIssue(t *testing.T) {
-	pc := thePaperclip(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	realNodeProfiles(ctx, t)
-	company := newCompany(ctx, t, pc, "Issue Co")
+	pc, ctx, company := paperclipOnTheRealNode(t, 10*time.Minute, "Issue Co")
 	agent := newAgent(ctx, t, pc, company.ID, "Coder", "opencode_k8s", map[string]any{"promptTemplate": "lines=4"}, nil)
 	var issue struct{ ID string }
 	if err := pc.Do(ctx, http.MethodPost, "/api/companies/"+company.ID+"/issues", map[string]any{"title": "Fix the failing test", "assigneeAgentId": agent.ID}, &issue); err != nil {
