@@ -3,7 +3,7 @@
 // Events followed across broken connections — each line handed on once
 // and in order, resuming with Last-Event-ID. Built on node:http(s), not
 // fetch, because the relay's certificate is signed by clipjob's own CA and
-// Node 20's fetch takes no per-request CA.
+// Node's built-in fetch takes no per-request CA.
 
 import { readFile } from "node:fs/promises";
 import http, { type IncomingMessage } from "node:http";
