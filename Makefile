@@ -53,7 +53,7 @@ adapter: paperclip ## The Paperclip adapter (adapters/paperclip): install from i
 	cd adapters/paperclip && PATH="$(PAPERCLIP_NODE):$$PATH" npm ci --no-audit --no-fund && PATH="$(PAPERCLIP_NODE):$$PATH" npm test
 
 unit: ## Unit and golden tests only (no control plane)
-	$(GOTEST) ./contract/... ./config/... ./templates/... ./policy/... ./claim/... ./certs/... ./webhook/... ./relay/... ./cmd/... ./charts/... ./internal/...
+	$(GOTEST) ./contract/... ./config/... ./templates/... ./policy/... ./claim/... ./certs/... ./webhook/... ./relay/... ./cmd/... ./charts/... ./doctor/... ./internal/...
 
 e2e: kube-binaries node-packages paperclip ## The e2e suite alone
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 30m -v ./e2e/
