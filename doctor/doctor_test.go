@@ -164,17 +164,22 @@ func TestWebhookDriftIsNamed(t *testing.T) {
 		m.Webhooks[0].FailurePolicy = &ignore
 	})
 	results := run(t, fake.NewClientset(objs...), "")
-	want(t, results, "webhook-configurations", false, "differ from the chart's", m0(objs), "helm upgrade --install clipjob")
+	m, _ := firstWebhooks(objs)
+	want(t, results, "webhook-configurations", false, "differ from the chart's", m, "helm upgrade --install clipjob")
 }
 
-// m0 is the first mutating webhook's name in objs.
-func m0(objs []runtime.Object) string {
+// firstWebhooks are the names of the first mutating and the first
+// validating webhook in objs.
+func firstWebhooks(objs []runtime.Object) (mutating, validating string) {
 	for _, o := range objs {
-		if m, ok := o.(*admissionregistrationv1.MutatingWebhookConfiguration); ok {
-			return m.Webhooks[0].Name
+		switch c := o.(type) {
+		case *admissionregistrationv1.MutatingWebhookConfiguration:
+			mutating = c.Webhooks[0].Name
+		case *admissionregistrationv1.ValidatingWebhookConfiguration:
+			validating = c.Webhooks[0].Name
 		}
 	}
-	return "?"
+	return mutating, validating
 }
 
 func TestMissingWebhookConfigurationIsNamed(t *testing.T) {
@@ -211,20 +216,11 @@ func TestCABundleThatDoesNotTrustTheServedCertificate(t *testing.T) {
 		v.Webhooks[0].ClientConfig.CABundle = other.CertPEM
 	})
 	results := run(t, fake.NewClientset(objs...), "")
-	want(t, results, "ca-bundle", false, v0(objs), "certificates.caBundle")
+	_, v := firstWebhooks(objs)
+	want(t, results, "ca-bundle", false, v, "certificates.caBundle")
 	if _, found := results["certificate"]; found {
 		t.Errorf("a certificate nobody trusts was judged for its days left: %+v", results["certificate"])
 	}
-}
-
-// v0 is the first validating webhook's name in objs.
-func v0(objs []runtime.Object) string {
-	for _, o := range objs {
-		if v, ok := o.(*admissionregistrationv1.ValidatingWebhookConfiguration); ok {
-			return v.Webhooks[0].Name
-		}
-	}
-	return "?"
 }
 
 func TestCertificateAboutToExpire(t *testing.T) {

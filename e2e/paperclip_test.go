@@ -638,19 +638,29 @@ func TestPaperclipRestartMidRun(t *testing.T) {
 	}
 }
 
+// envCheck is one check of Paperclip's adapter environment test.
+type envCheck struct{ Code, Level, Message, Hint string }
+
+// testEnvironment is Paperclip's "Test environment" of claude_k8s for
+// company, through its API.
+func testEnvironment(ctx context.Context, t *testing.T, pc *harness.Paperclip, company string) (res struct {
+	Status string
+	Checks []envCheck
+}) {
+	t.Helper()
+	if err := pc.Do(ctx, http.MethodPost, "/api/companies/"+company+"/adapters/claude_k8s/test-environment", map[string]any{"adapterConfig": map[string]any{}}, &res); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
 // Paperclip's "Test environment" for the adapter, through its API.
 func TestPaperclipTestEnvironment(t *testing.T) {
 	pc := thePaperclip(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	company := newCompany(ctx, t, pc, "Checks Co")
-	var res struct {
-		Status string
-		Checks []struct{ Code, Level, Message, Hint string }
-	}
-	if err := pc.Do(ctx, http.MethodPost, "/api/companies/"+company.ID+"/adapters/claude_k8s/test-environment", map[string]any{"adapterConfig": map[string]any{}}, &res); err != nil {
-		t.Fatal(err)
-	}
+	res := testEnvironment(ctx, t, pc, company.ID)
 	for _, c := range res.Checks {
 		if c.Level == "error" {
 			t.Errorf("check %s: %s (%s)", c.Code, c.Message, c.Hint)
@@ -741,14 +751,8 @@ func TestPaperclipTestEnvironmentNamesWhatIsMissing(t *testing.T) {
 		if err := pc.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
-		var res struct {
-			Status string
-			Checks []struct{ Code, Level, Message, Hint string }
-		}
-		if err := pc.Do(ctx, http.MethodPost, "/api/companies/"+company.ID+"/adapters/claude_k8s/test-environment", map[string]any{"adapterConfig": map[string]any{}}, &res); err != nil {
-			t.Fatal(err)
-		}
-		i := slices.IndexFunc(res.Checks, func(ch struct{ Code, Level, Message, Hint string }) bool { return ch.Code == "clipjob_kube_config" })
+		res := testEnvironment(ctx, t, pc, company.ID)
+		i := slices.IndexFunc(res.Checks, func(ch envCheck) bool { return ch.Code == "clipjob_kube_config" })
 		if res.Status != "fail" || i < 0 || res.Checks[i].Level != "error" || !strings.Contains(res.Checks[i].Message, c.want) {
 			t.Errorf("CLIPJOB_KUBECONFIG=%q: %+v, want a failed clipjob_kube_config check saying %q", c.kubeconfig, res, c.want)
 		}

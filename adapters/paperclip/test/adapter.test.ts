@@ -384,6 +384,27 @@ describe("execute", () => {
     }
   });
 
+  // Hostile: clipjob's 409 names the holder, and the holder's Job is read
+  // back; a Job of another agent (a 409 naming it, however it came) is
+  // never the orphan of this one, whatever Paperclip says of its run.
+  it("never deletes a holder Job of another agent", async () => {
+    const rec = newCtx();
+    kube.jobs.set("pc-orphan", ours({ metadata: { name: "pc-orphan", labels: { "paperclip.io/agent-id": "agent-of-another-company", "paperclip.io/run-id": "run-lost" } } }));
+    kube.onCreateJob = () => {
+      throw statusError(409, "Conflict", "agent busy", [
+        { reason: "clipjob.paperclip.io/agent-busy", message: "agent busy" },
+        { reason: "clipjob.paperclip.io/holder-run-id", message: "run-lost" },
+        { reason: "clipjob.paperclip.io/holder-job", message: "paperclip/pc-orphan" },
+      ]);
+    };
+    const asked: string[] = [];
+    const paperclip: AdapterDeps["paperclip"] = () => ({ runStatus: async (id) => (asked.push(id), { status: "failed" }) });
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, { ...deps(), paperclip });
+    assert.equal(result.errorCode, "k8s_concurrent_run_blocked");
+    assert.deepEqual(kube.deletions, []);
+    assert.deepEqual(asked, [], "Paperclip is not even asked");
+  });
+
   it("a graceful stop of the server deletes the Jobs it follows (Paperclip will not follow them again)", async () => {
     kube.afterCreateJob = runsTo(["started"], claudeEnd, 60_000);
     const rec = newCtx();
