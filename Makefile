@@ -16,7 +16,7 @@ BENCH_ROUNDS ?= 3
 BENCH_RUNS   ?= 200,500
 BENCH_COUNT  ?= 3
 
-.PHONY: all build image image-docker test adapter unit e2e e2e-kind demo bench kube-binaries node-packages paperclip fuzz lint fmt vet clean
+.PHONY: all build image image-docker test adapter unit e2e e2e-kind demo bench kube-binaries node-packages paperclip fuzz chart-docs lint fmt vet clean
 
 # The image the chart runs, tagged with the chart's appVersion.
 IMAGE     ?= ghcr.io/paperclipai/clipjob:$(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/clipjob/Chart.yaml)
@@ -78,6 +78,9 @@ fuzz: ## Fuzz every decoder for FUZZTIME each
 
 golden: ## Rewrite golden files after an intended change (review the diff!)
 	REFRESH_GOLDEN=true $(GOTEST) ./templates/
+
+chart-docs: ## Regenerate charts/clipjob/README.md from the `# --` comments in charts/clipjob/values.yaml
+	$(GOTEST) ./charts/ -run '^TestChartREADME$$' -update
 
 lint: fmt vet
 
