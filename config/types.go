@@ -2,6 +2,7 @@ package config
 
 import (
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 const (
@@ -10,6 +11,10 @@ const (
 	// Kind is the kind every configuration file declares.
 	Kind = "Config"
 )
+
+// TypeMeta is what a configuration document declares, for readers of
+// manifest streams to keep it for Parse.
+var TypeMeta = metav1.TypeMeta{APIVersion: APIVersion, Kind: Kind}
 
 // Config is the whole configuration file.
 type Config struct {

@@ -24,7 +24,7 @@ import (
 	"github.com/paperclipai/clipjob/claim"
 	"github.com/paperclipai/clipjob/cmd/clipjob/app"
 	"github.com/paperclipai/clipjob/config"
-	"github.com/paperclipai/clipjob/internal/golden"
+	"github.com/paperclipai/clipjob/internal/testing/golden"
 	"github.com/paperclipai/clipjob/templates"
 	"github.com/paperclipai/clipjob/webhook"
 )
@@ -58,11 +58,11 @@ func fixtures(t *testing.T) []fixture {
 	// file: the CLI reads a config from a file of its own.
 	configOf := func(file, fallback string) string {
 		set := golden.ReadManifests(t, file)
-		if len(set.Configs) == 0 {
+		if len(set.Raw) == 0 {
 			return fallback
 		}
 		p := filepath.Join(tmp, strings.ReplaceAll(file, string(filepath.Separator), "_")+".config.yaml")
-		if err := os.WriteFile(p, set.Configs[0], 0o644); err != nil {
+		if err := os.WriteFile(p, set.Raw[0], 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return p

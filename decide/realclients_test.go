@@ -12,7 +12,7 @@ import (
 
 	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/decide"
-	"github.com/paperclipai/clipjob/internal/golden"
+	"github.com/paperclipai/clipjob/internal/testing/golden"
 	"github.com/paperclipai/clipjob/policy"
 	"github.com/paperclipai/clipjob/templates"
 )

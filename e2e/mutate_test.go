@@ -18,8 +18,8 @@ import (
 	"github.com/paperclipai/clipjob/cmd/clipjob/app"
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/harness"
-	"github.com/paperclipai/clipjob/internal/golden"
 	"github.com/paperclipai/clipjob/internal/manifest"
+	"github.com/paperclipai/clipjob/internal/testing/golden"
 )
 
 const ns = "paperclip"

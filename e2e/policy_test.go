@@ -30,7 +30,7 @@ import (
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
-	"github.com/paperclipai/clipjob/internal/golden"
+	"github.com/paperclipai/clipjob/internal/testing/golden"
 )
 
 // TestDisallowedImageDenied: a disallowed image is denied with the message a

@@ -16,8 +16,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/paperclipai/clipjob/e2e/harness"
-	"github.com/paperclipai/clipjob/internal/golden"
 	"github.com/paperclipai/clipjob/internal/manifest"
+	"github.com/paperclipai/clipjob/internal/testing/golden"
 )
 
 // TestRealClientsJobsOnTheCluster: the Jobs the real Paperclip clients
@@ -51,7 +51,7 @@ func TestRealClientsJobsOnTheCluster(t *testing.T) {
 	// Each config as documented, its source pointed at that Deployment.
 	useConfig := func(file string) {
 		var cfg map[string]any
-		if err := yaml.Unmarshal(read(file).Configs[0], &cfg); err != nil {
+		if err := yaml.Unmarshal(read(file).Raw[0], &cfg); err != nil {
 			t.Fatal(err)
 		}
 		source, _ := cfg["source"].(map[string]any)

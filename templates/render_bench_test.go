@@ -3,7 +3,7 @@ package templates_test
 import (
 	"testing"
 
-	"github.com/paperclipai/clipjob/internal/golden"
+	"github.com/paperclipai/clipjob/internal/testing/golden"
 	"github.com/paperclipai/clipjob/templates"
 )
 

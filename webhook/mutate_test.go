@@ -19,7 +19,7 @@ import (
 
 	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/contract"
-	"github.com/paperclipai/clipjob/internal/golden"
+	"github.com/paperclipai/clipjob/internal/testing/golden"
 	"github.com/paperclipai/clipjob/internal/testing/jobs"
 	"github.com/paperclipai/clipjob/templates"
 )

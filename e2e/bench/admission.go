@@ -124,7 +124,7 @@ func completer() (func(*batchv1.Job) (*batchv1.Job, error), error) {
 		return nil, err
 	}
 	defer f.Close()
-	set, err := manifest.Read(f)
+	set, err := manifest.Read(f, config.TypeMeta)
 	if err != nil {
 		return nil, err
 	}

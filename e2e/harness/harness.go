@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/internal/manifest"
 )
@@ -241,5 +242,5 @@ func readExample(file string) (*manifest.Set, error) {
 		return nil, err
 	}
 	defer f.Close()
-	return manifest.Read(f)
+	return manifest.Read(f, config.TypeMeta)
 }

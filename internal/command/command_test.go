@@ -1,9 +1,16 @@
 package command
 
 import (
+	"bytes"
+	"context"
+	"errors"
 	"flag"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/rest"
 
 	"github.com/paperclipai/clipjob/internal/testing/kube"
 )
@@ -36,5 +43,54 @@ func TestRestConfigFromKubeconfig(t *testing.T) {
 	}
 	if _, err := RestConfig(filepath.Join(t.TempDir(), "none")); err == nil {
 		t.Error("a missing kubeconfig gave API access")
+	}
+}
+
+// TestServerMain: the exit codes and messages both server commands give,
+// and what run is handed.
+func TestServerMain(t *testing.T) {
+	kubeconfig := kube.Kubeconfig(t)
+	parse := func(args ...string) func() (*Server, error) {
+		return func() (*Server, error) {
+			s := &Server{}
+			fs := flag.NewFlagSet("srv", flag.ContinueOnError)
+			s.BindFlags(fs)
+			return s, ParseFlags(fs, args, &bytes.Buffer{})
+		}
+	}
+	var got *rest.Config
+	ok := func(_ context.Context, log logr.Logger, cfg *rest.Config) error {
+		if log.GetSink() == nil {
+			return errors.New("no logger")
+		}
+		got = cfg
+		return nil
+	}
+	failing := func(context.Context, logr.Logger, *rest.Config) error { return errors.New("port taken") }
+	for _, tc := range []struct {
+		name  string
+		parse func() (*Server, error)
+		run   func(context.Context, logr.Logger, *rest.Config) error
+		code  int
+		want  string
+	}{
+		{"runs", parse("--kubeconfig", kubeconfig), ok, 0, ""},
+		{"help", parse("-h"), ok, 0, ""},
+		{"unknown flag", parse("--bogus"), ok, 2, "srv: flag provided but not defined: -bogus"},
+		{"argument", parse("--kubeconfig", kubeconfig, "extra"), ok, 2, `srv: unexpected arguments ["extra"]: srv takes only flags`},
+		{"no API", parse("--kubeconfig", filepath.Join(t.TempDir(), "none")), ok, 1, "srv: no Kubernetes API access:"},
+		{"run fails", parse("--kubeconfig", kubeconfig), failing, 1, "port taken"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			got = nil
+			code := ServerMain(context.Background(), "srv", &stderr, tc.parse, tc.run)
+			if code != tc.code || !strings.Contains(stderr.String(), tc.want) {
+				t.Errorf("exit %d, stderr %q; want %d and %q", code, stderr.String(), tc.code, tc.want)
+			}
+			if tc.name == "runs" && (got == nil || got.Host != kube.Host) {
+				t.Errorf("run got API access %+v, want %s", got, kube.Host)
+			}
+		})
 	}
 }

@@ -10,8 +10,9 @@ import (
 )
 
 // TestDocsNameRealTests: every test, fuzz target or golden case that the
-// README or docs/security.md names as the proof of a promise exists, so a
-// renamed or deleted test cannot leave a promise unbacked.
+// README, the manual (docs/) or the adapter's README names as the proof of
+// a promise exists, so a renamed or deleted test cannot leave a promise
+// unbacked.
 func TestDocsNameRealTests(t *testing.T) {
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
@@ -42,8 +43,24 @@ func TestDocsNameRealTests(t *testing.T) {
 	}
 	named := regexp.MustCompile("`((?:Test|Fuzz)[A-Za-z0-9_]+)`")
 	golden := regexp.MustCompile("the `([a-z0-9_-]+)` golden")
-	for _, doc := range []string{"README.md", filepath.Join("docs", "security.md")} {
-		b, err := os.ReadFile(filepath.Join(root, doc))
+	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	design, err := filepath.Glob(filepath.Join(root, "docs", "design", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs = append(append(docs, design...), filepath.Join(root, "README.md"), filepath.Join(root, "adapters", "paperclip", "README.md"))
+	if len(docs) < 10 {
+		t.Fatalf("found only %d documents to check: %v", len(docs), docs)
+	}
+	for _, path := range docs {
+		doc, err := filepath.Rel(root, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
 		}

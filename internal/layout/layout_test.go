@@ -19,7 +19,10 @@ const module = "github.com/paperclipai/clipjob"
 // cores run in the offline CLI and in golden tests, with no cluster.
 var clients = []string{"k8s.io/client-go/", "sigs.k8s.io/controller-runtime"}
 
-// room is one row of the README's Layout table.
+// rulesFile is the table of rooms, relative to the module root.
+const rulesFile = "internal/layout/rooms.md"
+
+// room is one row of the table in rulesFile.
 type room struct {
 	pattern string   // "relay/..." or "config/"
 	may     []string // patterns of module packages it may import
@@ -40,29 +43,25 @@ func match(pattern, pkg string) bool {
 
 var backticked = regexp.MustCompile("`([^`]+)`")
 
-// readRooms parses the table under "## Layout" in README.md.
+// readRooms parses the table of rulesFile: every row whose first cell is
+// a backticked room.
 func readRooms(t *testing.T, root string) []room {
 	t.Helper()
-	f, err := os.Open(filepath.Join(root, "README.md"))
+	f, err := os.Open(filepath.Join(root, rulesFile))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
 	var rooms []room
-	in := false
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, "## "):
-			in = line == "## Layout"
-			continue
-		case !in || !strings.HasPrefix(line, "| `"):
+		if !strings.HasPrefix(line, "| `") {
 			continue
 		}
 		cells := strings.Split(strings.Trim(line, "|"), "|")
 		if len(cells) != 3 {
-			t.Fatalf("README Layout row %q: want | room | owns | may import |", line)
+			t.Fatalf("%s row %q: want | room | owns | may import |", rulesFile, line)
 		}
 		name := backticked.FindStringSubmatch(cells[0])
 		r := room{pattern: name[1]}
@@ -75,7 +74,7 @@ func readRooms(t *testing.T, root string) []room {
 		rooms = append(rooms, r)
 	}
 	if len(rooms) < 5 {
-		t.Fatalf("README has no Layout table (found %d rows)", len(rooms))
+		t.Fatalf("%s has no table of rooms (found %d rows)", rulesFile, len(rooms))
 	}
 	return rooms
 }
@@ -122,7 +121,7 @@ func TestImportsFollowTheLayout(t *testing.T) {
 		}
 		i := slices.IndexFunc(rooms, func(r room) bool { return r.matches(rel) })
 		if i < 0 {
-			t.Errorf("%s has no row in README's Layout table: add one saying what it owns and may import", rel)
+			t.Errorf("%s has no row in %s: add one saying what it owns and may import", rel, rulesFile)
 			continue
 		}
 		r := rooms[i]
@@ -132,7 +131,7 @@ func TestImportsFollowTheLayout(t *testing.T) {
 				continue
 			}
 			if !slices.ContainsFunc(r.may, func(m string) bool { return match(m, dep) }) {
-				t.Errorf("%s imports %s, which its room (%s) may not; see README's Layout", rel, dep, r.pattern)
+				t.Errorf("%s imports %s, which its room (%s) may not; see %s", rel, dep, r.pattern, rulesFile)
 			}
 		}
 		if r.clients {

@@ -1,7 +1,8 @@
 // Package manifest reads and writes the YAML manifests the offline CLI and
 // the golden tests work on: multi-document streams of Jobs, Deployments and
-// clipjob Configs, decoded strictly so a misspelt field is reported rather
-// than silently dropped.
+// other Kubernetes objects, decoded strictly so a misspelt field is
+// reported rather than silently dropped, and documents of kinds the caller
+// parses itself (clipjob's Config), kept as written.
 package manifest
 
 import (
@@ -10,28 +11,31 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
-
-	"github.com/paperclipai/clipjob/config"
 )
 
 // Set is what a stream holds, by kind, in stream order.
 type Set struct {
 	Jobs        []*batchv1.Job
 	Deployments []*appsv1.Deployment
-	// Configs are clipjob Config documents, raw, for config.Parse.
-	Configs [][]byte
+	// Raw are the documents of the kinds Read was asked to keep raw, as
+	// written (clipjob Configs, for config.Parse).
+	Raw [][]byte
 	// Others are documents of any other kind, decoded into the scheme's
 	// types (PersistentVolumeClaims, Secrets, …).
 	Others []runtime.Object
+
+	raw []metav1.TypeMeta
 }
 
 var (
@@ -48,9 +52,11 @@ func init() {
 	decoder = serializer.NewCodecFactory(scheme, serializer.EnableStrict).UniversalDeserializer()
 }
 
-// Read splits r into YAML documents and decodes each by its kind.
-func Read(r io.Reader) (*Set, error) {
-	set := &Set{}
+// Read splits r into YAML documents and decodes each by its kind; a
+// document of one of the raw kinds (apiVersion and kind) goes to Set.Raw
+// as written.
+func Read(r io.Reader, raw ...metav1.TypeMeta) (*Set, error) {
+	set := &Set{raw: raw}
 	docs := utilyaml.NewYAMLReader(bufio.NewReader(r))
 	for i := 1; ; i++ {
 		doc, err := docs.Read()
@@ -73,15 +79,12 @@ func Read(r io.Reader) (*Set, error) {
 // yaml` prints for several objects) adds each of its items: taking it for
 // one unknown object would lose them without a word.
 func (set *Set) add(doc []byte) error {
-	var meta struct {
-		APIVersion string `json:"apiVersion"`
-		Kind       string `json:"kind"`
-	}
+	var meta metav1.TypeMeta
 	if err := yaml.Unmarshal(doc, &meta); err != nil {
 		return err
 	}
-	if meta.Kind == config.Kind && meta.APIVersion == config.APIVersion {
-		set.Configs = append(set.Configs, doc)
+	if slices.Contains(set.raw, meta) {
+		set.Raw = append(set.Raw, doc)
 		return nil
 	}
 	obj, _, err := decoder.Decode(doc, nil, nil)

@@ -7,13 +7,11 @@ package app
 
 import (
 	"context"
-	"errors"
 	"flag"
-	"fmt"
 	"io"
 
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/rest"
 
 	"github.com/paperclipai/clipjob/internal/command"
 	"github.com/paperclipai/clipjob/relay"
@@ -22,10 +20,7 @@ import (
 // Options are the relay's options and what the command alone needs.
 type Options struct {
 	relay.Options
-	// Kubeconfig is a kubeconfig file; empty means in-cluster, else
-	// $KUBECONFIG or ~/.kube/config.
-	Kubeconfig string
-	Zap        zap.Options
+	command.Server
 }
 
 // NewFlags returns the command's flags bound to o; their defaults are
@@ -50,8 +45,7 @@ func NewFlags(o *Options) *flag.FlagSet {
 	fs.StringVar(&o.MirrorDir, "mirror-dir", o.MirrorDir, "also keep each run's agent output as run-logs/<company>/<agent>/<run>.pod.ndjson under this directory (the shared volume), as Paperclip's Claude adapter reads it")
 	fs.StringVar(&o.MirrorBase, "mirror-run-log-base", o.MirrorBase, "the run-log directory under --mirror-dir (Paperclip's RUN_LOG_BASE_PATH relative to the volume, e.g. instances/default/data/run-logs)")
 	fs.Var(&command.Replacing{Values: &o.TokenAudiences}, "token-audience", "audience callers' tokens must be for (repeatable; an empty value alone accepts tokens for the API server, which a relay could replay there)")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig file (default in-cluster, else $KUBECONFIG or ~/.kube/config)")
-	o.Zap.BindFlags(fs)
+	o.Server.BindFlags(fs)
 	return fs
 }
 
@@ -59,12 +53,8 @@ func NewFlags(o *Options) *flag.FlagSet {
 func Parse(args []string, stderr io.Writer) (*Options, error) {
 	o := &Options{Options: relay.DefaultOptions()}
 	fs := NewFlags(o)
-	fs.SetOutput(stderr)
-	if err := fs.Parse(args); err != nil {
+	if err := command.ParseFlags(fs, args, stderr); err != nil {
 		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments %q: clipjob-relay takes only flags", fs.Args())
 	}
 	return o, nil
 }
@@ -73,24 +63,15 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 // after a clean stop, 1 when the relay fails or cannot start, 2 on a usage
 // error. run is relay.Serve outside tests.
 func Main(ctx context.Context, args []string, stderr io.Writer, run func(context.Context, relay.Options) error) int {
-	o, err := Parse(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintln(stderr, "clipjob-relay:", err)
-		return 2
-	}
-	o.Zap.DestWriter = stderr
-	o.Log = zap.New(zap.UseFlagOptions(&o.Zap))
-	ctrl.SetLogger(o.Log)
-	if o.RestConfig, err = command.RestConfig(o.Kubeconfig); err != nil {
-		fmt.Fprintln(stderr, "clipjob-relay: no Kubernetes API access:", err)
-		return 1
-	}
-	if err := run(ctx, o.Options); err != nil {
-		o.Log.Error(err, "clipjob-relay stopped")
-		return 1
-	}
-	return 0
+	var o *Options
+	return command.ServerMain(ctx, "clipjob-relay", stderr, func() (*command.Server, error) {
+		var err error
+		if o, err = Parse(args, stderr); err != nil {
+			return nil, err
+		}
+		return &o.Server, nil
+	}, func(ctx context.Context, log logr.Logger, cfg *rest.Config) error {
+		o.Log, o.RestConfig = log, cfg
+		return run(ctx, o.Options)
+	})
 }

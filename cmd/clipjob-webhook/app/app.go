@@ -6,14 +6,12 @@ package app
 
 import (
 	"context"
-	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"time"
 
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/rest"
 
 	"github.com/paperclipai/clipjob/certs"
 	"github.com/paperclipai/clipjob/internal/command"
@@ -23,10 +21,7 @@ import (
 // Options are the webhook's options and what the command alone needs.
 type Options struct {
 	webhook.Options
-	// Kubeconfig is a kubeconfig file; empty means in-cluster, else
-	// $KUBECONFIG or ~/.kube/config.
-	Kubeconfig string
-	Zap        zap.Options
+	command.Server
 	// SelfManaged are the flags of self-managed certificates; a
 	// --cert-secret turns them on.
 	SelfManaged SelfManagedCerts
@@ -71,7 +66,6 @@ func NewFlags(o *Options) *flag.FlagSet {
 	fs.DurationVar(&o.SweepInterval, "claim-sweep-interval", o.SweepInterval, "how often to delete claims of finished or vanished Jobs")
 	fs.Var((*command.Float32)(&o.KubeAPIQPS), "kube-api-qps", "queries per second to the API server (claims, PVC checks)")
 	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", o.KubeAPIBurst, "burst of queries to the API server")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "kubeconfig file (default in-cluster, else $KUBECONFIG or ~/.kube/config)")
 	c := &o.SelfManaged
 	fs.StringVar(&c.CertSecret, "cert-secret", c.CertSecret, "self-managed certificates: the Secret to keep the serving certificate in (instead of --cert-dir)")
 	fs.StringVar(&c.CASecret, "ca-secret", c.CASecret, "self-managed certificates: the Secret to keep the CA in")
@@ -82,7 +76,7 @@ func NewFlags(o *Options) *flag.FlagSet {
 	fs.Var((*command.List)(&c.RelayDNSNames), "relay-cert-dns-name", "self-managed certificates: a DNS name of the relay's certificate (repeatable)")
 	fs.DurationVar(&c.CheckInterval, "cert-check-interval", c.CheckInterval, "self-managed certificates: how often to check them (default 30s)")
 	fs.DurationVar(&c.PropagationDelay, "cert-propagation-delay", c.PropagationDelay, "self-managed certificates: how long a new CA is trusted before certificates are issued by it (default 30s)")
-	o.Zap.BindFlags(fs)
+	o.Server.BindFlags(fs)
 	return fs
 }
 
@@ -90,12 +84,8 @@ func NewFlags(o *Options) *flag.FlagSet {
 func Parse(args []string, stderr io.Writer) (*Options, error) {
 	o := &Options{Options: webhook.DefaultOptions()}
 	fs := NewFlags(o)
-	fs.SetOutput(stderr)
-	if err := fs.Parse(args); err != nil {
+	if err := command.ParseFlags(fs, args, stderr); err != nil {
 		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments %q: clipjob-webhook takes only flags", fs.Args())
 	}
 	o.Certificates = o.SelfManaged.options()
 	return o, nil
@@ -105,24 +95,15 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 // after a clean stop, 1 when run fails or the API is out of reach, 2 on a
 // usage error. run is webhook.Run outside tests.
 func Main(ctx context.Context, args []string, stderr io.Writer, run func(context.Context, webhook.Options) error) int {
-	o, err := Parse(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintln(stderr, "clipjob-webhook:", err)
-		return 2
-	}
-	o.Zap.DestWriter = stderr
-	o.Log = zap.New(zap.UseFlagOptions(&o.Zap))
-	ctrl.SetLogger(o.Log)
-	if o.RestConfig, err = command.RestConfig(o.Kubeconfig); err != nil {
-		fmt.Fprintln(stderr, "clipjob-webhook: no Kubernetes API access:", err)
-		return 1
-	}
-	if err := run(ctx, o.Options); err != nil {
-		o.Log.Error(err, "clipjob-webhook stopped")
-		return 1
-	}
-	return 0
+	var o *Options
+	return command.ServerMain(ctx, "clipjob-webhook", stderr, func() (*command.Server, error) {
+		var err error
+		if o, err = Parse(args, stderr); err != nil {
+			return nil, err
+		}
+		return &o.Server, nil
+	}, func(ctx context.Context, log logr.Logger, cfg *rest.Config) error {
+		o.Log, o.RestConfig = log, cfg
+		return run(ctx, o.Options)
+	})
 }

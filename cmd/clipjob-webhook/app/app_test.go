@@ -80,7 +80,7 @@ func TestFlags(t *testing.T) {
 			}
 			want := &Options{Options: webhook.DefaultOptions()}
 			tc.want(want)
-			if d := cmp.Diff(want, got, ignored, cmpopts.IgnoreFields(Options{}, "Zap")); d != "" {
+			if d := cmp.Diff(want, got, ignored, cmpopts.IgnoreFields(Options{}, "Server.Zap")); d != "" {
 				t.Errorf("(-want +got):\n%s", d)
 			}
 		})

@@ -211,7 +211,7 @@ func readManifests(path string, stdin io.Reader) (*manifest.Set, error) {
 		defer f.Close()
 		r = f
 	}
-	set, err := manifest.Read(r)
+	set, err := manifest.Read(r, config.TypeMeta)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}

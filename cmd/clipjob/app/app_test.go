@@ -10,8 +10,8 @@ import (
 
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/doctor"
-	"github.com/paperclipai/clipjob/internal/golden"
 	"github.com/paperclipai/clipjob/internal/manifest"
+	"github.com/paperclipai/clipjob/internal/testing/golden"
 )
 
 // TestRenderGolden runs `clipjob render` over the shared render fixtures:

@@ -40,7 +40,7 @@ type Fixture struct {
 // Dir is the fixture directory, wherever the calling test runs from.
 func Dir() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "templates", "testdata")
+	return filepath.Join(filepath.Dir(file), "..", "..", "..", "templates", "testdata")
 }
 
 // Cases loads every fixture and fails the test on stale golden files.
@@ -62,9 +62,9 @@ func Cases(t testing.TB) []Fixture {
 		if len(set.Jobs) != 1 {
 			t.Fatalf("%s: want exactly one Job, found %d", f, len(set.Jobs))
 		}
-		cfgDocs, srcs := set.Configs, set.Deployments
+		cfgDocs, srcs := set.Raw, set.Deployments
 		if len(cfgDocs) == 0 {
-			cfgDocs = baseCfg.Configs
+			cfgDocs = baseCfg.Raw
 		}
 		if len(srcs) == 0 {
 			srcs = baseSrc.Deployments
@@ -160,7 +160,7 @@ func ReadManifests(t testing.TB, path string) *manifest.Set {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	set, err := manifest.Read(f)
+	set, err := manifest.Read(f, config.TypeMeta)
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
