@@ -5,6 +5,6 @@
 // It depends on the standard library alone, so every room that needs to
 // know what an agent run looks like — the renderer, the policy, the claim
 // controller, the relay, the CLI and the e2e suite — can import it without
-// importing one another. README's "The bare-Job contract" is the user-facing
+// importing one another. docs/contract.md is the user-facing
 // description of the same names.
 package contract

@@ -97,7 +97,7 @@ func TestRunEnvSecret(t *testing.T) {
 }
 
 // TestAdapterFlow plays a Paperclip adapter's whole run through the real
-// API server, as the README's "Switching an adapter to bare Jobs" tells
+// API server, as docs/adapters.md ("Writing a client") tells
 // it: a small labeled Job with its run's env and prompt Secrets, created;
 // a second run of the agent refused with the holder in the causes; the
 // run followed through the relay to its result; and after the Job's TTL

@@ -1,6 +1,6 @@
 // The bare-Job contract between Paperclip and clipjob, as the adapter
 // writes and reads it. These are the names in clipjob's Go package
-// `contract` (contract/contract.go) and README "The bare-Job contract";
+// `contract` (contract/contract.go) and docs/contract.md;
 // they are repeated here because the adapter is a separate npm package,
 // and a test of clipjob's (or a reviewer) compares the two lists.
 

@@ -2,7 +2,7 @@
 // with no Kubernetes client, so what the adapter submits is testable on its
 // own. The Job names the agent, the run and the profile and carries the
 // run's options; it has no containers, image or volumes: clipjob's
-// mutating webhook completes it (README "The bare-Job contract").
+// mutating webhook completes it (docs/contract.md).
 
 import { createHash } from "node:crypto";
 import { posix } from "node:path";

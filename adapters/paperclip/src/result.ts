@@ -1,7 +1,7 @@
 // A finished run, as the relay reports it, in the shape Paperclip records
 // (AdapterExecutionResult): the session to resume, usage and cost, the
 // summary, and the outcome with the error code Paperclip's Kubernetes
-// adapters used for it (README "The log relay", the result table).
+// adapters used for it (docs/relay.md, the result table).
 
 import type { AdapterExecutionResult, UsageSummary } from "@paperclipai/adapter-utils";
 

@@ -22,7 +22,7 @@ import (
 
 var ignored = cmpopts.IgnoreFields(relay.Options{}, "Log", "RestConfig")
 
-// TestDefaults: no flags means relay.DefaultOptions, the values the README
+// TestDefaults: no flags means relay.DefaultOptions, the values the manual
 // and the chart document.
 func TestDefaults(t *testing.T) {
 	o, err := Parse(nil, &bytes.Buffer{})

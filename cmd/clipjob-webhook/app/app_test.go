@@ -24,7 +24,7 @@ import (
 var ignored = cmp.Options{cmpopts.IgnoreFields(webhook.Options{}, "Log", "RestConfig"), cmpopts.IgnoreFields(certs.Options{}, "Clock", "Log")}
 
 // TestDefaults: no flags means webhook.DefaultOptions, which is what the
-// chart and the README document.
+// chart and the manual (docs/configuration.md) document.
 func TestDefaults(t *testing.T) {
 	o, err := Parse(nil, &bytes.Buffer{})
 	if err != nil {
