@@ -412,17 +412,25 @@ func (d *doctor) rbac(ctx context.Context) {
 			if scope != "" {
 				where = " in namespace " + scope
 			}
-			if missing := d.missing(ctx, user, scope, rules); len(missing) > 0 {
+			missing, err := d.missing(ctx, user, scope, rules)
+			switch {
+			case err != nil:
+				d.add(fail("rbac", fmt.Sprintf("could not ask whether %s holds %s %s%s: %v", user, roleRef.Kind, roleRef.Name, where, err),
+					"run doctor as a user who may create subjectaccessreviews, against a reachable API server"))
+			case len(missing) > 0:
 				d.add(fail("rbac", fmt.Sprintf("%s lacks %s%s", user, strings.Join(missing, ", "), where),
 					fmt.Sprintf("restore the %s %s from the chart (helm upgrade)", roleRef.Kind, roleRef.Name)))
-			} else {
+			default:
 				d.add(pass("rbac", fmt.Sprintf("%s holds %s %s%s", user, roleRef.Kind, roleRef.Name, where)))
 			}
 		}
 	}
 }
 
-func (d *doctor) missing(ctx context.Context, user, namespace string, rules []rbacv1.PolicyRule) []string {
+// missing lists the rules user does not hold in namespace. A review the
+// API server does not answer is an error, not a missing rule: a doctor
+// without the right to ask would otherwise report every rule lost.
+func (d *doctor) missing(ctx context.Context, user, namespace string, rules []rbacv1.PolicyRule) ([]string, error) {
 	var missing []string
 	for _, r := range rules {
 		for _, group := range r.APIGroups {
@@ -439,7 +447,10 @@ func (d *doctor) missing(ctx context.Context, user, namespace string, rules []rb
 							ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: namespace, Verb: verb, Group: group,
 								Resource: resource, Subresource: sub, Name: name}}}
 						got, err := d.cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
-						if err != nil || !got.Status.Allowed {
+						if err != nil {
+							return nil, err
+						}
+						if !got.Status.Allowed {
 							what := verb + " " + res
 							if group != "" {
 								what += "." + group
@@ -454,7 +465,7 @@ func (d *doctor) missing(ctx context.Context, user, namespace string, rules []rb
 			}
 		}
 	}
-	return missing
+	return missing, nil
 }
 
 // relay checks that the relay's API answers (a request without a token

@@ -4,11 +4,13 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -334,3 +336,59 @@ func TestDryRunMustComeBackMutated(t *testing.T) {
 type statusErr struct{ msg string }
 
 func (e *statusErr) Error() string { return e.msg }
+
+// TestRBACIsAskedOfTheAPIServer: each of the chart's ServiceAccounts is
+// held to its rules by SubjectAccessReviews; a missing rule is named with
+// the Role to restore, and a review the API server does not answer is
+// said to be that, not reported as every rule lost.
+func TestRBACIsAskedOfTheAPIServer(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		answer func(*authorizationv1.SubjectAccessReview) (bool, error)
+		ok     bool
+		words  []string
+	}{
+		{"all held", func(*authorizationv1.SubjectAccessReview) (bool, error) { return true, nil }, true, []string{"holds"}},
+		{"a rule lost", func(r *authorizationv1.SubjectAccessReview) (bool, error) {
+			return !(r.Spec.ResourceAttributes.Resource == "leases" && r.Spec.ResourceAttributes.Verb == "create"), nil
+		}, false, []string{"lacks create leases.coordination.k8s.io", "restore the"}},
+		{"cannot ask", func(*authorizationv1.SubjectAccessReview) (bool, error) {
+			return false, &statusErr{"subjectaccessreviews.authorization.k8s.io is forbidden"}
+		}, false, []string{"could not ask whether", "is forbidden", "may create subjectaccessreviews"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cs := fake.NewClientset(healthy(t).build(t)...)
+			asked := 0
+			cs.PrependReactor("create", "subjectaccessreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				asked++
+				r := a.(k8stesting.CreateActionImpl).GetObject().(*authorizationv1.SubjectAccessReview).DeepCopy()
+				allowed, err := c.answer(r)
+				r.Status.Allowed = allowed
+				return true, r, err
+			})
+			relay := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusUnauthorized) }))
+			defer relay.Close()
+			var rbac []Result
+			for _, r := range Run(context.Background(), cs, Options{Release: release, RelayURL: relay.URL, Now: func() time.Time { return now }}) {
+				if r.Check == "rbac" {
+					rbac = append(rbac, r)
+				}
+			}
+			if len(rbac) == 0 || asked == 0 {
+				t.Fatalf("%d rbac results after %d reviews", len(rbac), asked)
+			}
+			failed := slices.IndexFunc(rbac, func(r Result) bool { return !r.OK })
+			if c.ok {
+				if failed >= 0 {
+					t.Fatalf("a healthy install: %+v", rbac[failed])
+				}
+				want(t, map[string]Result{"rbac": rbac[0]}, "rbac", true, c.words...)
+				return
+			}
+			if failed < 0 {
+				t.Fatalf("no rbac check failed: %+v", rbac)
+			}
+			want(t, map[string]Result{"rbac": rbac[failed]}, "rbac", false, c.words...)
+		})
+	}
+}

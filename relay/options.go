@@ -99,24 +99,24 @@ func (o *Options) validate() error {
 		errs = append(errs, errors.New("RestConfig is required"))
 	}
 	if o.DataDir == "" {
-		errs = append(errs, errors.New("DataDir is required"))
+		errs = append(errs, errors.New("--data-dir (DataDir) is required: the directory of the store"))
 	}
 	if o.APIAddr == "" || o.ProbeAddr == "" {
-		errs = append(errs, errors.New("APIAddr and ProbeAddr are required"))
+		errs = append(errs, errors.New("--api-address and --health-probe-bind-address (APIAddr, ProbeAddr) are required"))
 	}
 	if o.MirrorDir != "" {
 		if why := collect.ValidBase(o.MirrorBase); why != "" {
-			errs = append(errs, fmt.Errorf("MirrorBase %q: %s", o.MirrorBase, why))
+			errs = append(errs, fmt.Errorf("--mirror-run-log-base (MirrorBase) %q: %s", o.MirrorBase, why))
 		}
 	}
 	if o.MaxStreams <= 0 {
-		errs = append(errs, errors.New("MaxStreams must be positive"))
+		errs = append(errs, fmt.Errorf("--max-streams (MaxStreams) must be positive, not %d", o.MaxStreams))
 	}
 	if o.RetentionMaxAge <= 0 || o.RetentionInterval <= 0 {
-		errs = append(errs, errors.New("RetentionMaxAge and RetentionInterval must be positive"))
+		errs = append(errs, fmt.Errorf("--retention-max-age (RetentionMaxAge) and RetentionInterval must be positive, not %s and %s", o.RetentionMaxAge, o.RetentionInterval))
 	}
 	if o.RetentionMaxBytes < 0 {
-		errs = append(errs, errors.New("RetentionMaxBytes must not be negative"))
+		errs = append(errs, fmt.Errorf("--retention-max-bytes (RetentionMaxBytes) must not be negative, not %d", o.RetentionMaxBytes))
 	}
 	return errors.Join(errs...)
 }

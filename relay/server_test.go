@@ -16,7 +16,7 @@ import (
 // it opens the store or reaches the API server, naming every one.
 func TestServeRefusesToStart(t *testing.T) {
 	err := Serve(context.Background(), Options{})
-	for _, want := range []string{"RestConfig is required", "DataDir is required", "MaxStreams must be positive"} {
+	for _, want := range []string{"RestConfig is required", "--data-dir (DataDir) is required", "--max-streams (MaxStreams) must be positive, not 0"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("zero options: %v does not say %q", err, want)
 		}

@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"time"
 
@@ -81,16 +82,16 @@ func (o *Options) validate() error {
 		errs = append(errs, errors.New("RestConfig is required"))
 	}
 	if o.ConfigFile == "" {
-		errs = append(errs, errors.New("ConfigFile is required"))
+		errs = append(errs, errors.New("--config (ConfigFile) is required: the clipjob Config file"))
 	}
 	if o.Port <= 0 || o.Port > 65535 {
-		errs = append(errs, errors.New("Port must be 1-65535"))
+		errs = append(errs, fmt.Errorf("--port (Port) must be 1-65535, not %d", o.Port))
 	}
 	if o.ConfigPollInterval <= 0 {
-		errs = append(errs, errors.New("ConfigPollInterval must be positive"))
+		errs = append(errs, fmt.Errorf("--config-poll-interval (ConfigPollInterval) must be positive, not %s", o.ConfigPollInterval))
 	}
 	if o.SweepInterval <= 0 {
-		errs = append(errs, errors.New("SweepInterval must be positive"))
+		errs = append(errs, fmt.Errorf("--claim-sweep-interval (SweepInterval) must be positive, not %s", o.SweepInterval))
 	}
 	if o.Certificates != nil {
 		co := o.certificates("")
@@ -99,7 +100,7 @@ func (o *Options) validate() error {
 		}
 	}
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
-		errs = append(errs, errors.New("KubeAPIQPS and KubeAPIBurst must be positive"))
+		errs = append(errs, fmt.Errorf("--kube-api-qps and --kube-api-burst (KubeAPIQPS, KubeAPIBurst) must be positive, not %g and %d", o.KubeAPIQPS, o.KubeAPIBurst))
 	}
 	return errors.Join(errs...)
 }

@@ -34,9 +34,9 @@ func TestRunRefusesToStart(t *testing.T) {
 		opts Options
 		want []string
 	}{
-		{name: "zero options", opts: Options{}, want: []string{"RestConfig is required", "ConfigFile is required", "Port must be 1-65535"}},
-		{name: "bad port", opts: withDefaults(func(o *Options) { o.Port = 70000 }), want: []string{"Port must be 1-65535"}},
-		{name: "no poll interval", opts: withDefaults(func(o *Options) { o.ConfigPollInterval = 0 }), want: []string{"ConfigPollInterval must be positive"}},
+		{name: "zero options", opts: Options{}, want: []string{"RestConfig is required", "--config (ConfigFile) is required", "--port (Port) must be 1-65535, not 0"}},
+		{name: "bad port", opts: withDefaults(func(o *Options) { o.Port = 70000 }), want: []string{"--port (Port) must be 1-65535, not 70000"}},
+		{name: "no poll interval", opts: withDefaults(func(o *Options) { o.ConfigPollInterval = 0 }), want: []string{"--config-poll-interval (ConfigPollInterval) must be positive, not 0s"}},
 		{name: "missing config", opts: withDefaults(func(o *Options) { o.ConfigFile = filepath.Join(dir, "none.yaml") }), want: []string{"reading config"}},
 		{name: "invalid config", opts: withDefaults(func(o *Options) { o.ConfigFile = invalid }), want: []string{"config " + invalid, `unknown field "bogus"`}},
 	} {
