@@ -32,8 +32,9 @@ type Validator struct {
 	// allowed. A missing source only narrows the allowlist.
 	Sources InheritedSource
 	PVCs    PVCGetter
-	// Secrets reads a Secret's labels (the run's env Secret); nil skips
-	// that check with a warning.
+	// Secrets reads a Secret's labels (the run's env Secret). Without it a
+	// Job that references a Secret cannot be judged: the request fails
+	// (500, "clipjob could not judge the Job") rather than admit it.
 	Secrets SecretMetadataGetter
 	Claims  *claim.Lock
 }

@@ -88,6 +88,9 @@ func (set *Set) add(doc []byte) error {
 		return nil
 	}
 	obj, _, err := decoder.Decode(doc, nil, nil)
+	if runtime.IsNotRegisteredError(err) || runtime.IsMissingKind(err) || runtime.IsMissingVersion(err) {
+		return fmt.Errorf("%s %s: not a kind this reads (objects of core/v1, apps/v1 and batch/v1, and Lists of them%s)", meta.APIVersion, meta.Kind, set.rawKinds())
+	}
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", meta.APIVersion, meta.Kind, err)
 	}
@@ -106,6 +109,15 @@ func (set *Set) add(doc []byte) error {
 		set.Others = append(set.Others, o)
 	}
 	return nil
+}
+
+// rawKinds names the kinds kept raw, for an error listing what is read.
+func (set *Set) rawKinds() string {
+	var b strings.Builder
+	for _, k := range set.raw {
+		fmt.Fprintf(&b, "; %s %s", k.APIVersion, k.Kind)
+	}
+	return b.String()
 }
 
 func isEmpty(doc []byte) bool {

@@ -23,7 +23,7 @@ func TestReadKeepsRawKinds(t *testing.T) {
 	if len(set.Raw) != 2 || !strings.Contains(string(set.Raw[0]), "namespace: a") || !strings.Contains(string(set.Raw[1]), "namespace: b") || len(set.Jobs) != 1 {
 		t.Errorf("raw %q, jobs %d: want both Configs as written, in order, and the Job", set.Raw, len(set.Jobs))
 	}
-	if _, err := Read(strings.NewReader(stream)); err == nil || !strings.Contains(err.Error(), "document 1: example.com/v1 Config") {
+	if _, err := Read(strings.NewReader(stream)); err == nil || !strings.Contains(err.Error(), "document 1: example.com/v1 Config: not a kind this reads") || strings.Contains(err.Error(), "scheme") {
 		t.Errorf("a kind nobody named: %v, want an error naming the document and its kind", err)
 	}
 	if _, err := Read(strings.NewReader(stream), metav1.TypeMeta{APIVersion: "example.com/v2", Kind: "Config"}); err == nil {

@@ -1,11 +1,15 @@
 // What the API server (and clipjob's webhooks behind it) answered, read
 // from the Status it returns rather than from its message, and the
-// Paperclip error code each answer becomes (README "Switching an adapter
-// to bare Jobs", step 3).
+// Paperclip error code each answer becomes (docs/adapters.md, step 3).
 
 import type { AdapterExecutionResult } from "@paperclipai/adapter-utils";
 
 import { CAUSE_AGENT_BUSY, CAUSE_HOLDER_JOB, CAUSE_HOLDER_RUN_ID, CAUSE_HOLDER_SINCE, CAUSE_QUEUE_FULL } from "./contract.js";
+
+/** An error's message, whatever was thrown. */
+export function message(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
 
 /**
  * The error codes this adapter returns in AdapterExecutionResult.errorCode.
@@ -13,14 +17,11 @@ import { CAUSE_AGENT_BUSY, CAUSE_HOLDER_JOB, CAUSE_HOLDER_RUN_ID, CAUSE_HOLDER_S
  * Paperclip's Kubernetes adapters and server already use, so its recovery
  * routing (which reads k8s_concurrency_guard_unreachable, job_failed,
  * claude_truncated, k8s_job_deleted_externally) treats clipjob runs alike.
- * The two `clipjob_`/`k8s_env_` codes are this adapter's own: nothing before
- * it had a relay or a per-run env Secret.
+ * Four are this adapter's own: `k8s_env_secret_create_failed` (nothing
+ * before it had a per-run env Secret), `clipjob_relay_unavailable` and
+ * `clipjob_relay_run_mismatch` (nor a relay), `clipjob_adapter_config_invalid`.
+ * Each is in docs/troubleshooting.md, held there by a test.
  */
-/** An error's message, whatever was thrown. */
-export function message(err: unknown): string {
-  return err instanceof Error ? err.message : String(err);
-}
-
 export const ErrorCodes = {
   /** Another run of the agent is active (clipjob's 409 agent-busy), or its queue is full. */
   concurrentRunBlocked: "k8s_concurrent_run_blocked",
