@@ -16,7 +16,7 @@ BENCH_ROUNDS ?= 3
 BENCH_RUNS   ?= 200,500
 BENCH_COUNT  ?= 3
 
-.PHONY: all build image image-docker test adapter unit e2e e2e-kind demo bench kube-binaries node-packages paperclip fuzz chart-docs lint fmt vet clean
+.PHONY: all build image image-docker test adapter unit e2e e2e-kind demo bench kube-binaries node-packages paperclip fuzz golden chart-docs lint fmt vet clean
 
 # The image the chart runs, tagged with the chart's appVersion.
 IMAGE     ?= ghcr.io/paperclipai/clipjob:$(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/clipjob/Chart.yaml)

@@ -61,7 +61,7 @@ function checkSettings(def: AdapterDefinition, tctx: AdapterEnvironmentTestConte
   } catch (err) {
     if (!(err instanceof SettingsError)) throw err;
     for (const w of warnings) checks.push({ code: "clipjob_config", level: "warn", message: w });
-    checks.push({ code: "clipjob_config", level: "error", message: err.message, hint: "See this adapter's README, \"Configure\"" });
+    checks.push({ code: "clipjob_config", level: "error", message: err.message, hint: "See this adapter's README, \"Configuration\"" });
     return null;
   }
   for (const w of warnings) checks.push({ code: "clipjob_config", level: "warn", message: w });

@@ -126,7 +126,7 @@ func (c commonFlags) parse(args []string) error {
 }
 
 func render(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	f := newFlags("render", `Job manifest(s) to render ("-" for stdin); other kinds pass through`, stderr)
+	f := newFlags("render", `Job manifest(s) to render ("-" for stdin); other core/v1, apps/v1 and batch/v1 objects in it are skipped`, stderr)
 	if err := f.parse(args); err != nil {
 		return err
 	}
