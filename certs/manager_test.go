@@ -293,8 +293,10 @@ func TestBlankedBundleIsReinjectedAtOnce(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = f.m.Start(ctx) }()
 	defer func() { cancel(); <-done }()
+	// A minute: far above any stall of a loaded machine, and far below
+	// Interval (an hour), so the periodic check cannot be what puts it back.
 	waitFor := func(ok func() bool) bool {
-		deadline := time.Now().Add(5 * time.Second)
+		deadline := time.Now().Add(time.Minute)
 		for time.Now().Before(deadline) {
 			if ok() {
 				return true

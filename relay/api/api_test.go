@@ -145,12 +145,6 @@ func TestAPINDJSONFollowsUntilEnd(t *testing.T) {
 	resp := get(t, srv.URL+"/v1/runs/run-1/log", "reader", "application/x-ndjson")
 	sc := bufio.NewScanner(resp.Body)
 	var got []string
-	go func() {
-		time.Sleep(100 * time.Millisecond)
-		_, _ = s.Append("run-1", "st", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", "four"), time.Now())
-		code := int32(0)
-		_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Done, r.Phase, r.ExitCode = true, "Succeeded", &code })
-	}()
 	for sc.Scan() {
 		var ev struct {
 			Type  string
@@ -161,6 +155,13 @@ func TestAPINDJSONFollowsUntilEnd(t *testing.T) {
 		switch ev.Type {
 		case "line":
 			got = append(got, ev.Line)
+			if ev.Line == "three" {
+				// The stream has sent all the store had: what comes
+				// now, it must follow.
+				_, _ = s.Append("run-1", "st", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", "four"), time.Now())
+				code := int32(0)
+				_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Done, r.Phase, r.ExitCode = true, "Succeeded", &code })
+			}
 		case "end":
 			got = append(got, "end:"+ev.Phase)
 		}
@@ -331,7 +332,18 @@ func TestFollowEndsWhenAccessIsRevoked(t *testing.T) {
 	resp := get(t, srv.URL+"/v1/runs/run-1/log", "reader", "application/x-ndjson")
 	done := make(chan struct{})
 	go func() { _, _ = io.Copy(io.Discard, resp.Body); close(done) }()
-	time.Sleep(100 * time.Millisecond)
+	// The request's own check, then three while following: granted each
+	// time, the stream goes on.
+	for deadline := time.Now().Add(time.Minute); auth.asked.Load() < 4; time.Sleep(time.Millisecond) {
+		select {
+		case <-done:
+			t.Fatalf("the stream ended while access was granted (after %d checks)", auth.asked.Load())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a following response checked access %d times in a minute, with Reauthorize 10ms", auth.asked.Load())
+		}
+	}
 	select {
 	case <-done:
 		t.Fatal("the stream ended while access was granted")
@@ -340,19 +352,23 @@ func TestFollowEndsWhenAccessIsRevoked(t *testing.T) {
 	auth.revoked.Store(true)
 	select {
 	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the stream went on after access was revoked")
+	case <-time.After(time.Minute):
+		t.Fatal("the stream went on (a minute) after access was revoked")
 	}
 }
 
-// revocable allows everything until revoked.
-type revocable struct{ revoked atomic.Bool }
+// revocable allows everything until revoked, counting the checks.
+type revocable struct {
+	revoked atomic.Bool
+	asked   atomic.Int32
+}
 
 func (a *revocable) Authenticate(*http.Request) (*authnv1.UserInfo, error) {
 	return &authnv1.UserInfo{Username: "reader"}, nil
 }
 
 func (a *revocable) Allowed(context.Context, *authnv1.UserInfo, string) (bool, error) {
+	a.asked.Add(1)
 	return !a.revoked.Load(), nil
 }
 

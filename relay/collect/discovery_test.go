@@ -43,6 +43,14 @@ func (p *podLogs) Stream(ctx context.Context, ns, pod, ctr string, since time.Ti
 	return p.get(pod, ctr).Stream(ctx, ns, pod, ctr, since, prev)
 }
 
+// end ends the logs of a pod's containers that exited: their streams
+// reach EOF, as a kubelet's do.
+func (p *podLogs) end(pod string, containers ...string) {
+	for _, c := range containers {
+		p.get(pod, c).end()
+	}
+}
+
 type podCache struct {
 	mu   sync.Mutex
 	pods map[string]*corev1.Pod
@@ -78,8 +86,12 @@ func agentPod(name, uid string, created time.Time) *corev1.Pod {
 func newCollector(t *testing.T) (*Collector, *podLogs, *podCache, *store.Store) {
 	s, _ := storetest.Open(t)
 	logs, cache := &podLogs{logs: map[string]*fakeLog{}}, &podCache{pods: map[string]*corev1.Pod{}}
+	// The fake logs of exited containers end (podLogs.end), so no stream
+	// here waits for the drain: its times are far above any stall of a
+	// loaded machine, and the streams of finished containers cannot be
+	// cut short by a slow one.
 	c := &Collector{Store: s, Source: logs, Pods: cache.get, Log: logr.Discard(),
-		Follow: FollowOptions{DrainIdle: 50 * time.Millisecond, DrainMax: 500 * time.Millisecond, BatchWait: 5 * time.Millisecond, BackoffMin: time.Millisecond}}
+		Follow: FollowOptions{DrainIdle: 5 * time.Second, DrainMax: time.Minute, BatchWait: 5 * time.Millisecond, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond}}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); c.Stop() })
 	c.Start(ctx)
@@ -88,15 +100,9 @@ func newCollector(t *testing.T) (*Collector, *podLogs, *podCache, *store.Store) 
 
 func waitDone(t *testing.T, s *store.Store) *store.Run {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if r, _ := s.Run("run-1"); r != nil && r.Done {
-			return r
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatal("run not finished")
-	return nil
+	var r *store.Run
+	waitFor(t, func() bool { r, _ = s.Run("run-1"); return r != nil && r.Done }, "run not finished")
+	return r
 }
 
 func storedText(t *testing.T, s *store.Store) string {
@@ -122,6 +128,7 @@ func TestCollectorFinishesOnlyAfterEveryContainer(t *testing.T) {
 	logs.get("p1", "setup").write(at(0), "setup done")
 	logs.get("p1", "agent").write(at(1), `{"type":"system","subtype":"init","session_id":"s1"}`)
 	logs.get("p1", "agent").write(at(2), `{"type":"result","subtype":"success","result":"ok","session_id":"s1"}`)
+	logs.end("p1", "setup", "agent")
 
 	early := final.DeepCopy()
 	early.Status.Phase = corev1.PodPending
@@ -146,6 +153,7 @@ func TestCollectorRetriedPodContinuesRun(t *testing.T) {
 	first.Spec.InitContainers = nil
 	cache.set(first)
 	logs.get("p1", "agent").write(at(0), "attempt 1")
+	logs.end("p1", "agent")
 	c.OnPod(first)
 	waitDone(t, s)
 
@@ -155,12 +163,9 @@ func TestCollectorRetriedPodContinuesRun(t *testing.T) {
 	second.Spec.InitContainers = nil
 	cache.set(second)
 	logs.get("p2", "agent").write(at(5), "attempt 2")
+	logs.end("p2", "agent")
 	c.OnPod(second)
-	deadline := time.Now().Add(10 * time.Second)
-	for storedText(t, s) != "attempt 1,attempt 2" && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	r := waitDone(t, s)
+	r := waitDone(t, s) // the retry took the record back from done at once
 	if got := storedText(t, s); got != "attempt 1,attempt 2" {
 		t.Fatalf("lines %q", got)
 	}
@@ -189,6 +194,7 @@ func TestCollectorRestartedContainer(t *testing.T) {
 	cache.set(pod)
 	logs.get("p1", "agent@previous").write(at(0), "first instance")
 	logs.get("p1", "agent").write(at(10), "second instance")
+	logs.end("p1", "agent@previous", "agent")
 	c.OnPod(pod)
 	waitDone(t, s)
 	got := storedText(t, s)
@@ -225,11 +231,23 @@ func TestCollectorKeepsOtherJobsApart(t *testing.T) {
 		p.Status.Phase = corev1.PodSucceeded
 		p.Status.ContainerStatuses = []corev1.ContainerStatus{terminated("agent", "cx-"+p.Name)}
 		logs.get(p.Name, "agent").write(at(1), `{"type":"result","result":"forged by `+name+`"}`)
+		logs.end(p.Name, "agent")
 		cache.set(p)
 		c.OnPod(p)
 		c.OnPodDeleted(p)
 	}
-	time.Sleep(200 * time.Millisecond) // followers an intruder would have started
+	// Each other Job's pod is collected as a run of its own: once that run
+	// is done, its follower has stored all it would have stored anywhere.
+	// (The bare pod belongs to no run: it is ignored before any follower.)
+	// Not collected, the checks below say where its pod went.
+	for name, p := range intruders {
+		if owner := metav1.GetControllerOf(p); owner != nil {
+			key := store.RunKey("run-1", string(owner.UID))
+			if !eventually(func() bool { r, _ := s.Run(key); return r != nil && r.Done }) {
+				t.Errorf("%s: its own run %s was never collected", name, key)
+			}
+		}
+	}
 	r, _ := s.Run("run-1")
 	if r.Namespace != "ns" || r.PodUID != "uid-1" || r.JobUID != string(runJob.UID) {
 		t.Errorf("the run moved to an intruder: %+v", r)
@@ -253,7 +271,7 @@ func TestCollectorKeepsOtherJobsApart(t *testing.T) {
 		}
 		key := store.RunKey("run-1", string(owner.UID))
 		apart, _ := s.Run(key)
-		if apart == nil || apart.Namespace != p.Namespace || apart.JobUID != string(owner.UID) {
+		if apart == nil || apart.Namespace != p.Namespace || apart.JobUID != string(owner.UID) || apart.LastSeq != 1 {
 			t.Errorf("%s: its run under %s is %+v", name, key, apart)
 		}
 	}
@@ -262,6 +280,7 @@ func TestCollectorKeepsOtherJobsApart(t *testing.T) {
 	real.Status.Phase = corev1.PodSucceeded
 	real.Status.ContainerStatuses = []corev1.ContainerStatus{terminated("agent", "c1")}
 	cache.set(real)
+	logs.end("p1", "agent")
 	c.OnPod(real)
 	waitDone(t, s)
 	late := jobs.MakePod("late", "ns").OwnedBy(otherJob).Obj()
@@ -284,6 +303,7 @@ func TestKeptApartRunStaysApart(t *testing.T) {
 	bait.Spec.Containers = []corev1.Container{{Name: "agent"}}
 	bait.Status.Phase = corev1.PodSucceeded
 	bait.Status.ContainerStatuses = []corev1.ContainerStatus{terminated("agent", "c-bait")}
+	logs.end("bait-pod", "agent")
 	cache.set(bait)
 	c.OnPod(bait)
 	c.OnPodDeleted(bait)
@@ -315,6 +335,7 @@ func TestKeptApartRunStaysApart(t *testing.T) {
 	real.Status.Phase = corev1.PodSucceeded
 	real.Status.ContainerStatuses = []corev1.ContainerStatus{terminated("agent", "c1")}
 	cache.set(real)
+	logs.end("p1", "agent")
 	c.OnPod(real)
 	c.OnPodDeleted(real)
 	waitFor(t, func() bool { r, _ := s.Run(key); return r != nil && r.Done }, "the run kept apart was not finished by its pod")

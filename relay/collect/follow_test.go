@@ -110,6 +110,16 @@ func (f *fakeLog) writeUnterminated(ts time.Time, msg string) {
 	f.mu.Unlock()
 }
 
+// end ends the log: a stream sends what is left and then reaches EOF, as a
+// kubelet ends the stream of a container that exited.
+func (f *fakeLog) end() {
+	f.mu.Lock()
+	f.ended = true
+	close(f.grew)
+	f.grew = make(chan struct{})
+	f.mu.Unlock()
+}
+
 func (f *fakeLog) state() containerState {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -163,15 +173,11 @@ func TestFollowerSurvivesBrokenStreams(t *testing.T) {
 	done := make(chan struct{})
 	go func() { f.run(context.Background()); close(done) }()
 	writeBurst(src, 60, 40)
-	src.mu.Lock()
-	src.ended = true
-	close(src.grew)
-	src.grew = make(chan struct{})
-	src.mu.Unlock()
+	src.end()
 	select {
 	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("follower did not finish after the container ended")
+	case <-time.After(time.Minute):
+		t.Fatal("follower did not finish within a minute of the container's end")
 	}
 	assertExactlyOnce(t, s, 100)
 	if src.sessions < 7 {
@@ -205,15 +211,11 @@ func TestFollowerReconnectsACutStreamPromptly(t *testing.T) {
 	}, funcr.Options{Verbosity: 1})
 	done := make(chan struct{})
 	go func() { f.run(context.Background()); close(done) }()
-	src.mu.Lock()
-	src.ended = true
-	close(src.grew)
-	src.grew = make(chan struct{})
-	src.mu.Unlock()
+	src.end()
 	select {
 	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("follower did not finish after the container ended")
+	case <-time.After(time.Minute):
+		t.Fatal("follower did not finish within a minute of the container's end")
 	}
 	assertExactlyOnce(t, s, 150)
 	mu.Lock()
@@ -254,18 +256,96 @@ func TestFollowerResumesAfterRestart(t *testing.T) {
 	assertExactlyOnce(t, s, 100)
 }
 
+// heldOpenLog serves its lines at once and then holds the stream open,
+// never at EOF, as kwok does after a container ended. delivered is closed
+// once a reader has asked for more after the last line: every line has
+// then been queued for the follower (readLines reads again only when it
+// has sent each whole line it read), so a stream with nothing queued has
+// taken them all. At most 64 lines (readLines' queue) are sent without a
+// follower taking any.
+type heldOpenLog struct {
+	data      []byte
+	delivered chan struct{}
+	once      sync.Once
+}
+
+func newHeldOpenLog(n int) *heldOpenLog {
+	var b strings.Builder
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&b, "%s {\"n\":%d}\n", t0.Add(time.Duration(i/3)*300*time.Millisecond).Format(time.RFC3339Nano), i)
+	}
+	return &heldOpenLog{data: []byte(b.String()), delivered: make(chan struct{})}
+}
+
+// allQueued reports whether every line has been queued or taken.
+func (h *heldOpenLog) allQueued() bool {
+	select {
+	case <-h.delivered:
+		return true
+	default:
+		return false
+	}
+}
+
+func (h *heldOpenLog) Stream(ctx context.Context, _, _, _ string, _ time.Time, _ bool) (io.ReadCloser, error) {
+	return &heldOpenStream{log: h, rest: h.data, ctx: ctx, closed: make(chan struct{})}, nil
+}
+
+type heldOpenStream struct {
+	log    *heldOpenLog
+	rest   []byte
+	ctx    context.Context
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (s *heldOpenStream) Read(p []byte) (int, error) {
+	if len(s.rest) > 0 {
+		n := copy(p, s.rest)
+		s.rest = s.rest[n:]
+		return n, nil
+	}
+	s.log.once.Do(func() { close(s.log.delivered) })
+	select {
+	case <-s.closed:
+		return 0, io.ErrClosedPipe
+	case <-s.ctx.Done():
+		return 0, s.ctx.Err()
+	}
+}
+
+func (s *heldOpenStream) Close() error {
+	s.once.Do(func() { close(s.closed) })
+	return nil
+}
+
+// runWithin runs f until it returns, failing t if that takes over a
+// minute: a bound for a follower that would otherwise never return.
+func runWithin(t *testing.T, f *follower, what string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { f.run(context.Background()); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatalf("%s: the follower had not returned after a minute", what)
+	}
+}
+
+// TestFollowerDrainsAnOpenStreamAfterTermination: a terminated container's
+// stream that the server keeps open (kwok never ends one) is ended by the
+// drain, with every line. The container reads as ended once its log was
+// sent whole, so the drain cannot cut the stream short because this
+// machine was slow to hand the lines over; nothing here depends on how
+// long anything takes.
 func TestFollowerDrainsAnOpenStreamAfterTermination(t *testing.T) {
 	s, _ := storetest.Open(t)
-	src := newFakeLog()
-	writeBurst(src, 0, 10)
-	f := newFollower(t, s, src)
-	f.state = func() containerState { return containerState{ended: true} } // never EOF, like kwok
-	f.opts.DrainIdle = 200 * time.Millisecond
-	start := time.Now()
-	f.run(context.Background())
-	if time.Since(start) > 5*time.Second {
-		t.Error("drain did not end the stream")
-	}
+	src := newHeldOpenLog(10)
+	f := newFollower(t, s, nil)
+	f.src = src
+	f.state = func() containerState { return containerState{ended: src.allQueued()} }
+	f.opts.DrainIdle = 50 * time.Millisecond
+	runWithin(t, f, "drain did not end the stream")
 	assertExactlyOnce(t, s, 10)
 }
 
@@ -278,8 +358,8 @@ func TestFollowerGivesUpWhenPodIsGone(t *testing.T) {
 	go func() { f.run(context.Background()); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("follower kept retrying a pod that is gone")
+	case <-time.After(time.Minute):
+		t.Fatal("follower kept retrying a pod that is gone (still at it after a minute)")
 	}
 }
 
@@ -317,11 +397,7 @@ func TestFollowerReconnectsBeforeLifetime(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	src.mu.Lock()
-	src.ended = true
-	close(src.grew)
-	src.grew = make(chan struct{})
-	src.mu.Unlock()
+	src.end()
 	<-done
 	assertExactlyOnce(t, s, 90)
 	if n := sessions(); n < 10 {
@@ -401,15 +477,26 @@ func TestFollowerDropsLinesCutMidway(t *testing.T) {
 
 // TestFollowerDrainOutlastsSlowCommits: a commit (fsync) slower than the
 // drain idle time must not end the stream while lines wait to be read.
+// Every commit here takes longer than DrainIdle and returns only once the
+// rest of the log waits in the queue; the container reads as ended from
+// then on. So at each batch tick after a commit the stream has been
+// "quiet" for longer than DrainIdle with lines queued, and only the queue
+// keeps it open (without that check, about half of the dozen ticks end it
+// early); and it can end only once every line was taken, however slowly
+// this machine hands them over.
 func TestFollowerDrainOutlastsSlowCommits(t *testing.T) {
 	s, _ := storetest.Open(t)
-	src := newFakeLog()
-	writeBurst(src, 0, 3000)
-	src.ended = true
-	f := newFollower(t, s, src)
-	f.opts.DrainIdle, f.opts.BatchLines, f.opts.BatchWait = time.Microsecond, 20, time.Millisecond
-	f.run(context.Background())
-	assertExactlyOnce(t, s, 3000)
+	src := newHeldOpenLog(60)
+	f := newFollower(t, s, nil)
+	f.src = src
+	f.state = func() containerState { return containerState{ended: src.allQueued()} }
+	f.opts.DrainIdle, f.opts.BatchLines, f.opts.BatchWait = time.Millisecond, 5, time.Millisecond
+	f.committed = func() {
+		<-src.delivered                  // 60 lines fit the queue: the reader never waits for the follower
+		time.Sleep(2 * f.opts.DrainIdle) // the slow fsync
+	}
+	runWithin(t, f, "the drained stream was not ended")
+	assertExactlyOnce(t, s, 60)
 }
 
 // TestLongLinesAreCut: a line longer than MaxLineBytes is stored cut, with
@@ -448,12 +535,15 @@ func TestFollowerReadsThePodOnlyWhenQuiet(t *testing.T) {
 	go func() { f.run(ctx); close(done) }()
 	for i := range 100 {
 		src.write(t0.Add(time.Duration(i)*time.Millisecond), fmt.Sprintf(`{"n":%d}`, i))
-		time.Sleep(2 * time.Millisecond) // two batch ticks per line
+		// Stored at a batch tick (a batch holds 7): each line is followed
+		// by at least one tick, which a stream reading its pod on every
+		// tick would spend on the pod.
+		waitFor(t, func() bool { got, _ := s.Lines("run-1", uint64(i), 0); return len(got) > 0 }, fmt.Sprintf("line %d was never stored", i))
 	}
 	cancel()
 	<-done
 	if n := reads.Load(); n > 5 {
-		t.Errorf("the pod was read %d times while its stream delivered 100 lines over ~200 batch ticks", n)
+		t.Errorf("the pod was read %d times while its stream delivered 100 lines, each over a batch tick of its own", n)
 	}
 }
 

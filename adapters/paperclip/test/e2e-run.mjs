@@ -17,7 +17,8 @@
 //   mode?          "execute" (default) or "testEnvironment"
 //   agentId, runId, companyId?, taskId?                            the run
 //   prompt                                                          rendered as Paperclip's prompt template
-//   cancelAfterMs?                                                  abort the run this long after it starts
+//   cancelOnStdinEnd?                                               abort the run when stdin ends: the driver keeps
+//                  it open and closes it to cancel (after what it waits for, never on a clock)
 //   adapter?        "claude" (default) or "opencode"
 //   authToken?      the run's callback token (default "e2e-run-token")
 //   sessionId?      a session to resume
@@ -67,7 +68,10 @@ if (spec.mode === "testEnvironment") {
 }
 
 const abort = new AbortController();
-if (typeof spec.cancelAfterMs === "number") setTimeout(() => abort.abort(), spec.cancelAfterMs).unref();
+if (spec.cancelOnStdinEnd === true) {
+  process.stdin.on("end", () => abort.abort());
+  process.stdin.resume();
+}
 
 const ctx = {
   runId: spec.runId,
@@ -92,3 +96,5 @@ const ctx = {
 
 const result = await adapter.execute(ctx);
 emit({ result });
+// Nothing left to cancel: an open stdin must not keep the script alive.
+if (spec.cancelOnStdinEnd === true) process.stdin.destroy();

@@ -3,7 +3,7 @@ import { describe, it } from "node:test";
 
 import { ApiException } from "@kubernetes/client-node";
 
-import { classifyCreateError, createFailureResult, ErrorCodes, readKubeError, secretFailureResult } from "../src/errors.js";
+import { BUSY_RETRY_AFTER_MS, classifyCreateError, createFailureResult, ErrorCodes, readKubeError, secretFailureResult } from "../src/errors.js";
 
 /** An error as @kubernetes/client-node throws it: the Status as JSON text in `body`. */
 function apiError(code: number, status: Record<string, unknown>): ApiException<string> {
@@ -29,6 +29,7 @@ describe("create errors", () => {
   it("409 with cause agent-busy is a blocked run, holder read from the causes", () => {
     const f = classifyCreateError(busy);
     assert.equal(f.kind, "agent-busy");
+    const before = Date.now();
     const r = createFailureResult(f, "paperclip/pc-run-2");
     assert.equal(r.errorCode, ErrorCodes.concurrentRunBlocked);
     assert.equal(r.errorCode, "k8s_concurrent_run_blocked");
@@ -39,7 +40,7 @@ describe("create errors", () => {
     // In the terms Paperclip retries: nothing ran, the cause passes.
     assert.deepEqual(r.executionRecovery, { kind: "bootstrap", providerWorkStarted: false });
     assert.equal(r.errorFamily, "transient_upstream");
-    assert.ok(Date.parse(r.retryNotBefore ?? "") > Date.now(), r.retryNotBefore ?? "");
+    assert.ok(Date.parse(r.retryNotBefore ?? "") >= before + BUSY_RETRY_AFTER_MS, r.retryNotBefore ?? "");
   });
 
   it("reads the causes, not the message", () => {

@@ -3,13 +3,14 @@
 // it: a kubeconfig file, the relay's URL and token file, JSON lines out.
 
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
+import { spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import http, { type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { after, before, describe, it } from "node:test";
 
@@ -97,16 +98,29 @@ class FakeApiServer {
 
 const script = fileURLToPath(new URL("../../test/e2e-run.mjs", import.meta.url));
 
-function runScript(spec: Record<string, unknown>): Promise<Array<Record<string, unknown>>> {
+/**
+ * Runs the script and gives what it printed. cancelWhen, when given, is
+ * asked of each object it prints; the first time it holds, the run is
+ * cancelled (stdin closed, with spec.cancelOnStdinEnd), as a Paperclip
+ * user cancels a run they watch: after what they saw, not on a clock.
+ */
+function runScript(spec: Record<string, unknown>, cancelWhen?: (out: Record<string, unknown>) => boolean): Promise<Array<Record<string, unknown>>> {
   return new Promise((resolve, reject) => {
-    execFile(process.execPath, [script, JSON.stringify(spec)], { timeout: 60_000 }, (err, stdout, stderr) => {
-      if (err) return reject(new Error(`${err.message}\n${stderr}`));
-      resolve(
-        stdout
-          .split("\n")
-          .filter(Boolean)
-          .map((l) => JSON.parse(l) as Record<string, unknown>),
-      );
+    const child = spawn(process.execPath, [script, JSON.stringify(spec)], { timeout: 60_000 });
+    const out: Array<Record<string, unknown>> = [];
+    let stderr = "";
+    child.stderr.setEncoding("utf8").on("data", (d: string) => void (stderr += d));
+    createInterface({ input: child.stdout }).on("line", (l) => {
+      if (!l) return;
+      const o = JSON.parse(l) as Record<string, unknown>;
+      out.push(o);
+      if (cancelWhen?.(o)) child.stdin.end();
+    });
+    child.stdin.on("error", () => {}); // closed after the script exited: nothing to cancel
+    child.on("error", reject);
+    child.on("close", (code, signal) => {
+      if (code !== 0) return reject(new Error(`e2e-run.mjs exited ${code ?? signal}\n${stderr}`));
+      resolve(out);
     });
   });
 }
@@ -173,7 +187,8 @@ describe("e2e-run.mjs against a stand-in API server and relay", () => {
       relay.addRun({ id: labels["paperclip.io/run-id"], agent: labels["paperclip.io/agent-id"], job: meta.name, jobUid: meta.uid });
       relay.appendLines(labels["paperclip.io/run-id"], "started");
     };
-    const out = await runScript({ ...base, agentId: "agent-cancel", runId: "run-e2e-3", cancelAfterMs: 500 });
+    // Cancelled once its first line came through: the Job exists then, whatever this machine's speed.
+    const out = await runScript({ ...base, agentId: "agent-cancel", runId: "run-e2e-3", cancelOnStdinEnd: true }, (o) => o.stream === "stdout");
     const result = out[out.length - 1].result as Record<string, unknown>;
     assert.equal(result.errorCode, "cancelled");
     assert.ok(api.requests.some((r) => /^DELETE \/apis\/batch\/v1\/namespaces\/paperclip\/jobs\//.test(r)));

@@ -110,25 +110,28 @@ describe("followRun", () => {
     const run = "run-later";
     let checks = 0;
     const lines: string[] = [];
-    setTimeout(() => {
-      relay.addRun({ id: run });
-      relay.appendLines(run, "first");
-      relay.finish(run, { phase: "Succeeded", exitCode: 0 });
-    }, 400); // longer than relayGraceMs: only an ended Job starts that clock
+    // The run appears at the 15th check of its Job. Checks are at least
+    // jobCheckEveryMs (20) apart, so that is longer than relayGraceMs
+    // (200) after the first, however fast or slow this machine runs:
+    // only an ended Job starts that clock.
     const outcome = await followRun({
       client,
       runId: run,
       signal: new AbortController().signal,
       onLine: async (l) => void lines.push(l.line),
       checkJob: async () => {
-        checks++;
+        if (++checks === 15) {
+          relay.addRun({ id: run });
+          relay.appendLines(run, "first");
+          relay.finish(run, { phase: "Succeeded", exitCode: 0 });
+        }
         return "active";
       },
       ...fast,
     });
-    assert.equal(outcome.kind, "ended");
+    assert.equal(outcome.kind, "ended", JSON.stringify(outcome));
     assert.deepEqual(lines, ["first"]);
-    assert.ok(checks > 1);
+    assert.ok(checks >= 15, `${checks} checks`);
   });
 
   it("gives up on a Job deleted before the relay saw its pod", async () => {
