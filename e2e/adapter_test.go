@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"os/exec"
@@ -110,7 +111,9 @@ type adapterSpec struct {
 	RunID          string `json:"runId"`
 	TaskID         string `json:"taskId,omitempty"`
 	Prompt         string `json:"prompt"`
-	CancelAfterMs  int    `json:"cancelAfterMs,omitempty"`
+	// CancelOnStdinEnd: the run is cancelled when the test says so
+	// (adapterRun.cancel), after what it waits for, never on a clock.
+	CancelOnStdinEnd bool `json:"cancelOnStdinEnd,omitempty"`
 	// Mode "testEnvironment" runs the adapter's checks instead of a run.
 	Mode   string         `json:"mode,omitempty"`
 	Config map[string]any `json:"config,omitempty"`
@@ -226,6 +229,16 @@ type adapterRun struct {
 	done    chan struct{}
 	exitErr error
 	cmd     *exec.Cmd
+	stdin   io.WriteCloser // with spec.CancelOnStdinEnd: closing it cancels the run
+}
+
+// cancel cancels the run, as Paperclip's user does (spec.CancelOnStdinEnd).
+func (a *adapterRun) cancel(t *testing.T) {
+	t.Helper()
+	if a.stdin == nil {
+		t.Fatal("cancel: the run was started without CancelOnStdinEnd")
+	}
+	_ = a.stdin.Close()
 }
 
 // kill ends the adapter's process at once, as a Paperclip server that
@@ -250,6 +263,11 @@ func startAdapter(ctx context.Context, t *testing.T, spec adapterSpec) *adapterR
 	cmd := exec.CommandContext(ctx, filepath.Join(nodeBin(t), "node"), filepath.Join("test", "e2e-run.mjs"), specFile)
 	cmd.Dir = adapterDir()
 	cmd.Stderr = &a.stderr
+	if spec.CancelOnStdinEnd {
+		if a.stdin, err = cmd.StdinPipe(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -477,7 +495,7 @@ func TestPaperclipAdapterRunsAnAgent(t *testing.T) {
 	}
 	// The run's env Secret is one clipjob takes: the Job comes to own it.
 	envSecret := job.Annotations[contract.AnnotationEnvSecret]
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		s, err := env.cs.CoreV1().Secrets(ns).Get(ctx, envSecret, metav1.GetOptions{})
 		return err == nil && slices.ContainsFunc(s.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == job.UID }), nil
 	})
@@ -591,14 +609,18 @@ func TestPaperclipAdapterFollowsAcrossRelayRestarts(t *testing.T) {
 // moment the cancelled one returned (as Paperclip starts an agent's queued
 // run), is admitted and runs a Job of its own, although the relay still
 // lists the cancelled run as running then: it marks a run done once its
-// streams have drained, DrainIdle after their last line.
+// streams have drained, DrainIdle after their last line. The cancelled
+// agent's log goes on until the next run has decided (kwok serves a log
+// past its pod's deletion), so the relay cannot have drained the run
+// before, however slowly this machine starts the next run.
 func TestPaperclipAdapterCancelsARun(t *testing.T) {
 	const agent, run, nextRun = "agent-e2e-pc-cancel", "e2e-pc-cancel", "e2e-pc-cancel-next"
 	spec := paperclipServer(t, agent, run)
 	ctx := ctxT(t)
 	// A relay of its own that drains for 12 s (production's default is
-	// 3 s, the suite's 1 s): long enough that the next run certainly asks
-	// it while it still lists the cancelled run as running.
+	// 3 s, the suite's 1 s): what keeps the cancelled run listed as
+	// running is the agent's log going on (below); the drain only adds to
+	// it.
 	bin, err := harness.Build(env.cluster.Dir, "clipjob-relay")
 	if err != nil {
 		t.Fatal(err)
@@ -610,12 +632,10 @@ func TestPaperclipAdapterCancelsARun(t *testing.T) {
 	t.Cleanup(slow.Stop)
 	_, reader, _ := theRelay(t)
 	spec.RelayURL = "https://" + slow.APIAddr
-	// From the adapter's start: long enough for its Job's pod to run and
-	// lines to come through first on a loaded machine.
-	spec.CancelAfterMs = 20_000
+	// Cancelled once its lines came through and its Secrets were seen.
+	spec.CancelOnStdinEnd = true
 	// The prompt by Secret too, so the run has two Secrets to see go.
 	spec.Config = map[string]any{"promptAnnotationMaxBytes": 16}
-	started := time.Now()
 	a := startAdapter(ctx, t, spec)
 	job := jobOfRun(ctx, t, a)
 	if got := job.Spec.Template.Annotations[contract.AnnotationPromptSecret]; got != job.Name+"-prompt" {
@@ -626,18 +646,22 @@ func TestPaperclipAdapterCancelsARun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The agent works on, a line every 200 ms, until it is stopped.
+	// The agent works on, a line every 200 ms, until the test stops it:
+	// after the cancel, until the next run has decided.
 	var mu sync.Mutex
 	written := []string{claudeInit}
 	if err := log.Write(claudeInit); err != nil {
 		t.Fatal(err)
 	}
-	writerDone := make(chan struct{})
+	writerDone, stopWriting := make(chan struct{}), make(chan struct{})
+	var stopOnce sync.Once
+	stopWriter := func() { stopOnce.Do(func() { close(stopWriting) }); <-writerDone }
+	t.Cleanup(stopWriter)
 	go func() {
 		defer close(writerDone)
 		for i := 0; ; i++ {
 			select {
-			case <-a.done:
+			case <-stopWriting:
 				return
 			case <-time.After(200 * time.Millisecond):
 			}
@@ -651,16 +675,21 @@ func TestPaperclipAdapterCancelsARun(t *testing.T) {
 		}
 	}()
 	a.waitStdout(ctx, t, 2)
-	t.Logf("the agent's output came through %s after the adapter started; it is cancelled after %d ms", time.Since(started).Round(time.Millisecond), spec.CancelAfterMs)
 	if secrets := runSecrets(ctx, t, run); len(secrets) != 2 {
 		t.Fatalf("the running run's Secrets: %v, want its env and prompt Secrets", secrets)
 	}
 
 	nextSpec := paperclipServer(t, agent, nextRun)
 	nextSpec.RelayURL = spec.RelayURL
+	a.cancel(t)
 	res := a.wait(ctx, t)
 	next := startAdapter(ctx, t, nextSpec)
-	<-writerDone
+	if r, code := relayRun(t, slow, reader, run); r == nil || r.Done {
+		t.Fatalf("the relay already marked the cancelled run done (HTTP %d, %+v): the next run cannot meet it listed as running", code, r)
+	}
+	// The next run has decided once its Job exists: the agent stops.
+	nextJob := jobOfRun(ctx, t, next)
+	stopWriter()
 
 	if res.ErrorCode != "cancelled" || res.Signal != "SIGTERM" {
 		t.Errorf("cancelled run: code %q %q, signal %q; want cancelled, SIGTERM", res.ErrorCode, res.ErrorMessage, res.Signal)
@@ -669,7 +698,7 @@ func TestPaperclipAdapterCancelsARun(t *testing.T) {
 		t.Errorf("resultJson %v: want executionCancellation acknowledged", res.ResultJSON)
 	}
 	// What was handed on before the cancel: the agent's first lines, each
-	// once and in order.
+	// once and in order (the agent wrote on after).
 	got := a.stdout()
 	mu.Lock()
 	if len(got) > len(written) {
@@ -688,13 +717,9 @@ func TestPaperclipAdapterCancelsARun(t *testing.T) {
 	if left := runSecrets(ctx, t, run); len(left) != 0 {
 		t.Errorf("the cancelled run's Secrets are still there: %v", left)
 	}
-	if r, code := relayRun(t, slow, reader, run); r == nil || r.Done {
-		t.Fatalf("the relay already marked the cancelled run done (HTTP %d, %+v): the next run cannot meet it listed as running", code, r)
-	}
 
 	// The next run is admitted: it holds the agent's claim, and runs and
 	// hands on only its own output.
-	nextJob := jobOfRun(ctx, t, next)
 	lease, err := env.cs.CoordinationV1().Leases(ns).Get(ctx, claim.KeyFor(nextJob, env.configNow().Policy.Concurrency).Name, metav1.GetOptions{})
 	if err != nil || claim.HolderOf(lease).UID != string(nextJob.UID) {
 		t.Errorf("the agent's claim after the cancel: %v %v, want it held by the next run's Job", lease, err)

@@ -42,7 +42,7 @@ func writeConfig(ctx context.Context, t *testing.T, content string, applied bool
 		t.Fatal(err)
 	}
 	var z configz
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
 		z = readConfigz(t)
 		if applied {
 			return z.Hash != before.Hash && z.Refused == "", nil

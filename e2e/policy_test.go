@@ -75,7 +75,7 @@ func TestPrivilegedContainerDenied(t *testing.T) {
 		SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)}}}
 	// The API server sees the re-pointed configuration through a watch:
 	// wait (with dry runs, which store nothing) until mutation is bypassed.
-	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		dry, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err != nil || dry.Annotations[contract.AnnotationProfile] == "", nil
 	})
@@ -143,13 +143,16 @@ func TestOneActiveRunPerAgent(t *testing.T) {
 		return
 	}
 	t.Run("a deleted run frees the agent", func(t *testing.T) {
-		// Well inside the grace window for unseen Jobs: the claim
-		// controller saw the deletion.
+		// A claim on a Job that is not there holds for the grace window
+		// for unseen Jobs, an hour here: the agent is free within the
+		// wait below only because the claim controller saw the deletion.
+		original := restoreConfigAfter(t)
+		writeConfig(ctx, t, string(original)+"policy:\n  concurrency:\n    pendingGraceSeconds: 3600\n", true)
 		if err := env.cs.BatchV1().Jobs(ns).Delete(ctx, next.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)}); err != nil {
 			t.Fatal(err)
 		}
 		deleted := time.Now()
-		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 			_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, third, metav1.CreateOptions{})
 			if apierrors.IsConflict(err) {
 				return false, nil
@@ -157,7 +160,7 @@ func TestOneActiveRunPerAgent(t *testing.T) {
 			return true, err
 		})
 		if err != nil {
-			t.Fatalf("agent still busy 10s after its Job was deleted: %v", err)
+			t.Fatalf("agent still busy two minutes after its Job was deleted: %v", err)
 		}
 		t.Logf("agent freed %s after deletion", time.Since(deleted).Round(10*time.Millisecond))
 	})
@@ -190,7 +193,7 @@ func startReplicas(ctx context.Context, t *testing.T, n int) []string {
 	t.Cleanup(func() { _ = harness.Register(context.Background(), env.cs, env.webhookAddr, env.cluster.CA.CertPEM) })
 	// Dry runs (no claims written) until a new replica answers one.
 	probe := bareJob(t, "e2e-race-probe")
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		_, _ = env.cs.BatchV1().Jobs(ns).Create(ctx, probe.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		var n float64
 		for _, w := range env.extra {
@@ -531,7 +534,7 @@ func TestDeletedClaimDoesNotFreeTheAgent(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		err := leases.Delete(ctx, key.Name, metav1.DeleteOptions{})
 		return err == nil, nil // the API server drops the binding from its cache shortly
 	})
@@ -618,7 +621,7 @@ func TestARunThatCannotStartFreesItsAgent(t *testing.T) {
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "spec.activeDeadlineSeconds: Forbidden: may be lowered") {
 		t.Errorf("raising the deadline the controller set: want 403, got %v", err)
 	}
-	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, next(), metav1.CreateOptions{})
 		if apierrors.IsConflict(err) {
 			return false, nil // still busy

@@ -23,7 +23,7 @@ func suspended(j *batchv1.Job) bool { return j.Spec.Suspend != nil && *j.Spec.Su
 // waitStarted waits until the claim controller has unsuspended the Job.
 func waitStarted(ctx context.Context, t *testing.T, name string) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		j, err := env.cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
 		return err == nil && !suspended(j), nil
 	})
@@ -68,7 +68,7 @@ func TestQueueMode(t *testing.T) {
 	assertWaiting(ctx, t, names[1], names[2])
 
 	// Each waiting run says where it stands and behind whom.
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		for i, n := range names[1:] {
 			j, err := env.cs.BatchV1().Jobs(ns).Get(ctx, n, metav1.GetOptions{})
 			if err != nil || j.Annotations[contract.AnnotationQueuePosition] != fmt.Sprint(i+1) || j.Annotations[contract.AnnotationQueueHolder] != ns+"/"+names[0] {
@@ -143,12 +143,12 @@ func TestClaimControllerFailsOver(t *testing.T) {
 	// replica, which the API server calls, is the one that takes over.
 	if leads(t, env.webhook) {
 		env.webhook.Stop()
-		waitLeader(ctx, t, leader, 30*time.Second)
+		waitLeader(ctx, t, leader, 2*time.Minute)
 		if err := env.webhook.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitLeader(ctx, t, leader, 30*time.Second)
+	waitLeader(ctx, t, leader, 2*time.Minute)
 
 	var names []string
 	for i := range 2 {

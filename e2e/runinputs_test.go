@@ -48,7 +48,7 @@ func TestRunEnvSecret(t *testing.T) {
 
 	// The Job owns its run's Secret, so it goes with the Job.
 	secrets := env.cs.CoreV1().Secrets(ns)
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		s, err := secrets.Get(ctx, secret.Name, metav1.GetOptions{})
 		return err == nil && slices.ContainsFunc(s.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == stored.UID }), nil
 	})

@@ -79,6 +79,17 @@ func (b *Balancer) watchReadiness() {
 	}
 }
 
+// Routes reports whether new connections may go to backend addr: its
+// last probe found it ready (always, for a balancer without probes).
+func (b *Balancer) Routes(addr string) bool {
+	for i, a := range b.backends {
+		if a == addr {
+			return b.ready[i].Load()
+		}
+	}
+	return false
+}
+
 // pick returns the next ready backend, or "" if none is.
 func (b *Balancer) pick() string {
 	for range b.backends {

@@ -44,7 +44,8 @@ func (p *Process) Start(ctx context.Context) error {
 	}
 	p.cmd, p.done = cmd, make(chan error, 1)
 	go func() { p.done <- cmd.Wait(); logf.Close() }()
-	if err := p.waitReady(ctx, 30*time.Second); err != nil {
+	// Minutes: a process starting on a machine busy with the whole suite.
+	if err := p.waitReady(ctx, 2*time.Minute); err != nil {
 		p.Kill()
 		return err
 	}
