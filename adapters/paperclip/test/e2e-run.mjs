@@ -17,8 +17,10 @@
 //   mode?          "execute" (default) or "testEnvironment"
 //   agentId, runId, companyId?, taskId?                            the run
 //   prompt                                                          rendered as Paperclip's prompt template
+//   cancelAfterMs?                                                  abort the run this long after it starts (by hand;
+//                  a test cancels with cancelOnStdinEnd, after what it waits for, never on a clock)
 //   cancelOnStdinEnd?                                               abort the run when stdin ends: the driver keeps
-//                  it open and closes it to cancel (after what it waits for, never on a clock)
+//                  it open and closes it to cancel
 //   adapter?        "claude" (default) or "opencode"
 //   authToken?      the run's callback token (default "e2e-run-token")
 //   sessionId?      a session to resume
@@ -68,6 +70,7 @@ if (spec.mode === "testEnvironment") {
 }
 
 const abort = new AbortController();
+if (typeof spec.cancelAfterMs === "number") setTimeout(() => abort.abort(), spec.cancelAfterMs).unref();
 if (spec.cancelOnStdinEnd === true) {
   process.stdin.on("end", () => abort.abort());
   process.stdin.resume();
