@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"bufio"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -83,13 +85,84 @@ func waitJobEnded(ctx context.Context, t *testing.T, name string, timeout time.D
 	return job
 }
 
-// kubeletLog is the container's log as the API server serves it from the
-// kubelet, split into lines.
+// kubeletLog is everything the pod's first container wrote, split into
+// lines, read from the real node's own log files: the rotated ones, oldest
+// first, then the current one. pods/log serves the current file only, and
+// the kubelet rotates at ContainerLogMaxSize: a rotation between the run's
+// end and this read would otherwise hide the lines before it (it did, on
+// a busy machine).
 func kubeletLog(ctx context.Context, t *testing.T, pod string) []string {
 	t.Helper()
-	b, err := env.cs.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{}).DoRaw(ctx)
+	p, err := env.cs.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	c := p.Spec.Containers[0].Name
+	restarts := 0
+	for _, st := range p.Status.ContainerStatuses {
+		if st.Name == c {
+			restarts = int(st.RestartCount)
+		}
+	}
+	current := filepath.Join(env.cluster.PodLogsDir(), fmt.Sprintf("%s_%s_%s", p.Namespace, p.Name, p.UID), c, fmt.Sprintf("%d.log", restarts))
+	// Rotated files are named <current>.<YYYYMMDD-HHMMSS>[.gz]: by name is
+	// by time.
+	rotated, err := filepath.Glob(current + ".*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(rotated)
+	var lines []string
+	var partial strings.Builder
+	for _, f := range append(rotated, current) {
+		for _, entry := range readCRILog(t, f) {
+			// An entry is "<time> <stream> <P|F> <text>"; P is part of a
+			// line the runtime split, F ends it.
+			fields := strings.SplitN(entry, " ", 4)
+			if len(fields) < 3 {
+				t.Fatalf("%s: not a CRI log entry: %.200q", f, entry)
+			}
+			text := ""
+			if len(fields) == 4 {
+				text = fields[3]
+			}
+			partial.WriteString(text)
+			if fields[2] != "P" {
+				lines = append(lines, partial.String())
+				partial.Reset()
+			}
+		}
+	}
+	if len(lines) == 0 {
+		t.Fatalf("no log of %s/%s in %s", pod, c, current)
+	}
+	return lines
+}
+
+// readCRILog returns the entries of one of the kubelet's log files,
+// gunzipping a compressed rotated one.
+func readCRILog(t *testing.T, path string) []string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var r io.Reader = f
+	if strings.HasSuffix(path, ".gz") {
+		gz, err := gzip.NewReader(f)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		defer gz.Close()
+		r = gz
+	}
+	b, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if len(b) == 0 {
+		return nil
 	}
 	return strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
 }
