@@ -1,7 +1,7 @@
 package app
 
 import (
-	"bytes"
+	"io"
 	"testing"
 
 	"github.com/paperclipai/clipjob/internal/testing/golden"
@@ -9,13 +9,9 @@ import (
 
 // TestFlagsAreDocumented: the manual's flag reference is what -h prints.
 func TestFlagsAreDocumented(t *testing.T) {
-	var usage bytes.Buffer
-	o, err := Parse(nil, &usage)
+	o, err := Parse(nil, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs := NewFlags(o)
-	fs.SetOutput(&usage)
-	fs.PrintDefaults()
-	golden.CompareDocBlock(t, golden.Doc("configuration.md"), "clipjob-relay -h", usage.String())
+	golden.CompareFlagsDoc(t, "clipjob-relay", NewFlags(o))
 }

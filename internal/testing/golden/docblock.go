@@ -1,6 +1,8 @@
 package golden
 
 import (
+	"bytes"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -73,4 +75,15 @@ func docBlock(doc, name string) (start, end int, err error) {
 		return 0, 0, fmt.Errorf("an unterminated block after %q", strings.TrimSpace(marker))
 	}
 	return start, start + closing + 1, nil
+}
+
+// CompareFlagsDoc checks that docs/configuration.md's block "<name> -h"
+// holds the usage fs prints, as the manual's reference of a command's
+// flags.
+func CompareFlagsDoc(t testing.TB, name string, fs *flag.FlagSet) {
+	t.Helper()
+	var usage bytes.Buffer
+	fs.SetOutput(&usage)
+	fs.PrintDefaults()
+	CompareDocBlock(t, Doc("configuration.md"), name+" -h", usage.String())
 }
