@@ -34,8 +34,6 @@ type Set struct {
 	// Others are documents of any other kind, decoded into the scheme's
 	// types (PersistentVolumeClaims, Secrets, …).
 	Others []runtime.Object
-
-	raw []metav1.TypeMeta
 }
 
 var (
@@ -56,7 +54,7 @@ func init() {
 // document of one of the raw kinds (apiVersion and kind) goes to Set.Raw
 // as written.
 func Read(r io.Reader, raw ...metav1.TypeMeta) (*Set, error) {
-	set := &Set{raw: raw}
+	set := &Set{}
 	docs := utilyaml.NewYAMLReader(bufio.NewReader(r))
 	for i := 1; ; i++ {
 		doc, err := docs.Read()
@@ -69,7 +67,7 @@ func Read(r io.Reader, raw ...metav1.TypeMeta) (*Set, error) {
 		if isEmpty(doc) {
 			continue
 		}
-		if err := set.add(doc); err != nil {
+		if err := set.add(doc, raw); err != nil {
 			return nil, fmt.Errorf("document %d: %w", i, err)
 		}
 	}
@@ -78,18 +76,18 @@ func Read(r io.Reader, raw ...metav1.TypeMeta) (*Set, error) {
 // add decodes one document into the set. A List (what `kubectl get -o
 // yaml` prints for several objects) adds each of its items: taking it for
 // one unknown object would lose them without a word.
-func (set *Set) add(doc []byte) error {
+func (set *Set) add(doc []byte, raw []metav1.TypeMeta) error {
 	var meta metav1.TypeMeta
 	if err := yaml.Unmarshal(doc, &meta); err != nil {
 		return err
 	}
-	if slices.Contains(set.raw, meta) {
+	if slices.Contains(raw, meta) {
 		set.Raw = append(set.Raw, doc)
 		return nil
 	}
 	obj, _, err := decoder.Decode(doc, nil, nil)
 	if runtime.IsNotRegisteredError(err) || runtime.IsMissingKind(err) || runtime.IsMissingVersion(err) {
-		return fmt.Errorf("%s %s: not a kind this reads (objects of core/v1, apps/v1 and batch/v1, and Lists of them%s)", meta.APIVersion, meta.Kind, set.rawKinds())
+		return fmt.Errorf("%s %s: not a kind this reads (objects of core/v1, apps/v1 and batch/v1, and Lists of them%s)", meta.APIVersion, meta.Kind, rawKinds(raw))
 	}
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", meta.APIVersion, meta.Kind, err)
@@ -101,7 +99,7 @@ func (set *Set) add(doc []byte) error {
 		set.Deployments = append(set.Deployments, o)
 	case *corev1.List:
 		for j, item := range o.Items {
-			if err := set.add(item.Raw); err != nil {
+			if err := set.add(item.Raw, raw); err != nil {
 				return fmt.Errorf("List item %d: %w", j+1, err)
 			}
 		}
@@ -112,9 +110,9 @@ func (set *Set) add(doc []byte) error {
 }
 
 // rawKinds names the kinds kept raw, for an error listing what is read.
-func (set *Set) rawKinds() string {
+func rawKinds(raw []metav1.TypeMeta) string {
 	var b strings.Builder
-	for _, k := range set.raw {
+	for _, k := range raw {
 		fmt.Fprintf(&b, "; %s %s", k.APIVersion, k.Kind)
 	}
 	return b.String()
