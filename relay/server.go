@@ -174,7 +174,7 @@ func podEvents(coll *collect.Collector) toolscache.ResourceEventHandler {
 // API and retention. It owns the shutdown order that correctness needs.
 type service struct {
 	opts       Options
-	store      *store.Store
+	store      store.Backend
 	client     kubernetes.Interface
 	authClient kubernetes.Interface
 	cache      cache.Cache

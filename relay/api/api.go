@@ -31,7 +31,7 @@ import (
 //	    Accept: application/x-ndjson   the same events as JSON lines
 //	    otherwise                      the lines as plain text, not following
 type API struct {
-	Store *store.Store
+	Store store.Backend
 	Auth  Authorizer
 	// Keepalive between SSE comments and NDJSON heartbeats. Default 15s.
 	Keepalive time.Duration

@@ -31,7 +31,7 @@ type JobFailure func(ctx context.Context, namespace, name string) (string, error
 // by an informer (see Serve) but has no informer of its own, so tests call
 // OnPod directly.
 type Collector struct {
-	Store  *store.Store
+	Store  store.Backend
 	Source LogSource
 	Redact *Redactor
 	Pods   PodLookup

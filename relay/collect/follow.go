@@ -118,7 +118,7 @@ var errEndedEarly = errors.New("log stream ended while the container runs")
 type follower struct {
 	ref    StreamRef
 	src    LogSource
-	store  *store.Store
+	store  store.Backend
 	redact *Redactor
 	opts   FollowOptions
 	state  func() containerState
@@ -206,7 +206,7 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	defer close(stop) // before rc.Close (defers run last-first): the reader exits
 	lines := readLines(rc, f.opts.MaxLineBytes, stop)
 
-	b := &batch{f: f, res: newResume(cur)}
+	b := &batch{f: f, res: newResume(cur), from: cur}
 	started := time.Now()
 	tick := time.NewTicker(f.opts.BatchWait)
 	defer tick.Stop()
@@ -376,6 +376,10 @@ type batch struct {
 	f     *follower
 	res   *resume
 	lines []store.Line
+	// from is the stream's cursor in the store as this session last saw
+	// it: a commit is refused (store.CursorConflict) if another writer
+	// moved it since, and the session ends to resume from the store's.
+	from store.Cursor
 	// lastLine is when the stream last sent a line or a commit ended;
 	// zero until the stream sends anything.
 	lastLine time.Time
@@ -406,9 +410,10 @@ func (b *batch) flush() error {
 		return nil
 	}
 	now := time.Now()
-	if _, err := b.f.store.Append(b.f.ref.Run, b.f.ref.Key(), b.res.cur, b.lines, now); err != nil {
+	if _, err := b.f.store.AppendAfter(b.f.ref.Run, b.f.ref.Key(), b.from, b.res.cur, b.lines, now); err != nil {
 		return err
 	}
+	b.from = b.res.cur
 	var bytes int
 	for _, l := range b.lines {
 		bytes += len(l.Line)

@@ -35,7 +35,7 @@ type Mirror struct {
 	// Base is the run-log directory under Dir (Paperclip's
 	// RUN_LOG_BASE_PATH relative to the volume). Default "run-logs".
 	Base  string
-	Store *store.Store
+	Store store.Backend
 
 	mu     sync.Mutex
 	perRun map[string]*sync.Mutex

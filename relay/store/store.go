@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
-	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -79,14 +78,14 @@ type Line struct {
 	Line      string    `json:"line"`
 }
 
-// Store is the relay's embedded store.
+// Store is the relay's embedded store, the default Backend.
 type Store struct {
-	db    *bolt.DB
-	index runIndex
-
-	mu      sync.Mutex
-	changed map[string]chan struct{} // run -> closed on the next change
+	db      *bolt.DB
+	index   runIndex
+	changes Changes
 }
+
+var _ Backend = (*Store)(nil)
 
 // OpenStore opens (or creates) the store in dir.
 func OpenStore(dir string) (*Store, error) {
@@ -112,7 +111,7 @@ func OpenStore(dir string) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
-	st := &Store{db: db, changed: map[string]chan struct{}{}}
+	st := &Store{db: db}
 	if err := st.index.load(db); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("reading the runs of the store in %s: %w", dir, err)
@@ -138,10 +137,33 @@ func seqKey(seq uint64) []byte {
 
 // Append stores lines of one container instance (stream) of run, with the
 // cursor after them, in one transaction, and returns the run's last
-// sequence number. Concurrent appends are batched into few fsyncs.
+// sequence number, whatever cursor the stream had: for a writer that
+// alone writes the stream (tests, tools). Concurrent appends are batched
+// into few fsyncs.
 func (s *Store) Append(run, stream string, cur Cursor, lines []Line, now time.Time) (uint64, error) {
+	return s.append(run, stream, nil, cur, lines, now)
+}
+
+// AppendAfter implements Backend: Append, committed only if the stream's
+// stored cursor is prev.
+func (s *Store) AppendAfter(run, stream string, prev, cur Cursor, lines []Line, now time.Time) (uint64, error) {
+	return s.append(run, stream, &prev, cur, lines, now)
+}
+
+func (s *Store) append(run, stream string, prev *Cursor, cur Cursor, lines []Line, now time.Time) (uint64, error) {
 	var last uint64
 	err := s.db.Batch(func(tx *bolt.Tx) error {
+		if prev != nil {
+			// Checked first, in the transaction that writes: the cursor
+			// cannot move between the check and the commit.
+			stored, err := getCursor(tx, run, stream)
+			if err != nil {
+				return err
+			}
+			if stored != *prev {
+				return &CursorConflict{Run: run, Stream: stream, Prev: *prev, Stored: stored}
+			}
+		}
 		r, err := getRun(tx, run)
 		if err != nil {
 			return err
@@ -191,12 +213,19 @@ func cursorKey(run, stream string) []byte { return []byte(run + "\x00" + stream)
 func (s *Store) Cursor(run, stream string) (Cursor, error) {
 	var c Cursor
 	err := s.db.View(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucketCursors).Get(cursorKey(run, stream)); v != nil {
-			return json.Unmarshal(v, &c)
-		}
-		return nil
+		var err error
+		c, err = getCursor(tx, run, stream)
+		return err
 	})
 	return c, err
+}
+
+func getCursor(tx *bolt.Tx, run, stream string) (Cursor, error) {
+	var c Cursor
+	if v := tx.Bucket(bucketCursors).Get(cursorKey(run, stream)); v != nil {
+		return c, json.Unmarshal(v, &c)
+	}
+	return c, nil
 }
 
 // UpdateRun applies fn to the run's record, creating it if needed.
@@ -236,25 +265,10 @@ var uidPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-
 // gives objects.
 func ValidJobUID(uid string) bool { return uidPattern.MatchString(uid) }
 
-// RunOfJob is run id's record, or with jobUID that Job's run: kept under
-// RunKey when another Job took the id first (once there, it stays there),
-// else the id's record if it is that Job's or bound to none (from before
-// runs were bound); nil if neither.
+// RunOfJob is run id's record, or with jobUID that Job's run (see
+// RunOfJobIn).
 func (s *Store) RunOfJob(id, jobUID string) (*Run, error) {
-	if jobUID == "" {
-		return s.Run(id)
-	}
-	if !ValidJobUID(jobUID) {
-		return nil, nil
-	}
-	if apart, err := s.Run(RunKey(id, jobUID)); err != nil || apart != nil {
-		return apart, err
-	}
-	run, err := s.Run(id)
-	if err != nil || run == nil || (run.JobUID != "" && run.JobUID != jobUID) {
-		return nil, err
-	}
-	return run, nil
+	return RunOfJobIn(s.Run, id, jobUID)
 }
 
 // Run returns a run's record, or nil if the relay never saw it.
@@ -331,25 +345,9 @@ func (s *Store) RawLines(run string, after uint64, limit int) ([]RawLine, error)
 
 // Changed returns a channel closed at the run's next change (lines or
 // record). Take it before reading, then wait on it, to miss nothing.
-func (s *Store) Changed(run string) <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ch, ok := s.changed[run]
-	if !ok {
-		ch = make(chan struct{})
-		s.changed[run] = ch
-	}
-	return ch
-}
+func (s *Store) Changed(run string) <-chan struct{} { return s.changes.Changed(run) }
 
-func (s *Store) notify(run string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if ch, ok := s.changed[run]; ok {
-		close(ch)
-		delete(s.changed, run)
-	}
-}
+func (s *Store) notify(run string) { s.changes.Notify(run) }
 
 // Retain deletes finished runs older than maxAge (by last activity), then
 // the oldest finished runs until the stored line bytes are under maxBytes,
@@ -359,22 +357,11 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]R
 	if err != nil {
 		return nil, err
 	}
-	var total int64
-	for _, r := range runs {
-		total += r.Bytes
-	}
 	var drop []string
 	var dropped []Run
-	for i := len(runs) - 1; i >= 0; i-- { // oldest first
-		r := runs[i]
-		if !r.Done {
-			continue
-		}
-		if (maxAge > 0 && now.Sub(r.SeenAt) > maxAge) || (maxBytes > 0 && total > maxBytes) {
-			drop = append(drop, r.ID)
-			dropped = append(dropped, r.Run())
-			total -= r.Bytes
-		}
+	for _, r := range Retirees(runs, maxAge, maxBytes, now) {
+		drop = append(drop, r.ID)
+		dropped = append(dropped, r.Run())
 	}
 	if len(drop) == 0 {
 		return nil, nil
@@ -405,14 +392,7 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]R
 		return nil
 	})
 	if err == nil {
-		s.mu.Lock()
-		for _, id := range drop {
-			if ch, ok := s.changed[id]; ok {
-				close(ch) // followers of a deleted run re-read and find it gone
-				delete(s.changed, id)
-			}
-		}
-		s.mu.Unlock()
+		s.changes.Notify(drop...) // followers of a deleted run re-read and find it gone
 	}
 	if err != nil {
 		return nil, err
