@@ -16,7 +16,7 @@ BENCH_ROUNDS ?= 3
 BENCH_RUNS   ?= 200,500
 BENCH_COUNT  ?= 3
 
-.PHONY: all build image image-docker test adapter unit e2e e2e-kind demo bench kube-binaries node-packages paperclip fuzz golden chart-docs lint fmt vet clean
+.PHONY: all build image image-docker test adapter unit e2e e2e-kind demo bench kube-binaries node-packages postgres-packages paperclip fuzz golden chart-docs lint fmt vet clean
 
 # The image the chart runs, tagged with the chart's appVersion.
 IMAGE     ?= ghcr.io/paperclipai/clipjob:$(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/clipjob/Chart.yaml)
@@ -42,10 +42,13 @@ paperclip: ## Install (first time only) the real Paperclip server the e2e suite 
 node-packages: ## Install (first time only) the real node's Debian packages: containerd, runc, CNI plugins, busybox-static
 	@bash hack/node-packages.sh
 
+postgres-packages: ## Install (first time only) PostgreSQL's server from Debian's packages, for the relay's PostgreSQL store tests
+	@bash hack/postgres-packages.sh
+
 demo: kube-binaries node-packages ## Local control plane + webhook; submit a bare Job and print the result
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/demo $(DEMO_FLAGS)
 
-test: lint kube-binaries node-packages paperclip adapter ## Unit, golden, fuzz-seed and e2e tests, and the Paperclip adapter's
+test: lint kube-binaries node-packages postgres-packages paperclip adapter ## Unit, golden, fuzz-seed and e2e tests, and the Paperclip adapter's
 	@echo "make test: unit, golden and e2e tests (e2e runs a real kube-apiserver on loopback)"
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 30m ./...
 

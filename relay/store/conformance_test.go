@@ -1,0 +1,25 @@
+package store_test
+
+import (
+	"testing"
+
+	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/storetest"
+)
+
+// TestBoltConformance holds the embedded store to the behaviours every
+// store must have (storetest.Conformance).
+func TestBoltConformance(t *testing.T) {
+	storetest.Conformance(t, storetest.Backend{Open: func(t *testing.T) (store.Backend, func() store.Backend) {
+		dir := t.TempDir()
+		open := func() store.Backend {
+			s, err := store.OpenStore(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
+		}
+		return open(), open
+	}})
+}

@@ -1,0 +1,255 @@
+// Package pgtest starts throwaway PostgreSQL servers for tests, from the
+// server binaries of Debian's postgresql package: initdb into a temporary
+// directory, then postgres listening only on a unix socket there. As root
+// (PostgreSQL refuses to run as root) both run as the user nobody, owner
+// of that directory. Missing binaries fail the test with what to install,
+// never skip it.
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// InstallScript installs the server binaries (make test runs it first).
+const InstallScript = "hack/postgres-packages.sh"
+
+// debianBinDirs is where Debian's postgresql-N packages put the server.
+var debianBinDirs = "/usr/lib/postgresql/*/bin"
+
+// BinDir returns the newest directory under debianBinDirs holding initdb
+// and postgres, or an error naming what is missing and how to install it.
+func BinDir() (string, error) {
+	dirs, _ := filepath.Glob(debianBinDirs)
+	version := func(dir string) int {
+		v, _ := strconv.Atoi(filepath.Base(filepath.Dir(dir)))
+		return v
+	}
+	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) > version(dirs[j]) })
+	for _, d := range dirs {
+		if executable(filepath.Join(d, "initdb")) && executable(filepath.Join(d, "postgres")) {
+			return d, nil
+		}
+	}
+	return "", fmt.Errorf("PostgreSQL's server binaries initdb and postgres are missing (looked in %s, where Debian's postgresql package installs them): run %s, which installs them (make test does)",
+		debianBinDirs, InstallScript)
+}
+
+func executable(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0
+}
+
+// Server is a running throwaway PostgreSQL server. Its superuser is
+// "clipjob", trusted on the socket.
+type Server struct {
+	dir     string // socket directory; the cluster is in dir/data
+	port    int
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	waitErr error
+}
+
+// Start initializes a cluster in a new temporary directory and starts a
+// server on it, returning once it accepts connections.
+func Start() (*Server, error) {
+	bin, err := BinDir()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "clipjob-pg-")
+	if err != nil {
+		return nil, err
+	}
+	var cred *syscall.Credential
+	if os.Geteuid() == 0 {
+		if cred, err = nobody(); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
+	}
+	s := &Server{dir: dir, port: 5432, exited: make(chan struct{})}
+	logf, err := os.Create(filepath.Join(dir, "server.log"))
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	defer logf.Close()
+	if cred != nil {
+		_ = logf.Chown(int(cred.Uid), int(cred.Gid))
+	}
+	env := []string{"PATH=" + bin + ":/usr/bin:/bin", "LC_ALL=C", "TZ=UTC", "HOME=" + dir}
+	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", filepath.Join(dir, "data"), "-U", "clipjob", "-A", "trust",
+		"-E", "UTF8", "--locale=C", "--no-sync")
+	initdb.Env, initdb.Dir = env, dir
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	if out, err := initdb.CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("initdb: %v: %s", err, out)
+	}
+	// The tests are of the relay's transactions, not of the server's
+	// durability: no fsync. Unix socket only: no port to collide on.
+	s.cmd = exec.Command(filepath.Join(bin, "postgres"), "-D", filepath.Join(dir, "data"), "-k", dir, "-p", strconv.Itoa(s.port),
+		"-c", "listen_addresses=", "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+		"-c", "shared_buffers=32MB", "-c", "max_connections=200")
+	s.cmd.Env, s.cmd.Dir, s.cmd.Stdout, s.cmd.Stderr = env, dir, logf, logf
+	// The server dies with the test binary (SIGQUIT: immediate shutdown).
+	// The signal is tied to the thread that started it, so that thread
+	// is kept, locked, for as long as the server runs.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGQUIT}
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := s.cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		s.waitErr = s.cmd.Wait()
+		close(s.exited)
+	}()
+	if err := <-started; err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("starting postgres: %w", err)
+	}
+	if err := s.waitReady(time.Minute); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+// nobody is the unprivileged user the server runs as under root.
+func nobody() (*syscall.Credential, error) {
+	u, err := user.Lookup("nobody")
+	if err != nil {
+		return nil, fmt.Errorf("PostgreSQL refuses to run as root and there is no user nobody to run it as: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}, nil
+}
+
+func (s *Server) waitReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		conn, err := pgx.Connect(ctx, s.ConnString("postgres"))
+		if err == nil {
+			err = conn.Ping(ctx)
+			conn.Close(ctx)
+		}
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-s.exited:
+			return fmt.Errorf("postgres exited (%v): %s", s.waitErr, s.Log())
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("postgres did not accept connections within %s (%v): %s", timeout, err, s.Log())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Log is the server's log so far.
+func (s *Server) Log() string {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "server.log"))
+	return string(b)
+}
+
+// ConnString reaches database db as the superuser.
+func (s *Server) ConnString(db string) string {
+	return fmt.Sprintf("host=%s port=%d user=clipjob dbname=%s sslmode=disable", s.dir, s.port, db)
+}
+
+// Stop shuts the server down (fast: open sessions are ended) and removes
+// its directory.
+func (s *Server) Stop() error {
+	defer os.RemoveAll(s.dir)
+	select {
+	case <-s.exited:
+		return nil
+	default:
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-s.exited:
+		return nil
+	case <-time.After(time.Minute):
+		_ = s.cmd.Process.Kill()
+		<-s.exited
+		return errors.New("postgres did not stop within a minute of SIGINT; killed")
+	}
+}
+
+// The server the tests of one binary share (see Main and Schema).
+var shared struct {
+	once sync.Once
+	srv  *Server
+	err  error
+	n    atomic.Int64
+}
+
+// Main runs a package's tests, then stops the server they shared: call it
+// from TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	if shared.srv != nil {
+		if err := shared.srv.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest:", err)
+		}
+	}
+	os.Exit(code)
+}
+
+// Shared returns the server the package's tests share, started by the
+// first test that asks; a test calling it fails if it cannot start.
+func Shared(t testing.TB) *Server {
+	t.Helper()
+	shared.once.Do(func() { shared.srv, shared.err = Start() })
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	return shared.srv
+}
+
+var unsafe = regexp.MustCompile(`[^a-z0-9_]+`)
+
+// Schema returns a connection string to the shared server and the name of
+// a schema no other test uses (it does not exist yet).
+func Schema(t testing.TB) (connString, schema string) {
+	t.Helper()
+	srv := Shared(t)
+	parts := strings.Split(t.Name(), "/")
+	name := unsafe.ReplaceAllString(strings.ToLower(parts[len(parts)-1]), "_")
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	return srv.ConnString("postgres"), fmt.Sprintf("t%d_%s", shared.n.Add(1), name)
+}

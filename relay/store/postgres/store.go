@@ -1,0 +1,544 @@
+// Package postgres keeps the relay's runs and log lines in PostgreSQL, in
+// a schema of their own on an existing server, so that several relays can
+// share one store. It holds the guarantees of the embedded bbolt store
+// (package store): a stream's lines and its cursor commit in one
+// transaction, and a write commits only from the cursor its writer read
+// (store.CursorConflict otherwise), so a line is stored exactly once even
+// when two writers follow one stream. Migrations are embedded and applied
+// by Open; retention deletes lines in short batches.
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paperclipai/clipjob/relay/store"
+)
+
+// DefaultSchema holds the relay's tables unless Options.Schema says
+// otherwise.
+const DefaultSchema = "clipjob_relay"
+
+// Options configure Open. Each field's comment gives its default.
+type Options struct {
+	// ConnString reaches the server: a libpq keyword/value string or a
+	// postgres:// URL (pool settings such as pool_max_conns included).
+	// Required.
+	ConnString string
+	// Schema holds the relay's tables, created if missing (the role then
+	// needs CREATE on the database; an operator may create it beforehand
+	// instead). Default DefaultSchema.
+	Schema string
+	// RetainBatch is how many lines one retention statement deletes: each
+	// is its own short transaction, so retiring a large run never holds
+	// locks for long. Default 5000.
+	RetainBatch int
+	// Timeout bounds each store operation. Default 30s.
+	Timeout time.Duration
+}
+
+// Store is the PostgreSQL store.
+type Store struct {
+	pool    *pgxpool.Pool
+	schema  string
+	names   *strings.Replacer // {schema} -> the quoted schema
+	opts    Options
+	changes store.Changes
+}
+
+var _ store.Backend = (*Store)(nil)
+
+// Open connects, applies the schema's migrations (one relay at a time,
+// see migrate) and returns the store.
+func Open(ctx context.Context, o Options) (*Store, error) {
+	if o.Schema == "" {
+		o.Schema = DefaultSchema
+	}
+	if o.RetainBatch <= 0 {
+		o.RetainBatch = 5000
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 30 * time.Second
+	}
+	if o.ConnString == "" {
+		return nil, errors.New("postgres store: no connection string")
+	}
+	cfg, err := pgxpool.ParseConfig(o.ConnString)
+	if err != nil {
+		return nil, fmt.Errorf("postgres store: the connection string: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres store: %w", err)
+	}
+	s := &Store{pool: pool, schema: o.Schema, opts: o,
+		names: strings.NewReplacer("{schema}", pgx.Identifier{o.Schema}.Sanitize())}
+	if err := s.migrate(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres store: schema %q: %w", o.Schema, err)
+	}
+	return s, nil
+}
+
+// Close closes the connections.
+func (s *Store) Close() error {
+	s.pool.Close()
+	return nil
+}
+
+// sql names the store's tables in q: "{schema}.runs".
+func (s *Store) sql(q string) string { return s.names.Replace(q) }
+
+func (s *Store) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), s.opts.Timeout)
+}
+
+// nanos keeps a time exact (the record's JSON is; timestamptz keeps
+// microseconds), and the zero time as 0.
+func nanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromNanos(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
+
+// runColumns are a run's row but its num, in the order runArgs gives them.
+const runColumns = "id, namespace, pod, pod_uid, agent, company, phase, done, last_seq, bytes, seen_at, record"
+
+func runArgs(id string, r *store.Run) ([]any, error) {
+	rec, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	return []any{id, r.Namespace, r.Pod, r.PodUID, r.Agent, r.Company, r.Phase, r.Done, int64(r.LastSeq), r.Bytes, nanos(r.SeenAt), rec}, nil
+}
+
+const updateRun = `UPDATE {schema}.runs SET namespace = $2, pod = $3, pod_uid = $4, agent = $5, company = $6, phase = $7,
+	done = $8, last_seq = $9, bytes = $10, seen_at = $11, record = $12 WHERE id = $1`
+
+// lockRun reads the run's record and locks its row until tx ends,
+// creating it as fresh if it is missing: appends of a run's streams and
+// updates of its record take turns on it. It returns the run's num, the
+// key of its lines.
+func (s *Store) lockRun(ctx context.Context, tx pgx.Tx, id string, fresh *store.Run) (*store.Run, int64, error) {
+	args, err := runArgs(id, fresh)
+	if err != nil {
+		return nil, 0, err
+	}
+	b := &pgx.Batch{}
+	b.Queue(s.sql(`INSERT INTO {schema}.runs (`+runColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+		ON CONFLICT (id) DO NOTHING`), args...)
+	b.Queue(s.sql(`SELECT num, record FROM {schema}.runs WHERE id = $1 FOR UPDATE`), id)
+	var num int64
+	var rec []byte
+	br := tx.SendBatch(ctx, b)
+	_, err = br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(&num, &rec)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	var r store.Run
+	if err := json.Unmarshal(rec, &r); err != nil {
+		return nil, 0, fmt.Errorf("run %s: %w", id, err)
+	}
+	return &r, num, nil
+}
+
+// AppendAfter implements store.Backend. The stream's cursor row is written
+// first, on the condition that it holds prev: that is the check, and its
+// row lock makes a second writer of the stream wait for the first's commit
+// and then find the cursor moved.
+func (s *Store) AppendAfter(run, stream string, prev, cur store.Cursor, lines []store.Line, now time.Time) (uint64, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	var last uint64
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var tag pgconn.CommandTag
+		var err error
+		if prev == (store.Cursor{}) {
+			tag, err = tx.Exec(ctx, s.sql(`INSERT INTO {schema}.cursors AS c (run, stream, ts, count) VALUES ($1, $2, $3, $4)
+				ON CONFLICT (run, stream) DO UPDATE SET ts = excluded.ts, count = excluded.count WHERE c.ts = 0 AND c.count = 0`),
+				run, stream, cur.TS, cur.Count)
+		} else {
+			tag, err = tx.Exec(ctx, s.sql(`UPDATE {schema}.cursors SET ts = $3, count = $4
+				WHERE run = $1 AND stream = $2 AND ts = $5 AND count = $6`),
+				run, stream, cur.TS, cur.Count, prev.TS, prev.Count)
+		}
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			stored, err := s.cursor(ctx, tx, run, stream)
+			if err != nil {
+				return err
+			}
+			return &store.CursorConflict{Run: run, Stream: stream, Prev: prev, Stored: stored}
+		}
+		r, num, err := s.lockRun(ctx, tx, run, &store.Run{ID: run, Phase: "Unknown"})
+		if err != nil {
+			return err
+		}
+		seqs, sizes, data := make([]int64, len(lines)), make([]int32, len(lines)), make([][]byte, len(lines))
+		for i := range lines {
+			r.LastSeq++
+			lines[i].Seq = r.LastSeq
+			v, err := json.Marshal(&lines[i])
+			if err != nil {
+				return err
+			}
+			seqs[i], sizes[i], data[i] = int64(r.LastSeq), int32(len(v)), v
+			r.Bytes += int64(len(lines[i].Line))
+		}
+		r.SeenAt = now
+		args, err := runArgs(run, r)
+		if err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		b.Queue(s.sql(`INSERT INTO {schema}.lines (run, seq, size, data)
+			SELECT $1, u.seq, u.size, u.data FROM unnest($2::bigint[], $3::integer[], $4::bytea[]) AS u(seq, size, data)`),
+			num, seqs, sizes, data)
+		b.Queue(s.sql(updateRun), args...)
+		if err := execBatch(ctx, tx, b); err != nil {
+			return err
+		}
+		last = r.LastSeq
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	s.changes.Notify(run)
+	return last, nil
+}
+
+// execBatch sends b and returns the first statement's error.
+func execBatch(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
+	br := tx.SendBatch(ctx, b)
+	for range b.Len() {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return err
+		}
+	}
+	return br.Close()
+}
+
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func (s *Store) cursor(ctx context.Context, q querier, run, stream string) (store.Cursor, error) {
+	var c store.Cursor
+	err := q.QueryRow(ctx, s.sql(`SELECT ts, count FROM {schema}.cursors WHERE run = $1 AND stream = $2`), run, stream).Scan(&c.TS, &c.Count)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.Cursor{}, nil
+	}
+	return c, err
+}
+
+// Cursor implements store.Backend.
+func (s *Store) Cursor(run, stream string) (store.Cursor, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	return s.cursor(ctx, s.pool, run, stream)
+}
+
+// UpdateRun implements store.Backend.
+func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	var out *store.Run
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// Seen now, though nothing is stored yet: retention counts from
+		// here for a run that never writes a line.
+		r, _, err := s.lockRun(ctx, tx, id, &store.Run{ID: id, Phase: "Pending", SeenAt: time.Now()})
+		if err != nil {
+			return err
+		}
+		fn(r)
+		args, err := runArgs(id, r)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, s.sql(updateRun), args...); err != nil {
+			return err
+		}
+		out = r
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.changes.Notify(id)
+	return out, nil
+}
+
+// Run implements store.Backend.
+func (s *Store) Run(id string) (*store.Run, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	var rec []byte
+	err := s.pool.QueryRow(ctx, s.sql(`SELECT record FROM {schema}.runs WHERE id = $1`), id).Scan(&rec)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var r store.Run
+	if err := json.Unmarshal(rec, &r); err != nil {
+		return nil, fmt.Errorf("run %s: %w", id, err)
+	}
+	return &r, nil
+}
+
+// RunOfJob implements store.Backend.
+func (s *Store) RunOfJob(id, jobUID string) (*store.Run, error) {
+	return store.RunOfJobIn(s.Run, id, jobUID)
+}
+
+// Runs implements store.Backend from the summary columns: no record is
+// read or decoded.
+func (s *Store) Runs(keep func(*store.Summary) bool) ([]store.Summary, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	rows, err := s.pool.Query(ctx, s.sql(`SELECT id, namespace, pod, pod_uid, agent, company, phase, done, last_seq, bytes, seen_at
+		FROM {schema}.runs ORDER BY seen_at DESC`))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []store.Summary
+	for rows.Next() {
+		var r store.Summary
+		var lastSeq, seen int64
+		if err := rows.Scan(&r.ID, &r.Namespace, &r.Pod, &r.PodUID, &r.Agent, &r.Company, &r.Phase, &r.Done, &lastSeq, &r.Bytes, &seen); err != nil {
+			return nil, err
+		}
+		r.LastSeq, r.SeenAt = uint64(lastSeq), fromNanos(seen)
+		if keep == nil || keep(&r) {
+			out = append(out, r)
+		}
+	}
+	return out, rows.Err()
+}
+
+// pageRows bounds the lines one query reads; a page is then cut at
+// store.PageBytes by the lines' sizes, before their text is read.
+const pageRows = 1000
+
+// RawLines implements store.Backend.
+func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	q := s.sql(`WITH r AS (SELECT num FROM {schema}.runs WHERE id = $1),
+		page AS (SELECT seq, sum(size) OVER (ORDER BY seq) - size AS before
+			FROM {schema}.lines WHERE run = (SELECT num FROM r) AND seq > $2 ORDER BY seq LIMIT $3)
+		SELECT l.seq, l.data FROM page JOIN {schema}.lines l ON l.run = (SELECT num FROM r) AND l.seq = page.seq
+		WHERE page.before < $4 ORDER BY l.seq`)
+	var out []store.RawLine
+	size := 0
+	for {
+		n := pageRows
+		if limit > 0 {
+			n = min(n, limit-len(out))
+		}
+		rows, err := s.pool.Query(ctx, q, run, int64(after), n, store.PageBytes-size)
+		if err != nil {
+			return nil, err
+		}
+		got := 0
+		for rows.Next() {
+			var seq int64
+			var data []byte
+			if err := rows.Scan(&seq, &data); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			out = append(out, store.RawLine{Seq: uint64(seq), JSON: data})
+			size += len(data)
+			after = uint64(seq)
+			got++
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		if got < n || size >= store.PageBytes || (limit > 0 && len(out) >= limit) {
+			return out, nil
+		}
+	}
+}
+
+// Lines implements store.Backend.
+func (s *Store) Lines(run string, after uint64, limit int) ([]store.Line, error) {
+	raw, err := s.RawLines(run, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]store.Line, len(raw))
+	for i, r := range raw {
+		if err := json.Unmarshal(r.JSON, &out[i]); err != nil {
+			return nil, fmt.Errorf("run %s line %d: %w", run, r.Seq, err)
+		}
+	}
+	return out, nil
+}
+
+// Changed implements store.Backend: changes made through this Store.
+func (s *Store) Changed(run string) <-chan struct{} { return s.changes.Changed(run) }
+
+// Retain implements store.Backend. A run leaves in one short transaction
+// (its record, cursors and mirror state), which marks its lines retired;
+// they are then deleted RetainBatch at a time, each batch its own
+// transaction. A relay stopped half way finishes at its next Retain.
+func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]store.Run, error) {
+	if err := s.deleteRetiredLines(); err != nil {
+		return nil, err
+	}
+	runs, err := s.Runs(nil)
+	if err != nil {
+		return nil, err
+	}
+	var gone []store.Run
+	for _, r := range store.Retirees(runs, maxAge, maxBytes, now) {
+		ok, err := s.retire(r.ID)
+		if err != nil {
+			return gone, err
+		}
+		if ok {
+			gone = append(gone, r.Run())
+			s.changes.Notify(r.ID) // followers of a deleted run re-read and find it gone
+		}
+	}
+	return gone, s.deleteRetiredLines()
+}
+
+// retire deletes a finished run's record, cursors and mirror state, and
+// marks its lines for deletion; false if the run is gone or not finished.
+// The cursors go first: writers lock a stream's cursor before its run.
+func (s *Store) retire(id string) (bool, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	found := false
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, s.sql(`DELETE FROM {schema}.cursors WHERE run = $1`), id); err != nil {
+			return err
+		}
+		var num int64
+		err := tx.QueryRow(ctx, s.sql(`DELETE FROM {schema}.runs WHERE id = $1 AND done RETURNING num`), id).Scan(&num)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return errNotRetired
+		}
+		if err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		b.Queue(s.sql(`DELETE FROM {schema}.mirror WHERE run = $1`), id)
+		b.Queue(s.sql(`INSERT INTO {schema}.retired (num) VALUES ($1)`), num)
+		if err := execBatch(ctx, tx, b); err != nil {
+			return err
+		}
+		found = true
+		return nil
+	})
+	if errors.Is(err, errNotRetired) {
+		return false, nil
+	}
+	return found, err
+}
+
+// errNotRetired rolls back a retirement whose run is gone or running.
+var errNotRetired = errors.New("run not retired")
+
+// deleteRetiredLines deletes the lines of retired runs in batches.
+func (s *Store) deleteRetiredLines() error {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	rows, err := s.pool.Query(ctx, s.sql(`SELECT num FROM {schema}.retired`))
+	if err != nil {
+		return err
+	}
+	nums, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return err
+	}
+	for _, num := range nums {
+		for {
+			bctx, bcancel := s.ctx()
+			tag, err := s.pool.Exec(bctx, s.sql(`DELETE FROM {schema}.lines WHERE run = $1 AND seq IN
+				(SELECT seq FROM {schema}.lines WHERE run = $1 ORDER BY seq LIMIT $2)`), num, s.opts.RetainBatch)
+			bcancel()
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() < int64(s.opts.RetainBatch) {
+				break
+			}
+		}
+		if _, err := s.pool.Exec(ctx, s.sql(`DELETE FROM {schema}.retired WHERE num = $1`), num); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// MirrorState implements store.Backend.
+func (s *Store) MirrorState(run string) (store.MirrorState, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	var st store.MirrorState
+	var v []byte
+	err := s.pool.QueryRow(ctx, s.sql(`SELECT state FROM {schema}.mirror WHERE run = $1`), run).Scan(&v)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return st, nil
+	}
+	if err != nil {
+		return st, err
+	}
+	return st, json.Unmarshal(v, &st)
+}
+
+// SetMirrorState implements store.Backend.
+func (s *Store) SetMirrorState(run string, st store.MirrorState) error {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	v, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	_, err = s.pool.Exec(ctx, s.sql(`INSERT INTO {schema}.mirror (run, state) VALUES ($1, $2)
+		ON CONFLICT (run) DO UPDATE SET state = excluded.state`), run, v)
+	return err
+}
+
+// Size implements store.Backend: the schema's tables with their indexes
+// and TOAST (0 if the server does not answer).
+func (s *Store) Size() int64 {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	var n int64
+	_ = s.pool.QueryRow(ctx, `SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind = 'r'`, s.schema).Scan(&n)
+	return n
+}
