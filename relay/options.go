@@ -3,19 +3,33 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
 
 	"github.com/paperclipai/clipjob/relay/collect"
+	"github.com/paperclipai/clipjob/relay/store/postgres"
 )
 
 // Options configure Serve. DefaultOptions holds every default; the
 // command's flags start from it, so a default is written once.
 type Options struct {
-	// DataDir holds the store (a volume that outlives the pod).
+	// Store is where runs and lines are kept: StoreBolt (a file in
+	// DataDir, one relay; also when empty) or StorePostgres (a PostgreSQL
+	// server).
+	Store string
+	// DataDir holds the bbolt store (a volume that outlives the pod).
 	DataDir string
+	// PostgresURLFile holds the PostgreSQL connection string (a mounted
+	// Secret's key); empty: the environment variable PostgresURLEnv. Never
+	// a flag's value, which any process on the node can read.
+	PostgresURLFile string
+	// PostgresSchema holds the relay's tables on the PostgreSQL server,
+	// created and migrated at start.
+	PostgresSchema string
 	// Namespaces to collect agent pods from; empty means all.
 	Namespaces []string
 	// APIAddr serves the HTTP API.
@@ -67,6 +81,16 @@ type Options struct {
 	Log        logr.Logger
 }
 
+// The stores Options.Store names.
+const (
+	StoreBolt     = "bolt"
+	StorePostgres = "postgres"
+)
+
+// PostgresURLEnv holds the PostgreSQL connection string when
+// Options.PostgresURLFile is empty.
+const PostgresURLEnv = "CLIPJOB_RELAY_POSTGRES_URL"
+
 // DefaultTokenAudience is the audience callers' tokens are for by
 // default: `kubectl create token <sa> --audience clipjob-relay`, or a
 // projected ServiceAccount token with that audience.
@@ -76,7 +100,9 @@ const DefaultTokenAudience = "clipjob-relay"
 // everything but RestConfig.
 func DefaultOptions() Options {
 	return Options{
+		Store:                StoreBolt,
 		DataDir:              "/var/lib/clipjob-relay",
+		PostgresSchema:       postgres.DefaultSchema,
 		APIAddr:              ":8090",
 		MetricsAddr:          ":8080",
 		ProbeAddr:            ":8081",
@@ -98,8 +124,17 @@ func (o *Options) validate() error {
 	if o.RestConfig == nil {
 		errs = append(errs, errors.New("RestConfig is required"))
 	}
-	if o.DataDir == "" {
-		errs = append(errs, errors.New("--data-dir (DataDir) is required: the directory of the store"))
+	switch o.Store {
+	case StoreBolt, "": // bbolt unless told otherwise
+		if o.DataDir == "" {
+			errs = append(errs, errors.New("--data-dir (DataDir) is required: the directory of the store"))
+		}
+	case StorePostgres:
+		if o.PostgresSchema == "" {
+			errs = append(errs, errors.New("--postgres-schema (PostgresSchema) is required with --store=postgres"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("--store (Store) %q: want %q or %q", o.Store, StoreBolt, StorePostgres))
 	}
 	if o.APIAddr == "" || o.ProbeAddr == "" {
 		errs = append(errs, errors.New("--api-address and --health-probe-bind-address (APIAddr, ProbeAddr) are required"))
@@ -119,4 +154,23 @@ func (o *Options) validate() error {
 		errs = append(errs, fmt.Errorf("--retention-max-bytes (RetentionMaxBytes) must not be negative, not %d", o.RetentionMaxBytes))
 	}
 	return errors.Join(errs...)
+}
+
+// postgresURL reads the connection string: from PostgresURLFile, else
+// from the environment variable PostgresURLEnv.
+func (o *Options) postgresURL() (string, error) {
+	if o.PostgresURLFile != "" {
+		b, err := os.ReadFile(o.PostgresURLFile)
+		if err != nil {
+			return "", fmt.Errorf("--postgres-url-file: %w", err)
+		}
+		if url := strings.TrimSpace(string(b)); url != "" {
+			return url, nil
+		}
+		return "", fmt.Errorf("--postgres-url-file %s is empty: it holds the PostgreSQL connection string", o.PostgresURLFile)
+	}
+	if url := strings.TrimSpace(os.Getenv(PostgresURLEnv)); url != "" {
+		return url, nil
+	}
+	return "", fmt.Errorf("--store=postgres needs a connection string: in the file --postgres-url-file names, or in the environment variable %s", PostgresURLEnv)
 }

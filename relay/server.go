@@ -32,6 +32,7 @@ import (
 	"github.com/paperclipai/clipjob/relay/api"
 	"github.com/paperclipai/clipjob/relay/collect"
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/postgres"
 )
 
 // Serve collects and serves logs until ctx ends, then stops the API,
@@ -55,7 +56,7 @@ func Serve(ctx context.Context, o Options) error {
 			return err
 		}
 	}
-	store, err := store.OpenStore(o.DataDir)
+	store, err := openStore(ctx, o)
 	if err != nil {
 		return err
 	}
@@ -124,8 +125,28 @@ func Serve(ctx context.Context, o Options) error {
 			return err
 		}
 	}
-	o.Log.Info("relay serving", "api", o.APIAddr, "tls", o.CertDir != "", "namespaces", o.Namespaces, "data", o.DataDir)
+	o.Log.Info("relay serving", "api", o.APIAddr, "tls", o.CertDir != "", "namespaces", o.Namespaces, "store", o.Store, "data", o.DataDir)
 	return mgr.Start(ctx)
+}
+
+// openStore opens the store o chooses.
+func openStore(ctx context.Context, o Options) (store.Backend, error) {
+	if o.Store == StorePostgres {
+		url, err := o.postgresURL()
+		if err != nil {
+			return nil, err
+		}
+		s, err := postgres.Open(ctx, postgres.Options{ConnString: url, Schema: o.PostgresSchema})
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+	s, err := store.OpenStore(o.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // newManager serves metrics and probes, and caches the pods of agent runs

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -10,6 +11,10 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
+
+	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/postgres"
+	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
 )
 
 // TestServeRefusesToStart: options it cannot serve with stop Serve before
@@ -62,4 +67,62 @@ func TestAPIReadyOnlyWhenListening(t *testing.T) {
 	if _, _, err := taken.serveAPI(ctx); err == nil || taken.apiReady(nil) == nil {
 		t.Fatalf("an API that could not listen (%v) reads as ready", err)
 	}
+}
+
+// TestServeOpensTheStoreItIsTold: bbolt in the data directory by default,
+// PostgreSQL with --store=postgres and a connection string read from a
+// file or the environment, never from a flag; a store it cannot open is
+// named.
+func TestServeOpensTheStoreItIsTold(t *testing.T) {
+	o := DefaultOptions()
+	o.DataDir = t.TempDir()
+	s, err := openStore(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.(*store.Store); !ok {
+		t.Errorf("default store %T, want bbolt's", s)
+	}
+	s.Close()
+
+	o.Store = "sqlite"
+	if err := o.validate(); err == nil || !strings.Contains(err.Error(), `--store (Store) "sqlite"`) {
+		t.Errorf("an unknown store: %v", err)
+	}
+	o.Store = StorePostgres
+	t.Setenv(PostgresURLEnv, "")
+	if _, err := openStore(context.Background(), o); err == nil || !strings.Contains(err.Error(), PostgresURLEnv) || !strings.Contains(err.Error(), "--postgres-url-file") {
+		t.Errorf("postgres without a connection string: %v", err)
+	}
+
+	srv, err := pgtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	o.PostgresURLFile = filepath.Join(t.TempDir(), "url")
+	if err := os.WriteFile(o.PostgresURLFile, []byte(srv.ConnString("postgres")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o.PostgresSchema = "relay_from_file"
+	s, err = openStore(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.(*postgres.Store); !ok {
+		t.Errorf("store %T, want PostgreSQL's", s)
+	}
+	if _, err := s.UpdateRun("run-1", func(r *store.Run) { r.Phase = "Running" }); err != nil {
+		t.Errorf("writing to the PostgreSQL store: %v", err)
+	}
+	s.Close()
+
+	o.PostgresURLFile = ""
+	t.Setenv(PostgresURLEnv, srv.ConnString("postgres"))
+	o.PostgresSchema = "relay_from_env"
+	s, err = openStore(context.Background(), o)
+	if err != nil {
+		t.Fatalf("connection string from %s: %v", PostgresURLEnv, err)
+	}
+	s.Close()
 }

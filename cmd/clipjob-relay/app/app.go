@@ -27,7 +27,10 @@ type Options struct {
 // o's values.
 func NewFlags(o *Options) *flag.FlagSet {
 	fs := flag.NewFlagSet("clipjob-relay", flag.ContinueOnError)
+	fs.StringVar(&o.Store, "store", o.Store, `where runs and lines are kept: "bolt" (a file in --data-dir; one relay) or "postgres" (a PostgreSQL server; the connection string from --postgres-url-file or $`+relay.PostgresURLEnv+`)`)
 	fs.StringVar(&o.DataDir, "data-dir", o.DataDir, "directory of the store (a persistent volume)")
+	fs.StringVar(&o.PostgresURLFile, "postgres-url-file", o.PostgresURLFile, "file holding the PostgreSQL connection string for --store=postgres (a mounted Secret's key; default $"+relay.PostgresURLEnv+")")
+	fs.StringVar(&o.PostgresSchema, "postgres-schema", o.PostgresSchema, "schema of the relay's tables on the PostgreSQL server, created and migrated at start")
 	fs.Var((*command.List)(&o.Namespaces), "namespace", "namespace to collect agent pods from (repeatable; default all)")
 	fs.StringVar(&o.APIAddr, "api-address", o.APIAddr, "HTTP API address")
 	fs.StringVar(&o.CertDir, "cert-dir", o.CertDir, "directory with tls.crt and tls.key to serve the API over TLS (reloaded on change; default plain HTTP)")
