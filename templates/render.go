@@ -220,7 +220,11 @@ func (r *renderer) runEnvSecret() *corev1.EnvFromSource {
 	return &corev1.EnvFromSource{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: name}}}
 }
 
-var modelName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$`)
+// ModelNamePattern is what a run's model name must match (RE2; the
+// compiled admission policies check the same pattern in CEL).
+const ModelNamePattern = `^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$`
+
+var modelName = regexp.MustCompile(ModelNamePattern)
 
 // runOptions are the env vars of the Job's run-option annotations (model,
 // turn limit), each checked: they reach a command line through the

@@ -1,0 +1,122 @@
+package compile
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// celString is s as a CEL string literal. Go's quoting is a subset of
+// CEL's escapes (\a \b \f \n \r \t \v \\ \" \xHH \uHHHH \UHHHHHHHH).
+func celString(s string) string { return strconv.Quote(s) }
+
+// celList joins CEL list expressions with +, or [] for none.
+func celList(parts []string) string {
+	if len(parts) == 0 {
+		return "[]"
+	}
+	return strings.Join(parts, " + ")
+}
+
+// literal is the decoded JSON value v as a CEL expression: objects as maps
+// and lists with every value wrapped in dyn() (Kubernetes' CEL wants map
+// and list literals of one type), strings that are a sentinel replaced by
+// the expression of the request's value.
+func literal(v any, subst map[string]string) (string, error) {
+	var b strings.Builder
+	if err := writeLiteral(&b, v, subst); err != nil {
+		return "", err
+	}
+	return b.String(), nil
+}
+
+func writeLiteral(b *strings.Builder, v any, subst map[string]string) error {
+	switch v := v.(type) {
+	case nil:
+		b.WriteString("null")
+	case bool:
+		b.WriteString(strconv.FormatBool(v))
+	case json.Number:
+		n, err := v.Int64()
+		if err != nil {
+			return fmt.Errorf("number %s: only integers occur in a Job", v)
+		}
+		b.WriteString(strconv.FormatInt(n, 10))
+	case string:
+		if e, ok := subst[v]; ok {
+			b.WriteString(e)
+			return nil
+		}
+		b.WriteString(celString(v))
+	case []any:
+		b.WriteByte('[')
+		for i, e := range v {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString("dyn(")
+			if err := writeLiteral(b, e, subst); err != nil {
+				return err
+			}
+			b.WriteByte(')')
+		}
+		b.WriteByte(']')
+	case map[string]any:
+		b.WriteByte('{')
+		for i, k := range slices.Sorted(mapKeys(v)) {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(celString(k))
+			b.WriteString(": dyn(")
+			if err := writeLiteral(b, v[k], subst); err != nil {
+				return err
+			}
+			b.WriteByte(')')
+		}
+		b.WriteByte('}')
+	case rawExpr:
+		b.WriteString(string(v))
+	default:
+		return fmt.Errorf("unexpected JSON value %T", v)
+	}
+	return nil
+}
+
+// rawExpr is a CEL expression placed in a value tree as it is.
+type rawExpr string
+
+func mapKeys(m map[string]any) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// pointer is a JSON pointer (RFC 6901) to the object's field path.
+func pointer(path ...string) string {
+	var b strings.Builder
+	for _, p := range path {
+		b.WriteByte('/')
+		b.WriteString(strings.NewReplacer("~", "~0", "/", "~1").Replace(p))
+	}
+	return b.String()
+}
+
+// op is one JSONPatch operation as CEL.
+func op(kind, path, value string) string {
+	if value == "" {
+		return fmt.Sprintf("JSONPatch{op: %q, path: %s}", kind, celString(path))
+	}
+	return fmt.Sprintf("JSONPatch{op: %q, path: %s, value: %s}", kind, celString(path), value)
+}
+
+// when guards a list of operations with a condition.
+func when(cond string, ops ...string) string {
+	return fmt.Sprintf("(%s ? [%s] : [])", cond, strings.Join(ops, ", "))
+}
