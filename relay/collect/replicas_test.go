@@ -100,3 +100,84 @@ func TestTwoFollowersOfOneStreamStoreEachLineOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestFollowerSurvivesAPostgresRestart: the PostgreSQL server crashes and
+// comes back while a follower stores a flood. Commits in flight fail, or
+// commit with their answer lost; the follower reconnects, resumes from the
+// stored cursor, and every line is stored once.
+func TestFollowerSurvivesAPostgresRestart(t *testing.T) {
+	srv, err := pgtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	s, err := postgres.Open(context.Background(), postgres.Options{ConnString: srv.ConnString("postgres"), Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	src := newFakeLog()
+	f := newFollower(t, nil, src)
+	f.store = s
+	done := make(chan struct{})
+	go func() { f.run(context.Background()); close(done) }()
+
+	// The agent writes on, paced, until told to stop.
+	var written atomic.Int64
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			writeBurst(src, int(written.Load()), 9)
+			written.Add(9)
+		}
+	}()
+	stored := func() uint64 {
+		r, _ := s.Run("run-1")
+		if r == nil {
+			return 0
+		}
+		return r.LastSeq
+	}
+	waitFor(t, func() bool { return stored() >= 200 }, "the follower stored nothing before the restart")
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	after := written.Load()
+	waitFor(t, func() bool { return stored() >= uint64(after)+200 }, "the follower stored nothing after the restart")
+	close(stop)
+	<-stopped
+	src.end()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("follower did not finish within a minute of the container's end")
+	}
+	n := int(written.Load())
+	got, err := s.Lines("run-1", 0, 0)
+	for len(got) < n && err == nil && len(got) > 0 {
+		var more []store.Line
+		more, err = s.Lines("run-1", got[len(got)-1].Seq, 0)
+		if len(more) == 0 {
+			break
+		}
+		got = append(got, more...)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d lines written, %d by the time the server was back, %d stream sessions", n, after, src.sessions)
+	if len(got) != n {
+		t.Fatalf("stored %d lines, want %d", len(got), n)
+	}
+	for i, l := range got {
+		if want := fmt.Sprintf(`{"n":%d}`, i); l.Line != want || l.Seq != uint64(i+1) {
+			t.Fatalf("line %d: seq %d %q, want %q", i, l.Seq, l.Line, want)
+		}
+	}
+}

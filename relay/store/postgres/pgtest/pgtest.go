@@ -60,8 +60,12 @@ func executable(path string) bool {
 // Server is a running throwaway PostgreSQL server. Its superuser is
 // "clipjob", trusted on the socket.
 type Server struct {
-	dir     string // socket directory; the cluster is in dir/data
-	port    int
+	dir  string // socket directory; the cluster is in dir/data
+	port int
+	bin  string
+	cred *syscall.Credential // nil: as this process's user
+	// The running postgres; exited is closed when it ends, after waitErr
+	// is set.
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	waitErr error
@@ -78,67 +82,89 @@ func Start() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	var cred *syscall.Credential
-	if os.Geteuid() == 0 {
-		if cred, err = nobody(); err != nil {
-			os.RemoveAll(dir)
-			return nil, err
-		}
-		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
-			os.RemoveAll(dir)
-			return nil, err
-		}
-	}
-	s := &Server{dir: dir, port: 5432, exited: make(chan struct{})}
-	logf, err := os.Create(filepath.Join(dir, "server.log"))
-	if err != nil {
+	s := &Server{dir: dir, port: 5432, bin: bin}
+	if err := s.init(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	defer logf.Close()
-	if cred != nil {
-		_ = logf.Chown(int(cred.Uid), int(cred.Gid))
-	}
-	env := []string{"PATH=" + bin + ":/usr/bin:/bin", "LC_ALL=C", "TZ=UTC", "HOME=" + dir}
-	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", filepath.Join(dir, "data"), "-U", "clipjob", "-A", "trust",
-		"-E", "UTF8", "--locale=C", "--no-sync")
-	initdb.Env, initdb.Dir = env, dir
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	if out, err := initdb.CombinedOutput(); err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("initdb: %v: %s", err, out)
-	}
-	// The tests are of the relay's transactions, not of the server's
-	// durability: no fsync. Unix socket only: no port to collide on.
-	s.cmd = exec.Command(filepath.Join(bin, "postgres"), "-D", filepath.Join(dir, "data"), "-k", dir, "-p", strconv.Itoa(s.port),
-		"-c", "listen_addresses=", "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-		"-c", "shared_buffers=32MB", "-c", "max_connections=200")
-	s.cmd.Env, s.cmd.Dir, s.cmd.Stdout, s.cmd.Stderr = env, dir, logf, logf
-	// The server dies with the test binary (SIGQUIT: immediate shutdown).
-	// The signal is tied to the thread that started it, so that thread
-	// is kept, locked, for as long as the server runs.
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGQUIT}
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := s.cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		s.waitErr = s.cmd.Wait()
-		close(s.exited)
-	}()
-	if err := <-started; err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("starting postgres: %w", err)
-	}
-	if err := s.waitReady(time.Minute); err != nil {
+	if err := s.launch(); err != nil {
 		s.Stop()
 		return nil, err
 	}
 	return s, nil
+}
+
+func (s *Server) env() []string {
+	return []string{"PATH=" + s.bin + ":/usr/bin:/bin", "LC_ALL=C", "TZ=UTC", "HOME=" + s.dir}
+}
+
+// init makes the directory the server user's and a cluster in it.
+func (s *Server) init() error {
+	if os.Geteuid() == 0 {
+		var err error
+		if s.cred, err = nobody(); err != nil {
+			return err
+		}
+		if err := os.Chown(s.dir, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+			return err
+		}
+	}
+	initdb := exec.Command(filepath.Join(s.bin, "initdb"), "-D", filepath.Join(s.dir, "data"), "-U", "clipjob", "-A", "trust",
+		"-E", "UTF8", "--locale=C", "--no-sync")
+	initdb.Env, initdb.Dir = s.env(), s.dir
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	if out, err := initdb.CombinedOutput(); err != nil {
+		return fmt.Errorf("initdb: %v: %s", err, out)
+	}
+	return nil
+}
+
+// launch starts postgres on the cluster and waits until it answers.
+func (s *Server) launch() error {
+	logf, err := os.OpenFile(filepath.Join(s.dir, "server.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	// No fsync: a commit is in the kernel's cache when it is answered,
+	// which a crash of the server (Restart) keeps and only a crash of the
+	// machine would not. Unix socket only: no port to collide on.
+	s.cmd = exec.Command(filepath.Join(s.bin, "postgres"), "-D", filepath.Join(s.dir, "data"), "-k", s.dir, "-p", strconv.Itoa(s.port),
+		"-c", "listen_addresses=", "-c", "fsync=off", "-c", "full_page_writes=off",
+		"-c", "shared_buffers=32MB", "-c", "max_connections=200")
+	s.cmd.Env, s.cmd.Dir, s.cmd.Stdout, s.cmd.Stderr = s.env(), s.dir, logf, logf
+	// The server dies with the test binary (SIGQUIT: immediate shutdown).
+	// The signal is tied to the thread that started it, so that thread
+	// is kept, locked, for as long as the server runs.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Pdeathsig: syscall.SIGQUIT}
+	cmd, exited := s.cmd, make(chan struct{})
+	s.exited = exited
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			close(exited)
+			return
+		}
+		started <- nil
+		s.waitErr = cmd.Wait()
+		close(exited)
+	}()
+	if err := <-started; err != nil {
+		return fmt.Errorf("starting postgres: %w", err)
+	}
+	return s.waitReady(time.Minute)
+}
+
+// Restart stops the server as a crash would (immediate shutdown: every
+// session cut, no checkpoint) and starts it again on the same cluster,
+// returning once it accepts connections again, after recovery.
+func (s *Server) Restart() error {
+	_ = s.cmd.Process.Signal(syscall.SIGQUIT)
+	<-s.exited
+	return s.launch()
 }
 
 // nobody is the unprivileged user the server runs as under root.
@@ -192,6 +218,9 @@ func (s *Server) ConnString(db string) string {
 // its directory.
 func (s *Server) Stop() error {
 	defer os.RemoveAll(s.dir)
+	if s.cmd == nil {
+		return nil
+	}
 	select {
 	case <-s.exited:
 		return nil

@@ -1,11 +1,14 @@
 package pgtest
 
 import (
+	"context"
 	"errors"
 	"io/fs"
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Without the server's binaries the tests that need one cannot run: the
@@ -25,8 +28,8 @@ func TestMissingServerNamesTheInstallScript(t *testing.T) {
 	}
 }
 
-// A server starts (as nobody under root), answers, and stops leaving
-// nothing behind.
+// A server starts (as nobody under root), answers, keeps what was
+// committed across a crash-like restart, and stops leaving nothing behind.
 func TestServerStartsAndStops(t *testing.T) {
 	s, err := Start()
 	if err != nil {
@@ -35,6 +38,28 @@ func TestServerStartsAndStops(t *testing.T) {
 	if err := s.waitReady(0); err != nil {
 		t.Errorf("started but not answering: %v", err)
 	}
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, s.ConnString("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, "CREATE TABLE kept (v int); INSERT INTO kept VALUES (42)"); err != nil {
+		t.Fatal(err)
+	}
+	c.Close(ctx)
+	// As after a crash: what was committed is there once it answers again.
+	if err := s.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	c, err = pgx.Connect(ctx, s.ConnString("postgres"))
+	if err != nil {
+		t.Fatalf("after Restart: %v", err)
+	}
+	var v int
+	if err := c.QueryRow(ctx, "SELECT v FROM kept").Scan(&v); err != nil || v != 42 {
+		t.Errorf("after Restart: %d (%v), want the committed 42", v, err)
+	}
+	c.Close(ctx)
 	if err := s.Stop(); err != nil {
 		t.Fatal(err)
 	}
