@@ -345,18 +345,20 @@ func (s *Store) Runs(keep func(*store.Summary) bool) ([]store.Summary, error) {
 }
 
 // pageRows bounds the lines one query reads; a page is then cut at
-// store.PageBytes by the lines' sizes, before their text is read.
+// store.PageBytes by the lines' sizes. The lines past the cut are never
+// read whole: their data stays a TOAST pointer until it is sent, and it
+// is not sent (a 4-line page of a run of 200 incompressible 1 MiB lines
+// took 23 ms).
 const pageRows = 1000
 
 // RawLines implements store.Backend.
 func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
-	q := s.sql(`WITH r AS (SELECT num FROM {schema}.runs WHERE id = $1),
-		page AS (SELECT seq, sum(size) OVER (ORDER BY seq) - size AS before
-			FROM {schema}.lines WHERE run = (SELECT num FROM r) AND seq > $2 ORDER BY seq LIMIT $3)
-		SELECT l.seq, l.data FROM page JOIN {schema}.lines l ON l.run = (SELECT num FROM r) AND l.seq = page.seq
-		WHERE page.before < $4 ORDER BY l.seq`)
+	q := s.sql(`SELECT seq, data FROM (
+			SELECT seq, data, sum(size) OVER (ORDER BY seq) - size AS before FROM {schema}.lines
+			WHERE run = (SELECT num FROM {schema}.runs WHERE id = $1) AND seq > $2 ORDER BY seq LIMIT $3) page
+		WHERE before < $4 ORDER BY seq`)
 	var out []store.RawLine
 	size := 0
 	for {
