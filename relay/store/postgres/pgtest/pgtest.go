@@ -78,7 +78,7 @@ func Start() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "clipjob-pg-")
+	dir, err := os.MkdirTemp(parentDir(), "clipjob-pg-")
 	if err != nil {
 		return nil, err
 	}
@@ -92,6 +92,28 @@ func Start() (*Server, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// parentDir is where the server's directory goes: the temporary
+// directory, unless the server's socket path would be too long for a unix
+// socket (107 bytes) or, under root, the user nobody could not reach it;
+// then /tmp.
+func parentDir() string {
+	tmp := os.TempDir()
+	if len(tmp) > 64 {
+		return "/tmp"
+	}
+	if os.Geteuid() == 0 {
+		for d := tmp; ; d = filepath.Dir(d) {
+			if st, err := os.Stat(d); err != nil || st.Mode().Perm()&0o001 == 0 {
+				return "/tmp"
+			}
+			if d == filepath.Dir(d) {
+				break
+			}
+		}
+	}
+	return tmp
 }
 
 func (s *Server) env() []string {
