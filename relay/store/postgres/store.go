@@ -473,24 +473,29 @@ func (s *Store) retire(id string) (bool, error) {
 // errNotRetired rolls back a retirement whose run is gone or running.
 var errNotRetired = errors.New("run not retired")
 
-// deleteRetiredLines deletes the lines of retired runs in batches.
+// deleteRetiredLines deletes the lines of retired runs in batches. Each
+// statement has its own Timeout: the lines of a large run take many.
 func (s *Store) deleteRetiredLines() error {
+	exec := func(sql string, args ...any) (pgconn.CommandTag, error) {
+		ctx, cancel := s.ctx()
+		defer cancel()
+		return s.pool.Exec(ctx, s.sql(sql), args...)
+	}
 	ctx, cancel := s.ctx()
-	defer cancel()
 	rows, err := s.pool.Query(ctx, s.sql(`SELECT num FROM {schema}.retired`))
 	if err != nil {
+		cancel()
 		return err
 	}
 	nums, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	cancel()
 	if err != nil {
 		return err
 	}
 	for _, num := range nums {
 		for {
-			bctx, bcancel := s.ctx()
-			tag, err := s.pool.Exec(bctx, s.sql(`DELETE FROM {schema}.lines WHERE run = $1 AND seq IN
-				(SELECT seq FROM {schema}.lines WHERE run = $1 ORDER BY seq LIMIT $2)`), num, s.opts.RetainBatch)
-			bcancel()
+			tag, err := exec(`DELETE FROM {schema}.lines WHERE run = $1 AND seq IN
+				(SELECT seq FROM {schema}.lines WHERE run = $1 ORDER BY seq LIMIT $2)`, num, s.opts.RetainBatch)
 			if err != nil {
 				return err
 			}
@@ -498,7 +503,7 @@ func (s *Store) deleteRetiredLines() error {
 				break
 			}
 		}
-		if _, err := s.pool.Exec(ctx, s.sql(`DELETE FROM {schema}.retired WHERE num = $1`), num); err != nil {
+		if _, err := exec(`DELETE FROM {schema}.retired WHERE num = $1`, num); err != nil {
 			return err
 		}
 	}
