@@ -610,10 +610,13 @@ func (c *compiler) matchConditions() []admissionregistrationv1.MatchCondition {
 // bareJobSpec: the Job spec holds nothing but what Render keeps or replaces
 // (and the API server's defaults of those).
 func bareJobSpec() string {
-	conds := []string{"(!has(object.spec.completionMode) || object.spec.completionMode == 'NonIndexed')"}
+	conds := []string{
+		"(!has(object.spec.completionMode) || object.spec.completionMode == 'NonIndexed')",
+		"(!has(object.spec.manualSelector) || !object.spec.manualSelector)", // the API server defaults it to false
+	}
 	for _, f := range jsonFields(reflect.TypeFor[batchv1.JobSpec]()) {
 		switch f {
-		case "template", "completionMode", "backoffLimit", "ttlSecondsAfterFinished", "activeDeadlineSeconds",
+		case "template", "completionMode", "manualSelector", "backoffLimit", "ttlSecondsAfterFinished", "activeDeadlineSeconds",
 			"suspend", "completions", "parallelism", "podReplacementPolicy":
 			continue
 		}

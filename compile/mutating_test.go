@@ -201,10 +201,13 @@ func TestCompiledPoliciesRenderEveryCombination(t *testing.T) {
 }
 
 // apiServerDefaults is job as a mutating admission plugin sees it: with
-// the defaults the API server sets on decode.
+// the defaults the API server sets on decode (SetDefaults_Job and
+// SetDefaults_PodSpec of Kubernetes 1.37; the e2e suite's dry runs on a
+// real API server hold the policies to its own).
 func apiServerDefaults(job *batchv1.Job) *batchv1.Job {
 	j := job.DeepCopy()
 	j.Name += "-defaulted"
+	j.Spec.ManualSelector = ptr.To(false)
 	j.Spec.BackoffLimit = ptr.To[int32](6)
 	j.Spec.Completions, j.Spec.Parallelism = ptr.To[int32](1), ptr.To[int32](1)
 	j.Spec.Suspend = ptr.To(false)
@@ -290,10 +293,13 @@ func TestCompiledPoliciesLeaveTheRestToTheWebhook(t *testing.T) {
 		"pull-secret": func(j *batchv1.Job) {
 			j.Spec.Template.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "x"}}
 		},
-		"indexed":              func(j *batchv1.Job) { j.Spec.CompletionMode = ptr.To(batchv1.IndexedCompletion) },
-		"backoff-per-index":    func(j *batchv1.Job) { j.Spec.BackoffLimitPerIndex = ptr.To[int32](1) },
-		"managed-by":           func(j *batchv1.Job) { j.Spec.ManagedBy = ptr.To("kueue.x-k8s.io/multikueue") },
-		"manual-selector":      func(j *batchv1.Job) { j.Spec.ManualSelector = ptr.To(true) },
+		"indexed":           func(j *batchv1.Job) { j.Spec.CompletionMode = ptr.To(batchv1.IndexedCompletion) },
+		"backoff-per-index": func(j *batchv1.Job) { j.Spec.BackoffLimitPerIndex = ptr.To[int32](1) },
+		"managed-by":        func(j *batchv1.Job) { j.Spec.ManagedBy = ptr.To("kueue.x-k8s.io/multikueue") },
+		"manual-selector":   func(j *batchv1.Job) { j.Spec.ManualSelector = ptr.To(true) },
+		"selector": func(j *batchv1.Job) {
+			j.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"a": "b"}}
+		},
 		"unknown-adapter":      func(j *batchv1.Job) { j.Labels[contract.LabelAdapterType] = "hermes_local" },
 		"model-with-space":     func(j *batchv1.Job) { j.Annotations[contract.AnnotationModel] = "x --dangerous" },
 		"model-empty":          func(j *batchv1.Job) { j.Annotations[contract.AnnotationModel] = "" },

@@ -27,11 +27,14 @@ const usage = `clipjob renders Paperclip agent Jobs as the clipjob webhook would
 
 Usage:
   clipjob render -f job.yaml [--source deployment.yaml] [--config config.yaml]
+  clipjob render --policies --source deployment.yaml [--config config.yaml]
   clipjob check  -f job.yaml [--source deployment.yaml] [--objects objects.yaml]... [--config config.yaml]
   clipjob doctor [--namespace clipjob-system] [--release clipjob] [--values values.yaml] [-o json]
 
 Commands:
-  render   print the complete Job(s) the webhook would store for a bare Job
+  render   print the complete Job(s) the webhook would store for a bare Job;
+           with --policies, the MutatingAdmissionPolicies that complete bare
+           Jobs in the source's namespace the same way in the API server
   check    decide Job(s) as the cluster would on create: complete them as the
            mutating webhook does, then judge them as the validating one;
            exit 0 all admitted, 1 one denied, 3 one undecided (a Secret,
@@ -127,8 +130,16 @@ func (c commonFlags) parse(args []string) error {
 
 func render(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	f := newFlags("render", `Job manifest(s) to render ("-" for stdin); other core/v1, apps/v1 and batch/v1 objects in it are skipped`, stderr)
+	policies := f.fs.Bool("policies", false, "print the MutatingAdmissionPolicies and bindings compiled from the source and config, instead of rendering Jobs")
 	if err := f.parse(args); err != nil {
 		return err
+	}
+	if *policies {
+		if *f.jobFile != "" || *f.srcFile == "" {
+			f.fs.Usage()
+			return usageError{errors.New("render --policies needs --source and no -f: the policies are compiled from the source, for any Job")}
+		}
+		return renderPolicies(*f.cfgFile, *f.srcFile, stdout)
 	}
 	if *f.jobFile == "" {
 		f.fs.Usage()
