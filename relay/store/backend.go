@@ -41,8 +41,9 @@ type Backend interface {
 	// RawLines is Lines as stored: each line's JSON, undecoded.
 	RawLines(run string, after uint64, limit int) ([]RawLine, error)
 	// Changed returns a channel closed at the run's next change (lines or
-	// record) made through this store. Take it before reading, then wait
-	// on it, to miss nothing.
+	// record) committed through this store or, where relays share the
+	// store, by another relay. Take it before reading, then wait on it, to
+	// miss nothing.
 	Changed(run string) <-chan struct{}
 	// Retain deletes finished runs older than maxAge (by last activity),
 	// then the oldest finished runs until the stored line bytes are under
@@ -155,5 +156,15 @@ func (c *Changes) Notify(runs ...string) {
 			close(ch)
 			delete(c.changed, run)
 		}
+	}
+}
+
+// NotifyAll closes every channel handed out: their waiters re-read.
+func (c *Changes) NotifyAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for run, ch := range c.changed {
+		close(ch)
+		delete(c.changed, run)
 	}
 }

@@ -5,7 +5,8 @@
 // transaction, and a write commits only from the cursor its writer read
 // (store.CursorConflict otherwise), so a line is stored exactly once even
 // when two writers follow one stream. Migrations are embedded and applied
-// by Open; retention deletes lines in short batches.
+// by Open; retention deletes lines in short batches; every relay hears of
+// every commit (LISTEN/NOTIFY), so Changed wakes for another relay's lines.
 package postgres
 
 import (
@@ -52,6 +53,10 @@ type Store struct {
 	names   *strings.Replacer // {schema} -> the quoted schema
 	opts    Options
 	changes store.Changes
+	// stopListening ends the listener (see notify.go); listening is
+	// closed when it has.
+	stopListening context.CancelFunc
+	listening     chan struct{}
 }
 
 var _ store.Backend = (*Store)(nil)
@@ -71,6 +76,9 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	if o.ConnString == "" {
 		return nil, errors.New("postgres store: no connection string")
 	}
+	if len(o.Schema) > maxIdentifier {
+		return nil, fmt.Errorf("postgres store: schema %q is longer than PostgreSQL's %d-byte names", o.Schema, maxIdentifier)
+	}
 	cfg, err := pgxpool.ParseConfig(o.ConnString)
 	if err != nil {
 		return nil, fmt.Errorf("postgres store: the connection string: %w", err)
@@ -85,11 +93,21 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("postgres store: schema %q: %w", o.Schema, err)
 	}
+	if err := s.startListening(ctx, cfg.ConnConfig); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres store: listening for other relays' changes: %w", err)
+	}
 	return s, nil
 }
 
-// Close closes the connections.
+// maxIdentifier is the longest name PostgreSQL keeps whole (NAMEDATALEN-1).
+const maxIdentifier = 63
+
+// Close stops listening and closes the connections. Closing again does
+// nothing.
 func (s *Store) Close() error {
+	s.stopListening()
+	<-s.listening
 	s.pool.Close()
 	return nil
 }
@@ -219,6 +237,7 @@ func (s *Store) AppendAfter(run, stream string, prev, cur store.Cursor, lines []
 			SELECT $1, u.seq, u.size, u.data FROM unnest($2::bigint[], $3::integer[], $4::bytea[]) AS u(seq, size, data)`),
 			num, seqs, sizes, data)
 		b.Queue(s.sql(updateRun), args...)
+		b.Queue(notifySQL, s.schema, run)
 		if err := execBatch(ctx, tx, b); err != nil {
 			return err
 		}
@@ -281,7 +300,10 @@ func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, s.sql(updateRun), args...); err != nil {
+		b := &pgx.Batch{}
+		b.Queue(s.sql(updateRun), args...)
+		b.Queue(notifySQL, s.schema, id)
+		if err := execBatch(ctx, tx, b); err != nil {
 			return err
 		}
 		out = r
@@ -407,7 +429,8 @@ func (s *Store) Lines(run string, after uint64, limit int) ([]store.Line, error)
 	return out, nil
 }
 
-// Changed implements store.Backend: changes made through this Store.
+// Changed implements store.Backend: changes committed by any relay on the
+// schema (see notify.go).
 func (s *Store) Changed(run string) <-chan struct{} { return s.changes.Changed(run) }
 
 // Retain implements store.Backend. A run leaves in one short transaction
@@ -458,6 +481,7 @@ func (s *Store) retire(id string) (bool, error) {
 		b := &pgx.Batch{}
 		b.Queue(s.sql(`DELETE FROM {schema}.mirror WHERE run = $1`), id)
 		b.Queue(s.sql(`INSERT INTO {schema}.retired (num) VALUES ($1)`), num)
+		b.Queue(notifySQL, s.schema, id)
 		if err := execBatch(ctx, tx, b); err != nil {
 			return err
 		}

@@ -1,0 +1,95 @@
+package postgres_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/postgres"
+	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
+	"github.com/paperclipai/clipjob/relay/store/storetest"
+)
+
+// woken waits for ch, for a minute at most: a bound far above any stall
+// of a loaded machine, reached only when the wake never comes.
+func woken(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	case <-time.After(time.Minute):
+		return false
+	}
+}
+
+// TestChangesReachOtherRelays: a reader of a run on one relay wakes when
+// another relay commits the run's lines, its record, or its retirement.
+// When the server restarts, the listening connection is lost: once it is
+// listening again every reader is woken to re-read what it may have
+// missed, and later commits wake readers again.
+func TestChangesReachOtherRelays(t *testing.T) {
+	srv, err := pgtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	o := postgres.Options{ConnString: srv.ConnString("postgres")}
+	writer, reader := open(t, o), open(t, o)
+
+	ch := reader.Changed("run-1")
+	if _, err := writer.AppendAfter("run-1", "st", store.Cursor{}, store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "x"), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if !woken(ch) {
+		t.Fatal("lines another relay committed did not wake the reader")
+	}
+	ch, other := reader.Changed("run-1"), reader.Changed("run-2")
+	if _, err := writer.UpdateRun("run-1", func(r *store.Run) { r.Phase, r.Done = "Succeeded", true }); err != nil {
+		t.Fatal(err)
+	}
+	if !woken(ch) {
+		t.Fatal("a record another relay committed did not wake the reader")
+	}
+	select {
+	case <-other:
+		t.Error("a change of run-1 woke the reader of run-2")
+	default:
+	}
+
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if !woken(other) {
+		t.Fatal("the reader was not woken once listening again after the server restarted")
+	}
+	ch = reader.Changed("run-1")
+	// The writer's pool finds its connections dead first: retry until a
+	// commit goes through.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, err := writer.Retain(time.Minute, 0, time.Now().Add(time.Hour))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("retention after the restart: %v", err)
+		}
+	}
+	if !woken(ch) {
+		t.Fatal("a retirement another relay committed after the restart did not wake the reader")
+	}
+	if r, _ := reader.Run("run-1"); r != nil {
+		t.Error("the run was not retired")
+	}
+}
+
+// TestALongSchemaNameIsRefused: PostgreSQL cuts names at 63 bytes, which
+// would make the schema the relay creates another than the one it checks.
+func TestALongSchemaNameIsRefused(t *testing.T) {
+	conn, _ := pgtest.Schema(t)
+	long := strings.Repeat("s", 64)
+	if _, err := postgres.Open(context.Background(), postgres.Options{ConnString: conn, Schema: long}); err == nil || !strings.Contains(err.Error(), "63-byte") {
+		t.Errorf("schema of %d bytes: %v", len(long), err)
+	}
+}
