@@ -65,7 +65,7 @@ e2e-kind: ## The in-cluster e2e tests on a kind cluster built here (Docker engin
 	bash hack/e2e-kind.sh
 
 bench: kube-binaries ## Go benchmarks of the hot paths, then admission and the relay at fleet scale (docs/benchmarks.md)
-	$(GOTEST) -run XXX -bench . -benchmem -count $(BENCH_COUNT) ./templates/ ./policy/ ./webhook/ ./relay/...
+	$(GOTEST) -run XXX -bench . -benchmem -count $(BENCH_COUNT) ./templates/ ./compile/ ./policy/ ./webhook/ ./relay/...
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/bench -n $(BENCH_N) -c $(BENCH_C) -rounds $(BENCH_ROUNDS) -runs $(BENCH_RUNS)
 
 fuzz: ## Fuzz every decoder for FUZZTIME each
