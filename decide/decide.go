@@ -160,7 +160,16 @@ func Validate(in Input) Validation {
 	// allowed, its handed Secrets (and keys) may be referenced, its own are
 	// never an agent's. A missing source only narrows the first two.
 	if in.Operation == policy.Create {
-		if inh, _, err := in.Facts.Inherited(cfg, in.Job.Namespace); err == nil {
+		if inh, hashes, err := in.Facts.Inherited(cfg, in.Job.Namespace); err == nil {
+			if kind == AgentRun {
+				pin.Rerender = func(j *batchv1.Job) (*batchv1.Job, error) {
+					res, err := templates.Render(templates.Input{Job: j, Inherited: inh, Config: cfg, Hashes: hashes, Creator: in.User})
+					if err != nil {
+						return nil, err
+					}
+					return res.Job, nil
+				}
+			}
 			if inh.Image != "" {
 				pin.SourceImages = []string{inh.Image}
 			}

@@ -37,6 +37,7 @@ const (
 	RuleDeadline    = "deadline"
 	RuleRunSecret   = "run-secret"
 	RuleCreator     = "creator"
+	RuleRendered    = "rendered"
 )
 
 var (
@@ -90,6 +91,12 @@ type Input struct {
 	// User is who makes the request (the admission request's userInfo);
 	// empty (an offline check) skips the creator rule on CREATE.
 	User string
+	// Rerender, on CREATE, completes the Job again as clipjob does
+	// (templates.Render with the facts in force); nil skips the rendered
+	// rule. Render is idempotent, so a Job clipjob completed — by its
+	// mutating webhook or a compiled admission policy — comes back
+	// unchanged, and one that skipped both does not.
+	Rerender func(*batchv1.Job) (*batchv1.Job, error)
 }
 
 // SecretMeta returns the metadata of a Secret (its labels and owners), or
@@ -178,6 +185,9 @@ func Evaluate(in Input) *Decision {
 		return d
 	}
 	d.add(RuleNamespace, checkNamespace(in))
+	if in.Rerender != nil {
+		d.add(RuleRendered, checkRendered(in))
+	}
 	imgErrs, imgWarn := checkImages(in)
 	d.add(RuleImages, imgErrs)
 	d.Warnings = append(d.Warnings, imgWarn...)

@@ -46,6 +46,22 @@ func renderedCase(t testing.TB) (*batchv1.Job, *Validator, *fake.Clientset) {
 	return job, v, cs
 }
 
+// rerender completes job again with the validator's config and source,
+// as the mutating webhook would after a test changed it.
+func rerender(t testing.TB, v *Validator, job *batchv1.Job) *batchv1.Job {
+	t.Helper()
+	cfg := v.Configs.Current()
+	inh, _, err := v.Sources.Inherited(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := templates.Render(templates.Input{Job: job, Inherited: inh, Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Job
+}
+
 func validateRequest(t testing.TB, op admissionv1.Operation, job, old *batchv1.Job, dryRun bool) admission.Request {
 	t.Helper()
 	raw, _ := json.Marshal(job)
@@ -106,6 +122,7 @@ func TestValidatorAdmitsThenRefusesSecondRun(t *testing.T) {
 func TestValidatorWithoutALookupFailsTheRequest(t *testing.T) {
 	job, v, _ := renderedCase(t)
 	job.Annotations[contract.AnnotationEnvSecret] = job.Name + "-env"
+	job = rerender(t, v, job) // as clipjob completes a Job naming an env Secret
 	v.Secrets = nil
 	resp := v.Handle(context.Background(), validateRequest(t, admissionv1.Create, job, nil, false))
 	if resp.Allowed || resp.Result.Code != http.StatusInternalServerError || !strings.Contains(resp.Result.Message, "could not judge the Job: Secret paperclip/"+job.Name+"-env was not given") {
