@@ -2,31 +2,133 @@ package postgres
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// Every commit that changes a run sends its id on the schema's channel
-// (pg_notify in the same transaction: sent if and only if it commits), and
-// each Store listens there on a connection of its own, so Changed wakes
-// for what another relay committed, not only for this one's writes.
+// Each Store tells the others, through the schema's notification channel,
+// which runs it changed, and listens there itself, so Changed wakes for
+// what another relay committed, not only for this one's writes.
+//
+// The notifications are sent after the commits, coalesced, by one sender
+// per Store: a NOTIFY in each append's transaction serializes every
+// commit on the server's notification queue lock (16 streams appending
+// at once lost a quarter of their throughput). A relay that dies between
+// a commit and its notification leaves the other relays' readers to find
+// the lines at their next wake (the API's keepalive re-reads).
 
-// notifySQL is the statement a changing transaction adds: $1 the channel,
-// $2 the run.
-const notifySQL = `SELECT pg_notify($1, $2)`
+// payloadBytes bounds one notification's payload (the server's limit is
+// 8000 bytes); run ids are separated by newlines, which no run id holds.
+const payloadBytes = 7000
 
-// startListening connects and LISTENs, then keeps listening in the
-// background until Close, reconnecting when the connection is lost.
-func (s *Store) startListening(ctx context.Context, cfg *pgx.ConnConfig) error {
+// outbox is the runs changed since the last notification sent.
+type outbox struct {
+	mu      sync.Mutex
+	pending map[string]bool
+	wake    chan struct{} // one token: something is pending
+}
+
+// changed wakes this store's readers of run at once, and the other
+// relays' at the next notification.
+func (s *Store) changed(run string) {
+	s.changes.Notify(run)
+	s.out.mu.Lock()
+	s.out.pending[run] = true
+	s.out.mu.Unlock()
+	select {
+	case s.out.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take empties the outbox into payloads.
+func (o *outbox) take() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []string
+	var b strings.Builder
+	for run := range o.pending {
+		if b.Len() > 0 && b.Len()+1+len(run) > payloadBytes {
+			out = append(out, b.String())
+			b.Reset()
+		}
+		if b.Len() > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(run)
+		delete(o.pending, run)
+	}
+	if b.Len() > 0 {
+		out = append(out, b.String())
+	}
+	return out
+}
+
+// putBack returns payloads that were not sent to the outbox.
+func (o *outbox) putBack(payloads []string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, p := range payloads {
+		for _, run := range strings.Split(p, "\n") {
+			o.pending[run] = true
+		}
+	}
+}
+
+// startNotifying connects and LISTENs (Open fails if it cannot), then
+// listens and sends in the background until Close.
+func (s *Store) startNotifying(ctx context.Context, cfg *pgx.ConnConfig) error {
 	conn, err := s.listenConn(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	lctx, cancel := context.WithCancel(context.Background())
-	s.stopListening, s.listening = cancel, make(chan struct{})
-	go s.listen(lctx, cfg, conn)
+	s.out = outbox{pending: map[string]bool{}, wake: make(chan struct{}, 1)}
+	nctx, cancel := context.WithCancel(context.Background())
+	s.stopNotifying = cancel
+	s.notifying.Add(2)
+	go func() { defer s.notifying.Done(); s.listen(nctx, cfg, conn) }()
+	go func() { defer s.notifying.Done(); s.send(nctx) }()
 	return nil
+}
+
+const backoffMin, backoffMax = 100 * time.Millisecond, 5 * time.Second
+
+// send notifies the runs changed, one NOTIFY statement at a time: what
+// is changed while one is sent goes in the next.
+func (s *Store) send(ctx context.Context) {
+	backoff := backoffMin
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.out.wake:
+		}
+		payloads := s.out.take()
+		if len(payloads) == 0 {
+			continue
+		}
+		sctx, cancel := s.ctx()
+		_, err := s.pool.Exec(sctx, `SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`, s.schema, payloads)
+		cancel()
+		if err == nil {
+			backoff = backoffMin
+			continue
+		}
+		s.out.putBack(payloads)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, backoffMax)
+		select {
+		case s.out.wake <- struct{}{}:
+		default:
+		}
+	}
 }
 
 func (s *Store) listenConn(ctx context.Context, cfg *pgx.ConnConfig) (*pgx.Conn, error) {
@@ -45,8 +147,6 @@ func (s *Store) listenConn(ctx context.Context, cfg *pgx.ConnConfig) (*pgx.Conn,
 // connected, notifications are lost: once listening again, it wakes every
 // waiter, and each re-reads what it follows.
 func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn) {
-	defer close(s.listening)
-	const backoffMin, backoffMax = 100 * time.Millisecond, 5 * time.Second
 	backoff := backoffMin
 	for {
 		for conn != nil {
@@ -56,7 +156,7 @@ func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn)
 				conn = nil
 				break
 			}
-			s.changes.Notify(n.Payload)
+			s.changes.Notify(strings.Split(n.Payload, "\n")...)
 		}
 		select {
 		case <-ctx.Done():

@@ -6,7 +6,8 @@
 // (store.CursorConflict otherwise), so a line is stored exactly once even
 // when two writers follow one stream. Migrations are embedded and applied
 // by Open; retention deletes lines in short batches; every relay hears of
-// every commit (LISTEN/NOTIFY), so Changed wakes for another relay's lines.
+// the others' commits (LISTEN/NOTIFY), so Changed wakes for another
+// relay's lines.
 package postgres
 
 import (
@@ -15,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -53,10 +55,12 @@ type Store struct {
 	names   *strings.Replacer // {schema} -> the quoted schema
 	opts    Options
 	changes store.Changes
-	// stopListening ends the listener (see notify.go); listening is
-	// closed when it has.
-	stopListening context.CancelFunc
-	listening     chan struct{}
+	// out holds the runs this store changed for the other relays to hear
+	// of; stopNotifying ends the listener and the sender (see notify.go),
+	// and notifying is done once both have.
+	out           outbox
+	stopNotifying context.CancelFunc
+	notifying     sync.WaitGroup
 }
 
 var _ store.Backend = (*Store)(nil)
@@ -93,7 +97,7 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("postgres store: schema %q: %w", o.Schema, err)
 	}
-	if err := s.startListening(ctx, cfg.ConnConfig); err != nil {
+	if err := s.startNotifying(ctx, cfg.ConnConfig); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("postgres store: listening for other relays' changes: %w", err)
 	}
@@ -103,11 +107,11 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 // maxIdentifier is the longest name PostgreSQL keeps whole (NAMEDATALEN-1).
 const maxIdentifier = 63
 
-// Close stops listening and closes the connections. Closing again does
-// nothing.
+// Close stops listening and notifying, and closes the connections.
+// Closing again does nothing.
 func (s *Store) Close() error {
-	s.stopListening()
-	<-s.listening
+	s.stopNotifying()
+	s.notifying.Wait()
 	s.pool.Close()
 	return nil
 }
@@ -237,7 +241,6 @@ func (s *Store) AppendAfter(run, stream string, prev, cur store.Cursor, lines []
 			SELECT $1, u.seq, u.size, u.data FROM unnest($2::bigint[], $3::integer[], $4::bytea[]) AS u(seq, size, data)`),
 			num, seqs, sizes, data)
 		b.Queue(s.sql(updateRun), args...)
-		b.Queue(notifySQL, s.schema, run)
 		if err := execBatch(ctx, tx, b); err != nil {
 			return err
 		}
@@ -247,7 +250,7 @@ func (s *Store) AppendAfter(run, stream string, prev, cur store.Cursor, lines []
 	if err != nil {
 		return 0, err
 	}
-	s.changes.Notify(run)
+	s.changed(run)
 	return last, nil
 }
 
@@ -300,10 +303,7 @@ func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 		if err != nil {
 			return err
 		}
-		b := &pgx.Batch{}
-		b.Queue(s.sql(updateRun), args...)
-		b.Queue(notifySQL, s.schema, id)
-		if err := execBatch(ctx, tx, b); err != nil {
+		if _, err := tx.Exec(ctx, s.sql(updateRun), args...); err != nil {
 			return err
 		}
 		out = r
@@ -312,7 +312,7 @@ func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.changes.Notify(id)
+	s.changed(id)
 	return out, nil
 }
 
@@ -453,7 +453,7 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]s
 		}
 		if ok {
 			gone = append(gone, r.Run())
-			s.changes.Notify(r.ID) // followers of a deleted run re-read and find it gone
+			s.changed(r.ID) // followers of a deleted run re-read and find it gone
 		}
 	}
 	return gone, s.deleteRetiredLines()
@@ -481,7 +481,6 @@ func (s *Store) retire(id string) (bool, error) {
 		b := &pgx.Batch{}
 		b.Queue(s.sql(`DELETE FROM {schema}.mirror WHERE run = $1`), id)
 		b.Queue(s.sql(`INSERT INTO {schema}.retired (num) VALUES ($1)`), num)
-		b.Queue(notifySQL, s.schema, id)
 		if err := execBatch(ctx, tx, b); err != nil {
 			return err
 		}

@@ -55,6 +55,7 @@ func BenchmarkAppendManyStreams(b *testing.B) {
 	var streams atomic.Int64
 	b.SetBytes(int64(len(benchLine) * 16))
 	b.SetParallelism(16)
+	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		run := fmt.Sprintf("run-%d", streams.Add(1))
 		batch := make([]store.Line, 16)
