@@ -50,3 +50,18 @@ func BenchmarkAdmit(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAdmitMatchOnly: the match conditions alone (what every agent
+// Job's CREATE pays per profile's policy, matched or not).
+func BenchmarkAdmitMatchOnly(b *testing.B) {
+	inh, cfg := testSource(b)
+	c := compileFor(b, inh, cfg, "paperclip")
+	job := bareJob("bench", map[string]string{contract.LabelAgentID: "a", contract.LabelRunID: "r", contract.LabelAdapterType: "codex_local"},
+		map[string]string{}, map[string]string{contract.AnnotationPrompt: "Fix it."})
+	e := c.evals[0] // claude_local's: evaluated, does not match
+	for b.Loop() {
+		if _, ok, err := e.mutate(job, creator); err != nil || ok {
+			b.Fatal(ok, err)
+		}
+	}
+}

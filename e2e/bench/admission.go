@@ -15,6 +15,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -23,6 +24,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/paperclipai/clipjob/compile"
 	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/harness"
@@ -36,18 +38,25 @@ const (
 	scMutating = "mutating"
 	scBoth     = "both"
 	scMAP      = "map"
+	scCompiled = "compiled"
+	// scCompiledBoth is design (a): the compiled policies complete the
+	// Job, the mutating webhook is not called for it, the validating one
+	// judges it (the rendered rule among the others) and takes the claim.
+	scCompiledBoth = "compiled-validate"
 )
 
 var scenarioLabels = map[string]string{
-	scBaseline: "no admission, client sends the complete Job",
-	scMutating: "clipjob mutating webhook only",
-	scBoth:     "clipjob mutating + validating (claim)",
-	scMAP:      "MutatingAdmissionPolicy equivalent",
+	scBaseline:     "no admission, client sends the complete Job",
+	scMutating:     "clipjob mutating webhook only",
+	scBoth:         "clipjob mutating + validating (claim)",
+	scMAP:          "MutatingAdmissionPolicy equivalent",
+	scCompiled:     "clipjob's compiled MutatingAdmissionPolicies",
+	scCompiledBoth: "compiled policies + validating webhook (claim)",
 }
 
 // Measured in this order in round 0, rotated by one each round, so no
 // scenario always runs first (on a cold API server) or last.
-var scenarioOrder = []string{scBaseline, scMutating, scBoth, scMAP}
+var scenarioOrder = []string{scBaseline, scMutating, scBoth, scMAP, scCompiled, scCompiledBoth}
 
 // cell is one scenario at one concurrency in one round.
 type cell struct {
@@ -70,11 +79,14 @@ func (d scrapeDelta) histogram(name string, match map[string]string) histogram {
 	return d.after.histogram(name, match).minus(d.before.histogram(name, match))
 }
 
-func (c cell) pct(p float64) time.Duration {
-	if len(c.lat) == 0 {
+func (c cell) pct(p float64) time.Duration { return pctOf(c.lat, p) }
+
+// pctOf is the p-quantile of lat (nearest rank), 0 for none.
+func pctOf(lat []time.Duration, p float64) time.Duration {
+	if len(lat) == 0 {
 		return 0
 	}
-	s := slices.Clone(c.lat)
+	s := slices.Clone(lat)
 	slices.Sort(s)
 	return s[min(len(s)-1, int(float64(len(s))*p))]
 }
@@ -90,6 +102,8 @@ type admissionBench struct {
 	n         int
 	complete  func(bare *batchv1.Job) (*batchv1.Job, error)
 	mapPolicy []byte
+	// compiled: clipjob's policies compiled from the cluster's source.
+	compiled []compile.Policy
 	// lastInvalid is why the last probe's Job was refused as invalid.
 	lastInvalid error
 	// profile: take a CPU profile of the webhook (at pprofAddr, into
@@ -108,7 +122,30 @@ func newAdmissionBench(cs kubernetes.Interface, wh *harness.Webhook, caBundle []
 	if err != nil {
 		return nil, err
 	}
-	return &admissionBench{cs: cs, webhook: wh, caBundle: caBundle, n: n, complete: complete, mapPolicy: mapPolicy}, nil
+	compiled, err := compiledPolicies(cs)
+	if err != nil {
+		return nil, err
+	}
+	return &admissionBench{cs: cs, webhook: wh, caBundle: caBundle, n: n, complete: complete, mapPolicy: mapPolicy, compiled: compiled}, nil
+}
+
+// compiledPolicies compiles clipjob's policies for the agent namespace
+// from the cluster's source Deployment and the example config, as a
+// controller in the cluster would.
+func compiledPolicies(cs kubernetes.Interface) ([]compile.Policy, error) {
+	cfg, err := config.Load(filepath.Join(harness.Root(), "examples", "config.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	dep, err := cs.AppsV1().Deployments(cfg.Source.Namespace).Get(context.Background(), cfg.Source.Deployment, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	inh, err := templates.InheritFromDeployment(dep, cfg.Source)
+	if err != nil {
+		return nil, err
+	}
+	return compile.Mutating(compile.Input{Namespace: "paperclip", Inherited: inh, Config: cfg})
 }
 
 // completer renders, with clipjob's own core, the Job a client must send
@@ -176,10 +213,21 @@ func (b *admissionBench) use(ctx context.Context, s string) error {
 		if err := b.applyMAP(ctx); err != nil {
 			return err
 		}
+	case scCompiled:
+		if err := b.applyCompiled(ctx); err != nil {
+			return err
+		}
+	case scCompiledBoth:
+		if err := b.applyCompiled(ctx); err != nil {
+			return err
+		}
+		if err := harness.RegisterForCompiledPolicies(ctx, b.cs, b.webhook.Addr, b.caBundle); err != nil {
+			return err
+		}
 	}
-	want := map[string]string{scBaseline: "none", scMutating: "webhook", scBoth: "webhook", scMAP: "map"}[s]
+	want := map[string]string{scBaseline: "none", scMutating: "webhook", scBoth: "webhook", scMAP: "map", scCompiled: "compiled", scCompiledBoth: "compiled"}[s]
 	var got string
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		got = b.probe(ctx)
 		return got == want, nil
 	})
@@ -193,16 +241,22 @@ func (b *admissionBench) use(ctx context.Context, s string) error {
 	return nil
 }
 
-// probe says what completes a bare Job now: "none", "webhook" or "map".
+// probe says what completes a bare Job now: "none", "webhook", "map" or
+// "compiled" (the compiled policies store what the webhook stores: the
+// webhook's request count tells them apart).
 func (b *admissionBench) probe(ctx context.Context) string {
 	job := bareJob("probe", "probe", "probe")
+	calls, _ := b.webhook.Counter("clipjob_admission_requests_total", `webhook="mutate"`)
 	got, err := b.cs.BatchV1().Jobs("paperclip").Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	after, _ := b.webhook.Counter("clipjob_admission_requests_total", `webhook="mutate"`)
 	switch {
 	case err != nil && apierrors.IsInvalid(err):
 		b.lastInvalid = err
 		return "none"
 	case err != nil:
 		return "error: " + err.Error()
+	case strings.Contains(got.Annotations["clipjob.paperclip.io/source"], "generation") && after == calls:
+		return "compiled"
 	case strings.Contains(got.Annotations["clipjob.paperclip.io/source"], "generation"):
 		return "webhook"
 	case got.Annotations["clipjob.paperclip.io/source"] != "":
@@ -221,6 +275,30 @@ func (b *admissionBench) clear(ctx context.Context) error {
 	} {
 		if del != nil && !apierrors.IsNotFound(del) {
 			return del
+		}
+	}
+	for _, p := range b.compiled {
+		for _, del := range []error{
+			ar.MutatingAdmissionPolicyBindings().Delete(ctx, p.Binding.Name, metav1.DeleteOptions{}),
+			ar.MutatingAdmissionPolicies().Delete(ctx, p.Policy.Name, metav1.DeleteOptions{}),
+		} {
+			if del != nil && !apierrors.IsNotFound(del) {
+				return del
+			}
+		}
+	}
+	return nil
+}
+
+// applyCompiled creates clipjob's compiled policies and their bindings.
+func (b *admissionBench) applyCompiled(ctx context.Context) error {
+	ar := b.cs.AdmissionregistrationV1()
+	for _, p := range b.compiled {
+		if _, err := ar.MutatingAdmissionPolicies().Create(ctx, p.Policy, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("policy %s: %w", p.Policy.Name, err)
+		}
+		if _, err := ar.MutatingAdmissionPolicyBindings().Create(ctx, p.Binding, metav1.CreateOptions{}); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -290,6 +368,33 @@ func (b *admissionBench) sameMutation(ctx context.Context) error {
 	}
 	if !bytes.Equal(pods[scMutating], pods[scMAP]) {
 		return fmt.Errorf("examples/map-equivalent.yaml no longer makes the pod the webhook makes; update it.\nwebhook:\n%s\nMAP:\n%s", pods[scMutating], pods[scMAP])
+	}
+	return b.sameCompiled(ctx)
+}
+
+// sameCompiled fails unless the compiled policies store the whole Job the
+// webhook stores (the e2e suite holds this for every fixture; the bench
+// checks the Job it measures with).
+func (b *admissionBench) sameCompiled(ctx context.Context) error {
+	jobs := map[string][]byte{}
+	for _, s := range []string{scMutating, scCompiled} {
+		if err := b.use(ctx, s); err != nil {
+			return err
+		}
+		job, err := b.cs.BatchV1().Jobs("paperclip").Create(ctx, bareJob("same", "same", "same"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil {
+			return err
+		}
+		job.UID, job.CreationTimestamp, job.ManagedFields, job.Spec.Selector = "", metav1.Time{}, nil, nil
+		for _, k := range []string{batchv1.ControllerUidLabel, "controller-uid"} {
+			delete(job.Spec.Template.Labels, k)
+		}
+		if jobs[s], err = yaml.Marshal(job); err != nil {
+			return err
+		}
+	}
+	if !bytes.Equal(jobs[scMutating], jobs[scCompiled]) {
+		return fmt.Errorf("the compiled policies store another Job than the webhook:\nwebhook:\n%s\ncompiled:\n%s", jobs[scMutating], jobs[scCompiled])
 	}
 	return nil
 }
@@ -390,4 +495,69 @@ func (b *admissionBench) create(ctx context.Context, jobs []*batchv1.Job, conc i
 		return r, fmt.Errorf("%d of %d creates failed; first: %w", r.errs, len(jobs), firstErr)
 	}
 	return r, nil
+}
+
+// startLatency measures what a user waits for: from the create call to
+// the agent pod's Running event, for k Jobs of new agents created one
+// after another in scenario s (not suspended: the Job controller, the
+// scheduler and kwok take part). Each Job is deleted once measured.
+func (b *admissionBench) startLatency(ctx context.Context, s string, round, k int) ([]time.Duration, error) {
+	if err := b.use(ctx, s); err != nil {
+		return nil, err
+	}
+	w, err := b.cs.CoreV1().Pods("paperclip").Watch(ctx, metav1.ListOptions{LabelSelector: contract.LabelRunID})
+	if err != nil {
+		return nil, err
+	}
+	defer w.Stop()
+	running := make(chan string, 4*k)
+	go func() {
+		for ev := range w.ResultChan() {
+			if pod, ok := ev.Object.(*corev1.Pod); ok && pod.Status.Phase == corev1.PodRunning {
+				running <- pod.Labels[contract.LabelRunID]
+			}
+		}
+	}()
+	var lat []time.Duration
+	for i := range k {
+		name := fmt.Sprintf("start-%s-r%d-%03d", s, round, i)
+		job := bareJob(name, name, name)
+		job.Spec.Suspend = nil
+		if s == scBaseline {
+			if job, err = b.complete(job); err != nil {
+				return nil, err
+			}
+		}
+		t0 := time.Now()
+		if _, err := b.cs.BatchV1().Jobs("paperclip").Create(ctx, job, metav1.CreateOptions{}); err != nil {
+			return nil, fmt.Errorf("creating %s: %w", name, err)
+		}
+		if err := waitRunning(ctx, running, name); err != nil {
+			return nil, err
+		}
+		lat = append(lat, time.Since(t0))
+		bg := metav1.DeletePropagationBackground
+		if err := b.cs.BatchV1().Jobs("paperclip").Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: &bg}); err != nil {
+			return nil, err
+		}
+	}
+	return lat, nil
+}
+
+// waitRunning waits for run's pod to be seen Running (events of earlier
+// runs' pods are skipped).
+func waitRunning(ctx context.Context, running <-chan string, run string) error {
+	deadline := time.After(2 * time.Minute)
+	for {
+		select {
+		case got := <-running:
+			if got == run {
+				return nil
+			}
+		case <-deadline:
+			return fmt.Errorf("the pod of %s was not Running within 2 minutes", run)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }

@@ -134,7 +134,18 @@ func Register(ctx context.Context, cs kubernetes.Interface, addr string, caBundl
 // address and failure policy (tests point it at a dead port to see the
 // validating webhook hold the line alone).
 func RegisterWithMutatingAt(ctx context.Context, cs kubernetes.Interface, mutatingAddr, addr string, caBundle []byte, mutatingFailure admissionregistrationv1.FailurePolicyType) error {
-	r, err := RenderChart(addr, caBundle, nil)
+	return register(ctx, cs, mutatingAddr, addr, caBundle, mutatingFailure, nil)
+}
+
+// RegisterForCompiledPolicies is Register as the chart registers the
+// webhooks with compiledPolicies.enabled: the mutating webhook is not
+// called for a Job a compiled policy completed.
+func RegisterForCompiledPolicies(ctx context.Context, cs kubernetes.Interface, addr string, caBundle []byte) error {
+	return register(ctx, cs, addr, addr, caBundle, admissionregistrationv1.Fail, map[string]any{"compiledPolicies": map[string]any{"enabled": true}})
+}
+
+func register(ctx context.Context, cs kubernetes.Interface, mutatingAddr, addr string, caBundle []byte, mutatingFailure admissionregistrationv1.FailurePolicyType, values map[string]any) error {
+	r, err := RenderChart(addr, caBundle, values)
 	if err != nil {
 		return err
 	}
