@@ -80,7 +80,7 @@ fuzz: ## Fuzz every decoder for FUZZTIME each
 	$(GOTEST) -run XXX -fuzz '^FuzzRedactGuardsMissNothing$$' -fuzztime $(FUZZTIME) ./relay/collect/
 
 golden: ## Rewrite golden files and the manual's generated reference blocks after an intended change (review the diff!)
-	REFRESH_GOLDEN=true $(GOTEST) ./templates/ ./config/ ./cmd/clipjob-webhook/app/ ./cmd/clipjob-relay/app/
+	REFRESH_GOLDEN=true $(GOTEST) ./templates/ ./config/ ./cmd/clipjob/app/ ./cmd/clipjob-webhook/app/ ./cmd/clipjob-relay/app/
 
 chart-docs: ## Regenerate charts/clipjob/README.md from the `# --` comments in charts/clipjob/values.yaml
 	$(GOTEST) ./charts/ -run '^TestChartREADME$$' -update

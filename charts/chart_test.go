@@ -78,6 +78,7 @@ var valueSets = map[string]map[string]any{
 	"no relay":              {"relay": map[string]any{"enabled": false}},
 	"managed namespace":     {"agentNamespace": map[string]any{"create": true}},
 	"service monitor":       {"serviceMonitor": map[string]any{"enabled": true}},
+	"compiled policies":     {"compiledPolicies": map[string]any{"enabled": true}},
 }
 
 // Every value set renders objects that decode into their typed API
@@ -265,6 +266,42 @@ func TestWebhookDeployment(t *testing.T) {
 		}
 		if d.Spec.Template.Labels["app.kubernetes.io/component"] != "webhook" {
 			t.Error("pod template lacks the component label its Service selects")
+		}
+	}
+}
+
+// compiledPolicies.enabled starts the webhook's syncer, grants it the
+// compiled policies (and nothing else cluster-wide beyond reads), and
+// skips the mutating webhook for a Job a policy completed; off, none of
+// it is there.
+func TestCompiledPoliciesValue(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		r := render(t, map[string]any{"compiledPolicies": map[string]any{"enabled": on}})
+		var d appsv1.Deployment
+		into(t, r, "Deployment", "clipjob-webhook", &d)
+		if got := slices.Contains(d.Spec.Template.Spec.Containers[0].Args, "--compiled-policies"); got != on {
+			t.Errorf("enabled %v: --compiled-policies passed %v", on, got)
+		}
+		var cluster rbacv1.ClusterRole
+		into(t, r, "ClusterRole", "clipjob-webhook", &cluster)
+		var writes []string
+		for _, rule := range cluster.Rules {
+			if slices.Contains(rule.Verbs, "create") && !slices.Contains(rule.Resources, "events") {
+				writes = append(writes, rule.Resources...)
+			}
+		}
+		want := []string(nil)
+		if on {
+			want = []string{"mutatingadmissionpolicies", "mutatingadmissionpolicybindings"}
+		}
+		if d := cmp.Diff(want, writes); d != "" {
+			t.Errorf("enabled %v: cluster-wide writes (-want +got):\n%s", on, d)
+		}
+		var mwc admissionregistrationv1.MutatingWebhookConfiguration
+		into(t, r, "MutatingWebhookConfiguration", "clipjob-mutating", &mwc)
+		conds := mwc.Webhooks[0].MatchConditions
+		if on != (len(conds) == 1 && conds[0].Name == "not-completed-by-a-compiled-policy") {
+			t.Errorf("enabled %v: mutating matchConditions %+v", on, conds)
 		}
 	}
 }

@@ -42,6 +42,11 @@ type Options struct {
 	LeaderElectionNamespace string
 	// SweepInterval between sweeps of stale claims.
 	SweepInterval time.Duration
+	// CompiledPolicies: the elected replica keeps clipjob's compiled
+	// MutatingAdmissionPolicies for the source's namespace current
+	// (package admissionpolicies), so the API server completes bare agent
+	// Jobs itself.
+	CompiledPolicies bool
 	// KubeAPIQPS and KubeAPIBurst bound the webhook's own calls to the API
 	// server (claims, PVC checks). An admission must never wait on a
 	// client-side rate limiter; the API server's priority and fairness is

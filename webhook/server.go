@@ -27,6 +27,7 @@ import (
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/paperclipai/clipjob/admissionpolicies"
 	"github.com/paperclipai/clipjob/certs"
 	"github.com/paperclipai/clipjob/claim"
 	"github.com/paperclipai/clipjob/config"
@@ -104,6 +105,12 @@ func Run(ctx context.Context, o Options) error {
 		Log: log.WithName("claim-controller")}
 	if err := controller.SetupWithManager(mgrCtx, mgr, claim.Options{SweepInterval: o.SweepInterval}); err != nil {
 		return err
+	}
+	if o.CompiledPolicies {
+		if err := mgr.Add(&admissionpolicies.Syncer{Client: clientset.AdmissionregistrationV1(), Configs: store, Sources: sources,
+			Log: log.WithName("compiled-policies")}); err != nil {
+			return err
+		}
 	}
 	secrets := &runsecret.Reconciler{Jobs: mgr.GetCache(), Secrets: runsecret.KubeSecrets{Meta: meta, Client: clientset},
 		Shared: func(name string) bool { return config.MatchAny(store.Current().Policy.Secrets.Shared, name) },

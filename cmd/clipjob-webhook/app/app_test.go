@@ -60,6 +60,7 @@ func TestFlags(t *testing.T) {
 		{name: "shutdown-delay", args: []string{"--shutdown-delay", "15s"}, want: func(o *Options) { o.ShutdownDelay = 15 * time.Second }},
 		{name: "leader-election-namespace", args: []string{"--leader-election-namespace", "clipjob-system"}, want: func(o *Options) { o.LeaderElectionNamespace = "clipjob-system" }},
 		{name: "claim-sweep-interval", args: []string{"--claim-sweep-interval", "30s"}, want: func(o *Options) { o.SweepInterval = 30 * time.Second }},
+		{name: "compiled-policies", args: []string{"--compiled-policies"}, want: func(o *Options) { o.CompiledPolicies = true }},
 		{name: "client rate", args: []string{"--kube-api-qps", "50.5", "--kube-api-burst", "100"}, want: func(o *Options) { o.KubeAPIQPS, o.KubeAPIBurst = 50.5, 100 }},
 		{name: "kubeconfig", args: []string{"--kubeconfig", "/kc"}, want: func(o *Options) { o.Kubeconfig = "/kc" }},
 		{name: "self-managed certificates", args: []string{"--cert-secret", "wh-tls", "--ca-secret", "ca", "--cert-dns-name", "wh.ns.svc",

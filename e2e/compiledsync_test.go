@@ -1,0 +1,180 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/paperclipai/clipjob/admissionpolicies"
+	"github.com/paperclipai/clipjob/compile"
+	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/e2e/harness"
+	"github.com/paperclipai/clipjob/webhook"
+)
+
+type fixedConfig struct{ cfg *config.Config }
+
+func (f fixedConfig) Current() *config.Config { return f.cfg }
+
+// startSyncer runs the compiled policies' syncer against the cluster, as
+// the elected webhook replica does with --compiled-policies; the returned
+// function stops it.
+func startSyncer(t *testing.T) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &admissionpolicies.Syncer{Client: env.cs.AdmissionregistrationV1(), Configs: fixedConfig{env.configNow()},
+		Sources: webhook.NewSourceCache(ctx, env.cs), Interval: 200 * time.Millisecond, Log: logr.Discard()}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Start(ctx) }()
+	return func() { cancel(); <-done }
+}
+
+// mutateCalls counts the mutating webhook's real (not dry-run) requests.
+func mutateCalls(t *testing.T) float64 {
+	t.Helper()
+	n, err := env.webhook.Counter(`clipjob_admission_requests_total{dry_run="false",`, `webhook="mutate"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestCompiledPoliciesStandInForTheMutatingWebhook: with the syncer
+// keeping the compiled policies and the webhooks registered as the chart
+// does with compiledPolicies.enabled, the API server completes a bare Job
+// itself (the mutating webhook is not called) and the Job stored is
+// clipjob's render; a Job with its own container still goes to the
+// webhook. A policy someone made stale is refused by the validating
+// webhook (rule rendered) until the syncer writes it back; a deleted one
+// comes back; the syncer does not rewrite what is current.
+func TestCompiledPoliciesStandInForTheMutatingWebhook(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	// What the webhooks alone store for the bare Job, before any policy.
+	job := bareJob(t, "e2e-standin")
+	want, err := dryRun(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := startSyncer(t)
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			stop()
+		}
+		cctx := context.Background()
+		policies, err := env.cs.AdmissionregistrationV1().MutatingAdmissionPolicies().List(cctx, metav1.ListOptions{LabelSelector: compile.ManagedByLabel + "=" + compile.ManagedBy})
+		if err == nil {
+			for _, p := range policies.Items {
+				_ = env.cs.AdmissionregistrationV1().MutatingAdmissionPolicyBindings().Delete(cctx, p.Name, metav1.DeleteOptions{})
+				_ = env.cs.AdmissionregistrationV1().MutatingAdmissionPolicies().Delete(cctx, p.Name, metav1.DeleteOptions{})
+			}
+		}
+		if err := harness.Register(cctx, env.cs, env.webhookAddr, env.cluster.CA.CertPEM); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := harness.RegisterForCompiledPolicies(ctx, env.cs, env.webhookAddr, env.cluster.CA.CertPEM); err != nil {
+		t.Fatal(err)
+	}
+	// Until the API server has loaded the policies and the new
+	// registration, a dry run goes to the webhook.
+	probe := bareJob(t, "e2e-standin-probe")
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		before, _ := env.webhook.Counter(`clipjob_admission_requests_total{dry_run="true",`, `webhook="mutate"`)
+		got, err := dryRun(ctx, probe)
+		after, _ := env.webhook.Counter(`clipjob_admission_requests_total{dry_run="true",`, `webhook="mutate"`)
+		return err == nil && got.Annotations[contract.AnnotationProfile] != "" && after == before, nil
+	})
+	if err != nil {
+		t.Fatalf("the compiled policies never completed a bare Job without the webhook: %v", err)
+	}
+
+	// A bare Job: completed by the API server, judged and claimed by the
+	// validating webhook, stored as the webhook would have stored it.
+	calls := mutateCalls(t)
+	stored, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a bare Job completed by its compiled policy was refused: %v", err)
+	}
+	if n := mutateCalls(t); n != calls {
+		t.Errorf("the mutating webhook was called %v times for a Job a compiled policy completed", n-calls)
+	}
+	if a, b := comparable(t, want), comparable(t, stored); a != b {
+		t.Errorf("stored Job differs from the webhook's:\nwebhook:\n%s\nstored:\n%s", a, b)
+	}
+	finishRun(ctx, t, job.Name, "0")
+
+	// A Job with its own container is the webhook's.
+	own := bareJob(t, "e2e-standin-own")
+	own.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyNever
+	own.Spec.Template.Spec.Containers = []corev1.Container{{Name: "agent", Command: []string{"claude"}}}
+	calls = mutateCalls(t)
+	if got, err := env.cs.BatchV1().Jobs(ns).Create(ctx, own, metav1.CreateOptions{}); err != nil || got.Annotations[contract.AnnotationProfile] == "" {
+		t.Fatalf("a Job with its own container: %v", err)
+	}
+	if mutateCalls(t) == calls {
+		t.Error("a Job with its own container was not completed by the mutating webhook")
+	}
+	finishRun(ctx, t, own.Name, "0")
+
+	// The syncer does not rewrite what is current.
+	ar := env.cs.AdmissionregistrationV1()
+	name := compile.PolicyName(ns, "claude_local")
+	p, err := ar.MutatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // ten syncs: what is asserted is that none wrote
+	if again, err := ar.MutatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{}); err != nil || again.ResourceVersion != p.ResourceVersion {
+		t.Errorf("the syncer rewrote a current policy (resourceVersion %s -> %v, %v)", p.ResourceVersion, again.ResourceVersion, err)
+	}
+
+	// A stale policy (here made stale by hand, with the syncer stopped):
+	// the Job it completes is refused by the rendered rule, naming the
+	// field; the syncer writes it back and creates succeed again.
+	stop()
+	stopped = true
+	stale := p.DeepCopy()
+	expr := stale.Spec.Mutations[0].JSONPatch.Expression
+	i := strings.Index(expr, `"/metadata/annotations/clipjob.paperclip.io~1source", value: "`)
+	if i < 0 {
+		t.Fatal("the policy writes no source annotation")
+	}
+	stale.Spec.Mutations[0].JSONPatch.Expression = strings.Replace(expr, `generation `, `generation 0`, 1)
+	if _, err := ar.MutatingAdmissionPolicies().Update(ctx, stale, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	refused := bareJob(t, "e2e-standin-stale")
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := dryRun(ctx, refused)
+		return err != nil, nil
+	})
+	_, err = dryRun(ctx, refused)
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "metadata.annotations[clipjob.paperclip.io/source]: Forbidden: not as clipjob completes this Job") {
+		t.Fatalf("a Job completed by a stale policy: %v; want 403 from the rendered rule naming the source annotation", err)
+	}
+	if err := ar.MutatingAdmissionPolicyBindings().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	stop = startSyncer(t)
+	stopped = false
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		got, err := dryRun(ctx, refused)
+		if err != nil {
+			return false, nil
+		}
+		_, berr := ar.MutatingAdmissionPolicyBindings().Get(ctx, name, metav1.GetOptions{})
+		return berr == nil && got.Annotations[contract.AnnotationProfile] != "", nil
+	})
+	if err != nil {
+		t.Fatalf("the syncer did not write the stale policy and the deleted binding back: %v", err)
+	}
+}
