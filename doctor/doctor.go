@@ -80,7 +80,7 @@ func Run(ctx context.Context, cs kubernetes.Interface, o Options) []Result {
 	d.webhooks(ctx)
 	cfg := d.config(ctx)
 	if cfg != nil {
-		d.source(ctx, cfg)
+		d.compiledPolicies(ctx, cfg, d.source(ctx, cfg))
 	}
 	d.rbac(ctx)
 	d.relay(ctx)
@@ -335,20 +335,21 @@ func (d *doctor) config(ctx context.Context) *config.Config {
 	return cfg
 }
 
-// source checks the Deployment agents inherit from and its shared PVC.
-func (d *doctor) source(ctx context.Context, cfg *config.Config) {
+// source checks the Deployment agents inherit from and its shared PVC,
+// and returns what agents inherit from it (nil when it cannot be read).
+func (d *doctor) source(ctx context.Context, cfg *config.Config) *templates.Inherited {
 	src := cfg.Source
 	ref := src.Namespace + "/" + src.Deployment
 	dep, err := d.cs.AppsV1().Deployments(src.Namespace).Get(ctx, src.Deployment, metav1.GetOptions{})
 	if err != nil {
 		d.add(fail("source-deployment", fmt.Sprintf("Deployment %s: %v", ref, err),
 			"set config.source.namespace and config.source.deployment to the Paperclip server's Deployment"))
-		return
+		return nil
 	}
 	inh, err := templates.InheritFromDeployment(dep, src)
 	if err != nil {
 		d.add(fail("source-deployment", err.Error(), "set config.source.container and config.source.dataMountPath to match the Deployment"))
-		return
+		return nil
 	}
 	d.add(pass("source-deployment", fmt.Sprintf("Deployment %s, container %s, image %s", ref, src.Container, inh.Image)))
 	claim := inh.DataVolume.PersistentVolumeClaim.ClaimName
@@ -363,6 +364,7 @@ func (d *doctor) source(ctx context.Context, cfg *config.Config) {
 	default:
 		d.add(pass("shared-volume", fmt.Sprintf("PersistentVolumeClaim %s/%s is ReadWriteMany (%s)", src.Namespace, claim, pvc.Status.Phase)))
 	}
+	return inh
 }
 
 // rbac checks, with SubjectAccessReviews, that each of the chart's
