@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 	batchv1 "k8s.io/api/batch/v1"
@@ -255,6 +256,13 @@ func TestCompiledPoliciesKeepWhatRenderKeeps(t *testing.T) {
 			j.Labels[contract.LabelAdapter] = "claude"
 		},
 		"empty-agent-id": func(j *batchv1.Job) { j.Labels[contract.LabelAgentID] = "" },
+		// The source holds "server-only" under a denied name: a run value
+		// equal to it was withheld by Render, which the policy cannot see.
+		"run-values-equal-to-a-server-credential": func(j *batchv1.Job) {
+			j.Labels[contract.LabelCompanyID] = "server-only"
+			j.Labels[contract.LabelSessionID] = "server-only"
+			j.Annotations[contract.AnnotationModel] = "server-only"
+		},
 	}
 	for name, change := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -387,6 +395,11 @@ func FuzzCompiledPolicy(f *testing.F) {
 		}
 		if strings.ContainsRune(agent+run+session+adapter, 0) {
 			return // not a label value the API server would take
+		}
+		for _, v := range []string{agent, run, session, model, turns, envSecret, workDir, prompt, promptSecret, adapter} {
+			if !utf8.ValidString(v) {
+				return // the API server's JSON decoding has replaced such bytes before any admission sees them
+			}
 		}
 		c.agrees(t, bareJob("fuzz", l, a, ta))
 	})

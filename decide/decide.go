@@ -160,7 +160,17 @@ func Validate(in Input) Validation {
 	// allowed, its handed Secrets (and keys) may be referenced, its own are
 	// never an agent's. A missing source only narrows the first two.
 	if in.Operation == policy.Create {
-		if inh, hashes, err := in.Facts.Inherited(cfg, in.Job.Namespace); err == nil {
+		inh, hashes, err := in.Facts.Inherited(cfg, in.Job.Namespace)
+		var unknown *policy.FactUnknown
+		if err != nil && kind == AgentRun && !errors.As(err, &unknown) {
+			// Without the source the Job cannot be rendered again, so
+			// whether clipjob completed it cannot be told (a client may
+			// skip the mutating webhook by making its Job look complete):
+			// refused as the mutating webhook refuses it, not let through.
+			return Validation{Kind: kind, Refusal: &Refusal{Code: http.StatusServiceUnavailable, Reason: metav1.StatusReasonServiceUnavailable,
+				Message: "clipjob cannot check that this Job is as clipjob completes it: " + err.Error()}}
+		}
+		if err == nil {
 			if kind == AgentRun {
 				pin.Rerender = func(j *batchv1.Job) (*batchv1.Job, error) {
 					res, err := templates.Render(templates.Input{Job: j, Inherited: inh, Config: cfg, Hashes: hashes, Creator: in.User})

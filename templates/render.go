@@ -154,7 +154,7 @@ func (r *renderer) render() {
 		if c.WorkingDir == "" {
 			c.WorkingDir = workDir
 		}
-		c.Env = r.withheld.env(c.Name, config.MergeEnv(env, c.Env), r.warn)
+		c.Env = r.withheld.envOver(c.Name, env, c.Env, r.warn)
 		for _, ef := range r.withheld.envFrom(r.in.Inherited.EnvFrom, r.in.Config.Source.Env.AllowFrom, r.warn) {
 			if !hasEnvFrom(c.EnvFrom, ef) {
 				c.EnvFrom = append(c.EnvFrom, ef)
@@ -325,6 +325,7 @@ func (r *renderer) layeredEnv(hasPrompt bool) []corev1.EnvVar {
 		}
 	}
 	run = append(run, r.runOptions()...)
+	r.withheld.runValues(run)
 	env = config.MergeEnv(env, run)
 	prof := []corev1.EnvVar{{Name: "HOME", Value: r.in.Inherited.DataMountPath}}
 	if r.prof.PermissionMode != "" {

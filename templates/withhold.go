@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 
 	"github.com/paperclipai/clipjob/config"
 )
@@ -32,6 +33,20 @@ type withheld struct {
 	// profile are the names the profile sets itself: handed over on
 	// purpose.
 	profile map[string]bool
+	// run are the run's own values (its labels and run options) by the
+	// name clipjob sets them under: the client wrote them into the Job,
+	// so one equal to a server's value hands nothing over, and they are
+	// not withheld for their value (the compiled admission policies, which
+	// cannot see the server's values, set them the same way).
+	run map[string]string
+}
+
+// runValues records the run's own env (see withheld.run).
+func (w *withheld) runValues(run []corev1.EnvVar) {
+	w.run = make(map[string]string, len(run))
+	for _, e := range run {
+		w.run[e.Name] = e.Value
+	}
 }
 
 func newWithheld(env []corev1.EnvVar, deny []string, profileEnv []corev1.EnvVar) *withheld {
@@ -74,10 +89,44 @@ func (w *withheld) why(e corev1.EnvVar) string {
 		return "its name is denied (source.env.deny)"
 	case ref != nil && w.secretKeys[[2]string{ref.Name, ref.Key}]:
 		return fmt.Sprintf("it reads Secret %s key %s, which the server holds under a denied name", ref.Name, ref.Key)
-	case e.Value != "" && w.values[e.Value]:
+	case e.Value != "" && w.values[e.Value] && !w.isRunValue(e):
 		return "its value is one the server holds under a denied name"
 	}
 	return ""
+}
+
+// envOver is a container's own env over the env every app container gets
+// (layered), less what is withheld, saying what and why. A variable of
+// the container's own that is withheld gives way to the layered one of its
+// name, if that one is not withheld itself, instead of leaving the name
+// unset: unset, a second render would put the layered value back, and the
+// validating webhook holds every Job to be a fixed point of its render.
+// It also keeps a run value (the agent id, the session) from being left
+// for an envFrom Secret to fill.
+func (w *withheld) envOver(container string, layered, own []corev1.EnvVar, warn func(string)) []corev1.EnvVar {
+	merged := config.MergeEnv(layered, own)
+	byName := make(map[string]corev1.EnvVar, len(layered))
+	for _, e := range layered {
+		byName[e.Name] = e
+	}
+	out := make([]corev1.EnvVar, 0, len(merged))
+	for _, e := range merged {
+		why := w.why(e)
+		if why == "" {
+			out = append(out, e)
+			continue
+		}
+		warn(fmt.Sprintf("container %q: env %s withheld: %s; to hand it over, set it in the profile's env", container, e.Name, why))
+		if l, ok := byName[e.Name]; ok && !equality.Semantic.DeepEqual(l, e) && w.why(l) == "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func (w *withheld) isRunValue(e corev1.EnvVar) bool {
+	v, ok := w.run[e.Name]
+	return ok && e.ValueFrom == nil && e.Value == v
 }
 
 // env drops what is withheld from a container's env, saying what and why.
