@@ -557,6 +557,10 @@ func (c *compiler) policy(expr string) Policy {
 			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: annotations},
 			Spec: admissionregistrationv1.MutatingAdmissionPolicySpec{
 				MatchConstraints: &admissionregistrationv1.MatchResources{
+					// A label selector costs the API server no CEL: a Job
+					// that is no agent's never reaches the conditions.
+					ObjectSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+						{Key: contract.LabelAgentID, Operator: metav1.LabelSelectorOpExists}}},
 					ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{RuleWithOperations: admissionregistrationv1.RuleWithOperations{
 						Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
 						Rule: admissionregistrationv1.Rule{APIGroups: []string{"batch"}, APIVersions: []string{"v1"},

@@ -404,3 +404,17 @@ func FuzzCompiledPolicy(f *testing.F) {
 		c.agrees(t, bareJob("fuzz", l, a, ta))
 	})
 }
+
+// The policies select agent Jobs by label before any CEL runs: an
+// ordinary Job in the namespace costs the API server no expression.
+func TestCompiledPoliciesSelectAgentJobsByLabel(t *testing.T) {
+	inh, cfg := testSource(t)
+	c := compileFor(t, inh, cfg, "paperclip")
+	for _, p := range c.policies {
+		sel := p.Policy.Spec.MatchConstraints.ObjectSelector
+		if sel == nil || len(sel.MatchExpressions) != 1 || sel.MatchExpressions[0].Key != contract.LabelAgentID ||
+			sel.MatchExpressions[0].Operator != metav1.LabelSelectorOpExists {
+			t.Errorf("policy %s selects %+v; want the Jobs that carry %s", p.Policy.Name, sel, contract.LabelAgentID)
+		}
+	}
+}
