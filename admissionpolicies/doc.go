@@ -1,6 +1,6 @@
 // Package admissionpolicies keeps clipjob's compiled
-// MutatingAdmissionPolicies (package compile) in the cluster: one per
-// profile for the source's namespace, compiled from the source Deployment
+// MutatingAdmissionPolicy (package compile) in the cluster, for the
+// source's namespace, compiled from the source Deployment
 // and the config in force, rewritten when either changes or someone else
 // changes them, deleted when they are no longer wanted. It runs on the
 // elected webhook replica when the webhook is started with

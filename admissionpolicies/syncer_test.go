@@ -112,7 +112,7 @@ func TestSyncWritesThePoliciesOnce(t *testing.T) {
 }
 
 // A policy someone else changed or deleted is written back; one of the
-// syncer's that is no longer wanted (a profile gone) is deleted; one
+// syncer's that is no longer wanted (another namespace's) is deleted; one
 // that is not the syncer's is left alone.
 func TestSyncRestoresWhatOthersChanged(t *testing.T) {
 	s, cs, _, _ := setup(t)
@@ -131,10 +131,10 @@ func TestSyncRestoresWhatOthersChanged(t *testing.T) {
 	if _, err := c.Update(ctx, edited, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := cs.AdmissionregistrationV1().MutatingAdmissionPolicyBindings().Delete(ctx, policies[1], metav1.DeleteOptions{}); err != nil {
+	if err := cs.AdmissionregistrationV1().MutatingAdmissionPolicyBindings().Delete(ctx, policies[0], metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	stale := &admissionregistrationv1.MutatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: compile.PolicyName("paperclip", "retired_local"),
+	stale := &admissionregistrationv1.MutatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: compile.PolicyName("a-namespace-no-longer-the-source"),
 		Labels: map[string]string{compile.ManagedByLabel: compile.ManagedBy}}}
 	foreign := &admissionregistrationv1.MutatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: "someone-elses"}}
 	for _, p := range []*admissionregistrationv1.MutatingAdmissionPolicy{stale, foreign} {
@@ -150,7 +150,7 @@ func TestSyncRestoresWhatOthersChanged(t *testing.T) {
 		t.Errorf("an edited policy was not written back (%v)", err)
 	}
 	after, bindings := names(t, cs)
-	if !slices.Contains(bindings, policies[1]) {
+	if !slices.Contains(bindings, policies[0]) {
 		t.Error("a deleted binding was not written back")
 	}
 	if slices.Contains(after, stale.Name) {

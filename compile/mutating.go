@@ -33,9 +33,10 @@ type Input struct {
 // Policy is one compiled MutatingAdmissionPolicy and the binding that
 // applies it to its namespace.
 type Policy struct {
-	Profile string
-	Policy  *admissionregistrationv1.MutatingAdmissionPolicy
-	Binding *admissionregistrationv1.MutatingAdmissionPolicyBinding
+	// Profiles are the profiles it completes Jobs of.
+	Profiles []string
+	Policy   *admissionregistrationv1.MutatingAdmissionPolicy
+	Binding  *admissionregistrationv1.MutatingAdmissionPolicyBinding
 }
 
 // ManagedByLabel marks the objects the compiler makes, so whoever keeps
@@ -45,17 +46,19 @@ const ManagedByLabel = "app.kubernetes.io/managed-by"
 // ManagedBy is ManagedByLabel's value.
 const ManagedBy = "clipjob"
 
-// Mutating compiles, for each profile, a MutatingAdmissionPolicy that
-// completes a bare agent Job of that profile in in.Namespace exactly as
-// templates.Render does. Its domain (the policy's matchConditions) is the
-// bare Jobs clients send: no containers or volumes of their own, run
-// values Render accepts. Any other agent Job is left to the webhook.
+// Mutating compiles the MutatingAdmissionPolicy (with its binding) that
+// completes a bare agent Job in in.Namespace exactly as templates.Render
+// does, for every profile that runs a command: one policy, so the API
+// server evaluates one set of match conditions per Job, and the Job's
+// adapter type picks its profile's patch. Its domain (the matchConditions)
+// is the bare Jobs clients send: no containers or volumes of their own,
+// run values Render accepts. Any other agent Job is left to the webhook.
+// The result is a list so that a later compiler may split the work.
 func Mutating(in Input) ([]Policy, error) {
 	if in.Inherited.Tenant {
 		return nil, errors.New("compile: a tenant namespace inherits nothing; its Jobs bring their own containers and are the webhook's")
 	}
-	var out []Policy
-	names := map[string]string{}
+	var profiles []compiledProfile
 	for _, name := range in.Config.ProfileNames() {
 		prof, _ := in.Config.Profile(name)
 		if len(prof.Command) == 0 {
@@ -65,19 +68,25 @@ func Mutating(in Input) ([]Policy, error) {
 		if err != nil {
 			return nil, fmt.Errorf("compile: profile %s: %w", name, err)
 		}
-		if other, ok := names[p.Policy.Name]; ok {
-			return nil, fmt.Errorf("compile: profiles %s and %s both make policy %s", other, name, p.Policy.Name)
-		}
-		names[p.Policy.Name] = name
-		out = append(out, p)
+		profiles = append(profiles, p)
 	}
-	return out, nil
+	if len(profiles) == 0 {
+		return nil, nil
+	}
+	return []Policy{policy(in, profiles)}, nil
 }
 
-// PolicyName is the name of the policy and binding of a profile in a
-// namespace (cluster-scoped objects: both are in the name).
-func PolicyName(namespace, profile string) string {
-	return "clipjob-render." + namespace + "." + strings.ReplaceAll(profile, "_", "-")
+// PolicyName is the name of a namespace's policy and binding
+// (cluster-scoped objects: the namespace is in the name).
+func PolicyName(namespace string) string { return "clipjob-render." + namespace }
+
+// compiledProfile is one profile's part of the policy: the adapter types
+// that select it (CEL literals) and its patch.
+type compiledProfile struct {
+	name   string
+	types  []string
+	ops    string
+	source string
 }
 
 // compiler holds one profile's probe renders, as JSON.
@@ -93,7 +102,7 @@ type compiler struct {
 	probe        map[string]any
 }
 
-func compileProfile(in Input, prof config.Resolved) (Policy, error) {
+func compileProfile(in Input, prof config.Resolved) (compiledProfile, error) {
 	c := &compiler{in: in, prof: prof, fs: features(in.Inherited.DataMountPath), without: map[*feature]map[string]any{}}
 	c.subst = map[string]string{creatorSentinel: "request.userInfo.username"}
 	for _, f := range c.fs {
@@ -103,35 +112,36 @@ func compileProfile(in Input, prof config.Resolved) (Policy, error) {
 	var err error
 	probe := c.probeJob(nil, nil)
 	if c.probe, err = toJSON(probe); err != nil {
-		return Policy{}, err
+		return compiledProfile{}, err
 	}
 	if c.full, err = c.render(c.probeJob(nil, nil)); err != nil {
-		return Policy{}, err
+		return compiledProfile{}, err
 	}
 	if c.secret, err = c.render(c.probeJob(nil, setPromptSecret)); err != nil {
-		return Policy{}, err
+		return compiledProfile{}, err
 	}
 	for _, f := range c.fs {
 		if c.without[f], err = c.render(c.probeJob(f, nil)); err != nil {
-			return Policy{}, err
+			return compiledProfile{}, err
 		}
 		for s := range f.subst {
 			if strings.Contains(mustMarshal(c.without[f]), s) {
-				return Policy{}, fmt.Errorf("the render without %s still holds its sentinel %q: it cannot be told from the request's value", f.name, s)
+				return compiledProfile{}, fmt.Errorf("the render without %s still holds its sentinel %q: it cannot be told from the request's value", f.name, s)
 			}
 		}
 	}
 	ops, err := c.operations()
 	if err != nil {
-		return Policy{}, err
+		return compiledProfile{}, err
 	}
 	expr := strings.Join(ops, " +\n")
 	for s := range c.subst {
 		if strings.Contains(expr, s) {
-			return Policy{}, fmt.Errorf("sentinel %q is left in the policy: Render put it inside a longer value", s)
+			return compiledProfile{}, fmt.Errorf("sentinel %q is left in the policy: Render put it inside a longer value", s)
 		}
 	}
-	return c.policy(expr), nil
+	source, _ := asMap(at(c.full, "metadata", "annotations"))[contract.AnnotationSource].(string)
+	return compiledProfile{name: prof.Name, types: c.adapterTypes(), ops: expr, source: source}, nil
 }
 
 // probeJob is a bare Job of the profile with every feature but skip, the
@@ -542,19 +552,25 @@ func isSubsequence(sub, of []string) bool {
 	return i == len(sub)
 }
 
-func (c *compiler) policy(expr string) Policy {
-	name := PolicyName(c.in.Namespace, c.prof.Name)
+// policy is the namespace's policy: each profile's patch under the
+// adapter types that select it.
+func policy(in Input, profiles []compiledProfile) Policy {
+	name := PolicyName(in.Namespace)
 	labels := map[string]string{ManagedByLabel: ManagedBy}
-	ann := asMap(at(c.full, "metadata", "annotations"))
-	annotations := map[string]string{}
-	for _, k := range []string{contract.AnnotationSource, contract.AnnotationTemplateHash} {
-		annotations[k], _ = ann[k].(string)
+	var expr strings.Builder
+	var names, all []string
+	for _, p := range profiles {
+		fmt.Fprintf(&expr, "%s in [%s] ? (\n%s\n) :\n", adapterType, strings.Join(p.types, ", "), p.ops)
+		names = append(names, p.name)
+		all = append(all, p.types...)
 	}
+	expr.WriteString("[]")
 	return Policy{
-		Profile: c.prof.Name,
+		Profiles: names,
 		Policy: &admissionregistrationv1.MutatingAdmissionPolicy{
-			TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "MutatingAdmissionPolicy"},
-			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: annotations},
+			TypeMeta: metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "MutatingAdmissionPolicy"},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels,
+				Annotations: map[string]string{contract.AnnotationSource: profiles[0].source}},
 			Spec: admissionregistrationv1.MutatingAdmissionPolicySpec{
 				MatchConstraints: &admissionregistrationv1.MatchResources{
 					// A label selector costs the API server no CEL: a Job
@@ -567,12 +583,12 @@ func (c *compiler) policy(expr string) Policy {
 							Resources: []string{"jobs"}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)},
 					}}},
 				},
-				MatchConditions:    c.matchConditions(),
+				MatchConditions:    matchConditions(in, all),
 				FailurePolicy:      ptr.To(admissionregistrationv1.Fail),
 				ReinvocationPolicy: admissionregistrationv1.IfNeededReinvocationPolicy,
 				Mutations: []admissionregistrationv1.Mutation{{
 					PatchType: admissionregistrationv1.PatchTypeJSONPatch,
-					JSONPatch: &admissionregistrationv1.JSONPatch{Expression: expr},
+					JSONPatch: &admissionregistrationv1.JSONPatch{Expression: expr.String()},
 				}},
 			},
 		},
@@ -582,16 +598,22 @@ func (c *compiler) policy(expr string) Policy {
 			Spec: admissionregistrationv1.MutatingAdmissionPolicyBindingSpec{
 				PolicyName: name,
 				MatchResources: &admissionregistrationv1.MatchResources{
-					NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: c.in.Namespace}},
+					NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: in.Namespace}},
 				},
 			},
 		},
 	}
 }
 
-// matchConditions is the policy's domain: an agent Job of this profile,
-// bare, carrying only run values Render accepts.
-func (c *compiler) matchConditions() []admissionregistrationv1.MatchCondition {
+// adapterType is the CEL of a Job's adapter type as contract.AdapterType
+// reads it: the adapter-type label, else its alias label, else empty.
+var adapterType = fmt.Sprintf("((%[1]s in %[3]s && %[4]s != '') ? %[4]s : (%[2]s in %[3]s ? %[5]s : ''))",
+	celString(contract.LabelAdapterType), celString(contract.LabelAdapter), labelsExpr,
+	labelValue(contract.LabelAdapterType), labelValue(contract.LabelAdapter))
+
+// adapterTypes are the adapter types (CEL literals) that select the
+// profile: its name, its aliases, and none for the default profile.
+func (c *compiler) adapterTypes() []string {
 	types := []string{celString(c.prof.Name)}
 	for _, a := range c.prof.Aliases {
 		types = append(types, celString(a))
@@ -599,15 +621,18 @@ func (c *compiler) matchConditions() []admissionregistrationv1.MatchCondition {
 	if c.prof.Name == c.in.Config.DefaultProfile {
 		types = append(types, "''")
 	}
-	adapter := fmt.Sprintf("((%[1]s in %[3]s && %[4]s != '') ? %[4]s : (%[2]s in %[3]s ? %[5]s : ''))",
-		celString(contract.LabelAdapterType), celString(contract.LabelAdapter), labelsExpr,
-		labelValue(contract.LabelAdapterType), labelValue(contract.LabelAdapter))
+	return types
+}
+
+// matchConditions is the policy's domain: an agent Job of a profile it
+// completes (types), bare, carrying only run values Render accepts.
+func matchConditions(in Input, types []string) []admissionregistrationv1.MatchCondition {
 	return []admissionregistrationv1.MatchCondition{
 		{Name: "agent-job", Expression: fmt.Sprintf("has(%s) && %s in %s", labelsExpr, celString(contract.LabelAgentID), labelsExpr)},
-		{Name: "profile", Expression: fmt.Sprintf("%s in [%s]", adapter, strings.Join(types, ", "))},
+		{Name: "profile", Expression: fmt.Sprintf("%s in [%s]", adapterType, strings.Join(types, ", "))},
 		{Name: "bare-job", Expression: bareJobSpec()},
 		{Name: "bare-pod", Expression: barePodSpec()},
-		{Name: "valid-run-values", Expression: validValues(c.in.Inherited)},
+		{Name: "valid-run-values", Expression: validValues(in.Inherited)},
 	}
 }
 

@@ -59,7 +59,7 @@ func (c *compiled) admit(t testing.TB, job *batchv1.Job) (*batchv1.Job, []string
 			t.Fatalf("policy %s on Job %s: %v", c.policies[i].Policy.Name, job.Name, err)
 		}
 		if ok {
-			matched = append(matched, c.policies[i].Profile)
+			matched = append(matched, out.Annotations[contract.AnnotationProfile])
 			job = out
 		}
 	}

@@ -83,7 +83,8 @@ func TestCompiledPoliciesMatchTheWebhook(t *testing.T) {
 	}
 	// The API server loads policies from a watch: wait until every profile's
 	// policy completes a bare Job.
-	for _, p := range policies {
+	for _, profile := range policies[0].Profiles {
+		p := struct{ Profile, Name string }{profile, policies[0].Policy.Name}
 		probe := bareJob(t, "e2e-compiled-probe")
 		probe.Labels[contract.LabelAdapterType] = p.Profile
 		var last string
@@ -97,7 +98,7 @@ func TestCompiledPoliciesMatchTheWebhook(t *testing.T) {
 			return got.Annotations[contract.AnnotationProfile] == p.Profile, nil
 		})
 		if err != nil {
-			t.Fatalf("policy %s never completed a bare Job: %v (last: %s)", p.Policy.Name, err, last)
+			t.Fatalf("policy %s never completed a bare Job of profile %s: %v (last: %s)", p.Name, p.Profile, err, last)
 		}
 	}
 	completed := 0

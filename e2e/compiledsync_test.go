@@ -127,7 +127,7 @@ func TestCompiledPoliciesStandInForTheMutatingWebhook(t *testing.T) {
 
 	// The syncer does not rewrite what is current.
 	ar := env.cs.AdmissionregistrationV1()
-	name := compile.PolicyName(ns, "claude_local")
+	name := compile.PolicyName(ns)
 	p, err := ar.MutatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"strings"
 
 	"sigs.k8s.io/yaml"
 
@@ -42,7 +43,7 @@ func renderPolicies(cfgFile, srcFile string, stdout io.Writer) error {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(&out, "# profile %s\n", p.Profile)
+			fmt.Fprintf(&out, "# profiles %s\n", strings.Join(p.Profiles, ", "))
 			out.Write(y)
 		}
 	}
