@@ -55,7 +55,7 @@ test: lint kube-binaries node-packages postgres-packages paperclip adapter ## Un
 adapter: paperclip ## The Paperclip adapter (adapters/paperclip): install from its lockfile, build, unit tests, on the Node.js Paperclip runs on
 	cd adapters/paperclip && PATH="$(PAPERCLIP_NODE):$$PATH" npm ci --no-audit --no-fund && PATH="$(PAPERCLIP_NODE):$$PATH" npm test
 
-unit: ## Unit and golden tests only (no control plane)
+unit: postgres-packages ## Unit and golden tests only (no control plane; the relay's PostgreSQL store tests start a throwaway server from Debian's package)
 	$(GOTEST) $$($(GO) list ./... | grep -v '/e2e')
 
 e2e: kube-binaries node-packages paperclip ## The e2e suite alone
