@@ -148,7 +148,7 @@ func TestCompiledPoliciesStandInForTheMutatingWebhook(t *testing.T) {
 	if i < 0 {
 		t.Fatal("the policy writes no source annotation")
 	}
-	stale.Spec.Mutations[0].JSONPatch.Expression = strings.Replace(expr, `generation `, `generation 0`, 1)
+	stale.Spec.Mutations[0].JSONPatch.Expression = strings.Replace(expr, `inherited `, `inherited 0`, 1)
 	if _, err := ar.MutatingAdmissionPolicies().Update(ctx, stale, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}

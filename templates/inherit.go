@@ -1,6 +1,9 @@
 package templates
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -20,8 +23,11 @@ type Inherited struct {
 	Source string `json:"source"`
 	// Tenant: inherited in a tenant namespace, that is nothing.
 	Tenant bool `json:"tenant,omitempty"`
-	// Revision identifies the source's pod template (its generation); it is
-	// recorded on rendered Jobs, not hashed.
+	// Revision identifies what agents inherit ("inherited <hash>" of the
+	// values below); it is recorded on rendered Jobs, not hashed. Not the
+	// Deployment's generation: scaling the server bumps that, and would make
+	// every Job rendered the moment before differ from a render the moment
+	// after (the validating webhook holds a Job to a fresh render).
 	Revision string `json:"-"`
 
 	Image            string                        `json:"image"`
@@ -95,7 +101,6 @@ func InheritFromDeployment(d *appsv1.Deployment, src config.Source) (*Inherited,
 	}
 	in := &Inherited{
 		Source:           ref,
-		Revision:         fmt.Sprintf("generation %d", d.Generation),
 		Image:            c.Image,
 		ImagePullSecrets: tpl.ImagePullSecrets,
 		DNSPolicy:        tpl.DNSPolicy,
@@ -131,7 +136,18 @@ func InheritFromDeployment(d *appsv1.Deployment, src config.Source) (*Inherited,
 		return nil, &SourceError{ref, fmt.Sprintf("container %q mounts no PersistentVolumeClaim at %s; set source.dataMountPath in the clipjob config",
 			src.Container, src.DataMountPath)}
 	}
+	in.Revision = inheritedRevision(in)
 	return in, nil
+}
+
+// inheritedRevision is Inherited.Revision: a hash of what is inherited.
+func inheritedRevision(in *Inherited) string {
+	data, err := json.Marshal(in)
+	if err != nil {
+		panic("hashing inherited values: " + err.Error()) // plain data; cannot fail
+	}
+	sum := sha256.Sum256(data)
+	return "inherited " + hex.EncodeToString(sum[:6])
 }
 
 // filterEnv is the source env agents inherit, by allowlist: the names the

@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/testing/golden"
@@ -135,5 +136,39 @@ func TestRunOptionsCannotComeFromElsewhere(t *testing.T) {
 				t.Errorf("container %s: %s = %q, want set once and empty", ctr.Name, name, got)
 			}
 		}
+	}
+}
+
+// The source's revision on a Job is what agents inherit, not the
+// Deployment's generation: scaling the server (which bumps the generation)
+// leaves it, a new image changes it. A Job rendered the moment before a
+// scale is still the render of the moment after, which the validating
+// webhook requires.
+func TestSourceRevisionIsWhatIsInherited(t *testing.T) {
+	fx := golden.Case(t, "profile-claude_local")
+	base, err := templates.InheritFromDeployment(fx.Source, fx.Config.Source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scaled := fx.Source.DeepCopy()
+	scaled.Generation++
+	scaled.Spec.Replicas = ptr.To[int32](7)
+	again, err := templates.InheritFromDeployment(scaled, fx.Config.Source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Revision != base.Revision || !strings.HasPrefix(base.Revision, "inherited ") {
+		t.Errorf("scaled: revision %q, was %q", again.Revision, base.Revision)
+	}
+	image := fx.Source.DeepCopy()
+	for i := range image.Spec.Template.Spec.Containers {
+		image.Spec.Template.Spec.Containers[i].Image += "-next"
+	}
+	changed, err := templates.InheritFromDeployment(image, fx.Config.Source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if changed.Revision == base.Revision {
+		t.Errorf("a new image kept revision %q", base.Revision)
 	}
 }

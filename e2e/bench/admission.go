@@ -255,9 +255,9 @@ func (b *admissionBench) probe(ctx context.Context) string {
 		return "none"
 	case err != nil:
 		return "error: " + err.Error()
-	case strings.Contains(got.Annotations["clipjob.paperclip.io/source"], "generation") && after == calls:
+	case strings.Contains(got.Annotations["clipjob.paperclip.io/source"], " inherited ") && after == calls:
 		return "compiled"
-	case strings.Contains(got.Annotations["clipjob.paperclip.io/source"], "generation"):
+	case strings.Contains(got.Annotations["clipjob.paperclip.io/source"], " inherited "):
 		return "webhook"
 	case got.Annotations["clipjob.paperclip.io/source"] != "":
 		return "map"
