@@ -3,6 +3,7 @@ package compile
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -65,7 +66,7 @@ func writeLiteral(b *strings.Builder, v any, subst map[string]string) error {
 		b.WriteByte(']')
 	case map[string]any:
 		b.WriteByte('{')
-		for i, k := range slices.Sorted(mapKeys(v)) {
+		for i, k := range slices.Sorted(maps.Keys(v)) {
 			if i > 0 {
 				b.WriteString(", ")
 			}
@@ -77,25 +78,10 @@ func writeLiteral(b *strings.Builder, v any, subst map[string]string) error {
 			b.WriteByte(')')
 		}
 		b.WriteByte('}')
-	case rawExpr:
-		b.WriteString(string(v))
 	default:
 		return fmt.Errorf("unexpected JSON value %T", v)
 	}
 	return nil
-}
-
-// rawExpr is a CEL expression placed in a value tree as it is.
-type rawExpr string
-
-func mapKeys(m map[string]any) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // pointer is a JSON pointer (RFC 6901) to the object's field path.

@@ -172,12 +172,12 @@ func Validate(in Input) Validation {
 		}
 		if err == nil {
 			if kind == AgentRun {
-				pin.Rerender = func(j *batchv1.Job) (*batchv1.Job, error) {
+				pin.Rerender = func(j *batchv1.Job) (*batchv1.Job, bool, error) {
 					res, err := templates.Render(templates.Input{Job: j, Inherited: inh, Config: cfg, Hashes: hashes, Creator: in.User})
 					if err != nil {
-						return nil, err
+						return nil, false, err
 					}
-					return res.Job, nil
+					return res.Job, res.Changed, nil
 				}
 			}
 			if inh.Image != "" {

@@ -92,11 +92,12 @@ type Input struct {
 	// empty (an offline check) skips the creator rule on CREATE.
 	User string
 	// Rerender, on CREATE, completes the Job again as clipjob does
-	// (templates.Render with the facts in force); nil skips the rendered
-	// rule. Render is idempotent, so a Job clipjob completed — by its
-	// mutating webhook or a compiled admission policy — comes back
-	// unchanged, and one that skipped both does not.
-	Rerender func(*batchv1.Job) (*batchv1.Job, error)
+	// (templates.Render with the facts in force) and says whether that
+	// changed it (templates.Result.Changed); nil skips the rendered rule.
+	// Render is idempotent, so a Job clipjob completed — by its mutating
+	// webhook or a compiled admission policy — comes back unchanged, and
+	// one that skipped both does not.
+	Rerender func(*batchv1.Job) (again *batchv1.Job, changed bool, err error)
 }
 
 // SecretMeta returns the metadata of a Secret (its labels and owners), or

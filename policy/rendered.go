@@ -17,14 +17,17 @@ import (
 // complete) nor drift (a compiled policy older than the config or the
 // source): the first field that differs is named.
 func checkRendered(in Input) field.ErrorList {
-	again, err := in.Rerender(in.Job)
+	again, changed, err := in.Rerender(in.Job)
 	if err != nil {
 		return field.ErrorList{field.Forbidden(tplPath, fmt.Sprintf(
 			"clipjob does not complete this Job (%v), so it cannot have been completed by clipjob: create it so that it is (see the error), with clipjob's mutating webhook registered", err))}
 	}
+	if !changed {
+		return nil // the admitted case: Render compared them already
+	}
 	path := firstDifference(in.Job, again)
 	if path == nil {
-		return nil
+		path = tplPath // equal as JSON, unequal semantically: name the template
 	}
 	return field.ErrorList{field.Forbidden(path, "not as clipjob completes this Job: it reached validation without clipjob's mutating webhook "+
 		"or its compiled admission policy, or one of them ran with another configuration or source revision; create the Job again "+
