@@ -48,7 +48,9 @@ func TestCompiledPoliciesMatchTheWebhook(t *testing.T) {
 	// (the validating one would refuse Jobs whose run Secrets are missing).
 	t.Cleanup(func() {
 		cctx := context.Background()
-		deletePolicies(cctx, t, policies)
+		if err := harness.DeleteCompiledPolicies(cctx, env.cs); err != nil {
+			t.Error(err)
+		}
 		if err := harness.Register(cctx, env.cs, env.webhookAddr, env.cluster.CA.CertPEM); err != nil {
 			t.Error(err)
 		}
@@ -203,18 +205,4 @@ func comparable(t *testing.T, j *batchv1.Job) string {
 		t.Fatal(err)
 	}
 	return string(out)
-}
-
-func deletePolicies(ctx context.Context, t *testing.T, policies []compile.Policy) {
-	ar := env.cs.AdmissionregistrationV1()
-	for _, p := range policies {
-		for _, err := range []error{
-			ar.MutatingAdmissionPolicyBindings().Delete(ctx, p.Binding.Name, metav1.DeleteOptions{}),
-			ar.MutatingAdmissionPolicies().Delete(ctx, p.Policy.Name, metav1.DeleteOptions{}),
-		} {
-			if err != nil && !apierrors.IsNotFound(err) {
-				t.Error(err)
-			}
-		}
-	}
 }

@@ -70,12 +70,8 @@ func TestCompiledPoliciesStandInForTheMutatingWebhook(t *testing.T) {
 			stop()
 		}
 		cctx := context.Background()
-		policies, err := env.cs.AdmissionregistrationV1().MutatingAdmissionPolicies().List(cctx, metav1.ListOptions{LabelSelector: compile.ManagedByLabel + "=" + compile.ManagedBy})
-		if err == nil {
-			for _, p := range policies.Items {
-				_ = env.cs.AdmissionregistrationV1().MutatingAdmissionPolicyBindings().Delete(cctx, p.Name, metav1.DeleteOptions{})
-				_ = env.cs.AdmissionregistrationV1().MutatingAdmissionPolicies().Delete(cctx, p.Name, metav1.DeleteOptions{})
-			}
+		if err := harness.DeleteCompiledPolicies(cctx, env.cs); err != nil {
+			t.Error(err)
 		}
 		if err := harness.Register(cctx, env.cs, env.webhookAddr, env.cluster.CA.CertPEM); err != nil {
 			t.Error(err)

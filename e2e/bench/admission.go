@@ -277,17 +277,7 @@ func (b *admissionBench) clear(ctx context.Context) error {
 			return del
 		}
 	}
-	for _, p := range b.compiled {
-		for _, del := range []error{
-			ar.MutatingAdmissionPolicyBindings().Delete(ctx, p.Binding.Name, metav1.DeleteOptions{}),
-			ar.MutatingAdmissionPolicies().Delete(ctx, p.Policy.Name, metav1.DeleteOptions{}),
-		} {
-			if del != nil && !apierrors.IsNotFound(del) {
-				return del
-			}
-		}
-	}
-	return nil
+	return harness.DeleteCompiledPolicies(ctx, b.cs)
 }
 
 // applyCompiled creates clipjob's compiled policies and their bindings.

@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/charts"
+	"github.com/paperclipai/clipjob/compile"
 )
 
 // The suite installs clipjob from its chart: the binaries run with the
@@ -181,6 +182,18 @@ func register(ctx context.Context, cs kubernetes.Interface, mutatingAddr, addr s
 	}
 	_, err = vwcs.Create(ctx, &vwc, metav1.CreateOptions{})
 	return err
+}
+
+// DeleteCompiledPolicies deletes clipjob's compiled MutatingAdmissionPolicies
+// and their bindings (by their managed-by label), whoever wrote them.
+func DeleteCompiledPolicies(ctx context.Context, cs kubernetes.Interface) error {
+	ar := cs.AdmissionregistrationV1()
+	by := metav1.DeleteOptions{}
+	sel := metav1.ListOptions{LabelSelector: compile.ManagedByLabel + "=" + compile.ManagedBy}
+	if err := ar.MutatingAdmissionPolicyBindings().DeleteCollection(ctx, by, sel); err != nil {
+		return err
+	}
+	return ar.MutatingAdmissionPolicies().DeleteCollection(ctx, by, sel)
 }
 
 // ApplyClaimLeasePolicy creates the chart's ValidatingAdmissionPolicy and
