@@ -100,3 +100,33 @@ func TestValidateRefusesAJobClipjobDidNotComplete(t *testing.T) {
 		}
 	})
 }
+
+// Without the source, whether clipjob completed a Job cannot be told: an
+// agent Job's CREATE is refused (503, as the mutating webhook refuses it),
+// never judged without the rendered rule — a client that made its Job
+// look complete would otherwise skip clipjob's completion while the
+// source is away. Offline (no source given) it is not refused here:
+// the mutation's half says what is undecided.
+func TestValidateRefusesWhenTheSourceIsAway(t *testing.T) {
+	fx := golden.Case(t, "profile-claude_local")
+	inh, err := templates.InheritFromDeployment(fx.Source, fx.Config.Source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withSource := decide.Facts{Source: func(*config.Config) (*templates.Inherited, *templates.TemplateHashes, error) { return inh, nil, nil }}
+	m := decide.Mutate(decide.Input{Operation: policy.Create, Job: fx.Job, Config: fx.Config, Facts: withSource})
+	if m.Result == nil {
+		t.Fatal("fixture not completed")
+	}
+	away := decide.Facts{Source: func(*config.Config) (*templates.Inherited, *templates.TemplateHashes, error) {
+		return nil, nil, &templates.SourceError{Source: "paperclip/paperclip", Reason: "not listed yet"}
+	}}
+	v := decide.Validate(decide.Input{Operation: policy.Create, Job: m.Result.Job, Config: fx.Config, Facts: away})
+	if v.Refusal == nil || v.Refusal.Code != 503 || !strings.Contains(v.Refusal.Message, "cannot check that this Job is as clipjob completes it") {
+		t.Fatalf("source away: refusal %+v; want 503", v.Refusal)
+	}
+	offline := decide.Validate(decide.Input{Operation: policy.Create, Job: m.Result.Job, Config: fx.Config, Facts: decide.Facts{}})
+	if offline.Refusal != nil && offline.Refusal.Code == 503 {
+		t.Fatalf("offline without a source: refused %+v", offline.Refusal)
+	}
+}
