@@ -30,6 +30,9 @@ type Options struct {
 	// PostgresSchema holds the relay's tables on the PostgreSQL server,
 	// created and migrated at start.
 	PostgresSchema string
+	// Replicas divide the runs among relays sharing a PostgreSQL store;
+	// with bbolt, one relay collects every run and this is unused.
+	Replicas ReplicaOptions
 	// Namespaces to collect agent pods from; empty means all.
 	Namespaces []string
 	// APIAddr serves the HTTP API.
@@ -81,6 +84,23 @@ type Options struct {
 	Log        logr.Logger
 }
 
+// ReplicaOptions configure the membership of relays sharing a store (see
+// package replicas): each holds a Lease in Namespace, renewed every
+// RenewInterval, and a replica whose Lease was not renewed for
+// LeaseDuration has its runs taken over.
+type ReplicaOptions struct {
+	// Namespace holds the Leases. Default: the relay's own namespace
+	// ($POD_NAMESPACE, else its ServiceAccount's).
+	Namespace string
+	// Group names the relays that divide one store's runs (a Lease label).
+	Group string
+	// Identity is this replica's, unique in the group. Default: the host
+	// name (the pod's name).
+	Identity string
+	// LeaseDuration and RenewInterval: see above.
+	LeaseDuration, RenewInterval time.Duration
+}
+
 // The stores Options.Store names.
 const (
 	StoreBolt     = "bolt"
@@ -103,6 +123,7 @@ func DefaultOptions() Options {
 		Store:                StoreBolt,
 		DataDir:              "/var/lib/clipjob-relay",
 		PostgresSchema:       postgres.DefaultSchema,
+		Replicas:             ReplicaOptions{Group: "clipjob-relay", LeaseDuration: 10 * time.Second, RenewInterval: 2 * time.Second},
 		APIAddr:              ":8090",
 		MetricsAddr:          ":8080",
 		ProbeAddr:            ":8081",
@@ -133,6 +154,7 @@ func (o *Options) validate() error {
 		if o.PostgresSchema == "" {
 			errs = append(errs, errors.New("--postgres-schema (PostgresSchema) is required with --store=postgres"))
 		}
+		errs = append(errs, o.Replicas.validate())
 	default:
 		errs = append(errs, fmt.Errorf("--store (Store) %q: want %q or %q", o.Store, StoreBolt, StorePostgres))
 	}
@@ -173,4 +195,35 @@ func (o *Options) postgresURL() (string, error) {
 		return url, nil
 	}
 	return "", fmt.Errorf("--store=postgres needs a connection string: in the file --postgres-url-file names, or in the environment variable %s", PostgresURLEnv)
+}
+
+// serviceAccountNamespace is the file a pod's ServiceAccount mount names
+// its namespace in.
+const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// validate fills the defaults that come from where the relay runs, and
+// names what is missing.
+func (r *ReplicaOptions) validate() error {
+	var errs []error
+	if r.Namespace == "" {
+		r.Namespace = os.Getenv("POD_NAMESPACE")
+	}
+	if r.Namespace == "" {
+		if b, err := os.ReadFile(serviceAccountNamespace); err == nil {
+			r.Namespace = strings.TrimSpace(string(b))
+		}
+	}
+	if r.Identity == "" {
+		r.Identity, _ = os.Hostname()
+	}
+	if r.Namespace == "" {
+		errs = append(errs, errors.New("--lease-namespace (Replicas.Namespace) is required with --store=postgres outside a pod: the namespace of the relays' Leases"))
+	}
+	if r.Identity == "" || r.Group == "" {
+		errs = append(errs, errors.New("--replica-id and --lease-group (Replicas.Identity, Group) are required with --store=postgres"))
+	}
+	if r.RenewInterval <= 0 || r.LeaseDuration < 2*r.RenewInterval {
+		errs = append(errs, fmt.Errorf("--lease-duration (%s) must be at least twice --lease-renew-interval (%s)", r.LeaseDuration, r.RenewInterval))
+	}
+	return errors.Join(errs...)
 }

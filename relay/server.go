@@ -31,6 +31,7 @@ import (
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/relay/api"
 	"github.com/paperclipai/clipjob/relay/collect"
+	"github.com/paperclipai/clipjob/relay/replicas"
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
 )
@@ -89,6 +90,9 @@ func Serve(ctx context.Context, o Options) error {
 		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Mirror: &collect.Mirror{Dir: o.MirrorDir, Base: o.MirrorBase, Store: store},
 		Pods: svc.pod, JobFailure: jobFailure(client)}
 	svc.coll.Start(collectCtx)
+	if err := svc.divideRuns(mgr, store); err != nil {
+		return err
+	}
 	// If the service never ran its ordered stop: followers end, then flush,
 	// then (deferred first) the store closes.
 	defer svc.coll.Stop()
@@ -206,6 +210,11 @@ type service struct {
 	stopCollecting context.CancelFunc
 	// listening: the API accepts connections.
 	listening atomic.Bool
+	// members divides the runs among the relays sharing a PostgreSQL
+	// store; nil with bbolt (this relay collects every run). rebalance is
+	// kicked when the runs this relay owns change.
+	members   *replicas.Members
+	rebalance chan struct{}
 }
 
 // apiReady is the readiness of the API: listening.
@@ -233,6 +242,9 @@ func (s *service) pod(ns, name string) *corev1.Pod {
 // Serve closes the store once the manager returns.
 func (s *service) Start(ctx context.Context) error {
 	go s.finishVanishedRuns(s.collectCtx)
+	if s.members != nil {
+		go s.rebalanceUntil(s.collectCtx)
+	}
 
 	api, serveErr, err := s.serveAPI(s.collectCtx)
 	if err != nil {

@@ -43,16 +43,29 @@ type Collector struct {
 	MaxStreams int
 	// Mirror, when set, keeps each run's NDJSON file on the shared volume.
 	Mirror *Mirror
-	Log    logr.Logger
+	// Owns, when set, says whether this relay collects the run with the
+	// given id (the pod's run-id label): several relays sharing a store
+	// divide the runs. Nil: every run. See Rebalance.
+	Owns func(run string) bool
+	Log  logr.Logger
 
 	ctx   context.Context
 	slots chan struct{}
 	wg    sync.WaitGroup
 
-	mu        sync.Mutex
-	stopped   bool
-	followers map[string]bool               // stream key -> still following
-	byPod     map[types.UID]map[string]bool // pod -> its stream keys
+	mu      sync.Mutex
+	stopped bool
+	pods    map[types.UID]*podStreams // the pods followed
+}
+
+// podStreams are the streams of one pod this relay follows.
+type podStreams struct {
+	run string // the pod's run-id label, what ownership is decided by
+	// ctx ends the pod's followers when another relay takes its run over.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// following: stream key -> still following.
+	following map[string]bool
 }
 
 // Start prepares the collector; followers live until ctx ends.
@@ -63,9 +76,11 @@ func (c *Collector) Start(ctx context.Context) {
 	}
 	c.ctx = ctx
 	c.slots = make(chan struct{}, c.MaxStreams)
-	c.followers = map[string]bool{}
-	c.byPod = map[types.UID]map[string]bool{}
+	c.pods = map[types.UID]*podStreams{}
 }
+
+// owns says whether this relay collects run.
+func (c *Collector) owns(run string) bool { return c.Owns == nil || c.Owns(run) }
 
 // Stop starts no more followers and waits until every follower has
 // returned (after ctx ended), so a shutdown has flushed everything.
@@ -84,7 +99,7 @@ func (c *Collector) Stop() {
 // client that knows its Job finds its run whoever took the id first.
 func (c *Collector) OnPod(pod *corev1.Pod) {
 	run := pod.Labels[contract.LabelRunID]
-	if run == "" {
+	if run == "" || !c.owns(run) {
 		return
 	}
 	job := metav1.GetControllerOf(pod)
@@ -190,7 +205,7 @@ func (c *Collector) ignore(pod *corev1.Pod, run, reason, why string) {
 func (c *Collector) OnPodDeleted(pod *corev1.Pod) {
 	run := pod.Labels[contract.LabelRunID]
 	job := metav1.GetControllerOf(pod)
-	if run == "" || job == nil {
+	if run == "" || job == nil || !c.owns(run) {
 		return
 	}
 	keys := []string{run}
@@ -217,24 +232,26 @@ func (c *Collector) followAll(pod *corev1.Pod, run string) {
 				continue
 			}
 			c.follow(StreamRef{Run: run, Namespace: pod.Namespace, Pod: pod.Name, PodUID: string(pod.UID),
-				Container: st.Name, ContainerID: id})
+				Container: st.Name, ContainerID: id}, pod.Labels[contract.LabelRunID])
 		}
 	}
 }
 
-func (c *Collector) follow(ref StreamRef) {
+func (c *Collector) follow(ref StreamRef, run string) {
 	key := ref.Key()
+	uid := types.UID(ref.PodUID)
 	c.mu.Lock()
-	if _, seen := c.followers[key]; seen || c.stopped {
+	ps := c.pods[uid]
+	if c.stopped || (ps != nil && ps.seen(key)) {
 		c.mu.Unlock()
 		return
 	}
-	c.followers[key] = true
-	uid := types.UID(ref.PodUID)
-	if c.byPod[uid] == nil {
-		c.byPod[uid] = map[string]bool{}
+	if ps == nil {
+		ctx, cancel := context.WithCancel(c.ctx)
+		ps = &podStreams{run: run, ctx: ctx, cancel: cancel, following: map[string]bool{}}
+		c.pods[uid] = ps
 	}
-	c.byPod[uid][key] = true
+	ps.following[key] = true
 	c.mu.Unlock()
 
 	f := &follower{ref: ref, src: c.Source, store: c.Store, redact: c.Redact, opts: c.Follow, slots: c.slots,
@@ -243,15 +260,46 @@ func (c *Collector) follow(ref StreamRef) {
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		f.run(c.ctx)
-		if c.ctx.Err() != nil {
-			return // shutting down: not drained, resume after restart
+		f.run(ps.ctx)
+		if ps.ctx.Err() != nil {
+			// Shutting down (not drained: resumed after a restart), or
+			// another relay took the run over (Rebalance forgot the pod).
+			return
 		}
 		c.mu.Lock()
-		c.followers[key] = false
+		if c.pods[uid] == ps {
+			ps.following[key] = false
+		}
 		c.mu.Unlock()
 		c.maybeFinish(ref.Namespace, ref.Pod, uid, ref.Run)
 	}()
+}
+
+// seen says whether the stream is or was followed.
+func (ps *podStreams) seen(key string) bool {
+	_, ok := ps.following[key]
+	return ok
+}
+
+// Rebalance applies a change of the runs this relay owns (Owns): the
+// followers of pods whose run it no longer owns stop (what they read is
+// committed, from the cursor they started from, so a relay that took the
+// run over meanwhile loses nothing to them and gets nothing twice), and
+// the pods of runs it now owns are followed from their stored cursors.
+// pods are every agent pod there is (the informer's cache). Call
+// Reconcile after it to finish the runs it now owns whose pod is gone.
+func (c *Collector) Rebalance(pods []*corev1.Pod) {
+	c.mu.Lock()
+	for uid, ps := range c.pods {
+		if !c.owns(ps.run) {
+			ps.cancel()
+			delete(c.pods, uid)
+		}
+	}
+	c.mu.Unlock()
+	for _, p := range pods {
+		c.OnPod(p)
+	}
 }
 
 func (c *Collector) containerState(ref StreamRef) containerState {
@@ -283,18 +331,18 @@ func (c *Collector) maybeFinish(ns, name string, uid types.UID, run string) {
 		c.followAll(pod, run)
 	}
 	c.mu.Lock()
-	for key := range c.byPod[uid] {
-		if c.followers[key] {
-			c.mu.Unlock()
-			return
+	if ps := c.pods[uid]; ps != nil {
+		for _, following := range ps.following {
+			if following {
+				c.mu.Unlock()
+				return
+			}
 		}
-	}
-	if gone {
-		// Nothing more can come from this pod: forget its streams.
-		for key := range c.byPod[uid] {
-			delete(c.followers, key)
+		if gone {
+			// Nothing more can come from this pod: forget its streams.
+			ps.cancel()
+			delete(c.pods, uid)
 		}
-		delete(c.byPod, uid)
 	}
 	c.mu.Unlock()
 	if err := c.finish(run, gone); err != nil {
@@ -418,6 +466,9 @@ func (c *Collector) Reconcile() (int, error) {
 	}
 	n := 0
 	for _, r := range runs {
+		if !c.owns(runID(r.ID)) {
+			continue // another relay's to finish
+		}
 		if p := c.Pods(r.Namespace, r.Pod); p != nil && string(p.UID) == r.PodUID {
 			continue
 		}
@@ -427,6 +478,13 @@ func (c *Collector) Reconcile() (int, error) {
 		n++
 	}
 	return n, nil
+}
+
+// runID is the run id (the pods' label) of the run kept under key: key
+// itself, or what precedes the Job's UID in store.RunKey.
+func runID(key string) string {
+	id, _, _ := strings.Cut(key, "@")
+	return id
 }
 
 // timedOut marks the run's result timed out if its Job failed with

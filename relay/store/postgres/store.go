@@ -572,3 +572,6 @@ func (s *Store) Size() int64 {
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind = 'r'`, s.schema).Scan(&n)
 	return n
 }
+
+// Ping says whether the server answers, within ctx.
+func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }

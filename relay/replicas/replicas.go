@@ -1,0 +1,340 @@
+// Package replicas decides which relay replica collects which run when
+// several relays share one store (PostgreSQL).
+//
+// Each replica holds one Lease of its own (coordination.k8s.io/v1, named
+// <group>-<identity>, labeled LabelGroup=<group>) and renews it every
+// RenewInterval. The live replicas are the Leases of the group this
+// replica saw renewed within their duration, by its own clock (as client-go's
+// leader election does: no two clocks are compared). A run belongs to the
+// live replica that rendezvous hashing (highest random weight) picks for
+// its run id, so all the pods of a run, and the runs kept apart under the
+// same id, are collected by one replica, as by a single relay.
+//
+// Why a hash over member Leases, not a Lease per pod or stream: the writes
+// to the API server grow with replicas, not with runs (three replicas renew
+// three Leases every two seconds whether they follow ten runs or a
+// thousand; a Lease per pod renews a thousand); a takeover is no race for
+// Leases, since every replica computes the same owner from the same
+// members; and a replica that dies moves only its own runs (rendezvous
+// hashing keeps every other run where it is). What neither design can
+// promise is that two replicas never both believe they own a run — for the
+// seconds their views of the members differ — and the store makes that
+// harmless: a commit is refused unless the stream's stored cursor is the
+// one its writer started from, so each line is stored once.
+package replicas
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+)
+
+// LabelGroup marks a replica's Lease with its group: the relays that share
+// one store and divide its runs.
+const LabelGroup = "clipjob.paperclip.io/relay-group"
+
+// Members is this replica's membership of its group and its view of the
+// others. Owns is safe to call at any time; Start runs the membership.
+type Members struct {
+	Client kubernetes.Interface
+	// Namespace holds the group's Leases; Group names it; Identity is this
+	// replica's (unique in the group: the pod's name).
+	Namespace, Group, Identity string
+	// LeaseDuration: a replica whose Lease was not renewed for this long
+	// is gone, and its runs are taken over. RenewInterval: how often this
+	// replica renews its Lease and reads the others'.
+	LeaseDuration, RenewInterval time.Duration
+	// Healthy, when set, says whether this replica may collect (its store
+	// answers): while it returns an error, the replica leaves the group,
+	// so that the others take its runs over, and owns nothing.
+	Healthy func() error
+	// OnChange, when set, runs after the runs this replica owns may have
+	// changed (the members, or its own membership). It runs on the
+	// membership's goroutine: the next renewal waits for it.
+	OnChange func()
+	Log      logr.Logger
+
+	mu       sync.Mutex
+	member   bool
+	live     []string // sorted identities of the live members, this one included when member
+	why      string   // why this replica is not a member, "" when it is
+	seen     map[string]observation
+	renewed  time.Time // last successful renewal of this replica's Lease
+	held     bool      // this replica's Lease exists with it as holder
+	started  bool
+	changeCh chan struct{}
+}
+
+// observation is when this replica last saw another's Lease renewed.
+type observation struct {
+	renew    time.Time // the Lease's renewTime, as written by its holder
+	at       time.Time // when this replica saw that renewTime first
+	duration time.Duration
+}
+
+// LeaseName is the name of identity's Lease in group.
+func LeaseName(group, identity string) string { return group + "-" + identity }
+
+func (m *Members) validate() error {
+	switch {
+	case m.Client == nil:
+		return errors.New("replicas: no API client")
+	case m.Namespace == "" || m.Group == "" || m.Identity == "":
+		return errors.New("replicas: namespace, group and identity are required")
+	case m.RenewInterval <= 0 || m.LeaseDuration < 2*m.RenewInterval:
+		return fmt.Errorf("replicas: the lease duration (%s) must be at least twice the renew interval (%s)", m.LeaseDuration, m.RenewInterval)
+	}
+	return nil
+}
+
+// Owns says whether this replica collects the run whose id is key: it is
+// a member of its group and the hash picks it among the live members.
+func (m *Members) Owns(key string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.member && Pick(m.live, key) == m.Identity
+}
+
+// Pick is the member rendezvous hashing gives key: the one with the
+// highest hash of (member, key). "" when there are none.
+func Pick(members []string, key string) string {
+	best, bestScore := "", uint64(0)
+	k := hash(key)
+	for _, id := range members {
+		if s := mix(hash(id) ^ mix(k)); best == "" || s > bestScore || (s == bestScore && id < best) {
+			best, bestScore = id, s
+		}
+	}
+	return best
+}
+
+func hash(s string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(s))
+	return h.Sum64()
+}
+
+// mix is MurmurHash3's 64-bit finalizer: FNV alone of names that differ in
+// a byte gives scores so alike that one member won most runs.
+func mix(x uint64) uint64 {
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	x *= 0xc4ceb9fe1a85ec53
+	x ^= x >> 33
+	return x
+}
+
+// Status is this replica's membership: whether it collects, the live
+// members it sees, and why it is not a member.
+func (m *Members) Status() (member bool, live []string, why string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.member, slices.Clone(m.live), m.why
+}
+
+// Changed returns a channel closed at the next change of the members or
+// of this replica's membership (for tests and waiters).
+func (m *Members) Changed() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.changeCh == nil {
+		m.changeCh = make(chan struct{})
+	}
+	return m.changeCh
+}
+
+// Start renews this replica's Lease and follows the group until ctx ends,
+// then deletes its Lease, so the others take its runs over at once rather
+// than after LeaseDuration. It implements manager.Runnable.
+func (m *Members) Start(ctx context.Context) error {
+	if err := m.validate(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	if m.started {
+		m.mu.Unlock()
+		return errors.New("replicas: started twice")
+	}
+	m.started, m.seen = true, map[string]observation{}
+	m.mu.Unlock()
+	t := time.NewTicker(m.RenewInterval)
+	defer t.Stop()
+	for {
+		m.round(ctx)
+		select {
+		case <-ctx.Done():
+			m.leave()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// round renews (or, unhealthy, releases) this replica's Lease, reads the
+// group's and updates the view; OnChange runs if it changed.
+func (m *Members) round(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, m.RenewInterval)
+	defer cancel()
+	now := time.Now()
+	why := ""
+	if m.Healthy != nil {
+		if err := m.Healthy(); err != nil {
+			why = err.Error()
+		}
+	}
+	if why == "" {
+		if err := m.renew(rctx, now); err != nil {
+			m.Log.Error(err, "renewing this relay's Lease", "lease", LeaseName(m.Group, m.Identity))
+		}
+	} else if m.held {
+		m.release(rctx)
+	}
+	leases, err := m.Client.CoordinationV1().Leases(m.Namespace).List(rctx, metav1.ListOptions{LabelSelector: LabelGroup + "=" + m.Group})
+	if err != nil {
+		m.Log.Error(err, "reading the relays' Leases")
+	}
+	m.mu.Lock()
+	if err == nil {
+		m.observe(leases.Items, now)
+	}
+	deadline := m.LeaseDuration - 2*m.RenewInterval
+	if deadline < m.RenewInterval {
+		deadline = m.RenewInterval
+	}
+	if why == "" && time.Since(m.renewed) >= deadline {
+		why = fmt.Sprintf("this relay's Lease was not renewed for %s: the others take its runs over", deadline)
+	}
+	member := why == ""
+	var live []string
+	for id, o := range m.seen {
+		if id != m.Identity && now.Sub(o.at) < o.duration {
+			live = append(live, id)
+		}
+	}
+	if member {
+		live = append(live, m.Identity)
+	}
+	slices.Sort(live)
+	changed := member != m.member || !slices.Equal(live, m.live)
+	if why != m.why {
+		if why != "" {
+			m.Log.Info("not collecting", "why", why)
+		} else {
+			m.Log.Info("collecting its share of the runs", "replicas", live)
+		}
+	}
+	m.member, m.live, m.why = member, live, why
+	var ch chan struct{}
+	if changed {
+		ch, m.changeCh = m.changeCh, nil
+	}
+	m.mu.Unlock()
+	if !changed {
+		return
+	}
+	replicasLive.Set(float64(len(live)))
+	collecting.Set(map[bool]float64{true: 1, false: 0}[member])
+	m.Log.Info("relay replicas changed", "live", live, "member", member)
+	if m.OnChange != nil {
+		m.OnChange()
+	}
+	if ch != nil {
+		close(ch)
+	}
+}
+
+// observe records when each Lease of the group was last seen renewed;
+// a released or deleted Lease is forgotten at once.
+func (m *Members) observe(leases []coordinationv1.Lease, now time.Time) {
+	present := map[string]bool{}
+	for _, l := range leases {
+		id := ptr.Deref(l.Spec.HolderIdentity, "")
+		if id == "" || l.Name != LeaseName(m.Group, id) {
+			continue // released, or not a member's Lease
+		}
+		present[id] = true
+		renew := time.Time{}
+		if l.Spec.RenewTime != nil {
+			renew = l.Spec.RenewTime.Time
+		}
+		d := time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0)) * time.Second
+		if d <= 0 {
+			d = m.LeaseDuration
+		}
+		if o, ok := m.seen[id]; !ok || !o.renew.Equal(renew) {
+			m.seen[id] = observation{renew: renew, at: now, duration: d}
+		}
+	}
+	for id := range m.seen {
+		if !present[id] {
+			delete(m.seen, id)
+		}
+	}
+}
+
+// renew creates or renews this replica's Lease.
+func (m *Members) renew(ctx context.Context, now time.Time) error {
+	leases := m.Client.CoordinationV1().Leases(m.Namespace)
+	name := LeaseName(m.Group, m.Identity)
+	secs := int32((m.LeaseDuration + time.Second - 1) / time.Second)
+	l, err := leases.Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: m.Namespace, Labels: map[string]string{LabelGroup: m.Group}},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: &m.Identity, LeaseDurationSeconds: &secs,
+				AcquireTime: &metav1.MicroTime{Time: now}, RenewTime: &metav1.MicroTime{Time: now}}}
+		_, err = leases.Create(ctx, l, metav1.CreateOptions{})
+	case err == nil:
+		if ptr.Deref(l.Spec.HolderIdentity, "") != m.Identity {
+			l.Spec.HolderIdentity, l.Spec.AcquireTime = &m.Identity, &metav1.MicroTime{Time: now}
+		}
+		l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &secs, &metav1.MicroTime{Time: now}
+		if l.Labels == nil {
+			l.Labels = map[string]string{}
+		}
+		l.Labels[LabelGroup] = m.Group
+		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.renewed, m.held = now, true
+	m.mu.Unlock()
+	return nil
+}
+
+// release deletes this replica's Lease: the others take its runs over at
+// their next reading, not after LeaseDuration.
+func (m *Members) release(ctx context.Context) {
+	err := m.Client.CoordinationV1().Leases(m.Namespace).Delete(ctx, LeaseName(m.Group, m.Identity), metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		m.Log.Error(err, "releasing this relay's Lease")
+		return
+	}
+	m.mu.Lock()
+	m.held, m.renewed = false, time.Time{}
+	m.mu.Unlock()
+}
+
+// leave releases the Lease when the relay stops, owning nothing from then on.
+func (m *Members) leave() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	m.mu.Lock()
+	m.member, m.why = false, "stopping"
+	m.mu.Unlock()
+	m.release(ctx)
+}

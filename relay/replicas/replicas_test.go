@@ -1,0 +1,210 @@
+package replicas
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+// group is replicas sharing one (fake) API server.
+type group struct {
+	t      *testing.T
+	client *fake.Clientset
+	// cut: the replicas whose writes to their Lease fail (a replica cut
+	// off from the API server, or killed: its Lease is renewed no more).
+	mu  sync.Mutex
+	cut map[string]bool
+}
+
+func newGroup(t *testing.T) *group {
+	g := &group{t: t, client: fake.NewClientset(), cut: map[string]bool{}}
+	cutOff := func(a k8stesting.Action) (bool, runtime.Object, error) {
+		var name string
+		switch a := a.(type) {
+		case k8stesting.CreateAction:
+			name = a.GetObject().(*coordinationv1.Lease).Name
+		case k8stesting.UpdateAction:
+			name = a.GetObject().(*coordinationv1.Lease).Name
+		case k8stesting.DeleteAction:
+			name = a.GetName()
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		for id := range g.cut {
+			if name == LeaseName("relays", id) {
+				return true, nil, errors.New("cut off from the API server")
+			}
+		}
+		return false, nil, nil
+	}
+	for _, verb := range []string{"create", "update", "delete"} {
+		g.client.PrependReactor(verb, "leases", cutOff)
+	}
+	return g
+}
+
+// member starts a replica; it stops (releasing its Lease) when the test
+// ends or stop is called.
+func (g *group) member(id string, healthy func() error) (m *Members, stop func()) {
+	m = &Members{Client: g.client, Namespace: "ns", Group: "relays", Identity: id,
+		LeaseDuration: 1200 * time.Millisecond, RenewInterval: 200 * time.Millisecond, Healthy: healthy, Log: logr.Discard()}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = m.Start(ctx); close(done) }()
+	stop = func() { cancel(); <-done }
+	g.t.Cleanup(stop)
+	return m, stop
+}
+
+// keys are run ids to divide.
+var keys = func() []string {
+	var k []string
+	for i := range 300 {
+		k = append(k, fmt.Sprintf("run-%d", i))
+	}
+	return k
+}()
+
+// waitOwners waits until every key is owned by exactly one of ms and
+// those members see exactly the live set want.
+func waitOwners(t *testing.T, want []string, ms ...*Members) map[string]int {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		owners, ok := map[string]int{}, true
+		for _, m := range ms {
+			member, live, _ := m.Status()
+			if member != slices.Contains(want, m.Identity) || !slices.Equal(live, want) && member {
+				ok = false
+			}
+		}
+		for _, k := range keys {
+			n := 0
+			for _, m := range ms {
+				if m.Owns(k) {
+					n++
+					owners[m.Identity]++
+				}
+			}
+			if n != 1 && len(want) > 0 || n != 0 && len(want) == 0 {
+				ok = false
+			}
+		}
+		if ok {
+			return owners
+		}
+		if time.Now().After(deadline) {
+			var st []string
+			for _, m := range ms {
+				member, live, why := m.Status()
+				st = append(st, fmt.Sprintf("%s: member %v live %v why %q", m.Identity, member, live, why))
+			}
+			t.Fatalf("after a minute the runs are not divided among %v: %v", want, st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestMembersDivideTheRuns: three replicas each own a share of the runs,
+// and every run has exactly one owner; when one stops (its Lease
+// released) or dies (its Lease renewed no more), the others divide its
+// runs and keep their own; one that comes back gets its share back.
+func TestMembersDivideTheRuns(t *testing.T) {
+	g := newGroup(t)
+	a, _ := g.member("a", nil)
+	b, stopB := g.member("b", nil)
+	c, _ := g.member("c", nil)
+	owners := waitOwners(t, []string{"a", "b", "c"}, a, b, c)
+	for _, id := range []string{"a", "b", "c"} {
+		if owners[id] < 50 {
+			t.Errorf("replica %s owns %d of %d runs: a share, not a third, but not this few", id, owners[id], len(keys))
+		}
+	}
+	before := map[string]string{}
+	for _, k := range keys {
+		before[k] = Pick([]string{"a", "b", "c"}, k)
+	}
+
+	// c dies: its Lease is renewed no more. After the Lease's duration
+	// the others take its runs; c itself stops owning anything.
+	g.mu.Lock()
+	g.cut["c"] = true
+	g.mu.Unlock()
+	start := time.Now()
+	waitOwners(t, []string{"a", "b"}, a, b, c)
+	t.Logf("runs of a replica whose Lease stopped being renewed taken over in %s (lease 1.2s, renewal 0.2s)", time.Since(start).Round(10*time.Millisecond))
+	if _, _, why := c.Status(); why == "" {
+		t.Error("the replica whose Lease is not renewed says nothing of why it does not collect")
+	}
+	for _, k := range keys {
+		if before[k] != "c" && !map[string]*Members{"a": a, "b": b}[before[k]].Owns(k) {
+			t.Fatalf("run %s moved from %s though its replica lives on", k, before[k])
+		}
+	}
+
+	// c is back; b stops cleanly: its runs move at the next reading.
+	g.mu.Lock()
+	delete(g.cut, "c")
+	g.mu.Unlock()
+	waitOwners(t, []string{"a", "b", "c"}, a, b, c)
+	start = time.Now()
+	stopB()
+	waitOwners(t, []string{"a", "c"}, a, c)
+	if d := time.Since(start); d > 1200*time.Millisecond {
+		t.Errorf("a stopped replica's runs taken over after %s: it released its Lease, so at the next reading, not after the Lease's duration", d)
+	}
+}
+
+// TestAnUnhealthyReplicaLeaves: a replica whose store does not answer
+// owns nothing and releases its Lease, so the others take its runs at
+// once; healthy again, it takes its share back.
+func TestAnUnhealthyReplicaLeaves(t *testing.T) {
+	g := newGroup(t)
+	var down atomic.Bool
+	a, _ := g.member("a", nil)
+	b, _ := g.member("b", func() error {
+		if down.Load() {
+			return errors.New("the store does not answer")
+		}
+		return nil
+	})
+	waitOwners(t, []string{"a", "b"}, a, b)
+	down.Store(true)
+	waitOwners(t, []string{"a"}, a, b)
+	if _, _, why := b.Status(); why != "the store does not answer" {
+		t.Errorf("why b does not collect: %q", why)
+	}
+	if _, err := g.client.CoordinationV1().Leases("ns").Get(context.Background(), LeaseName("relays", "b"), metav1.GetOptions{}); err == nil {
+		t.Error("the unhealthy replica's Lease is still there")
+	}
+	down.Store(false)
+	waitOwners(t, []string{"a", "b"}, a, b)
+}
+
+// TestPickMovesOnlyTheLeaversRuns: rendezvous hashing moves only the runs
+// of the member that left.
+func TestPickMovesOnlyTheLeaversRuns(t *testing.T) {
+	all := []string{"r-0", "r-1", "r-2", "r-3"}
+	for _, k := range keys {
+		was := Pick(all, k)
+		now := Pick([]string{"r-0", "r-1", "r-3"}, k)
+		if was != "r-2" && now != was {
+			t.Fatalf("run %s moved from %s to %s when r-2 left", k, was, now)
+		}
+	}
+	if Pick(nil, "x") != "" {
+		t.Error("a run has an owner among no members")
+	}
+}

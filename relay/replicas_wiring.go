@@ -1,0 +1,159 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/paperclipai/clipjob/relay/replicas"
+	"github.com/paperclipai/clipjob/relay/store"
+)
+
+// pinger is a store on a server, which can be out of reach (PostgreSQL).
+type pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// divideRuns, for a store several relays share, makes this relay one of
+// its group (package replicas): it collects only the runs it owns, hands
+// them over when the members change, stops collecting while its store is
+// out of reach, and says so in readiness. With bbolt it does nothing: one
+// relay collects every run, as before replicas existed.
+func (s *service) divideRuns(mgr manager.Manager, st store.Backend) error {
+	p, ok := st.(pinger)
+	if !ok {
+		return nil
+	}
+	replicas.RegisterMetrics()
+	o := s.opts.Replicas
+	health := &storeHealth{ping: p.Ping, interval: o.RenewInterval, log: s.log.WithName("store")}
+	s.rebalance = make(chan struct{}, 1)
+	s.members = &replicas.Members{Client: s.client, Namespace: o.Namespace, Group: o.Group, Identity: o.Identity,
+		LeaseDuration: o.LeaseDuration, RenewInterval: o.RenewInterval, Healthy: health.err,
+		OnChange: s.kickRebalance, Log: s.log.WithName("replicas")}
+	s.coll.Owns = s.members.Owns
+	if err := mgr.Add(health); err != nil {
+		return err
+	}
+	if err := mgr.Add(s.members); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("store", func(*http.Request) error { return health.err() }); err != nil {
+		return err
+	}
+	return mgr.AddReadyzCheck("collecting", s.collectingReady)
+}
+
+// collectingReady: this relay collects its share of the runs.
+func (s *service) collectingReady(*http.Request) error {
+	member, _, why := s.members.Status()
+	if !member {
+		if why == "" {
+			why = "joining the relays sharing the store"
+		}
+		return fmt.Errorf("not collecting: %s", why)
+	}
+	return nil
+}
+
+func (s *service) kickRebalance() {
+	select {
+	case s.rebalance <- struct{}{}:
+	default: // one is pending: it will see this change too
+	}
+}
+
+// rebalanceUntil applies each change of the runs this relay owns, once
+// the pod cache has synced: followers of runs handed over stop, runs taken
+// over are followed from their stored cursors, and those whose pods
+// vanished meanwhile are finished.
+func (s *service) rebalanceUntil(ctx context.Context) {
+	if !s.cache.WaitForCacheSync(ctx) {
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.rebalance:
+		}
+		var list corev1.PodList
+		if err := s.cache.List(ctx, &list); err != nil {
+			s.log.Error(err, "listing agent pods to rebalance")
+			continue
+		}
+		pods := make([]*corev1.Pod, len(list.Items))
+		for i := range list.Items {
+			pods[i] = &list.Items[i]
+		}
+		s.coll.Rebalance(pods)
+		if member, _, _ := s.members.Status(); !member {
+			continue // its store may be out of reach; the next member finishes them
+		}
+		if n, err := s.coll.Reconcile(); err != nil {
+			s.log.Error(err, "finishing runs taken over whose pods vanished")
+		} else if n > 0 {
+			s.log.Info("finished runs taken over whose pods vanished", "runs", n)
+		}
+	}
+}
+
+// storeHealth pings the store every interval. It is unhealthy after two
+// pings in a row failed (one can meet a connection the server closed,
+// which the pool then replaces), healthy again after one answered.
+type storeHealth struct {
+	ping     func(context.Context) error
+	interval time.Duration
+	log      logr.Logger
+
+	mu    sync.Mutex
+	fails int
+	last  error
+}
+
+// err is nil while the store answers, else why it does not.
+func (h *storeHealth) err() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fails < 2 {
+		return nil
+	}
+	return fmt.Errorf("the store does not answer: %w", h.last)
+}
+
+// Start implements manager.Runnable.
+func (h *storeHealth) Start(ctx context.Context) error {
+	t := time.NewTicker(h.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := h.ping(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		h.mu.Lock()
+		was := h.fails >= 2
+		if err != nil {
+			h.fails, h.last = h.fails+1, err
+		} else {
+			h.fails, h.last = 0, nil
+		}
+		now := h.fails >= 2
+		h.mu.Unlock()
+		if was != now {
+			h.log.Info("store reachable", "reachable", !now, "err", err)
+		}
+	}
+}
