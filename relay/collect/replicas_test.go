@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
@@ -172,6 +174,112 @@ func TestFollowerSurvivesAPostgresRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d lines written, %d by the time the server was back, %d stream sessions", n, after, src.sessions)
+	if len(got) != n {
+		t.Fatalf("stored %d lines, want %d", len(got), n)
+	}
+	for i, l := range got {
+		if want := fmt.Sprintf(`{"n":%d}`, i); l.Line != want || l.Seq != uint64(i+1) {
+			t.Fatalf("line %d: seq %d %q, want %q", i, l.Seq, l.Line, want)
+		}
+	}
+}
+
+// TestRunsHandedOverBetweenRelaysStoreEachLineOnce: two relays, each with
+// its own connection to one PostgreSQL store, follow one pod while a flood
+// of lines is written, and the run is handed back and forth between them
+// (Owns, then Rebalance on both, as a change of the members does),
+// sometimes with both owning it at once (their views of the members
+// differ for a moment). Each line is stored once, in order, and the run
+// is finished once.
+func TestRunsHandedOverBetweenRelaysStoreEachLineOnce(t *testing.T) {
+	srv, err := pgtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	var owner atomic.Value
+	owner.Store("a")
+	logs, cache := &podLogs{logs: map[string]*fakeLog{}}, &podCache{pods: map[string]*corev1.Pod{}}
+	relay := func(name string) (*Collector, store.Backend) {
+		s, err := postgres.Open(context.Background(), postgres.Options{ConnString: srv.ConnString("postgres")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &Collector{Store: s, Source: logs, Pods: cache.get, Log: logr.Discard(),
+			Owns: func(string) bool { o := owner.Load().(string); return o == name || o == "both" },
+			Follow: FollowOptions{DrainIdle: 5 * time.Second, DrainMax: time.Minute, BatchWait: 5 * time.Millisecond, BatchLines: 16,
+				BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond}}
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(func() { cancel(); c.Stop(); s.Close() })
+		c.Start(ctx)
+		return c, s
+	}
+	a, s := relay("a")
+	b, _ := relay("b")
+	pod := agentPod("p1", "uid-1", time.Now())
+	pod.Status.Phase = corev1.PodRunning
+	pod.Status.InitContainerStatuses = []corev1.ContainerStatus{terminated("setup", "c-setup")}
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "agent", ContainerID: "c-agent",
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+	logs.end("p1", "setup")
+	cache.set(pod)
+	for _, c := range []*Collector{a, b} {
+		c.OnPod(pod)
+	}
+	agent := logs.get("p1", "agent")
+	var written atomic.Int64
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			writeBurst(agent, int(written.Load()), 6)
+			written.Add(6)
+		}
+	}()
+	stored := func() uint64 {
+		r, _ := s.Run("run-1")
+		if r == nil {
+			return 0
+		}
+		return r.LastSeq
+	}
+	for i, next := range []string{"b", "both", "a", "both", "b", "a"} {
+		at := stored()
+		waitFor(t, func() bool { return stored() >= at+100 }, fmt.Sprintf("handover %d: nothing stored", i))
+		owner.Store(next)
+		for _, c := range []*Collector{a, b} {
+			c.Rebalance([]*corev1.Pod{pod})
+		}
+	}
+	close(stop)
+	<-stopped
+	final := pod.DeepCopy()
+	final.Status.Phase = corev1.PodSucceeded
+	final.Status.ContainerStatuses = []corev1.ContainerStatus{terminated("agent", "c-agent")}
+	cache.set(final)
+	agent.end()
+	for _, c := range []*Collector{a, b} {
+		c.OnPod(final)
+	}
+	waitFor(t, func() bool { r, _ := s.Run("run-1"); return r != nil && r.Done }, "the run was not finished")
+	n := int(written.Load())
+	var got []store.Line
+	for after := uint64(0); ; {
+		more, err := s.Lines("run-1", after, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(more) == 0 {
+			break
+		}
+		got, after = append(got, more...), more[len(more)-1].Seq
+	}
+	t.Logf("%d lines written, %d stored, %d stream sessions", n, len(got), agent.sessions)
 	if len(got) != n {
 		t.Fatalf("stored %d lines, want %d", len(got), n)
 	}
