@@ -1,0 +1,140 @@
+package charts
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+)
+
+// relayStores are the relay's installs on PostgreSQL the chart promises.
+var relayStores = map[string]map[string]any{
+	"relay on postgres, secret from a value": {"relay": map[string]any{"store": "postgres", "replicas": 3,
+		"postgres": map[string]any{"url": "postgres://relay:pw@db:5432/paperclip?sslmode=require"}}},
+	"relay on postgres, existing secret": {"relay": map[string]any{"store": "postgres", "replicas": 2,
+		"postgres": map[string]any{"existingSecret": "paperclip-db", "urlKey": "relay-url", "schema": "relay"}}},
+}
+
+// TestRelayOnPostgres: with store postgres the relay runs the replicas
+// asked for, rolling one at a time, with no PVC; its connection string is
+// a Secret's key mounted as the URL file (the chart's own Secret made from
+// the value, or the operator's), and it may manage Leases in the release's
+// namespace, where the replicas divide the runs.
+func TestRelayOnPostgres(t *testing.T) {
+	dir := t.TempDir()
+	ch, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := chartutil.SaveDir(ch, dir); err != nil {
+		t.Fatal(err)
+	}
+	for name, values := range relayStores {
+		t.Run(name, func(t *testing.T) {
+			linter := lint.AllWithKubeVersion(dir+"/"+Name, values, rel.Namespace, nil)
+			for _, m := range linter.Messages {
+				if m.Severity > support.InfoSev {
+					t.Errorf("lint: %s", m)
+				}
+			}
+			relay := values["relay"].(map[string]any)
+			pg := relay["postgres"].(map[string]any)
+			r := render(t, values)
+			if r.Find("PersistentVolumeClaim", "clipjob-relay") != nil {
+				t.Error("a PVC for the bbolt store, with the store on PostgreSQL")
+			}
+			var d appsv1.Deployment
+			into(t, r, "Deployment", "clipjob-relay", &d)
+			if want := int32(relay["replicas"].(int)); *d.Spec.Replicas != want || d.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType {
+				t.Errorf("%d replicas, strategy %s; want %d rolling", *d.Spec.Replicas, d.Spec.Strategy.Type, want)
+			}
+			key, _ := pg["urlKey"].(string)
+			if key == "" {
+				key = "url"
+			}
+			schema, _ := pg["schema"].(string)
+			if schema == "" {
+				schema = "clipjob_relay"
+			}
+			c := d.Spec.Template.Spec.Containers[0]
+			for _, want := range []string{"--store=postgres", "--postgres-url-file=/etc/clipjob-relay/postgres/" + key,
+				"--postgres-schema=" + schema, "--lease-namespace=clipjob-system", "--lease-group=clipjob-relay"} {
+				if !slices.Contains(c.Args, want) {
+					t.Errorf("relay args %v lack %s", c.Args, want)
+				}
+			}
+			secret := "clipjob-relay-postgres"
+			if s, _ := pg["existingSecret"].(string); s != "" {
+				secret = s
+				if r.Find("Secret", "clipjob-relay-postgres") != nil {
+					t.Error("the chart made a Secret beside the existing one")
+				}
+			} else {
+				var s corev1.Secret
+				into(t, r, "Secret", secret, &s)
+				if s.StringData[key] != pg["url"] {
+					t.Errorf("Secret %s holds %v, want the connection string under %q", secret, s.StringData, key)
+				}
+			}
+			mounted := false
+			for _, v := range d.Spec.Template.Spec.Volumes {
+				if v.Secret != nil && v.Secret.SecretName == secret && len(v.Secret.Items) == 1 && v.Secret.Items[0].Key == key {
+					for _, m := range c.VolumeMounts {
+						mounted = mounted || (m.Name == v.Name && m.MountPath == "/etc/clipjob-relay/postgres")
+					}
+				}
+			}
+			if !mounted {
+				t.Errorf("the Secret %s's key %s is not mounted at /etc/clipjob-relay/postgres", secret, key)
+			}
+			var role rbacv1.Role
+			into(t, r, "Role", "clipjob-relay-leases", &role)
+			if len(role.Rules) != 1 || !slices.Equal(role.Rules[0].Resources, []string{"leases"}) ||
+				!slices.Equal(role.Rules[0].Verbs, []string{"get", "list", "create", "update", "delete"}) || role.Namespace != "clipjob-system" {
+				t.Errorf("the relay's Lease Role: %+v", role)
+			}
+			var rb rbacv1.RoleBinding
+			into(t, r, "RoleBinding", "clipjob-relay-leases", &rb)
+			if rb.RoleRef.Name != "clipjob-relay-leases" || len(rb.Subjects) != 1 || rb.Subjects[0].Name != "clipjob-relay" {
+				t.Errorf("the relay's Lease RoleBinding: %+v", rb)
+			}
+		})
+	}
+}
+
+// TestRelayOnBoltIsOneReplica: the default stays one replica on its PVC,
+// with no Lease rights, and more than one replica of it is refused, as is
+// PostgreSQL with no connection string, each naming the value to set.
+func TestRelayOnBoltIsOneReplica(t *testing.T) {
+	r := render(t, nil)
+	var d appsv1.Deployment
+	into(t, r, "Deployment", "clipjob-relay", &d)
+	for _, a := range d.Spec.Template.Spec.Containers[0].Args {
+		if strings.HasPrefix(a, "--store") || strings.HasPrefix(a, "--lease") {
+			t.Errorf("bbolt: the relay is given %s", a)
+		}
+	}
+	if r.Find("Role", "clipjob-relay-leases") != nil || r.Find("Secret", "clipjob-relay-postgres") != nil {
+		t.Error("bbolt: the relay gets Lease rights or a PostgreSQL Secret")
+	}
+	for _, tc := range []struct {
+		values map[string]any
+		want   string
+	}{
+		{map[string]any{"relay": map[string]any{"replicas": 2}}, "relay.replicas=2 needs relay.store=postgres"},
+		{map[string]any{"relay": map[string]any{"store": "bolt", "replicas": 3}}, "relay.replicas=3 needs relay.store=postgres"},
+		{map[string]any{"relay": map[string]any{"store": "postgres"}}, "relay.store=postgres needs the connection string"},
+		{map[string]any{"relay": map[string]any{"store": "mysql"}}, "store"},
+		{map[string]any{"relay": map[string]any{"replicas": 0}}, "replicas"},
+	} {
+		if _, err := Render(rel, tc.values); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: want an error naming %q, got %v", tc.values, tc.want, err)
+		}
+	}
+}
