@@ -303,6 +303,32 @@ func TestCompiledPoliciesValue(t *testing.T) {
 		if on != (len(conds) == 1 && conds[0].Name == "not-completed-by-a-compiled-policy") {
 			t.Errorf("enabled %v: mutating matchConditions %+v", on, conds)
 		}
+		// Queued runs are judged when they start: their CREATE skips the
+		// validating webhook, and the agent-runs policy holds the rest.
+		var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+		into(t, r, "ValidatingWebhookConfiguration", "clipjob-validating", &vwc)
+		skips := slices.ContainsFunc(vwc.Webhooks[0].MatchConditions, func(c admissionregistrationv1.MatchCondition) bool {
+			return c.Name == "queued-runs-are-judged-at-start"
+		})
+		if skips != on {
+			t.Errorf("enabled %v: the validating webhook skips queued runs' creates: %v", on, skips)
+		}
+		var vap admissionregistrationv1.ValidatingAdmissionPolicy
+		found := slices.ContainsFunc(r.Objects, func(o *unstructured.Unstructured) bool {
+			return o.GetKind() == "ValidatingAdmissionPolicy" && o.GetName() == "clipjob-agent-runs"
+		})
+		if found != on {
+			t.Fatalf("enabled %v: the agent-runs admission policy rendered: %v", on, found)
+		}
+		if on {
+			into(t, r, "ValidatingAdmissionPolicy", "clipjob-agent-runs", &vap)
+			if len(vap.Spec.Validations) != 2 || !strings.Contains(vap.Spec.Validations[1].Expression, "'system:serviceaccount:clipjob-system:clipjob-webhook'") {
+				t.Errorf("the agent-runs policy does not let the webhook's account alone start a queued run: %+v", vap.Spec.Validations)
+			}
+			if *vap.Spec.FailurePolicy != admissionregistrationv1.Fail {
+				t.Error("the agent-runs policy fails open")
+			}
+		}
 	}
 }
 

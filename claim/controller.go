@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-logr/logr"
 	batchv1 "k8s.io/api/batch/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -182,7 +183,7 @@ func (r *Controller) startNext(ctx context.Context, req Request, cc config.Concu
 		return strings.Compare(a.Name, b.Name)
 	})
 	if holder != nil {
-		return r.markPositions(ctx, waiting, holder)
+		return r.markPositions(ctx, r.overflow(ctx, waiting, cc), holder)
 	}
 	next := waiting[0]
 	if cc.Mode != config.ModeDisabled {
@@ -203,7 +204,34 @@ func (r *Controller) startNext(ctx context.Context, req Request, cc config.Concu
 	queueStarts.Inc()
 	r.Log.Info("queued run started", "job", next.Namespace+"/"+next.Name, "agent", req.Agent, "waiting", len(waiting)-1)
 	// The rest now wait behind it (the start's own patch cleared its marks).
-	return r.markPositions(ctx, waiting[1:], next)
+	return r.markPositions(ctx, r.overflow(ctx, waiting[1:], cc), next)
+}
+
+// overflow refuses, in Queue mode with maxQueued, the newest of the
+// waiting runs beyond that bound, marking each with the queue-full error,
+// and returns those that still wait. The validating webhook refuses such a
+// run at its CREATE (409, queue-full); a run whose CREATE it did not see
+// (compiled policies: queued runs are judged when they start) is refused
+// here instead, as soon as the controller sees it.
+func (r *Controller) overflow(ctx context.Context, waiting []*batchv1.Job, cc config.Concurrency) []*batchv1.Job {
+	if cc.Mode != config.ModeQueue || cc.MaxQueued <= 0 || len(waiting) <= int(cc.MaxQueued) {
+		return waiting
+	}
+	keep := waiting[:cc.MaxQueued]
+	for _, j := range waiting[cc.MaxQueued:] {
+		msg := fmt.Sprintf("%s: agent %q already had %d runs waiting (policy.concurrency.maxQueued %d); create the run again once one has started",
+			contract.CauseQueueFull, j.Labels[contract.LabelAgentID], cc.MaxQueued, cc.MaxQueued)
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"uid": j.UID, "annotations": map[string]any{
+			contract.AnnotationQueueError: msg, contract.AnnotationQueuePosition: nil, contract.AnnotationQueueHolder: nil}}})
+		if _, err := r.Client.BatchV1().Jobs(j.Namespace).Patch(ctx, j.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			// It keeps its place for now; the next pass tries again.
+			r.Log.Error(err, "refusing a queued run beyond maxQueued", "job", j.Namespace+"/"+j.Name)
+			keep = append(keep, j)
+			continue
+		}
+		r.Log.Info("queued run refused: its agent's queue is full", "job", j.Namespace+"/"+j.Name, "maxQueued", cc.MaxQueued)
+	}
+	return keep
 }
 
 // markPositions records on each waiting run where it stands and whose run
@@ -252,6 +280,8 @@ func (r *Controller) agentJobs(ctx context.Context, req Request, cc config.Concu
 // survives a new leader; after maxStartFailures the run is marked with the
 // error and the queue moves past it, so one run that can never start (say
 // another admission policy refuses it) does not block its agent forever.
+// A refusal of the Job itself (clipjob's start check: 403) marks it at
+// once.
 // The error it returns makes the controller try again with backoff.
 func (r *Controller) startFailed(ctx context.Context, job *batchv1.Job, cc config.Concurrency, cause error) error {
 	cur, err := r.Client.BatchV1().Jobs(job.Namespace).Get(ctx, job.Name, metav1.GetOptions{})
@@ -263,6 +293,11 @@ func (r *Controller) startFailed(ctx context.Context, job *batchv1.Job, cc confi
 	}
 	failures, _ := strconv.Atoi(cur.Annotations[contract.AnnotationStartFailures])
 	failures++
+	if refusedForGood(cause) {
+		// Admission judged the run itself (clipjob's start check, another
+		// policy): trying again judges the same Job the same way.
+		failures = maxStartFailures
+	}
 	annotations := map[string]any{contract.AnnotationStartFailures: strconv.Itoa(failures)}
 	if failures >= maxStartFailures {
 		annotations[contract.AnnotationQueueError] = cause.Error()
@@ -278,6 +313,13 @@ func (r *Controller) startFailed(ctx context.Context, job *batchv1.Job, cc confi
 		return nil // marking it changed the Job: its event wakes the agent for the next run
 	}
 	return fmt.Errorf("starting queued run %s/%s (failure %d of %d): %w", job.Namespace, job.Name, failures, maxStartFailures, cause)
+}
+
+// refusedForGood says whether a start was refused by admission, for the
+// Job itself (403 Forbidden, 422 Invalid), rather than failed on the way.
+// A refusal that names the agent busy is a 409, not one of these.
+func refusedForGood(err error) bool {
+	return apierrors.IsForbidden(err) || apierrors.IsInvalid(err)
 }
 
 // Queued reports whether a Job waits for its turn.

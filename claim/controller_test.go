@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
@@ -240,6 +241,50 @@ func TestMovesPastARunThatCannotStart(t *testing.T) {
 	reconcileOK(t, r, agentQ)
 	if got := getJob(t, cs, "next"); got.Spec.Suspend == nil || *got.Spec.Suspend {
 		t.Error("the queue did not move past the run that cannot start")
+	}
+}
+
+// A run the start check refuses (403: dressed as complete, or completed
+// under a source no longer in force) is marked at once with the refusal,
+// its claim given back, and the next run starts.
+func TestMarksARefusedRunAtOnce(t *testing.T) {
+	r, cs := testController(t, "Queue", queuedRun("refused", base), queuedRun("next", base.Add(time.Second)))
+	cs.PrependReactor("patch", "jobs", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		p := a.(clienttesting.PatchAction)
+		if p.GetName() == "refused" && strings.Contains(string(p.GetPatch()), `"suspend":false`) {
+			return true, nil, apierrors.NewForbidden(batchv1.Resource("jobs"), "refused", errors.New("this queued run cannot start: images"))
+		}
+		return false, nil, nil
+	})
+	refresh(t, r, cs)
+	reconcileOK(t, r, agentQ)
+	if got := getJob(t, cs, "refused").Annotations[contract.AnnotationQueueError]; !strings.Contains(got, "this queued run cannot start") {
+		t.Fatalf("the refused run is not marked with its refusal: %q", got)
+	}
+	if len(leases(t, cs)) != 0 {
+		t.Error("the refused run kept the claim")
+	}
+	refresh(t, r, cs)
+	reconcileOK(t, r, agentQ)
+	if got := getJob(t, cs, "next"); got.Spec.Suspend == nil || *got.Spec.Suspend {
+		t.Error("the queue did not move past the refused run")
+	}
+}
+
+// With maxQueued, runs beyond the bound that got past admission (their
+// CREATE judged at start, with compiled policies) are refused newest
+// first, marked with the queue-full cause; the oldest wait on.
+func TestRefusesRunsBeyondMaxQueued(t *testing.T) {
+	r, cs := testControllerWith(t, "policy:\n  concurrency:\n    mode: Queue\n    maxQueued: 1\n",
+		runningRun("holder", base), queuedRun("first", base.Add(time.Second)), queuedRun("second", base.Add(2*time.Second)), queuedRun("third", base.Add(3*time.Second)))
+	reconcileOK(t, r, agentQ)
+	if got := getJob(t, cs, "first"); got.Annotations[contract.AnnotationQueueError] != "" || got.Annotations[contract.AnnotationQueuePosition] != "1" {
+		t.Errorf("the oldest waiting run does not wait at position 1: %v", got.Annotations)
+	}
+	for _, name := range []string{"second", "third"} {
+		if got := getJob(t, cs, name).Annotations[contract.AnnotationQueueError]; !strings.HasPrefix(got, string(contract.CauseQueueFull)+": ") {
+			t.Errorf("run %s beyond maxQueued is not refused with the queue-full cause: %q", name, got)
+		}
 	}
 }
 

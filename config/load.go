@@ -116,3 +116,12 @@ func (c *Config) setDefaults() {
 		c.DefaultProfile = DefaultProfileName
 	}
 }
+
+// InMode is a copy of c whose concurrency mode is m, for judging a Job as
+// it was completed in that mode (a queued run when it starts, whatever
+// the mode now). Hash still names the file c was parsed from.
+func (c *Config) InMode(m ConcurrencyMode) *Config {
+	cp := *c
+	cp.Policy.Concurrency.Mode = m
+	return &cp
+}

@@ -7,6 +7,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/contract"
@@ -144,8 +145,16 @@ type Validation struct {
 
 // Validate judges the final Job on CREATE and UPDATE: the validating
 // webhook's work. A Job that is not an agent run's, before or after the
-// change, is not judged (Decision nil).
+// change, is not judged (Decision nil). The UPDATE that starts a queued
+// run is also judged as that run's CREATE (validateStart).
 func Validate(in Input) Validation {
+	if StartsQueuedRun(in.Operation, in.Job, in.Old) {
+		return validateStart(in)
+	}
+	return validate(in)
+}
+
+func validate(in Input) Validation {
 	kind := Classify(in.Job)
 	if kind == NotAgent && (in.Old == nil || Classify(in.Old) == NotAgent) {
 		return Validation{Kind: kind}
@@ -198,6 +207,56 @@ func Validate(in Input) Validation {
 		}
 	}
 	return v
+}
+
+// StartsQueuedRun says whether an UPDATE unsuspends a run clipjob queued.
+func StartsQueuedRun(op policy.Operation, job, old *batchv1.Job) bool {
+	suspended := func(j *batchv1.Job) bool { return j.Spec.Suspend != nil && *j.Spec.Suspend }
+	return op == policy.Update && old != nil && job != nil && suspended(old) && !suspended(job) &&
+		old.Annotations[contract.AnnotationQueued] == "true" && Classify(old) == AgentRun
+}
+
+// validateStart is the start check: a queued run is judged when it starts
+// by every rule of a CREATE, under the config and source in force, as its
+// creator, on the Job as it was admitted (suspended, without what the
+// claim controller writes while it waits). With compiled admission
+// policies its CREATE may have been admitted by the API server alone —
+// while clipjob was down, or with the validating webhook skipping queued
+// runs — so the start is where clipjob's lookups and its rendered rule
+// run; no agent pod exists before them. The UPDATE's own rules come
+// first.
+func validateStart(in Input) Validation {
+	upd := validate(in)
+	if upd.Refusal != nil || upd.Decision == nil {
+		return upd
+	}
+	created := in
+	created.Operation, created.Old = policy.Create, nil
+	created.Job = asAdmitted(in.Job)
+	// It was completed in Queue mode, whatever the mode is now.
+	created.Config = in.Config.InMode(config.ModeQueue)
+	// Its creator, recorded at its CREATE (the creator rule, and a
+	// compiled policy's admission policy, held it to the request's user).
+	created.User = in.Old.Annotations[contract.AnnotationCreatedBy]
+	v := validate(created)
+	if v.Decision != nil {
+		v.Decision.Warnings = append(upd.Decision.Warnings, v.Decision.Warnings...)
+	}
+	if v.Refusal != nil && !v.Refusal.Internal {
+		v.Refusal.Message = "this queued run cannot start (it is judged again when it starts, under the config and source in force): " + v.Refusal.Message
+	}
+	return v
+}
+
+// asAdmitted is a starting run's Job as it was admitted: suspended, and
+// without the annotations the claim controller writes on a waiting run.
+func asAdmitted(job *batchv1.Job) *batchv1.Job {
+	j := job.DeepCopy()
+	j.Spec.Suspend = ptr.To(true)
+	for _, k := range []string{contract.AnnotationQueuePosition, contract.AnnotationQueueHolder, contract.AnnotationStartFailures, contract.AnnotationQueueError} {
+		delete(j.Annotations, k)
+	}
+	return j
 }
 
 // notInternal keeps, through Filter, only internal errors (lookups that

@@ -16,19 +16,32 @@ import (
 	"github.com/paperclipai/clipjob/templates"
 )
 
+// claudeFixture is the golden fixture profile-claude_local and what its
+// source Deployment gives agents.
+func claudeFixture(t *testing.T) (golden.Fixture, *templates.Inherited) {
+	t.Helper()
+	fx := golden.Case(t, "profile-claude_local")
+	inh, err := templates.InheritFromDeployment(fx.Source, fx.Config.Source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fx, inh
+}
+
+// sourceFacts are facts whose source gives agents inh.
+func sourceFacts(inh *templates.Inherited) decide.Facts {
+	return decide.Facts{Source: func(*config.Config) (*templates.Inherited, *templates.TemplateHashes, error) { return inh, nil, nil }}
+}
+
 // An agent Job is admitted only as clipjob completes it: the validating
 // half holds the final Job to a fresh render, so a Job that skipped the
 // mutating webhook (failing open, or dressed as complete by its client),
 // or one completed by a stale compiled policy, is refused naming the first
 // field that differs; the Job clipjob completes passes.
 func TestValidateRefusesAJobClipjobDidNotComplete(t *testing.T) {
-	fx := golden.Case(t, "profile-claude_local")
-	inh, err := templates.InheritFromDeployment(fx.Source, fx.Config.Source)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fx, inh := claudeFixture(t)
 	const user = "system:serviceaccount:paperclip:paperclip"
-	facts := decide.Facts{Source: func(*config.Config) (*templates.Inherited, *templates.TemplateHashes, error) { return inh, nil, nil }}
+	facts := sourceFacts(inh)
 	validate := func(j *batchv1.Job) decide.Validation {
 		return decide.Validate(decide.Input{Operation: policy.Create, Job: j, Config: fx.Config, Facts: facts, User: user})
 	}
@@ -108,12 +121,8 @@ func TestValidateRefusesAJobClipjobDidNotComplete(t *testing.T) {
 // source is away. Offline (no source given) it is not refused here:
 // the mutation's half says what is undecided.
 func TestValidateRefusesWhenTheSourceIsAway(t *testing.T) {
-	fx := golden.Case(t, "profile-claude_local")
-	inh, err := templates.InheritFromDeployment(fx.Source, fx.Config.Source)
-	if err != nil {
-		t.Fatal(err)
-	}
-	withSource := decide.Facts{Source: func(*config.Config) (*templates.Inherited, *templates.TemplateHashes, error) { return inh, nil, nil }}
+	fx, inh := claudeFixture(t)
+	withSource := sourceFacts(inh)
 	m := decide.Mutate(decide.Input{Operation: policy.Create, Job: fx.Job, Config: fx.Config, Facts: withSource})
 	if m.Result == nil {
 		t.Fatal("fixture not completed")

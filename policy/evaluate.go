@@ -295,11 +295,11 @@ func checkRunSecret(in Input) (field.ErrorList, []string, []Undecided) {
 			errs = append(errs, notFound())
 		case err != nil:
 			errs = append(errs, field.InternalError(r.path, fmt.Errorf("looking up Secret %s/%s: %w", job.Namespace, r.name, err)))
-		case ownerJob(meta) != "":
+		case ownerJob(meta, job) != "":
 			// Another run's, still there until its Job goes (at its TTL):
 			// copying that run's ids does not make it this one's.
 			errs = append(errs, field.Forbidden(r.path, fmt.Sprintf(
-				"Secret %s belongs to Job %s (its owner), another run: a run's Secret serves the run that made it; make one for this run", r.name, ownerJob(meta))))
+				"Secret %s belongs to Job %s (its owner), another run: a run's Secret serves the run that made it; make one for this run", r.name, ownerJob(meta, job))))
 		case !contract.SecretMadeForRun(job.Name, job.Labels, r.name, meta.Labels):
 			msg := fmt.Sprintf("Secret %s is labeled %s=%q, %s=%q, not this run's %q of agent %q: a run's Secret is made for that run (%s)",
 				r.name, contract.LabelRunID, meta.Labels[contract.LabelRunID], contract.LabelAgentID, meta.Labels[contract.LabelAgentID], run, agent, labelIt)
@@ -312,11 +312,14 @@ func checkRunSecret(in Input) (field.ErrorList, []string, []Undecided) {
 	return errs, warnings, undecided
 }
 
-// ownerJob names the Job that owns a Secret, or "". On CREATE the Job
-// being admitted owns nothing yet, so any owner is another run's Job.
-func ownerJob(meta *metav1.ObjectMeta) string {
+// ownerJob names the Job other than job that owns a Secret, or "". On
+// CREATE the Job being admitted owns nothing yet, so any owner is another
+// run's Job; when a queued run starts (the start check judges it as its
+// CREATE) it may own its Secrets already (the run-secret controller took
+// them), and that owner is the run itself.
+func ownerJob(meta *metav1.ObjectMeta, job *batchv1.Job) string {
 	for _, o := range meta.OwnerReferences {
-		if o.Kind == "Job" {
+		if o.Kind == "Job" && (job.UID == "" || o.UID != job.UID) {
 			return o.Name
 		}
 	}

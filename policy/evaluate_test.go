@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/config"
@@ -401,6 +402,7 @@ func TestRunEnvSecret(t *testing.T) {
 	notFound := apierrors.NewNotFound(corev1.Resource("secrets"), "run-env")
 	for _, tc := range []struct {
 		name, secret, cfg string
+		uid               types.UID
 		lookup            SecretMeta
 		wantErr           string
 		warn              string
@@ -418,6 +420,13 @@ func TestRunEnvSecret(t *testing.T) {
 		{name: "labeled for this run, owned by another Job", lookup: lookup(map[string]string{contract.LabelRunID: run, contract.LabelAgentID: agent}, nil,
 			metav1.OwnerReference{APIVersion: "batch/v1", Kind: "Job", Name: "run-earlier", UID: "uid-earlier"}),
 			wantErr: "Secret run-env belongs to Job run-earlier (its owner), another run"},
+		// A queued run judged again when it starts may own its Secret
+		// already: that owner is the run itself (same UID), not another.
+		{name: "owned by this very Job (the start check)", uid: "uid-this", lookup: lookup(map[string]string{contract.LabelRunID: run, contract.LabelAgentID: agent}, nil,
+			metav1.OwnerReference{APIVersion: "batch/v1", Kind: "Job", Name: job.Name, UID: "uid-this"})},
+		{name: "owned by a Job of the same name, another UID", uid: "uid-this", lookup: lookup(map[string]string{contract.LabelRunID: run, contract.LabelAgentID: agent}, nil,
+			metav1.OwnerReference{APIVersion: "batch/v1", Kind: "Job", Name: job.Name, UID: "uid-before"}),
+			wantErr: "(its owner), another run"},
 		{name: "the server's", lookup: lookup(map[string]string{"app": "paperclip"}, nil), wantErr: `labeled paperclip.io/run-id=""`},
 		// Named for its Job ("<job>-<word>"), the run id alone makes it the
 		// run's: Paperclip's adapters label their Secrets so.
@@ -446,6 +455,7 @@ func TestRunEnvSecret(t *testing.T) {
 		}
 		job := job.DeepCopy()
 		job.Annotations[contract.AnnotationEnvSecret] = name
+		job.UID = tc.uid
 		cfg := cfg
 		if tc.cfg != "" {
 			cfg = mustConfig(t, tc.cfg)

@@ -199,11 +199,38 @@ func DeleteCompiledPolicies(ctx context.Context, cs kubernetes.Interface) error 
 // ApplyClaimLeasePolicy creates the chart's ValidatingAdmissionPolicy and
 // its binding, which let only clipjob's webhook write claim Leases.
 func ApplyClaimLeasePolicy(ctx context.Context, cs kubernetes.Interface) error {
-	r, err := RenderChart("localhost", []byte("only the webhook configurations use it"), nil)
+	return applyAdmissionPolicy(ctx, cs, Release.Name+"-claim-leases", nil)
+}
+
+// AgentRunsPolicy is the chart's ValidatingAdmissionPolicy (and binding)
+// of compiledPolicies.enabled: created-by is the creating user's, and only
+// clipjob's webhook account starts a queued run.
+var AgentRunsPolicy = Release.Name + "-agent-runs"
+
+// ApplyAgentRunsPolicy creates AgentRunsPolicy as the chart renders it.
+func ApplyAgentRunsPolicy(ctx context.Context, cs kubernetes.Interface) error {
+	return applyAdmissionPolicy(ctx, cs, AgentRunsPolicy, map[string]any{"compiledPolicies": map[string]any{"enabled": true}})
+}
+
+// DeleteAgentRunsPolicy deletes AgentRunsPolicy and its binding.
+func DeleteAgentRunsPolicy(ctx context.Context, cs kubernetes.Interface) error {
+	ar := cs.AdmissionregistrationV1()
+	if err := ar.ValidatingAdmissionPolicyBindings().Delete(ctx, AgentRunsPolicy, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	if err := ar.ValidatingAdmissionPolicies().Delete(ctx, AgentRunsPolicy, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	return nil
+}
+
+// applyAdmissionPolicy creates the chart's ValidatingAdmissionPolicy name
+// and its binding of that name, as rendered with values.
+func applyAdmissionPolicy(ctx context.Context, cs kubernetes.Interface, name string, values map[string]any) error {
+	r, err := RenderChart("localhost", []byte("only the webhook configurations use it"), values)
 	if err != nil {
 		return err
 	}
-	name := Release.Name + "-claim-leases"
 	var vap admissionregistrationv1.ValidatingAdmissionPolicy
 	if err := r.Into("ValidatingAdmissionPolicy", name, &vap); err != nil {
 		return err
@@ -213,10 +240,10 @@ func ApplyClaimLeasePolicy(ctx context.Context, cs kubernetes.Interface) error {
 		return err
 	}
 	if _, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, &vap, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("claim Lease policy: %w", err)
+		return fmt.Errorf("admission policy %s: %w", name, err)
 	}
 	if _, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, &binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("claim Lease policy binding: %w", err)
+		return fmt.Errorf("admission policy binding %s: %w", name, err)
 	}
 	return nil
 }

@@ -303,18 +303,7 @@ func (p *Paperclip) Start(ctx context.Context) error {
 	}
 }
 
-func (p *Paperclip) running() bool {
-	if p.cmd == nil {
-		return false
-	}
-	select {
-	case err := <-p.done:
-		p.done <- err
-		return false
-	default:
-		return true
-	}
-}
+func (p *Paperclip) running() bool { return alive(p.cmd, p.done) }
 
 func (p *Paperclip) exitErr() error {
 	err := <-p.done

@@ -114,3 +114,21 @@ func (p *Process) signal(sig syscall.Signal, grace time.Duration) {
 
 // PID is the running process's id (for its RSS in /proc).
 func (p *Process) PID() int { return p.cmd.Process.Pid }
+
+// Running reports whether the process has been started and not exited.
+func (p *Process) Running() bool { return alive(p.cmd, p.done) }
+
+// alive reports whether cmd was started and has not exited; done carries
+// its Wait's error, put back for the next reader.
+func alive(cmd *exec.Cmd, done chan error) bool {
+	if cmd == nil {
+		return false
+	}
+	select {
+	case err := <-done:
+		done <- err
+		return false
+	default:
+		return true
+	}
+}

@@ -29,6 +29,8 @@ export const ANNOTATION_PROFILE = "clipjob.paperclip.io/profile";
 export const ANNOTATION_QUEUED = "clipjob.paperclip.io/queued";
 export const ANNOTATION_QUEUE_POSITION = "clipjob.paperclip.io/queue-position";
 export const ANNOTATION_QUEUE_HOLDER = "clipjob.paperclip.io/queue-holder";
+/** On a queued run clipjob will not start: why (its start check refused it, or its agent's queue was full). */
+export const ANNOTATION_QUEUE_ERROR = "clipjob.paperclip.io/queue-error";
 /** The user the API server authenticated for the Job's CREATE; clipjob keeps it immutable. */
 export const ANNOTATION_CREATED_BY = "clipjob.paperclip.io/created-by";
 

@@ -302,6 +302,9 @@ function jobQuery(jobUid: string | undefined, sep: "?" | "&"): string {
 
 export type JobState = "active" | "finished" | "gone";
 
+/** What checkJob saw: a state, or a queued run clipjob refused to start (why, as clipjob wrote it). */
+export type JobCheck = JobState | { refused: string };
+
 export interface FollowOptions {
   client: RelayClient;
   runId: string;
@@ -320,7 +323,7 @@ export interface FollowOptions {
    * Job gone before the relay saw it, or ended long ago with the relay
    * still silent, ends the follow instead of waiting forever.
    */
-  checkJob?: () => Promise<JobState>;
+  checkJob?: () => Promise<JobCheck>;
   signal: AbortSignal;
   /** Backoff between reconnects. Default 500 ms doubling to 15 s. */
   initialBackoffMs?: number;
@@ -355,6 +358,8 @@ export type FollowOutcome =
   | { kind: "job-gone"; lastSeq: number }
   | { kind: "aborted"; lastSeq: number }
   | { kind: "mismatch"; message: string; lastSeq: number }
+  /** A queued run clipjob will never start: its start check refused it, or its agent's queue was full. */
+  | { kind: "refused"; message: string; lastSeq: number }
   | {
       kind: "unavailable";
       message: string;
@@ -460,7 +465,7 @@ class Follower {
     }
   }
 
-  private async askJob(): Promise<JobState | null> {
+  private async askJob(): Promise<JobCheck | null> {
     try {
       return (await this.o.checkJob?.()) ?? null;
     } catch {
@@ -471,7 +476,8 @@ class Follower {
   // Giving up: whether the Job still runs tells the caller if the run is
   // lost or only unfollowed. `known`: the state asked a moment ago.
   private async unavailable(message: string, known?: JobState | null): Promise<FollowOutcome> {
-    const jobState = known === undefined ? await this.askJob() : known;
+    const asked = known === undefined ? await this.askJob() : known;
+    const jobState = typeof asked === "string" ? asked : null;
     return { kind: "unavailable", message, lastSeq: this.lastSeq, ...(jobState ? { jobState } : {}) };
   }
 
@@ -482,7 +488,9 @@ class Follower {
     let state: JobState | null | undefined;
     if (o.checkJob && now - this.lastJobCheck >= this.jobCheckEvery) {
       this.lastJobCheck = now;
-      state = await this.askJob(); // null: keep waiting
+      const check = await this.askJob(); // null: keep waiting
+      if (check !== null && typeof check === "object") return { kind: "refused", message: check.refused, lastSeq: this.lastSeq };
+      state = check;
       if (state === "gone" && why === "unknown" && this.lastSeq === 0 && !this.attached) return { kind: "job-gone", lastSeq: this.lastSeq };
       if (state === "finished" || state === "gone") this.jobEndedAt ??= now;
     }

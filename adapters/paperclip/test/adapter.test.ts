@@ -225,6 +225,39 @@ describe("execute", () => {
     assert.ok(rec.stderr.some((l) => /queued by clipjob.*paperclip\/pc-run-0.*position 1/.test(l)), rec.stderr.join(""));
   });
 
+  it("a queued run clipjob refuses to start: fails naming why, and its Job is deleted", async () => {
+    kube.onCreateJob = (job) => {
+      job.metadata!.annotations = { ...job.metadata!.annotations, "clipjob.paperclip.io/queued": "true" };
+      job.spec = { ...job.spec!, suspend: true };
+      return job;
+    };
+    // The claim controller's start is refused by clipjob's start check.
+    kube.afterCreateJob = (job) =>
+      setTimeout(() => {
+        const stored = kube.jobs.get(job.metadata!.name!)!;
+        stored.metadata!.annotations = { ...stored.metadata!.annotations, "clipjob.paperclip.io/queue-error": "this queued run cannot start: images" };
+      }, 30);
+    const rec = newCtx();
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, "k8s_job_create_failed", result.errorMessage ?? "");
+    assert.match(result.errorMessage ?? "", /clipjob did not start run .*this queued run cannot start: images/);
+    assert.equal(kube.deletions.length, 1, "the refused run's Job would wait suspended forever");
+  });
+
+  it("a queued run refused because its agent's queue was full: blocked, as a busy agent is", async () => {
+    kube.onCreateJob = (job) => {
+      job.metadata!.annotations = {
+        ...job.metadata!.annotations,
+        "clipjob.paperclip.io/queued": "true",
+        "clipjob.paperclip.io/queue-error": "clipjob.paperclip.io/queue-full: agent already had 1 runs waiting",
+      };
+      job.spec = { ...job.spec!, suspend: true };
+      return job;
+    };
+    const result = await executeRun(CLAUDE_ADAPTER, newCtx().ctx, deps());
+    assert.equal(result.errorCode, "k8s_concurrent_run_blocked", result.errorMessage ?? "");
+  });
+
   it("cancellation deletes the Job and acknowledges once it is gone", async () => {
     const stop = new AbortController();
     kube.deleteDelayMs = 50;

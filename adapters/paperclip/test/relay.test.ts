@@ -146,6 +146,18 @@ describe("followRun", () => {
     assert.equal(outcome.kind, "job-gone");
   });
 
+  it("ends, refused, when the Job says clipjob will not start it", async () => {
+    const outcome = await followRun({
+      client,
+      runId: "run-refused",
+      signal: new AbortController().signal,
+      onLine: async () => assert.fail("no lines"),
+      checkJob: async () => ({ refused: "this queued run cannot start: images" }),
+      ...fast,
+    });
+    assert.deepEqual(outcome, { kind: "refused", message: "this queued run cannot start: images", lastSeq: 0 });
+  });
+
   it("gives up when the relay never serves a run whose Job ended", async () => {
     const outcome = await followRun({
       client,

@@ -6,9 +6,10 @@
 
 import type { AdapterExecutionContext, AdapterExecutionResult } from "@paperclipai/adapter-utils";
 
-import { ErrorCodes, failureResult, isNotFound, message } from "../errors.js";
+import { ANNOTATION_QUEUE_ERROR, CAUSE_QUEUE_FULL } from "../contract.js";
+import { ErrorCodes, failureResult, isNotFound, message, readKubeError } from "../errors.js";
 import { jobNameFor } from "../job.js";
-import { followRun, type FollowOutcome, type JobState, type RelayRun } from "../relay.js";
+import { followRun, type FollowOutcome, type JobCheck, type RelayRun } from "../relay.js";
 import { toExecutionResult } from "../result.js";
 import { followUntilShutdown } from "../shutdown.js";
 import { cancelRun } from "./cancel.js";
@@ -95,9 +96,11 @@ export async function follow(run: Run, target: FollowTarget): Promise<AdapterExe
         return recordMismatch(run, rec, target);
       },
       checkJob: job
-        ? async (): Promise<JobState> => {
+        ? async (): Promise<JobCheck> => {
             try {
               const j = await kube.readJob(namespace, job);
+              const refused = j.metadata?.annotations?.[ANNOTATION_QUEUE_ERROR];
+              if (refused && j.spec?.suspend === true && !jobFinished(j)) return { refused };
               return jobFinished(j) ? "finished" : "active";
             } catch (err) {
               if (isNotFound(err)) return "gone";
@@ -124,6 +127,8 @@ async function followedResult(run: Run, target: FollowTarget, outcome: FollowOut
       return cancelRun(run, job, namespace, jobUid);
     case "mismatch":
       return failureResult(ErrorCodes.relayRunMismatch, `Following run ${runId}: ${outcome.message}`, { job: jobRef });
+    case "refused":
+      return refusedRun(run, target, outcome.message);
     case "job-gone":
       return failureResult(ErrorCodes.jobDeletedExternally, `Job ${jobRef} was deleted before the relay saw any of its pods`, { job: jobRef });
     case "unavailable":
@@ -162,4 +167,24 @@ async function followedResult(run: Run, target: FollowTarget, outcome: FollowOut
       });
     }
   }
+}
+
+/**
+ * A queued run clipjob will not start. Its Job would wait suspended
+ * forever, so it is deleted (only this run's, by UID); Paperclip records
+ * the run failed, as busy when the agent's queue was full.
+ */
+async function refusedRun(run: Run, target: FollowTarget, why: string): Promise<AdapterExecutionResult> {
+  const { runId, namespace, job, jobUid } = target;
+  const jobRef = `${namespace}/${job}`;
+  await run.notice(`clipjob will not start run ${runId}: ${why}; deleting its Job ${jobRef}`);
+  try {
+    if (job) await run.kube.deleteJob(namespace, job, run.settings.deletePropagation, jobUid);
+  } catch (err) {
+    if (!isNotFound(err)) await run.notice(`deleting the refused run's Job ${jobRef}: ${readKubeError(err).message}`);
+  }
+  const full = why.startsWith(`${CAUSE_QUEUE_FULL}:`);
+  return failureResult(full ? ErrorCodes.concurrentRunBlocked : ErrorCodes.jobCreateFailed, `clipjob did not start run ${runId} (Job ${jobRef}): ${why}`, {
+    job: jobRef,
+  });
 }

@@ -1,0 +1,99 @@
+package decide_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/decide"
+	"github.com/paperclipai/clipjob/policy"
+	"github.com/paperclipai/clipjob/templates"
+)
+
+// A queued run is judged again when it starts, by every rule of a CREATE:
+// with compiled admission policies its CREATE may have been admitted by
+// the API server alone (clipjob down, or the validating webhook skipping
+// queued runs), so the start is where a Job dressed as complete, or one
+// completed under a source or config no longer in force, is stopped. The
+// run clipjob queued starts, whatever the claim controller wrote on it
+// while it waited and whatever the mode is now.
+func TestStartCheckJudgesAQueuedRunAsItsCreate(t *testing.T) {
+	fx, inh := claudeFixture(t)
+	const creator = "system:serviceaccount:paperclip:paperclip"
+	const controller = "system:serviceaccount:clipjob-system:clipjob-webhook"
+	queue := fx.Config.InMode(config.ModeQueue)
+	m := decide.Mutate(decide.Input{Operation: policy.Create, Job: fx.Job, Config: queue, Facts: sourceFacts(inh), User: creator})
+	if m.Result == nil {
+		t.Fatalf("the fixture is not completed: %+v", m.Refusal)
+	}
+	queued := m.Result.Job
+	queued.UID = "uid-1"
+	if queued.Annotations[contract.AnnotationQueued] != "true" || !*queued.Spec.Suspend {
+		t.Fatal("the fixture was not queued")
+	}
+	// What the claim controller writes while the run waits, and its start.
+	waiting := queued.DeepCopy()
+	waiting.Annotations[contract.AnnotationQueuePosition] = "1"
+	waiting.Annotations[contract.AnnotationStartFailures] = "1"
+	start := func(old *batchv1.Job) *batchv1.Job {
+		j := old.DeepCopy()
+		j.Spec.Suspend = ptr.To(false)
+		delete(j.Annotations, contract.AnnotationQueuePosition)
+		return j
+	}
+	judge := func(old *batchv1.Job, cfg *config.Config, inh *templates.Inherited) decide.Validation {
+		return decide.Validate(decide.Input{Operation: policy.Update, Job: start(old), Old: old, Config: cfg, Facts: sourceFacts(inh), User: controller})
+	}
+
+	for name, cfg := range map[string]*config.Config{"in Queue mode": queue, "after a switch to Reject mode": fx.Config} {
+		v := judge(waiting, cfg, inh)
+		if v.Refusal != nil {
+			t.Fatalf("%s: the run clipjob queued cannot start: %s", name, v.Refusal.Message)
+		}
+		if !slices.Contains(v.Decision.Checked, policy.RuleRendered) {
+			t.Errorf("%s: the start was not judged as a CREATE (checked %v)", name, v.Decision.Checked)
+		}
+	}
+	if !decide.StartsQueuedRun(policy.Update, start(waiting), waiting) || decide.StartsQueuedRun(policy.Update, waiting, waiting) {
+		t.Error("StartsQueuedRun does not tell a start from another update")
+	}
+
+	refusals := map[string]struct {
+		old  *batchv1.Job
+		inh  *templates.Inherited
+		want string
+	}{
+		"a source that moved on while it waited": {old: waiting, inh: func() *templates.Inherited {
+			moved := *inh
+			moved.Image = "ghcr.io/paperclipai/paperclip:next"
+			return &moved
+		}(), want: "metadata.annotations[clipjob.paperclip.io/template-hash]: Forbidden: not as clipjob completes this Job"},
+		"a Job dressed as complete and queued, privileged": {old: func() *batchv1.Job {
+			j := waiting.DeepCopy()
+			j.Spec.Template.Spec.Containers[0].SecurityContext.Privileged = ptr.To(true)
+			return j
+		}(), inh: inh, want: "privileged"},
+		"a Job dressed as complete and queued, its own image": {old: func() *batchv1.Job {
+			j := waiting.DeepCopy()
+			j.Spec.Template.Spec.Containers = append(j.Spec.Template.Spec.Containers, corev1.Container{Name: "miner", Image: "evil.example.com/miner:1"})
+			return j
+		}(), inh: inh, want: "evil.example.com/miner:1"},
+	}
+	for name, c := range refusals {
+		t.Run(name, func(t *testing.T) {
+			v := judge(c.old, queue, c.inh)
+			if v.Refusal == nil {
+				t.Fatal("started")
+			}
+			if v.Refusal.Code != 403 || !strings.HasPrefix(v.Refusal.Message, "this queued run cannot start") || !strings.Contains(v.Refusal.Message, c.want) {
+				t.Errorf("refusal %d %q; want 403 saying the queued run cannot start and naming %q", v.Refusal.Code, v.Refusal.Message, c.want)
+			}
+		})
+	}
+}
