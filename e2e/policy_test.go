@@ -112,7 +112,7 @@ func TestOneActiveRunPerAgent(t *testing.T) {
 	ok := t.Run("100 concurrent creates over three replicas admit one", func(t *testing.T) {
 		replicas := startReplicas(ctx, t, 3)
 		before := validateCounts(t)
-		admitted, conflicts, other := createConcurrently(ctx, t, 100, agentJob)
+		admitted, conflicts, other := createConcurrently(ctx, t, 100, "e2e-race", agentJob)
 		if len(admitted) != 1 || conflicts != 99 || len(other) > 0 {
 			t.Fatalf("100 concurrent creates: admitted %v, %d conflicts, other errors %v", admitted, conflicts, other)
 		}
@@ -172,6 +172,13 @@ func TestOneActiveRunPerAgent(t *testing.T) {
 // addresses, the suite's first.
 func startReplicas(ctx context.Context, t *testing.T, n int) []string {
 	t.Helper()
+	return startReplicasRegistered(ctx, t, n, harness.Register)
+}
+
+// startReplicasRegistered is startReplicas with the webhooks registered at
+// the balancer by register (harness.RegisterForCompiledPolicies, say).
+func startReplicasRegistered(ctx context.Context, t *testing.T, n int, register func(context.Context, kubernetes.Interface, string, []byte) error) []string {
+	t.Helper()
 	replicas := []string{env.webhook.Addr}
 	for i := 1; i < n; i++ {
 		wh, err := harness.StartWebhook(ctx, env.cluster, env.webhookBin, fmt.Sprintf("webhook-%d", i), harness.Root()+"/examples/config.yaml")
@@ -187,17 +194,21 @@ func startReplicas(ctx context.Context, t *testing.T, n int) []string {
 		t.Fatal(err)
 	}
 	t.Cleanup(lb.Stop)
-	if err := harness.Register(ctx, env.cs, lb.Addr, env.cluster.CA.CertPEM); err != nil {
+	if err := register(ctx, env.cs, lb.Addr, env.cluster.CA.CertPEM); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = harness.Register(context.Background(), env.cs, env.webhookAddr, env.cluster.CA.CertPEM) })
-	// Dry runs (no claims written) until a new replica answers one.
+	// Dry runs (no claims written) until a new replica answers one. The
+	// probe brings its own container, so a compiled policy leaves it to
+	// the mutating webhook whatever the registration.
 	probe := bareJob(t, "e2e-race-probe")
+	probe.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyNever
+	probe.Spec.Template.Spec.Containers = []corev1.Container{{Name: "agent", Command: []string{"claude"}}}
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		_, _ = env.cs.BatchV1().Jobs(ns).Create(ctx, probe.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		var n float64
 		for _, w := range env.extra {
-			v, _ := w.Counter(`clipjob_admission_requests_total{dry_run="true",`, `webhook="validate"`)
+			v, _ := w.Counter(`clipjob_admission_requests_total{dry_run="true",`)
 			n += v
 		}
 		return n > 0, nil
@@ -208,9 +219,10 @@ func startReplicas(ctx context.Context, t *testing.T, n int) []string {
 	return replicas
 }
 
-// createConcurrently creates n Jobs made by job at once, from a client
-// whose own rate limit does not serialize them, and sorts the answers.
-func createConcurrently(ctx context.Context, t *testing.T, n int, job func(name string) *batchv1.Job) (admitted []string, conflicts int, other []error) {
+// createConcurrently creates n Jobs made by job at once, named prefix-NNN,
+// from a client whose own rate limit does not serialize them, and sorts
+// the answers.
+func createConcurrently(ctx context.Context, t *testing.T, n int, prefix string, job func(name string) *batchv1.Job) (admitted []string, conflicts int, other []error) {
 	t.Helper()
 	cfg := *env.cluster.Config
 	cfg.QPS, cfg.Burst = 1000, 1000
@@ -219,7 +231,7 @@ func createConcurrently(ctx context.Context, t *testing.T, n int, job func(name 
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for i := 0; i < n; i++ {
-		j := job(fmt.Sprintf("e2e-race-%03d", i))
+		j := job(fmt.Sprintf("%s-%03d", prefix, i))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -230,7 +242,7 @@ func createConcurrently(ctx context.Context, t *testing.T, n int, job func(name 
 			switch {
 			case err == nil:
 				admitted = append(admitted, j.Name)
-			case apierrors.IsConflict(err) && strings.Contains(err.Error(), "already has an active run: Job "+ns+"/e2e-race-"):
+			case apierrors.IsConflict(err) && strings.Contains(err.Error(), "already has an active run: Job "+ns+"/"+prefix+"-"):
 				conflicts++
 			default:
 				other = append(other, err)
@@ -360,6 +372,9 @@ func validateCounts(t *testing.T) []float64 {
 	t.Helper()
 	var out []float64
 	for _, w := range append([]*harness.Webhook{env.webhook}, env.extra...) {
+		if !w.Running() {
+			continue // an earlier test's replica
+		}
 		v, err := w.Counter(`clipjob_admission_requests_total{dry_run="false",`, `webhook="validate"`)
 		if err != nil {
 			t.Fatal(err)

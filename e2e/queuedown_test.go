@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,8 +15,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
+	"github.com/paperclipai/clipjob/claim"
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/harness"
 )
@@ -48,66 +53,16 @@ func dressedAsComplete(j *batchv1.Job, name string) *batchv1.Job {
 func TestQueuedRunsWaitWhileClipjobIsDown(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	original := restoreConfigAfter(t)
-	writeConfig(ctx, t, string(original)+"policy:\n  concurrency:\n    mode: Queue\n", true)
-	stopSyncer := startSyncer(t)
-	syncing := true
-	t.Cleanup(func() {
-		cctx := context.Background()
-		if syncing {
-			stopSyncer()
-		}
-		if !env.webhook.Running() {
-			if err := env.webhook.Start(cctx); err != nil {
-				t.Error(err)
-			}
-		}
-		for _, err := range []error{harness.DeleteCompiledPolicies(cctx, env.cs), harness.DeleteAgentRunsPolicy(cctx, env.cs),
-			harness.Register(cctx, env.cs, env.webhookAddr, env.cluster.CA.CertPEM)} {
-			if err != nil {
-				t.Error(err)
-			}
-		}
-	})
-	if err := harness.ApplyAgentRunsPolicy(ctx, env.cs); err != nil {
-		t.Fatal(err)
-	}
-	if err := harness.RegisterForCompiledPolicies(ctx, env.cs, env.webhookAddr, env.cluster.CA.CertPEM); err != nil {
-		t.Fatal(err)
-	}
+	stopSyncer, completed := compiledQueueMode(ctx, t)
 	review, err := env.cs.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	me := review.Status.UserInfo.Username
 
-	// Until the API server has loaded the Queue-mode policy, the new
-	// registration and the agent-runs policy, a dry run tells: completed
-	// and queued without a call to the mutating webhook, and a Job
-	// recording another creator refused.
-	var completed *batchv1.Job
-	probe := bareJob(t, "e2e-down-probe")
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		before, _ := env.webhook.Counter(`clipjob_admission_requests_total{dry_run="true",`, `webhook="mutate"`)
-		got, err := dryRun(ctx, probe)
-		after, _ := env.webhook.Counter(`clipjob_admission_requests_total{dry_run="true",`, `webhook="mutate"`)
-		if err != nil || after != before || got.Annotations[contract.AnnotationQueued] != "true" || got.Annotations[contract.AnnotationProfile] == "" {
-			return false, nil
-		}
-		completed = got
-		forged := dressedAsComplete(got, "e2e-down-forged-probe")
-		forged.Annotations[contract.AnnotationCreatedBy] = "system:serviceaccount:paperclip:paperclip"
-		_, err = dryRun(ctx, forged)
-		return apierrors.IsForbidden(err), nil
-	})
-	if err != nil {
-		t.Fatalf("the Queue-mode policy and the agent-runs policy were not in force within 2 minutes: %v", err)
-	}
-
 	// Every clipjob process stops (the syncer stands in for the elected
 	// webhook replica's).
 	stopSyncer()
-	syncing = false
 	env.webhook.Stop()
 
 	queued := bareJob(t, "e2e-down-queued")
@@ -180,4 +135,179 @@ func TestQueuedRunsWaitWhileClipjobIsDown(t *testing.T) {
 		t.Errorf("the forged run has pods: %v", err)
 	}
 	finishRun(ctx, t, queued.Name, "0")
+}
+
+// compiledQueueMode switches the suite to Queue mode with compiled
+// policies (the syncer running, the agent-runs policy applied) until t
+// ends, and waits until the API server completes and queues a bare Job
+// without the mutating webhook, and refuses one recording another
+// creator. It returns the syncer's stop and the completed bare Job.
+func compiledQueueMode(ctx context.Context, t *testing.T) (stopSyncer func(), completed *batchv1.Job) {
+	t.Helper()
+	original := restoreConfigAfter(t)
+	writeConfig(ctx, t, string(original)+"policy:\n  concurrency:\n    mode: Queue\n", true)
+	stop := startSyncer(t)
+	stopped := false
+	t.Cleanup(func() {
+		cctx := context.Background()
+		if !stopped {
+			stop()
+		}
+		if !env.webhook.Running() {
+			if err := env.webhook.Start(cctx); err != nil {
+				t.Error(err)
+			}
+		}
+		for _, err := range []error{harness.DeleteCompiledPolicies(cctx, env.cs), harness.DeleteAgentRunsPolicy(cctx, env.cs),
+			harness.Register(cctx, env.cs, env.webhookAddr, env.cluster.CA.CertPEM)} {
+			if err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	if err := harness.ApplyAgentRunsPolicy(ctx, env.cs); err != nil {
+		t.Fatal(err)
+	}
+	if err := harness.RegisterForCompiledPolicies(ctx, env.cs, env.webhookAddr, env.cluster.CA.CertPEM); err != nil {
+		t.Fatal(err)
+	}
+	// Until the API server has loaded the Queue-mode policy, the new
+	// registration and the agent-runs policy, a dry run tells: completed
+	// and queued without a call to the mutating webhook, and a Job
+	// recording another creator refused.
+	probe := bareJob(t, "e2e-down-probe")
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		before, _ := env.webhook.Counter(`clipjob_admission_requests_total{dry_run="true",`, `webhook="mutate"`)
+		got, err := dryRun(ctx, probe)
+		after, _ := env.webhook.Counter(`clipjob_admission_requests_total{dry_run="true",`, `webhook="mutate"`)
+		if err != nil || after != before || got.Annotations[contract.AnnotationQueued] != "true" || got.Annotations[contract.AnnotationProfile] == "" {
+			return false, nil
+		}
+		completed = got
+		forged := dressedAsComplete(got, "e2e-down-forged-probe")
+		forged.Annotations[contract.AnnotationCreatedBy] = "system:serviceaccount:paperclip:paperclip"
+		_, err = dryRun(ctx, forged)
+		return apierrors.IsForbidden(err), nil
+	})
+	if err != nil {
+		t.Fatalf("the Queue-mode policy and the agent-runs policy were not in force within 2 minutes: %v", err)
+	}
+	return func() { stop(); stopped = true }, completed
+}
+
+// activeRuns lists the agent's Jobs that are started and not finished.
+func activeRuns(ctx context.Context, t *testing.T, agent string) []string {
+	t.Helper()
+	list, err := env.cs.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: contract.LabelAgentID + "=" + agent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, j := range list.Items {
+		if !suspended(&j) && !claim.Finished(&j) {
+			out = append(out, j.Name)
+		}
+	}
+	return out
+}
+
+// TestQueuedRunsStartOneAtATime: design (b) keeps one active run per
+// agent with the claim off the create. Twenty runs of one agent created
+// at once over three webhook replicas are all admitted, queued; while the claim controller starts one, twenty concurrent
+// starts under clipjob's own account (a second controller leader, as a
+// split brain would make one) start none beside it: each start takes the
+// claim in the validating webhook. When the run ends, exactly one more
+// starts.
+func TestQueuedRunsStartOneAtATime(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	const agent = "agent-queued-race"
+	compiledQueueMode(ctx, t)
+	startReplicasRegistered(ctx, t, 3, harness.RegisterForCompiledPolicies)
+	t.Cleanup(func() {
+		_ = env.cs.BatchV1().Jobs(ns).DeleteCollection(context.Background(), metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)},
+			metav1.ListOptions{LabelSelector: contract.LabelAgentID + "=" + agent})
+	})
+	// (That these creates need no webhook is TestQueuedRunsWaitWhileClipjobIsDown's
+	// to show: here the claim controller starts the first run meanwhile,
+	// through the validating webhook.)
+	admitted, conflicts, other := createConcurrently(ctx, t, 20, "e2e-queued-race", func(name string) *batchv1.Job {
+		j := bareJob(t, name)
+		j.Labels[contract.LabelAgentID] = agent
+		return j
+	})
+	if len(admitted) != 20 || conflicts != 0 || len(other) > 0 {
+		t.Fatalf("20 concurrent creates in Queue mode: admitted %d, %d conflicts, other errors %v", len(admitted), conflicts, other)
+	}
+
+	// A second leader: clipjob's own account starting every run at once.
+	kubeconfig, err := harness.ChartServiceAccountKubeconfig(ctx, env.cluster, "clipjob-webhook")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.QPS, rc.Burst = 1000, 1000
+	rogue := kubernetes.NewForConfigOrDie(rc)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	started, busy := 0, 0
+	var unexpected []error
+	for _, name := range admitted {
+		wg.Go(func() {
+			_, err := rogue.BatchV1().Jobs(ns).Patch(ctx, name, types.MergePatchType, []byte(`{"spec":{"suspend":false}}`), metav1.PatchOptions{})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				started++
+			case apierrors.IsConflict(err):
+				busy++
+			default:
+				unexpected = append(unexpected, err)
+			}
+		})
+	}
+	// Meanwhile, and after: never two runs of the agent going.
+	seen := map[string]bool{}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		active := activeRuns(ctx, t, agent)
+		if len(active) > 1 {
+			t.Fatalf("two runs of one agent going: %v", active)
+		}
+		for _, a := range active {
+			seen[a] = true
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	wg.Wait()
+	if started > 1 || len(unexpected) > 0 {
+		t.Fatalf("concurrent starts: %d started, %d busy (409), unexpected %v", started, busy, unexpected)
+	}
+	t.Logf("concurrent starts beside the claim controller: %d started, %d refused with 409", started, busy)
+	first := activeRuns(ctx, t, agent)
+	if len(first) != 1 {
+		t.Fatalf("after the race the agent has %v going, want one", first)
+	}
+	finishRun(ctx, t, first[0], "0")
+	var second []string
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		second = activeRuns(ctx, t, agent)
+		if len(second) > 1 {
+			return false, fmt.Errorf("two runs of one agent going: %v", second)
+		}
+		return len(second) == 1, nil
+	})
+	if err != nil || second[0] == first[0] {
+		t.Fatalf("the next run did not start alone after the first ended: %v (%v)", second, err)
+	}
+	for range 20 { // a little while longer: still one
+		if active := activeRuns(ctx, t, agent); len(active) > 1 {
+			t.Fatalf("two runs of one agent going: %v", active)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -43,6 +43,13 @@ const (
 	// Job, the mutating webhook is not called for it, the validating one
 	// judges it (the rendered rule among the others) and takes the claim.
 	scCompiledBoth = "compiled-validate"
+	// scQueued is design (b), Queue mode: the compiled policies complete
+	// the Job suspended and queued, no webhook is called on the create,
+	// and the claim controller starts it through the validating webhook
+	// (start check and claim). Its creation cells run with clipjob
+	// stopped: creates need none of it, and a running claim controller
+	// would start every measured Job (each a new agent's).
+	scQueued = "queued"
 )
 
 var scenarioLabels = map[string]string{
@@ -52,11 +59,12 @@ var scenarioLabels = map[string]string{
 	scMAP:          "MutatingAdmissionPolicy equivalent",
 	scCompiled:     "clipjob's compiled MutatingAdmissionPolicies",
 	scCompiledBoth: "compiled policies + validating webhook (claim)",
+	scQueued:       "Queue mode, design (b): compiled policies, judged and claimed at start",
 }
 
 // Measured in this order in round 0, rotated by one each round, so no
 // scenario always runs first (on a cold API server) or last.
-var scenarioOrder = []string{scBaseline, scMutating, scBoth, scMAP, scCompiled, scCompiledBoth}
+var scenarioOrder = []string{scBaseline, scMutating, scBoth, scMAP, scCompiled, scCompiledBoth, scQueued}
 
 // cell is one scenario at one concurrency in one round.
 type cell struct {
@@ -102,8 +110,9 @@ type admissionBench struct {
 	n         int
 	complete  func(bare *batchv1.Job) (*batchv1.Job, error)
 	mapPolicy []byte
-	// compiled: clipjob's policies compiled from the cluster's source.
-	compiled []compile.Policy
+	// compiled: clipjob's policies compiled from the cluster's source;
+	// compiledQueue the same in Queue mode.
+	compiled, compiledQueue []compile.Policy
 	// lastInvalid is why the last probe's Job was refused as invalid.
 	lastInvalid error
 	// profile: take a CPU profile of the webhook (at pprofAddr, into
@@ -122,20 +131,28 @@ func newAdmissionBench(cs kubernetes.Interface, wh *harness.Webhook, caBundle []
 	if err != nil {
 		return nil, err
 	}
-	compiled, err := compiledPolicies(cs)
+	compiled, err := compiledPolicies(cs, "")
 	if err != nil {
 		return nil, err
 	}
-	return &admissionBench{cs: cs, webhook: wh, caBundle: caBundle, n: n, complete: complete, mapPolicy: mapPolicy, compiled: compiled}, nil
+	compiledQueue, err := compiledPolicies(cs, config.ModeQueue)
+	if err != nil {
+		return nil, err
+	}
+	return &admissionBench{cs: cs, webhook: wh, caBundle: caBundle, n: n, complete: complete, mapPolicy: mapPolicy,
+		compiled: compiled, compiledQueue: compiledQueue}, nil
 }
 
 // compiledPolicies compiles clipjob's policies for the agent namespace
-// from the cluster's source Deployment and the example config, as a
-// controller in the cluster would.
-func compiledPolicies(cs kubernetes.Interface) ([]compile.Policy, error) {
+// from the cluster's source Deployment and the example config (in mode,
+// when set), as a controller in the cluster would.
+func compiledPolicies(cs kubernetes.Interface, mode config.ConcurrencyMode) ([]compile.Policy, error) {
 	cfg, err := config.Load(filepath.Join(harness.Root(), "examples", "config.yaml"))
 	if err != nil {
 		return nil, err
+	}
+	if mode != "" {
+		cfg = cfg.InMode(mode)
 	}
 	dep, err := cs.AppsV1().Deployments(cfg.Source.Namespace).Get(context.Background(), cfg.Source.Deployment, metav1.GetOptions{})
 	if err != nil {
@@ -214,18 +231,26 @@ func (b *admissionBench) use(ctx context.Context, s string) error {
 			return err
 		}
 	case scCompiled:
-		if err := b.applyCompiled(ctx); err != nil {
+		if err := b.applyCompiled(ctx, b.compiled); err != nil {
 			return err
 		}
-	case scCompiledBoth:
-		if err := b.applyCompiled(ctx); err != nil {
+	case scCompiledBoth, scQueued:
+		policies := b.compiled
+		if s == scQueued {
+			policies = b.compiledQueue
+			if err := harness.ApplyAgentRunsPolicy(ctx, b.cs); err != nil {
+				return err
+			}
+		}
+		if err := b.applyCompiled(ctx, policies); err != nil {
 			return err
 		}
 		if err := harness.RegisterForCompiledPolicies(ctx, b.cs, b.webhook.Addr, b.caBundle); err != nil {
 			return err
 		}
 	}
-	want := map[string]string{scBaseline: "none", scMutating: "webhook", scBoth: "webhook", scMAP: "map", scCompiled: "compiled", scCompiledBoth: "compiled"}[s]
+	want := map[string]string{scBaseline: "none", scMutating: "webhook", scBoth: "webhook", scMAP: "map", scCompiled: "compiled",
+		scCompiledBoth: "compiled", scQueued: "compiled, queued"}[s]
 	var got string
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		got = b.probe(ctx)
@@ -255,6 +280,8 @@ func (b *admissionBench) probe(ctx context.Context) string {
 		return "none"
 	case err != nil:
 		return "error: " + err.Error()
+	case strings.Contains(got.Annotations["clipjob.paperclip.io/source"], " inherited ") && after == calls && got.Annotations[contract.AnnotationQueued] == "true":
+		return "compiled, queued"
 	case strings.Contains(got.Annotations["clipjob.paperclip.io/source"], " inherited ") && after == calls:
 		return "compiled"
 	case strings.Contains(got.Annotations["clipjob.paperclip.io/source"], " inherited "):
@@ -272,6 +299,7 @@ func (b *admissionBench) clear(ctx context.Context) error {
 		ar.ValidatingWebhookConfigurations().Delete(ctx, harness.ValidatingWebhookName, metav1.DeleteOptions{}),
 		ar.MutatingAdmissionPolicyBindings().Delete(ctx, "clipjob-map-equivalent", metav1.DeleteOptions{}),
 		ar.MutatingAdmissionPolicies().Delete(ctx, "clipjob-map-equivalent", metav1.DeleteOptions{}),
+		harness.DeleteAgentRunsPolicy(ctx, b.cs),
 	} {
 		if del != nil && !apierrors.IsNotFound(del) {
 			return del
@@ -280,10 +308,10 @@ func (b *admissionBench) clear(ctx context.Context) error {
 	return harness.DeleteCompiledPolicies(ctx, b.cs)
 }
 
-// applyCompiled creates clipjob's compiled policies and their bindings.
-func (b *admissionBench) applyCompiled(ctx context.Context) error {
+// applyCompiled creates compiled policies and their bindings.
+func (b *admissionBench) applyCompiled(ctx context.Context, policies []compile.Policy) error {
 	ar := b.cs.AdmissionregistrationV1()
-	for _, p := range b.compiled {
+	for _, p := range policies {
 		if _, err := ar.MutatingAdmissionPolicies().Create(ctx, p.Policy, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("policy %s: %w", p.Policy.Name, err)
 		}
@@ -394,7 +422,20 @@ func (b *admissionBench) run(ctx context.Context, s string, conc, round int) (ce
 	if err := b.use(ctx, s); err != nil {
 		return cell{}, err
 	}
-	prefix := fmt.Sprintf("%s-c%d-r%d", s, conc, round)
+	if s == scQueued {
+		// Creates need nothing of clipjob; a claim controller would start
+		// every Job measured. Its Jobs go before clipjob is back.
+		b.webhook.Stop()
+		defer func() {
+			if err := b.deleteJobs(ctx, cellPrefix(s, conc, round)); err != nil {
+				fmt.Fprintln(os.Stderr, "bench: deleting the queued cell's Jobs:", err)
+			}
+			if err := b.webhook.Start(ctx); err != nil {
+				fmt.Fprintln(os.Stderr, "bench: restarting the webhook:", err)
+			}
+		}()
+	}
+	prefix := cellPrefix(s, conc, round)
 	jobs := make([]*batchv1.Job, b.n+20)
 	for i := range jobs {
 		name := fmt.Sprintf("%s-%04d", prefix, i)
@@ -416,8 +457,11 @@ func (b *admissionBench) run(ctx context.Context, s string, conc, round int) (ce
 	if c.apiserver.before, err = apiServerMetrics(ctx, b.cs); err != nil {
 		return c, err
 	}
-	if c.webhookObs.before, err = httpMetrics(b.webhook.MetricsAddr); err != nil {
-		return c, err
+	webhookUp := s != scQueued
+	if webhookUp {
+		if c.webhookObs.before, err = httpMetrics(b.webhook.MetricsAddr); err != nil {
+			return c, err
+		}
 	}
 	var profiled <-chan string
 	if b.profile {
@@ -434,10 +478,32 @@ func (b *admissionBench) run(ctx context.Context, s string, conc, round int) (ce
 	if c.apiserver.after, err = apiServerMetrics(ctx, b.cs); err != nil {
 		return c, err
 	}
-	if c.webhookObs.after, err = httpMetrics(b.webhook.MetricsAddr); err != nil {
-		return c, err
+	if webhookUp {
+		if c.webhookObs.after, err = httpMetrics(b.webhook.MetricsAddr); err != nil {
+			return c, err
+		}
 	}
 	return c, nil
+}
+
+// cellPrefix names a cell's Jobs.
+func cellPrefix(s string, conc, round int) string { return fmt.Sprintf("%s-c%d-r%d", s, conc, round) }
+
+// deleteJobs deletes the Jobs whose names start with prefix.
+func (b *admissionBench) deleteJobs(ctx context.Context, prefix string) error {
+	list, err := b.cs.BatchV1().Jobs("paperclip").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	bg := metav1.DeletePropagationBackground
+	for _, j := range list.Items {
+		if strings.HasPrefix(j.Name, prefix+"-") {
+			if err := b.cs.BatchV1().Jobs("paperclip").Delete(ctx, j.Name, metav1.DeleteOptions{PropagationPolicy: &bg}); err != nil && !apierrors.IsNotFound(err) {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 type createResult struct {

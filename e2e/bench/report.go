@@ -121,7 +121,7 @@ func (r admissionReport) print(w io.Writer, n int) {
 		target(w, fmt.Sprintf("mutating only: p50 no worse than the MAP equivalent at c=%d", conc),
 			r.ratio(scMutating, scMAP, conc, p50), 1.0, "× the MAP's p50", true)
 	}
-	for _, s := range []string{scCompiledBoth, scCompiled} {
+	for _, s := range []string{scQueued, scCompiledBoth, scCompiled} {
 		for _, conc := range r.levels {
 			target(w, fmt.Sprintf("%s: p50 ≤ 1.3× baseline at c=%d", scenarioLabels[s], conc),
 				r.ratio(s, scBaseline, conc, p50), 1.3, "×", true)
@@ -131,7 +131,7 @@ func (r admissionReport) print(w io.Writer, n int) {
 		}
 	}
 	if len(r.starts) > 0 {
-		for _, s := range []string{scCompiledBoth, scCompiled, scBoth} {
+		for _, s := range []string{scQueued, scCompiledBoth, scCompiled, scBoth} {
 			target(w, fmt.Sprintf("%s: create → pod Running p50 ≤ baseline + 50 ms", scenarioLabels[s]),
 				r.startOverBaseline(s)/float64(time.Millisecond), 50, " ms over", true)
 		}
