@@ -26,9 +26,12 @@ type pinger interface {
 // out of reach, and says so in readiness. With bbolt it does nothing: one
 // relay collects every run, as before replicas existed.
 func (s *service) divideRuns(mgr manager.Manager, st store.Backend) error {
+	if s.opts.Store != StorePostgres {
+		return nil
+	}
 	p, ok := st.(pinger)
 	if !ok {
-		return nil
+		return fmt.Errorf("the %s store cannot say whether it answers", s.opts.Store)
 	}
 	replicas.RegisterMetrics()
 	o := s.opts.Replicas
