@@ -339,6 +339,33 @@ func TestRelayReplicasSurviveAKilledReplica(t *testing.T) {
 	}
 }
 
+// TestRelayReplicaStoppedHandsOverAtOnce: a replica stopped with SIGTERM
+// (a rollout, a scale-down) flushes, deletes its Lease, and the others
+// take its runs over at their next reading of the Leases, not after the
+// Lease's duration.
+func TestRelayReplicaStoppedHandsOverAtOnce(t *testing.T) {
+	ctx, rs := readyReplicas(t)
+	f := startFlood(ctx, t, "e2e-replicas-term", 3)
+	leaving := rs.owner(f.runs[0])
+	survivor := rs.relays[(leaving+1)%3]
+	waitEach(ctx, t, survivor, rs.token, f.runs, atLeast(100), "before the stop")
+	rs.relays[leaving].Stop()
+	stopped := time.Now()
+	written := f.written(f.runs[0])
+	lease := replicas.LeaseName("e2e-replicas", rs.ids[leaving])
+	if _, err := env.cs.CoordinationV1().Leases(harness.Release.Namespace).Get(ctx, lease, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the stopped replica's Lease %s is still there (%v): the others wait for it to lapse", lease, err)
+	}
+	waitStoredAtLeast(ctx, t, survivor, rs.token, f.runs[0], written+60, "after its replica stopped")
+	t.Logf("a stopped replica's run stored on %s after the stop (renewal %s, lease %s)", time.Since(stopped).Round(100*time.Millisecond),
+		relay.DefaultOptions().Replicas.RenewInterval, relay.DefaultOptions().Replicas.LeaseDuration)
+	if err := rs.relays[leaving].Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rs.waitMembers(ctx, t, 0, 1, 2)
+	f.end(ctx, t, rs)
+}
+
 // TestRelayReplicasServeAnotherReplicasLinesLive: a client follows a run
 // over SSE through a replica that does not collect it; each line reaches
 // it as the collecting replica commits it (LISTEN/NOTIFY), well within the
