@@ -119,9 +119,7 @@ func (a *API) listRuns(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusBadRequest, "%v", err)
 		return
 	}
-	runs, err := a.Store.Runs(func(run *store.Summary) bool {
-		return match(q.Get("agent"), run.Agent) && match(q.Get("company"), run.Company) && match(q.Get("phase"), run.Phase)
-	})
+	runs, err := a.Store.RunsWhere(store.Filter{Agent: q.Get("agent"), Company: q.Get("company"), Phase: q.Get("phase")})
 	if err != nil {
 		fail(w, http.StatusInternalServerError, "listing runs: %v", err)
 		return
@@ -178,8 +176,6 @@ func limitParam(v string) (int, error) {
 	}
 	return n, nil
 }
-
-func match(want, have string) bool { return want == "" || want == have }
 
 func (a *API) getRun(w http.ResponseWriter, r *http.Request) {
 	if run, _ := a.run(w, r); run != nil {

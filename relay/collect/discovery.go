@@ -460,7 +460,7 @@ func allStatuses(pod *corev1.Pod) []corev1.ContainerStatus {
 // longer exists (deleted while the relay was down): their log is what was
 // stored, and their phase is Unknown unless it was seen to end.
 func (c *Collector) Reconcile() (int, error) {
-	runs, err := c.Store.Runs(func(r *store.Summary) bool { return !r.Done })
+	runs, err := c.Store.RunsWhere(store.Filter{Unfinished: true})
 	if err != nil {
 		return 0, err
 	}

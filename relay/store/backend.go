@@ -34,6 +34,10 @@ type Backend interface {
 	// Runs returns the summaries of the runs keep accepts (all when keep is
 	// nil), newest first.
 	Runs(keep func(*Summary) bool) ([]Summary, error)
+	// RunsWhere returns the summaries of the runs f selects, newest first:
+	// what Runs(f.Match) returns, selected where the runs are kept (a
+	// store on a server sends only those).
+	RunsWhere(f Filter) ([]Summary, error)
 	// Lines returns the lines of run with sequence numbers above after, in
 	// order: up to limit of them (limit <= 0: no count bound) and about
 	// PageBytes of text (at least one line).
@@ -57,6 +61,19 @@ type Backend interface {
 	Size() int64
 	// Close releases the store.
 	Close() error
+}
+
+// Filter selects runs by their summary; a zero field selects any.
+type Filter struct {
+	Agent, Company, Phase string
+	// Unfinished: only runs not done.
+	Unfinished bool
+}
+
+// Match says whether f selects the run s summarizes.
+func (f Filter) Match(s *Summary) bool {
+	return (f.Agent == "" || s.Agent == f.Agent) && (f.Company == "" || s.Company == f.Company) &&
+		(f.Phase == "" || s.Phase == f.Phase) && (!f.Unfinished || !s.Done)
 }
 
 // ErrCursorConflict is what a *CursorConflict matches with errors.Is.

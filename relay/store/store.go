@@ -291,6 +291,9 @@ func (s *Store) Runs(keep func(*Summary) bool) ([]Summary, error) {
 	return out, nil
 }
 
+// RunsWhere implements Backend from the index in memory.
+func (s *Store) RunsWhere(f Filter) ([]Summary, error) { return s.Runs(f.Match) }
+
 // PageBytes bounds the text one Lines call returns (at least one line):
 // a page of long lines must not hold a response's worth of memory.
 const PageBytes = 4 << 20

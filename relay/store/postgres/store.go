@@ -343,10 +343,38 @@ func (s *Store) RunOfJob(id, jobUID string) (*store.Run, error) {
 // Runs implements store.Backend from the summary columns: no record is
 // read or decoded.
 func (s *Store) Runs(keep func(*store.Summary) bool) ([]store.Summary, error) {
+	return s.runs("", nil, keep)
+}
+
+// RunsWhere implements store.Backend: the filter is the query's, so only
+// the runs it selects are read, by an index for an agent, a company or
+// the unfinished runs (migration 0002).
+func (s *Store) RunsWhere(f store.Filter) ([]store.Summary, error) {
+	var conds []string
+	var args []any
+	for _, c := range []struct{ column, value string }{{"agent", f.Agent}, {"company", f.Company}, {"phase", f.Phase}} {
+		if c.value != "" {
+			args = append(args, c.value)
+			conds = append(conds, fmt.Sprintf("%s = $%d", c.column, len(args)))
+		}
+	}
+	if f.Unfinished {
+		conds = append(conds, "NOT done")
+	}
+	where := ""
+	if len(conds) > 0 {
+		where = "WHERE " + strings.Join(conds, " AND ")
+	}
+	return s.runs(where, args, nil)
+}
+
+// runs lists the summaries the WHERE clause where (with args) and keep
+// select, newest first.
+func (s *Store) runs(where string, args []any, keep func(*store.Summary) bool) ([]store.Summary, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
 	rows, err := s.pool.Query(ctx, s.sql(`SELECT id, namespace, pod, pod_uid, agent, company, phase, done, last_seq, bytes, seen_at
-		FROM {schema}.runs ORDER BY seen_at DESC`))
+		FROM {schema}.runs `+where+` ORDER BY seen_at DESC`), args...)
 	if err != nil {
 		return nil, err
 	}

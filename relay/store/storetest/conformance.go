@@ -288,7 +288,8 @@ func runsListAgreesWithRecords(t *testing.T, b Backend) {
 				prev = cur
 				if _, err := s.UpdateRun(run, func(r *store.Run) {
 					r.Namespace, r.Agent, r.Company, r.Pod, r.PodUID = "ns", fmt.Sprintf("agent-%d", i%3), "acme", run+"-pod", "uid-"+run
-					r.Phase, r.Done = "Running", j == 3
+					// Every third run's last update finishes it.
+					r.Phase, r.Done = "Running", j == 3 && i%3 == 0
 				}); err != nil {
 					t.Error(err)
 				}
@@ -296,6 +297,7 @@ func runsListAgreesWithRecords(t *testing.T, b Backend) {
 		})
 	}
 	wg.Wait()
+	const finished = 4 // runs 0, 3, 6, 9
 	check := func(s store.Backend) {
 		t.Helper()
 		runs, err := s.Runs(nil)
@@ -318,6 +320,21 @@ func runsListAgreesWithRecords(t *testing.T, b Backend) {
 		one, _ := s.Runs(func(r *store.Summary) bool { return r.Agent == "agent-1" })
 		if len(one) != 4 {
 			t.Errorf("runs of agent-1: %d, want 4", len(one))
+		}
+		// A filter selects where the runs are kept what Match selects.
+		for _, f := range []store.Filter{{}, {Agent: "agent-1"}, {Agent: "agent-2", Phase: "Running"}, {Company: "acme"},
+			{Company: "other"}, {Phase: "Succeeded"}, {Unfinished: true}, {Agent: "agent-0", Unfinished: true}} {
+			got, err := s.RunsWhere(f)
+			if err != nil {
+				t.Fatalf("RunsWhere(%+v): %v", f, err)
+			}
+			want, _ := s.Runs(f.Match)
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("RunsWhere(%+v) differs from Runs(Match) (-Runs +RunsWhere):\n%s", f, diff)
+			}
+		}
+		if got, _ := s.RunsWhere(store.Filter{Unfinished: true}); len(got) != 12-finished {
+			t.Errorf("%d unfinished runs, want %d", len(got), 12-finished)
 		}
 	}
 	check(s)
