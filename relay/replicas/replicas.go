@@ -185,7 +185,9 @@ func (m *Members) Start(ctx context.Context) error {
 // round renews (or, unhealthy, releases) this replica's Lease, reads the
 // group's and updates the view; OnChange runs if it changed.
 func (m *Members) round(ctx context.Context) {
-	rctx, cancel := context.WithTimeout(ctx, m.RenewInterval)
+	// A slow API server may take longer than an interval; past the renew
+	// deadline this replica stops collecting anyway.
+	rctx, cancel := context.WithTimeout(ctx, m.renewDeadline())
 	defer cancel()
 	now := time.Now()
 	why := ""
@@ -209,10 +211,7 @@ func (m *Members) round(ctx context.Context) {
 	if err == nil {
 		m.observe(leases.Items, now)
 	}
-	deadline := m.LeaseDuration - 2*m.RenewInterval
-	if deadline < m.RenewInterval {
-		deadline = m.RenewInterval
-	}
+	deadline := m.renewDeadline()
 	if why == "" && time.Since(m.renewed) >= deadline {
 		why = fmt.Sprintf("this relay's Lease was not renewed for %s: the others take its runs over", deadline)
 	}
@@ -253,6 +252,13 @@ func (m *Members) round(ctx context.Context) {
 	if ch != nil {
 		close(ch)
 	}
+}
+
+// renewDeadline is how long this replica goes on collecting without
+// renewing its Lease: two renewals short of its duration, so that it has
+// stopped before the others see the Lease lapse.
+func (m *Members) renewDeadline() time.Duration {
+	return max(m.LeaseDuration-2*m.RenewInterval, m.RenewInterval)
 }
 
 // observe records when each Lease of the group was last seen renewed;
