@@ -29,7 +29,9 @@ import (
 // The file is derived from the store, exactly once: after each sync the
 // store records (last mirrored sequence, file size) together; a sync first
 // cuts the file back to the recorded size, dropping whatever a crash left
-// after the last record, then appends from the recorded sequence.
+// after the last record, then appends from the recorded sequence. Syncs of
+// one run by relays sharing the store and the volume take turns on a lock
+// on the file (flock), each reading the record under it.
 type Mirror struct {
 	Dir string
 	// Base is the run-log directory under Dir (Paperclip's
@@ -241,17 +243,27 @@ func (m *Mirror) Sync(run string) error {
 	}
 	defer unix.Close(dir)
 	marker := markerOf(path, name)
-	// Not done (or a retry of the Job continues a finished run): no done
-	// marker may stand, whoever planted it.
-	if err := marker.remove(dir); err != nil {
-		return err
-	}
-	st.Done = false
 	f, err := openFile(dir, path, name)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
+	// Relay replicas that both own the run for a moment both sync it: one
+	// at a time (a lock on the file, released when it closes), each from
+	// what the other recorded, so the file is never cut back under a
+	// reader and holds each line once. This relay's own syncs of the run
+	// are already one at a time; on a volume without locks, so are only
+	// those.
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil && !errors.Is(err, unix.ENOLCK) &&
+		!errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOSYS) {
+		return &os.PathError{Op: "lock", Path: path, Err: err}
+	}
+	if r, err = m.Store.Run(run); err != nil || r == nil {
+		return err // nil: retention dropped the run meanwhile
+	}
+	if st, err = m.Store.MirrorState(run); err != nil {
+		return err
+	}
 	info, err := f.Stat()
 	if err != nil {
 		return err
@@ -260,6 +272,20 @@ func (m *Mirror) Sync(run string) error {
 	if sys, ok := info.Sys().(*syscall.Stat_t); ok {
 		inode = sys.Ino
 	}
+	if st.Done && r.Done {
+		// The other relay finished it meanwhile, and the reader may have
+		// removed the file since: one this sync created is not left.
+		if st.Inode != 0 && st.Inode != inode && info.Size() == 0 {
+			return entry{path, name}.remove(dir)
+		}
+		return nil
+	}
+	// Not done (or a retry of the Job continues a finished run): no done
+	// marker may stand, whoever planted it.
+	if err := marker.remove(dir); err != nil {
+		return err
+	}
+	st.Done = false
 	if info.Size() < st.Size || (st.Inode != 0 && st.Inode != inode) {
 		// The file lost content, or another file was swapped in under its
 		// name: rebuild it from the store.
