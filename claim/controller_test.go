@@ -138,6 +138,26 @@ func TestStartsTheOldestWaitingRun(t *testing.T) {
 	}
 }
 
+// A leader that took the claim for the oldest run and died before
+// unsuspending it (a restart mid-decision): the next leader finds the
+// claim held by that very run and starts it, and no other.
+func TestFinishesAStartCutShort(t *testing.T) {
+	a, b := queuedRun("a", base.Add(time.Second)), queuedRun("b", base.Add(2*time.Second))
+	r, cs := testController(t, "Queue", a, b)
+	if err := r.Lock.Acquire(context.Background(), a, r.Configs.Current().Policy.Concurrency, false); err != nil {
+		t.Fatal(err)
+	}
+	next := &Controller{Client: cs, Lock: NewLock(cs), Configs: r.Configs, Log: logr.Discard()}
+	refresh(t, next, cs)
+	reconcileOK(t, next, agentQ)
+	if got := started(cs); len(got) != 1 || got[0] != "a" {
+		t.Fatalf("started %v, want [a], whose start was cut short", got)
+	}
+	if got := leases(t, cs); len(got) != 1 || got[0] != "a" {
+		t.Errorf("claim held by %v, want a", got)
+	}
+}
+
 // A run that predates a switch to Queue mode holds no claim; it still
 // makes the agent busy.
 func TestWaitsForAnUnclaimedRunningJob(t *testing.T) {

@@ -214,11 +214,15 @@ func ApplyAgentRunsPolicy(ctx context.Context, cs kubernetes.Interface) error {
 
 // DeleteAgentRunsPolicy deletes AgentRunsPolicy and its binding.
 func DeleteAgentRunsPolicy(ctx context.Context, cs kubernetes.Interface) error {
+	return deleteAdmissionPolicy(ctx, cs, AgentRunsPolicy)
+}
+
+func deleteAdmissionPolicy(ctx context.Context, cs kubernetes.Interface, name string) error {
 	ar := cs.AdmissionregistrationV1()
-	if err := ar.ValidatingAdmissionPolicyBindings().Delete(ctx, AgentRunsPolicy, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	if err := ar.ValidatingAdmissionPolicyBindings().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
-	if err := ar.ValidatingAdmissionPolicies().Delete(ctx, AgentRunsPolicy, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	if err := ar.ValidatingAdmissionPolicies().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
 	return nil
