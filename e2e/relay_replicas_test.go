@@ -52,6 +52,10 @@ var replicasOnce struct {
 
 const replicasSchema = "e2e_replicas"
 
+// replicasMirror is the volume the replicas share for the NDJSON mirror
+// (not the bbolt relay's: it mirrors the same runs from its own store).
+func replicasMirror() string { return filepath.Join(env.cluster.Dir, "replicas-mirror") }
+
 // theReplicas starts the replicas the tests share (each test leaves them
 // all running and ready).
 func theReplicas(t *testing.T) *relayReplicas {
@@ -103,7 +107,7 @@ func (rs *relayReplicas) start(ctx context.Context, id, group, conn string) (*ha
 	}
 	r, err := harness.StartRelay(ctx, env.cluster, rs.bin, "relay-"+group+"-"+id, ns, "--store", "postgres",
 		"--postgres-url-file", url, "--postgres-schema", replicasSchema, "--lease-namespace", harness.Release.Namespace,
-		"--lease-group", group, "--replica-id", id)
+		"--lease-group", group, "--replica-id", id, "--mirror-dir", replicasMirror())
 	return r, url, err
 }
 
@@ -248,9 +252,23 @@ func (f *flood) end(ctx context.Context, t *testing.T, rs *relayReplicas) {
 		for _, r := range rs.relays {
 			exactlyOnce(t, plainLog(t, r, rs.token, run), f.want[run])
 		}
+		// The mirror's done marker is written last: then the file is whole.
+		file := filepath.Join(replicasMirror(), "run-logs", "acme", "agent-"+run, run+".pod.ndjson")
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+			_, err := os.Stat(file + ".done")
+			return err == nil, nil
+		})
+		if err != nil {
+			t.Fatalf("run %s: no done marker beside its mirror file: %v", run, err)
+		}
+		mirror, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		exactlyOnce(t, strings.Split(strings.TrimSuffix(string(mirror), "\n"), "\n"), f.want[run])
 		total += len(f.want[run])
 	}
-	t.Logf("%d lines of %d runs, read through each of %d replicas: 0 lost, 0 stored twice", total, len(f.runs), len(rs.relays))
+	t.Logf("%d lines of %d runs, read through each of %d replicas and in their mirror files: 0 lost, 0 stored twice", total, len(f.runs), len(rs.relays))
 }
 
 // stored is how many lines of run the store holds, asked through r.
