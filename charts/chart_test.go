@@ -322,7 +322,7 @@ func TestCompiledPoliciesValue(t *testing.T) {
 		}
 		if on {
 			into(t, r, "ValidatingAdmissionPolicy", "clipjob-agent-runs", &vap)
-			if len(vap.Spec.Validations) != 2 || !strings.Contains(vap.Spec.Validations[1].Expression, "'system:serviceaccount:clipjob-system:clipjob-webhook'") {
+			if len(vap.Spec.Validations) != 3 || !strings.Contains(vap.Spec.Validations[1].Expression, "'system:serviceaccount:clipjob-system:clipjob-webhook'") {
 				t.Errorf("the agent-runs policy does not let the webhook's account alone start a queued run: %+v", vap.Spec.Validations)
 			}
 			if *vap.Spec.FailurePolicy != admissionregistrationv1.Fail {

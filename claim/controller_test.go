@@ -272,13 +272,13 @@ func TestMarksARefusedRunAtOnce(t *testing.T) {
 	cs.PrependReactor("patch", "jobs", func(a clienttesting.Action) (bool, runtime.Object, error) {
 		p := a.(clienttesting.PatchAction)
 		if p.GetName() == "refused" && strings.Contains(string(p.GetPatch()), `"suspend":false`) {
-			return true, nil, apierrors.NewForbidden(batchv1.Resource("jobs"), "refused", errors.New("this queued run cannot start: images"))
+			return true, nil, apierrors.NewForbidden(batchv1.Resource("jobs"), "refused", errors.New("this run cannot start: images"))
 		}
 		return false, nil, nil
 	})
 	refresh(t, r, cs)
 	reconcileOK(t, r, agentQ)
-	if got := getJob(t, cs, "refused").Annotations[contract.AnnotationQueueError]; !strings.Contains(got, "this queued run cannot start") {
+	if got := getJob(t, cs, "refused").Annotations[contract.AnnotationQueueError]; !strings.Contains(got, "this run cannot start") {
 		t.Fatalf("the refused run is not marked with its refusal: %q", got)
 	}
 	if len(leases(t, cs)) != 0 {

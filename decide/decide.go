@@ -148,7 +148,7 @@ type Validation struct {
 // change, is not judged (Decision nil). The UPDATE that starts a queued
 // run is also judged as that run's CREATE (validateStart).
 func Validate(in Input) Validation {
-	if StartsQueuedRun(in.Operation, in.Job, in.Old) {
+	if StartsRun(in.Operation, in.Job, in.Old) {
 		return validateStart(in)
 	}
 	return validate(in)
@@ -209,22 +209,27 @@ func validate(in Input) Validation {
 	return v
 }
 
-// StartsQueuedRun says whether an UPDATE unsuspends a run clipjob queued.
-func StartsQueuedRun(op policy.Operation, job, old *batchv1.Job) bool {
+// StartsRun says whether an UPDATE unsuspends an agent Job (or one whose
+// pods alone claim the contract, which its CREATE refuses): the only
+// way a Job stored without a judged CREATE (with compiled policies a
+// queued run's CREATE skips the validating webhook, and a client may dress
+// any Job as one) gets a pod. Every such start is judged as a CREATE,
+// whatever the Job's annotations say: an unmarked Job gets no less.
+func StartsRun(op policy.Operation, job, old *batchv1.Job) bool {
 	suspended := func(j *batchv1.Job) bool { return j.Spec.Suspend != nil && *j.Spec.Suspend }
-	return op == policy.Update && old != nil && job != nil && suspended(old) && !suspended(job) &&
-		old.Annotations[contract.AnnotationQueued] == "true" && Classify(old) == AgentRun
+	return op == policy.Update && old != nil && job != nil && suspended(old) && !suspended(job) && Classify(old) != NotAgent
 }
 
-// validateStart is the start check: a queued run is judged when it starts
-// by every rule of a CREATE, under the config and source in force, as its
-// creator, on the Job as it was admitted (suspended, without what the
-// claim controller writes while it waits). With compiled admission
-// policies its CREATE may have been admitted by the API server alone —
-// while clipjob was down, or with the validating webhook skipping queued
-// runs — so the start is where clipjob's lookups and its rendered rule
-// run; no agent pod exists before them. The UPDATE's own rules come
-// first.
+// validateStart is the start check: a run is judged when it starts (is
+// unsuspended) by every rule of a CREATE, under the config and source in
+// force, as its creator, on the Job as it was admitted (suspended, without
+// what the claim controller writes while a run waits). With compiled
+// admission policies a queued run's CREATE may have been admitted by the
+// API server alone — while clipjob was down, or with the validating
+// webhook skipping queued runs — so the start is where clipjob's lookups
+// and its rendered rule run; no agent pod exists before them. A run that
+// was judged at its CREATE is judged again, under what is in force now.
+// The UPDATE's own rules come first.
 func validateStart(in Input) Validation {
 	upd := validate(in)
 	if upd.Refusal != nil || upd.Decision == nil {
@@ -233,17 +238,24 @@ func validateStart(in Input) Validation {
 	created := in
 	created.Operation, created.Old = policy.Create, nil
 	created.Job = asAdmitted(in.Job)
-	// It was completed in Queue mode, whatever the mode is now.
-	created.Config = in.Config.InMode(config.ModeQueue)
-	// Its creator, recorded at its CREATE (the creator rule, and a
-	// compiled policy's admission policy, held it to the request's user).
+	// Render's only mode-dependent step is queueing: a run clipjob
+	// queued was completed in Queue mode, any other in a mode that left
+	// its suspension to its client.
+	mode := config.ModeReject
+	if in.Old.Annotations[contract.AnnotationQueued] == "true" {
+		mode = config.ModeQueue
+	}
+	created.Config = in.Config.InMode(mode)
+	// Its creator, recorded at its CREATE (the creator rule, and with
+	// compiled policies the agent-runs admission policy, held it to the
+	// request's user).
 	created.User = in.Old.Annotations[contract.AnnotationCreatedBy]
 	v := validate(created)
 	if v.Decision != nil {
 		v.Decision.Warnings = append(upd.Decision.Warnings, v.Decision.Warnings...)
 	}
 	if v.Refusal != nil && !v.Refusal.Internal {
-		v.Refusal.Message = "this queued run cannot start (it is judged again when it starts, under the config and source in force): " + v.Refusal.Message
+		v.Refusal.Message = "this run cannot start (a run is judged again when it is unsuspended, under the config and source in force): " + v.Refusal.Message
 	}
 	return v
 }

@@ -16,7 +16,8 @@ import (
 	"github.com/paperclipai/clipjob/templates"
 )
 
-// A queued run is judged again when it starts, by every rule of a CREATE:
+// A run is judged again when it starts (is unsuspended), by every rule of
+// a CREATE:
 // with compiled admission policies its CREATE may have been admitted by
 // the API server alone (clipjob down, or the validating webhook skipping
 // queued runs), so the start is where a Job dressed as complete, or one
@@ -60,8 +61,22 @@ func TestStartCheckJudgesAQueuedRunAsItsCreate(t *testing.T) {
 			t.Errorf("%s: the start was not judged as a CREATE (checked %v)", name, v.Decision.Checked)
 		}
 	}
-	if !decide.StartsQueuedRun(policy.Update, start(waiting), waiting) || decide.StartsQueuedRun(policy.Update, waiting, waiting) {
-		t.Error("StartsQueuedRun does not tell a start from another update")
+	// A run its client created suspended (Reject mode) and now resumes:
+	// judged as its CREATE too, and admitted.
+	m = decide.Mutate(decide.Input{Operation: policy.Create, Job: func() *batchv1.Job {
+		j := fx.Job.DeepCopy()
+		j.Spec.Suspend = ptr.To(true)
+		return j
+	}(), Config: fx.Config, Facts: sourceFacts(inh), User: creator})
+	if m.Result == nil {
+		t.Fatalf("the suspended fixture is not completed: %+v", m.Refusal)
+	}
+	paused := m.Result.Job
+	if v := judge(paused, fx.Config, inh); v.Refusal != nil || !slices.Contains(v.Decision.Checked, policy.RuleRendered) {
+		t.Errorf("resuming a run its client created suspended: refused %+v, or not judged as a CREATE", v.Refusal)
+	}
+	if !decide.StartsRun(policy.Update, start(waiting), waiting) || decide.StartsRun(policy.Update, waiting, waiting) {
+		t.Error("StartsRun does not tell a start from another update")
 	}
 
 	refusals := map[string]struct {
@@ -79,6 +94,21 @@ func TestStartCheckJudgesAQueuedRunAsItsCreate(t *testing.T) {
 			j.Spec.Template.Spec.Containers[0].SecurityContext.Privileged = ptr.To(true)
 			return j
 		}(), inh: inh, want: "privileged"},
+		// The attacker first drops the queued mark (an annotation change
+		// reaches no webhook), then unsuspends: still a start.
+		"a Job dressed as complete, its queued mark dropped": {old: func() *batchv1.Job {
+			j := waiting.DeepCopy()
+			delete(j.Annotations, contract.AnnotationQueued)
+			j.Spec.Template.Spec.Containers[0].Image = "evil.example.com/miner:1"
+			return j
+		}(), inh: inh, want: "evil.example.com/miner:1"},
+		// Its pods carry the agent's labels, the Job itself none: the API
+		// server's objectSelectors (policy, agent-runs) do not see it.
+		"a Job whose pods alone carry the agent's labels": {old: func() *batchv1.Job {
+			j := waiting.DeepCopy()
+			delete(j.Labels, contract.LabelAgentID)
+			return j
+		}(), inh: inh, want: "paperclip.io/agent-id"},
 		"a Job dressed as complete and queued, its own image": {old: func() *batchv1.Job {
 			j := waiting.DeepCopy()
 			j.Spec.Template.Spec.Containers = append(j.Spec.Template.Spec.Containers, corev1.Container{Name: "miner", Image: "evil.example.com/miner:1"})
@@ -91,7 +121,7 @@ func TestStartCheckJudgesAQueuedRunAsItsCreate(t *testing.T) {
 			if v.Refusal == nil {
 				t.Fatal("started")
 			}
-			if v.Refusal.Code != 403 || !strings.HasPrefix(v.Refusal.Message, "this queued run cannot start") || !strings.Contains(v.Refusal.Message, c.want) {
+			if v.Refusal.Code != 403 || !strings.HasPrefix(v.Refusal.Message, "this run cannot start") || !strings.Contains(v.Refusal.Message, c.want) {
 				t.Errorf("refusal %d %q; want 403 saying the queued run cannot start and naming %q", v.Refusal.Code, v.Refusal.Message, c.want)
 			}
 		})

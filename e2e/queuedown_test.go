@@ -125,7 +125,7 @@ func TestQueuedRunsWaitWhileClipjobIsDown(t *testing.T) {
 		marked = j.Annotations[contract.AnnotationQueueError]
 		return marked != "", nil
 	})
-	if err != nil || !strings.Contains(marked, "this queued run cannot start") || !strings.Contains(marked, "evil.example.com/miner:1") {
+	if err != nil || !strings.Contains(marked, "this run cannot start") || !strings.Contains(marked, "evil.example.com/miner:1") {
 		t.Fatalf("the forged queued run was not refused at its start naming its image: %v, marked %q", err, marked)
 	}
 	if j, err := env.cs.BatchV1().Jobs(ns).Get(ctx, forged.Name, metav1.GetOptions{}); err != nil || !suspended(j) {

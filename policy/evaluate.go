@@ -430,6 +430,14 @@ func checkOnePod(job *batchv1.Job) field.ErrorList {
 		errs = append(errs, field.Forbidden(spec.Child("manualSelector"),
 			"agent Jobs use the Job controller's own selector, which is what ties every pod to its run"))
 	}
+	// Another controller's Job gets no pod, start time or condition from
+	// the Job controller: its run would hold the agent's claim with
+	// nothing to end it (the start timeout works through the Job
+	// controller's deadline). managedBy cannot change after CREATE.
+	if m := job.Spec.ManagedBy; m != nil && *m != batchv1.JobControllerName {
+		errs = append(errs, field.Forbidden(spec.Child("managedBy"), fmt.Sprintf(
+			"an agent Job is run by the Job controller (%s), not %q: clipjob frees an agent's claim and ends a run that cannot start through it; leave managedBy unset", batchv1.JobControllerName, *m)))
+	}
 	return errs
 }
 

@@ -182,6 +182,11 @@ func TestOnePodPerRun(t *testing.T) {
 		{name: "replacement while terminating", mutate: func(j *batchv1.Job) { j.Spec.PodReplacementPolicy = nil }, want: "spec.podReplacementPolicy: Invalid value: \"unset (TerminatingOrFailed)\""},
 		{name: "manual selector", mutate: func(j *batchv1.Job) { j.Spec.ManualSelector = ptr.To(true) }, want: "spec.manualSelector: Forbidden"},
 		{name: "unset counts are one", mutate: func(j *batchv1.Job) { j.Spec.Parallelism, j.Spec.Completions = nil, nil }},
+		// Another controller's Job would hold its agent's claim with no pod
+		// and nothing to end it.
+		{name: "another controller", mutate: func(j *batchv1.Job) { j.Spec.ManagedBy = ptr.To("example.com/elsewhere") },
+			want: `spec.managedBy: Forbidden: an agent Job is run by the Job controller (kubernetes.io/job-controller), not "example.com/elsewhere"`},
+		{name: "the Job controller named", mutate: func(j *batchv1.Job) { j.Spec.ManagedBy = ptr.To(batchv1.JobControllerName) }},
 	})
 }
 

@@ -235,12 +235,12 @@ describe("execute", () => {
     kube.afterCreateJob = (job) =>
       setTimeout(() => {
         const stored = kube.jobs.get(job.metadata!.name!)!;
-        stored.metadata!.annotations = { ...stored.metadata!.annotations, "clipjob.paperclip.io/queue-error": "this queued run cannot start: images" };
+        stored.metadata!.annotations = { ...stored.metadata!.annotations, "clipjob.paperclip.io/queue-error": "this run cannot start: images" };
       }, 30);
     const rec = newCtx();
     const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
     assert.equal(result.errorCode, "k8s_job_create_failed", result.errorMessage ?? "");
-    assert.match(result.errorMessage ?? "", /clipjob did not start run .*this queued run cannot start: images/);
+    assert.match(result.errorMessage ?? "", /clipjob did not start run .*this run cannot start: images/);
     assert.equal(kube.deletions.length, 1, "the refused run's Job would wait suspended forever");
   });
 

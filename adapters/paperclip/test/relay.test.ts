@@ -152,10 +152,10 @@ describe("followRun", () => {
       runId: "run-refused",
       signal: new AbortController().signal,
       onLine: async () => assert.fail("no lines"),
-      checkJob: async () => ({ refused: "this queued run cannot start: images" }),
+      checkJob: async () => ({ refused: "this run cannot start: images" }),
       ...fast,
     });
-    assert.deepEqual(outcome, { kind: "refused", message: "this queued run cannot start: images", lastSeq: 0 });
+    assert.deepEqual(outcome, { kind: "refused", message: "this run cannot start: images", lastSeq: 0 });
   });
 
   it("gives up when the relay never serves a run whose Job ended", async () => {

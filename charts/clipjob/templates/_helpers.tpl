@@ -73,10 +73,10 @@ namespaceSelector:
 {{ " || " }}(has(object.spec.{{ $f }}) ? object.spec.{{ $f }} : {{ $d }}) != (has(oldObject.spec.{{ $f }}) ? oldObject.spec.{{ $f }} : {{ $d }})
 {{- end -}}
 
-{{/* CEL: a CREATE of a queued run as clipjob completes one: suspended, marked queued, with its template hash and containers. */}}
+{{/* CEL: a CREATE of a queued run as clipjob completes one: an agent Job (labeled on itself), suspended, marked queued, with its template hash and containers. */}}
 {{- define "clipjob.queuedRunCreate" -}}
 {{- $o := . -}}
-request.operation == 'CREATE' && has({{ $o }}.spec.suspend) && {{ $o }}.spec.suspend == true && has({{ $o }}.metadata.annotations) && 'clipjob.paperclip.io/queued' in {{ $o }}.metadata.annotations && {{ $o }}.metadata.annotations['clipjob.paperclip.io/queued'] == 'true' && 'clipjob.paperclip.io/template-hash' in {{ $o }}.metadata.annotations && has({{ $o }}.spec.template.spec.containers) && size({{ $o }}.spec.template.spec.containers) > 0
+request.operation == 'CREATE' && has({{ $o }}.metadata.labels) && 'paperclip.io/agent-id' in {{ $o }}.metadata.labels && has({{ $o }}.spec.suspend) && {{ $o }}.spec.suspend == true && has({{ $o }}.metadata.annotations) && 'clipjob.paperclip.io/queued' in {{ $o }}.metadata.annotations && {{ $o }}.metadata.annotations['clipjob.paperclip.io/queued'] == 'true' && 'clipjob.paperclip.io/template-hash' in {{ $o }}.metadata.annotations && has({{ $o }}.spec.template.spec.containers) && size({{ $o }}.spec.template.spec.containers) > 0
 {{- end -}}
 
 {{/* An UPDATE that adds, removes or rewrites the Job's created-by annotation (clipjob keeps it immutable). */}}
