@@ -302,8 +302,13 @@ function jobQuery(jobUid: string | undefined, sep: "?" | "&"): string {
 
 export type JobState = "active" | "finished" | "gone";
 
-/** What checkJob saw: a state, or a queued run clipjob refused to start (why, as clipjob wrote it). */
-export type JobCheck = JobState | { refused: string };
+/**
+ * What checkJob saw: a state; "waiting", a run suspended until clipjob
+ * starts it (asked as often as the relay, so its start or refusal is
+ * seen within unknownRunPollMs); or a queued run clipjob refused to start
+ * (why, as clipjob wrote it).
+ */
+export type JobCheck = JobState | "waiting" | { refused: string };
 
 export interface FollowOptions {
   client: RelayClient;
@@ -330,7 +335,7 @@ export interface FollowOptions {
   maxBackoffMs?: number;
   /** How often to ask again while the relay does not know the run yet. Default 2 s. */
   unknownRunPollMs?: number;
-  /** How often checkJob is asked meanwhile. Default 10 s. */
+  /** How often checkJob is asked meanwhile (while it says "waiting", every unknownRunPollMs). Default 10 s. */
   jobCheckEveryMs?: number;
   /** How long after its Job ended the relay may still not serve the run. Default 60 s. */
   relayGraceMs?: number;
@@ -420,6 +425,7 @@ class Follower {
   private attached = false;
   private authFailures = 0;
   private lastJobCheck = -Infinity;
+  private jobWaiting = false;
   private jobEndedAt: number | null = null;
   private lastTrouble = "";
 
@@ -477,7 +483,8 @@ class Follower {
   // lost or only unfollowed. `known`: the state asked a moment ago.
   private async unavailable(message: string, known?: JobState | null): Promise<FollowOutcome> {
     const asked = known === undefined ? await this.askJob() : known;
-    const jobState = typeof asked === "string" ? asked : null;
+    // A waiting run's Job is active: the run goes on, unfollowed.
+    const jobState = asked === "waiting" ? "active" : typeof asked === "string" ? asked : null;
     return { kind: "unavailable", message, lastSeq: this.lastSeq, ...(jobState ? { jobState } : {}) };
   }
 
@@ -486,11 +493,13 @@ class Follower {
     const o = this.o;
     const now = Date.now();
     let state: JobState | null | undefined;
-    if (o.checkJob && now - this.lastJobCheck >= this.jobCheckEvery) {
+    const every = this.jobWaiting ? Math.min(this.unknownPoll, this.jobCheckEvery) : this.jobCheckEvery;
+    if (o.checkJob && now - this.lastJobCheck >= every) {
       this.lastJobCheck = now;
       const check = await this.askJob(); // null: keep waiting
       if (check !== null && typeof check === "object") return { kind: "refused", message: check.refused, lastSeq: this.lastSeq };
-      state = check;
+      this.jobWaiting = check === "waiting";
+      state = check === "waiting" ? "active" : check;
       if (state === "gone" && why === "unknown" && this.lastSeq === 0 && !this.attached) return { kind: "job-gone", lastSeq: this.lastSeq };
       if (state === "finished" || state === "gone") this.jobEndedAt ??= now;
     }

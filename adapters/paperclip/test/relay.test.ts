@@ -158,6 +158,23 @@ describe("followRun", () => {
     assert.deepEqual(outcome, { kind: "refused", message: "this run cannot start: images", lastSeq: 0 });
   });
 
+  it("asks a waiting run's Job as often as the relay, so its refusal is seen within that poll", async () => {
+    let checks = 0;
+    const outcome = await followRun({
+      client,
+      runId: "run-waits-then-refused",
+      signal: new AbortController().signal,
+      onLine: async () => assert.fail("no lines"),
+      checkJob: async () => (++checks < 4 ? "waiting" : { refused: "this run cannot start: images" }),
+      ...fast,
+      // Were a waiting Job asked only every minute, the four checks would
+      // take three minutes, past the test's timeout.
+      jobCheckEveryMs: 60_000,
+    });
+    assert.equal(outcome.kind, "refused", JSON.stringify(outcome));
+    assert.equal(checks, 4);
+  });
+
   it("gives up when the relay never serves a run whose Job ended", async () => {
     const outcome = await followRun({
       client,

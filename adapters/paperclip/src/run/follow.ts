@@ -101,7 +101,8 @@ export async function follow(run: Run, target: FollowTarget): Promise<AdapterExe
               const j = await kube.readJob(namespace, job);
               const refused = j.metadata?.annotations?.[ANNOTATION_QUEUE_ERROR];
               if (refused && j.spec?.suspend === true && !jobFinished(j)) return { refused };
-              return jobFinished(j) ? "finished" : "active";
+              if (jobFinished(j)) return "finished";
+              return j.spec?.suspend === true ? "waiting" : "active";
             } catch (err) {
               if (isNotFound(err)) return "gone";
               throw err;
