@@ -14,7 +14,7 @@ import (
 )
 
 // TestRunsWhereReadsByIndex: the runs of one agent, of one company, and
-// the unfinished ones are read through their indexes (migration 0002),
+// the unfinished ones can be read through their indexes (migration 0002),
 // not by reading every run, so a relay with many stored runs answers an
 // adapter's "my agent's running run" without scanning them all.
 func TestRunsWhereReadsByIndex(t *testing.T) {
@@ -32,6 +32,10 @@ func TestRunsWhereReadsByIndex(t *testing.T) {
 	}
 	c := connect(t, conn)
 	exec(t, c, "ANALYZE "+pgx.Identifier{schema}.Sanitize()+".runs")
+	// At 300 runs a scan of them all can be as cheap as an index: what is
+	// checked is that each query can be read through its index (the shape
+	// of the query matches it), as it is once runs are many.
+	exec(t, c, "SET enable_seqscan = off")
 	for where, index := range map[string]string{"agent = 'agent-3'": "runs_agent", "company = 'co-2'": "runs_company",
 		"NOT done": "runs_unfinished"} {
 		var plan strings.Builder
