@@ -10,6 +10,7 @@ import (
 	"helm.sh/helm/v3/pkg/lint/support"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 )
 
@@ -99,6 +100,12 @@ func TestRelayOnPostgres(t *testing.T) {
 				!slices.Equal(role.Rules[0].Verbs, []string{"get", "list", "create", "update", "delete"}) || role.Namespace != "clipjob-system" {
 				t.Errorf("the relay's Lease Role: %+v", role)
 			}
+			var pdb policyv1.PodDisruptionBudget
+			into(t, r, "PodDisruptionBudget", "clipjob-relay", &pdb)
+			if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != 1 ||
+				pdb.Spec.Selector.MatchLabels["app.kubernetes.io/component"] != "relay" {
+				t.Errorf("the relay's PodDisruptionBudget: %+v", pdb.Spec)
+			}
 			var rb rbacv1.RoleBinding
 			into(t, r, "RoleBinding", "clipjob-relay-leases", &rb)
 			if rb.RoleRef.Name != "clipjob-relay-leases" || len(rb.Subjects) != 1 || rb.Subjects[0].Name != "clipjob-relay" {
@@ -120,8 +127,8 @@ func TestRelayOnBoltIsOneReplica(t *testing.T) {
 			t.Errorf("bbolt: the relay is given %s", a)
 		}
 	}
-	if r.Find("Role", "clipjob-relay-leases") != nil || r.Find("Secret", "clipjob-relay-postgres") != nil {
-		t.Error("bbolt: the relay gets Lease rights or a PostgreSQL Secret")
+	if r.Find("Role", "clipjob-relay-leases") != nil || r.Find("Secret", "clipjob-relay-postgres") != nil || r.Find("PodDisruptionBudget", "clipjob-relay") != nil {
+		t.Error("bbolt: the relay gets Lease rights, a PostgreSQL Secret or a disruption budget")
 	}
 	for _, tc := range []struct {
 		values map[string]any
