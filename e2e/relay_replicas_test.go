@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,83 +33,92 @@ import (
 )
 
 // relayReplicas are three relay processes sharing one PostgreSQL store,
-// with the rights the chart gives relays on PostgreSQL. r2 reaches the
-// server through a proxy the test can cut.
+// with the rights the chart gives relays on PostgreSQL, and the NDJSON
+// mirror on a volume of their own. r2 reaches the server through a proxy
+// the test can cut. Each test has its own, stopped when it ends, so no
+// relay of one test follows the pods of the tests after it.
 type relayReplicas struct {
 	pg     *pgtest.Server
 	proxy  *socketProxy
 	relays []*harness.Relay
 	ids    []string
-	token  string
-	bin    string
-	urls   []string // each replica's connection string file
+	// group names the replicas' Leases; mirror is their shared volume.
+	group, mirror string
+	token         string
 }
 
-var replicasOnce struct {
+// replicasSetup is what the tests' replicas share: the binary, the
+// chart's Lease RBAC and a reader's token.
+var replicasSetup struct {
 	sync.Once
-	rs  *relayReplicas
-	err error
+	bin, token string
+	err        error
+	sets       atomic.Int64
 }
 
 const replicasSchema = "e2e_replicas"
 
-// replicasMirror is the volume the replicas share for the NDJSON mirror
-// (not the bbolt relay's: it mirrors the same runs from its own store).
-func replicasMirror() string { return filepath.Join(env.cluster.Dir, "replicas-mirror") }
-
-// theReplicas starts the replicas the tests share (each test leaves them
-// all running and ready).
-func theReplicas(t *testing.T) *relayReplicas {
+// readyReplicas starts the test's replicas and returns them once all
+// three collect, with the test's context.
+func readyReplicas(t *testing.T) (context.Context, *relayReplicas) {
 	t.Helper()
-	replicasOnce.Do(func() { replicasOnce.rs, replicasOnce.err = startRelayReplicas(context.Background()) })
-	if replicasOnce.err != nil {
-		t.Fatal(replicasOnce.err)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	t.Cleanup(cancel)
+	replicasSetup.Do(func() {
+		if replicasSetup.bin, replicasSetup.err = harness.Build(env.cluster.Dir, "clipjob-relay"); replicasSetup.err != nil {
+			return
+		}
+		if replicasSetup.err = applyRelayLeaseRBAC(ctx); replicasSetup.err != nil {
+			return
+		}
+		replicasSetup.token, replicasSetup.err = harness.ServiceAccountToken(ctx, env.cluster, ns, "paperclip-server", harness.LogReaderRules, relay.DefaultTokenAudience)
+	})
+	if replicasSetup.err != nil {
+		t.Fatal(replicasSetup.err)
 	}
-	return replicasOnce.rs
-}
-
-func startRelayReplicas(ctx context.Context) (*relayReplicas, error) {
 	pg, err := pgtest.Start()
 	if err != nil {
-		return nil, err
+		t.Fatal(err)
 	}
-	rs := &relayReplicas{pg: pg, ids: []string{"r0", "r1", "r2"}}
+	group := fmt.Sprintf("e2e-replicas-%d", replicasSetup.sets.Add(1))
+	rs := &relayReplicas{pg: pg, ids: []string{"r0", "r1", "r2"}, group: group, token: replicasSetup.token,
+		mirror: filepath.Join(env.cluster.Dir, group+"-mirror")}
+	t.Cleanup(func() {
+		for _, r := range rs.relays {
+			r.Stop()
+		}
+		if rs.proxy != nil {
+			rs.proxy.close()
+		}
+		_ = pg.Stop()
+	})
 	if rs.proxy, err = newSocketProxy(pg.ConnString("postgres")); err != nil {
-		return nil, err
-	}
-	if rs.bin, err = harness.Build(env.cluster.Dir, "clipjob-relay"); err != nil {
-		return nil, err
-	}
-	if err := applyRelayLeaseRBAC(ctx); err != nil {
-		return nil, err
-	}
-	if rs.token, err = harness.ServiceAccountToken(ctx, env.cluster, ns, "paperclip-server", harness.LogReaderRules, relay.DefaultTokenAudience); err != nil {
-		return nil, err
+		t.Fatal(err)
 	}
 	for i, id := range rs.ids {
 		conn := pg.ConnString("postgres")
 		if i == 2 {
 			conn = rs.proxy.ConnString("postgres")
 		}
-		r, url, err := rs.start(ctx, id, "e2e-replicas", conn)
+		r, err := rs.start(ctx, id, group, conn)
 		if err != nil {
-			return nil, err
+			t.Fatal(err)
 		}
-		rs.relays, rs.urls = append(rs.relays, r), append(rs.urls, url)
+		rs.relays = append(rs.relays, r)
 	}
-	return rs, nil
+	rs.waitMembers(ctx, t, 0, 1, 2)
+	return ctx, rs
 }
 
 // start runs one relay on the store, as replica id of group.
-func (rs *relayReplicas) start(ctx context.Context, id, group, conn string) (*harness.Relay, string, error) {
+func (rs *relayReplicas) start(ctx context.Context, id, group, conn string) (*harness.Relay, error) {
 	url := filepath.Join(env.cluster.Dir, "relay-"+group+"-"+id+".pgurl")
 	if err := os.WriteFile(url, []byte(conn), 0o600); err != nil {
-		return nil, "", err
+		return nil, err
 	}
-	r, err := harness.StartRelay(ctx, env.cluster, rs.bin, "relay-"+group+"-"+id, ns, "--store", "postgres",
+	return harness.StartRelay(ctx, env.cluster, replicasSetup.bin, "relay-"+group+"-"+id, ns, "--store", "postgres",
 		"--postgres-url-file", url, "--postgres-schema", replicasSchema, "--lease-namespace", harness.Release.Namespace,
-		"--lease-group", group, "--replica-id", id, "--mirror-dir", replicasMirror())
-	return r, url, err
+		"--lease-group", group, "--replica-id", id, "--mirror-dir", rs.mirror)
 }
 
 // applyRelayLeaseRBAC creates the Role and RoleBinding the chart gives
@@ -135,17 +145,6 @@ func applyRelayLeaseRBAC(ctx context.Context) error {
 		return err
 	}
 	return nil
-}
-
-// readyReplicas returns the shared replicas once all three collect, and
-// the test's context.
-func readyReplicas(t *testing.T) (context.Context, *relayReplicas) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
-	t.Cleanup(cancel)
-	rs := theReplicas(t)
-	rs.waitMembers(ctx, t, 0, 1, 2)
-	return ctx, rs
 }
 
 // owner is the replica that collects run while all of ids are live.
@@ -253,7 +252,7 @@ func (f *flood) end(ctx context.Context, t *testing.T, rs *relayReplicas) {
 			exactlyOnce(t, plainLog(t, r, rs.token, run), f.want[run])
 		}
 		// The mirror's done marker is written last: then the file is whole.
-		file := filepath.Join(replicasMirror(), "run-logs", "acme", "agent-"+run, run+".pod.ndjson")
+		file := filepath.Join(rs.mirror, "run-logs", "acme", "agent-"+run, run+".pod.ndjson")
 		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
 			_, err := os.Stat(file + ".done")
 			return err == nil, nil
@@ -370,7 +369,7 @@ func TestRelayReplicaStoppedHandsOverAtOnce(t *testing.T) {
 	rs.relays[leaving].Stop()
 	stopped := time.Now()
 	written := f.written(f.runs[0])
-	lease := replicas.LeaseName("e2e-replicas", rs.ids[leaving])
+	lease := replicas.LeaseName(rs.group, rs.ids[leaving])
 	if _, err := env.cs.CoordinationV1().Leases(harness.Release.Namespace).Get(ctx, lease, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the stopped replica's Lease %s is still there (%v): the others wait for it to lapse", lease, err)
 	}
@@ -485,7 +484,7 @@ func TestRelayReplicasThatBothOwnAStream(t *testing.T) {
 	for _, r := range rs.relays {
 		refusedBefore += refusals(t, r)
 	}
-	rogue, _, err := rs.start(ctx, "rogue", "e2e-replicas-rogue", rs.pg.ConnString("postgres"))
+	rogue, err := rs.start(ctx, "rogue", rs.group+"-rogue", rs.pg.ConnString("postgres"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -690,6 +689,12 @@ func (p *socketProxy) restore() error {
 		}
 	}()
 	return nil
+}
+
+// close cuts the proxy and removes its socket's directory.
+func (p *socketProxy) close() {
+	p.cut()
+	os.RemoveAll(p.dir)
 }
 
 // cut closes the listener (its socket goes: new connections are refused)
