@@ -58,7 +58,7 @@ adapter: paperclip ## The Paperclip adapter (adapters/paperclip): install from i
 unit: postgres-packages ## Unit and golden tests only (no control plane; the relay's PostgreSQL store tests start a throwaway server from Debian's package)
 	$(GOTEST) $$($(GO) list ./... | grep -v '/e2e')
 
-e2e: kube-binaries node-packages paperclip ## The e2e suite alone
+e2e: kube-binaries node-packages postgres-packages paperclip ## The e2e suite alone
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 30m -v ./e2e/
 
 e2e-kind: ## The in-cluster e2e tests on a kind cluster built here (Docker engine, kind and node image from Debian's packages and the module proxy; not with make test at once)
