@@ -303,15 +303,21 @@ func TestCompiledPoliciesValue(t *testing.T) {
 		if on != (len(conds) == 1 && conds[0].Name == "not-completed-by-a-compiled-policy") {
 			t.Errorf("enabled %v: mutating matchConditions %+v", on, conds)
 		}
-		// Queued runs are judged when they start: their CREATE skips the
-		// validating webhook, and the agent-runs policy holds the rest.
-		var vwc admissionregistrationv1.ValidatingWebhookConfiguration
-		into(t, r, "ValidatingWebhookConfiguration", "clipjob-validating", &vwc)
-		skips := slices.ContainsFunc(vwc.Webhooks[0].MatchConditions, func(c admissionregistrationv1.MatchCondition) bool {
-			return c.Name == "queued-runs-are-judged-at-start"
-		})
-		if skips != on {
-			t.Errorf("enabled %v: the validating webhook skips queued runs' creates: %v", on, skips)
+		// In Queue mode queued runs are judged when they start: their
+		// CREATE skips the validating webhook, and the agent-runs policy
+		// holds the rest. In Reject mode every agent CREATE is judged (and
+		// a busy agent's run gets its 409) however it looks.
+		for _, mode := range []string{"Reject", "Queue"} {
+			r := render(t, map[string]any{"compiledPolicies": map[string]any{"enabled": on},
+				"config": map[string]any{"policy": map[string]any{"concurrency": map[string]any{"mode": mode}}}})
+			var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+			into(t, r, "ValidatingWebhookConfiguration", "clipjob-validating", &vwc)
+			skips := slices.ContainsFunc(vwc.Webhooks[0].MatchConditions, func(c admissionregistrationv1.MatchCondition) bool {
+				return c.Name == "queued-runs-are-judged-at-start"
+			})
+			if want := on && mode == "Queue"; skips != want {
+				t.Errorf("enabled %v, mode %s: the validating webhook skips queued runs' creates: %v, want %v", on, mode, skips, want)
+			}
 		}
 		var vap admissionregistrationv1.ValidatingAdmissionPolicy
 		found := slices.ContainsFunc(r.Objects, func(o *unstructured.Unstructured) bool {
@@ -322,7 +328,7 @@ func TestCompiledPoliciesValue(t *testing.T) {
 		}
 		if on {
 			into(t, r, "ValidatingAdmissionPolicy", "clipjob-agent-runs", &vap)
-			if len(vap.Spec.Validations) != 3 || !strings.Contains(vap.Spec.Validations[1].Expression, "'system:serviceaccount:clipjob-system:clipjob-webhook'") {
+			if len(vap.Spec.Validations) != 4 || !strings.Contains(vap.Spec.Validations[1].Expression, "'system:serviceaccount:clipjob-system:clipjob-webhook'") {
 				t.Errorf("the agent-runs policy does not let the webhook's account alone start a queued run: %+v", vap.Spec.Validations)
 			}
 			if *vap.Spec.FailurePolicy != admissionregistrationv1.Fail {

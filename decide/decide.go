@@ -159,6 +159,13 @@ func validate(in Input) Validation {
 	if kind == NotAgent && (in.Old == nil || Classify(in.Old) == NotAgent) {
 		return Validation{Kind: kind}
 	}
+	if in.Operation == policy.Update && in.Old != nil && Classify(in.Old) == NotAgent {
+		// The API server lets a suspended Job that never ran change its
+		// pod template's labels: a Job no webhook judged at its CREATE
+		// would start as an agent run unjudged and unclaimed.
+		return Validation{Kind: kind, Refusal: &Refusal{Code: http.StatusForbidden, Reason: metav1.StatusReasonForbidden,
+			Message: "metadata.labels: Forbidden: a Job becomes an agent run only at its CREATE, where clipjob completes, judges and claims it; create a new Job with the paperclip.io/ labels rather than adding them to this one"}}
+	}
 	cfg := in.Config
 	pin := policy.Input{
 		Operation: in.Operation, Job: in.Job, Old: in.Old, Config: cfg,

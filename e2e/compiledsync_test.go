@@ -36,10 +36,12 @@ func startSyncer(t *testing.T) (stop func()) {
 	return func() { cancel(); <-done }
 }
 
-// mutateCalls counts the mutating webhook's real (not dry-run) requests.
-func mutateCalls(t *testing.T) float64 {
+// mutateCalls counts the mutating webhook's real (not dry-run) requests
+// with outcome (patched: it completed the Job; unchanged: the Job came
+// complete, as one a compiled policy completed would).
+func mutateCalls(t *testing.T, outcome string) float64 {
 	t.Helper()
-	n, err := env.webhook.Counter(`clipjob_admission_requests_total{dry_run="false",`, `webhook="mutate"`)
+	n, err := env.webhook.Counter(`clipjob_admission_requests_total{dry_run="false",`, `outcome="`+outcome+`"`, `webhook="mutate"`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,12 +97,15 @@ func TestCompiledPoliciesStandInForTheMutatingWebhook(t *testing.T) {
 
 	// A bare Job: completed by the API server, judged and claimed by the
 	// validating webhook, stored as the webhook would have stored it.
-	calls := mutateCalls(t)
+	// Counted by outcome: were the webhook called for the Job the policy
+	// completed, it would find it complete ("unchanged"); other tests'
+	// leftovers creating agent Jobs meanwhile would be "patched".
+	calls := mutateCalls(t, "unchanged")
 	stored, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("a bare Job completed by its compiled policy was refused: %v", err)
 	}
-	if n := mutateCalls(t); n != calls {
+	if n := mutateCalls(t, "unchanged"); n != calls {
 		t.Errorf("the mutating webhook was called %v times for a Job a compiled policy completed", n-calls)
 	}
 	if a, b := comparable(t, want), comparable(t, stored); a != b {
@@ -112,11 +117,11 @@ func TestCompiledPoliciesStandInForTheMutatingWebhook(t *testing.T) {
 	own := bareJob(t, "e2e-standin-own")
 	own.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyNever
 	own.Spec.Template.Spec.Containers = []corev1.Container{{Name: "agent", Command: []string{"claude"}}}
-	calls = mutateCalls(t)
+	calls = mutateCalls(t, "patched")
 	if got, err := env.cs.BatchV1().Jobs(ns).Create(ctx, own, metav1.CreateOptions{}); err != nil || got.Annotations[contract.AnnotationProfile] == "" {
 		t.Fatalf("a Job with its own container: %v", err)
 	}
-	if mutateCalls(t) == calls {
+	if mutateCalls(t, "patched") == calls {
 		t.Error("a Job with its own container was not completed by the mutating webhook")
 	}
 	finishRun(ctx, t, own.Name, "0")

@@ -20,6 +20,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/claim"
+	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/harness"
 )
@@ -138,14 +139,26 @@ func TestQueuedRunsWaitWhileClipjobIsDown(t *testing.T) {
 }
 
 // compiledQueueMode switches the suite to Queue mode with compiled
-// policies (the syncer running, the agent-runs policy applied) until t
-// ends, and waits until the API server completes and queues a bare Job
-// without the mutating webhook, and refuses one recording another
-// creator. It returns the syncer's stop and the completed bare Job.
+// policies until t ends (compiledMode).
 func compiledQueueMode(ctx context.Context, t *testing.T) (stopSyncer func(), completed *batchv1.Job) {
 	t.Helper()
-	original := restoreConfigAfter(t)
-	writeConfig(ctx, t, string(original)+"policy:\n  concurrency:\n    mode: Queue\n", true)
+	return compiledMode(ctx, t, "policy:\n  concurrency:\n    mode: Queue\n")
+}
+
+// compiledMode switches the suite to compiled policies until t ends: the
+// config's policy section given appended (none: the suite's, Reject
+// mode), the syncer running, the agent-runs policy applied, the webhooks
+// registered as the chart does with compiledPolicies.enabled in that
+// mode. It waits until the API server completes a bare Job without the
+// mutating webhook (queued in Queue mode) and refuses a Job recording
+// another creator, and returns the syncer's stop and the completed Job.
+func compiledMode(ctx context.Context, t *testing.T, policy string) (stopSyncer func(), completed *batchv1.Job) {
+	t.Helper()
+	if policy != "" {
+		original := restoreConfigAfter(t)
+		writeConfig(ctx, t, string(original)+policy, true)
+	}
+	queue := env.configNow().Policy.Concurrency.Mode == config.ModeQueue
 	stop := startSyncer(t)
 	stopped := false
 	t.Cleanup(func() {
@@ -168,29 +181,30 @@ func compiledQueueMode(ctx context.Context, t *testing.T) (stopSyncer func(), co
 	if err := harness.ApplyAgentRunsPolicy(ctx, env.cs); err != nil {
 		t.Fatal(err)
 	}
-	if err := harness.RegisterForCompiledPolicies(ctx, env.cs, env.webhookAddr, env.cluster.CA.CertPEM); err != nil {
+	register := harness.RegisterForCompiledPolicies
+	if queue {
+		register = harness.RegisterForCompiledPoliciesInQueueMode
+	}
+	if err := register(ctx, env.cs, env.webhookAddr, env.cluster.CA.CertPEM); err != nil {
 		t.Fatal(err)
 	}
-	// Until the API server has loaded the Queue-mode policy, the new
-	// registration and the agent-runs policy, a dry run tells: completed
-	// and queued without a call to the mutating webhook, and a Job
-	// recording another creator refused.
-	probe := bareJob(t, "e2e-down-probe")
+	probe := bareJob(t, "e2e-compiled-probe")
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		before, _ := env.webhook.Counter(`clipjob_admission_requests_total{dry_run="true",`, `webhook="mutate"`)
 		got, err := dryRun(ctx, probe)
 		after, _ := env.webhook.Counter(`clipjob_admission_requests_total{dry_run="true",`, `webhook="mutate"`)
-		if err != nil || after != before || got.Annotations[contract.AnnotationQueued] != "true" || got.Annotations[contract.AnnotationProfile] == "" {
+		if err != nil || after != before || got.Annotations[contract.AnnotationProfile] == "" || got.Annotations[contract.AnnotationTemplateHash] == "" ||
+			queue != (got.Annotations[contract.AnnotationQueued] == "true") {
 			return false, nil
 		}
 		completed = got
-		forged := dressedAsComplete(got, "e2e-down-forged-probe")
+		forged := dressedAsComplete(got, "e2e-compiled-forged-probe")
 		forged.Annotations[contract.AnnotationCreatedBy] = "system:serviceaccount:paperclip:paperclip"
 		_, err = dryRun(ctx, forged)
 		return apierrors.IsForbidden(err), nil
 	})
 	if err != nil {
-		t.Fatalf("the Queue-mode policy and the agent-runs policy were not in force within 2 minutes: %v", err)
+		t.Fatalf("the compiled policy and the agent-runs policy were not in force within 2 minutes: %v", err)
 	}
 	return func() { stop(); stopped = true }, completed
 }
@@ -223,7 +237,7 @@ func TestQueuedRunsStartOneAtATime(t *testing.T) {
 	defer cancel()
 	const agent = "agent-queued-race"
 	compiledQueueMode(ctx, t)
-	startReplicasRegistered(ctx, t, 3, harness.RegisterForCompiledPolicies)
+	startReplicasRegistered(ctx, t, 3, harness.RegisterForCompiledPoliciesInQueueMode)
 	t.Cleanup(func() {
 		_ = env.cs.BatchV1().Jobs(ns).DeleteCollection(context.Background(), metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)},
 			metav1.ListOptions{LabelSelector: contract.LabelAgentID + "=" + agent})

@@ -109,6 +109,11 @@ func (v *Validator) validate(ctx context.Context, req admission.Request) (admiss
 	val := decide.Validate(decide.Input{Operation: op, Job: job, Old: old, Config: cfg, User: req.UserInfo.Username,
 		Facts: decide.Facts{Source: sourceFacts(ctx, v.Sources), PVCs: v.pvcs(ctx), SecretMeta: v.secretMeta(ctx)}})
 	d := val.Decision
+	if val.Refusal != nil && d == nil {
+		// Refused before any rule ran (the source away, a Job turned into
+		// an agent run by an UPDATE).
+		return refuse(*val.Refusal), outcomeOfRefusal(*val.Refusal)
+	}
 	for _, r := range d.Checked {
 		policyDecisions.WithLabelValues(r, outcomeOf(slices.Contains(d.Failed, r))).Inc()
 	}

@@ -173,6 +173,8 @@ func TestValidatorOutcomes(t *testing.T) {
 	failingPVCs.PVCs = func(context.Context, string, string) (*corev1.PersistentVolumeClaim, error) {
 		return nil, errors.New("etcdserver: request timed out")
 	}
+	sourceAway := *v
+	sourceAway.Sources = staticSource{err: &templates.SourceError{Source: "paperclip/paperclip", Reason: "not found"}}
 	tests := []struct {
 		name     string
 		v        *Validator
@@ -189,6 +191,14 @@ func TestValidatorOutcomes(t *testing.T) {
 			"metadata.labels[paperclip.io/agent-id]: Required value"},
 		{"delete skipped", v, validateRequest(t, admissionv1.Delete, job, nil, false), true, http.StatusOK, "CREATE and UPDATE only"},
 		{"lookup failure is an error, not a denial", &failingPVCs, validateRequest(t, admissionv1.Create, job, nil, false), false, http.StatusInternalServerError, "request timed out"},
+		// A plain suspended Job (no webhook saw its CREATE) given agent
+		// labels on its pods and unsuspended in one patch.
+		{"a Job turned into an agent run by an update", v, validateRequest(t, admissionv1.Update, podsOnly, plain, false), false, http.StatusForbidden,
+			"a Job becomes an agent run only at its CREATE"},
+		// Without the source the Job cannot be rendered again: 503, not a
+		// handler panic on a verdict with no rules run.
+		{"source away", &sourceAway, validateRequest(t, admissionv1.Create, job, nil, false), false, http.StatusServiceUnavailable,
+			"clipjob cannot check that this Job is as clipjob completes it"},
 		{"malformed old object", v, func() admission.Request {
 			r := validateRequest(t, admissionv1.Update, job, nil, false)
 			r.OldObject.Raw = []byte(`{`)

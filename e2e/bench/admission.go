@@ -245,7 +245,11 @@ func (b *admissionBench) use(ctx context.Context, s string) error {
 		if err := b.applyCompiled(ctx, policies); err != nil {
 			return err
 		}
-		if err := harness.RegisterForCompiledPolicies(ctx, b.cs, b.webhook.Addr, b.caBundle); err != nil {
+		register := harness.RegisterForCompiledPolicies
+		if s == scQueued {
+			register = harness.RegisterForCompiledPoliciesInQueueMode
+		}
+		if err := register(ctx, b.cs, b.webhook.Addr, b.caBundle); err != nil {
 			return err
 		}
 	}

@@ -145,6 +145,15 @@ func RegisterForCompiledPolicies(ctx context.Context, cs kubernetes.Interface, a
 	return register(ctx, cs, addr, addr, caBundle, admissionregistrationv1.Fail, map[string]any{"compiledPolicies": map[string]any{"enabled": true}})
 }
 
+// RegisterForCompiledPoliciesInQueueMode is RegisterForCompiledPolicies
+// for a release whose config is in Queue mode: the validating webhook is
+// not called for the CREATE of a queued run clipjob completed (design
+// (b): it judges the run when it starts).
+func RegisterForCompiledPoliciesInQueueMode(ctx context.Context, cs kubernetes.Interface, addr string, caBundle []byte) error {
+	return register(ctx, cs, addr, addr, caBundle, admissionregistrationv1.Fail, map[string]any{"compiledPolicies": map[string]any{"enabled": true},
+		"config": map[string]any{"tenantNamespaces": TenantNamespaces, "policy": map[string]any{"concurrency": map[string]any{"mode": "Queue"}}}})
+}
+
 func register(ctx context.Context, cs kubernetes.Interface, mutatingAddr, addr string, caBundle []byte, mutatingFailure admissionregistrationv1.FailurePolicyType, values map[string]any) error {
 	r, err := RenderChart(addr, caBundle, values)
 	if err != nil {

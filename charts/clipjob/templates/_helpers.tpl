@@ -73,6 +73,11 @@ namespaceSelector:
 {{ " || " }}(has(object.spec.{{ $f }}) ? object.spec.{{ $f }} : {{ $d }}) != (has(oldObject.spec.{{ $f }}) ? oldObject.spec.{{ $f }} : {{ $d }})
 {{- end -}}
 
+{{/* The concurrency mode of the config the chart renders (config.policy.concurrency.mode), Reject when unset. */}}
+{{- define "clipjob.concurrencyMode" -}}
+{{- ((.Values.config.policy | default dict).concurrency | default dict).mode | default "Reject" -}}
+{{- end -}}
+
 {{/* CEL: a CREATE of a queued run as clipjob completes one: an agent Job (labeled on itself), suspended, marked queued, with its template hash and containers. */}}
 {{- define "clipjob.queuedRunCreate" -}}
 {{- $o := . -}}
