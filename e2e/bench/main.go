@@ -143,6 +143,7 @@ func run(n int, levels []int, rounds int, only string, sizes []int, flood, start
 		if err := b.clear(ctx); err != nil {
 			return err
 		}
+		rep.unsuspended = b.unsuspended
 		rep.print(os.Stdout, n)
 		if b.profileTop != "" {
 			fmt.Printf("\nCPU profile of clipjob-webhook during both webhooks at c=%d (top, cumulative):\n\n```\n%s```\n", levels[len(levels)-1], b.profileTop)
