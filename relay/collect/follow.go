@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -258,6 +259,13 @@ func (f *follower) takeSlot(ctx context.Context) bool {
 	}
 }
 
+// readBufferBytes is each stream's read buffer. A stream holds it as long
+// as it is open, idle or not, so it is small: a line longer than it is
+// gathered in a slice of its own (up to MaxLineBytes, see readLine),
+// which goes once the line is committed. At 64 KiB, 500 streams held
+// 33 MB in buffers that were mostly empty (docs/benchmarks.md).
+const readBufferBytes = 4 << 10
+
 // readLines reads whole lines from rc until an error, which it sends last
 // with the fragment before it. A fragment is a line cut in the middle,
 // which the resume reads whole (its timestamp has not been counted) —
@@ -275,7 +283,7 @@ func readLines(rc io.Reader, maxLine int, stop <-chan struct{}) <-chan readResul
 				return false
 			}
 		}
-		br := bufio.NewReaderSize(rc, 64<<10)
+		br := bufio.NewReaderSize(rc, readBufferBytes)
 		for {
 			b, err := readLine(br, maxLine)
 			if err == nil && !send(readResult{line: b}) {
@@ -373,8 +381,12 @@ func (f *follower) drained(queued int, lastLine, started time.Time) bool {
 
 // batch collects a stream's lines and commits them together.
 type batch struct {
-	f     *follower
-	res   *resume
+	f   *follower
+	res *resume
+	// lines is taken from linesPool at the first line of a batch and
+	// given back, cleared, after its commit: an idle stream holds no line
+	// and no slice. Kept between commits, 500 streams held their last
+	// batch's lines, 42 MB after a flood (docs/benchmarks.md).
 	lines []store.Line
 	// from is the stream's cursor in the store as this session last saw
 	// it: a commit is refused (store.CursorConflict) if another writer
@@ -396,6 +408,9 @@ func (b *batch) add(raw []byte) error {
 	}
 	if !b.res.accept(ts) {
 		return nil
+	}
+	if b.lines == nil {
+		b.lines = getLines(b.f.opts.BatchLines)
 	}
 	b.lines = append(b.lines, store.Line{TS: ts, Container: b.f.ref.Container, Line: string(b.f.redact.Redact(msg))})
 	if len(b.lines) >= b.f.opts.BatchLines {
@@ -422,7 +437,8 @@ func (b *batch) flush() error {
 	b.f.stored = true
 	linesStored.Add(float64(len(b.lines)))
 	bytesStored.Add(float64(bytes))
-	b.lines = b.lines[:0]
+	putLines(b.lines)
+	b.lines = nil
 	// Time spent committing is not idle time: lines may have queued up
 	// behind a slow fsync.
 	b.lastLine = time.Now()
@@ -440,4 +456,25 @@ func trimNewline(b []byte) []byte {
 		}
 	}
 	return b
+}
+
+// linesPool holds the slices batches gather their lines in, shared by
+// every stream: only the streams with lines waiting for a commit hold one.
+var linesPool sync.Pool
+
+// getLines returns an empty slice with room for n lines.
+func getLines(n int) []store.Line {
+	if p, ok := linesPool.Get().(*[]store.Line); ok && cap(*p) >= n {
+		return (*p)[:0]
+	}
+	return make([]store.Line, 0, n)
+}
+
+// putLines gives a batch's slice back, cleared: the pool must not keep
+// the lines' strings alive.
+func putLines(l []store.Line) {
+	l = l[:cap(l)]
+	clear(l)
+	l = l[:0]
+	linesPool.Put(&l)
 }
