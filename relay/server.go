@@ -68,6 +68,12 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	// Log streams have a client of their own, with bounded HTTP/2 windows
+	// (logClient).
+	logs, err := logClient(rc)
+	if err != nil {
+		return err
+	}
 	// Reviews of callers' tokens get their own rate limit: a flood of API
 	// requests must not starve log collection of API calls, nor the other
 	// way round.
@@ -86,7 +92,7 @@ func Serve(ctx context.Context, o Options) error {
 	collectCtx, stopCollecting := context.WithCancel(context.WithoutCancel(ctx))
 	svc := &service{opts: o, store: store, client: client, authClient: authClient, cache: mgr.GetCache(), log: o.Log,
 		collectCtx: collectCtx, stopCollecting: stopCollecting}
-	svc.coll = &collect.Collector{Store: store, Source: collect.APILogSource{Client: client}, Redact: redact, Follow: o.Follow,
+	svc.coll = &collect.Collector{Store: store, Source: collect.APILogSource{Client: logs}, Redact: redact, Follow: o.Follow,
 		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Mirror: &collect.Mirror{Dir: o.MirrorDir, Base: o.MirrorBase, Store: store},
 		Pods: svc.pod, JobFailure: jobFailure(client)}
 	svc.coll.Start(collectCtx)
