@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -67,6 +68,13 @@ type FollowOptions struct {
 	// Default 256 lines, 100ms.
 	BatchLines int
 	BatchWait  time.Duration
+	// BatchBytes bounds the bytes of a batch, and of the lines read ahead
+	// of it: a batch is committed once it holds this much, and a stream
+	// reads on only while what it queued is under it (a line longer than
+	// this is committed alone). Without it 256 long lines made a batch of
+	// 256 MiB. Default 64 KiB (for a follower built without defaults, 0
+	// is no bound).
+	BatchBytes int
 }
 
 // DefaultFollowOptions are the values the comments above name.
@@ -78,6 +86,7 @@ func DefaultFollowOptions() FollowOptions {
 		DrainIdle:         3 * time.Second,
 		DrainMax:          30 * time.Second,
 		BatchLines:        256,
+		BatchBytes:        64 << 10,
 		MaxLineBytes:      1 << 20,
 		BatchWait:         100 * time.Millisecond,
 	}
@@ -99,6 +108,9 @@ func (o *FollowOptions) setDefaults() {
 	def(&o.BatchWait, d.BatchWait)
 	if o.BatchLines <= 0 {
 		o.BatchLines = d.BatchLines
+	}
+	if o.BatchBytes <= 0 {
+		o.BatchBytes = d.BatchBytes
 	}
 	if o.MaxLineBytes <= 0 {
 		o.MaxLineBytes = d.MaxLineBytes
@@ -205,7 +217,7 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	defer streamsOpen.Dec()
 	stop := make(chan struct{})
 	defer close(stop) // before rc.Close (defers run last-first): the reader exits
-	lines := readLines(rc, f.opts.MaxLineBytes, stop)
+	q := readLines(rc, f.opts.MaxLineBytes, f.opts.BatchBytes, stop)
 
 	b := &batch{f: f, res: newResume(cur), from: cur}
 	started := time.Now()
@@ -213,10 +225,11 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	defer tick.Stop()
 	for {
 		select {
-		case r, ok := <-lines:
+		case r, ok := <-q.lines:
 			if !ok {
 				return false, b.flush()
 			}
+			q.taken(r)
 			if r.err != nil {
 				ended := f.state().ended
 				if errors.Is(r.err, io.EOF) && endedAtOpen && ended && len(r.fragment) > 0 {
@@ -236,7 +249,7 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 			if err := b.flush(); err != nil {
 				return false, err
 			}
-			if f.drained(len(lines), b.lastLine, started) {
+			if f.drained(len(q.lines), b.lastLine, started) {
 				return true, nil
 			}
 		}
@@ -266,18 +279,55 @@ func (f *follower) takeSlot(ctx context.Context) bool {
 // 33 MB in buffers that were mostly empty (docs/benchmarks.md).
 const readBufferBytes = 4 << 10
 
+// lineQueue hands the lines a stream's reader read to its follower: at
+// most 64 lines, and while it holds any, less than maxBytes of them.
+type lineQueue struct {
+	lines    chan readResult
+	queued   atomic.Int64  // bytes sent and not yet taken
+	room     chan struct{} // a line was taken
+	maxBytes int64
+}
+
+// taken tells the reader that the follower took r.
+func (q *lineQueue) taken(r readResult) {
+	q.queued.Add(-int64(len(r.line)))
+	select {
+	case q.room <- struct{}{}:
+	default:
+	}
+}
+
 // readLines reads whole lines from rc until an error, which it sends last
 // with the fragment before it. A fragment is a line cut in the middle,
 // which the resume reads whole (its timestamp has not been counted) —
 // unless the stream was a finished container's last: then it is its last
-// line, written without a newline, and the follower keeps it.
-func readLines(rc io.Reader, maxLine int, stop <-chan struct{}) <-chan readResult {
-	lines := make(chan readResult, 64)
+// line, written without a newline, and the follower keeps it. It reads
+// on only while the queue has room (see lineQueue): what it does not read
+// waits in the stream's HTTP/2 window, and the rest in the log file.
+func readLines(rc io.Reader, maxLine, maxQueued int, stop <-chan struct{}) *lineQueue {
+	q := &lineQueue{lines: make(chan readResult, 64), room: make(chan struct{}, 1), maxBytes: math.MaxInt64}
+	if maxQueued > 0 {
+		q.maxBytes = int64(maxQueued)
+	}
 	go func() {
-		defer close(lines)
+		defer close(q.lines)
 		send := func(r readResult) bool {
+			n := int64(len(r.line))
+			for {
+				// A line longer than the bound goes once the queue is
+				// empty.
+				if queued := q.queued.Load(); queued == 0 || queued+n <= q.maxBytes {
+					break
+				}
+				select {
+				case <-q.room:
+				case <-stop:
+					return false
+				}
+			}
+			q.queued.Add(n)
 			select {
-			case lines <- r:
+			case q.lines <- r:
 				return true
 			case <-stop:
 				return false
@@ -295,7 +345,7 @@ func readLines(rc io.Reader, maxLine int, stop <-chan struct{}) <-chan readResul
 			}
 		}
 	}()
-	return lines
+	return q
 }
 
 // TruncatedMarker ends a line cut at MaxLineBytes, so a reader sees that
@@ -392,6 +442,8 @@ type batch struct {
 	// it: a commit is refused (store.CursorConflict) if another writer
 	// moved it since, and the session ends to resume from the store's.
 	from store.Cursor
+	// bytes are the bytes of lines.
+	bytes int
 	// lastLine is when the stream last sent a line or a commit ended;
 	// zero until the stream sends anything.
 	lastLine time.Time
@@ -413,7 +465,8 @@ func (b *batch) add(raw []byte) error {
 		b.lines = getLines(b.f.opts.BatchLines)
 	}
 	b.lines = append(b.lines, store.Line{TS: ts, Container: b.f.ref.Container, Line: string(b.f.redact.Redact(msg))})
-	if len(b.lines) >= b.f.opts.BatchLines {
+	b.bytes += len(b.lines[len(b.lines)-1].Line)
+	if len(b.lines) >= b.f.opts.BatchLines || (b.f.opts.BatchBytes > 0 && b.bytes >= b.f.opts.BatchBytes) {
 		return b.flush()
 	}
 	return nil
@@ -438,7 +491,7 @@ func (b *batch) flush() error {
 	linesStored.Add(float64(len(b.lines)))
 	bytesStored.Add(float64(bytes))
 	putLines(b.lines)
-	b.lines = nil
+	b.lines, b.bytes = nil, 0
 	// Time spent committing is not idle time: lines may have queued up
 	// behind a slow fsync.
 	b.lastLine = time.Now()

@@ -3,12 +3,15 @@ package collect
 import (
 	"context"
 	"fmt"
+	"io"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
 
@@ -67,4 +70,105 @@ func heapInUse() int64 {
 	runtime.GC()
 	runtime.ReadMemStats(&m)
 	return int64(m.HeapInuse)
+}
+
+// A stream of long lines whose commits stall (a slow fsync, a flood)
+// holds about BatchBytes in its batch and as much read ahead, not
+// BatchLines of them and 64 more: with 100 KB lines that was 32 MB a
+// stream. Each commit holds at most BatchBytes and one line more.
+func TestLongLinesAreBatchedByBytes(t *testing.T) {
+	const lineBytes, batchBytes = 100 << 10, 64 << 10
+	s, _ := storetest.Open(t)
+	src := &endlessLog{text: strings.Repeat("y", lineBytes)}
+	held := &heldStore{Backend: s, release: make(chan struct{})}
+	f := newFollower(t, s, nil)
+	f.src, f.store = src, held
+	f.state = func() containerState { return containerState{} }
+	f.opts = DefaultFollowOptions()
+	f.opts.BatchBytes = batchBytes
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { f.run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	// The first commit waits: the stream reads until its batch and its
+	// queue are full, then stops.
+	waitFor(t, func() bool { return held.waiting.Load() }, "no commit")
+	var last int64 = -1
+	waitFor(t, func() bool {
+		n := src.read.Load()
+		time.Sleep(100 * time.Millisecond)
+		stable := n == last
+		last = n
+		return stable
+	}, "the stream never stopped reading")
+	// The batch (batchBytes and a line), the queue (as much), the read
+	// buffer and the HTTP/2 window's worth the source itself buffers.
+	if limit := int64(2*(batchBytes+lineBytes) + 2*lineBytes); last > limit {
+		t.Errorf("with its commit stalled, the stream read %d bytes ahead; want at most %d", last, limit)
+	}
+	close(held.release)
+	waitFor(t, func() bool { return held.commits.Load() >= 10 }, "commits did not resume")
+	if max := held.maxBytes.Load(); max > batchBytes+lineBytes+1024 {
+		t.Errorf("a commit held %d bytes of lines; want at most %d and a line", max, batchBytes)
+	}
+}
+
+// endlessLog is a container that writes long lines without end, a
+// microsecond apart; read counts the bytes its streams were read.
+type endlessLog struct {
+	text string
+	read atomic.Int64
+}
+
+func (e *endlessLog) Stream(ctx context.Context, _, _, _ string, since time.Time, _ bool) (io.ReadCloser, error) {
+	if since.IsZero() {
+		since = t0
+	}
+	return &endlessStream{log: e, ctx: ctx, next: since}, nil
+}
+
+type endlessStream struct {
+	log     *endlessLog
+	ctx     context.Context
+	next    time.Time
+	pending []byte
+}
+
+func (s *endlessStream) Read(p []byte) (int, error) {
+	if err := s.ctx.Err(); err != nil {
+		return 0, err
+	}
+	if len(s.pending) == 0 {
+		s.next = s.next.Add(time.Microsecond)
+		s.pending = []byte(s.next.UTC().Format(time.RFC3339Nano) + " " + s.log.text + "\n")
+	}
+	n := copy(p, s.pending)
+	s.pending = s.pending[n:]
+	s.log.read.Add(int64(n))
+	return n, nil
+}
+
+func (s *endlessStream) Close() error { return nil }
+
+// heldStore holds every commit until release is closed, and records the
+// largest commit's bytes of lines.
+type heldStore struct {
+	store.Backend
+	release           chan struct{}
+	waiting           atomic.Bool
+	commits, maxBytes atomic.Int64
+}
+
+func (h *heldStore) AppendAfter(run, stream string, prev, cur store.Cursor, lines []store.Line, now time.Time) (uint64, error) {
+	h.waiting.Store(true)
+	<-h.release
+	var n int64
+	for _, l := range lines {
+		n += int64(len(l.Line))
+	}
+	for m := h.maxBytes.Load(); n > m && !h.maxBytes.CompareAndSwap(m, n); m = h.maxBytes.Load() {
+	}
+	h.commits.Add(1)
+	return h.Backend.AppendAfter(run, stream, prev, cur, lines, now)
 }
