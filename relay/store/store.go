@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -83,6 +84,10 @@ type Store struct {
 	db      *bolt.DB
 	index   runIndex
 	changes Changes
+	// stopReleasing and released end releaseEvery (mapping.go).
+	stopReleasing chan struct{}
+	released      chan struct{}
+	closeOnce     sync.Once
 }
 
 var _ Backend = (*Store)(nil)
@@ -116,11 +121,16 @@ func OpenStore(dir string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("reading the runs of the store in %s: %w", dir, err)
 	}
+	st.stopReleasing, st.released = make(chan struct{}), make(chan struct{})
+	go st.releaseEvery(releaseInterval, st.stopReleasing, st.released)
 	return st, nil
 }
 
 // Close flushes and closes the store.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	s.stopReleasingMapped()
+	return s.db.Close()
+}
 
 // Size is the store file's size in bytes.
 func (s *Store) Size() int64 {
