@@ -64,8 +64,9 @@ type FollowOptions struct {
 	// to wait for a terminated container's stream to send anything at all
 	// (a kubelet may scan a large file for SinceTime). Default 30s.
 	DrainIdle, DrainMax time.Duration
-	// BatchLines and BatchWait bound how long lines wait to be committed.
-	// Default 256 lines, 100ms.
+	// BatchLines and BatchWait bound how long lines wait to be committed
+	// while more keep coming (a stream the follower has caught up with
+	// commits at once). Default 256 lines, 100ms.
 	BatchLines int
 	BatchWait  time.Duration
 	// BatchBytes bounds the bytes of a batch, and of the lines read ahead
@@ -244,6 +245,16 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 			}
 			if err := b.add(r.line); err != nil {
 				return false, err
+			}
+			// Caught up with the stream: commit now instead of at the
+			// next tick, which added up to BatchWait to every line's way
+			// to a reader. Lines that arrive meanwhile queue up and go
+			// in the next commit, so a busy stream still commits them
+			// together (the store joins concurrent commits too).
+			if len(q.lines) == 0 {
+				if err := b.flush(); err != nil {
+					return false, err
+				}
 			}
 		case <-tick.C:
 			if err := b.flush(); err != nil {

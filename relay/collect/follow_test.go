@@ -590,3 +590,19 @@ func TestFollowerKeepsAnUnterminatedLastLine(t *testing.T) {
 		t.Fatalf("stored %+v", got)
 	}
 }
+
+// A line is committed as soon as the follower has taken every line the
+// stream sent, not at the next batch tick: waiting for the tick added up
+// to BatchWait (100 ms) to each line's way to a reader.
+func TestFollowerCommitsOnceCaughtUp(t *testing.T) {
+	s, _ := storetest.Open(t)
+	src := newFakeLog()
+	f := newFollower(t, s, src)
+	f.opts.BatchWait, f.opts.BatchLines = time.Hour, 1000
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { f.run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	src.write(at(0), `{"n":0}`)
+	waitFor(t, func() bool { r, _ := s.Run("run-1"); return r != nil && r.LastSeq == 1 }, "the line was not committed before the batch tick")
+}
