@@ -78,6 +78,7 @@ type fleetResult struct {
 	storeLagP99          float64
 	heap                 string // the top of the relay's heap right after the flood
 	memAtPeak            string // the Go runtime's memory when the anonymous RSS peaked
+	heapAtPeak           string // the top of the relay's heap then
 	readyWithHistory     time.Duration
 	lists                []listTiming
 	floodCPU             map[string]float64
@@ -214,7 +215,7 @@ func fleet(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, bin
 	if err != nil {
 		return res, err
 	}
-	rss := sampleRSS(rl.PID(), pprofAddr)
+	rss := sampleRSS(rl.PID(), pprofAddr, filepath.Join(c.Dir, name+".peak.heap.pprof"))
 	written := writeSteady(ctx, runs)
 	if err := waitStored(rl, before, written, time.Minute); err != nil {
 		return res, err
@@ -247,7 +248,7 @@ func fleet(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, bin
 	res.floodMiBPerSec = (counter(after, "clipjob_relay_bytes_stored_total") - counter(before, "clipjob_relay_bytes_stored_total")) / took.Seconds() / (1 << 20)
 	time.Sleep(2 * time.Second)
 	res.missing, res.duplicated = lat.check(runs)
-	res.maxRSS, res.maxRSSAnon, res.memAtPeak = rss()
+	res.maxRSS, res.maxRSSAnon, res.memAtPeak, res.heapAtPeak = rss()
 
 	if restart {
 		fmt.Fprintf(os.Stderr, "bench: relay: restart over the store, with lines written while it was down\n")
@@ -477,18 +478,29 @@ func profileCPU(addr, file string, d time.Duration) <-chan string {
 // heapTop takes the heap profile of the process serving pprof at addr
 // and returns its top by memory in use.
 func heapTop(addr, file string) string {
+	if err := saveHeap(addr, file); err != nil {
+		return "heap: " + err.Error()
+	}
+	return pprofTop(file)
+}
+
+// saveHeap writes the heap profile of the process serving pprof at addr
+// to file.
+func saveHeap(addr, file string) error {
 	resp, err := http.Get("http://" + addr + "/debug/pprof/heap")
 	if err != nil {
-		return "heap: " + err.Error()
+		return err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err == nil {
 		err = os.WriteFile(file, b, 0o644)
 	}
-	if err != nil {
-		return "heap: " + err.Error()
-	}
+	return err
+}
+
+// pprofTop is the top of the heap profile in file by memory in use.
+func pprofTop(file string) string {
 	top, err := exec.Command("go", "tool", "pprof", "-top", "-sample_index", "inuse_space", "-nodecount", "15", file).CombinedOutput()
 	if err != nil {
 		return fmt.Sprintf("go tool pprof: %v: %s", err, top)
@@ -537,10 +549,12 @@ func counter(s scrape, name string) float64 {
 // (VmRSS) and its anonymous part (RssAnon: the heap and stacks, without
 // the store's memory-mapped file, which the kernel can drop), and where
 // the Go runtime said its memory was when the anonymous part last grew
-// by a tenth (from the pprof server at pprofAddr).
-func sampleRSS(pid int, pprofAddr string) func() (rss, anon float64, mem string) {
+// by a tenth (from the pprof server at pprofAddr), with the top of its
+// heap profile then (kept in heapFile).
+func sampleRSS(pid int, pprofAddr, heapFile string) func() (rss, anon float64, mem, heap string) {
 	var peak, peakAnon, peakAnonAsked int64
 	var mem string
+	profiled := false
 	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
@@ -551,6 +565,7 @@ func sampleRSS(pid int, pprofAddr string) func() (rss, anon float64, mem string)
 				peakAnonAsked = an
 				if m := runtimeMemory(pprofAddr); m != "" {
 					mem = fmt.Sprintf("at %.0f MiB anonymous: %s", float64(an)/1024, m)
+					profiled = saveHeap(pprofAddr, heapFile) == nil
 				}
 			}
 			select {
@@ -560,10 +575,14 @@ func sampleRSS(pid int, pprofAddr string) func() (rss, anon float64, mem string)
 			}
 		}
 	}()
-	return func() (float64, float64, string) {
+	return func() (float64, float64, string, string) {
 		close(stop)
 		<-done
-		return float64(peak) / 1024, float64(peakAnon) / 1024, mem
+		heap := ""
+		if profiled {
+			heap = pprofTop(heapFile)
+		}
+		return float64(peak) / 1024, float64(peakAnon) / 1024, mem, heap
 	}
 }
 
@@ -760,6 +779,9 @@ func printFleet(w io.Writer, rs []fleetResult, floodPerRun int) {
 		}
 		if r.memAtPeak != "" {
 			fmt.Fprintf(w, "\nThe relay's Go runtime with %d runs, %s.\n", r.runs, r.memAtPeak)
+		}
+		if r.heapAtPeak != "" {
+			fmt.Fprintf(w, "\nHeap of the relay then (top, in use at the last collection):\n\n```\n%s```\n", r.heapAtPeak)
 		}
 		if len(r.floodCPU) > 0 {
 			fmt.Fprintf(w, "\nWhere the %d cores went during the flood with %d runs (%s wall, %.1f core-seconds available):\n\n| process | CPU seconds | share of the cores |\n|---|---|---|\n",
