@@ -15,11 +15,13 @@ import (
 // client-go's transport leaves Go's: a 4 MiB receive window per stream,
 // so each followed log could hold 4 MiB the relay had not read yet, which
 // it does whenever commits fall behind (a flood, a slow fsync), and
-// frames of up to 1 MiB. 64 KiB is HTTP/2's own initial window, what any
-// peer gets unless it asks for more: the rest of a burst waits in the
-// kubelet's log file, read when the relay has room.
+// frames of up to 1 MiB. 32 KiB, half of HTTP/2's own initial window,
+// is 16 MiB for 500 streams at most, and still carries megabytes a
+// second a stream at a millisecond's round trip (an agent writes
+// kilobytes): the rest of a burst waits in the kubelet's log file, read
+// when the relay has room.
 const (
-	logStreamWindow    = 64 << 10
+	logStreamWindow    = 32 << 10
 	logStreamFrameSize = 16 << 10
 )
 

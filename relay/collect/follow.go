@@ -73,8 +73,9 @@ type FollowOptions struct {
 	// of it: a batch is committed once it holds this much, and a stream
 	// reads on only while what it queued is under it (a line longer than
 	// this is committed alone). Without it 256 long lines made a batch of
-	// 256 MiB. Default 64 KiB (for a follower built without defaults, 0
-	// is no bound).
+	// 256 MiB. Default 16 KiB, about 50 agent events: with 500 streams
+	// behind a slow commit that is 8 MiB in batches and as much queued (for
+	// a follower built without defaults, 0 is no bound).
 	BatchBytes int
 }
 
@@ -87,7 +88,7 @@ func DefaultFollowOptions() FollowOptions {
 		DrainIdle:         3 * time.Second,
 		DrainMax:          30 * time.Second,
 		BatchLines:        256,
-		BatchBytes:        64 << 10,
+		BatchBytes:        16 << 10,
 		MaxLineBytes:      1 << 20,
 		BatchWait:         100 * time.Millisecond,
 	}
@@ -473,7 +474,7 @@ func (b *batch) add(raw []byte) error {
 		return nil
 	}
 	if b.lines == nil {
-		b.lines = getLines(b.f.opts.BatchLines)
+		b.lines = getLines()
 	}
 	b.lines = append(b.lines, store.Line{TS: ts, Container: b.f.ref.Container, Line: string(b.f.redact.Redact(msg))})
 	b.bytes += len(b.lines[len(b.lines)-1].Line)
@@ -526,12 +527,14 @@ func trimNewline(b []byte) []byte {
 // every stream: only the streams with lines waiting for a commit hold one.
 var linesPool sync.Pool
 
-// getLines returns an empty slice with room for n lines.
-func getLines(n int) []store.Line {
-	if p, ok := linesPool.Get().(*[]store.Line); ok && cap(*p) >= n {
+// getLines returns an empty slice; a batch grows it as it needs (most
+// commit far fewer than BatchLines lines: a follower that caught up
+// commits at once).
+func getLines() []store.Line {
+	if p, ok := linesPool.Get().(*[]store.Line); ok {
 		return (*p)[:0]
 	}
-	return make([]store.Line, 0, n)
+	return make([]store.Line, 0, 32)
 }
 
 // putLines gives a batch's slice back, cleared: the pool must not keep
