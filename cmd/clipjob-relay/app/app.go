@@ -9,6 +9,8 @@ import (
 	"context"
 	"flag"
 	"io"
+	"os"
+	"runtime/debug"
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
@@ -71,6 +73,7 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 // after a clean stop, 1 when the relay fails or cannot start, 2 on a usage
 // error. run is relay.Serve outside tests.
 func Main(ctx context.Context, args []string, stderr io.Writer, run func(context.Context, relay.Options) error) int {
+	setGCPercent()
 	var o *Options
 	return command.ServerMain(ctx, "clipjob-relay", stderr, func() (*command.Server, error) {
 		var err error
@@ -82,4 +85,19 @@ func Main(ctx context.Context, args []string, stderr io.Writer, run func(context
 		o.Log, o.RestConfig = log, cfg
 		return run(ctx, o.Options)
 	})
+}
+
+// GCPercent is the relay's GOGC unless the environment sets one. Go's
+// 100 lets the heap grow to twice what is live before collecting: at 500
+// runs the relay's live heap peaks during a flood (lines read, queued and
+// committing), and its resident memory followed at twice that
+// (docs/benchmarks.md, "Memory per stream"). Collecting at one and a half
+// times costs the relay more CPU in collections, measured there too.
+const GCPercent = 50
+
+// setGCPercent applies GCPercent unless $GOGC chose.
+func setGCPercent() {
+	if _, set := os.LookupEnv("GOGC"); !set {
+		debug.SetGCPercent(GCPercent)
+	}
 }

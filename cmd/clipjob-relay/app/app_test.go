@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -139,5 +142,28 @@ func TestChartArgs(t *testing.T) {
 	if o.MirrorDir != "/paperclip" || o.MirrorBase != "instances/default/data/run-logs" || o.CertDir != "/tls" || o.RedactValuesFile != "/etc/clipjob-relay/redact" ||
 		o.Namespaces[0] != "paperclip" || o.TokenAudiences[0] != "clipjob-relay" || o.RetentionMaxAge != 168*time.Hour {
 		t.Errorf("relay options from the chart: %+v", o.Options)
+	}
+}
+
+// The relay collects at GCPercent unless $GOGC says otherwise.
+func TestMainSetsGCPercent(t *testing.T) {
+	kubeconfig := kube.Kubeconfig(t)
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	t.Setenv("GOGC", "") // restored when the test ends
+	var got int
+	run := func(context.Context, relay.Options) error { got = debug.SetGCPercent(100); return nil }
+	for _, tc := range []struct {
+		env  *string
+		want int
+	}{{env: nil, want: GCPercent}, {env: ptr.To("100"), want: 100}} {
+		debug.SetGCPercent(100)
+		if tc.env != nil {
+			os.Setenv("GOGC", *tc.env)
+		} else {
+			os.Unsetenv("GOGC")
+		}
+		if code := Main(context.Background(), []string{"--kubeconfig", kubeconfig}, &bytes.Buffer{}, run); code != 0 || got != tc.want {
+			t.Errorf("GOGC %v: exit %d, GC percent %d; want %d", tc.env, code, got, tc.want)
+		}
 	}
 }
