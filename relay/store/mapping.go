@@ -7,8 +7,11 @@ import (
 )
 
 // releaseInterval is how often the store lets go of the pages of its file
-// it has mapped (releaseMapped).
-const releaseInterval = time.Second
+// it has mapped (releaseMapped): a release costs a walk of the mapping's
+// page tables, well under a millisecond for a store of 500 MiB, and what
+// readers touch meanwhile (the newest lines, at 11 MiB/s in the fleet
+// bench's flood) stays resident until the next.
+const releaseInterval = 250 * time.Millisecond
 
 // bbolt reads the store through a mapping of the whole file, and every
 // page a reader touched stays mapped: the SSE clients read each line
