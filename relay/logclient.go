@@ -28,8 +28,10 @@ const (
 // logClient is a client for the log streams only: its own connections to
 // the API server, with HTTP/2 windows sized for hundreds of streams
 // (logStreamWindow). Authentication, TLS and the rate limit are rc's, as
-// client-go builds them; the rest of the relay keeps client-go's shared
-// transport.
+// client-go builds them (client certificate files are re-read at each
+// handshake); the rest of the relay keeps client-go's shared transport.
+// Unlike that one, it does not swap in a CA file rotated while the relay
+// runs (client-go's ClientsAllowCARotation): the relay's next start does.
 func logClient(rc *rest.Config) (kubernetes.Interface, error) {
 	tc, err := rc.TransportConfig()
 	if err != nil {
