@@ -280,16 +280,36 @@ func TestRealAgentRunHoldsTheFloor(t *testing.T) {
 
 // TestRealAgentFailureIsReported: an agent that fails (exit 3 with an
 // error result) fails its Job, and the relay reports the exit code and
-// the agent's own error; a 2 MiB line it wrote on the way (the kubelet
+// the agent's own error; a 512 KiB line it wrote on the way (the kubelet
 // hands it over in 16 KiB pieces) is stored cut at the relay's limit with
 // the marker saying so, and the line after it is whole.
+//
+// The relay is one of its own with a 256 KiB line limit, so the whole log
+// stays under the node's rotation size (cluster.ContainerLogMaxSize): with
+// the default 1 MiB limit the line had to pass 1 MiB, the log became
+// eligible for rotation, and when the kubelet's 3 s check came within the
+// agent's 70 ms of life it rotated the file before the relay's stream
+// opened. pods/log serves the newest file only, so every reader (kubectl
+// logs too) saw an empty log and the relay stored 0 lines (docs/security.md
+// names the limit). TestRealAgentLogRotationLosesNoLine is the test of
+// rotation.
 func TestRealAgentFailureIsReported(t *testing.T) {
 	requireRealNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	r, token, _ := theRelay(t)
+	const maxLine = 256 << 10
+	bin, err := harness.Build(env.cluster.Dir, "clipjob-relay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := harness.StartRelay(ctx, env.cluster, bin, "relay-real-fail", ns, "--max-line-bytes", fmt.Sprint(maxLine))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Stop)
+	_, token, _ := theRelay(t)
 	name := "e2e-real-fail"
-	createJob(ctx, t, realJob(t, name, "lines=2 bigline=1 bigsize=2097152 exit=3"))
+	createJob(ctx, t, realJob(t, name, fmt.Sprintf("lines=2 bigline=1 bigsize=%d exit=3", 2*maxLine)))
 	if job := waitJobEnded(ctx, t, name, 3*time.Minute); job.Status.Failed == 0 {
 		t.Fatalf("Job %s did not fail: %+v", name, job.Status)
 	}
@@ -303,9 +323,9 @@ func TestRealAgentFailureIsReported(t *testing.T) {
 		t.Fatalf("stored %d lines, want 5 (init, 2, the long one, the result)", len(lines))
 	}
 	long := lines[3]
-	if !strings.HasSuffix(long, collect.TruncatedMarker) || len(long) > 1<<20+len(collect.TruncatedMarker) || len(long) < 1<<20-100 ||
+	if !strings.HasSuffix(long, collect.TruncatedMarker) || len(long) > maxLine+len(collect.TruncatedMarker) || len(long) < maxLine-100 ||
 		!strings.HasPrefix(long, `{"message":{"content":[{"text":"line 3 xxx`) {
-		t.Errorf("the 2 MiB line is stored as %d bytes: %.100q … %q", len(long), long, long[max(0, len(long)-60):])
+		t.Errorf("the 512 KiB line is stored as %d bytes: %.100q … %q", len(long), long, long[max(0, len(long)-60):])
 	}
 	if !strings.Contains(lines[4], `"type":"result"`) {
 		t.Errorf("the line after the long one: %.300q", lines[4])
