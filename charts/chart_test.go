@@ -46,6 +46,17 @@ func into(t *testing.T, r *Rendered, kind, name string, out runtime.Object) {
 // TestLint runs Helm's own linter, as `helm lint --strict` does, over the
 // chart with each value set the tests render.
 func TestLint(t *testing.T) {
+	lintChart := chartLinter(t)
+	for name, values := range valueSets {
+		lintChart(t, name, values)
+	}
+}
+
+// chartLinter saves the chart in a directory of the test's and returns a
+// function that lints it with values, failing the test it is given on
+// every message worse than information.
+func chartLinter(t *testing.T) func(t *testing.T, name string, values map[string]any) {
+	t.Helper()
 	dir := t.TempDir()
 	ch, err := Load()
 	if err != nil {
@@ -54,11 +65,12 @@ func TestLint(t *testing.T) {
 	if err := chartutil.SaveDir(ch, dir); err != nil {
 		t.Fatal(err)
 	}
-	for name, values := range valueSets {
+	return func(t *testing.T, name string, values map[string]any) {
+		t.Helper()
 		linter := lint.AllWithKubeVersion(dir+"/"+Name, values, rel.Namespace, nil)
 		for _, m := range linter.Messages {
 			if m.Severity > support.InfoSev {
-				t.Errorf("%s: %s", name, m)
+				t.Errorf("%s: lint: %s", name, m)
 			}
 		}
 	}

@@ -5,9 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/lint"
-	"helm.sh/helm/v3/pkg/lint/support"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -28,22 +25,10 @@ var relayStores = map[string]map[string]any{
 // the value, or the operator's), and it may manage Leases in the release's
 // namespace, where the replicas divide the runs.
 func TestRelayOnPostgres(t *testing.T) {
-	dir := t.TempDir()
-	ch, err := Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := chartutil.SaveDir(ch, dir); err != nil {
-		t.Fatal(err)
-	}
+	lintChart := chartLinter(t)
 	for name, values := range relayStores {
 		t.Run(name, func(t *testing.T) {
-			linter := lint.AllWithKubeVersion(dir+"/"+Name, values, rel.Namespace, nil)
-			for _, m := range linter.Messages {
-				if m.Severity > support.InfoSev {
-					t.Errorf("lint: %s", m)
-				}
-			}
+			lintChart(t, name, values)
 			relay := values["relay"].(map[string]any)
 			pg := relay["postgres"].(map[string]any)
 			r := render(t, values)

@@ -221,9 +221,8 @@ func (r *Controller) overflow(ctx context.Context, waiting []*batchv1.Job, cc co
 	for _, j := range waiting[cc.MaxQueued:] {
 		msg := fmt.Sprintf("%s: agent %q already had %d runs waiting (policy.concurrency.maxQueued %d); create the run again once one has started",
 			contract.CauseQueueFull, j.Labels[contract.LabelAgentID], cc.MaxQueued, cc.MaxQueued)
-		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"uid": j.UID, "annotations": map[string]any{
-			contract.AnnotationQueueError: msg, contract.AnnotationQueuePosition: nil, contract.AnnotationQueueHolder: nil}}})
-		if _, err := r.Client.BatchV1().Jobs(j.Namespace).Patch(ctx, j.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		if err := r.patchAnnotations(ctx, j, map[string]any{
+			contract.AnnotationQueueError: msg, contract.AnnotationQueuePosition: nil, contract.AnnotationQueueHolder: nil}); err != nil {
 			// It keeps its place for now; the next pass tries again.
 			r.Log.Error(err, "refusing a queued run beyond maxQueued", "job", j.Namespace+"/"+j.Name)
 			keep = append(keep, j)
@@ -250,13 +249,23 @@ func (r *Controller) markPositions(ctx context.Context, waiting []*batchv1.Job, 
 		if held == "" {
 			h = nil
 		}
-		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"uid": j.UID, "annotations": map[string]any{
-			contract.AnnotationQueuePosition: pos, contract.AnnotationQueueHolder: h}}})
-		if _, err := r.Client.BatchV1().Jobs(j.Namespace).Patch(ctx, j.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		if err := r.patchAnnotations(ctx, j, map[string]any{contract.AnnotationQueuePosition: pos, contract.AnnotationQueueHolder: h}); err != nil {
 			return fmt.Errorf("marking queued run %s/%s at position %s: %w", j.Namespace, j.Name, pos, err)
 		}
 	}
 	return nil
+}
+
+// patchAnnotations sets (nil: removes) annotations of job by a merge
+// patch that carries its UID, so it fails on another Job recreated under
+// the name instead of marking that one.
+func (r *Controller) patchAnnotations(ctx context.Context, job *batchv1.Job, annotations map[string]any) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"uid": job.UID, "annotations": annotations}})
+	if err != nil {
+		return err
+	}
+	_, err = r.Client.BatchV1().Jobs(job.Namespace).Patch(ctx, job.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	return err
 }
 
 // agentJobs lists the cached Jobs of the request's agent in the claim's
@@ -303,8 +312,7 @@ func (r *Controller) startFailed(ctx context.Context, job *batchv1.Job, cc confi
 		annotations[contract.AnnotationQueueError] = cause.Error()
 		annotations[contract.AnnotationStartFailures] = nil
 	}
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"uid": job.UID, "annotations": annotations}})
-	if _, err := r.Client.BatchV1().Jobs(job.Namespace).Patch(ctx, job.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	if err := r.patchAnnotations(ctx, job, annotations); err != nil {
 		return fmt.Errorf("starting queued run %s/%s: %w (and recording the failure: %v)", job.Namespace, job.Name, cause, err)
 	}
 	if failures >= maxStartFailures {
@@ -328,7 +336,7 @@ func Queued(job *batchv1.Job) bool { return queued(job) }
 // queued reports whether a Job waits for its turn.
 func queued(job *batchv1.Job) bool {
 	return job.Annotations[contract.AnnotationQueued] == "true" && job.Annotations[contract.AnnotationQueueError] == "" &&
-		job.Spec.Suspend != nil && *job.Spec.Suspend && job.DeletionTimestamp == nil && !Finished(job)
+		contract.Suspended(job) && job.DeletionTimestamp == nil && !Finished(job)
 }
 
 // jobEvents maps Job events to requests: a queued run wakes its agent, as

@@ -343,7 +343,7 @@ func (c *Lock) ended(ctx context.Context, h *Holder, grace time.Duration) (bool,
 	}
 	// A holder still suspended after the grace window was never started
 	// (Queue mode: claimed, then its unsuspend failed): it runs nothing.
-	if job.Spec.Suspend != nil && *job.Spec.Suspend && job.Status.Active == 0 && h.age(c.now()) > grace {
+	if contract.Suspended(job) && job.Status.Active == 0 && h.age(c.now()) > grace {
 		return true, nil
 	}
 	if job.Status.StartTime != nil {

@@ -3,6 +3,7 @@ package contract
 import (
 	"strings"
 
+	batchv1 "k8s.io/api/batch/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -207,3 +208,7 @@ const (
 	// many.
 	CauseQueueFull metav1.CauseType = "clipjob.paperclip.io/queue-full"
 )
+
+// Suspended reports whether a Job is suspended: queued, or held by its
+// client. Unsuspending an agent run is what starts it.
+func Suspended(job *batchv1.Job) bool { return job.Spec.Suspend != nil && *job.Spec.Suspend }

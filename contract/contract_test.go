@@ -1,6 +1,11 @@
 package contract
 
-import "testing"
+import (
+	"testing"
+
+	batchv1 "k8s.io/api/batch/v1"
+	"k8s.io/utils/ptr"
+)
 
 func TestIsAgentJob(t *testing.T) {
 	cases := []struct {
@@ -52,6 +57,18 @@ func TestHasContractLabel(t *testing.T) {
 	} {
 		if got := HasContractLabel(tc.sets...); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestSuspended(t *testing.T) {
+	for _, tc := range []struct {
+		suspend *bool
+		want    bool
+	}{{nil, false}, {ptr.To(false), false}, {ptr.To(true), true}} {
+		job := &batchv1.Job{Spec: batchv1.JobSpec{Suspend: tc.suspend}}
+		if got := Suspended(job); got != tc.want {
+			t.Errorf("suspend %v: Suspended %v, want %v", tc.suspend, got, tc.want)
 		}
 	}
 }

@@ -223,8 +223,7 @@ func validate(in Input) Validation {
 // any Job as one) gets a pod. Every such start is judged as a CREATE,
 // whatever the Job's annotations say: an unmarked Job gets no less.
 func StartsRun(op policy.Operation, job, old *batchv1.Job) bool {
-	suspended := func(j *batchv1.Job) bool { return j.Spec.Suspend != nil && *j.Spec.Suspend }
-	return op == policy.Update && old != nil && job != nil && suspended(old) && !suspended(job) && Classify(old) != NotAgent
+	return op == policy.Update && old != nil && job != nil && contract.Suspended(old) && !contract.Suspended(job) && Classify(old) != NotAgent
 }
 
 // validateStart is the start check: a run is judged when it starts (is

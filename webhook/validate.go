@@ -155,16 +155,16 @@ func outcomeOf(failed bool) string {
 // needsClaim says whether this admission must hold the agent's claim: a
 // run that starts now. In Reject mode every created run claims; in Queue
 // mode a run created suspended waits without one. In both, unsuspending a
-// run claims, so nobody starts a queued run out of turn.
+// run (decide.StartsRun, the start the start check judged) claims, so
+// nobody starts a queued run out of turn.
 func needsClaim(op policy.Operation, job, old *batchv1.Job, mode config.ConcurrencyMode) bool {
-	suspended := func(j *batchv1.Job) bool { return j.Spec.Suspend != nil && *j.Spec.Suspend }
 	switch {
 	case mode == config.ModeDisabled:
 		return false
 	case op == policy.Create:
-		return mode == config.ModeReject || !suspended(job)
+		return mode == config.ModeReject || !contract.Suspended(job)
 	default:
-		return old != nil && suspended(old) && !suspended(job)
+		return decide.StartsRun(op, job, old)
 	}
 }
 
