@@ -20,8 +20,19 @@ import (
 // second a stream at a millisecond's round trip (an agent writes
 // kilobytes): the rest of a burst waits in the kubelet's log file, read
 // when the relay has room.
+//
+// A connection's window bounds what all its streams hold together: Go's
+// is 1 GiB, so hundreds of streams the relay is behind on (a flood, where
+// readers wait for the collector's budget of lines) each filled their
+// own, 16 MiB at 500 streams. With 1 MiB a connection (the API server
+// carries hundreds of streams on one), what the relay has not read is
+// bounded by its connections, not its streams, and the rest waits in the
+// log files. The window comes back as the relay reads any of them, and a
+// stream holding lines commits them without reading more, so a stream
+// whose data sits unread cannot keep the others from theirs for good.
 const (
 	logStreamWindow    = 32 << 10
+	logConnWindow      = 1 << 20
 	logStreamFrameSize = 16 << 10
 )
 
@@ -59,8 +70,9 @@ func logClient(rc *rest.Config) (kubernetes.Interface, error) {
 		DialContext:         dial,
 		DisableCompression:  tc.DisableCompression,
 		HTTP2: &http.HTTP2Config{
-			MaxReceiveBufferPerStream: logStreamWindow,
-			MaxReadFrameSize:          logStreamFrameSize,
+			MaxReceiveBufferPerStream:     logStreamWindow,
+			MaxReceiveBufferPerConnection: logConnWindow,
+			MaxReadFrameSize:              logStreamFrameSize,
 		},
 	})
 	rt, err := transport.HTTPWrappersForConfig(tc, t)
