@@ -51,7 +51,9 @@ type Collector struct {
 
 	ctx   context.Context
 	slots chan struct{}
-	wg    sync.WaitGroup
+	// budget bounds the lines all followers hold (Follow.BudgetBytes).
+	budget *budget
+	wg     sync.WaitGroup
 
 	mu      sync.Mutex
 	stopped bool
@@ -76,6 +78,7 @@ func (c *Collector) Start(ctx context.Context) {
 	}
 	c.ctx = ctx
 	c.slots = make(chan struct{}, c.MaxStreams)
+	c.budget = newBudget(int64(c.Follow.BudgetBytes), int64(c.Follow.BatchBytes))
 	c.pods = map[types.UID]*podStreams{}
 }
 
@@ -254,7 +257,7 @@ func (c *Collector) follow(ref StreamRef, run string) {
 	ps.following[key] = true
 	c.mu.Unlock()
 
-	f := &follower{ref: ref, src: c.Source, store: c.Store, redact: c.Redact, opts: c.Follow, slots: c.slots,
+	f := &follower{ref: ref, src: c.Source, store: c.Store, redact: c.Redact, opts: c.Follow, slots: c.slots, budget: c.budget,
 		log: c.Log, state: func() containerState { return c.containerState(ref) }, committed: func() { c.mirror(ref.Run) }}
 	c.Log.V(1).Info("following", "run", ref.Run, "pod", ref.Namespace+"/"+ref.Pod, "container", ref.Container)
 	c.wg.Add(1)

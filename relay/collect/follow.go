@@ -77,6 +77,11 @@ type FollowOptions struct {
 	// behind a slow commit that is 8 MiB in batches and as much queued (for
 	// a follower built without defaults, 0 is no bound).
 	BatchBytes int
+	// BudgetBytes bounds the bytes of lines all of a collector's streams
+	// hold at once, read and not yet committed (see budget): a flood
+	// fills every stream's BatchBytes at once otherwise. Streams take it
+	// BatchBytes at a time, in turn. Default 2 MiB.
+	BudgetBytes int
 }
 
 // DefaultFollowOptions are the values the comments above name.
@@ -89,6 +94,7 @@ func DefaultFollowOptions() FollowOptions {
 		DrainMax:          30 * time.Second,
 		BatchLines:        256,
 		BatchBytes:        16 << 10,
+		BudgetBytes:       2 << 20,
 		MaxLineBytes:      1 << 20,
 		BatchWait:         100 * time.Millisecond,
 	}
@@ -114,6 +120,9 @@ func (o *FollowOptions) setDefaults() {
 	if o.BatchBytes <= 0 {
 		o.BatchBytes = d.BatchBytes
 	}
+	if o.BudgetBytes <= 0 {
+		o.BudgetBytes = d.BudgetBytes
+	}
 	if o.MaxLineBytes <= 0 {
 		o.MaxLineBytes = d.MaxLineBytes
 	}
@@ -138,6 +147,8 @@ type follower struct {
 	opts   FollowOptions
 	state  func() containerState
 	slots  chan struct{} // bounds open streams
+	// budget bounds the lines every stream holds together (nil: no bound).
+	budget *budget
 	log    logr.Logger
 	// committed, when set, runs after each commit (the NDJSON mirror).
 	committed func()
@@ -182,14 +193,6 @@ func (f *follower) run(ctx context.Context) {
 	}
 }
 
-type readResult struct {
-	line []byte
-	err  error
-	// fragment is what came after the last newline, sent with the error:
-	// the last line of a finished container's log, which may have none.
-	fragment []byte
-}
-
 // session is one stream: it returns done when the log is drained, or
 // (false, err) to reconnect.
 func (f *follower) session(ctx context.Context) (bool, error) {
@@ -217,34 +220,37 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	defer rc.Close()
 	streamsOpen.Inc()
 	defer streamsOpen.Dec()
+	acct := f.budget.account()
+	defer acct.close()
 	stop := make(chan struct{})
 	defer close(stop) // before rc.Close (defers run last-first): the reader exits
-	q := readLines(rc, f.opts.MaxLineBytes, f.opts.BatchBytes, stop)
+	q := readLines(rc, f.opts.MaxLineBytes, f.opts.BatchBytes, acct, stop)
 
-	b := &batch{f: f, res: newResume(cur), from: cur}
+	b := &batch{f: f, res: newResume(cur), from: cur, acct: acct}
 	started := time.Now()
 	tick := time.NewTicker(f.opts.BatchWait)
 	defer tick.Stop()
 	for {
 		select {
-		case r, ok := <-q.lines:
-			if !ok {
-				return false, b.flush()
+		case line, ok := <-q.lines:
+			if !ok && q.err == nil {
+				return false, b.flush(true)
 			}
-			q.taken(r)
-			if r.err != nil {
+			if !ok {
 				ended := f.state().ended
-				if errors.Is(r.err, io.EOF) && endedAtOpen && ended && len(r.fragment) > 0 {
-					if err := b.add(r.fragment); err != nil { // the last line, with no newline
+				if errors.Is(q.err, io.EOF) && endedAtOpen && ended && len(q.fragment) > 0 {
+					if err := b.add(q.fragment); err != nil { // the last line, with no newline
 						return false, err
 					}
 				}
-				if err := b.flush(); err != nil {
+				if err := b.flush(true); err != nil {
 					return false, err
 				}
-				return f.streamEnded(ctx, sctx, r.err, endedAtOpen, ended)
+				return f.streamEnded(ctx, sctx, q.err, endedAtOpen, ended)
 			}
-			if err := b.add(r.line); err != nil {
+			q.taken(line)
+			b.held += int64(len(line))
+			if err := b.add(line); err != nil {
 				return false, err
 			}
 			// Caught up with the stream: commit now instead of at the
@@ -253,12 +259,12 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 			// in the next commit, so a busy stream still commits them
 			// together (the store joins concurrent commits too).
 			if len(q.lines) == 0 {
-				if err := b.flush(); err != nil {
+				if err := b.flush(true); err != nil {
 					return false, err
 				}
 			}
 		case <-tick.C:
-			if err := b.flush(); err != nil {
+			if err := b.flush(len(q.lines) == 0); err != nil {
 				return false, err
 			}
 			if f.drained(len(q.lines), b.lastLine, started) {
@@ -292,39 +298,48 @@ func (f *follower) takeSlot(ctx context.Context) bool {
 const readBufferBytes = 4 << 10
 
 // lineQueue hands the lines a stream's reader read to its follower: at
-// most 64 lines, and while it holds any, less than maxBytes of them.
+// most 64 lines, and while it holds any, less than maxBytes of them; each
+// line's bytes taken from the relay's budget first.
 type lineQueue struct {
-	lines    chan readResult
+	// lines are whole lines, newline included. The reader closes it after
+	// an error, which it sets in err first, with fragment: what came after
+	// the last newline, the last line of a finished container's log,
+	// which may have none. (The error is not sent as a line: a channel of
+	// lines and errors took 4 KB a stream, 2 MB at 500.)
+	lines    chan []byte
+	err      error
+	fragment []byte
 	queued   atomic.Int64  // bytes sent and not yet taken
 	room     chan struct{} // a line was taken
 	maxBytes int64
 }
 
-// taken tells the reader that the follower took r.
-func (q *lineQueue) taken(r readResult) {
-	q.queued.Add(-int64(len(r.line)))
+// taken tells the reader that the follower took line.
+func (q *lineQueue) taken(line []byte) {
+	q.queued.Add(-int64(len(line)))
 	select {
 	case q.room <- struct{}{}:
 	default:
 	}
 }
 
-// readLines reads whole lines from rc until an error, which it sends last
-// with the fragment before it. A fragment is a line cut in the middle,
+// readLines reads whole lines from rc until an error, which it leaves in
+// the queue with the fragment before it, and closes the queue. A fragment is a line cut in the middle,
 // which the resume reads whole (its timestamp has not been counted) —
 // unless the stream was a finished container's last: then it is its last
 // line, written without a newline, and the follower keeps it. It reads
-// on only while the queue has room (see lineQueue): what it does not read
-// waits in the stream's HTTP/2 window, and the rest in the log file.
-func readLines(rc io.Reader, maxLine, maxQueued int, stop <-chan struct{}) *lineQueue {
-	q := &lineQueue{lines: make(chan readResult, 64), room: make(chan struct{}, 1), maxBytes: math.MaxInt64}
+// on only while the queue has room and the budget allows (see lineQueue):
+// what it does not read waits in the stream's HTTP/2 window, and the rest
+// in the log file.
+func readLines(rc io.Reader, maxLine, maxQueued int, acct *budgetAccount, stop <-chan struct{}) *lineQueue {
+	q := &lineQueue{lines: make(chan []byte, 64), room: make(chan struct{}, 1), maxBytes: math.MaxInt64}
 	if maxQueued > 0 {
 		q.maxBytes = int64(maxQueued)
 	}
 	go func() {
 		defer close(q.lines)
-		send := func(r readResult) bool {
-			n := int64(len(r.line))
+		send := func(line []byte) bool {
+			n := int64(len(line))
 			for {
 				// A line longer than the bound goes once the queue is
 				// empty.
@@ -337,9 +352,12 @@ func readLines(rc io.Reader, maxLine, maxQueued int, stop <-chan struct{}) *line
 					return false
 				}
 			}
+			if !acct.take(n, stop) {
+				return false
+			}
 			q.queued.Add(n)
 			select {
-			case q.lines <- r:
+			case q.lines <- line:
 				return true
 			case <-stop:
 				return false
@@ -348,11 +366,11 @@ func readLines(rc io.Reader, maxLine, maxQueued int, stop <-chan struct{}) *line
 		br := bufio.NewReaderSize(rc, readBufferBytes)
 		for {
 			b, err := readLine(br, maxLine)
-			if err == nil && !send(readResult{line: b}) {
+			if err != nil {
+				q.err, q.fragment = err, b // before the close: the follower reads them after
 				return
 			}
-			if err != nil {
-				send(readResult{err: err, fragment: b})
+			if !send(b) {
 				return
 			}
 		}
@@ -456,6 +474,10 @@ type batch struct {
 	from store.Cursor
 	// bytes are the bytes of lines.
 	bytes int
+	// held is what the lines taken since the last commit, stored or
+	// skipped, took from the budget: given back once they are committed.
+	held int64
+	acct *budgetAccount
 	// lastLine is when the stream last sent a line or a commit ended;
 	// zero until the stream sends anything.
 	lastLine time.Time
@@ -479,14 +501,17 @@ func (b *batch) add(raw []byte) error {
 	b.lines = append(b.lines, store.Line{TS: ts, Container: b.f.ref.Container, Line: string(b.f.redact.Redact(msg))})
 	b.bytes += len(b.lines[len(b.lines)-1].Line)
 	if len(b.lines) >= b.f.opts.BatchLines || (b.f.opts.BatchBytes > 0 && b.bytes >= b.f.opts.BatchBytes) {
-		return b.flush()
+		return b.flush(false)
 	}
 	return nil
 }
 
-// flush commits the batch with the stream's cursor.
-func (b *batch) flush() error {
+// flush commits the batch with the stream's cursor. caughtUp: nothing is
+// queued behind it, so the stream gives back the budget it took and did
+// not spend (see budget).
+func (b *batch) flush(caughtUp bool) error {
 	if len(b.lines) == 0 {
+		b.giveBack(caughtUp)
 		return nil
 	}
 	now := time.Now()
@@ -504,6 +529,7 @@ func (b *batch) flush() error {
 	bytesStored.Add(float64(bytes))
 	putLines(b.lines)
 	b.lines, b.bytes = nil, 0
+	b.giveBack(caughtUp)
 	// Time spent committing is not idle time: lines may have queued up
 	// behind a slow fsync.
 	b.lastLine = time.Now()
@@ -511,6 +537,13 @@ func (b *batch) flush() error {
 		b.f.committed()
 	}
 	return nil
+}
+
+// giveBack returns to the budget what the committed (or skipped) lines
+// took, and once the stream caught up, what it took and did not spend.
+func (b *batch) giveBack(caughtUp bool) {
+	b.acct.give(b.held, caughtUp)
+	b.held = 0
 }
 
 func trimNewline(b []byte) []byte {

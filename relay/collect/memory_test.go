@@ -172,3 +172,31 @@ func (h *heldStore) AppendAfter(run, stream string, prev, cur store.Cursor, line
 	h.commits.Add(1)
 	return h.Backend.AppendAfter(run, stream, prev, cur, lines, now)
 }
+
+// A stream's queue of lines read ahead costs its read buffer and little
+// more while it is empty: it held 4 KB more (a channel of 64 lines, each
+// with room for an error and a fragment) when this was written.
+func TestAnEmptyQueueHoldsItsReadBuffer(t *testing.T) {
+	const queues = 500
+	stop := make(chan struct{})
+	defer close(stop)
+	src := quietStream(stop)
+	before := heapInUse()
+	for range queues {
+		readLines(src, 1<<20, 16<<10, nil, stop)
+	}
+	time.Sleep(100 * time.Millisecond) // the readers allocate their buffers
+	got := (heapInUse() - before) / queues
+	t.Logf("an empty queue holds %d bytes of heap", got)
+	if limit := int64(readBufferBytes + 3<<10); got > limit {
+		t.Errorf("an empty queue holds %d bytes of heap; want at most %d", got, limit)
+	}
+}
+
+// quietStream is a stream that sends nothing until stop.
+type quietStream <-chan struct{}
+
+func (q quietStream) Read([]byte) (int, error) {
+	<-q
+	return 0, io.EOF
+}
