@@ -14,6 +14,7 @@ BENCH_N      ?= 300
 BENCH_C      ?= 1,10,50
 BENCH_ROUNDS ?= 3
 BENCH_RUNS   ?= 200,500
+BENCH_FLEET_RUNS ?= 1000
 BENCH_COUNT  ?= 3
 
 .PHONY: all build image image-docker test adapter unit e2e e2e-kind demo bench kube-binaries node-packages postgres-packages paperclip fuzz golden chart-docs lint fmt vet clean
@@ -66,7 +67,7 @@ e2e-kind: ## The in-cluster e2e tests on a kind cluster built here (Docker engin
 
 bench: kube-binaries ## Go benchmarks of the hot paths, then admission and the relay at fleet scale (docs/benchmarks.md)
 	$(GOTEST) -run XXX -bench . -benchmem -count $(BENCH_COUNT) ./templates/ ./compile/ ./policy/ ./webhook/ ./relay/...
-	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/bench -n $(BENCH_N) -c $(BENCH_C) -rounds $(BENCH_ROUNDS) -runs $(BENCH_RUNS)
+	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/bench -n $(BENCH_N) -c $(BENCH_C) -rounds $(BENCH_ROUNDS) -runs $(BENCH_RUNS) -fleet-runs $(BENCH_FLEET_RUNS)
 
 fuzz: ## Fuzz every decoder for FUZZTIME each
 	$(GOTEST) -run XXX -fuzz '^FuzzAdmissionReview$$' -fuzztime $(FUZZTIME) ./webhook/

@@ -7,7 +7,9 @@
 //     built-in MutatingAdmissionPolicy (examples/map-equivalent.yaml), at
 //     each concurrency, in interleaved rounds, as ratios to the baseline of
 //     the same round;
-//   - the relay at fleet scale (see relay.go).
+//   - the relay at fleet scale (see relay.go);
+//   - the fleet on PostgreSQL: three relay replicas, one killed mid-flood
+//     (see fleet.go).
 //
 // It prints Markdown tables with each target beside its figure, for
 // docs/benchmarks.md.
@@ -34,18 +36,22 @@ func main() {
 	n := flag.Int("n", 300, "Jobs per cell")
 	conc := flag.String("c", "1,10,50", "client concurrency levels")
 	rounds := flag.Int("rounds", 3, "interleaved rounds of every cell")
-	only := flag.String("only", "admission,relay", "parts to run")
+	only := flag.String("only", "admission,relay,fleet", "parts to run")
 	fleetSizes := flag.String("runs", "200,500", "relay: concurrent runs per fleet")
+	pgSizes := flag.String("fleet-runs", "1000", "fleet: concurrent runs over three relay replicas on PostgreSQL, one measurement per size")
 	flood := flag.Int("flood", 2000, "relay: lines each run writes as fast as it can")
 	starts := flag.Int("starts", 30, "admission: Jobs per scenario and round timed from create to the agent pod Running")
 	flag.Parse()
 	levels, err := ints(*conc)
-	var sizes []int
+	var sizes, pgRuns []int
 	if err == nil {
 		sizes, err = ints(*fleetSizes)
 	}
 	if err == nil {
-		err = run(*n, levels, *rounds, *only, sizes, *flood, *starts)
+		pgRuns, err = ints(*pgSizes)
+	}
+	if err == nil {
+		err = run(*n, levels, *rounds, *only, sizes, pgRuns, *flood, *starts)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -58,14 +64,14 @@ func ints(list string) ([]int, error) {
 	for _, s := range strings.Split(list, ",") {
 		v, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil {
-			return nil, fmt.Errorf("-c %q: %w", list, err)
+			return nil, fmt.Errorf("%q: %w", list, err)
 		}
 		out = append(out, v)
 	}
 	return out, nil
 }
 
-func run(n int, levels []int, rounds int, only string, sizes []int, flood, starts int) error {
+func run(n int, levels []int, rounds int, only string, sizes, pgRuns []int, flood, starts int) error {
 	ctx := context.Background()
 	start := time.Now()
 	c, err := cluster.Start(ctx, cluster.Options{Log: os.Stderr})
@@ -97,6 +103,15 @@ func run(n int, levels []int, rounds int, only string, sizes []int, flood, start
 			return err
 		}
 		if err := relayBench(ctx, c, cs, sizes, flood); err != nil {
+			return err
+		}
+	}
+	if strings.Contains(only, "fleet") {
+		// Before admission too, for the same reason.
+		if err := (&admissionBench{cs: cs}).clear(ctx); err != nil {
+			return err
+		}
+		if err := fleetBench(ctx, c, cs, pgRuns, flood); err != nil {
 			return err
 		}
 	}

@@ -91,7 +91,7 @@ type fleetResult struct {
 // process and of every process whose command line names dir (the local
 // control plane's: etcd, kube-apiserver, kwok, the relay, …), by name.
 func cpuTicks(dir string) map[string]int64 {
-	out := map[string]int64{"bench (writers, SSE clients)": procTicks("self")}
+	out := map[string]int64{"bench (writers, SSE clients)": procTicks("self", false)}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
@@ -102,25 +102,44 @@ func cpuTicks(dir string) map[string]int64 {
 			continue
 		}
 		name := filepath.Base(strings.SplitN(string(cmd), "\x00", 2)[0])
-		out[name] += procTicks(e.Name())
+		out[name] += procTicks(e.Name(), false)
 	}
 	return out
 }
 
-func procTicks(pid string) int64 {
+// procStat is a process's command name and the fields of
+// /proc/<pid>/stat after it (which may hold spaces): the state first,
+// then the parent's id, …, utime, stime, cutime and cstime at 11 to 14.
+func procStat(pid string) (comm string, f []string) {
 	b, err := os.ReadFile("/proc/" + pid + "/stat")
 	if err != nil {
+		return "", nil
+	}
+	s := string(b)
+	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || end < open {
+		return "", nil
+	}
+	return s[open+1 : end], strings.Fields(s[end+1:])
+}
+
+// procTicks is a process's CPU time (user + system) in clock ticks, with
+// that of its children it waited for when withChildren is set.
+func procTicks(pid string, withChildren bool) int64 {
+	_, f := procStat(pid)
+	if len(f) < 15 {
 		return 0
 	}
-	// Fields after the command name (which may hold spaces): utime and
-	// stime are the 12th and 13th after the closing parenthesis.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-	if len(f) < 13 {
-		return 0
+	fields := f[11:13]
+	if withChildren {
+		fields = f[11:15]
 	}
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return u + st
+	var t int64
+	for _, v := range fields {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		t += n
+	}
+	return t
 }
 
 // cpuSeconds is after - before, in seconds (clock ticks are 1/100 s on
@@ -135,29 +154,44 @@ func cpuSeconds(before, after map[string]int64) map[string]float64 {
 	return out
 }
 
-func relayBench(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, sizes []int, floodPerRun int) error {
-	if err := raiseInotifyInstances(2 * slices.Max(sizes)); err != nil {
-		return err
+// relayKit is what every relay part needs: the relay binary, a way to
+// complete bare Jobs, and an SSE client's HTTP client and token.
+type relayKit struct {
+	bin      string
+	complete func(*batchv1.Job) (*batchv1.Job, error)
+	client   *http.Client
+	token    string
+}
+
+func newRelayKit(ctx context.Context, c *cluster.Cluster, maxRuns int) (*relayKit, error) {
+	if err := raiseInotifyInstances(2 * maxRuns); err != nil {
+		return nil, err
 	}
-	bin, err := harness.Build(c.Dir, "clipjob-relay")
-	if err != nil {
-		return err
+	var k relayKit
+	var err error
+	if k.bin, err = harness.Build(c.Dir, "clipjob-relay"); err != nil {
+		return nil, err
 	}
-	complete, err := completer()
-	if err != nil {
-		return err
+	if k.complete, err = completer(); err != nil {
+		return nil, err
 	}
-	token, err := harness.ServiceAccountToken(ctx, c, "paperclip", "bench-reader", harness.LogReaderRules, relay.DefaultTokenAudience)
-	if err != nil {
-		return err
+	if k.token, err = harness.ServiceAccountToken(ctx, c, "paperclip", "bench-reader", harness.LogReaderRules, relay.DefaultTokenAudience); err != nil {
+		return nil, err
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(c.CA.CertPEM)
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, MaxIdleConnsPerHost: 1000}}
+	k.client = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, MaxIdleConnsPerHost: 1000}}
+	return &k, nil
+}
 
+func relayBench(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, sizes []int, floodPerRun int) error {
+	kit, err := newRelayKit(ctx, c, slices.Max(sizes))
+	if err != nil {
+		return err
+	}
 	var results []fleetResult
 	for i, n := range sizes {
-		r, err := fleet(ctx, c, cs, bin, complete, client, token, n, floodPerRun, i == len(sizes)-1)
+		r, err := fleet(ctx, c, cs, kit, n, floodPerRun, i == len(sizes)-1)
 		if err != nil {
 			return fmt.Errorf("relay with %d runs: %w", n, err)
 		}
@@ -167,9 +201,9 @@ func relayBench(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface
 	return nil
 }
 
-func fleet(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, bin string, complete func(*batchv1.Job) (*batchv1.Job, error),
-	client *http.Client, token string, n, floodPerRun int, restart bool) (fleetResult, error) {
+func fleet(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, kit *relayKit, n, floodPerRun int, restart bool) (fleetResult, error) {
 	res := fleetResult{runs: n}
+	bin, complete, client, token := kit.bin, kit.complete, kit.client, kit.token
 	name := fmt.Sprintf("relay-%d", n)
 	ports, err := cluster.FreePorts(1)
 	if err != nil {
@@ -192,25 +226,14 @@ func fleet(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, bin
 	// One SSE client per run, from the start of its log.
 	followCtx, stopFollowing := context.WithCancel(ctx)
 	defer stopFollowing()
-	lat := &latencies{seen: make([]map[int64]int, n)}
+	lat := newLatencies(n, false)
 	for i := range runs {
-		lat.seen[i] = map[int64]int{}
-		go follow(followCtx, client, rl.APIAddr, token, runs[i].run, i, lat)
+		go follow(followCtx, client, []string{rl.APIAddr}, token, runs[i].run, i, lat)
 	}
 
-	// Every stream connected and every client following before anything
-	// is timed: one line per run, delivered everywhere.
-	for i := range runs {
-		if err := writeLines(&runs[i], 1); err != nil {
-			return res, err
-		}
+	if err := connected(ctx, runs, lat, 3*time.Minute); err != nil {
+		return res, err
 	}
-	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
-		return lat.allGot(1), nil
-	}); err != nil {
-		return res, fmt.Errorf("the first line of every run did not reach its SSE client: %w", err)
-	}
-	lat.reset()
 
 	fmt.Fprintf(os.Stderr, "bench: relay: %d runs steady for %s\n", n, steadyFor)
 	before, err := httpMetrics(rl.MetricsAddr)
@@ -228,7 +251,7 @@ func fleet(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, bin
 	res.steadyLinesPerSec = float64(written) / steadyFor.Seconds()
 	res.streamsOpen = after.gauge("clipjob_relay_streams_open", nil)
 	time.Sleep(time.Second) // the last lines reach the SSE clients
-	res.latP50, res.latP99, res.latSamples = lat.percentiles()
+	res.latP50, res.latP99, res.latSamples = lat.percentiles(nil)
 	res.steadyRSS, res.steadyRSSAnon, _, _ = rss()
 	rss = sampleRSS(rl.PID(), pprofAddr, filepath.Join(c.Dir, name+".peak.heap.pprof"))
 
@@ -635,27 +658,68 @@ func rssKiB(pid int) (all, anon int64) {
 	return all, anon
 }
 
+// connected writes one line to every run and waits until each run's
+// client has it, then forgets its latency: every stream is connected and
+// every client following before anything is timed.
+func connected(ctx context.Context, runs []fleetRun, lat *latencies, timeout time.Duration) error {
+	want := make([]int64, len(runs))
+	for i := range runs {
+		if err := writeLines(&runs[i], 1); err != nil {
+			return err
+		}
+		want[i] = runs[i].seq.Load()
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		return lat.allGot(want), nil
+	}); err != nil {
+		return fmt.Errorf("the first line of every run did not reach its SSE client: %w", err)
+	}
+	lat.reset()
+	return nil
+}
+
 // latencies collects, per run, which line numbers arrived (and how
-// often) and how long after they were written.
+// often) and how long after they were written; with arrivals set, also
+// when each line was written and first arrived.
 type latencies struct {
 	mu   sync.Mutex
 	lat  []time.Duration
+	runs []int // lat[k] is a line of run runs[k]
 	seen []map[int64]int
+	// arrivals[run][i]: line i written, first arrived (Unix nanoseconds).
+	arrivals []map[int64][2]int64
 }
 
-func (l *latencies) add(run int, i int64, d time.Duration) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.lat = append(l.lat, d)
-	l.seen[run][i]++
+func newLatencies(runs int, arrivals bool) *latencies {
+	l := &latencies{seen: make([]map[int64]int, runs)}
+	for i := range l.seen {
+		l.seen[i] = map[int64]int{}
+	}
+	if arrivals {
+		l.arrivals = make([]map[int64][2]int64, runs)
+		for i := range l.arrivals {
+			l.arrivals[i] = map[int64][2]int64{}
+		}
+	}
+	return l
 }
 
-// allGot reports whether every run's client has line i.
-func (l *latencies) allGot(i int64) bool {
+func (l *latencies) add(run int, i int64, written, arrived time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, seen := range l.seen {
-		if seen[i] == 0 {
+	l.lat = append(l.lat, arrived.Sub(written))
+	l.runs = append(l.runs, run)
+	if l.seen[run][i]++; l.arrivals != nil && l.seen[run][i] == 1 {
+		l.arrivals[run][i] = [2]int64{written.UnixNano(), arrived.UnixNano()}
+	}
+}
+
+// allGot reports whether every run's client has line want[run].
+func (l *latencies) allGot(want []int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for run, seen := range l.seen {
+		if seen[want[run]] == 0 {
 			return false
 		}
 	}
@@ -666,13 +730,20 @@ func (l *latencies) allGot(i int64) bool {
 func (l *latencies) reset() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.lat = nil
+	l.lat, l.runs = nil, nil
 }
 
-func (l *latencies) percentiles() (p50, p99 time.Duration, n int) {
+// percentiles are those of the latencies of the runs of which only says
+// true (nil: every run).
+func (l *latencies) percentiles(only func(run int) bool) (p50, p99 time.Duration, n int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := slices.Clone(l.lat)
+	var s []time.Duration
+	for k, d := range l.lat {
+		if only == nil || only(l.runs[k]) {
+			s = append(s, d)
+		}
+	}
 	if len(s) == 0 {
 		return 0, 0, 0
 	}
@@ -698,17 +769,19 @@ func (l *latencies) check(runs []fleetRun) (missing, duplicated int) {
 }
 
 // follow reads one run's log as SSE from its start, resuming with
-// Last-Event-ID after any break, until ctx ends.
-func follow(ctx context.Context, client *http.Client, addr, token, run string, idx int, lat *latencies) {
+// Last-Event-ID after any break, until ctx ends. It asks the relay at
+// addrs[0] first and, when a response breaks, the next one: as a client
+// through a Service would land on another replica.
+func follow(ctx context.Context, client *http.Client, addrs []string, token, run string, idx int, lat *latencies) {
 	var last string
-	for ctx.Err() == nil {
-		err := followOnce(ctx, client, addr, token, run, &last, func(l store.Line) {
+	for k := 0; ctx.Err() == nil; k++ {
+		err := followOnce(ctx, client, addrs[k%len(addrs)], token, run, &last, func(l store.Line) {
 			var ev struct {
 				T int64 `json:"t"`
 				I int64 `json:"i"`
 			}
 			if json.Unmarshal([]byte(l.Line), &ev) == nil && ev.T > 0 {
-				lat.add(idx, ev.I, time.Since(time.Unix(0, ev.T)))
+				lat.add(idx, ev.I, time.Unix(0, ev.T), time.Now())
 			}
 		})
 		if err != nil && ctx.Err() == nil {
