@@ -130,3 +130,20 @@ func TestRelayOnBoltIsOneReplica(t *testing.T) {
 		}
 	}
 }
+
+// TestRelaySaysWhyItStopped: on either store, a relay that exits (a store
+// it cannot open) leaves the end of its log as the container's termination
+// message, so the pod's status says why it restarts.
+func TestRelaySaysWhyItStopped(t *testing.T) {
+	sets := map[string]map[string]any{"bbolt": nil}
+	for name, values := range relayStores {
+		sets[name] = values
+	}
+	for name, values := range sets {
+		var d appsv1.Deployment
+		into(t, render(t, values), "Deployment", "clipjob-relay", &d)
+		if p := d.Spec.Template.Spec.Containers[0].TerminationMessagePolicy; p != corev1.TerminationMessageFallbackToLogsOnError {
+			t.Errorf("%s: the relay's terminationMessagePolicy is %q, want %s", name, p, corev1.TerminationMessageFallbackToLogsOnError)
+		}
+	}
+}

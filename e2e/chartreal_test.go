@@ -223,6 +223,70 @@ func inClusterRelay(ctx context.Context, t *testing.T) (base string, hc *http.Cl
 	return "https://" + svc.Spec.ClusterIP + ":443", hc
 }
 
+// relayReader reads the chart's relay through its Service, as a client
+// does, with the token of a ServiceAccount that may read the agents' logs.
+type relayReader struct {
+	base, token string
+	hc          *http.Client
+}
+
+func newRelayReader(ctx context.Context, t *testing.T) *relayReader {
+	t.Helper()
+	base, hc := inClusterRelay(ctx, t)
+	token, err := harness.ServiceAccountToken(ctx, env.cluster, ns, "paperclip-server", harness.LogReaderRules, relay.DefaultTokenAudience)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &relayReader{base: base, token: token, hc: hc}
+}
+
+// get answers path's status and body; an unreachable relay answers 0 and
+// the error. Each request has 20 s: the Service may still send one to a
+// relay pod that is gone.
+func (r *relayReader) get(ctx context.Context, path string) (int, []byte) {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.base+path, nil)
+	req.Header.Set("Authorization", "Bearer "+r.token)
+	resp, err := r.hc.Do(req)
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// waitRun waits until the run the relay serves satisfies ok.
+func (r *relayReader) waitRun(ctx context.Context, t *testing.T, name string, ok func(*store.Run) bool) *store.Run {
+	t.Helper()
+	var run *store.Run
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
+		code, body := r.get(ctx, "/v1/runs/"+name)
+		var got store.Run
+		if code != http.StatusOK || json.Unmarshal(body, &got) != nil {
+			return false, nil
+		}
+		run = &got
+		return ok(run), nil
+	})
+	if err != nil {
+		code, body := r.get(ctx, "/v1/runs/"+name)
+		t.Fatalf("the chart's relay never served run %s as waited for: %v (%d %.300s)", name, err, code, body)
+	}
+	return run
+}
+
+// log is the run's stored log, line by line.
+func (r *relayReader) log(ctx context.Context, t *testing.T, name string) []string {
+	t.Helper()
+	code, body := r.get(ctx, "/v1/runs/"+name+"/log")
+	if code != http.StatusOK {
+		t.Fatalf("log of %s: %d %.300s", name, code, body)
+	}
+	return strings.Split(strings.TrimSuffix(string(body), "\n"), "\n")
+}
+
 // TestChartRunsOnTheRealNode: the chart installed for real — the webhook
 // (two replicas) and the relay as Deployments from `make image`'s image,
 // with the chart's RBAC, Services, self-issued certificates and probes —
@@ -255,36 +319,9 @@ func TestChartRunsOnTheRealNode(t *testing.T) {
 	want := kubeletLog(ctx, t, pod.Name)
 	checkFloor(t, pod, want[1])
 
-	base, hc := inClusterRelay(ctx, t)
-	token, err := harness.ServiceAccountToken(ctx, env.cluster, ns, "paperclip-server", harness.LogReaderRules, relay.DefaultTokenAudience)
-	if err != nil {
-		t.Fatal(err)
-	}
-	get := func(path string) (int, []byte) {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
-		req.Header.Set("Authorization", "Bearer "+token)
-		resp, err := hc.Do(req)
-		if err != nil {
-			return 0, []byte(err.Error())
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, b
-	}
-	var run store.Run
-	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(context.Context) (bool, error) {
-		code, body := get("/v1/runs/" + name)
-		return code == http.StatusOK && json.Unmarshal(body, &run) == nil && run.Done, nil
-	})
-	if err != nil {
-		code, body := get("/v1/runs/" + name)
-		t.Fatalf("the chart's relay never finished run %s: %v (%d %.300s)", name, err, code, body)
-	}
-	code, body := get("/v1/runs/" + name + "/log")
-	if code != http.StatusOK {
-		t.Fatalf("log: %d %.300s", code, body)
-	}
-	exactlyOnce(t, strings.Split(strings.TrimSuffix(string(body), "\n"), "\n"), want)
+	reader := newRelayReader(ctx, t)
+	run := reader.waitRun(ctx, t, name, func(r *store.Run) bool { return r.Done })
+	exactlyOnce(t, reader.log(ctx, t, name), want)
 	if run.Result == nil || run.Result.Outcome != "succeeded" || run.Result.CostUSD == nil {
 		t.Errorf("the chart's relay parsed %s", mustJSON(run.Result))
 	}

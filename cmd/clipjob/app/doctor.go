@@ -27,7 +27,7 @@ func doctorCmd(args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	cfgFile := fs.String("config", "", "the clipjob Config in force (default: read from the release's ConfigMap)")
 	namespace := fs.String("namespace", "clipjob-system", "namespace of the release")
 	release := fs.String("release", "clipjob", "name of the Helm release")
-	valuesFile := fs.String("values", "", "the values file the release was installed with (default: the chart's defaults)")
+	valuesFile := fs.String("values", "", "the values file the release was installed with (default: read from the cluster: Helm's record of the release, else the chart's defaults with the relay Deployment's store)")
 	relayURL := fs.String("relay-url", "", "reach the relay here instead of through the API server's service proxy")
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default $KUBECONFIG or ~/.kube/config)")
 	output := fs.String("o", "text", "output: text or json")
@@ -39,7 +39,9 @@ func doctorCmd(args []string, _ io.Reader, stdout, stderr io.Writer) error {
 		return usageError{fmt.Errorf("-o %q: want text or json", *output)}
 	}
 	o := doctor.Options{Release: charts.Release{Name: *release, Namespace: *namespace}, RelayURL: *relayURL}
+	valuesFrom := ""
 	if *valuesFile != "" {
+		valuesFrom = "with the values in " + *valuesFile
 		data, err := os.ReadFile(*valuesFile)
 		if err != nil {
 			return err
@@ -65,7 +67,7 @@ func doctorCmd(args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	results := doctor.Run(ctx, cs, o)
+	results := doctorResults(ctx, cs, o, valuesFrom)
 	if err := printResults(stdout, results, *output); err != nil {
 		return err
 	}
@@ -75,6 +77,17 @@ func doctorCmd(args []string, _ io.Reader, stdout, stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// doctorResults runs the checks on the install, first saying which values
+// the expected objects and RBAC were rendered from: valuesFrom names where
+// o.Values came from, else they are read from the cluster
+// (installedValues).
+func doctorResults(ctx context.Context, cs kubernetes.Interface, o doctor.Options, valuesFrom string) []doctor.Result {
+	if valuesFrom == "" {
+		o.Values, valuesFrom = installedValues(ctx, cs, o.Release)
+	}
+	return append([]doctor.Result{{Check: "values", OK: true, Detail: "the chart rendered " + valuesFrom}}, doctor.Run(ctx, cs, o)...)
 }
 
 func printResults(w io.Writer, results []doctor.Result, output string) error {

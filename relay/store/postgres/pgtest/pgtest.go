@@ -1,6 +1,7 @@
 // Package pgtest starts throwaway PostgreSQL servers for tests, from the
 // server binaries of Debian's postgresql package: initdb into a temporary
-// directory, then postgres listening only on a unix socket there. As root
+// directory, then postgres listening on a unix socket there (and, from
+// StartListening, on TCP at one address, with a password). As root
 // (PostgreSQL refuses to run as root) both run as the user nobody, owner
 // of that directory. Missing binaries fail the test with what to install,
 // never skip it.
@@ -10,6 +11,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -63,7 +66,10 @@ type Server struct {
 	dir  string // socket directory; the cluster is in dir/data
 	port int
 	bin  string
-	cred *syscall.Credential // nil: as this process's user
+	// host, when set, is the address the server also listens on over TCP,
+	// where the superuser must give password.
+	host, password string
+	cred           *syscall.Credential // nil: as this process's user
 	// The running postgres; exited is closed when it ends, after waitErr
 	// is set.
 	cmd     *exec.Cmd
@@ -74,6 +80,27 @@ type Server struct {
 // Start initializes a cluster in a new temporary directory and starts a
 // server on it, returning once it accepts connections.
 func Start() (*Server, error) {
+	return start(&Server{port: 5432})
+}
+
+// StartListening is Start with the server listening on TCP too, at host
+// on a free port, where the superuser must give password (the socket
+// stays trusted). Pods need it: a pod's network namespace has neither the
+// machine's loopback nor its unix sockets, so a server on the machine is
+// reachable from pods only at an address of the machine their network
+// routes to (a node's own address), and a password is what a relay's
+// connection string carries.
+func StartListening(host, password string) (*Server, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("no free port at %s: %w", host, err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	return start(&Server{port: port, host: host, password: password})
+}
+
+func start(s *Server) (*Server, error) {
 	bin, err := BinDir()
 	if err != nil {
 		return nil, err
@@ -82,7 +109,7 @@ func Start() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{dir: dir, port: 5432, bin: bin}
+	s.dir, s.bin = dir, bin
 	if err := s.init(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -131,14 +158,42 @@ func (s *Server) init() error {
 			return err
 		}
 	}
-	initdb := exec.Command(filepath.Join(s.bin, "initdb"), "-D", filepath.Join(s.dir, "data"), "-U", "clipjob", "-A", "trust",
-		"-E", "UTF8", "--locale=C", "--no-sync")
+	args := []string{"-D", filepath.Join(s.dir, "data"), "-U", "clipjob", "-E", "UTF8", "--locale=C", "--no-sync"}
+	if s.host == "" {
+		args = append(args, "-A", "trust")
+	} else {
+		args = append(args, "--auth-local=trust", "--auth-host=scram-sha-256")
+		pwfile := filepath.Join(s.dir, "password")
+		if err := os.WriteFile(pwfile, []byte(s.password+"\n"), 0o600); err != nil {
+			return err
+		}
+		defer os.Remove(pwfile)
+		if s.cred != nil {
+			if err := os.Chown(pwfile, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+				return err
+			}
+		}
+		args = append(args, "--pwfile", pwfile)
+	}
+	initdb := exec.Command(filepath.Join(s.bin, "initdb"), args...)
 	initdb.Env, initdb.Dir = s.env(), s.dir
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return fmt.Errorf("initdb: %v: %s", err, out)
 	}
-	return nil
+	if s.host == "" {
+		return nil
+	}
+	// Over TCP, from anywhere, only with the password.
+	hba, err := os.OpenFile(filepath.Join(s.dir, "data", "pg_hba.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = hba.WriteString("host all all 0.0.0.0/0 scram-sha-256\nhost all all ::/0 scram-sha-256\n")
+	if cerr := hba.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // launch starts postgres on the cluster and waits until it answers.
@@ -150,9 +205,10 @@ func (s *Server) launch() error {
 	defer logf.Close()
 	// No fsync: a commit is in the kernel's cache when it is answered,
 	// which a crash of the server (Restart) keeps and only a crash of the
-	// machine would not. Unix socket only: no port to collide on.
+	// machine would not. Unix socket only unless StartListening asked for
+	// an address: no port to collide on.
 	s.cmd = exec.Command(filepath.Join(s.bin, "postgres"), "-D", filepath.Join(s.dir, "data"), "-k", s.dir, "-p", strconv.Itoa(s.port),
-		"-c", "listen_addresses=", "-c", "fsync=off", "-c", "full_page_writes=off",
+		"-c", "listen_addresses="+s.host, "-c", "fsync=off", "-c", "full_page_writes=off",
 		"-c", "shared_buffers=32MB", "-c", "max_connections=200")
 	s.cmd.Env, s.cmd.Dir, s.cmd.Stdout, s.cmd.Stderr = s.env(), s.dir, logf, logf
 	// The server dies with the test binary (SIGQUIT: immediate shutdown).
@@ -234,6 +290,18 @@ func (s *Server) Log() string {
 // ConnString reaches database db as the superuser.
 func (s *Server) ConnString(db string) string {
 	return fmt.Sprintf("host=%s port=%d user=clipjob dbname=%s sslmode=disable", s.dir, s.port, db)
+}
+
+// TCPConnString reaches database db over TCP as the superuser, giving
+// password (the server's, from StartListening, or another to be refused).
+// Empty when the server listens on its socket only.
+func (s *Server) TCPConnString(db, password string) string {
+	if s.host == "" {
+		return ""
+	}
+	u := url.URL{Scheme: "postgres", User: url.UserPassword("clipjob", password),
+		Host: net.JoinHostPort(s.host, strconv.Itoa(s.port)), Path: "/" + db, RawQuery: "sslmode=disable"}
+	return u.String()
 }
 
 // Stop shuts the server down (fast: open sessions are ended) and removes

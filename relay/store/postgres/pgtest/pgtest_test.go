@@ -70,3 +70,25 @@ func TestServerStartsAndStops(t *testing.T) {
 		t.Errorf("the server's directory remains after Stop (%v)", err)
 	}
 }
+
+// StartListening's server answers over TCP at its address, only with the
+// password: a wrong one is refused by name. Its socket stays trusted.
+func TestServerListensOnTCPWithAPassword(t *testing.T) {
+	s, err := StartListening("127.0.0.1", "right horse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	ctx := context.Background()
+	for _, conn := range []string{s.TCPConnString("postgres", "right horse"), s.ConnString("postgres")} {
+		c, err := pgx.Connect(ctx, conn)
+		if err != nil {
+			t.Fatalf("%s: %v", conn, err)
+		}
+		c.Close(ctx)
+	}
+	_, err = pgx.Connect(ctx, s.TCPConnString("postgres", "wrong horse"))
+	if err == nil || !strings.Contains(err.Error(), "password authentication failed") {
+		t.Errorf("a wrong password: %v, want it refused as such", err)
+	}
+}
