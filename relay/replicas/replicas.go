@@ -275,8 +275,12 @@ func (m *Members) observe(leases []coordinationv1.Lease, now time.Time) {
 		if l.Spec.RenewTime != nil {
 			renew = l.Spec.RenewTime.Time
 		}
+		// The Lease's own duration counts up to this replica's: anyone
+		// who may write Leases here (or a replica started with a longer
+		// one, then killed) could otherwise keep a member live for years
+		// whose runs nobody collects (a hostile review).
 		d := time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0)) * time.Second
-		if d <= 0 {
+		if d <= 0 || d > m.LeaseDuration {
 			d = m.LeaseDuration
 		}
 		if o, ok := m.seen[id]; !ok || !o.renew.Equal(renew) {

@@ -211,3 +211,22 @@ func TestPickMovesOnlyTheLeaversRuns(t *testing.T) {
 		t.Error("a run has an owner among no members")
 	}
 }
+
+// TestALeaseCountsAtMostThisReplicasDuration: a Lease written once with
+// the longest duration the API server accepts (by anyone who may write
+// Leases there, or by a replica started with a long --lease-duration and
+// then killed) lapses after this replica's own duration, like any
+// replica that stopped renewing: its runs are not left to nobody.
+func TestALeaseCountsAtMostThisReplicasDuration(t *testing.T) {
+	m := &Members{Group: "g", Identity: "r0", LeaseDuration: 10 * time.Second, seen: map[string]observation{}}
+	ghost, forever := "ghost", int32(1<<31-1)
+	at := time.Date(2026, 11, 26, 20, 0, 0, 0, time.UTC)
+	m.observe([]coordinationv1.Lease{{
+		ObjectMeta: metav1.ObjectMeta{Name: LeaseName("g", ghost)},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: &ghost, LeaseDurationSeconds: &forever,
+			RenewTime: &metav1.MicroTime{Time: at}},
+	}}, at)
+	if got := m.seen[ghost].duration; got != m.LeaseDuration {
+		t.Errorf("a Lease of %d s counts for %s, want this replica's %s", forever, got, m.LeaseDuration)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -308,6 +309,10 @@ func (s *Store) RunsWhere(f Filter) ([]Summary, error) { return s.Runs(f.Match) 
 // a page of long lines must not hold a response's worth of memory.
 const PageBytes = 4 << 20
 
+// MaxSeq bounds sequence numbers: no line's is at or above it (PostgreSQL
+// keeps them in a bigint), so nothing is after a cursor there.
+const MaxSeq = math.MaxInt64
+
 // Lines returns the lines of run with sequence numbers above after, in
 // order: up to limit of them (limit <= 0: no count bound) and about
 // PageBytes of text. Page on with the last line's Seq until none come.
@@ -336,6 +341,9 @@ type RawLine struct {
 // the relay's CPU with 200 clients following (docs/benchmarks.md). Pages
 // are bounded by the stored bytes.
 func (s *Store) RawLines(run string, after uint64, limit int) ([]RawLine, error) {
+	if after >= MaxSeq {
+		return nil, nil // past every line (and after+1 would wrap to the first)
+	}
 	var out []RawLine
 	size := 0
 	err := s.db.View(func(tx *bolt.Tx) error {

@@ -403,6 +403,9 @@ const pageRows = 1000
 
 // RawLines implements store.Backend.
 func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, error) {
+	if after >= store.MaxSeq {
+		return nil, nil // past every line; int64(after) would be negative
+	}
 	ctx, cancel := s.ctx()
 	defer cancel()
 	q := s.sql(`SELECT seq, data FROM (

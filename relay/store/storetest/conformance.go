@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -45,6 +46,7 @@ func Conformance(t *testing.T, b Backend) {
 		{"ChangedFiresOnAppendUpdateAndRetention", changedFires},
 		{"ConcurrentWritersOfTwoStreams", concurrentWritersOfTwoStreams},
 		{"TwoWritersOfOneStreamStoreEachLineOnce", twoWritersOfOneStream},
+		{"NoLineIsAfterAHugeCursor", noLineAfterAHugeCursor},
 	} {
 		t.Run(c.name, func(t *testing.T) { c.test(t, b) })
 	}
@@ -619,4 +621,19 @@ func mustJSON(t *testing.T, l store.Line) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// noLineAfterAHugeCursor: "after N" for an N no run reaches (a client's
+// Last-Event-ID or ?after= at or above 2^63) is past the end: no line.
+// A signed conversion made it negative on PostgreSQL, and after+1
+// wrapped to 0 on bbolt: both replayed the whole log (a hostile review).
+func noLineAfterAHugeCursor(t *testing.T, b Backend) {
+	s, _ := b.Open(t)
+	mustAppend(t, s, "run-1", "st", store.Cursor{}, store.Cursor{TS: 1, Count: 2}, []store.Line{
+		{TS: t0, Container: "agent", Line: "one"}, {TS: t0, Container: "agent", Line: "two"}})
+	for _, after := range []uint64{math.MaxInt64, math.MaxInt64 + 1, math.MaxUint64} {
+		if got, err := s.Lines("run-1", after, 0); err != nil || len(got) != 0 {
+			t.Errorf("after %d: %d lines (%v), want none", after, len(got), err)
+		}
+	}
 }
