@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 
 	"github.com/paperclipai/clipjob/relay/collect"
+	"github.com/paperclipai/clipjob/relay/replicas"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
 )
 
@@ -221,6 +223,12 @@ func (r *ReplicaOptions) validate() error {
 	}
 	if r.Identity == "" || r.Group == "" {
 		errs = append(errs, errors.New("--replica-id and --lease-group (Replicas.Identity, Group) are required with --store=postgres"))
+	} else if bad := validation.IsDNS1123Subdomain(replicas.LeaseName(r.Group, r.Identity)); len(bad) > 0 {
+		// Outside a pod the identity is the host name, which may hold
+		// capitals or an underscore: the relay would run unready for
+		// good, failing to write its Lease every 2 s.
+		errs = append(errs, fmt.Errorf("--lease-group %q and --replica-id %q name the Lease %q, which is no valid Lease name (%s): give a --replica-id of lowercase letters, digits and '-'",
+			r.Group, r.Identity, replicas.LeaseName(r.Group, r.Identity), strings.Join(bad, "; ")))
 	}
 	if r.RenewInterval <= 0 || r.LeaseDuration < 2*r.RenewInterval {
 		errs = append(errs, fmt.Errorf("--lease-duration (%s) must be at least twice --lease-renew-interval (%s)", r.LeaseDuration, r.RenewInterval))

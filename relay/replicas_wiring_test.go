@@ -51,3 +51,22 @@ func TestStoreHealthNeedsTwoFailedPings(t *testing.T) {
 	failing.Store(0)
 	waitUntil(func() bool { return h.err() == nil }, "the store answers again, still unhealthy")
 }
+
+// TestAnIdentityThatNamesNoLeaseIsRefused: outside a pod the replica's
+// identity defaults to the host name, which may hold capitals or an
+// underscore; such a relay is refused at its start, naming --replica-id,
+// instead of running unready for good (found by a hostile review).
+func TestAnIdentityThatNamesNoLeaseIsRefused(t *testing.T) {
+	r := DefaultOptions().Replicas
+	r.Namespace, r.Group = "clipjob-system", "clipjob-relay"
+	for id, ok := range map[string]bool{"relay-0": true, "Build_Host": false, "a.b": true, "-x": true, "x-": false} {
+		r.Identity = id
+		err := r.validate()
+		if ok && err != nil {
+			t.Errorf("identity %q refused: %v", id, err)
+		}
+		if !ok && (err == nil || !strings.Contains(err.Error(), "--replica-id")) {
+			t.Errorf("identity %q: %v, want a refusal naming --replica-id", id, err)
+		}
+	}
+}
