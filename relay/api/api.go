@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-logr/logr"
 	authnv1 "k8s.io/api/authentication/v1"
@@ -88,8 +89,12 @@ func (a *API) run(w http.ResponseWriter, r *http.Request) (*store.Run, *authnv1.
 	if u == nil {
 		return nil, nil
 	}
-	id := r.PathValue("run")
-	run, err := a.Store.RunOfJob(id, r.URL.Query().Get("job"))
+	id, job := r.PathValue("run"), r.URL.Query().Get("job")
+	var run *store.Run
+	var err error
+	if keyable(id) && keyable(job) {
+		run, err = a.Store.RunOfJob(id, job)
+	}
 	if err != nil {
 		fail(w, http.StatusInternalServerError, "reading run %s: %v", id, err)
 		return nil, nil
@@ -108,6 +113,12 @@ func (a *API) run(w http.ResponseWriter, r *http.Request) (*store.Run, *authnv1.
 	return run, u
 }
 
+// keyable says whether a run id or filter value could match a stored
+// run: labels and phases are valid UTF-8 without NUL, and PostgreSQL
+// refuses other bytes in a query (a 500 carrying its message, found by a
+// hostile review) where bbolt simply matched nothing.
+func keyable(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
+
 func (a *API) listRuns(w http.ResponseWriter, r *http.Request) {
 	u := a.user(w, r)
 	if u == nil {
@@ -119,7 +130,11 @@ func (a *API) listRuns(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusBadRequest, "%v", err)
 		return
 	}
-	runs, err := a.Store.RunsWhere(store.Filter{Agent: q.Get("agent"), Company: q.Get("company"), Phase: q.Get("phase")})
+	f := store.Filter{Agent: q.Get("agent"), Company: q.Get("company"), Phase: q.Get("phase")}
+	var runs []store.Summary
+	if keyable(f.Agent) && keyable(f.Company) && keyable(f.Phase) {
+		runs, err = a.Store.RunsWhere(f)
+	}
 	if err != nil {
 		fail(w, http.StatusInternalServerError, "listing runs: %v", err)
 		return
