@@ -404,13 +404,50 @@ func (c *Collector) finish(run string, gone bool) error {
 }
 
 func (c *Collector) mirror(run string) {
-	if err := c.Mirror.Sync(run); err != nil {
+	err := c.Mirror.Sync(run)
+	if errors.Is(err, errMirrorLocked) {
+		// Someone held the file's lock: the next commit's sync catches
+		// it up, and for a run that has no next commit (it finished) one
+		// in a while does, without holding up the caller.
+		c.Log.Info("the run's NDJSON mirror file is locked by another process; trying again later", "run", run)
+		c.retryMirror(run)
+		return
+	}
+	if err != nil {
 		var unsafe *UnsafePathError
 		if errors.As(err, &unsafe) {
 			mirrorRefused.Inc()
 		}
 		c.Log.Error(err, "mirroring the run's NDJSON file", "run", run)
 	}
+}
+
+// retryMirror syncs run's mirror again in the background, every few
+// seconds while its file stays locked, ten times at most.
+func (c *Collector) retryMirror(run string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped || c.ctx == nil {
+		return
+	}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		for range 10 {
+			select {
+			case <-c.ctx.Done():
+				return
+			case <-time.After(3 * time.Second):
+			}
+			if err := c.Mirror.Sync(run); !errors.Is(err, errMirrorLocked) {
+				if err != nil {
+					c.Log.Error(err, "mirroring the run's NDJSON file", "run", run)
+				}
+				return
+			}
+		}
+		c.Log.Info("gave up mirroring the run's NDJSON file: it stayed locked by another process; its log is in the store", "run", run)
+	}()
 }
 
 // describe copies what the pod says about its run into the record.

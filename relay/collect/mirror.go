@@ -216,6 +216,37 @@ func (m *Mirror) lock(run string) func() {
 	return l.Unlock
 }
 
+// mirrorLockWait bounds how long a sync waits for the mirror file's lock.
+// Another relay holds it for one append (milliseconds); anything longer
+// is someone else: every agent can open every mirror file, and flock
+// locks a file opened for reading too. Waiting on it ran in the
+// follower's commit path, so an agent holding the lock stopped the run's
+// collection (a hostile review): now the sync gives up, the lines stay
+// stored, and the next commit's sync catches the file up.
+const mirrorLockWait = 200 * time.Millisecond
+
+// errMirrorLocked: someone held the mirror file's lock past mirrorLockWait.
+var errMirrorLocked = errors.New("locked by another process past " + mirrorLockWait.String() + " (an agent holding flock on it?): not mirrored this time; the store has every line")
+
+// lockFile takes f's exclusive lock, waiting at most mirrorLockWait. A
+// volume without locks (NFS without lockd, some FUSE) is no error: this
+// relay's own syncs of a run are one at a time anyway.
+func lockFile(f *os.File) error {
+	deadline := time.Now().Add(mirrorLockWait)
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		switch {
+		case err == nil, errors.Is(err, unix.ENOLCK), errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.ENOSYS):
+			return nil
+		case !errors.Is(err, unix.EWOULDBLOCK):
+			return err
+		case time.Now().After(deadline):
+			return errMirrorLocked
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // Sync appends what the store has of run and the file does not. Only the
 // agent (first app) container's lines are mirrored, as the adapter's tee
 // captured only the agent's output.
@@ -254,8 +285,7 @@ func (m *Mirror) Sync(run string) error {
 	// reader and holds each line once. This relay's own syncs of the run
 	// are already one at a time; on a volume without locks, so are only
 	// those.
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil && !errors.Is(err, unix.ENOLCK) &&
-		!errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.ENOSYS) {
+	if err := lockFile(f); err != nil {
 		return &os.PathError{Op: "lock", Path: path, Err: err}
 	}
 	if r, err = m.Store.Run(run); err != nil || r == nil {

@@ -1,6 +1,7 @@
 package collect
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -43,7 +44,10 @@ func TestTwoRelaysMirrorARunOnce(t *testing.T) {
 					return
 				default:
 				}
-				if err := m.Sync("run-1"); err != nil {
+				// Given up on the other's lock (mirrorLockWait; two syncs
+				// back to back can keep it from each other): skipped, as
+				// a follower does, and caught up by the next.
+				if err := m.Sync("run-1"); err != nil && !errors.Is(err, errMirrorLocked) {
 					t.Error(err)
 					return
 				}

@@ -260,3 +260,44 @@ func TestMirrorUndoesForgeries(t *testing.T) {
 		t.Errorf("after a swap the mirror holds %q, want the store's lines only", got)
 	}
 }
+
+// TestMirrorGivesUpOnALockHeldByAnother: every agent can open every
+// mirror file, and flock locks a file opened for reading. A sync finding
+// the lock held past mirrorLockWait returns an error naming it instead of
+// waiting (it runs in the follower's commit path: waiting stopped the
+// run's collection); once the lock is let go, the next sync writes every
+// line once.
+func TestMirrorGivesUpOnALockHeldByAnother(t *testing.T) {
+	s, m := mirrorFixture(t)
+	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", `{"n":1}`), time.Now())
+	if err := m.Sync("run-1"); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := s.Run("run-1")
+	held, err := os.Open(m.Path(r)) // read only, as any agent may
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if err := unix.Flock(int(held.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", `{"n":2}`), time.Now())
+	done := make(chan error, 1)
+	go func() { done <- m.Sync("run-1") }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, errMirrorLocked) {
+			t.Errorf("sync of a file another holds locked: %v, want %v", err, errMirrorLocked)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the sync waited on the lock another holds")
+	}
+	_ = unix.Flock(int(held.Fd()), unix.LOCK_UN)
+	if err := m.Sync("run-1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := readMirror(t, m); got != "{\"n\":1}\n{\"n\":2}\n" {
+		t.Errorf("mirror after the lock was let go: %q", got)
+	}
+}
