@@ -604,5 +604,18 @@ func (s *Store) Size() int64 {
 	return n
 }
 
-// Ping says whether the server answers, within ctx.
-func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+// Ping says whether the server answers and takes writes, within ctx. A
+// server that answers but refuses every write (a standby after a
+// failover, default_transaction_read_only set) stores no line either: a
+// ping alone left such replicas ready and collecting nothing (a hostile
+// review).
+func (s *Store) Ping(ctx context.Context) error {
+	var readOnly string
+	if err := s.pool.QueryRow(ctx, `SELECT current_setting('transaction_read_only')`).Scan(&readOnly); err != nil {
+		return err
+	}
+	if readOnly == "on" {
+		return errors.New("PostgreSQL refuses writes (transaction_read_only is on: a standby, or default_transaction_read_only set): no line can be stored")
+	}
+	return nil
+}

@@ -2,7 +2,11 @@ package postgres_test
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
@@ -33,4 +37,59 @@ func TestPostgresConformance(t *testing.T) {
 		o := postgres.Options{ConnString: conn, Schema: schema, RetainBatch: 7}
 		return open(t, o), func() store.Backend { return open(t, o) }
 	}})
+}
+
+// TestPingFailsWhenWritesAreRefused: a server that answers but refuses
+// every write (a standby, default_transaction_read_only) fails the ping
+// the relay's readiness and membership go by, naming why; when it takes
+// writes again the ping passes.
+func TestPingFailsWhenWritesAreRefused(t *testing.T) {
+	ctx := context.Background()
+	conn, _ := pgtest.Schema(t)
+	admin, err := pgx.Connect(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	const db = "ping_read_only"
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+db); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP DATABASE "+db+" WITH (FORCE)") })
+	s := open(t, postgres.Options{ConnString: strings.Replace(conn, "dbname=postgres", "dbname="+db, 1)})
+	if err := s.Ping(ctx); err != nil {
+		t.Fatalf("a server taking writes: %v", err)
+	}
+	readOnly := func(q string) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+		// The setting applies to new sessions: end the store's.
+		if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", db); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readOnly("ALTER DATABASE " + db + " SET default_transaction_read_only = on")
+	var pingErr error
+	for range 300 { // the pool's first try may meet a terminated session
+		if pingErr = s.Ping(ctx); pingErr != nil && strings.Contains(pingErr.Error(), "refuses writes") {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if pingErr == nil || !strings.Contains(pingErr.Error(), "refuses writes") {
+		t.Errorf("a read-only server: ping %v, want an error saying it refuses writes", pingErr)
+	}
+	readOnly("ALTER DATABASE " + db + " RESET default_transaction_read_only")
+	var okErr error
+	for range 300 {
+		if okErr = s.Ping(ctx); okErr == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if okErr != nil {
+		t.Errorf("writes taken again: ping %v", okErr)
+	}
 }
