@@ -55,9 +55,45 @@ type Collector struct {
 	budget *budget
 	wg     sync.WaitGroup
 
-	mu      sync.Mutex
-	stopped bool
-	pods    map[types.UID]*podStreams // the pods followed
+	mu       sync.Mutex
+	stopped  bool
+	pods     map[types.UID]*podStreams // the pods followed
+	retrying map[types.UID]bool        // pods whose run record OnPod will try again
+}
+
+// recordRetry is how long OnPod waits to try a pod again whose run record
+// it could not write (the store refused: down, read only).
+var recordRetry = 3 * time.Second
+
+// retryPod offers pod to OnPod again after recordRetry, as the cache has
+// it then: a run whose record could not be written is not left
+// uncollected until its pod next changes, which may be its end (a
+// hostile review).
+func (c *Collector) retryPod(pod *corev1.Pod) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped || c.ctx == nil || c.retrying[pod.UID] {
+		return
+	}
+	if c.retrying == nil {
+		c.retrying = map[types.UID]bool{}
+	}
+	c.retrying[pod.UID] = true
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-time.After(recordRetry):
+		}
+		c.mu.Lock()
+		delete(c.retrying, pod.UID)
+		c.mu.Unlock()
+		if p := c.Pods(pod.Namespace, pod.Name); p != nil && p.UID == pod.UID {
+			c.OnPod(p)
+		}
+	}()
 }
 
 // podStreams are the streams of one pod this relay follows.
@@ -116,7 +152,8 @@ func (c *Collector) OnPod(pod *corev1.Pod) {
 		return
 	}
 	if err != nil {
-		c.Log.Error(err, "recording run", "run", key)
+		c.Log.Error(err, "recording run; trying again", "run", key, "in", recordRetry)
+		c.retryPod(pod)
 		return
 	}
 	if rec.Done && rec.PodUID == string(pod.UID) {

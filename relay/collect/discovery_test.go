@@ -2,9 +2,11 @@ package collect
 
 import (
 	"context"
+	"errors"
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -363,5 +365,44 @@ func TestPodWithAMalformedOwnerUIDIsNotKeptApart(t *testing.T) {
 		if strings.Contains(r.ID, "pwned") {
 			t.Errorf("a run keyed by a malformed UID: %q", r.ID)
 		}
+	}
+}
+
+// refusingStore refuses its first refusals record writes, as a store
+// that is down or read only does.
+type refusingStore struct {
+	*store.Store
+	refusals atomic.Int32
+}
+
+func (r *refusingStore) UpdateRun(run string, f func(*store.Run)) (*store.Run, error) {
+	if r.refusals.Add(-1) >= 0 {
+		return nil, errors.New("cannot execute UPDATE in a read-only transaction")
+	}
+	return r.Store.UpdateRun(run, f)
+}
+
+// TestCollectorTriesARefusedRecordAgain: the store refuses to record a
+// run when its pod is first seen, and the pod does not change again
+// (found by a hostile review: it was collected only at its pod's next
+// event, which may be its end). The collector tries again by itself, and
+// the run's lines are stored.
+func TestCollectorTriesARefusedRecordAgain(t *testing.T) {
+	defer func(d time.Duration) { recordRetry = d }(recordRetry)
+	recordRetry = 10 * time.Millisecond
+	c, logs, cache, s := newCollector(t)
+	refusing := &refusingStore{Store: s}
+	refusing.refusals.Store(2)
+	c.Store = refusing
+	pod := agentPod("p1", "uid-1", time.Now())
+	pod.Status.Phase = corev1.PodRunning
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "agent", ContainerID: "c-agent",
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+	cache.set(pod)
+	logs.get("p1", "agent").write(at(1), `{"type":"assistant","n":1}`)
+	c.OnPod(pod)
+	waitFor(t, func() bool { return strings.Contains(storedText(t, s), `"n":1`) }, "the run was never recorded after the store refused it")
+	if n := refusing.refusals.Load(); n > -1 {
+		t.Errorf("the store was asked %d times, want the refused two and more", 2-n)
 	}
 }
