@@ -307,6 +307,9 @@ func (m *Members) renew(ctx context.Context, now time.Time) error {
 				AcquireTime: &metav1.MicroTime{Time: now}, RenewTime: &metav1.MicroTime{Time: now}}}
 		_, err = leases.Create(ctx, l, metav1.CreateOptions{})
 	case err == nil:
+		if err := m.mine(l); err != nil {
+			return err
+		}
 		if ptr.Deref(l.Spec.HolderIdentity, "") != m.Identity {
 			l.Spec.HolderIdentity, l.Spec.AcquireTime = &m.Identity, &metav1.MicroTime{Time: now}
 		}
@@ -326,11 +329,34 @@ func (m *Members) renew(ctx context.Context, now time.Time) error {
 	return nil
 }
 
+// mine says whether l, found under this replica's Lease name, may be
+// taken as its own: held by it or by nobody, in its group. Names join
+// group and identity with "-", so another group's replica can name the
+// same Lease ("relay-a" + "b-0", "relay-a-b" + "0"): renewing it would
+// take that replica's membership away, the two flipping it back and forth
+// (a hostile review).
+func (m *Members) mine(l *coordinationv1.Lease) error {
+	holder, group := ptr.Deref(l.Spec.HolderIdentity, ""), l.Labels[LabelGroup]
+	if (holder == "" || holder == m.Identity) && (group == "" || group == m.Group) {
+		return nil
+	}
+	return fmt.Errorf("the Lease %s/%s is held by %q of group %q: another relay names the same Lease; give this one another --replica-id or --lease-group",
+		m.Namespace, l.Name, holder, group)
+}
+
 // release deletes this replica's Lease: the others take its runs over at
-// their next reading, not after LeaseDuration.
+// their next reading, not after LeaseDuration. Only its own: a Lease of
+// the same name another relay holds stays.
 func (m *Members) release(ctx context.Context) {
-	err := m.Client.CoordinationV1().Leases(m.Namespace).Delete(ctx, LeaseName(m.Group, m.Identity), metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
+	leases := m.Client.CoordinationV1().Leases(m.Namespace)
+	l, err := leases.Get(ctx, LeaseName(m.Group, m.Identity), metav1.GetOptions{})
+	if err == nil {
+		if m.mine(l) != nil {
+			return
+		}
+		err = leases.Delete(ctx, l.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &l.UID, ResourceVersion: &l.ResourceVersion}})
+	}
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		m.Log.Error(err, "releasing this relay's Lease")
 		return
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -228,5 +229,33 @@ func TestALeaseCountsAtMostThisReplicasDuration(t *testing.T) {
 	}}, at)
 	if got := m.seen[ghost].duration; got != m.LeaseDuration {
 		t.Errorf("a Lease of %d s counts for %s, want this replica's %s", forever, got, m.LeaseDuration)
+	}
+}
+
+// TestAnotherGroupsLeaseOfTheSameNameIsNotTaken: Lease names join group
+// and identity with "-", so replica "b-0" of group "relay-a" names the
+// Lease of replica "0" of group "relay-a-b". It neither renews that Lease
+// as its own (which took the other's membership away, the two flipping
+// it) nor deletes it when it stops; it says why it is not a member.
+func TestAnotherGroupsLeaseOfTheSameNameIsNotTaken(t *testing.T) {
+	ctx := context.Background()
+	holder, secs := "0", int32(10)
+	theirs := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: LeaseName("relay-a-b", "0"), Namespace: "ns", Labels: map[string]string{LabelGroup: "relay-a-b"}},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs},
+	}
+	cs := fake.NewClientset(theirs)
+	m := &Members{Client: cs, Namespace: "ns", Group: "relay-a", Identity: "b-0", LeaseDuration: 10 * time.Second, RenewInterval: 2 * time.Second, Log: logr.Discard()}
+	if LeaseName(m.Group, m.Identity) != theirs.Name {
+		t.Fatalf("the names do not collide: %s, %s", LeaseName(m.Group, m.Identity), theirs.Name)
+	}
+	err := m.renew(ctx, time.Now())
+	if err == nil || !strings.Contains(err.Error(), "--replica-id") {
+		t.Errorf("renewing a Lease of the same name another group's replica holds: %v, want a refusal naming --replica-id", err)
+	}
+	m.release(ctx)
+	got, err := cs.CoordinationV1().Leases("ns").Get(ctx, theirs.Name, metav1.GetOptions{})
+	if err != nil || *got.Spec.HolderIdentity != "0" || got.Labels[LabelGroup] != "relay-a-b" {
+		t.Errorf("the other replica's Lease after this one renewed and released: %+v, %v", got, err)
 	}
 }
