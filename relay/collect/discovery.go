@@ -59,6 +59,8 @@ type Collector struct {
 	stopped  bool
 	pods     map[types.UID]*podStreams // the pods followed
 	retrying map[types.UID]bool        // pods whose run record OnPod will try again
+	// mirrorRetrying: runs whose mirror file a background sync retries.
+	mirrorRetrying map[string]bool
 }
 
 // recordRetry is how long OnPod waits to try a pod again whose run record
@@ -464,12 +466,23 @@ func (c *Collector) mirror(run string) {
 func (c *Collector) retryMirror(run string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.stopped || c.ctx == nil {
+	// One retry per run at a time: while the file stays locked every
+	// commit of the run ends here.
+	if c.stopped || c.ctx == nil || c.mirrorRetrying[run] {
 		return
 	}
+	if c.mirrorRetrying == nil {
+		c.mirrorRetrying = map[string]bool{}
+	}
+	c.mirrorRetrying[run] = true
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
+		defer func() {
+			c.mu.Lock()
+			delete(c.mirrorRetrying, run)
+			c.mu.Unlock()
+		}()
 		for range 10 {
 			select {
 			case <-c.ctx.Done():
