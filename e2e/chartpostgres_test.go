@@ -184,7 +184,9 @@ func waitRelayMembers(ctx context.Context, t *testing.T, group string, n int) []
 	err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
 		pods, err := relayPods(ctx)
 		if err != nil {
-			last = err.Error()
+			if ctx.Err() == nil { // else last keeps the condition that was not met
+				last = err.Error()
+			}
 			return false, nil
 		}
 		names = names[:0]
@@ -201,7 +203,9 @@ func waitRelayMembers(ctx context.Context, t *testing.T, group string, n int) []
 		}
 		leases, err := env.cs.CoordinationV1().Leases(harness.Release.Namespace).List(ctx, metav1.ListOptions{LabelSelector: replicas.LabelGroup + "=" + group})
 		if err != nil {
-			last = err.Error()
+			if ctx.Err() == nil {
+				last = err.Error()
+			}
 			return false, nil
 		}
 		held := map[string]string{}

@@ -17,11 +17,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/harness"
+	"github.com/paperclipai/clipjob/relay"
 	"github.com/paperclipai/clipjob/relay/replicas"
 	"github.com/paperclipai/clipjob/relay/store"
 )
@@ -285,4 +287,44 @@ func TestHostileRelayDuplicateReplicaID(t *testing.T) {
 	rs.waitMembers(ctx, t, 0, 1, 2)
 	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(60), "after the copy of r0 stopped")
 	f.end(ctx, t, rs)
+}
+
+// TestHostileRelayKilledReplicaLeavesNoLease: a replica SIGKILLed (an
+// OOM kill, a lost node) cannot delete its Lease, and in a Deployment its
+// pod never comes back under the same name. The others delete that Lease
+// once it has lapsed for another full duration, through the API server
+// with the Lease as they saw it as precondition, so killed pods' Leases do
+// not pile up in the group; a Lease in the group that names no member (its
+// holder is not the identity in its name) is not theirs to delete.
+func TestHostileRelayKilledReplicaLeavesNoLease(t *testing.T) {
+	ctx, rs := readyReplicas(t)
+	leases := env.cs.CoordinationV1().Leases(harness.Release.Namespace)
+	holder, secs, long := "someone", int32(10), metav1.NewMicroTime(time.Now().Add(-time.Hour))
+	decoy := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: replicas.LeaseName(rs.group, "decoy"), Labels: map[string]string{replicas.LabelGroup: rs.group}},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs, RenewTime: &long},
+	}
+	if _, err := leases.Create(ctx, decoy, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = leases.Delete(context.Background(), decoy.Name, metav1.DeleteOptions{}) })
+
+	rs.relays[2].Kill()
+	killed := time.Now()
+	lease := replicas.LeaseName(rs.group, rs.ids[2])
+	if _, err := leases.Get(ctx, lease, metav1.GetOptions{}); err != nil {
+		t.Fatalf("the killed replica's Lease %s is gone at once (%v): it was not killed", lease, err)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := leases.Get(ctx, lease, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatalf("the Lease %s of the killed replica is still there %s after the kill: %v", lease, time.Since(killed).Round(time.Second), err)
+	}
+	t.Logf("the killed replica's Lease deleted %s after the kill (lease %s)", time.Since(killed).Round(100*time.Millisecond), relay.DefaultOptions().Replicas.LeaseDuration)
+	rs.waitMembers(ctx, t, 0, 1)
+	if _, err := leases.Get(ctx, decoy.Name, metav1.GetOptions{}); err != nil {
+		t.Errorf("the Lease %s, held by no member of the group, was deleted: %v", decoy.Name, err)
+	}
 }

@@ -81,6 +81,20 @@ type observation struct {
 	renew    time.Time // the Lease's renewTime, as written by its holder
 	at       time.Time // when this replica saw that renewTime first
 	duration time.Duration
+	// lease identifies the Lease as seen, so that deleting it once its
+	// holder is long gone cannot delete one renewed since.
+	lease metav1.Preconditions
+	name  string
+}
+
+// gone says whether the holder of the Lease seen in o has been gone for
+// another full lease duration after it lapsed: a replica killed before it
+// could delete its Lease (SIGKILL, OOM, a lost node) left it behind, and
+// a member deletes it then, so that dead replicas' Leases do not pile up
+// in the group (each replica's pod name is new) nor count as members for
+// a replica that just started.
+func (m *Members) gone(o observation, now time.Time) bool {
+	return now.Sub(o.at) >= o.duration+m.LeaseDuration
 }
 
 // LeaseName is the name of identity's Lease in group.
@@ -217,9 +231,14 @@ func (m *Members) round(ctx context.Context) {
 	}
 	member := why == ""
 	var live []string
+	var leftBehind []observation
 	for id, o := range m.seen {
-		if id != m.Identity && now.Sub(o.at) < o.duration {
+		switch {
+		case id == m.Identity:
+		case now.Sub(o.at) < o.duration:
 			live = append(live, id)
+		case member && m.gone(o, now):
+			leftBehind = append(leftBehind, o)
 		}
 	}
 	if member {
@@ -240,6 +259,7 @@ func (m *Members) round(ctx context.Context) {
 		ch, m.changeCh = m.changeCh, nil
 	}
 	m.mu.Unlock()
+	m.deleteLeftBehind(rctx, leftBehind)
 	if !changed {
 		return
 	}
@@ -284,12 +304,31 @@ func (m *Members) observe(leases []coordinationv1.Lease, now time.Time) {
 			d = m.LeaseDuration
 		}
 		if o, ok := m.seen[id]; !ok || !o.renew.Equal(renew) {
-			m.seen[id] = observation{renew: renew, at: now, duration: d}
+			m.seen[id] = observation{renew: renew, at: now, duration: d, name: l.Name}
 		}
+		o := m.seen[id]
+		o.lease = metav1.Preconditions{UID: ptr.To(l.UID), ResourceVersion: ptr.To(l.ResourceVersion)}
+		m.seen[id] = o
 	}
 	for id := range m.seen {
 		if !present[id] {
 			delete(m.seen, id)
+		}
+	}
+}
+
+// deleteLeftBehind deletes the Leases of replicas long gone, each only
+// as this replica saw it: one renewed or recreated since is kept (the
+// preconditions), and another member deleting it first is no error.
+func (m *Members) deleteLeftBehind(ctx context.Context, gone []observation) {
+	for _, o := range gone {
+		err := m.Client.CoordinationV1().Leases(m.Namespace).Delete(ctx, o.name, metav1.DeleteOptions{Preconditions: &o.lease})
+		switch {
+		case err == nil:
+			m.Log.Info("deleted the Lease of a relay gone without releasing it", "lease", o.name, "lastRenewed", o.renew)
+		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+		default:
+			m.Log.Error(err, "deleting the Lease of a relay gone without releasing it", "lease", o.name)
 		}
 	}
 }

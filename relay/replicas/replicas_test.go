@@ -16,8 +16,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
 )
 
 // group is replicas sharing one (fake) API server.
@@ -257,5 +259,57 @@ func TestAnotherGroupsLeaseOfTheSameNameIsNotTaken(t *testing.T) {
 	got, err := cs.CoordinationV1().Leases("ns").Get(ctx, theirs.Name, metav1.GetOptions{})
 	if err != nil || *got.Spec.HolderIdentity != "0" || got.Labels[LabelGroup] != "relay-a-b" {
 		t.Errorf("the other replica's Lease after this one renewed and released: %+v, %v", got, err)
+	}
+}
+
+// TestTheLeaseOfAReplicaLongGoneIsDeleted: a replica killed before it
+// could delete its Lease (SIGKILL, OOM, a lost node) leaves it behind,
+// and every restart of a pod adds another (the identity is the pod's
+// name). A member deletes such a Lease once it has lapsed for another
+// full duration; a live member's Lease, and Leases that are no member's
+// of this group, stay.
+func TestTheLeaseOfAReplicaLongGoneIsDeleted(t *testing.T) {
+	g := newGroup(t)
+	ctx := context.Background()
+	secs, long := int32(1), time.Now().Add(-time.Hour)
+	lease := func(name, holder, group string) *coordinationv1.Lease {
+		return &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", Labels: map[string]string{LabelGroup: group}},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder), LeaseDurationSeconds: &secs,
+				RenewTime: &metav1.MicroTime{Time: long}},
+		}
+	}
+	dead := lease(LeaseName("relays", "killed-0"), "killed-0", "relays")
+	others := []*coordinationv1.Lease{
+		lease(LeaseName("other", "killed-1"), "killed-1", "other"), // another group's
+		lease("relays-not-its-name", "killed-2", "relays"),         // no member's Lease
+		lease(LeaseName("relays", "released"), "", "relays"),       // released, held by nobody
+	}
+	for _, l := range append(others, dead) {
+		if _, err := g.client.CoordinationV1().Leases("ns").Create(ctx, l, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r0, _ := g.member("r0", nil)
+	r1, _ := g.member("r1", nil)
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := g.client.CoordinationV1().Leases("ns").Get(ctx, dead.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatalf("the Lease of a replica gone for an hour was not deleted: %v", err)
+	}
+	for _, l := range others {
+		if _, err := g.client.CoordinationV1().Leases("ns").Get(ctx, l.Name, metav1.GetOptions{}); err != nil {
+			t.Errorf("Lease %s, no member's of this group, was deleted: %v", l.Name, err)
+		}
+	}
+	for _, m := range []*Members{r0, r1} {
+		if member, live, why := m.Status(); !member || !slices.Equal(live, []string{"r0", "r1"}) {
+			t.Errorf("%s: member %v, live %v (%s); want both live members kept", m.Identity, member, live, why)
+		}
+		if _, err := g.client.CoordinationV1().Leases("ns").Get(ctx, LeaseName("relays", m.Identity), metav1.GetOptions{}); err != nil {
+			t.Errorf("the live member %s's Lease: %v", m.Identity, err)
+		}
 	}
 }
