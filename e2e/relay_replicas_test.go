@@ -45,6 +45,8 @@ type relayReplicas struct {
 	// group names the replicas' Leases; mirror is their shared volume.
 	group, mirror string
 	token         string
+	// extra are the flags every replica gets besides the store's.
+	extra []string
 }
 
 // replicasSetup is what the tests' replicas share: the binary, the
@@ -61,6 +63,12 @@ const replicasSchema = "e2e_replicas"
 // readyReplicas starts the test's replicas and returns them once all
 // three collect, with the test's context.
 func readyReplicas(t *testing.T) (context.Context, *relayReplicas) {
+	t.Helper()
+	return readyReplicasWith(t)
+}
+
+// readyReplicasWith is readyReplicas with extra flags for every replica.
+func readyReplicasWith(t *testing.T, extra ...string) (context.Context, *relayReplicas) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	t.Cleanup(cancel)
@@ -82,7 +90,7 @@ func readyReplicas(t *testing.T) (context.Context, *relayReplicas) {
 	}
 	group := fmt.Sprintf("e2e-replicas-%d", replicasSetup.sets.Add(1))
 	rs := &relayReplicas{pg: pg, ids: []string{"r0", "r1", "r2"}, group: group, token: replicasSetup.token,
-		mirror: filepath.Join(env.cluster.Dir, group+"-mirror")}
+		mirror: filepath.Join(env.cluster.Dir, group+"-mirror"), extra: extra}
 	t.Cleanup(func() {
 		for _, r := range rs.relays {
 			r.Stop()
@@ -116,9 +124,9 @@ func (rs *relayReplicas) start(ctx context.Context, id, group, conn string) (*ha
 	if err := os.WriteFile(url, []byte(conn), 0o600); err != nil {
 		return nil, err
 	}
-	return harness.StartRelay(ctx, env.cluster, replicasSetup.bin, "relay-"+group+"-"+id, ns, "--store", "postgres",
+	return harness.StartRelay(ctx, env.cluster, replicasSetup.bin, "relay-"+group+"-"+id, ns, append([]string{"--store", "postgres",
 		"--postgres-url-file", url, "--postgres-schema", replicasSchema, "--lease-namespace", harness.Release.Namespace,
-		"--lease-group", group, "--replica-id", id, "--mirror-dir", rs.mirror)
+		"--lease-group", group, "--replica-id", id, "--mirror-dir", rs.mirror}, rs.extra...)...)
 }
 
 // applyRelayLeaseRBAC creates the Role and RoleBinding the chart gives

@@ -328,3 +328,101 @@ func TestHostileRelayKilledReplicaLeavesNoLease(t *testing.T) {
 		t.Errorf("the Lease %s, held by no member of the group, was deleted: %v", decoy.Name, err)
 	}
 }
+
+// TestHostileRelayRetiredRunStaysRetired: retention (here any finished
+// run beyond one byte, every second) deletes a run whose pod remains (its
+// Job is kept, with no TTL). The replica that collected it stops; the one
+// taking its runs over sees that pod, and so does the first when it comes
+// back: neither collects the run again. It stays gone through every
+// replica, its mirror file is not rewritten, and retention deleted it
+// once.
+func TestHostileRelayRetiredRunStaysRetired(t *testing.T) {
+	ctx, rs := readyReplicasWith(t, "--retention-max-bytes", "1", "--retention-interval", "1s")
+	run := "e2e-hostile-retired"
+	owner := rs.owner(run)
+	pod, log := agentRun(ctx, t, run)
+	if err := log.Write(`{"type":"assistant","n":1}`, `{"type":"assistant","n":2}`, `{"type":"assistant","n":3}`); err != nil {
+		t.Fatal(err)
+	}
+	waitStoredAtLeast(ctx, t, rs.relays[owner], rs.token, run, 3, "before the run ends")
+	finishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
+	mirror := filepath.Join(rs.mirror, "run-logs", "acme", "agent-"+run, run+".pod.ndjson")
+	gone := func(which ...int) string {
+		for _, i := range which {
+			if _, code := relayRun(t, rs.relays[i], rs.token, run); code != http.StatusNotFound {
+				return fmt.Sprintf("replica %s answers %d for the run", rs.ids[i], code)
+			}
+		}
+		if _, err := os.Stat(mirror); !os.IsNotExist(err) {
+			return fmt.Sprintf("its mirror file %s: %v", mirror, err)
+		}
+		return ""
+	}
+	counter := func(i int, prefix string, match ...string) int {
+		v, _ := rs.relays[i].Counter(prefix, match...) // absent: 0
+		return int(v)
+	}
+	deleted := func(which ...int) (n int) {
+		for _, i := range which {
+			n += counter(i, "clipjob_relay_runs_deleted_total ")
+		}
+		return n
+	}
+	waitFor := func(what string, ok func() string) {
+		t.Helper()
+		last := ""
+		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+			last = ok()
+			return last == "", nil
+		})
+		if err != nil {
+			t.Fatalf("%s: %v (last: %s)", what, err, last)
+		}
+	}
+	all := []int{0, 1, 2}
+	waitFor("retention deletes the finished run", func() string {
+		if n := deleted(all...); n != 1 {
+			return fmt.Sprintf("%d runs deleted", n)
+		}
+		return gone(all...)
+	})
+
+	var others []int
+	var otherIDs []string
+	for i := range rs.ids {
+		if i != owner {
+			others, otherIDs = append(others, i), append(otherIDs, rs.ids[i])
+		}
+	}
+	before := deleted(others...)
+	heir := rs.owner(run, otherIDs...)
+	rs.relays[owner].Stop()
+	waitFor("the replica taking the run over sees its pod and leaves it", func() string {
+		if n := counter(heir, "clipjob_relay_pods_ignored_total", `reason="retired"`); n < 1 {
+			return fmt.Sprintf("replica %s ignored %d pods as retired", rs.ids[heir], n)
+		}
+		return gone(others...)
+	})
+	if err := rs.relays[owner].Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rs.waitMembers(ctx, t, all...)
+	waitFor("the replica back sees the pod again and leaves it", func() string {
+		if n := counter(owner, "clipjob_relay_pods_ignored_total", `reason="retired"`); n < 1 {
+			return fmt.Sprintf("replica %s ignored %d pods as retired", rs.ids[owner], n)
+		}
+		return gone(all...)
+	})
+	// A run collected again would be deleted again at the next retention
+	// (every second): three of them pass.
+	time.Sleep(3 * time.Second)
+	if why := gone(all...); why != "" {
+		t.Errorf("the retired run came back: %s", why)
+	}
+	if n, m := deleted(others...)-before, deleted(owner); n != 0 || m != 0 {
+		t.Errorf("retention deleted the run again %d times on the replicas that stayed and %d on the one back: it had been collected again", n, m)
+	}
+	if _, err := env.cs.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{}); err != nil {
+		t.Errorf("the run's pod is gone (%v): the test proved nothing", err)
+	}
+}

@@ -172,7 +172,7 @@ func (o *Options) validate() error {
 		errs = append(errs, fmt.Errorf("--max-streams (MaxStreams) must be positive, not %d", o.MaxStreams))
 	}
 	if o.RetentionMaxAge <= 0 || o.RetentionInterval <= 0 {
-		errs = append(errs, fmt.Errorf("--retention-max-age (RetentionMaxAge) and RetentionInterval must be positive, not %s and %s", o.RetentionMaxAge, o.RetentionInterval))
+		errs = append(errs, fmt.Errorf("--retention-max-age (RetentionMaxAge) and --retention-interval (RetentionInterval) must be positive, not %s and %s", o.RetentionMaxAge, o.RetentionInterval))
 	}
 	if o.RetentionMaxBytes < 0 {
 		errs = append(errs, fmt.Errorf("--retention-max-bytes (RetentionMaxBytes) must not be negative, not %d", o.RetentionMaxBytes))

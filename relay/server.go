@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -303,8 +304,31 @@ func (s *service) retainUntil(ctx context.Context, serveErr <-chan error) error 
 				}
 			}
 			runsRetired.Add(float64(len(gone)))
+			s.forgetRetired(ctx)
 			storeSize.Set(float64(s.store.Size()))
 		}
+	}
+}
+
+// forgetRetired forgets the retired runs whose pods are all gone, once
+// the pod cache has synced (before, every run would look podless).
+func (s *service) forgetRetired(ctx context.Context) {
+	if !s.cache.WaitForCacheSync(ctx) {
+		return
+	}
+	var pods corev1.PodList
+	if err := s.cache.List(ctx, &pods); err != nil {
+		s.log.Error(err, "listing pods to forget retired runs")
+		return
+	}
+	var watched func(string) bool
+	if len(s.opts.Namespaces) > 0 {
+		watched = func(ns string) bool { return slices.Contains(s.opts.Namespaces, ns) }
+	}
+	if n, err := s.coll.ForgetRetired(pods.Items, watched); err != nil {
+		s.log.Error(err, "forgetting retired runs whose pods are gone")
+	} else if n > 0 {
+		s.log.V(1).Info("forgot retired runs whose pods are gone", "runs", n)
 	}
 }
 

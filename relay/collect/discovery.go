@@ -148,6 +148,20 @@ func (c *Collector) OnPod(pod *corev1.Pod) {
 		c.ignore(pod, run, "no-job", "not controlled by a Job")
 		return
 	}
+	retired, err := c.Store.RetiredRun(string(job.UID))
+	if err != nil {
+		c.Log.Error(err, "reading whether retention deleted the run; trying again", "run", run, "in", recordRetry)
+		c.retryPod(pod)
+		return
+	}
+	if retired.Covers(pod.CreationTimestamp.Time) {
+		// Retention deleted the run while its pods remain: collected
+		// again (after a restart, or by the replica taking the run
+		// over), it would come back whole, its mirror rewritten.
+		podsIgnored.WithLabelValues("retired").Inc()
+		c.Log.V(1).Info("ignoring pod: retention deleted its run", "pod", pod.Namespace+"/"+pod.Name, "run", retired.Run)
+		return
+	}
 	rec, key, err := c.recordPod(pod, run, job.UID)
 	if errors.Is(err, errUnkeyable) {
 		c.ignore(pod, run, "job-uid", "the run id belongs to another Job, and this one's UID cannot key a run")
@@ -166,6 +180,30 @@ func (c *Collector) OnPod(pod *corev1.Pod) {
 	}
 	c.followAll(pod, key)
 	c.maybeFinish(pod.Namespace, pod.Name, pod.UID, key)
+}
+
+// ForgetRetired forgets the retired runs (store.Retired) of Jobs in the
+// namespaces watched (nil: all) none of whose pods remain; pods are every
+// pod the relay's synced cache holds. A pod of such a Job created after
+// this is a new attempt of its run, which is collected anyway.
+func (c *Collector) ForgetRetired(pods []corev1.Pod, watched func(namespace string) bool) (int, error) {
+	retired, err := c.Store.RetiredRuns()
+	if err != nil || len(retired) == 0 {
+		return 0, err
+	}
+	jobs := map[types.UID]bool{}
+	for i := range pods {
+		if job := metav1.GetControllerOf(&pods[i]); job != nil {
+			jobs[job.UID] = true
+		}
+	}
+	var gone []string
+	for _, r := range retired {
+		if !jobs[types.UID(r.JobUID)] && (watched == nil || watched(r.Namespace)) {
+			gone = append(gone, r.JobUID)
+		}
+	}
+	return len(gone), c.Store.ForgetRetired(gone...)
 }
 
 // errUnkeyable: the run id is bound to another Job, and the pod's Job UID

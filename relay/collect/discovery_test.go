@@ -88,6 +88,12 @@ func agentPod(name, uid string, created time.Time) *corev1.Pod {
 func newCollector(t *testing.T) (*Collector, *podLogs, *podCache, *store.Store) {
 	s, _ := storetest.Open(t)
 	logs, cache := &podLogs{logs: map[string]*fakeLog{}}, &podCache{pods: map[string]*corev1.Pod{}}
+	return newCollectorOn(t, s, logs, cache), logs, cache, s
+}
+
+// newCollectorOn is a collector of its own (a relay restarted, or another
+// replica) on s, the logs and the pods.
+func newCollectorOn(t *testing.T, s store.Backend, logs *podLogs, cache *podCache) *Collector {
 	// The fake logs of exited containers end (podLogs.end), so no stream
 	// here waits for the drain: its times are far above any stall of a
 	// loaded machine, and the streams of finished containers cannot be
@@ -97,7 +103,7 @@ func newCollector(t *testing.T) (*Collector, *podLogs, *podCache, *store.Store) 
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); c.Stop() })
 	c.Start(ctx)
-	return c, logs, cache, s
+	return c
 }
 
 func waitDone(t *testing.T, s *store.Store) *store.Run {

@@ -36,7 +36,7 @@ var (
 	})
 	podsIgnored = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "clipjob_relay_pods_ignored_total",
-		Help: "Pods labeled with a run id that are not part of any run, by reason (no-job: no controlling Job; job-uid: the run id is another Job's and this Job's UID is malformed).",
+		Help: "Pods labeled with a run id that are not collected, by reason (no-job: no controlling Job; job-uid: the run id is another Job's and this Job's UID is malformed; retired: retention deleted the run while its pod remains).",
 	}, []string{"reason"})
 	podsKeptApart = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "clipjob_relay_pods_kept_apart_total",

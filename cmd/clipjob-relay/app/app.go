@@ -50,6 +50,7 @@ func NewFlags(o *Options) *flag.FlagSet {
 	fs.DurationVar(&o.Follow.DrainIdle, "drain-idle", o.Follow.DrainIdle, "after a container ended, stop following after this long without a line")
 	fs.DurationVar(&o.RetentionMaxAge, "retention-max-age", o.RetentionMaxAge, "delete finished runs idle this long")
 	fs.Int64Var(&o.RetentionMaxBytes, "retention-max-bytes", o.RetentionMaxBytes, "delete the oldest finished runs beyond this many stored bytes (0: unbounded)")
+	fs.DurationVar(&o.RetentionInterval, "retention-interval", o.RetentionInterval, "how often retention runs")
 	fs.Var((*command.List)(&o.RedactPatterns), "redact-pattern", "regular expression to redact before storage (repeatable)")
 	fs.StringVar(&o.RedactValuesFile, "redact-values-file", o.RedactValuesFile, "file of secret values to redact, one per line, or a directory of such files (a mounted Secret); must be readable at start, re-read every 30s")
 	fs.StringVar(&o.MirrorDir, "mirror-dir", o.MirrorDir, "also keep each run's agent output as run-logs/<company>/<agent>/<run>.pod.ndjson under this directory (the shared volume), as Paperclip's Claude adapter reads it")

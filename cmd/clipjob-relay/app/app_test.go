@@ -69,7 +69,9 @@ func TestFlags(t *testing.T) {
 		{name: "max-streams", args: []string{"--max-streams", "7"}, want: func(o *Options) { o.MaxStreams = 7 }},
 		{name: "max-line-bytes", args: []string{"--max-line-bytes", "4096"}, want: func(o *Options) { o.Follow.MaxLineBytes = 4096 }},
 		{name: "stream timing", args: []string{"--max-stream-lifetime", "5m", "--drain-idle", "1s"}, want: func(o *Options) { o.Follow.MaxStreamLifetime, o.Follow.DrainIdle = 5*time.Minute, time.Second }},
-		{name: "retention", args: []string{"--retention-max-age", "24h", "--retention-max-bytes", "1000"}, want: func(o *Options) { o.RetentionMaxAge, o.RetentionMaxBytes = 24*time.Hour, 1000 }},
+		{name: "retention", args: []string{"--retention-max-age", "24h", "--retention-max-bytes", "1000", "--retention-interval", "10s"}, want: func(o *Options) {
+			o.RetentionMaxAge, o.RetentionMaxBytes, o.RetentionInterval = 24*time.Hour, 1000, 10*time.Second
+		}},
 		{name: "redaction", args: []string{"--redact-pattern", "a+", "--redact-pattern", "b+", "--redact-values-file", "/v"}, want: func(o *Options) {
 			o.RedactPatterns, o.RedactValuesFile = []string{"a+", "b+"}, "/v"
 		}},

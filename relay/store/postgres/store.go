@@ -478,7 +478,7 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]s
 	}
 	var gone []store.Run
 	for _, r := range store.Retirees(runs, maxAge, maxBytes, now) {
-		ok, err := s.retire(r.ID)
+		ok, err := s.retire(r.ID, now)
 		if err != nil {
 			return gone, err
 		}
@@ -490,10 +490,11 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]s
 	return gone, s.deleteRetiredLines()
 }
 
-// retire deletes a finished run's record, cursors and mirror state, and
-// marks its lines for deletion; false if the run is gone or not finished.
-// The cursors go first: writers lock a stream's cursor before its run.
-func (s *Store) retire(id string) (bool, error) {
+// retire deletes a finished run's record, cursors and mirror state,
+// marks its lines for deletion and keeps its store.Retired; false if the
+// run is gone or not finished. The cursors go first: writers lock a
+// stream's cursor before its run.
+func (s *Store) retire(id string, now time.Time) (bool, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
 	found := false
@@ -502,16 +503,28 @@ func (s *Store) retire(id string) (bool, error) {
 			return err
 		}
 		var num int64
-		err := tx.QueryRow(ctx, s.sql(`DELETE FROM {schema}.runs WHERE id = $1 AND done RETURNING num`), id).Scan(&num)
+		var record []byte
+		err := tx.QueryRow(ctx, s.sql(`DELETE FROM {schema}.runs WHERE id = $1 AND done RETURNING num, record`), id).Scan(&num, &record)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return errNotRetired
 		}
 		if err != nil {
 			return err
 		}
+		var r store.Run
+		if err := json.Unmarshal(record, &r); err != nil {
+			return fmt.Errorf("run %s: its record: %w", id, err)
+		}
 		b := &pgx.Batch{}
 		b.Queue(s.sql(`DELETE FROM {schema}.mirror WHERE run = $1`), id)
 		b.Queue(s.sql(`INSERT INTO {schema}.retired (num) VALUES ($1)`), num)
+		if t := store.RetiredOf(&r, now); t != nil {
+			// A later attempt of the Job's run, retired before, stays.
+			b.Queue(s.sql(`INSERT INTO {schema}.retired_runs (job_uid, namespace, run, pod_created, retired_at) VALUES ($1, $2, $3, $4, $5)
+				ON CONFLICT (job_uid) DO UPDATE SET namespace = excluded.namespace, run = excluded.run, pod_created = excluded.pod_created, retired_at = excluded.retired_at
+				WHERE {schema}.retired_runs.pod_created <= excluded.pod_created`),
+				t.JobUID, t.Namespace, t.Run, nanos(t.PodCreated), nanos(t.RetiredAt))
+		}
 		if err := execBatch(ctx, tx, b); err != nil {
 			return err
 		}
@@ -562,6 +575,55 @@ func (s *Store) deleteRetiredLines() error {
 		}
 	}
 	return nil
+}
+
+// RetiredRun implements store.Backend.
+func (s *Store) RetiredRun(jobUID string) (*store.Retired, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	rows, err := s.pool.Query(ctx, s.sql(`SELECT job_uid, namespace, run, pod_created, retired_at FROM {schema}.retired_runs WHERE job_uid = $1`), jobUID)
+	if err != nil {
+		return nil, err
+	}
+	got, err := scanRetired(rows)
+	if err != nil || len(got) == 0 {
+		return nil, err
+	}
+	return &got[0], nil
+}
+
+// RetiredRuns implements store.Backend.
+func (s *Store) RetiredRuns() ([]store.Retired, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	rows, err := s.pool.Query(ctx, s.sql(`SELECT job_uid, namespace, run, pod_created, retired_at FROM {schema}.retired_runs`))
+	if err != nil {
+		return nil, err
+	}
+	return scanRetired(rows)
+}
+
+func scanRetired(rows pgx.Rows) ([]store.Retired, error) {
+	var out []store.Retired
+	var t store.Retired
+	var created, retired int64
+	_, err := pgx.ForEachRow(rows, []any{&t.JobUID, &t.Namespace, &t.Run, &created, &retired}, func() error {
+		t.PodCreated, t.RetiredAt = fromNanos(created), fromNanos(retired)
+		out = append(out, t)
+		return nil
+	})
+	return out, err
+}
+
+// ForgetRetired implements store.Backend.
+func (s *Store) ForgetRetired(jobUIDs ...string) error {
+	if len(jobUIDs) == 0 {
+		return nil
+	}
+	ctx, cancel := s.ctx()
+	defer cancel()
+	_, err := s.pool.Exec(ctx, s.sql(`DELETE FROM {schema}.retired_runs WHERE job_uid = ANY($1)`), jobUIDs)
+	return err
 }
 
 // MirrorState implements store.Backend.

@@ -43,6 +43,7 @@ func Conformance(t *testing.T, b Backend) {
 		{"RunsListAgreesWithTheRecords", runsListAgreesWithRecords},
 		{"ARunsResult", aRunsResult},
 		{"RetentionDeletesFinishedRunsWhole", retention},
+		{"RetentionKeepsWhatItRetiredOfEachJob", retentionKeepsRetired},
 		{"ChangedFiresOnAppendUpdateAndRetention", changedFires},
 		{"ConcurrentWritersOfTwoStreams", concurrentWritersOfTwoStreams},
 		{"TwoWritersOfOneStreamStoreEachLineOnce", twoWritersOfOneStream},
@@ -635,5 +636,76 @@ func noLineAfterAHugeCursor(t *testing.T, b Backend) {
 		if got, err := s.Lines("run-1", after, 0); err != nil || len(got) != 0 {
 			t.Errorf("after %d: %d lines (%v), want none", after, len(got), err)
 		}
+	}
+}
+
+// retentionKeepsRetired: each run retention deletes leaves a Retired
+// under its Job (so that its pods, still there, are not collected again),
+// in the same transaction; a later attempt's stays over an earlier one's;
+// a record that names no Job leaves none; ForgetRetired deletes them.
+func retentionKeepsRetired(t *testing.T, b Backend) {
+	s, again := b.Open(t)
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	old := now.Add(-48 * time.Hour)
+	const jobA, jobB = "0b6c3a2e-1f4d-4c8e-9a51-7d2f0e6b9c11", "5e8d1c7a-2b3f-4a6e-8c90-1f2e3d4c5b6a"
+	created := func(h int) *time.Time { c := old.Add(time.Duration(h) * time.Hour).Truncate(time.Second); return &c }
+	mk := func(id, job string, pod *time.Time) {
+		mustAppend(t, s, id, id, store.Cursor{}, store.Cursor{TS: 1, Count: 1}, Lines("c", "x"))
+		if _, err := s.UpdateRun(id, func(r *store.Run) {
+			r.Done, r.SeenAt, r.JobUID, r.PodCreated, r.Namespace = true, old, job, pod, "agents"
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("run-a", jobA, created(2))
+	mk("run-legacy", "", created(1))
+	if got, err := s.RetiredRun(jobA); err != nil || got != nil {
+		t.Fatalf("a Job whose run was never retired: %+v, %v", got, err)
+	}
+	if gone, err := s.Retain(24*time.Hour, 0, now); err != nil || len(gone) != 2 {
+		t.Fatalf("retention deleted %v (%v), want both runs", gone, err)
+	}
+	want := store.Retired{JobUID: jobA, Namespace: "agents", Run: "run-a", PodCreated: *created(2), RetiredAt: now}
+	got, err := s.RetiredRun(jobA)
+	if err != nil || got == nil || !got.PodCreated.Equal(want.PodCreated) || !got.RetiredAt.Equal(want.RetiredAt) || got.Run != want.Run || got.JobUID != jobA || got.Namespace != want.Namespace {
+		t.Fatalf("kept of the retired run-a: %+v (%v), want %+v", got, err, want)
+	}
+	if !got.Covers(*created(2)) || !got.Covers(*created(1)) || got.Covers(*created(3)) {
+		t.Errorf("%+v covers its own pod and earlier ones, not a later attempt's", got)
+	}
+	all, err := s.RetiredRuns()
+	if err != nil || len(all) != 1 {
+		t.Errorf("retired runs %+v (%v): want run-a's only (the legacy record names no Job)", all, err)
+	}
+
+	// An earlier attempt of Job B's run under another key, retired after
+	// a later one, does not take the later one's place.
+	mk("run-b-late", jobB, created(5))
+	if _, err := s.Retain(24*time.Hour, 0, now); err != nil {
+		t.Fatal(err)
+	}
+	mk("run-b-early", jobB, created(4))
+	if _, err := s.Retain(24*time.Hour, 0, now); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.RetiredRun(jobB); err != nil || got == nil || !got.PodCreated.Equal(*created(5)) || got.Run != "run-b-late" {
+		t.Errorf("Job B's retired run after an earlier attempt's: %+v (%v), want run-b-late's", got, err)
+	}
+
+	if !b.Replicas {
+		s.Close()
+	}
+	s = again()
+	if got, err := s.RetiredRun(jobA); err != nil || got == nil {
+		t.Errorf("after reopening: %+v, %v", got, err)
+	}
+	if err := s.ForgetRetired(jobA, "no-such-job"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.RetiredRun(jobA); err != nil || got != nil {
+		t.Errorf("forgotten: %+v, %v", got, err)
+	}
+	if got, err := s.RetiredRun(jobB); err != nil || got == nil {
+		t.Errorf("another Job's, after forgetting Job A's: %+v, %v", got, err)
 	}
 }

@@ -1,0 +1,73 @@
+package collect
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// finishedPod is a pod of runJob that wrote line and succeeded.
+func finishedPod(logs *podLogs, cache *podCache, name string, created time.Time, line string) *corev1.Pod {
+	p := agentPod(name, "uid-"+name, created)
+	p.Spec.InitContainers = nil
+	p.Status.Phase = corev1.PodSucceeded
+	p.Status.ContainerStatuses = []corev1.ContainerStatus{terminated("agent", "c-"+name)}
+	cache.set(p)
+	logs.get(name, "agent").write(at(int(created.Unix()%1000)), line)
+	logs.end(name, "agent")
+	return p
+}
+
+// TestARunRetentionDeletedIsNotCollectedAgain: retention deletes a
+// finished run whose pod remains (a Job kept without a TTL). A relay
+// restarted, or the replica taking the run over, sees that pod again: it
+// must not collect the run again from the start (bringing back the log
+// and mirror retention removed). A later attempt of the Job is a run
+// going on, and is collected; once no pod of the Job remains, what was
+// kept of the retired run is forgotten.
+func TestARunRetentionDeletedIsNotCollectedAgain(t *testing.T) {
+	c, logs, cache, s := newCollector(t)
+	created := time.Now().Truncate(time.Second)
+	first := finishedPod(logs, cache, "p1", created, "attempt 1")
+	c.OnPod(first)
+	waitDone(t, s)
+	if gone, err := s.Retain(0, 1, time.Now()); err != nil || len(gone) != 1 {
+		t.Fatalf("retention deleted %v (%v), want run-1", gone, err)
+	}
+
+	restarted := newCollectorOn(t, s, logs, cache)
+	ignored := testutil.ToFloat64(podsIgnored.WithLabelValues("retired"))
+	restarted.OnPod(first)
+	if r, err := s.Run("run-1"); r != nil || err != nil {
+		t.Fatalf("the retired run's pod, seen again, brought the run back: %+v (%v)", r, err)
+	}
+	if got := testutil.ToFloat64(podsIgnored.WithLabelValues("retired")) - ignored; got != 1 {
+		t.Errorf("pods ignored as retired: %v, want 1", got)
+	}
+
+	// The Job retries: its new pod is the run going on.
+	second := finishedPod(logs, cache, "p2", created.Add(time.Minute), "attempt 2")
+	restarted.OnPod(second)
+	waitDone(t, s)
+	if got := storedText(t, s); got != "attempt 2" {
+		t.Errorf("a later attempt of the retired run's Job stored %q, want its own line", got)
+	}
+	restarted.OnPod(first) // the older pod still does not take the record back
+	if r, _ := s.Run("run-1"); r == nil || r.PodUID != "uid-p2" || strings.Contains(storedText(t, s), "attempt 1") {
+		t.Errorf("the retired attempt's pod changed the run: %+v, lines %q", r, storedText(t, s))
+	}
+
+	retired := func() bool { r, err := s.RetiredRun(string(runJob.UID)); return err == nil && r != nil }
+	if n, err := restarted.ForgetRetired([]corev1.Pod{*first}, nil); n != 0 || err != nil || !retired() {
+		t.Errorf("forgot %d (%v) with a pod of the Job left", n, err)
+	}
+	if n, err := restarted.ForgetRetired(nil, func(ns string) bool { return ns != runJob.Namespace }); n != 0 || err != nil || !retired() {
+		t.Errorf("forgot %d (%v) of a namespace not watched, whose pods it cannot see", n, err)
+	}
+	if n, err := restarted.ForgetRetired(nil, nil); n != 1 || err != nil || retired() {
+		t.Errorf("forgot %d (%v) with no pod of the Job left, want 1", n, err)
+	}
+}

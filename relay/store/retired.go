@@ -1,0 +1,125 @@
+package store
+
+import (
+	"encoding/json"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+var bucketRetired = []byte("retired")
+
+// Retired is what is kept of a run retention deleted while its pods may
+// remain (a Job without ttlSecondsAfterFinished keeps them for good): so
+// that no relay collects those pods again (after a restart, or taking the
+// run over from another replica) and rewrites a log and a mirror that
+// retention removed. It is keyed by the run's Job and forgotten once no
+// pod of that Job remains (see the relay's sweep).
+type Retired struct {
+	JobUID string `json:"jobUid"`
+	// Namespace is the Job's: a relay watching other namespaces cannot
+	// tell whether its pods remain.
+	Namespace string `json:"namespace"`
+	// Run is the retired run's key, for logs and operators.
+	Run string `json:"run"`
+	// PodCreated is the run's newest pod's creation: a pod of the Job
+	// created later is a new attempt of the run, and is collected.
+	PodCreated time.Time `json:"podCreated"`
+	RetiredAt  time.Time `json:"retiredAt"`
+}
+
+// Covers says whether a pod of the Job created at created is one of the
+// retired run's pods.
+func (r *Retired) Covers(created time.Time) bool {
+	return r != nil && !created.After(r.PodCreated)
+}
+
+// RetiredOf returns what retention keeps of run r, retired at now: nil
+// when the record names no Job (a record from before runs were bound to
+// one), whose pods then cannot be told apart.
+func RetiredOf(r *Run, now time.Time) *Retired {
+	if r == nil || !ValidJobUID(r.JobUID) {
+		return nil
+	}
+	t := &Retired{JobUID: r.JobUID, Namespace: r.Namespace, Run: r.ID, RetiredAt: now}
+	if r.PodCreated != nil {
+		t.PodCreated = *r.PodCreated
+	}
+	return t
+}
+
+// putRetired records t in tx (Retain's transaction).
+func putRetired(tx *bolt.Tx, t *Retired) error {
+	b, err := tx.CreateBucketIfNotExists(bucketRetired)
+	if err != nil {
+		return err
+	}
+	if old := b.Get([]byte(t.JobUID)); old != nil {
+		var prev Retired
+		if json.Unmarshal(old, &prev) == nil && prev.PodCreated.After(t.PodCreated) {
+			return nil // a later attempt of the Job's run was retired already
+		}
+	}
+	v, err := json.Marshal(t)
+	if err != nil {
+		return err
+	}
+	return b.Put([]byte(t.JobUID), v)
+}
+
+// RetiredRun returns what is kept of the retired run of Job jobUID, or
+// nil if none.
+func (s *Store) RetiredRun(jobUID string) (*Retired, error) {
+	var out *Retired
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketRetired)
+		if b == nil {
+			return nil
+		}
+		if v := b.Get([]byte(jobUID)); v != nil {
+			out = &Retired{}
+			return json.Unmarshal(v, out)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// RetiredRuns returns everything kept of retired runs.
+func (s *Store) RetiredRuns() ([]Retired, error) {
+	var out []Retired
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketRetired)
+		if b == nil {
+			return nil
+		}
+		return b.ForEach(func(_, v []byte) error {
+			var t Retired
+			if err := json.Unmarshal(v, &t); err != nil {
+				return err
+			}
+			out = append(out, t)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// ForgetRetired deletes what is kept of the retired runs of jobUIDs.
+func (s *Store) ForgetRetired(jobUIDs ...string) error {
+	if len(jobUIDs) == 0 {
+		return nil
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketRetired)
+		if b == nil {
+			return nil
+		}
+		for _, uid := range jobUIDs {
+			if err := b.Delete([]byte(uid)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
