@@ -55,12 +55,11 @@ type Collector struct {
 	budget *budget
 	wg     sync.WaitGroup
 
-	mu       sync.Mutex
-	stopped  bool
-	pods     map[types.UID]*podStreams // the pods followed
-	retrying map[types.UID]bool        // pods whose run record OnPod will try again
-	// mirrorRetrying: runs whose mirror file a background sync retries.
-	mirrorRetrying map[string]bool
+	mu      sync.Mutex
+	stopped bool
+	pods    map[types.UID]*podStreams // the pods followed
+	// retrying: what a background retry (later) waits to try again.
+	retrying map[string]bool
 }
 
 // recordRetry is how long OnPod waits to try a pod again whose run record
@@ -72,28 +71,60 @@ var recordRetry = 3 * time.Second
 // uncollected until its pod next changes, which may be its end (a
 // hostile review).
 func (c *Collector) retryPod(pod *corev1.Pod) {
+	c.later("pod/"+string(pod.UID), recordRetry, 1, func() bool {
+		if p := c.Pods(pod.Namespace, pod.Name); p != nil && p.UID == pod.UID {
+			c.OnPod(p)
+		}
+		return true
+	}, nil)
+}
+
+// later runs try in the background after delay, and again after each
+// delay while it returns false, at most attempts times, then gaveUp (if
+// set). One per key at a time: a call while one waits does nothing (a
+// run whose mirror stays locked asks at every commit). It ends with the
+// collector, which waits for it.
+func (c *Collector) later(key string, delay time.Duration, attempts int, try func() bool, gaveUp func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.stopped || c.ctx == nil || c.retrying[pod.UID] {
+	if c.stopped || c.ctx == nil || c.retrying[key] {
 		return
 	}
 	if c.retrying == nil {
-		c.retrying = map[types.UID]bool{}
+		c.retrying = map[string]bool{}
 	}
-	c.retrying[pod.UID] = true
+	c.retrying[key] = true
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		select {
-		case <-c.ctx.Done():
-			return
-		case <-time.After(recordRetry):
-		}
-		c.mu.Lock()
-		delete(c.retrying, pod.UID)
-		c.mu.Unlock()
-		if p := c.Pods(pod.Namespace, pod.Name); p != nil && p.UID == pod.UID {
-			c.OnPod(p)
+		for attempt := 1; ; attempt++ {
+			select {
+			case <-c.ctx.Done():
+			case <-time.After(delay):
+			}
+			// The key is free while try runs: what try starts (OnPod)
+			// may ask for a retry of its own.
+			c.mu.Lock()
+			delete(c.retrying, key)
+			c.mu.Unlock()
+			if c.ctx.Err() != nil || try() {
+				return
+			}
+			if attempt == attempts {
+				if gaveUp != nil {
+					gaveUp()
+				}
+				return
+			}
+			c.mu.Lock()
+			taken := c.retrying[key] || c.stopped // another retry goes on, or none may
+			if !taken {
+				c.retrying[key] = true
+			}
+			c.mu.Unlock()
+			if taken {
+				return
+			}
 		}
 	}()
 }
@@ -502,40 +533,15 @@ func (c *Collector) mirror(run string) {
 // retryMirror syncs run's mirror again in the background, every few
 // seconds while its file stays locked, ten times at most.
 func (c *Collector) retryMirror(run string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	// One retry per run at a time: while the file stays locked every
-	// commit of the run ends here.
-	if c.stopped || c.ctx == nil || c.mirrorRetrying[run] {
-		return
-	}
-	if c.mirrorRetrying == nil {
-		c.mirrorRetrying = map[string]bool{}
-	}
-	c.mirrorRetrying[run] = true
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		defer func() {
-			c.mu.Lock()
-			delete(c.mirrorRetrying, run)
-			c.mu.Unlock()
-		}()
-		for range 10 {
-			select {
-			case <-c.ctx.Done():
-				return
-			case <-time.After(3 * time.Second):
-			}
-			if err := c.Mirror.Sync(run); !errors.Is(err, errMirrorLocked) {
-				if err != nil {
-					c.Log.Error(err, "mirroring the run's NDJSON file", "run", run)
-				}
-				return
-			}
+	c.later("mirror/"+run, 3*time.Second, 10, func() bool {
+		err := c.Mirror.Sync(run)
+		if err != nil && !errors.Is(err, errMirrorLocked) {
+			c.Log.Error(err, "mirroring the run's NDJSON file", "run", run)
 		}
+		return !errors.Is(err, errMirrorLocked)
+	}, func() {
 		c.Log.Info("gave up mirroring the run's NDJSON file: it stayed locked by another process; its log is in the store", "run", run)
-	}()
+	})
 }
 
 // describe copies what the pod says about its run into the record.
