@@ -379,20 +379,30 @@ func startRuns(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface,
 		return nil, err
 	}
 	pods := map[string]string{} // job -> running pod
-	err := wait.PollUntilContextTimeout(ctx, time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+	phases := map[corev1.PodPhase]int{}
+	// The Job controller creates the pods at its client's 20 requests a
+	// second, with an event and a status update each, and kwok starts
+	// them four at a time: a thousand take minutes on 2 cores.
+	deadline := max(5*time.Minute, time.Duration(n)*600*time.Millisecond)
+	err := wait.PollUntilContextTimeout(ctx, time.Second, deadline, true, func(ctx context.Context) (bool, error) {
 		list, err := cs.CoreV1().Pods("paperclip").List(ctx, metav1.ListOptions{LabelSelector: "paperclip.io/agent-id"})
 		if err != nil {
 			return false, nil
 		}
+		clear(phases)
 		for _, p := range list.Items {
-			if p.Status.Phase == corev1.PodRunning && strings.HasPrefix(p.Labels[batchv1.JobNameLabel], prefix+"-") {
+			if !strings.HasPrefix(p.Labels[batchv1.JobNameLabel], prefix+"-") {
+				continue
+			}
+			phases[p.Status.Phase]++
+			if p.Status.Phase == corev1.PodRunning {
 				pods[p.Labels[batchv1.JobNameLabel]] = p.Name
 			}
 		}
 		return len(pods) == n, nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%d of %d pods running", len(pods), n)
+		return nil, fmt.Errorf("%d of %d pods running after %s (pods by phase: %v)", len(pods), n, deadline, phases)
 	}
 	for i := range runs {
 		if runs[i].log, err = c.PodLog(ctx, "paperclip", pods[runs[i].job]); err != nil {
