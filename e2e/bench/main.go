@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -41,6 +42,7 @@ func main() {
 	pgSizes := flag.String("fleet-runs", "1000", "fleet: concurrent runs over three relay replicas on PostgreSQL, one measurement per size")
 	flood := flag.Int("flood", 2000, "relay: lines each run writes as fast as it can")
 	starts := flag.Int("starts", 30, "admission: Jobs per scenario and round timed from create to the agent pod Running")
+	memLimit := flag.String("relay-memlimit", "", "relay: the relay's soft memory limit, passed to it as $GOMEMLIMIT (e.g. 96MiB; default none: the relay sets one from its cgroup's memory limit, if it has one)")
 	flag.Parse()
 	levels, err := ints(*conc)
 	var sizes, pgRuns []int
@@ -50,8 +52,11 @@ func main() {
 	if err == nil {
 		pgRuns, err = ints(*pgSizes)
 	}
+	if err == nil && *memLimit != "" && !memLimitSyntax.MatchString(*memLimit) {
+		err = fmt.Errorf("-relay-memlimit %q: want a number of bytes with an optional unit B, KiB, MiB, GiB or TiB, as $GOMEMLIMIT", *memLimit)
+	}
 	if err == nil {
-		err = run(*n, levels, *rounds, *only, sizes, pgRuns, *flood, *starts)
+		err = run(*n, levels, *rounds, *only, sizes, pgRuns, *flood, *starts, *memLimit)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -71,7 +76,11 @@ func ints(list string) ([]int, error) {
 	return out, nil
 }
 
-func run(n int, levels []int, rounds int, only string, sizes, pgRuns []int, flood, starts int) error {
+// memLimitSyntax is what the Go runtime accepts in $GOMEMLIMIT (besides
+// "off"); a relay given anything else would not start.
+var memLimitSyntax = regexp.MustCompile(`^[0-9]+(B|KiB|MiB|GiB|TiB)?$`)
+
+func run(n int, levels []int, rounds int, only string, sizes, pgRuns []int, flood, starts int, relayMemLimit string) error {
 	ctx := context.Background()
 	start := time.Now()
 	c, err := cluster.Start(ctx, cluster.Options{Log: os.Stderr})
@@ -102,7 +111,17 @@ func run(n int, levels []int, rounds int, only string, sizes, pgRuns []int, floo
 		if err := (&admissionBench{cs: cs}).clear(ctx); err != nil {
 			return err
 		}
-		if err := relayBench(ctx, c, cs, sizes, flood); err != nil {
+		// The relay inherits the bench's environment; the cluster, started
+		// above, does not see the limit.
+		if relayMemLimit != "" {
+			fmt.Printf("# relay: GOMEMLIMIT=%s (-relay-memlimit)\n", relayMemLimit)
+			os.Setenv("GOMEMLIMIT", relayMemLimit)
+		}
+		err := relayBench(ctx, c, cs, sizes, flood)
+		if relayMemLimit != "" {
+			os.Unsetenv("GOMEMLIMIT")
+		}
+		if err != nil {
 			return err
 		}
 	}

@@ -75,6 +75,7 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 // error. run is relay.Serve outside tests.
 func Main(ctx context.Context, args []string, stderr io.Writer, run func(context.Context, relay.Options) error) int {
 	setGCPercent()
+	mem := setMemoryLimit(cgroupRoot)
 	var o *Options
 	return command.ServerMain(ctx, "clipjob-relay", stderr, func() (*command.Server, error) {
 		var err error
@@ -84,6 +85,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer, run func(context
 		return &o.Server, nil
 	}, func(ctx context.Context, log logr.Logger, cfg *rest.Config) error {
 		o.Log, o.RestConfig = log, cfg
+		mem.log(log)
 		return run(ctx, o.Options)
 	})
 }
