@@ -5,10 +5,13 @@ import (
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+
+	"github.com/paperclipai/clipjob/relay/replicas"
 )
 
 // relayStores are the relay's installs on PostgreSQL the chart promises.
@@ -144,6 +147,68 @@ func TestRelaySaysWhyItStopped(t *testing.T) {
 		into(t, render(t, values), "Deployment", "clipjob-relay", &d)
 		if p := d.Spec.Template.Spec.Containers[0].TerminationMessagePolicy; p != corev1.TerminationMessageFallbackToLogsOnError {
 			t.Errorf("%s: the relay's terminationMessagePolicy is %q, want %s", name, p, corev1.TerminationMessageFallbackToLogsOnError)
+		}
+	}
+}
+
+// TestRelayLeasePolicyNamesTheRelayAndItsGroup: wherever the relay gets
+// its Lease Role (PostgreSQL), an admission policy bound to the release
+// namespace matches the requests of the relay's ServiceAccount and holds
+// them to Leases of the group its Deployment passes as --lease-group, for
+// any release name; on bbolt, or with no relay, there is neither.
+func TestRelayLeasePolicyNamesTheRelayAndItsGroup(t *testing.T) {
+	for name, values := range relayStores {
+		for _, release := range []Release{rel, {Name: "logs", Namespace: "paperclip-system"}} {
+			r, err := Render(release, values)
+			if err != nil {
+				t.Fatal(err)
+			}
+			relayName := release.Name + "-clipjob-relay"
+			if release == rel {
+				relayName = "clipjob-relay"
+			}
+			var d appsv1.Deployment
+			into(t, r, "Deployment", relayName, &d)
+			group := ""
+			for _, a := range d.Spec.Template.Spec.Containers[0].Args {
+				if g, ok := strings.CutPrefix(a, "--lease-group="); ok {
+					group = g
+				}
+			}
+			var vap admissionregistrationv1.ValidatingAdmissionPolicy
+			into(t, r, "ValidatingAdmissionPolicy", relayName+"-leases", &vap)
+			sa := "'system:serviceaccount:" + release.Namespace + ":" + d.Spec.Template.Spec.ServiceAccountName + "'"
+			if len(vap.Spec.MatchConditions) != 1 || !strings.HasSuffix(vap.Spec.MatchConditions[0].Expression, "== "+sa) {
+				t.Errorf("%s, release %s: the policy's match conditions %+v do not name the relay's ServiceAccount %s", name, release.Name, vap.Spec.MatchConditions, sa)
+			}
+			rules := vap.Spec.MatchConstraints.ResourceRules
+			if len(rules) != 1 || !slices.Equal(rules[0].Resources, []string{"leases"}) || len(rules[0].Operations) != 3 {
+				t.Errorf("%s: the policy matches %+v, want the relay's Lease writes", name, rules)
+			}
+			vars := map[string]string{}
+			for _, v := range vap.Spec.Variables {
+				vars[v.Name] = v.Expression
+			}
+			if want := "'" + group + "'"; group == "" || vars["group"] != want || vars["label"] != "'"+replicas.LabelGroup+"'" {
+				t.Errorf("%s, release %s: the policy's group %s and label %s, want %s (the relay's --lease-group) and '%s'", name, release.Name, vars["group"], vars["label"], want, replicas.LabelGroup)
+			}
+			if len(vap.Spec.Validations) != 2 || !strings.Contains(vap.Spec.Validations[0].Expression, "oldObject.metadata.name.startsWith(variables.group + '-')") ||
+				!strings.Contains(vap.Spec.Validations[1].Expression, "(has(object.metadata.labels) && variables.label in object.metadata.labels") {
+				t.Errorf("%s: the policy checks %+v, want the Lease as stored and as written", name, vap.Spec.Validations)
+			}
+			var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
+			into(t, r, "ValidatingAdmissionPolicyBinding", relayName+"-leases", &binding)
+			sel := binding.Spec.MatchResources.NamespaceSelector
+			if binding.Spec.PolicyName != vap.Name || !slices.Equal(binding.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) ||
+				sel == nil || len(sel.MatchExpressions) != 1 || !slices.Equal(sel.MatchExpressions[0].Values, []string{release.Namespace}) {
+				t.Errorf("%s: the binding %+v, want Deny in the release namespace %s only", name, binding.Spec, release.Namespace)
+			}
+		}
+	}
+	for name, values := range map[string]map[string]any{"bbolt": nil, "no relay": {"relay": map[string]any{"enabled": false}}} {
+		r := render(t, values)
+		if r.Find("ValidatingAdmissionPolicy", "clipjob-relay-leases") != nil || r.Find("ValidatingAdmissionPolicyBinding", "clipjob-relay-leases") != nil {
+			t.Errorf("%s: the relay Lease policy is rendered with no Lease Role to confine", name)
 		}
 	}
 }

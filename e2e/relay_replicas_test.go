@@ -22,7 +22,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/paperclipai/clipjob/charts"
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
@@ -131,10 +130,15 @@ func (rs *relayReplicas) start(ctx context.Context, id, group, conn string) (*ha
 
 // applyRelayLeaseRBAC creates the Role and RoleBinding the chart gives
 // relays on PostgreSQL (rendered from the chart, so the relays hold what
-// an install grants them); harness.StartRelay applies the rest.
+// an install grants them); harness.StartRelay applies the rest. It deletes
+// the chart's relay Lease policy should an install have left it
+// (TestChartRelayOnPostgresOnTheRealNode's keeps admission policies): the
+// suite's replicas run as the chart's relay ServiceAccount but in groups
+// of their own, one per test, and that policy holds the account to the
+// chart's group (TestRelayLeasePolicyConfinesTheRelayToItsGroup). A relay
+// refused until the API server drops it renews again 2 s later.
 func applyRelayLeaseRBAC(ctx context.Context) error {
-	r, err := charts.Render(harness.Release, map[string]any{"relay": map[string]any{"store": "postgres", "replicas": 3,
-		"postgres": map[string]any{"existingSecret": "relay-postgres"}}})
+	r, err := renderRelayOnPostgres()
 	if err != nil {
 		return err
 	}
@@ -152,7 +156,7 @@ func applyRelayLeaseRBAC(ctx context.Context) error {
 	if _, err := env.cs.RbacV1().RoleBindings(rb.Namespace).Create(ctx, &rb, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
-	return nil
+	return deleteRelayLeasePolicy(ctx)
 }
 
 // owner is the replica that collects run while all of ids are live.
