@@ -64,16 +64,20 @@ func podsOf(ctx context.Context, t *testing.T, name string) []corev1.Pod {
 	return pods.Items
 }
 
-// waitPods waits up to d for Job name to have a pod, and returns its pods.
-func waitPods(ctx context.Context, t *testing.T, name string, d time.Duration) []corev1.Pod {
+// podsAfterStart returns the pods of Job name once a client tried to
+// start it (startErr: the API server's answer). Refused, and stored still
+// suspended, the Job controller makes no pod for it: the pods it has now
+// are all it will have, and nothing is gained by watching for more.
+// Admitted (or no longer suspended), its pods are waited for, as a
+// condition: the controller makes them within seconds on a quiet machine.
+func podsAfterStart(ctx context.Context, t *testing.T, name string, startErr error) []corev1.Pod {
 	t.Helper()
+	if startErr != nil && suspended(getJob(ctx, t, name)) {
+		return podsOf(ctx, t, name)
+	}
 	var pods []corev1.Pod
-	_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, d, true, func(context.Context) (bool, error) {
-		list, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + name})
-		if err != nil {
-			return false, nil
-		}
-		pods = list.Items
+	_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+		pods = podsOf(ctx, t, name)
 		return len(pods) > 0, nil
 	})
 	return pods
@@ -167,7 +171,7 @@ func TestHostileQueuedForgedRunStartsOnceUnmarked(t *testing.T) {
 		}
 		_, unmarkErr := patchJob(ctx, cs, forged.Name, unmark.patch)
 		_, startErr := patchJob(ctx, cs, forged.Name, `{"spec":{"suspend":false}}`)
-		pods := waitPods(ctx, t, forged.Name, 10*time.Second)
+		pods := podsAfterStart(ctx, t, forged.Name, startErr)
 		j := getJob(ctx, t, forged.Name)
 		if len(pods) > 0 || !suspended(j) {
 			images := []string{}
@@ -211,7 +215,7 @@ func TestHostileQueuedOwnContainerStartsOnceUnmarked(t *testing.T) {
 	}
 	_, unmarkErr := patchJob(ctx, cs, own.Name, `{"metadata":{"annotations":{"clipjob.paperclip.io/queued":null}}}`)
 	_, startErr := patchJob(ctx, cs, own.Name, `{"spec":{"suspend":false}}`)
-	pods := waitPods(ctx, t, own.Name, 10*time.Second)
+	pods := podsAfterStart(ctx, t, own.Name, startErr)
 	if len(pods) > 0 {
 		t.Errorf("BREAK: %s created Job %s with a container of its own (image %s; stored suspended %v, queued %q: the validating webhook never judged it), "+
 			"dropped the queue mark (err %v) and started it (err %v): its pod runs image %s",
@@ -403,7 +407,7 @@ func TestHostileQueuedTemplateOnlyAgentLabels(t *testing.T) {
 		t.Errorf("BREAK: the agent label was added to it")
 	}
 	_, startErr := patchJob(ctx, cs, forged.Name, `{"spec":{"suspend":false}}`)
-	pods := waitPods(ctx, t, forged.Name, 10*time.Second)
+	pods := podsAfterStart(ctx, t, forged.Name, startErr)
 	if startErr == nil || len(pods) > 0 {
 		t.Errorf("BREAK: %s started it itself (unsuspend err %v): %d pods; pods carrying agent %s's label now running: %v",
 			me, startErr, len(pods), agent, runningAgentPods(ctx, t, agent))
@@ -687,7 +691,7 @@ func TestHostileQueuedStatusSubresourceCannotStartAForgedRun(t *testing.T) {
 		t.Logf("the queue mark was dropped through the status subresource (the agent-runs policy matches jobs, not jobs/status)")
 	}
 	_, startErr := patchJob(ctx, cs, name, `{"spec":{"suspend":false}}`)
-	pods := waitPods(ctx, t, name, 15*time.Second)
+	pods := podsAfterStart(ctx, t, name, startErr)
 	if startErr == nil || len(pods) > 0 {
 		t.Errorf("BREAK: a forged queued Job started after its mark was dropped through status (unmark err %v, start err %v): %d pods", unmarkErr, startErr, len(pods))
 	} else if !apierrors.IsForbidden(startErr) || !(strings.Contains(startErr.Error(), "evil.example.com/miner:1") || strings.Contains(startErr.Error(), "a queued run is started by clipjob")) {
@@ -776,7 +780,7 @@ func TestHostileQueuedPodLabelsSmuggledAtUnsuspend(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := patchJob(ctx, cs, one.Name, `{"spec":{"suspend":false,"template":`+labels+`}}`)
-	pods := waitPods(ctx, t, one.Name, 15*time.Second)
+	pods := podsAfterStart(ctx, t, one.Name, err)
 	if err == nil || len(pods) > 0 {
 		t.Errorf("BREAK: a plain suspended Job got agent %s's pod labels and was started in one UPDATE (err %v): %d pods; running pods carrying the agent's label: %v",
 			agent, err, len(pods), runningAgentPods(ctx, t, agent))
@@ -792,7 +796,7 @@ func TestHostileQueuedPodLabelsSmuggledAtUnsuspend(t *testing.T) {
 	_, startErr := patchJob(ctx, cs, two.Name, `{"spec":{"suspend":false}}`)
 	// With its labels refused it starts as the plain Job it is, which is
 	// not clipjob's to judge; none of its pods may carry the agent's label.
-	pods = slices.DeleteFunc(waitPods(ctx, t, two.Name, 15*time.Second), func(p corev1.Pod) bool { return p.Labels[contract.LabelAgentID] != agent })
+	pods = slices.DeleteFunc(podsAfterStart(ctx, t, two.Name, startErr), func(p corev1.Pod) bool { return p.Labels[contract.LabelAgentID] != agent })
 	if len(pods) > 0 {
 		t.Errorf("BREAK: a plain suspended Job got agent %s's pod labels (err %v), then was started (err %v): %d pods; running pods carrying the agent's label: %v",
 			agent, labelErr, startErr, len(pods), runningAgentPods(ctx, t, agent))
