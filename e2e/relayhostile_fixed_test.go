@@ -169,45 +169,30 @@ func TestHostileRelayHugeCursorIsPastTheEnd(t *testing.T) {
 // TestHostileRelayIdentityThatNamesNoLease: an operator starts a relay on
 // PostgreSQL outside a pod, where the identity would be the host name,
 // with one that names no valid Lease (capitals, an underscore, a slash, a
-// trailing '-'). It exits at once, non-zero, naming --replica-id, instead
-// of running unready for good.
+// trailing '-'), everything else as a replica of the group needs it. It
+// exits at once, non-zero, naming --replica-id, instead of running
+// unready for good.
 func TestHostileRelayIdentityThatNamesNoLease(t *testing.T) {
-	bin, err := harness.Build(t.TempDir(), "clipjob-relay")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	url := filepath.Join(dir, "pgurl")
-	// No server there: the identity is refused before the store is opened.
-	if err := os.WriteFile(url, []byte("host="+dir+" port=5432 user=clipjob dbname=postgres sslmode=disable"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ports, err := cluster.FreePorts(3)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, rs := readyReplicas(t)
 	for _, id := range []string{"Bad_ID", "build/host", "relay-", "UPPER"} {
+		_, args := rs.relayCommand(ctx, t, id, rs.group)
 		// Refused before anything is opened: half a minute is generous on
 		// a busy machine.
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		start := time.Now()
-		cmd := exec.CommandContext(ctx, bin, "--kubeconfig", env.cluster.Kubeconfig, "--namespace", ns, "--data-dir", filepath.Join(dir, "data"),
-			"--api-address", fmt.Sprintf("127.0.0.1:%d", ports[0]), "--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", ports[1]),
-			"--metrics-bind-address", fmt.Sprintf("127.0.0.1:%d", ports[2]), "--cert-dir", filepath.Join(dir, "certs"),
-			"--store", "postgres", "--postgres-url-file", url, "--postgres-schema", replicasSchema,
-			"--lease-namespace", harness.Release.Namespace, "--lease-group", "e2e-hostile-id", "--replica-id", id)
+		cmd := exec.CommandContext(cctx, replicasSetup.bin, args...)
 		out, err := cmd.CombinedOutput()
-		took, ran := time.Since(start), ctx.Err() != nil
+		took, ran := time.Since(start), cctx.Err() != nil
 		cancel()
-		code := -1
-		if cmd.ProcessState != nil {
-			code = cmd.ProcessState.ExitCode()
+		if cmd.ProcessState == nil {
+			t.Fatalf("--replica-id %q: %v", id, err)
 		}
 		if ran {
 			t.Errorf("--replica-id %q: the relay still ran after %s: %.500s", id, took.Round(time.Second), out)
 			continue
 		}
-		if code < 1 || !strings.Contains(string(out), "--replica-id") || !strings.Contains(string(out), "e2e-hostile-id-"+id) {
+		code := cmd.ProcessState.ExitCode()
+		if code < 1 || !strings.Contains(string(out), "--replica-id") || !strings.Contains(string(out), replicas.LeaseName(rs.group, id)) {
 			t.Errorf("--replica-id %q: exit %d (%v) after %s, output %.1000q; want a non-zero exit naming --replica-id and the Lease", id, code, err, took.Round(time.Millisecond), out)
 			continue
 		}
@@ -483,13 +468,11 @@ func TestHostileRelayRunSeenWhileWritesFailIsCollected(t *testing.T) {
 	exactlyOnce(t, plainLog(t, rs.relays[2], rs.token, run), want)
 }
 
-// startRelayUnready starts a relay on the replicas' store as rs.start
-// does, but returns once it runs, not once it is ready: a relay refused
-// membership never is.
-func (rs *relayReplicas) startRelayUnready(ctx context.Context, t *testing.T, id, group string) *harness.Relay {
+// relayCommand is the command line of a relay on the replicas' store, as
+// rs.start runs one, and the relay it describes; nothing is started.
+func (rs *relayReplicas) relayCommand(ctx context.Context, t *testing.T, id, group string) (*harness.Relay, []string) {
 	t.Helper()
-	name := "relay-" + group + "-" + id
-	dir := filepath.Join(env.cluster.Dir, name)
+	dir := filepath.Join(env.cluster.Dir, "relay-"+group+"-"+strings.ReplaceAll(id, "/", "_"))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -512,16 +495,26 @@ func (rs *relayReplicas) startRelayUnready(ctx context.Context, t *testing.T, id
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &harness.Relay{APIAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]), DataDir: filepath.Join(dir, "data"), MetricsAddr: fmt.Sprintf("127.0.0.1:%d", ports[2])}
-	probe := fmt.Sprintf("127.0.0.1:%d", ports[1])
-	r.Process, err = harness.StartProcess(ctx, filepath.Join(dir, "relay.log"), "", replicasSetup.bin, "--kubeconfig", kubeconfig,
-		"--namespace", ns, "--data-dir", r.DataDir, "--api-address", r.APIAddr, "--cert-dir", filepath.Join(dir, "certs"),
-		"--health-probe-bind-address", probe, "--metrics-bind-address", r.MetricsAddr, "--zap-log-level", "debug",
-		"--store", "postgres", "--postgres-url-file", url, "--postgres-schema", replicasSchema,
-		"--lease-namespace", harness.Release.Namespace, "--lease-group", group, "--replica-id", id)
+	r := &harness.Relay{APIAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]), DataDir: filepath.Join(dir, "data"), MetricsAddr: fmt.Sprintf("127.0.0.1:%d", ports[2]),
+		Process: &harness.Process{Log: filepath.Join(dir, "relay.log"), ProbeAddr: fmt.Sprintf("127.0.0.1:%d", ports[1])}}
+	return r, []string{"--kubeconfig", kubeconfig, "--namespace", ns, "--data-dir", r.DataDir, "--api-address", r.APIAddr,
+		"--cert-dir", filepath.Join(dir, "certs"), "--health-probe-bind-address", r.ProbeAddr, "--metrics-bind-address", r.MetricsAddr,
+		"--zap-log-level", "debug", "--store", "postgres", "--postgres-url-file", url, "--postgres-schema", replicasSchema,
+		"--lease-namespace", harness.Release.Namespace, "--lease-group", group, "--replica-id", id}
+}
+
+// startRelayUnready starts a relay on the replicas' store as rs.start
+// does, but returns once it runs, not once it is ready: a relay refused
+// membership never is.
+func (rs *relayReplicas) startRelayUnready(ctx context.Context, t *testing.T, id, group string) *harness.Relay {
+	t.Helper()
+	r, args := rs.relayCommand(ctx, t, id, group)
+	probe := r.ProbeAddr
+	p, err := harness.StartProcess(ctx, r.Log, "", replicasSetup.bin, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
+	r.Process = p
 	r.ProbeAddr = probe // for readyz; set after the start, which would wait for it
 	t.Cleanup(r.Stop)
 	return r
@@ -591,13 +584,13 @@ func TestHostileRelayGroupsWithCollidingLeaseNames(t *testing.T) {
 	renewalsBefore := renewals
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
 		events()
-		return refusals() >= 3 && renewals-renewalsBefore >= 3, nil
+		return len(flips) > 0 || refusals() >= 3 && renewals-renewalsBefore >= 3, nil
 	})
+	if len(flips) > 0 {
+		t.Fatalf("the first's Lease changed hands: %v", flips)
+	}
 	if err != nil {
 		t.Fatalf("the second relay was refused %d renewals and the first renewed %d times: %v", refusals(), renewals-renewalsBefore, err)
-	}
-	if len(flips) > 0 {
-		t.Errorf("the first's Lease changed hands: %v", flips)
 	}
 	if code, body := readyz(second); code == http.StatusOK || !strings.Contains(body, "[-]collecting") {
 		t.Errorf("the second relay says it is ready and collecting: %d %s", code, body)
