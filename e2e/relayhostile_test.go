@@ -331,13 +331,16 @@ func TestHostileRelayKilledReplicaLeavesNoLease(t *testing.T) {
 
 // TestHostileRelayRetiredRunStaysRetired: retention (here any finished
 // run beyond one byte, every second) deletes a run whose pod remains (its
-// Job is kept, with no TTL). The replica that collected it stops; the one
-// taking its runs over sees that pod, and so does the first when it comes
-// back: neither collects the run again. It stays gone through every
-// replica, its mirror file is not rewritten, and retention deleted it
-// once.
+// Job is kept, with no TTL). Then every replica restarts without
+// retention, so that a run collected again would stay: the replica the
+// run now belongs to sees its pod and leaves it, and so does the replica
+// that first collected it when it is back. The run stays gone through
+// every replica, its mirror file is not rewritten, and the store's record
+// of its retirement is the first one. The replicas keep a schema of their
+// own: retention this eager would delete the other tests' runs.
 func TestHostileRelayRetiredRunStaysRetired(t *testing.T) {
-	ctx, rs := readyReplicasWith(t, "--retention-max-bytes", "1", "--retention-interval", "1s")
+	const schema = "e2e_retired"
+	ctx, rs := readyReplicasWith(t, "--postgres-schema", schema, "--retention-max-bytes", "1", "--retention-interval", "1s")
 	run := "e2e-hostile-retired"
 	owner := rs.owner(run)
 	pod, log := agentRun(ctx, t, run)
@@ -345,7 +348,9 @@ func TestHostileRelayRetiredRunStaysRetired(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitStoredAtLeast(ctx, t, rs.relays[owner], rs.token, run, 3, "before the run ends")
-	finishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
+	job := pod.Labels["batch.kubernetes.io/job-name"]
+	finishRun(ctx, t, job, "0")
+	jobUID := string(metav1.GetControllerOf(pod).UID)
 	mirror := filepath.Join(rs.mirror, "run-logs", "acme", "agent-"+run, run+".pod.ndjson")
 	gone := func(which ...int) string {
 		for _, i := range which {
@@ -358,15 +363,14 @@ func TestHostileRelayRetiredRunStaysRetired(t *testing.T) {
 		}
 		return ""
 	}
-	counter := func(i int, prefix string, match ...string) int {
-		v, _ := rs.relays[i].Counter(prefix, match...) // absent: 0
-		return int(v)
+	db, err := pgx.Connect(ctx, rs.pg.ConnString("postgres"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	deleted := func(which ...int) (n int) {
-		for _, i := range which {
-			n += counter(i, "clipjob_relay_runs_deleted_total ")
-		}
-		return n
+	t.Cleanup(func() { _ = db.Close(context.Background()) })
+	retiredAt := func() (at int64) {
+		_ = db.QueryRow(ctx, `SELECT retired_at FROM `+schema+`.retired_runs WHERE job_uid = $1`, jobUID).Scan(&at)
+		return at
 	}
 	waitFor := func(what string, ok func() string) {
 		t.Helper()
@@ -381,46 +385,62 @@ func TestHostileRelayRetiredRunStaysRetired(t *testing.T) {
 	}
 	all := []int{0, 1, 2}
 	waitFor("retention deletes the finished run", func() string {
-		if n := deleted(all...); n != 1 {
-			return fmt.Sprintf("%d runs deleted", n)
+		if retiredAt() == 0 {
+			return "no record of its retirement in the store"
 		}
 		return gone(all...)
 	})
+	first := retiredAt()
 
+	// Every replica again, without retention: a run collected again stays.
+	for _, r := range rs.relays {
+		r.Stop()
+	}
+	rs.extra = []string{"--postgres-schema", schema}
+	restart := func(i int) {
+		t.Helper()
+		conn := rs.pg.ConnString("postgres")
+		if i == 2 {
+			conn = rs.proxy.ConnString("postgres")
+		}
+		r, err := rs.start(ctx, rs.ids[i], rs.group, conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs.relays[i] = r
+	}
+	// leftAlone: replica i, a member, has passed over a retired run's pod
+	// (the pods it owns are offered to it when it joins), and the run
+	// stays gone for five retention intervals of the earlier replicas.
+	leftAlone := func(i int, which ...int) {
+		t.Helper()
+		waitFor("replica "+rs.ids[i]+" passes over a retired run's pod", func() string {
+			if v, _ := rs.relays[i].Counter("clipjob_relay_pods_ignored_total", `reason="retired"`); v < 1 {
+				return "no pod passed over as retired"
+			}
+			return gone(which...)
+		})
+		for range 10 {
+			if why := gone(which...); why != "" {
+				t.Fatalf("the retired run came back: %s", why)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
 	var others []int
-	var otherIDs []string
 	for i := range rs.ids {
 		if i != owner {
-			others, otherIDs = append(others, i), append(otherIDs, rs.ids[i])
+			others = append(others, i)
+			restart(i)
 		}
 	}
-	before := deleted(others...)
-	heir := rs.owner(run, otherIDs...)
-	rs.relays[owner].Stop()
-	waitFor("the replica taking the run over sees its pod and leaves it", func() string {
-		if n := counter(heir, "clipjob_relay_pods_ignored_total", `reason="retired"`); n < 1 {
-			return fmt.Sprintf("replica %s ignored %d pods as retired", rs.ids[heir], n)
-		}
-		return gone(others...)
-	})
-	if err := rs.relays[owner].Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	rs.waitMembers(ctx, t, others...)
+	leftAlone(rs.owner(run, rs.ids[others[0]], rs.ids[others[1]]), others...)
+	restart(owner)
 	rs.waitMembers(ctx, t, all...)
-	waitFor("the replica back sees the pod again and leaves it", func() string {
-		if n := counter(owner, "clipjob_relay_pods_ignored_total", `reason="retired"`); n < 1 {
-			return fmt.Sprintf("replica %s ignored %d pods as retired", rs.ids[owner], n)
-		}
-		return gone(all...)
-	})
-	// A run collected again would be deleted again at the next retention
-	// (every second): three of them pass.
-	time.Sleep(3 * time.Second)
-	if why := gone(all...); why != "" {
-		t.Errorf("the retired run came back: %s", why)
-	}
-	if n, m := deleted(others...)-before, deleted(owner); n != 0 || m != 0 {
-		t.Errorf("retention deleted the run again %d times on the replicas that stayed and %d on the one back: it had been collected again", n, m)
+	leftAlone(owner, all...)
+	if got := retiredAt(); got != first {
+		t.Errorf("the run's retirement recorded at %d, then at %d: it was collected and retired again", first, got)
 	}
 	if _, err := env.cs.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{}); err != nil {
 		t.Errorf("the run's pod is gone (%v): the test proved nothing", err)
