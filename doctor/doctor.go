@@ -256,9 +256,25 @@ func brief(v any) string {
 	return string(b)
 }
 
-// leasePolicy checks that the chart's claim Lease policy and its binding
-// are there, when the chart has them.
+// policyGuards are the chart's admission policies, by the end of their
+// names: the failure that names one missing, and what is open without it.
+var policyGuards = []struct {
+	suffix, without string
+	fail            func(detail, fix string) Result
+}{
+	{"-claim-leases", "anyone with Lease rights can delete or squat claims",
+		func(detail, fix string) Result { return fail("claim-lease-policy", detail, fix) }},
+	{"-relay-leases", "the relay's ServiceAccount may rewrite or delete any Lease of the release namespace, the webhook's election Lease among them",
+		func(detail, fix string) Result { return fail("relay-lease-policy", detail, fix) }},
+	{"-agent-runs", "a queued run's creator may start it or change its queued mark, and a Job dressed as complete may claim another's created-by",
+		func(detail, fix string) Result { return fail("agent-runs-policy", detail, fix) }},
+}
+
+// leasePolicy checks that the chart's admission policies and their
+// bindings are there, when the chart has them: one result for each
+// policy that is missing a part.
 func (d *doctor) leasePolicy(ctx context.Context, fix string) {
+	failed := map[string]bool{}
 	for _, o := range d.rendered.Objects {
 		var err error
 		switch o.GetKind() {
@@ -269,9 +285,18 @@ func (d *doctor) leasePolicy(ctx context.Context, fix string) {
 		default:
 			continue
 		}
-		if err != nil {
-			d.add(fail("claim-lease-policy", fmt.Sprintf("%s %s: %v; without it anyone with Lease rights can delete or squat claims", o.GetKind(), o.GetName(), err), fix))
-			return
+		if err == nil {
+			continue
+		}
+		suffix, without, failure := "", "the rules it holds are not enforced", func(detail, fix string) Result { return fail("admission-policy", detail, fix) }
+		for _, g := range policyGuards {
+			if strings.HasSuffix(o.GetName(), g.suffix) {
+				suffix, without, failure = g.suffix, g.without, g.fail
+			}
+		}
+		if !failed[suffix] {
+			failed[suffix] = true
+			d.add(failure(fmt.Sprintf("%s %s: %v; without it %s", o.GetKind(), o.GetName(), err, without), fix))
 		}
 	}
 }
