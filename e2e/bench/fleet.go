@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -138,6 +139,12 @@ func applyLeaseRBAC(ctx context.Context, cs kubernetes.Interface) error {
 	return err
 }
 
+// fleetPGPool, when set, is each replica's pool of PostgreSQL connections
+// (pool_max_conns in its connection string; the relay's default is
+// pgxpool's, 4 on 2 cores): every commit and every read of a client's
+// lines takes one.
+var fleetPGPool = flag.Int("fleet-pg-pool", 0, "fleet: each replica's PostgreSQL connections (pool_max_conns; 0: the relay's default)")
+
 func fleetOnPostgres(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, kit *relayKit, n, floodPerRun int) (fleetPGResult, error) {
 	res := fleetPGResult{runs: n, replicas: make([]replicaFigures, len(fleetIDs))}
 	name := fmt.Sprintf("fleet-%d", n)
@@ -155,7 +162,12 @@ func fleetOnPostgres(ctx context.Context, c *cluster.Cluster, cs kubernetes.Inte
 	}
 	defer db.Close(context.WithoutCancel(ctx))
 	url := filepath.Join(c.Dir, name+".pgurl")
-	if err := os.WriteFile(url, []byte(pg.ConnString("postgres")), 0o600); err != nil {
+	conn := pg.ConnString("postgres")
+	if *fleetPGPool > 0 {
+		conn += fmt.Sprintf(" pool_max_conns=%d", *fleetPGPool)
+		fmt.Fprintf(os.Stderr, "bench: fleet: %d PostgreSQL connections per replica\n", *fleetPGPool)
+	}
+	if err := os.WriteFile(url, []byte(conn), 0o600); err != nil {
 		return res, err
 	}
 
