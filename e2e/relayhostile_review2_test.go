@@ -1,0 +1,255 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	coordinationclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+
+	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/e2e/harness"
+	"github.com/paperclipai/clipjob/relay"
+	"github.com/paperclipai/clipjob/relay/replicas"
+)
+
+// The relay's replicas attacked again: a replica paused past its Lease,
+// tenants naming their Jobs for one replica, a tenant forging a pod's
+// controller, and the relay's own token against its Lease policy.
+
+// TestHostileRelayReview2PausedReplicaLosesNoLine: a replica frozen
+// (SIGSTOP, as a node under pressure or a debugger freezes it) mid-flood
+// for longer than its Lease lasts twice over. The others take its runs
+// over and delete its Lease as left behind; thawed, it goes on for a
+// moment with the runs it believed its own, from the cursors it read
+// before, then renews (recreating its Lease) and rejoins. Every line of
+// every run is stored once, in order, read through each replica.
+func TestHostileRelayReview2PausedReplicaLosesNoLine(t *testing.T) {
+	ctx, rs := readyReplicas(t)
+	const paused = 1
+	// A flood one run of which at least the frozen replica owns.
+	prefix := ""
+	for i := 0; prefix == ""; i++ {
+		p := fmt.Sprintf("e2e-review2-paused%d", i)
+		for j := range 3 {
+			if rs.owner(fmt.Sprintf("%s-%d", p, j)) == paused {
+				prefix = p
+			}
+		}
+	}
+	f := startFlood(ctx, t, prefix, 3)
+	owned := 0
+	for _, r := range f.runs {
+		if rs.owner(r) == paused {
+			owned++
+		}
+	}
+	t.Logf("the paused replica %s owns %d of the flood's %d runs", rs.ids[paused], owned, len(f.runs))
+	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(100), "before the pause")
+	refusedBefore := refusals(t, rs.relays[paused])
+	pid := rs.relays[paused].PID()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	defer thaw()
+	leases := env.cs.CoordinationV1().Leases(harness.Release.Namespace)
+	name := replicas.LeaseName(rs.group, rs.ids[paused])
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := leases.Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatalf("the frozen replica's Lease %s was not deleted as left behind: %v", name, err)
+	}
+	t.Logf("the frozen replica's Lease deleted by the others %s after the freeze (lease %s)", time.Since(stopped).Round(100*time.Millisecond), relay.DefaultOptions().Replicas.LeaseDuration)
+	// The others collect its runs meanwhile.
+	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(100), "with the replica frozen")
+	thaw()
+	rs.waitMembers(ctx, t, 0, 1, 2)
+	if _, err := leases.Get(ctx, name, metav1.GetOptions{}); err != nil {
+		t.Errorf("the thawed replica rejoined without its Lease: %v", err)
+	}
+	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(100), "after the thaw")
+	f.end(ctx, t, rs)
+	t.Logf("the thawed replica had %d commits refused after the thaw", refusals(t, rs.relays[paused])-refusedBefore)
+}
+
+// TestHostileRelayReview2RunNamesChosenForOneReplica: rendezvous hashing
+// spreads ordinary Job names evenly over three replicas; a tenant who
+// knows the replicas' identities (their pod names) picks names that all
+// land on one, at the cost of about three tries per name. Without the
+// identities it cannot: the same names spread over another set of
+// replicas evenly. Measured, not a defence: the skew is total for whoever
+// knows the members.
+func TestHostileRelayReview2RunNamesChosenForOneReplica(t *testing.T) {
+	members := []string{"clipjob-relay-7c9d8-abcde", "clipjob-relay-7c9d8-fghij", "clipjob-relay-7c9d8-klmno"}
+	const n = 3000
+	share := func(members []string, names []string) map[string]int {
+		got := map[string]int{}
+		for _, name := range names {
+			got[replicas.Pick(members, name)]++
+		}
+		return got
+	}
+	var ordinary []string
+	for i := range n {
+		ordinary = append(ordinary, fmt.Sprintf("agent-run-%d", i))
+	}
+	for id, c := range share(members, ordinary) {
+		if f := float64(c) / n; math.Abs(f-1.0/3) > 0.04 {
+			t.Errorf("ordinary names: replica %s gets %.1f%% of %d runs, not about a third", id, 100*f, n)
+		}
+	}
+	var chosen []string
+	tries := 0
+	for i := 0; len(chosen) < n; i++ {
+		tries++
+		name := fmt.Sprintf("agent-run-%d", i)
+		if replicas.Pick(members, name) == members[0] {
+			chosen = append(chosen, name)
+		}
+	}
+	got := share(members, chosen)
+	t.Logf("names chosen for %s: %d of %d runs on it, %.2f tries a name", members[0], got[members[0]], n, float64(tries)/n)
+	if got[members[0]] != n {
+		t.Errorf("chosen names: %v", got)
+	}
+	// Unknown members (another rollout's pod names): the chosen names
+	// spread again.
+	others := []string{"clipjob-relay-5f6b7-pqrst", "clipjob-relay-5f6b7-uvwxy", "clipjob-relay-5f6b7-z1234"}
+	for id, c := range share(others, chosen) {
+		if f := float64(c) / n; math.Abs(f-1.0/3) > 0.04 {
+			t.Errorf("names chosen for other members: replica %s gets %.1f%% of %d runs", id, 100*f, n)
+		}
+	}
+	// One replica of three gone: the chosen names move to the two left,
+	// evenly (rendezvous hashing), so a forced hot spot moves whole.
+	for id, c := range share(members[1:], chosen) {
+		if f := float64(c) / n; math.Abs(f-0.5) > 0.05 {
+			t.Errorf("chosen names after their replica left: %s gets %.1f%%", id, 100*f)
+		}
+	}
+}
+
+// relayLeaseClient is a Lease client holding the chart relay's
+// ServiceAccount token, with the chart's Lease policy applied (removed at
+// the end of the test); it returns once the API server enforces it.
+func relayLeaseClient(ctx context.Context, t *testing.T) (asRelay, admin coordinationclient.LeaseInterface) {
+	t.Helper()
+	t.Cleanup(func() {
+		if err := deleteRelayLeasePolicy(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	chartRBAC := func(ctx context.Context) error { return harness.ApplyChartRBAC(ctx, env.cs) }
+	for _, apply := range []func(context.Context) error{chartRBAC, applyRelayLeaseRBAC, applyRelayLeasePolicy} {
+		if err := apply(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var err error
+	rc := rest.AnonymousClientConfig(env.cluster.Config)
+	if rc.BearerToken, err = harness.ServiceAccountToken(ctx, env.cluster, harness.Release.Namespace, relaySA, nil); err != nil {
+		t.Fatal(err)
+	}
+	relayLeases := kubernetes.NewForConfigOrDie(rc).CoordinationV1().Leases(harness.Release.Namespace)
+	adminLeases := env.cs.CoordinationV1().Leases(harness.Release.Namespace)
+	probe := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "e2e-review2-probe"}}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := relayLeases.Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return apierrors.IsForbidden(err), nil
+	})
+	if err != nil {
+		t.Fatalf("the API server does not enforce the relay Lease policy: %v", err)
+	}
+	return relayLeases, adminLeases
+}
+
+// TestHostileRelayReview2RelayCannotDeleteLeasesWholesale: the relay's
+// token, under the chart's Role and Lease policy, cannot delete the
+// namespace's Leases as a collection (the Role grants no deletecollection),
+// not even those of its group, dry run or not; every Lease stays.
+func TestHostileRelayReview2RelayCannotDeleteLeasesWholesale(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	asRelay, admin := relayLeaseClient(ctx, t)
+	mine := replicas.LeaseName(relayGroup, "e2e-review2-wholesale")
+	_ = admin.Delete(ctx, mine, metav1.DeleteOptions{})
+	t.Cleanup(func() { _ = admin.Delete(context.Background(), mine, metav1.DeleteOptions{}) })
+	if _, err := admin.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: mine, Labels: map[string]string{replicas.LabelGroup: relayGroup}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("e2e-review2-wholesale")}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, opts := range []metav1.DeleteOptions{{DryRun: []string{metav1.DryRunAll}}, {}} {
+		for _, sel := range []string{"", replicas.LabelGroup + "=" + relayGroup} {
+			err := asRelay.DeleteCollection(ctx, opts, metav1.ListOptions{LabelSelector: sel})
+			if !apierrors.IsForbidden(err) {
+				t.Errorf("the relay deleting Leases as a collection (selector %q, dry run %v): want 403, got %v", sel, opts.DryRun, err)
+			}
+		}
+	}
+	if _, err := admin.Get(ctx, "clipjob-claim-controller", metav1.GetOptions{}); err != nil {
+		t.Errorf("the webhook's election Lease: %v", err)
+	}
+	if _, err := admin.Get(ctx, mine, metav1.GetOptions{}); err != nil {
+		t.Errorf("the group's Lease %s: %v", mine, err)
+	}
+}
+
+// forgedPod is a pod in namespace named run, with the labels of vpod's
+// run (but run's id and agent), whose controller is vpod's Job, on
+// vpod's node; a spec of one container of vpod's image.
+func forgedPod(vpod *corev1.Pod, namespace, run string) *corev1.Pod {
+	labels := map[string]string{}
+	for k, v := range vpod.Labels {
+		if !strings.Contains(k, "job-name") && !strings.Contains(k, "controller-uid") {
+			labels[k] = v
+		}
+	}
+	labels[contract.LabelRunID] = run
+	labels[contract.LabelAgentID] = "agent-" + run
+	job := metav1.GetControllerOf(vpod)
+	c := vpod.Spec.Containers[0]
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: run, Namespace: namespace, Labels: labels, Annotations: vpod.Annotations,
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: job.Name, UID: job.UID, Controller: ptr.To(true)}}},
+		Spec: corev1.PodSpec{NodeName: vpod.Spec.NodeName, Tolerations: vpod.Spec.Tolerations, RestartPolicy: corev1.RestartPolicyNever,
+			AutomountServiceAccountToken: ptr.To(false), Containers: []corev1.Container{{Name: c.Name, Image: c.Image, Command: c.Command}}}}
+}
+
+// TestHostileRelayReview2ForgedControllerRefusedInAgentNamespaces: a
+// tenant creating, in the agents' namespace, a pod of a run of its own
+// whose controller reference names another tenant's running Job (name
+// and UID, which the API server checks neither of) is refused by the
+// webhook: only the Job controller makes agent pods. The relay never
+// binds a run to a Job the tenant does not own, and retention cannot
+// retire another Job's run through it.
+func TestHostileRelayReview2ForgedControllerRefusedInAgentNamespaces(t *testing.T) {
+	ctx := ctxT(t)
+	victim := "e2e-review2-victim-ns"
+	vpod, _ := agentRun(ctx, t, victim)
+	_, err := env.cs.CoreV1().Pods(ns).Create(ctx, forgedPod(vpod, ns, "e2e-review2-forged-ns"), metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "agent pods are made by the Job controller") {
+		t.Errorf("a pod claiming another's Job as its controller: want the webhook's 403, got %v", err)
+	}
+	finishRun(ctx, t, victim, "0")
+}
