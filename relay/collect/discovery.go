@@ -179,7 +179,7 @@ func (c *Collector) OnPod(pod *corev1.Pod) {
 		c.ignore(pod, run, "no-job", "not controlled by a Job")
 		return
 	}
-	retired, err := c.Store.RetiredRun(string(job.UID))
+	retired, err := c.Store.RetiredRun(pod.Namespace, string(job.UID))
 	if err != nil {
 		c.Log.Error(err, "reading whether retention deleted the run; trying again", "run", run, "in", recordRetry)
 		c.retryPod(pod)
@@ -222,16 +222,16 @@ func (c *Collector) ForgetRetired(pods []corev1.Pod, watched func(namespace stri
 	if err != nil || len(retired) == 0 {
 		return 0, err
 	}
-	jobs := map[types.UID]bool{}
+	jobs := map[string]bool{} // namespace/Job UID
 	for i := range pods {
 		if job := metav1.GetControllerOf(&pods[i]); job != nil {
-			jobs[job.UID] = true
+			jobs[pods[i].Namespace+"/"+string(job.UID)] = true
 		}
 	}
-	var gone []string
+	var gone []store.Retired
 	for _, r := range retired {
-		if !jobs[types.UID(r.JobUID)] && (watched == nil || watched(r.Namespace)) {
-			gone = append(gone, r.JobUID)
+		if !jobs[r.Namespace+"/"+r.JobUID] && (watched == nil || watched(r.Namespace)) {
+			gone = append(gone, r)
 		}
 	}
 	return len(gone), c.Store.ForgetRetired(gone...)

@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/paperclipai/clipjob/contract"
 )
 
 // finishedPod is a pod of runJob that wrote line and succeeded.
@@ -60,7 +62,10 @@ func TestARunRetentionDeletedIsNotCollectedAgain(t *testing.T) {
 		t.Errorf("the retired attempt's pod changed the run: %+v, lines %q", r, storedText(t, s))
 	}
 
-	retired := func() bool { r, err := s.RetiredRun(string(runJob.UID)); return err == nil && r != nil }
+	retired := func() bool {
+		r, err := s.RetiredRun(runJob.Namespace, string(runJob.UID))
+		return err == nil && r != nil
+	}
 	if n, err := restarted.ForgetRetired([]corev1.Pod{*first}, nil); n != 0 || err != nil || !retired() {
 		t.Errorf("forgot %d (%v) with a pod of the Job left", n, err)
 	}
@@ -69,5 +74,31 @@ func TestARunRetentionDeletedIsNotCollectedAgain(t *testing.T) {
 	}
 	if n, err := restarted.ForgetRetired(nil, nil); n != 1 || err != nil || retired() {
 		t.Errorf("forgot %d (%v) with no pod of the Job left, want 1", n, err)
+	}
+}
+
+// TestARunRetiredElsewhereDoesNotRetireAJobsRun: a pod names its
+// controller itself, so a pod in a namespace the webhook does not cover
+// may name another namespace's Job. Its run, retired, leaves the real
+// Job's pods collected: a retirement counts in its own namespace only.
+func TestARunRetiredElsewhereDoesNotRetireAJobsRun(t *testing.T) {
+	c, logs, cache, s := newCollector(t)
+	forged := finishedPod(logs, cache, "forged", time.Now().Add(time.Hour).Truncate(time.Second), "forged line")
+	forged.Namespace, forged.Labels[contract.LabelRunID] = "elsewhere", "run-forged"
+	cache.set(forged)
+	c.OnPod(forged)
+	waitFor(t, func() bool { r, _ := s.Run("run-forged"); return r != nil && r.Done }, "the forged run was not collected")
+	if gone, err := s.Retain(0, 1, time.Now()); err != nil || len(gone) != 1 {
+		t.Fatalf("retention deleted %v (%v), want the forged run", gone, err)
+	}
+	if r, _ := s.RetiredRun("elsewhere", string(runJob.UID)); r == nil {
+		t.Fatal("no retirement kept for the forged run")
+	}
+
+	victim := finishedPod(logs, cache, "victim", time.Now().Truncate(time.Second), "the victim's line")
+	newCollectorOn(t, s, logs, cache).OnPod(victim)
+	waitDone(t, s)
+	if got := storedText(t, s); got != "the victim's line" {
+		t.Errorf("the Job's own run, after a pod elsewhere claiming its UID was retired: %q", got)
 	}
 }

@@ -54,14 +54,14 @@ type Backend interface {
 	// maxBytes, and returns them (see Retirees). Zero disables a limit.
 	// It keeps a Retired for each (RetiredOf), in the same transaction.
 	Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]Run, error)
-	// RetiredRun returns what is kept of the retired run of Job jobUID, or
-	// nil if none: its pods are not collected again.
-	RetiredRun(jobUID string) (*Retired, error)
+	// RetiredRun returns what is kept of the retired run of Job jobUID in
+	// namespace, or nil if none: its pods are not collected again.
+	RetiredRun(namespace, jobUID string) (*Retired, error)
 	// RetiredRuns returns everything kept of retired runs.
 	RetiredRuns() ([]Retired, error)
-	// ForgetRetired deletes what is kept of the retired runs of jobUIDs
-	// (no pod of those Jobs remains).
-	ForgetRetired(jobUIDs ...string) error
+	// ForgetRetired deletes what is kept of the retired runs given (by
+	// their namespace and Job: no pod of those Jobs remains).
+	ForgetRetired(gone ...Retired) error
 	// MirrorState returns what the run's mirror holds; zero if nothing.
 	MirrorState(run string) (MirrorState, error)
 	// SetMirrorState records what the run's mirror holds.

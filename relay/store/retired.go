@@ -13,12 +13,17 @@ var bucketRetired = []byte("retired")
 // remain (a Job without ttlSecondsAfterFinished keeps them for good): so
 // that no relay collects those pods again (after a restart, or taking the
 // run over from another replica) and rewrites a log and a mirror that
-// retention removed. It is keyed by the run's Job and forgotten once no
-// pod of that Job remains (see the relay's sweep).
+// retention removed. It is keyed by the run's namespace and Job, and
+// forgotten once no pod of that Job remains (see the relay's sweep).
+//
+// The namespace is part of the key: a pod names its controller itself,
+// so a pod in a namespace clipjob's webhook does not cover may claim
+// another namespace's Job UID; its run, retired, must not retire that
+// Job's (a hostile review).
 type Retired struct {
 	JobUID string `json:"jobUid"`
-	// Namespace is the Job's: a relay watching other namespaces cannot
-	// tell whether its pods remain.
+	// Namespace is the Job's (its pods'): a relay watching other
+	// namespaces cannot tell whether its pods remain.
 	Namespace string `json:"namespace"`
 	// Run is the retired run's key, for logs and operators.
 	Run string `json:"run"`
@@ -48,13 +53,16 @@ func RetiredOf(r *Run, now time.Time) *Retired {
 	return t
 }
 
+// retiredKey keys a Retired: namespaces hold no "/".
+func retiredKey(namespace, jobUID string) []byte { return []byte(namespace + "/" + jobUID) }
+
 // putRetired records t in tx (Retain's transaction).
 func putRetired(tx *bolt.Tx, t *Retired) error {
 	b, err := tx.CreateBucketIfNotExists(bucketRetired)
 	if err != nil {
 		return err
 	}
-	if old := b.Get([]byte(t.JobUID)); old != nil {
+	if old := b.Get(retiredKey(t.Namespace, t.JobUID)); old != nil {
 		var prev Retired
 		if json.Unmarshal(old, &prev) == nil && prev.PodCreated.After(t.PodCreated) {
 			return nil // a later attempt of the Job's run was retired already
@@ -64,19 +72,19 @@ func putRetired(tx *bolt.Tx, t *Retired) error {
 	if err != nil {
 		return err
 	}
-	return b.Put([]byte(t.JobUID), v)
+	return b.Put(retiredKey(t.Namespace, t.JobUID), v)
 }
 
-// RetiredRun returns what is kept of the retired run of Job jobUID, or
-// nil if none.
-func (s *Store) RetiredRun(jobUID string) (*Retired, error) {
+// RetiredRun returns what is kept of the retired run of Job jobUID in
+// namespace, or nil if none.
+func (s *Store) RetiredRun(namespace, jobUID string) (*Retired, error) {
 	var out *Retired
 	err := s.db.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketRetired)
 		if b == nil {
 			return nil
 		}
-		if v := b.Get([]byte(jobUID)); v != nil {
+		if v := b.Get(retiredKey(namespace, jobUID)); v != nil {
 			out = &Retired{}
 			return json.Unmarshal(v, out)
 		}
@@ -105,9 +113,9 @@ func (s *Store) RetiredRuns() ([]Retired, error) {
 	return out, err
 }
 
-// ForgetRetired deletes what is kept of the retired runs of jobUIDs.
-func (s *Store) ForgetRetired(jobUIDs ...string) error {
-	if len(jobUIDs) == 0 {
+// ForgetRetired deletes what is kept of the retired runs given.
+func (s *Store) ForgetRetired(gone ...Retired) error {
+	if len(gone) == 0 {
 		return nil
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
@@ -115,8 +123,8 @@ func (s *Store) ForgetRetired(jobUIDs ...string) error {
 		if b == nil {
 			return nil
 		}
-		for _, uid := range jobUIDs {
-			if err := b.Delete([]byte(uid)); err != nil {
+		for _, r := range gone {
+			if err := b.Delete(retiredKey(r.Namespace, r.JobUID)); err != nil {
 				return err
 			}
 		}

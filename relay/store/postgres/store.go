@@ -521,7 +521,7 @@ func (s *Store) retire(id string, now time.Time) (bool, error) {
 		if t := store.RetiredOf(&r, now); t != nil {
 			// A later attempt of the Job's run, retired before, stays.
 			b.Queue(s.sql(`INSERT INTO {schema}.retired_runs (job_uid, namespace, run, pod_created, retired_at) VALUES ($1, $2, $3, $4, $5)
-				ON CONFLICT (job_uid) DO UPDATE SET namespace = excluded.namespace, run = excluded.run, pod_created = excluded.pod_created, retired_at = excluded.retired_at
+				ON CONFLICT (namespace, job_uid) DO UPDATE SET run = excluded.run, pod_created = excluded.pod_created, retired_at = excluded.retired_at
 				WHERE {schema}.retired_runs.pod_created <= excluded.pod_created`),
 				t.JobUID, t.Namespace, t.Run, nanos(t.PodCreated), nanos(t.RetiredAt))
 		}
@@ -578,10 +578,11 @@ func (s *Store) deleteRetiredLines() error {
 }
 
 // RetiredRun implements store.Backend.
-func (s *Store) RetiredRun(jobUID string) (*store.Retired, error) {
+func (s *Store) RetiredRun(namespace, jobUID string) (*store.Retired, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
-	rows, err := s.pool.Query(ctx, s.sql(`SELECT job_uid, namespace, run, pod_created, retired_at FROM {schema}.retired_runs WHERE job_uid = $1`), jobUID)
+	rows, err := s.pool.Query(ctx, s.sql(`SELECT job_uid, namespace, run, pod_created, retired_at FROM {schema}.retired_runs
+		WHERE namespace = $1 AND job_uid = $2`), namespace, jobUID)
 	if err != nil {
 		return nil, err
 	}
@@ -616,13 +617,18 @@ func scanRetired(rows pgx.Rows) ([]store.Retired, error) {
 }
 
 // ForgetRetired implements store.Backend.
-func (s *Store) ForgetRetired(jobUIDs ...string) error {
-	if len(jobUIDs) == 0 {
+func (s *Store) ForgetRetired(gone ...store.Retired) error {
+	if len(gone) == 0 {
 		return nil
+	}
+	namespaces, uids := make([]string, len(gone)), make([]string, len(gone))
+	for i, r := range gone {
+		namespaces[i], uids[i] = r.Namespace, r.JobUID
 	}
 	ctx, cancel := s.ctx()
 	defer cancel()
-	_, err := s.pool.Exec(ctx, s.sql(`DELETE FROM {schema}.retired_runs WHERE job_uid = ANY($1)`), jobUIDs)
+	_, err := s.pool.Exec(ctx, s.sql(`DELETE FROM {schema}.retired_runs
+		WHERE (namespace, job_uid) IN (SELECT * FROM unnest($1::text[], $2::text[]))`), namespaces, uids)
 	return err
 }
 

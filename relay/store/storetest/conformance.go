@@ -642,7 +642,8 @@ func noLineAfterAHugeCursor(t *testing.T, b Backend) {
 // retentionKeepsRetired: each run retention deletes leaves a Retired
 // under its Job (so that its pods, still there, are not collected again),
 // in the same transaction; a later attempt's stays over an earlier one's;
-// a record that names no Job leaves none; ForgetRetired deletes them.
+// a record that names no Job leaves none; a Job's UID is its own in its
+// namespace only; ForgetRetired deletes them.
 func retentionKeepsRetired(t *testing.T, b Backend) {
 	s, again := b.Open(t)
 	now := time.Now().UTC().Truncate(time.Microsecond)
@@ -659,14 +660,14 @@ func retentionKeepsRetired(t *testing.T, b Backend) {
 	}
 	mk("run-a", jobA, created(2))
 	mk("run-legacy", "", created(1))
-	if got, err := s.RetiredRun(jobA); err != nil || got != nil {
+	if got, err := s.RetiredRun("agents", jobA); err != nil || got != nil {
 		t.Fatalf("a Job whose run was never retired: %+v, %v", got, err)
 	}
 	if gone, err := s.Retain(24*time.Hour, 0, now); err != nil || len(gone) != 2 {
 		t.Fatalf("retention deleted %v (%v), want both runs", gone, err)
 	}
 	want := store.Retired{JobUID: jobA, Namespace: "agents", Run: "run-a", PodCreated: *created(2), RetiredAt: now}
-	got, err := s.RetiredRun(jobA)
+	got, err := s.RetiredRun("agents", jobA)
 	if err != nil || got == nil || !got.PodCreated.Equal(want.PodCreated) || !got.RetiredAt.Equal(want.RetiredAt) || got.Run != want.Run || got.JobUID != jobA || got.Namespace != want.Namespace {
 		t.Fatalf("kept of the retired run-a: %+v (%v), want %+v", got, err, want)
 	}
@@ -688,7 +689,7 @@ func retentionKeepsRetired(t *testing.T, b Backend) {
 	if _, err := s.Retain(24*time.Hour, 0, now); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.RetiredRun(jobB); err != nil || got == nil || !got.PodCreated.Equal(*created(5)) || got.Run != "run-b-late" {
+	if got, err := s.RetiredRun("agents", jobB); err != nil || got == nil || !got.PodCreated.Equal(*created(5)) || got.Run != "run-b-late" {
 		t.Errorf("Job B's retired run after an earlier attempt's: %+v (%v), want run-b-late's", got, err)
 	}
 
@@ -696,16 +697,20 @@ func retentionKeepsRetired(t *testing.T, b Backend) {
 		s.Close()
 	}
 	s = again()
-	if got, err := s.RetiredRun(jobA); err != nil || got == nil {
+	if got, err := s.RetiredRun("agents", jobA); err != nil || got == nil {
 		t.Errorf("after reopening: %+v, %v", got, err)
 	}
-	if err := s.ForgetRetired(jobA, "no-such-job"); err != nil {
+	if got, err := s.RetiredRun("elsewhere", jobA); err != nil || got != nil {
+		t.Errorf("Job A's UID in another namespace (a pod there naming Job A its controller): %+v, %v", got, err)
+	}
+	if err := s.ForgetRetired(store.Retired{Namespace: "agents", JobUID: jobA}, store.Retired{Namespace: "agents", JobUID: "no-such-job"},
+		store.Retired{Namespace: "elsewhere", JobUID: jobB}); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.RetiredRun(jobA); err != nil || got != nil {
+	if got, err := s.RetiredRun("agents", jobA); err != nil || got != nil {
 		t.Errorf("forgotten: %+v, %v", got, err)
 	}
-	if got, err := s.RetiredRun(jobB); err != nil || got == nil {
+	if got, err := s.RetiredRun("agents", jobB); err != nil || got == nil {
 		t.Errorf("another Job's, after forgetting Job A's: %+v, %v", got, err)
 	}
 }
