@@ -85,6 +85,10 @@ type fleetPGResult struct {
 	pgSteadyPSS, pgPeakPSS float64
 	pgFloodCPU             float64
 	floodCPU               map[string]float64 // the other processes
+	// steadyCPU: every process's CPU seconds over the steady phase
+	// (steadyWall, from its first line to its last stored).
+	steadyCPU  map[string]float64
+	steadyWall time.Duration
 }
 
 func fleetBench(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, sizes []int, floodPerRun int) error {
@@ -237,10 +241,14 @@ func fleetOnPostgres(ctx context.Context, c *cluster.Cluster, cs kubernetes.Inte
 	}
 	rss := sampleReplicas(c, relays, pprofs, "steady")
 	pgMem := samplePeak(pgPSS)
+	steadyPG, steadyCPU, steadyStart := pgTicks(), cpuTicks(c.Dir), time.Now()
 	written := writeSteady(ctx, runs)
 	if err := waitStoredPG(ctx, db, base+int64(written), 2*time.Minute); err != nil {
 		return res, err
 	}
+	res.steadyWall = time.Since(steadyStart)
+	res.steadyCPU = cpuSeconds(steadyCPU, cpuTicks(c.Dir))
+	res.steadyCPU["postgres"] = float64(pgTicks()-steadyPG) / 100
 	res.steadyLinesPerSec = float64(written) / steadyFor.Seconds()
 	for i, rl := range relays {
 		if m, err := httpMetrics(rl.MetricsAddr); err == nil {
@@ -654,17 +662,13 @@ func printFleetPG(w io.Writer, rs []fleetPGResult, floodPerRun int) {
 			"The killed replica's runs' longest gap began at the kill %+.1f s. In the flood the replicas used %.1f CPU seconds (%.0f lines stored per relay CPU second), PostgreSQL %.1f (%.0f lines per second of its CPU).\n",
 			r.runs, r.killedAfter.Round(100*time.Millisecond), r.victimRuns, r.rejoined.Round(100*time.Millisecond), r.gapVictimAt.Seconds(),
 			relayCPU, float64(r.floodLines)/relayCPU, r.pgFloodCPU, float64(r.floodLines)/r.pgFloodCPU)
+		if len(r.steadyCPU) > 0 {
+			coresTable(w, "in the steady phase", r.runs, r.steadyWall, r.steadyCPU)
+		}
 		if len(r.floodCPU) > 0 {
-			cores := r.floodWall.Seconds() * float64(runtime.NumCPU())
-			fmt.Fprintf(w, "\nWhere the %d cores went during the flood with %d runs (%s wall, %.1f core-seconds available):\n\n| process | CPU seconds | share of the cores |\n|---|---|---|\n",
-				runtime.NumCPU(), r.runs, r.floodWall.Round(100*time.Millisecond), cores)
 			cpu := maps.Clone(r.floodCPU)
 			cpu["clipjob-relay (three replicas)"], cpu["postgres"] = relayCPU, r.pgFloodCPU
-			names := slices.Collect(maps.Keys(cpu))
-			slices.SortFunc(names, func(a, b string) int { return cmp.Compare(cpu[b], cpu[a]) })
-			for _, n := range names {
-				fmt.Fprintf(w, "| %s | %.1f | %.0f%% |\n", n, cpu[n], 100*cpu[n]/cores)
-			}
+			coresTable(w, "during the flood", r.runs, r.floodWall, cpu)
 		}
 	}
 	fmt.Fprintln(w, "\n| target | measured | |")
@@ -675,5 +679,18 @@ func printFleetPG(w io.Writer, rs []fleetPGResult, floodPerRun int) {
 		target(w, fmt.Sprintf("aggregate ingest ≥ 50,000 lines/s (%d runs, flood, three replicas, before the kill)", r.runs), r.threeLinesPerSec, 50000, " lines/s", false)
 		target(w, fmt.Sprintf("takeover of a killed replica's runs within --lease-duration + 2 renewals, %s (%d runs)", bound, r.runs), r.takeover.Seconds(), bound.Seconds(), " s", true)
 		target(w, fmt.Sprintf("lines lost or duplicated, at the clients and in the store (%d runs)", r.runs), float64(r.missing+r.duplicated+r.storeShort+r.storeExtra), 0, "", true)
+	}
+}
+
+// coresTable prints where the machine's cores went over a phase of wall
+// time: each process's CPU seconds and share, the largest first.
+func coresTable(w io.Writer, phase string, runs int, wall time.Duration, cpu map[string]float64) {
+	cores := wall.Seconds() * float64(runtime.NumCPU())
+	fmt.Fprintf(w, "\nWhere the %d cores went %s with %d runs (%s wall, %.1f core-seconds available):\n\n| process | CPU seconds | share of the cores |\n|---|---|---|\n",
+		runtime.NumCPU(), phase, runs, wall.Round(100*time.Millisecond), cores)
+	names := slices.Collect(maps.Keys(cpu))
+	slices.SortFunc(names, func(a, b string) int { return cmp.Compare(cpu[b], cpu[a]) })
+	for _, n := range names {
+		fmt.Fprintf(w, "| %s | %.1f | %.0f%% |\n", n, cpu[n], 100*cpu[n]/cores)
 	}
 }
