@@ -84,7 +84,6 @@ type observation struct {
 	// lease identifies the Lease as seen, so that deleting it once its
 	// holder is long gone cannot delete one renewed since.
 	lease metav1.Preconditions
-	name  string
 }
 
 // gone says whether the holder of the Lease seen in o has been gone for
@@ -231,14 +230,14 @@ func (m *Members) round(ctx context.Context) {
 	}
 	member := why == ""
 	var live []string
-	var leftBehind []observation
+	leftBehind := map[string]metav1.Preconditions{} // identity: its Lease as seen
 	for id, o := range m.seen {
 		switch {
 		case id == m.Identity:
 		case now.Sub(o.at) < o.duration:
 			live = append(live, id)
 		case member && m.gone(o, now):
-			leftBehind = append(leftBehind, o)
+			leftBehind[id] = o.lease
 		}
 	}
 	if member {
@@ -303,10 +302,10 @@ func (m *Members) observe(leases []coordinationv1.Lease, now time.Time) {
 		if d <= 0 || d > m.LeaseDuration {
 			d = m.LeaseDuration
 		}
-		if o, ok := m.seen[id]; !ok || !o.renew.Equal(renew) {
-			m.seen[id] = observation{renew: renew, at: now, duration: d, name: l.Name}
+		o, ok := m.seen[id]
+		if !ok || !o.renew.Equal(renew) {
+			o = observation{renew: renew, at: now, duration: d}
 		}
-		o := m.seen[id]
 		o.lease = metav1.Preconditions{UID: ptr.To(l.UID), ResourceVersion: ptr.To(l.ResourceVersion)}
 		m.seen[id] = o
 	}
@@ -320,15 +319,16 @@ func (m *Members) observe(leases []coordinationv1.Lease, now time.Time) {
 // deleteLeftBehind deletes the Leases of replicas long gone, each only
 // as this replica saw it: one renewed or recreated since is kept (the
 // preconditions), and another member deleting it first is no error.
-func (m *Members) deleteLeftBehind(ctx context.Context, gone []observation) {
-	for _, o := range gone {
-		err := m.Client.CoordinationV1().Leases(m.Namespace).Delete(ctx, o.name, metav1.DeleteOptions{Preconditions: &o.lease})
+func (m *Members) deleteLeftBehind(ctx context.Context, gone map[string]metav1.Preconditions) {
+	for id, seen := range gone {
+		name := LeaseName(m.Group, id)
+		err := m.Client.CoordinationV1().Leases(m.Namespace).Delete(ctx, name, metav1.DeleteOptions{Preconditions: &seen})
 		switch {
 		case err == nil:
-			m.Log.Info("deleted the Lease of a relay gone without releasing it", "lease", o.name, "lastRenewed", o.renew)
+			m.Log.Info("deleted the Lease of a relay gone without releasing it", "lease", name)
 		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
 		default:
-			m.Log.Error(err, "deleting the Lease of a relay gone without releasing it", "lease", o.name)
+			m.Log.Error(err, "deleting the Lease of a relay gone without releasing it", "lease", name)
 		}
 	}
 }
