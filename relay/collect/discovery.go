@@ -179,18 +179,7 @@ func (c *Collector) OnPod(pod *corev1.Pod) {
 		c.ignore(pod, run, "no-job", "not controlled by a Job")
 		return
 	}
-	retired, err := c.Store.RetiredRun(pod.Namespace, string(job.UID))
-	if err != nil {
-		c.Log.Error(err, "reading whether retention deleted the run; trying again", "run", run, "in", recordRetry)
-		c.retryPod(pod)
-		return
-	}
-	if retired.Covers(pod.CreationTimestamp.Time) {
-		// Retention deleted the run while its pods remain: collected
-		// again (after a restart, or by the replica taking the run
-		// over), it would come back whole, its mirror rewritten.
-		podsIgnored.WithLabelValues("retired").Inc()
-		c.Log.V(1).Info("ignoring pod: retention deleted its run", "pod", pod.Namespace+"/"+pod.Name, "run", retired.Run)
+	if !c.following(pod.UID) && c.retired(pod, job.UID) {
 		return
 	}
 	rec, key, err := c.recordPod(pod, run, job.UID)
@@ -211,6 +200,43 @@ func (c *Collector) OnPod(pod *corev1.Pod) {
 	}
 	c.followAll(pod, key)
 	c.maybeFinish(pod.Namespace, pod.Name, pod.UID, key)
+}
+
+// following says whether this relay still follows a stream of the pod:
+// its run is not finished, so no retired run's (retention takes finished
+// runs only), and its updates need no look at the store for one. A pod
+// whose streams all drained is remembered until it is gone, and may be a
+// retired run's by then.
+func (c *Collector) following(uid types.UID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ps := c.pods[uid]; ps != nil {
+		for _, following := range ps.following {
+			if following {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// retired says whether pod is one of a run retention deleted while its
+// pods remain, which is then left alone: collected again (after a
+// restart, or by the replica taking the run over), it would come back
+// whole, its mirror rewritten. A store that cannot say is asked again.
+func (c *Collector) retired(pod *corev1.Pod, jobUID types.UID) bool {
+	r, err := c.Store.RetiredRun(pod.Namespace, string(jobUID))
+	if err != nil {
+		c.Log.Error(err, "reading whether retention deleted the run; trying again", "pod", pod.Namespace+"/"+pod.Name, "in", recordRetry)
+		c.retryPod(pod)
+		return true
+	}
+	if !r.Covers(pod.CreationTimestamp.Time) {
+		return false
+	}
+	podsIgnored.WithLabelValues("retired").Inc()
+	c.Log.V(1).Info("ignoring pod: retention deleted its run", "pod", pod.Namespace+"/"+pod.Name, "run", r.Run)
+	return true
 }
 
 // ForgetRetired forgets the retired runs (store.Retired) of Jobs in the

@@ -40,6 +40,13 @@ func TestARunRetentionDeletedIsNotCollectedAgain(t *testing.T) {
 		t.Fatalf("retention deleted %v (%v), want run-1", gone, err)
 	}
 
+	// The relay that collected it sees the pod change (its streams all
+	// drained, the pod remembered until it is gone): no run comes back.
+	c.OnPod(first)
+	if r, err := s.Run("run-1"); r != nil || err != nil {
+		t.Fatalf("an update of the retired run's pod, to the relay that collected it, brought the run back: %+v (%v)", r, err)
+	}
+
 	restarted := newCollectorOn(t, s, logs, cache)
 	ignored := testutil.ToFloat64(podsIgnored.WithLabelValues("retired"))
 	restarted.OnPod(first)
