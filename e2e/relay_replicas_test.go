@@ -103,11 +103,7 @@ func readyReplicasWith(t *testing.T, extra ...string) (context.Context, *relayRe
 		t.Fatal(err)
 	}
 	for i, id := range rs.ids {
-		conn := pg.ConnString("postgres")
-		if i == 2 {
-			conn = rs.proxy.ConnString("postgres")
-		}
-		r, err := rs.start(ctx, id, group, conn)
+		r, err := rs.start(ctx, id, group, rs.conn(i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -115,6 +111,15 @@ func readyReplicasWith(t *testing.T, extra ...string) (context.Context, *relayRe
 	}
 	rs.waitMembers(ctx, t, 0, 1, 2)
 	return ctx, rs
+}
+
+// conn is the connection string of replica i: the third reaches the
+// store through the proxy a test may cut.
+func (rs *relayReplicas) conn(i int) string {
+	if i == 2 {
+		return rs.proxy.ConnString("postgres")
+	}
+	return rs.pg.ConnString("postgres")
 }
 
 // start runs one relay on the store, as replica id of group.

@@ -399,11 +399,7 @@ func TestHostileRelayRetiredRunStaysRetired(t *testing.T) {
 	rs.extra = []string{"--postgres-schema", schema}
 	restart := func(i int) {
 		t.Helper()
-		conn := rs.pg.ConnString("postgres")
-		if i == 2 {
-			conn = rs.proxy.ConnString("postgres")
-		}
-		r, err := rs.start(ctx, rs.ids[i], rs.group, conn)
+		r, err := rs.start(ctx, rs.ids[i], rs.group, rs.conn(i))
 		if err != nil {
 			t.Fatal(err)
 		}
