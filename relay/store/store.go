@@ -391,13 +391,13 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]R
 		txid := tx.ID()
 		tx.OnCommit(func() { s.index.remove(drop, txid) })
 		for _, id := range drop {
-			r, err := getRun(tx, id)
-			if err != nil {
-				return err
-			}
-			if t := RetiredOf(r, now); t != nil {
-				if err := putRetired(tx, t); err != nil {
-					return err
+			// A record that does not decode is retired all the same, with
+			// no Retired kept: it must not hold retention up for good.
+			if r, err := getRun(tx, id); err == nil {
+				if t := RetiredOf(r, now); t != nil {
+					if err := putRetired(tx, t); err != nil {
+						return err
+					}
 				}
 			}
 			if err := tx.Bucket(bucketRuns).Delete([]byte(id)); err != nil {

@@ -511,14 +511,14 @@ func (s *Store) retire(id string, now time.Time) (bool, error) {
 		if err != nil {
 			return err
 		}
+		// A record that does not decode is retired all the same, with no
+		// Retired kept: it must not hold retention up for good.
 		var r store.Run
-		if err := json.Unmarshal(record, &r); err != nil {
-			return fmt.Errorf("run %s: its record: %w", id, err)
-		}
+		decoded := json.Unmarshal(record, &r) == nil
 		b := &pgx.Batch{}
 		b.Queue(s.sql(`DELETE FROM {schema}.mirror WHERE run = $1`), id)
 		b.Queue(s.sql(`INSERT INTO {schema}.retired (num) VALUES ($1)`), num)
-		if t := store.RetiredOf(&r, now); t != nil {
+		if t := store.RetiredOf(&r, now); decoded && t != nil {
 			// A later attempt of the Job's run, retired before, stays.
 			b.Queue(s.sql(`INSERT INTO {schema}.retired_runs (job_uid, namespace, run, pod_created, retired_at) VALUES ($1, $2, $3, $4, $5)
 				ON CONFLICT (namespace, job_uid) DO UPDATE SET run = excluded.run, pod_created = excluded.pod_created, retired_at = excluded.retired_at

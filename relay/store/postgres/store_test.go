@@ -93,3 +93,36 @@ func TestPingFailsWhenWritesAreRefused(t *testing.T) {
 		t.Errorf("writes taken again: ping %v", okErr)
 	}
 }
+
+// TestARecordThatDoesNotDecodeIsRetiredAllTheSame: retention keeps a
+// Retired from each run's record; one whose record does not decode
+// (written by hand, or by a relay of another version) is deleted all the
+// same, without one, and holds no later run's retention up.
+func TestARecordThatDoesNotDecodeIsRetiredAllTheSame(t *testing.T) {
+	ctx := context.Background()
+	conn, schema := pgtest.Schema(t)
+	s := open(t, postgres.Options{ConnString: conn, Schema: schema})
+	old := time.Now().Add(-48 * time.Hour)
+	for _, id := range []string{"garbled", "fine"} {
+		if _, err := s.UpdateRun(id, func(r *store.Run) {
+			r.Done, r.SeenAt, r.Namespace, r.JobUID = true, old, "agents", "0b6c3a2e-1f4d-4c8e-9a51-7d2f0e6b9c11"
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admin, err := pgx.Connect(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, `UPDATE `+pgx.Identifier{schema}.Sanitize()+`.runs SET record = '\x7b6e6f'::bytea WHERE id = 'garbled'`); err != nil {
+		t.Fatal(err)
+	}
+	gone, err := s.Retain(24*time.Hour, 0, time.Now())
+	if err != nil || len(gone) != 2 {
+		t.Fatalf("retention deleted %v (%v), want both runs", gone, err)
+	}
+	if r, err := s.RetiredRun("agents", "0b6c3a2e-1f4d-4c8e-9a51-7d2f0e6b9c11"); err != nil || r == nil || r.Run != "fine" {
+		t.Errorf("kept of the retired runs: %+v (%v), want the decodable run's", r, err)
+	}
+}
