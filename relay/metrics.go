@@ -7,6 +7,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/paperclipai/clipjob/relay/collect"
+	"github.com/paperclipai/clipjob/relay/store/postgres"
 )
 
 var (
@@ -22,6 +23,7 @@ var (
 func registerMetrics() {
 	registerOnce.Do(func() {
 		metrics.Registry.MustRegister(storeSize, runsRetired)
+		metrics.Registry.MustRegister(postgres.Collectors()...)
 		collect.RegisterMetrics()
 	})
 }

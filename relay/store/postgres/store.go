@@ -46,6 +46,12 @@ type Options struct {
 	RetainBatch int
 	// Timeout bounds each store operation. Default 30s.
 	Timeout time.Duration
+	// CommitFlights is how many transactions of appends may be in flight
+	// at once; appends arriving while all are busy wait and commit
+	// together (groupcommit.go). Default 2.
+	CommitFlights int
+	// MaxGroup is the most appends one transaction commits. Default 256.
+	MaxGroup int
 }
 
 // Store is the PostgreSQL store.
@@ -55,6 +61,7 @@ type Store struct {
 	names   *strings.Replacer // {schema} -> the quoted schema
 	opts    Options
 	changes store.Changes
+	commits committer
 	// out holds the runs this store changed for the other relays to hear
 	// of; stopNotifying ends the listener and the sender (see notify.go),
 	// and notifying is done once both have.
@@ -76,6 +83,12 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 30 * time.Second
+	}
+	if o.CommitFlights <= 0 {
+		o.CommitFlights = 2
+	}
+	if o.MaxGroup <= 0 {
+		o.MaxGroup = 256
 	}
 	if o.ConnString == "" {
 		return nil, errors.New("postgres store: no connection string")
@@ -158,100 +171,12 @@ const updateRun = `UPDATE {schema}.runs SET namespace = $2, pod = $3, pod_uid = 
 // updates of its record take turns on it. It returns the run's num, the
 // key of its lines.
 func (s *Store) lockRun(ctx context.Context, tx pgx.Tx, id string, fresh *store.Run) (*store.Run, int64, error) {
-	args, err := runArgs(id, fresh)
-	if err != nil {
-		return nil, 0, err
-	}
-	b := &pgx.Batch{}
-	b.Queue(s.sql(`INSERT INTO {schema}.runs (`+runColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
-		ON CONFLICT (id) DO NOTHING`), args...)
-	b.Queue(s.sql(`SELECT num, record FROM {schema}.runs WHERE id = $1 FOR UPDATE`), id)
+	var r *store.Run
 	var num int64
-	var rec []byte
-	br := tx.SendBatch(ctx, b)
-	_, err = br.Exec()
-	if err == nil {
-		err = br.QueryRow().Scan(&num, &rec)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, 0, err
-	}
-	var r store.Run
-	if err := json.Unmarshal(rec, &r); err != nil {
-		return nil, 0, fmt.Errorf("run %s: %w", id, err)
-	}
-	return &r, num, nil
-}
-
-// AppendAfter implements store.Backend. The stream's cursor row is written
-// first, on the condition that it holds prev: that is the check, and its
-// row lock makes a second writer of the stream wait for the first's commit
-// and then find the cursor moved.
-func (s *Store) AppendAfter(run, stream string, prev, cur store.Cursor, lines []store.Line, now time.Time) (uint64, error) {
-	ctx, cancel := s.ctx()
-	defer cancel()
-	var last uint64
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var tag pgconn.CommandTag
-		var err error
-		if prev == (store.Cursor{}) {
-			tag, err = tx.Exec(ctx, s.sql(`INSERT INTO {schema}.cursors AS c (run, stream, ts, count) VALUES ($1, $2, $3, $4)
-				ON CONFLICT (run, stream) DO UPDATE SET ts = excluded.ts, count = excluded.count WHERE c.ts = 0 AND c.count = 0`),
-				run, stream, cur.TS, cur.Count)
-		} else {
-			tag, err = tx.Exec(ctx, s.sql(`UPDATE {schema}.cursors SET ts = $3, count = $4
-				WHERE run = $1 AND stream = $2 AND ts = $5 AND count = $6`),
-				run, stream, cur.TS, cur.Count, prev.TS, prev.Count)
-		}
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 0 {
-			stored, err := s.cursor(ctx, tx, run, stream)
-			if err != nil {
-				return err
-			}
-			return &store.CursorConflict{Run: run, Stream: stream, Prev: prev, Stored: stored}
-		}
-		r, num, err := s.lockRun(ctx, tx, run, &store.Run{ID: run, Phase: "Unknown"})
-		if err != nil {
-			return err
-		}
-		seqs, sizes, data := make([]int64, len(lines)), make([]int32, len(lines)), make([][]byte, len(lines))
-		for i := range lines {
-			r.LastSeq++
-			lines[i].Seq = r.LastSeq
-			v, err := json.Marshal(&lines[i])
-			if err != nil {
-				return err
-			}
-			seqs[i], sizes[i], data[i] = int64(r.LastSeq), int32(len(v)), v
-			r.Bytes += int64(len(lines[i].Line))
-		}
-		r.SeenAt = now
-		args, err := runArgs(run, r)
-		if err != nil {
-			return err
-		}
-		b := &pgx.Batch{}
-		b.Queue(s.sql(`INSERT INTO {schema}.lines (run, seq, size, data)
-			SELECT $1, u.seq, u.size, u.data FROM unnest($2::bigint[], $3::integer[], $4::bytea[]) AS u(seq, size, data)`),
-			num, seqs, sizes, data)
-		b.Queue(s.sql(updateRun), args...)
-		if err := execBatch(ctx, tx, b); err != nil {
-			return err
-		}
-		last = r.LastSeq
-		return nil
+	err := s.lockRuns(ctx, tx, []string{id}, func(string) *store.Run { return fresh }, func(_ int, rec *store.Run, n int64) {
+		r, num = rec, n
 	})
-	if err != nil {
-		return 0, err
-	}
-	s.changed(run)
-	return last, nil
+	return r, num, err
 }
 
 // execBatch sends b and returns the first statement's error.

@@ -13,9 +13,14 @@ import (
 	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
 )
 
-func benchStore(b *testing.B) *postgres.Store {
+func benchStore(b *testing.B, opts ...postgres.Options) *postgres.Store {
 	conn, schema := pgtest.Schema(b)
-	s, err := postgres.Open(context.Background(), postgres.Options{ConnString: conn, Schema: schema})
+	var o postgres.Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	o.ConnString, o.Schema = conn, schema
+	s, err := postgres.Open(context.Background(), o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -73,6 +78,40 @@ func BenchmarkAppendManyStreams(b *testing.B) {
 			i++
 		}
 	})
+}
+
+// BenchmarkAppendCaughtUp is the steady phase of a large fleet: 64
+// followers that have caught up, each committing every line as it comes.
+// "grouped" is the store as the relay opens it (group commit); "alone"
+// commits each append in its own transaction (MaxGroup 1), as the store
+// did before, the baseline.
+func BenchmarkAppendCaughtUp(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		o    postgres.Options
+	}{{"grouped", postgres.Options{}}, {"alone", postgres.Options{MaxGroup: 1, CommitFlights: 4}}} {
+		b.Run(c.name, func(b *testing.B) {
+			s := benchStore(b, c.o)
+			var streams atomic.Int64
+			b.SetBytes(int64(len(benchLine)))
+			b.SetParallelism(32)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				run := fmt.Sprintf("run-%d", streams.Add(1))
+				prev, i := store.Cursor{}, 0
+				for pb.Next() {
+					cur := store.Cursor{TS: int64(i + 1), Count: 1}
+					line := []store.Line{{TS: time.Unix(0, int64(i)), Container: "agent", Line: benchLine}}
+					if _, err := s.AppendAfter(run, "stream", prev, cur, line, time.Now()); err != nil {
+						b.Error(err)
+						return
+					}
+					prev = cur
+					i++
+				}
+			})
+		})
+	}
 }
 
 // BenchmarkRunsOf10000 lists the summaries of 10,000 runs (GET /v1/runs

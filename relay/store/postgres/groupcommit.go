@@ -1,0 +1,321 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/paperclipai/clipjob/relay/store"
+)
+
+// Group commit. A followed stream that has caught up commits each line as
+// it comes, and at 1,000 runs the fleet bench spent three times the CPU per
+// line of the flood's batches on those one-line transactions, on the relays
+// and on PostgreSQL alike (docs/benchmarks.md). So appends that arrive
+// while others commit wait and then commit together: one transaction, one
+// WAL flush and five round trips for the whole group, each append still
+// checked against its own stream's cursor. There is no timer: an append
+// that finds a flight free commits at once, so a quiet relay's latency is
+// one transaction, and a busy one's groups grow with the load (as
+// PostgreSQL's own commit_delay and bbolt's Batch do, without the delay).
+
+// appendReq is one AppendAfter waiting for its group's commit.
+type appendReq struct {
+	run, stream string
+	prev, cur   store.Cursor
+	lines       []store.Line
+	now         time.Time
+
+	last uint64
+	err  error
+	done chan struct{}
+}
+
+func (r *appendReq) key() streamKey { return streamKey{r.run, r.stream} }
+
+type streamKey struct{ run, stream string }
+
+// committer holds the appends waiting for a flight, and counts the
+// flights: goroutines that each commit one group at a time until none is
+// waiting.
+type committer struct {
+	mu      sync.Mutex
+	pending []*appendReq
+	flights int
+}
+
+// take removes the next group from the pending appends: up to max, at most
+// one per stream (a stream's second append waits for its first, whose
+// cursor it names as prev, to commit). With nothing pending the flight
+// ends and take returns nil.
+func (c *committer) take(max int) []*appendReq {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.pending) == 0 {
+		c.flights--
+		return nil
+	}
+	group := make([]*appendReq, 0, min(max, len(c.pending)))
+	in := make(map[streamKey]bool, cap(group))
+	rest := c.pending[:0]
+	for _, r := range c.pending {
+		if len(group) < max && !in[r.key()] {
+			in[r.key()] = true
+			group = append(group, r)
+			continue
+		}
+		rest = append(rest, r)
+	}
+	clear(c.pending[len(rest):])
+	c.pending = rest
+	return group
+}
+
+// enqueue adds r and says whether a flight must start for it.
+func (c *committer) enqueue(r *appendReq, maxFlights int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pending = append(c.pending, r)
+	if c.flights < maxFlights {
+		c.flights++
+		return true
+	}
+	return false
+}
+
+// AppendAfter implements store.Backend: the stream's lines and cursor
+// commit in one transaction, if the stored cursor is prev, perhaps with
+// other streams' appends (group commit, above). The stream's cursor row is
+// written first, on the condition that it holds prev: that is the check,
+// and its row lock makes a second writer of the stream wait for the
+// first's commit and then find the cursor moved.
+func (s *Store) AppendAfter(run, stream string, prev, cur store.Cursor, lines []store.Line, now time.Time) (uint64, error) {
+	r := &appendReq{run: run, stream: stream, prev: prev, cur: cur, lines: lines, now: now, done: make(chan struct{})}
+	if s.commits.enqueue(r, s.opts.CommitFlights) {
+		go s.fly()
+	}
+	<-r.done
+	return r.last, r.err
+}
+
+// fly commits groups until no append waits.
+func (s *Store) fly() {
+	for {
+		group := s.commits.take(s.opts.MaxGroup)
+		if group == nil {
+			return
+		}
+		s.commitGroup(group)
+	}
+}
+
+// commitGroup commits group and answers each of its appends. If the
+// transaction fails (one append's bad data, a deadlock with another
+// relay's group, a lost connection), each append is tried again alone, so
+// that one append's failure is its own.
+func (s *Store) commitGroup(group []*appendReq) {
+	err := s.appendGroup(group)
+	if err != nil && len(group) > 1 {
+		for _, r := range group {
+			s.commitGroup([]*appendReq{r})
+		}
+		return
+	}
+	appendsPerCommit.Observe(float64(len(group)))
+	for _, r := range group {
+		if err != nil {
+			r.err, r.last = err, 0
+		}
+		if r.err == nil {
+			s.changed(r.run)
+		}
+		close(r.done)
+	}
+}
+
+// appendGroup writes group in one transaction. An append whose stream's
+// cursor is not its prev gets its CursorConflict and writes nothing; the
+// others commit. Rows are locked in one order by every group, every
+// cursor (by run, then stream) before any run (by id), so two relays'
+// groups never wait for each other in a cycle.
+func (s *Store) appendGroup(group []*appendReq) error {
+	ordered := append([]*appendReq(nil), group...)
+	sort.Slice(ordered, func(i, j int) bool {
+		a, b := ordered[i], ordered[j]
+		return a.run < b.run || a.run == b.run && a.stream < b.stream
+	})
+	for _, r := range ordered {
+		r.last, r.err = 0, nil
+	}
+	ctx, cancel := s.ctx()
+	defer cancel()
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		moved, err := s.advanceCursors(ctx, tx, ordered)
+		if err != nil {
+			return err
+		}
+		if err := s.conflicts(ctx, tx, moved); err != nil {
+			return err
+		}
+		return s.writeLines(ctx, tx, ordered)
+	})
+}
+
+// advanceCursors moves each append's stream cursor from prev to cur and
+// returns the appends whose stored cursor was not prev.
+func (s *Store) advanceCursors(ctx context.Context, tx pgx.Tx, ordered []*appendReq) ([]*appendReq, error) {
+	b := &pgx.Batch{}
+	for _, r := range ordered {
+		if r.prev == (store.Cursor{}) {
+			b.Queue(s.sql(`INSERT INTO {schema}.cursors AS c (run, stream, ts, count) VALUES ($1, $2, $3, $4)
+				ON CONFLICT (run, stream) DO UPDATE SET ts = excluded.ts, count = excluded.count WHERE c.ts = 0 AND c.count = 0`),
+				r.run, r.stream, r.cur.TS, r.cur.Count)
+		} else {
+			b.Queue(s.sql(`UPDATE {schema}.cursors SET ts = $3, count = $4
+				WHERE run = $1 AND stream = $2 AND ts = $5 AND count = $6`),
+				r.run, r.stream, r.cur.TS, r.cur.Count, r.prev.TS, r.prev.Count)
+		}
+	}
+	br := tx.SendBatch(ctx, b)
+	var moved []*appendReq
+	for _, r := range ordered {
+		tag, err := br.Exec()
+		if err != nil {
+			br.Close()
+			return nil, err
+		}
+		if tag.RowsAffected() == 0 {
+			moved = append(moved, r)
+		}
+	}
+	return moved, br.Close()
+}
+
+// conflicts answers each append in moved with the cursor its stream has.
+func (s *Store) conflicts(ctx context.Context, tx pgx.Tx, moved []*appendReq) error {
+	for _, r := range moved {
+		stored, err := s.cursor(ctx, tx, r.run, r.stream)
+		if err != nil {
+			return err
+		}
+		r.err = &store.CursorConflict{Run: r.run, Stream: r.stream, Prev: r.prev, Stored: stored}
+	}
+	return nil
+}
+
+// writeLines numbers the lines of every append whose cursor moved, run by
+// run on the run's locked record, and writes them and the records.
+func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq) error {
+	type runRows struct {
+		rec *store.Run
+		num int64
+	}
+	runs := map[string]*runRows{}
+	var ids []string
+	for _, r := range ordered {
+		if r.err == nil && runs[r.run] == nil {
+			runs[r.run] = &runRows{}
+			ids = append(ids, r.run) // in run order: ordered is sorted
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	fresh := func(id string) *store.Run { return &store.Run{ID: id, Phase: "Unknown"} }
+	if err := s.lockRuns(ctx, tx, ids, fresh, func(i int, rec *store.Run, num int64) {
+		runs[ids[i]].rec, runs[ids[i]].num = rec, num
+	}); err != nil {
+		return err
+	}
+	var nums, seqs []int64
+	var sizes []int32
+	var data [][]byte
+	for _, r := range ordered {
+		if r.err != nil {
+			continue
+		}
+		rr := runs[r.run]
+		for i := range r.lines {
+			rr.rec.LastSeq++
+			r.lines[i].Seq = rr.rec.LastSeq
+			v, err := json.Marshal(&r.lines[i])
+			if err != nil {
+				return err
+			}
+			nums, seqs, sizes, data = append(nums, rr.num), append(seqs, int64(rr.rec.LastSeq)), append(sizes, int32(len(v))), append(data, v)
+			rr.rec.Bytes += int64(len(r.lines[i].Line))
+		}
+		if r.now.After(rr.rec.SeenAt) {
+			rr.rec.SeenAt = r.now
+		}
+		r.last = rr.rec.LastSeq
+	}
+	b := &pgx.Batch{}
+	if len(nums) > 0 {
+		b.Queue(s.sql(`INSERT INTO {schema}.lines (run, seq, size, data)
+			SELECT u.run, u.seq, u.size, u.data FROM unnest($1::bigint[], $2::bigint[], $3::integer[], $4::bytea[]) AS u(run, seq, size, data)`),
+			nums, seqs, sizes, data)
+	}
+	for _, id := range ids {
+		args, err := runArgs(id, runs[id].rec)
+		if err != nil {
+			return err
+		}
+		b.Queue(s.sql(updateRun), args...)
+	}
+	return execBatch(ctx, tx, b)
+}
+
+// lockRuns reads and locks the records of the runs ids, in that order,
+// creating a missing one as fresh(id) (a stream's first lines can come
+// before its run's record), and hands each to found with its num, the key
+// of its lines.
+func (s *Store) lockRuns(ctx context.Context, tx pgx.Tx, ids []string, fresh func(string) *store.Run, found func(i int, rec *store.Run, num int64)) error {
+	b := &pgx.Batch{}
+	for _, id := range ids {
+		args, err := runArgs(id, fresh(id))
+		if err != nil {
+			return err
+		}
+		b.Queue(s.sql(`INSERT INTO {schema}.runs (`+runColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+			ON CONFLICT (id) DO NOTHING`), args...)
+		b.Queue(s.sql(`SELECT num, record FROM {schema}.runs WHERE id = $1 FOR UPDATE`), id)
+	}
+	br := tx.SendBatch(ctx, b)
+	for i, id := range ids {
+		var num int64
+		var rec []byte
+		_, err := br.Exec()
+		if err == nil {
+			err = br.QueryRow().Scan(&num, &rec)
+		}
+		if err != nil {
+			br.Close()
+			return err
+		}
+		var r store.Run
+		if err := json.Unmarshal(rec, &r); err != nil {
+			br.Close()
+			return fmt.Errorf("run %s: %w", id, err)
+		}
+		found(i, &r, num)
+	}
+	return br.Close()
+}
+
+var appendsPerCommit = prometheus.NewHistogram(prometheus.HistogramOpts{
+	Name:    "clipjob_relay_store_appends_per_commit",
+	Help:    "Appends (each a stream's lines and cursor) committed in one PostgreSQL transaction.",
+	Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
+})
+
+// Collectors returns the store's metrics, for the relay to register.
+func Collectors() []prometheus.Collector {
+	return []prometheus.Collector{appendsPerCommit}
+}
