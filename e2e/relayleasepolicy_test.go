@@ -115,6 +115,13 @@ func TestRelayLeasePolicyConfinesTheRelayToItsGroup(t *testing.T) {
 	refused("creating a Lease of its group's label not named for the group", err, "Lease e2e-squat as written is not")
 	_, err = asRelay.Create(ctx, lease(replicas.LeaseName(relayGroup, "x"), map[string]string{replicas.LabelGroup: "e2e-other-group"}), metav1.CreateOptions{})
 	refused("creating a Lease named for its group of another group", err)
+	// Another release's relay group in this namespace whose name begins
+	// with this one's: its replica's Lease name cannot be taken first
+	// under this group's label (with '-' between group and replica, the
+	// name began with this group's prefix; a hostile review).
+	_, err = asRelay.Create(ctx, lease(replicas.LeaseName(relayGroup+"-b", "relay-0"), map[string]string{replicas.LabelGroup: relayGroup}),
+		metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	refused("creating the Lease name of group "+relayGroup+"-b's replica", err, "as written is not")
 
 	// The webhook's election Lease: in dry runs, so that the suite's
 	// webhook keeps its leadership whatever the outcome.

@@ -223,6 +223,8 @@ func (r *ReplicaOptions) validate() error {
 	}
 	if r.Identity == "" || r.Group == "" {
 		errs = append(errs, errors.New("--replica-id and --lease-group (Replicas.Identity, Group) are required with --store=postgres"))
+	} else if err := replicas.ValidGroup(r.Group); err != nil {
+		errs = append(errs, fmt.Errorf("--lease-group: %w: give a name of lowercase letters, digits and '-' (no '.': a Lease name is the group, '.', the replica id)", err))
 	} else if bad := validation.IsDNS1123Subdomain(replicas.LeaseName(r.Group, r.Identity)); len(bad) > 0 {
 		// Outside a pod the identity is the host name, which may hold
 		// capitals or an underscore: the relay would run unready for

@@ -52,6 +52,25 @@ func TestStoreHealthNeedsTwoFailedPings(t *testing.T) {
 	waitUntil(func() bool { return h.err() == nil }, "the store answers again, still unhealthy")
 }
 
+// TestAGroupThatIsNoDNSLabelIsRefused: a Lease is named for its group,
+// '.' and the replica, so a group holding '.' (or anything a DNS label may
+// not) would make names ambiguous between groups; it is refused at the
+// start, naming --lease-group.
+func TestAGroupThatIsNoDNSLabelIsRefused(t *testing.T) {
+	r := DefaultOptions().Replicas
+	r.Namespace, r.Identity = "clipjob-system", "relay-0"
+	for group, ok := range map[string]bool{"clipjob-relay": true, "relay-a-b": true, "relay.a": false, "Relay": false, strings.Repeat("r", 64): false} {
+		r.Group = group
+		err := r.validate()
+		if ok && err != nil {
+			t.Errorf("group %q refused: %v", group, err)
+		}
+		if !ok && (err == nil || !strings.Contains(err.Error(), "--lease-group")) {
+			t.Errorf("group %q: %v, want a refusal naming --lease-group", group, err)
+		}
+	}
+}
+
 // TestAnIdentityThatNamesNoLeaseIsRefused: outside a pod the replica's
 // identity defaults to the host name, which may hold capitals or an
 // underscore; such a relay is refused at its start, naming --replica-id,
@@ -59,7 +78,7 @@ func TestStoreHealthNeedsTwoFailedPings(t *testing.T) {
 func TestAnIdentityThatNamesNoLeaseIsRefused(t *testing.T) {
 	r := DefaultOptions().Replicas
 	r.Namespace, r.Group = "clipjob-system", "clipjob-relay"
-	for id, ok := range map[string]bool{"relay-0": true, "Build_Host": false, "a.b": true, "-x": true, "x-": false} {
+	for id, ok := range map[string]bool{"relay-0": true, "Build_Host": false, "a.b": true, "-x": false, "x-": false} {
 		r.Identity = id
 		err := r.validate()
 		if ok && err != nil {

@@ -2,7 +2,7 @@
 // several relays share one store (PostgreSQL).
 //
 // Each replica holds one Lease of its own (coordination.k8s.io/v1, named
-// <group>-<identity>, labeled LabelGroup=<group>) and renews it every
+// <group>.<identity>, labeled LabelGroup=<group>) and renews it every
 // RenewInterval. The live replicas are the Leases of the group this
 // replica saw renewed within their duration, by its own clock (as client-go's
 // leader election does: no two clocks are compared). A run belongs to the
@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,6 +37,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 )
@@ -81,8 +83,9 @@ type observation struct {
 	renew    time.Time // the Lease's renewTime, as written by its holder
 	at       time.Time // when this replica saw that renewTime first
 	duration time.Duration
-	// lease identifies the Lease as seen, so that deleting it once its
-	// holder is long gone cannot delete one renewed since.
+	// name and lease identify the Lease as seen, so that deleting it once
+	// its holder is long gone cannot delete one renewed since.
+	name  string
 	lease metav1.Preconditions
 }
 
@@ -96,8 +99,27 @@ func (m *Members) gone(o observation, now time.Time) bool {
 	return now.Sub(o.at) >= o.duration+m.LeaseDuration
 }
 
-// LeaseName is the name of identity's Lease in group.
-func LeaseName(group, identity string) string { return group + "-" + identity }
+// LeaseName is the name of identity's Lease in group. A group is a DNS
+// label, without '.' (ValidGroup), so the name says whose Lease it is: with
+// '-', as before, replica "b-0" of group "relay-a" and replica "0" of group
+// "relay-a-b" named one Lease, and a policy checking the name's prefix let
+// one group's relay create the other's (a hostile review).
+func LeaseName(group, identity string) string { return group + "." + identity }
+
+// legacyLeaseName is the name relays before LeaseName's '.' gave their
+// Leases: a replica of that version, met during a rolling upgrade, is
+// still a member, and its Lease is deleted once it is long gone.
+func legacyLeaseName(group, identity string) string { return group + "-" + identity }
+
+// ValidGroup says why group cannot name a group of relays, or nil: it must
+// be a DNS label (lowercase letters, digits and '-', at most 63), so that
+// no group's Lease name begins with another's group and '.'.
+func ValidGroup(group string) error {
+	if bad := validation.IsDNS1123Label(group); len(bad) > 0 {
+		return fmt.Errorf("the relay group %q is not a DNS label (%s)", group, strings.Join(bad, "; "))
+	}
+	return nil
+}
 
 func (m *Members) validate() error {
 	switch {
@@ -105,6 +127,8 @@ func (m *Members) validate() error {
 		return errors.New("replicas: no API client")
 	case m.Namespace == "" || m.Group == "" || m.Identity == "":
 		return errors.New("replicas: namespace, group and identity are required")
+	case ValidGroup(m.Group) != nil:
+		return fmt.Errorf("replicas: %w", ValidGroup(m.Group))
 	case m.RenewInterval <= 0 || m.LeaseDuration < 2*m.RenewInterval:
 		return fmt.Errorf("replicas: the lease duration (%s) must be at least twice the renew interval (%s)", m.LeaseDuration, m.RenewInterval)
 	}
@@ -230,14 +254,14 @@ func (m *Members) round(ctx context.Context) {
 	}
 	member := why == ""
 	var live []string
-	leftBehind := map[string]metav1.Preconditions{} // identity: its Lease as seen
+	var leftBehind []observation
 	for id, o := range m.seen {
 		switch {
 		case id == m.Identity:
 		case now.Sub(o.at) < o.duration:
 			live = append(live, id)
 		case member && m.gone(o, now):
-			leftBehind[id] = o.lease
+			leftBehind = append(leftBehind, o)
 		}
 	}
 	if member {
@@ -286,7 +310,7 @@ func (m *Members) observe(leases []coordinationv1.Lease, now time.Time) {
 	present := map[string]bool{}
 	for _, l := range leases {
 		id := ptr.Deref(l.Spec.HolderIdentity, "")
-		if id == "" || l.Name != LeaseName(m.Group, id) {
+		if id == "" || l.Name != LeaseName(m.Group, id) && l.Name != legacyLeaseName(m.Group, id) {
 			continue // released, or not a member's Lease
 		}
 		present[id] = true
@@ -306,7 +330,7 @@ func (m *Members) observe(leases []coordinationv1.Lease, now time.Time) {
 		if !ok || !o.renew.Equal(renew) {
 			o = observation{renew: renew, at: now, duration: d}
 		}
-		o.lease = metav1.Preconditions{UID: ptr.To(l.UID), ResourceVersion: ptr.To(l.ResourceVersion)}
+		o.name, o.lease = l.Name, metav1.Preconditions{UID: ptr.To(l.UID), ResourceVersion: ptr.To(l.ResourceVersion)}
 		m.seen[id] = o
 	}
 	for id := range m.seen {
@@ -319,16 +343,15 @@ func (m *Members) observe(leases []coordinationv1.Lease, now time.Time) {
 // deleteLeftBehind deletes the Leases of replicas long gone, each only
 // as this replica saw it: one renewed or recreated since is kept (the
 // preconditions), and another member deleting it first is no error.
-func (m *Members) deleteLeftBehind(ctx context.Context, gone map[string]metav1.Preconditions) {
-	for id, seen := range gone {
-		name := LeaseName(m.Group, id)
-		err := m.Client.CoordinationV1().Leases(m.Namespace).Delete(ctx, name, metav1.DeleteOptions{Preconditions: &seen})
+func (m *Members) deleteLeftBehind(ctx context.Context, gone []observation) {
+	for _, o := range gone {
+		err := m.Client.CoordinationV1().Leases(m.Namespace).Delete(ctx, o.name, metav1.DeleteOptions{Preconditions: &o.lease})
 		switch {
 		case err == nil:
-			m.Log.Info("deleted the Lease of a relay gone without releasing it", "lease", name)
+			m.Log.Info("deleted the Lease of a relay gone without releasing it", "lease", o.name)
 		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
 		default:
-			m.Log.Error(err, "deleting the Lease of a relay gone without releasing it", "lease", name)
+			m.Log.Error(err, "deleting the Lease of a relay gone without releasing it", "lease", o.name)
 		}
 	}
 }
@@ -369,17 +392,17 @@ func (m *Members) renew(ctx context.Context, now time.Time) error {
 }
 
 // mine says whether l, found under this replica's Lease name, may be
-// taken as its own: held by it or by nobody, in its group. Names join
-// group and identity with "-", so another group's replica can name the
-// same Lease ("relay-a" + "b-0", "relay-a-b" + "0"): renewing it would
-// take that replica's membership away, the two flipping it back and forth
-// (a hostile review).
+// taken as its own: held by it or by nobody, in its group. Anyone else who
+// may write Leases here can have made it first (and, before LeaseName
+// joined with '.', another group's replica named the same Lease):
+// renewing it would take that holder's membership away, the two flipping
+// it back and forth (a hostile review).
 func (m *Members) mine(l *coordinationv1.Lease) error {
 	holder, group := ptr.Deref(l.Spec.HolderIdentity, ""), l.Labels[LabelGroup]
 	if (holder == "" || holder == m.Identity) && (group == "" || group == m.Group) {
 		return nil
 	}
-	return fmt.Errorf("the Lease %s/%s is held by %q of group %q: another relay names the same Lease; give this one another --replica-id or --lease-group",
+	return fmt.Errorf("the Lease %s/%s is held by %q of group %q: someone else made this relay's Lease first; give this one another --replica-id or --lease-group",
 		m.Namespace, l.Name, holder, group)
 }
 

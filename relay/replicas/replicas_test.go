@@ -234,23 +234,37 @@ func TestALeaseCountsAtMostThisReplicasDuration(t *testing.T) {
 	}
 }
 
-// TestAnotherGroupsLeaseOfTheSameNameIsNotTaken: Lease names join group
-// and identity with "-", so replica "b-0" of group "relay-a" names the
-// Lease of replica "0" of group "relay-a-b". It neither renews that Lease
-// as its own (which took the other's membership away, the two flipping
-// it) nor deletes it when it stops; it says why it is not a member.
-func TestAnotherGroupsLeaseOfTheSameNameIsNotTaken(t *testing.T) {
+// TestGroupsNeverNameOneLease: with '-' between group and identity,
+// replica "b-0" of group "relay-a" and replica "0" of group "relay-a-b"
+// named one Lease; with '.', which no group holds, they do not, and no
+// group's names begin with another's group and '.'.
+func TestGroupsNeverNameOneLease(t *testing.T) {
+	a, b := LeaseName("relay-a", "b-0"), LeaseName("relay-a-b", "0")
+	if a == b {
+		t.Fatalf("groups relay-a and relay-a-b name one Lease %s", a)
+	}
+	if strings.HasPrefix(b, "relay-a.") {
+		t.Errorf("group relay-a-b's Lease %s begins with group relay-a's prefix", b)
+	}
+	if ValidGroup("relay.a") == nil {
+		t.Error("a group holding '.' is accepted")
+	}
+}
+
+// TestALeaseOfItsNameHeldByAnotherIsNotTaken: a Lease of this replica's
+// name that someone else who may write Leases made first (another group's
+// label, another holder) is neither renewed as its own (which took the
+// holder's membership away, the two flipping it) nor deleted when this
+// replica stops; it says why it is not a member.
+func TestALeaseOfItsNameHeldByAnotherIsNotTaken(t *testing.T) {
 	ctx := context.Background()
 	holder, secs := "0", int32(10)
 	theirs := &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: LeaseName("relay-a-b", "0"), Namespace: "ns", Labels: map[string]string{LabelGroup: "relay-a-b"}},
+		ObjectMeta: metav1.ObjectMeta{Name: LeaseName("relay-a", "b-0"), Namespace: "ns", Labels: map[string]string{LabelGroup: "relay-a-b"}},
 		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs},
 	}
 	cs := fake.NewClientset(theirs)
 	m := &Members{Client: cs, Namespace: "ns", Group: "relay-a", Identity: "b-0", LeaseDuration: 10 * time.Second, RenewInterval: 2 * time.Second, Log: logr.Discard()}
-	if LeaseName(m.Group, m.Identity) != theirs.Name {
-		t.Fatalf("the names do not collide: %s, %s", LeaseName(m.Group, m.Identity), theirs.Name)
-	}
 	err := m.renew(ctx, time.Now())
 	if err == nil || !strings.Contains(err.Error(), "--replica-id") {
 		t.Errorf("renewing a Lease of the same name another group's replica holds: %v, want a refusal naming --replica-id", err)
@@ -259,6 +273,33 @@ func TestAnotherGroupsLeaseOfTheSameNameIsNotTaken(t *testing.T) {
 	got, err := cs.CoordinationV1().Leases("ns").Get(ctx, theirs.Name, metav1.GetOptions{})
 	if err != nil || *got.Spec.HolderIdentity != "0" || got.Labels[LabelGroup] != "relay-a-b" {
 		t.Errorf("the other replica's Lease after this one renewed and released: %+v, %v", got, err)
+	}
+}
+
+// TestAReplicaOfTheVersionBeforeIsAMember: during a rolling upgrade the
+// replicas of the version before renew Leases named <group>-<identity>;
+// they are members while they renew, so the two versions divide the runs
+// between them rather than both collecting all.
+func TestAReplicaOfTheVersionBeforeIsAMember(t *testing.T) {
+	g := newGroup(t)
+	ctx := context.Background()
+	secs := int32(10)
+	before := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: "relays-old-0", Namespace: "ns", Labels: map[string]string{LabelGroup: "relays"}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("old-0"), LeaseDurationSeconds: &secs,
+			RenewTime: &metav1.MicroTime{Time: time.Now()}},
+	}
+	if _, err := g.client.CoordinationV1().Leases("ns").Create(ctx, before, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r0, _ := g.member("r0", nil)
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		_, live, _ := r0.Status()
+		return slices.Equal(live, []string{"old-0", "r0"}), nil
+	})
+	if err != nil {
+		_, live, why := r0.Status()
+		t.Fatalf("live members %v (%s), want the replica of the version before and this one", live, why)
 	}
 }
 
@@ -280,24 +321,29 @@ func TestTheLeaseOfAReplicaLongGoneIsDeleted(t *testing.T) {
 		}
 	}
 	dead := lease(LeaseName("relays", "killed-0"), "killed-0", "relays")
+	// Named as relays before '.' named them: one killed during the
+	// rolling upgrade to this version.
+	deadBefore := lease("relays-killed-9", "killed-9", "relays")
 	others := []*coordinationv1.Lease{
 		lease(LeaseName("other", "killed-1"), "killed-1", "other"), // another group's
-		lease("relays-not-its-name", "killed-2", "relays"),         // no member's Lease
+		lease("relays.not-its-name", "killed-2", "relays"),         // no member's Lease
 		lease(LeaseName("relays", "released"), "", "relays"),       // released, held by nobody
 	}
-	for _, l := range append(others, dead) {
+	for _, l := range append(others, dead, deadBefore) {
 		if _, err := g.client.CoordinationV1().Leases("ns").Create(ctx, l, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	r0, _ := g.member("r0", nil)
 	r1, _ := g.member("r1", nil)
-	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		_, err := g.client.CoordinationV1().Leases("ns").Get(ctx, dead.Name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
-	})
-	if err != nil {
-		t.Fatalf("the Lease of a replica gone for an hour was not deleted: %v", err)
+	for _, l := range []*coordinationv1.Lease{dead, deadBefore} {
+		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			_, err := g.client.CoordinationV1().Leases("ns").Get(ctx, l.Name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		})
+		if err != nil {
+			t.Fatalf("the Lease %s of a replica gone for an hour was not deleted: %v", l.Name, err)
+		}
 	}
 	for _, l := range others {
 		if _, err := g.client.CoordinationV1().Leases("ns").Get(ctx, l.Name, metav1.GetOptions{}); err != nil {
