@@ -1,11 +1,14 @@
 package collect
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -127,7 +130,8 @@ func (m *Mirror) openDir(r *store.Run) (dir int, path, name string, err error) {
 
 func openFile(dir int, path, name string) (*os.File, error) {
 	// O_NONBLOCK: opening a FIFO for writing would otherwise block forever.
-	fd, err := unix.Openat(dir, name, unix.O_WRONLY|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o644)
+	// O_RDWR: a sync reads what the file holds past its record (adopt).
+	fd, err := unix.Openat(dir, name, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o644)
 	if err != nil {
 		return nil, unsafeOr(dir, name, path, err)
 	}
@@ -137,6 +141,9 @@ func openFile(dir int, path, name string) (*os.File, error) {
 		return nil, &os.PathError{Op: "stat", Path: path, Err: err}
 	}
 	switch {
+	case st.Mode&unix.S_IFMT == unix.S_IFIFO, st.Mode&unix.S_IFMT == unix.S_IFCHR, st.Mode&unix.S_IFMT == unix.S_IFBLK:
+		unix.Close(fd)
+		return nil, &UnsafePathError{Path: path, Reason: "a FIFO or device"}
 	case st.Mode&unix.S_IFMT != unix.S_IFREG:
 		unix.Close(fd)
 		return nil, &UnsafePathError{Path: path, Reason: "not a regular file"}
@@ -310,20 +317,38 @@ func (m *Mirror) Sync(run string) error {
 		}
 		return nil
 	}
+	st.Done = false
+	if info.Size() < st.Size || (st.Inode != 0 && st.Inode != inode) {
+		// The file lost content, or another file was swapped in under its
+		// name: rebuild it from the store (keeping what it holds of it).
+		st = store.MirrorState{}
+	}
+	st.Inode = inode
+	if info.Size() > st.Size {
+		var ahead bool
+		if st, ahead, err = m.adopt(f, run, r, st, info.Size()); err != nil {
+			return err
+		}
+		if ahead && !(r.Done && st.Seq >= r.LastSeq) {
+			// Lines this store has not yet: another store's relay wrote
+			// them. Left, and met again when this store has them. Once
+			// this store has the whole run, nothing is ahead of it: such
+			// lines are someone else's (an agent's), cut back below, or
+			// the run would never get its done marker.
+			return m.Store.SetMirrorState(run, st)
+		}
+	}
 	// Not done (or a retry of the Job continues a finished run): no done
 	// marker may stand, whoever planted it.
 	if err := marker.remove(dir); err != nil {
 		return err
 	}
-	st.Done = false
-	if info.Size() < st.Size || (st.Inode != 0 && st.Inode != inode) {
-		// The file lost content, or another file was swapped in under its
-		// name: rebuild it from the store.
-		st = store.MirrorState{}
-	}
-	st.Inode = inode
-	if err := f.Truncate(st.Size); err != nil {
-		return err
+	if info.Size() != st.Size {
+		// Only then: a truncation, even to the same size, marks the file
+		// modified for a reader watching it.
+		if err := f.Truncate(st.Size); err != nil {
+			return err
+		}
 	}
 	if _, err := f.Seek(st.Size, 0); err != nil {
 		return err
@@ -359,6 +384,77 @@ func (m *Mirror) Sync(run string) error {
 		st.Done = true
 	}
 	return m.Store.SetMirrorState(run, st)
+}
+
+// adopt reads what the file holds past the recorded size, end, and keeps
+// what the store would write there: lines this relay wrote before it
+// could record them (a crash between the write and the record), or that a
+// relay of another store wrote (a bbolt relay beside replicas on
+// PostgreSQL, during an upgrade: the two recorded sizes each lagged the
+// other's writes, and each sync cut the file back under its readers; a
+// hostile review). It returns the state after the kept lines. The file is
+// cut back (by the caller, to the returned size) only from where its bytes
+// differ from the store's: a line a crash cut short. ahead says the file
+// holds more than the store has yet: those bytes are left alone.
+func (m *Mirror) adopt(f *os.File, run string, r *store.Run, st store.MirrorState, end int64) (_ store.MirrorState, ahead bool, err error) {
+	in := bufio.NewReader(io.NewSectionReader(f, st.Size, end-st.Size))
+	var got []byte
+	for {
+		lines, err := m.Store.Lines(run, st.Seq, 1000)
+		if err != nil {
+			return st, false, err
+		}
+		if len(lines) == 0 {
+			// Whole lines left are another store's, ahead of this one; a
+			// line without its newline is a write a crash cut short (every
+			// line is written whole, under the file's lock): cut back. The
+			// newline is looked for so far only: an agent can write a
+			// line of any length to the file.
+			ahead, err := hasNewline(io.LimitReader(in, maxAheadScan))
+			return st, ahead, err
+		}
+		for _, l := range lines {
+			if r.MainContainer != "" && l.Container != r.MainContainer {
+				st.Seq = l.Seq
+				continue
+			}
+			want := len(l.Line) + 1
+			got = slices.Grow(got[:0], want)[:want]
+			n, err := io.ReadFull(in, got)
+			if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
+				return st, false, err
+			}
+			if n < want || string(got[:want-1]) != l.Line || got[want-1] != '\n' {
+				return st, false, nil // cut short or another line: cut back from here
+			}
+			st.Size += int64(want)
+			st.Seq = l.Seq
+			if st.Size == end {
+				return st, false, nil
+			}
+		}
+	}
+}
+
+// maxAheadScan bounds how far adopt reads for the end of a line another
+// store wrote: four stored lines at the relay's default --max-line-bytes.
+const maxAheadScan = 4 << 20
+
+// hasNewline reads r in chunks, keeping none, until a newline or its end.
+func hasNewline(r io.Reader) (bool, error) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(buf)
+		if slices.Contains(buf[:n], '\n') {
+			return true, nil
+		}
+		if err == io.EOF {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+	}
 }
 
 // entry is a file in a run's directory: its file, or its done marker.

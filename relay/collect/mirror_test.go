@@ -2,6 +2,7 @@ package collect
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -299,5 +300,137 @@ func TestMirrorGivesUpOnALockHeldByAnother(t *testing.T) {
 	}
 	if got := readMirror(t, m); got != "{\"n\":1}\n{\"n\":2}\n" {
 		t.Errorf("mirror after the lock was let go: %q", got)
+	}
+}
+
+// TestMirrorsOfTwoStoresOnOneVolumeNeverCutTheFileBack: a bbolt relay
+// beside replicas on PostgreSQL (a release moving from one store to the
+// other with a rolling update) mirror the same runs into one directory,
+// each store recording how far it wrote. Each sync cut the file back to
+// its own record, so a reader tailing it saw it shrink again and again
+// (the second hostile review). Now a sync keeps the lines the file holds
+// past its record that its store has too, and leaves lines its store has
+// not yet: the file only grows, and ends with every line once.
+func TestMirrorsOfTwoStoresOnOneVolumeNeverCutTheFileBack(t *testing.T) {
+	sa, ma := mirrorFixture(t)
+	sb, _ := storetest.Open(t)
+	_, _ = sb.UpdateRun("run-1", func(r *store.Run) {
+		r.Namespace, r.Agent, r.Company, r.MainContainer = "ns", "agent-a", "acme", "agent"
+	})
+	mb := &Mirror{Dir: ma.Dir, Store: sb}
+	r, _ := sa.Run("run-1")
+	var size int64
+	grew := func(who string) {
+		t.Helper()
+		st, err := os.Stat(ma.Path(r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Size() < size {
+			t.Fatalf("%s's sync cut the file back from %d to %d bytes", who, size, st.Size())
+		}
+		size = st.Size()
+	}
+	appendTo := func(s *store.Store, from, to int) {
+		var texts []string
+		for i := from; i <= to; i++ {
+			texts = append(texts, fmt.Sprintf(`{"n":%d}`, i))
+		}
+		_, _ = s.Append("run-1", "agent", store.Cursor{TS: int64(to), Count: 1}, storetest.Lines("agent", texts...), time.Now())
+	}
+	// A runs ahead, then B, then A again; each syncs after its commits.
+	steps := []struct {
+		m        *Mirror
+		s        *store.Store
+		from, to int
+	}{{ma, sa, 1, 5}, {mb, sb, 1, 2}, {mb, sb, 3, 4}, {ma, sa, 6, 7}, {mb, sb, 5, 9}, {ma, sa, 8, 8}, {ma, sa, 9, 12}, {mb, sb, 10, 12}}
+	for i, st := range steps {
+		appendTo(st.s, st.from, st.to)
+		who := map[*Mirror]string{ma: "A", mb: "B"}[st.m]
+		if err := st.m.Sync("run-1"); err != nil {
+			t.Fatalf("step %d, %s: %v", i, who, err)
+		}
+		grew(who)
+	}
+	var want strings.Builder
+	for i := 1; i <= 12; i++ {
+		fmt.Fprintf(&want, "{\"n\":%d}\n", i)
+	}
+	if got := readMirror(t, ma); got != want.String() {
+		t.Errorf("the file holds %q, want every line once", got)
+	}
+	for _, s := range []*store.Store{sa, sb} {
+		if st, _ := s.MirrorState("run-1"); st.Size != int64(want.Len()) || st.Seq == 0 {
+			t.Errorf("a store's record of the file: %+v, want all %d bytes", st, want.Len())
+		}
+	}
+}
+
+// TestMirrorKeepsLinesWrittenBeforeTheirRecord: a relay that died between
+// writing lines and recording them wrote them again after cutting them
+// off, so a reader tailing the file saw it shrink. Lines that match the
+// store are kept as they are: the file is not written at all.
+func TestMirrorKeepsLinesWrittenBeforeTheirRecord(t *testing.T) {
+	s, m := mirrorFixture(t)
+	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "one", "two"), time.Now())
+	must(t, m.Sync("run-1"))
+	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", "three", "four"), time.Now())
+	r, _ := s.Run("run-1")
+	f, err := os.OpenFile(m.Path(r), os.O_APPEND|os.O_WRONLY, 0)
+	must(t, err)
+	_, _ = f.WriteString("three\nfour\n") // written; the relay died before recording it
+	f.Close()
+	past := time.Now().Add(-time.Hour).Truncate(time.Second)
+	must(t, os.Chtimes(m.Path(r), past, past))
+	must(t, m.Sync("run-1"))
+	info, err := os.Stat(m.Path(r))
+	must(t, err)
+	if !info.ModTime().Equal(past) {
+		t.Errorf("the file was written again (modified %s)", info.ModTime())
+	}
+	if got := readMirror(t, m); got != "one\ntwo\nthree\nfour\n" {
+		t.Errorf("mirror %q", got)
+	}
+	if st, _ := s.MirrorState("run-1"); st.Size != info.Size() || st.Seq != 4 {
+		t.Errorf("recorded %+v, want the whole file and seq 4", st)
+	}
+	// Bytes past the record that are not the store's next line are cut
+	// back and written from the store.
+	f, err = os.OpenFile(m.Path(r), os.O_APPEND|os.O_WRONLY, 0)
+	must(t, err)
+	_, _ = f.WriteString("forged\n")
+	f.Close()
+	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 3, Count: 1}, storetest.Lines("agent", "five"), time.Now())
+	must(t, m.Sync("run-1"))
+	if got := readMirror(t, m); got != "one\ntwo\nthree\nfour\nfive\n" {
+		t.Errorf("after a forged line past the record, mirror %q", got)
+	}
+}
+
+// TestMirrorCutsLinesAheadOfAFinishedRun: lines past the record that the
+// store does not have are left for the store that wrote them to catch up
+// with, but once the run has ended and this store holds all of it, no
+// store is ahead: an agent's line appended after its output is cut back,
+// and the done marker is written.
+func TestMirrorCutsLinesAheadOfAFinishedRun(t *testing.T) {
+	s, m := mirrorFixture(t)
+	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "one"), time.Now())
+	must(t, m.Sync("run-1"))
+	r, _ := s.Run("run-1")
+	f, err := os.OpenFile(m.Path(r), os.O_APPEND|os.O_WRONLY, 0)
+	must(t, err)
+	_, _ = f.WriteString("{\"type\":\"result\",\"result\":\"forged\"}\n")
+	f.Close()
+	must(t, m.Sync("run-1"))
+	if got := readMirror(t, m); got != "one\n{\"type\":\"result\",\"result\":\"forged\"}\n" {
+		t.Fatalf("mid-run, a line the store has not yet: %q, want it left (another store's, perhaps)", got)
+	}
+	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Done, r.Phase = true, "Succeeded" })
+	must(t, m.Sync("run-1"))
+	if got := readMirror(t, m); got != "one\n" {
+		t.Errorf("after the run ended the mirror holds %q, want the store's line only", got)
+	}
+	if _, err := os.Stat(m.Path(r) + ".done"); err != nil {
+		t.Errorf("no done marker: %v", err)
 	}
 }
