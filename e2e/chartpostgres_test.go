@@ -88,6 +88,10 @@ func TestChartRelayOnPostgresOnTheRealNode(t *testing.T) {
 	}
 	members := waitRelayMembers(ctx, t, group, 2)
 	t.Logf("relay replicas %v, each holding its Lease and seeing both", members)
+	secret, err := readRendezvousKey(ctx, pg.ConnString("postgres"), "clipjob_relay")
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	reader := newRelayReader(ctx, t)
 	name := "e2e-chart-pg"
@@ -101,10 +105,10 @@ func TestChartRelayOnPostgresOnTheRealNode(t *testing.T) {
 	if run.Result == nil || run.Result.Outcome != "succeeded" {
 		t.Errorf("run %s: result %s", name, mustJSON(run.Result))
 	}
-	t.Logf("run %s: %d lines, collected by %s", name, len(want), replicas.Pick(members, name))
+	t.Logf("run %s: %d lines, collected by %s", name, len(want), replicas.Pick(secret, members, name))
 
 	t.Run("the replica collecting a run is killed", func(t *testing.T) {
-		killCollectingReplica(ctx, t, reader, group, members)
+		killCollectingReplica(ctx, t, reader, group, secret, members)
 	})
 	waitDeploymentAvailable(ctx, t, group)
 	waitRelayMembers(ctx, t, group, 2)
@@ -246,13 +250,13 @@ func relayMetric(p *corev1.Pod, prefix string) (float64, error) {
 // collects a run whose agent is still writing (rendezvous of the run over
 // the replicas holding Leases), and requires the run's whole log stored,
 // each line once.
-func killCollectingReplica(ctx context.Context, t *testing.T, reader *relayReader, group string, members []string) {
+func killCollectingReplica(ctx context.Context, t *testing.T, reader *relayReader, group string, secret []byte, members []string) {
 	name := "e2e-chart-pg-kill"
 	// 2,400 lines over a minute: the takeover (the Lease's 10 s at most)
 	// happens while the agent writes.
 	createJob(ctx, t, realJob(t, name, "lines=2400 rate=40"))
 	reader.waitRun(ctx, t, name, func(r *store.Run) bool { return r.LastSeq >= 40 })
-	owner := replicas.Pick(members, name)
+	owner := replicas.Pick(secret, members, name)
 	job, err := env.cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

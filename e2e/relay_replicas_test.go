@@ -17,9 +17,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/paperclipai/clipjob/contract"
@@ -28,6 +30,7 @@ import (
 	"github.com/paperclipai/clipjob/relay"
 	"github.com/paperclipai/clipjob/relay/replicas"
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/postgres"
 	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
 )
 
@@ -46,6 +49,9 @@ type relayReplicas struct {
 	token         string
 	// extra are the flags every replica gets besides the store's.
 	extra []string
+	// secret keys the division of runs (replicas.Pick), read from the
+	// store once the replicas started.
+	secret []byte
 }
 
 // replicasSetup is what the tests' replicas share: the binary, the
@@ -110,7 +116,28 @@ func readyReplicasWith(t *testing.T, extra ...string) (context.Context, *relayRe
 		rs.relays = append(rs.relays, r)
 	}
 	rs.waitMembers(ctx, t, 0, 1, 2)
+	schema := replicasSchema
+	if i := slices.Index(extra, "--postgres-schema"); i >= 0 && i+1 < len(extra) {
+		schema = extra[i+1]
+	}
+	if rs.secret, err = readRendezvousKey(ctx, pg.ConnString("postgres"), schema); err != nil {
+		t.Fatal(err)
+	}
 	return ctx, rs
+}
+
+// readRendezvousKey reads the key the relays of schema divide runs with.
+func readRendezvousKey(ctx context.Context, conn, schema string) ([]byte, error) {
+	db, err := pgx.Connect(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close(context.WithoutCancel(ctx))
+	key, err := postgres.ReadRendezvousKey(ctx, db, schema)
+	if err != nil {
+		return nil, fmt.Errorf("the relays' shared key in schema %s: %w", schema, err)
+	}
+	return key, nil
 }
 
 // conn is the connection string of replica i: the third reaches the
@@ -169,7 +196,7 @@ func (rs *relayReplicas) owner(run string, ids ...string) int {
 	if len(ids) == 0 {
 		ids = rs.ids
 	}
-	id := replicas.Pick(ids, run)
+	id := replicas.Pick(rs.secret, ids, run)
 	for i := range rs.ids {
 		if rs.ids[i] == id {
 			return i

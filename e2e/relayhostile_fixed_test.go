@@ -61,7 +61,7 @@ func TestHostileRelayGhostLeaseWithAHugeDurationLapses(t *testing.T) {
 	for i := range rs.relays {
 		rs.waitLiveSeen(ctx, t, i, 4)
 	}
-	run := runOwnedBy("e2e-hostile-forever", ghost, append(slices.Clone(rs.ids), ghost))
+	run := runOwnedBy(rs.secret, "e2e-hostile-forever", ghost, append(slices.Clone(rs.ids), ghost))
 	pod, log := agentRun(ctx, t, run)
 	if err := log.Write(`{"type":"assistant","n":1}`, `{"type":"assistant","n":2}`, `{"type":"assistant","n":3}`); err != nil {
 		t.Fatal(err)

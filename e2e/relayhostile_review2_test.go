@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"math"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,8 +25,9 @@ import (
 )
 
 // The relay's replicas attacked again: a replica paused past its Lease,
-// tenants naming their Jobs for one replica, a tenant forging a pod's
-// controller, and the relay's own token against its Lease policy.
+// a tenant forging a pod's controller, and the relay's own token against
+// its Lease policy. (Tenants naming their Jobs for one replica:
+// replicas.TestRunNamesChosenWithoutTheSecretSpread.)
 
 // TestHostileRelayReview2PausedReplicaLosesNoLine: a replica frozen
 // (SIGSTOP, as a node under pressure or a debugger freezes it) mid-flood
@@ -92,63 +92,6 @@ func TestHostileRelayReview2PausedReplicaLosesNoLine(t *testing.T) {
 	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(100), "after the thaw")
 	f.end(ctx, t, rs)
 	t.Logf("the thawed replica had %d commits refused after the thaw", refusals(t, rs.relays[paused])-refusedBefore)
-}
-
-// TestHostileRelayReview2RunNamesChosenForOneReplica: rendezvous hashing
-// spreads ordinary Job names evenly over three replicas; a tenant who
-// knows the replicas' identities (their pod names) picks names that all
-// land on one, at the cost of about three tries per name. Without the
-// identities it cannot: the same names spread over another set of
-// replicas evenly. Measured, not a defence: the skew is total for whoever
-// knows the members.
-func TestHostileRelayReview2RunNamesChosenForOneReplica(t *testing.T) {
-	members := []string{"clipjob-relay-7c9d8-abcde", "clipjob-relay-7c9d8-fghij", "clipjob-relay-7c9d8-klmno"}
-	const n = 3000
-	share := func(members []string, names []string) map[string]int {
-		got := map[string]int{}
-		for _, name := range names {
-			got[replicas.Pick(members, name)]++
-		}
-		return got
-	}
-	var ordinary []string
-	for i := range n {
-		ordinary = append(ordinary, fmt.Sprintf("agent-run-%d", i))
-	}
-	for id, c := range share(members, ordinary) {
-		if f := float64(c) / n; math.Abs(f-1.0/3) > 0.04 {
-			t.Errorf("ordinary names: replica %s gets %.1f%% of %d runs, not about a third", id, 100*f, n)
-		}
-	}
-	var chosen []string
-	tries := 0
-	for i := 0; len(chosen) < n; i++ {
-		tries++
-		name := fmt.Sprintf("agent-run-%d", i)
-		if replicas.Pick(members, name) == members[0] {
-			chosen = append(chosen, name)
-		}
-	}
-	got := share(members, chosen)
-	t.Logf("names chosen for %s: %d of %d runs on it, %.2f tries a name", members[0], got[members[0]], n, float64(tries)/n)
-	if got[members[0]] != n {
-		t.Errorf("chosen names: %v", got)
-	}
-	// Unknown members (another rollout's pod names): the chosen names
-	// spread again.
-	others := []string{"clipjob-relay-5f6b7-pqrst", "clipjob-relay-5f6b7-uvwxy", "clipjob-relay-5f6b7-z1234"}
-	for id, c := range share(others, chosen) {
-		if f := float64(c) / n; math.Abs(f-1.0/3) > 0.04 {
-			t.Errorf("names chosen for other members: replica %s gets %.1f%% of %d runs", id, 100*f, n)
-		}
-	}
-	// One replica of three gone: the chosen names move to the two left,
-	// evenly (rendezvous hashing), so a forced hot spot moves whole.
-	for id, c := range share(members[1:], chosen) {
-		if f := float64(c) / n; math.Abs(f-0.5) > 0.05 {
-			t.Errorf("chosen names after their replica left: %s gets %.1f%%", id, 100*f)
-		}
-	}
 }
 
 // relayLeaseClient is a Lease client holding the chart relay's

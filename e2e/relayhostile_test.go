@@ -33,11 +33,11 @@ import (
 // operator who names things carelessly.
 
 // runOwnedBy is a run id (a Job name) starting with prefix that
-// rendezvous hashing gives member among members.
-func runOwnedBy(prefix, member string, members []string) string {
+// rendezvous hashing with the group's secret gives member among members.
+func runOwnedBy(secret []byte, prefix, member string, members []string) string {
 	for i := 0; ; i++ {
 		run := fmt.Sprintf("%s-%d", prefix, i)
-		if replicas.Pick(members, run) == member {
+		if replicas.Pick(secret, members, run) == member {
 			return run
 		}
 	}
@@ -76,7 +76,7 @@ func TestHostileRelayGhostLeaseFromASkewedClockLapses(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = leases.Delete(context.Background(), l.Name, metav1.DeleteOptions{}) })
 	rs.waitLiveSeen(ctx, t, 0, 4)
-	run := runOwnedBy("e2e-hostile-skew", ghost, append(slices.Clone(rs.ids), ghost))
+	run := runOwnedBy(rs.secret, "e2e-hostile-skew", ghost, append(slices.Clone(rs.ids), ghost))
 	pod, log := agentRun(ctx, t, run)
 	if err := log.Write(`{"type":"assistant","n":1}`, `{"type":"assistant","n":2}`, `{"type":"assistant","n":3}`); err != nil {
 		t.Fatal(err)

@@ -81,7 +81,7 @@ func TestRelayLeasePolicyConfinesTheRelayToItsGroup(t *testing.T) {
 
 	refused := func(what string, err error, want ...string) {
 		t.Helper()
-		want = append(want, "ValidatingAdmissionPolicy '"+relayLeasePolicy+"'", replicas.LabelGroup+"="+relayGroup, relayGroup+"-<replica id>")
+		want = append(want, "ValidatingAdmissionPolicy '"+relayLeasePolicy+"'", replicas.LabelGroup+"="+relayGroup, relayGroup+".<replica id>")
 		if !apierrors.IsForbidden(err) {
 			t.Errorf("the relay %s: want 403 from the policy, got %v", what, err)
 			return

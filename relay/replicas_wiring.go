@@ -20,6 +20,11 @@ type pinger interface {
 	Ping(ctx context.Context) error
 }
 
+// keyed is a store that keeps a secret its relays share (PostgreSQL).
+type keyed interface {
+	RendezvousKey() []byte
+}
+
 // divideRuns, for a store several relays share, makes this relay one of
 // its group (package replicas): it collects only the runs it owns, hands
 // them over when the members change, stops collecting while its store is
@@ -33,12 +38,16 @@ func (s *service) divideRuns(mgr manager.Manager, st store.Backend) error {
 	if !ok {
 		return fmt.Errorf("the %s store cannot say whether it answers", s.opts.Store)
 	}
+	k, ok := st.(keyed)
+	if !ok {
+		return fmt.Errorf("the %s store keeps no key for its relays to share", s.opts.Store)
+	}
 	replicas.RegisterMetrics()
 	o := s.opts.Replicas
 	health := &storeHealth{ping: p.Ping, interval: o.RenewInterval, log: s.log.WithName("store")}
 	s.rebalance = make(chan struct{}, 1)
 	s.members = &replicas.Members{Client: s.client, Namespace: o.Namespace, Group: o.Group, Identity: o.Identity,
-		LeaseDuration: o.LeaseDuration, RenewInterval: o.RenewInterval, Healthy: health.err,
+		Secret: k.RendezvousKey(), LeaseDuration: o.LeaseDuration, RenewInterval: o.RenewInterval, Healthy: health.err,
 		OnChange: s.kickRebalance, Log: s.log.WithName("replicas")}
 	s.coll.Owns = s.members.Owns
 	if err := mgr.Add(health); err != nil {

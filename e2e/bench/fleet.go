@@ -28,6 +28,7 @@ import (
 	"github.com/paperclipai/clipjob/e2e/harness"
 	"github.com/paperclipai/clipjob/relay"
 	"github.com/paperclipai/clipjob/relay/replicas"
+	"github.com/paperclipai/clipjob/relay/store/postgres"
 	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
 )
 
@@ -211,8 +212,12 @@ func fleetOnPostgres(ctx context.Context, c *cluster.Cluster, cs kubernetes.Inte
 	defer deleteRuns(context.WithoutCancel(ctx), cs, name)
 	victimRuns := map[int]bool{}
 	own := make([]bool, n) // run i's client is on the replica that collects it
+	secret, err := postgres.ReadRendezvousKey(ctx, db, fleetSchema)
+	if err != nil {
+		return res, fmt.Errorf("the relays' shared key: %w", err)
+	}
 	for i := range runs {
-		owner := replicas.Pick(fleetIDs, runs[i].run)
+		owner := replicas.Pick(secret, fleetIDs, runs[i].run)
 		own[i] = owner == fleetIDs[i%len(fleetIDs)]
 		if owner == fleetIDs[fleetVictim] {
 			victimRuns[i] = true

@@ -25,9 +25,11 @@ package replicas
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"slices"
 	"strings"
 	"sync"
@@ -57,6 +59,9 @@ type Members struct {
 	// is gone, and its runs are taken over. RenewInterval: how often this
 	// replica renews its Lease and reads the others'.
 	LeaseDuration, RenewInterval time.Duration
+	// Secret keys the hash that gives each run its replica (Pick): the
+	// same for every replica of the group, unknown to tenants.
+	Secret []byte
 	// Healthy, when set, says whether this replica may collect (its store
 	// answers): while it returns an error, the replica leaves the group,
 	// so that the others take its runs over, and owns nothing.
@@ -140,37 +145,31 @@ func (m *Members) validate() error {
 func (m *Members) Owns(key string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.member && Pick(m.live, key) == m.Identity
+	return m.member && Pick(m.Secret, m.live, key) == m.Identity
 }
 
 // Pick is the member rendezvous hashing gives key: the one with the
-// highest hash of (member, key). "" when there are none.
-func Pick(members []string, key string) string {
+// highest hash of (member, key), keyed with secret. "" when there are
+// none. Keyed because the members' identities are pod names anyone who
+// may list the namespace's pods can read: with a public hash a tenant
+// named its Jobs so that one replica collected them all, at three tries
+// a name (a hostile review). The group's replicas share the secret
+// through their store.
+func Pick(secret []byte, members []string, key string) string {
 	best, bestScore := "", uint64(0)
-	k := hash(key)
+	mac := hmac.New(sha256.New, secret)
+	var sum [sha256.Size]byte
 	for _, id := range members {
-		if s := mix(hash(id) ^ mix(k)); best == "" || s > bestScore || (s == bestScore && id < best) {
+		mac.Reset()
+		mac.Write([]byte(id))
+		mac.Write([]byte{0})
+		mac.Write([]byte(key))
+		s := binary.BigEndian.Uint64(mac.Sum(sum[:0]))
+		if best == "" || s > bestScore || (s == bestScore && id < best) {
 			best, bestScore = id, s
 		}
 	}
 	return best
-}
-
-func hash(s string) uint64 {
-	h := fnv.New64a()
-	h.Write([]byte(s))
-	return h.Sum64()
-}
-
-// mix is MurmurHash3's 64-bit finalizer: FNV alone of names that differ in
-// a byte gives scores so alike that one member won most runs.
-func mix(x uint64) uint64 {
-	x ^= x >> 33
-	x *= 0xff51afd7ed558ccd
-	x ^= x >> 33
-	x *= 0xc4ceb9fe1a85ec53
-	x ^= x >> 33
-	return x
 }
 
 // Status is this replica's membership: whether it collects, the live

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -138,7 +139,7 @@ func TestMembersDivideTheRuns(t *testing.T) {
 	}
 	before := map[string]string{}
 	for _, k := range keys {
-		before[k] = Pick([]string{"a", "b", "c"}, k)
+		before[k] = Pick(nil, []string{"a", "b", "c"}, k)
 	}
 
 	// c dies: its Lease is renewed no more. After the Lease's duration
@@ -204,14 +205,42 @@ func TestAnUnhealthyReplicaLeaves(t *testing.T) {
 func TestPickMovesOnlyTheLeaversRuns(t *testing.T) {
 	all := []string{"r-0", "r-1", "r-2", "r-3"}
 	for _, k := range keys {
-		was := Pick(all, k)
-		now := Pick([]string{"r-0", "r-1", "r-3"}, k)
+		was := Pick(testSecret, all, k)
+		now := Pick(testSecret, []string{"r-0", "r-1", "r-3"}, k)
 		if was != "r-2" && now != was {
 			t.Fatalf("run %s moved from %s to %s when r-2 left", k, was, now)
 		}
 	}
-	if Pick(nil, "x") != "" {
+	if Pick(testSecret, nil, "x") != "" {
 		t.Error("a run has an owner among no members")
+	}
+}
+
+var testSecret = []byte("0123456789abcdef0123456789abcdef")
+
+// TestRunNamesChosenWithoutTheSecretSpread: a tenant who knows the
+// replicas' identities (their pod names) but not the group's secret
+// chooses names that one replica would get with any secret it guesses
+// (none, here); with the group's secret those names spread over the three
+// evenly, as ordinary names do. With the hash public the chosen names all
+// went to one replica, at three tries a name.
+func TestRunNamesChosenWithoutTheSecretSpread(t *testing.T) {
+	members := []string{"clipjob-relay-7c9d8-abcde", "clipjob-relay-7c9d8-fghij", "clipjob-relay-7c9d8-klmno"}
+	const n = 3000
+	var chosen []string
+	for i := 0; len(chosen) < n; i++ {
+		if name := fmt.Sprintf("agent-run-%d", i); Pick(nil, members, name) == members[0] {
+			chosen = append(chosen, name)
+		}
+	}
+	got := map[string]int{}
+	for _, name := range chosen {
+		got[Pick(testSecret, members, name)]++
+	}
+	for _, id := range members {
+		if f := float64(got[id]) / n; math.Abs(f-1.0/3) > 0.04 {
+			t.Errorf("names chosen for %s without the secret: %s gets %.1f%% of them", members[0], id, 100*f)
+		}
 	}
 }
 
