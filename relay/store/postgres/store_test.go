@@ -135,20 +135,7 @@ func TestARecordThatDoesNotDecodeIsRetiredAllTheSame(t *testing.T) {
 func TestRelaysOfASchemaShareOneRendezvousKey(t *testing.T) {
 	conn, schema := pgtest.Schema(t)
 	first := open(t, postgres.Options{ConnString: conn, Schema: schema})
-	keys := make([][]byte, 4)
-	var wg sync.WaitGroup
-	for i := range keys {
-		wg.Go(func() {
-			s, err := postgres.Open(context.Background(), postgres.Options{ConnString: conn, Schema: schema})
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			keys[i] = s.RendezvousKey()
-			s.Close()
-		})
-	}
-	wg.Wait()
+	keys := keysOfRelaysStartedTogether(t, conn, schema, 4)
 	if len(first.RendezvousKey()) != 32 {
 		t.Fatalf("key of %d bytes", len(first.RendezvousKey()))
 	}
@@ -176,7 +163,18 @@ func TestRelaysOfASchemaShareOneRendezvousKey(t *testing.T) {
 // all read the key one of them wrote.
 func TestRelaysStartingTogetherOnANewSchemaShareOneKey(t *testing.T) {
 	conn, schema := pgtest.Schema(t)
-	keys := make([][]byte, 3)
+	keys := keysOfRelaysStartedTogether(t, conn, schema, 3)
+	for i, k := range keys {
+		if len(k) != 32 || !bytes.Equal(k, keys[0]) {
+			t.Errorf("relay %d read key %x, relay 0 %x", i, k, keys[0])
+		}
+	}
+}
+
+// keysOfRelaysStartedTogether opens n stores on schema at once and returns
+// the rendezvous key each read.
+func keysOfRelaysStartedTogether(t *testing.T, conn, schema string, n int) [][]byte {
+	keys := make([][]byte, n)
 	var wg sync.WaitGroup
 	for i := range keys {
 		wg.Go(func() {
@@ -190,9 +188,5 @@ func TestRelaysStartingTogetherOnANewSchemaShareOneKey(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	for i, k := range keys {
-		if len(k) != 32 || !bytes.Equal(k, keys[0]) {
-			t.Errorf("relay %d read key %x, relay 0 %x", i, k, keys[0])
-		}
-	}
+	return keys
 }
