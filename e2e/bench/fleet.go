@@ -90,6 +90,9 @@ type fleetPGResult struct {
 	// (steadyWall, from its first line to its last stored).
 	steadyCPU  map[string]float64
 	steadyWall time.Duration
+	// steadyProfile: the top of r0's CPU profile in the steady phase
+	// (-fleet-profile).
+	steadyProfile string
 }
 
 func fleetBench(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, sizes []int, floodPerRun int) error {
@@ -148,6 +151,8 @@ func applyLeaseRBAC(ctx context.Context, cs kubernetes.Interface) error {
 // (pool_max_conns in its connection string; the relay's default is
 // pgxpool's, 4 on 2 cores): every commit and every read of a client's
 // lines takes one.
+var fleetProfile = flag.Bool("fleet-profile", false, "fleet: take a CPU profile of replica r0 over 10 s of the steady phase and print its top")
+
 var fleetPGPool = flag.Int("fleet-pg-pool", 0, "fleet: each replica's PostgreSQL connections (pool_max_conns; 0: the relay's default)")
 
 func fleetOnPostgres(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, kit *relayKit, n, floodPerRun int) (fleetPGResult, error) {
@@ -246,6 +251,10 @@ func fleetOnPostgres(ctx context.Context, c *cluster.Cluster, cs kubernetes.Inte
 	}
 	rss := sampleReplicas(c, relays, pprofs, "steady")
 	pgMem := samplePeak(pgPSS)
+	var profiled <-chan string
+	if *fleetProfile {
+		profiled = profileCPU(pprofs[0], filepath.Join(c.Dir, fmt.Sprintf("fleet-%d-r0-steady.cpu.pprof", n)), 10*time.Second)
+	}
 	steadyPG, steadyCPU, steadyStart := pgTicks(), cpuTicks(c.Dir), time.Now()
 	written := writeSteady(ctx, runs)
 	if err := waitStoredPG(ctx, db, base+int64(written), 2*time.Minute); err != nil {
@@ -254,6 +263,9 @@ func fleetOnPostgres(ctx context.Context, c *cluster.Cluster, cs kubernetes.Inte
 	res.steadyWall = time.Since(steadyStart)
 	res.steadyCPU = cpuSeconds(steadyCPU, cpuTicks(c.Dir))
 	res.steadyCPU["postgres"] = float64(pgTicks()-steadyPG) / 100
+	if profiled != nil {
+		res.steadyProfile = <-profiled
+	}
 	res.steadyLinesPerSec = float64(written) / steadyFor.Seconds()
 	for i, rl := range relays {
 		if m, err := httpMetrics(rl.MetricsAddr); err == nil {
@@ -669,6 +681,9 @@ func printFleetPG(w io.Writer, rs []fleetPGResult, floodPerRun int) {
 			relayCPU, float64(r.floodLines)/relayCPU, r.pgFloodCPU, float64(r.floodLines)/r.pgFloodCPU)
 		if len(r.steadyCPU) > 0 {
 			coresTable(w, "in the steady phase", r.runs, r.steadyWall, r.steadyCPU)
+		}
+		if r.steadyProfile != "" {
+			fmt.Fprintf(w, "\nReplica r0's CPU profile over 10 s of the steady phase with %d runs (by cumulative time):\n\n```\n%s```\n", r.runs, r.steadyProfile)
 		}
 		if len(r.floodCPU) > 0 {
 			cpu := maps.Clone(r.floodCPU)
