@@ -168,7 +168,7 @@ func newManager(o Options) (manager.Manager, error) {
 		return nil, err
 	}
 	co := cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&corev1.Pod{}: {Label: labels.NewSelector().Add(*runPods)},
+		&corev1.Pod{}: {Label: labels.NewSelector().Add(*runPods), Transform: slimPod},
 	}}
 	if len(o.Namespaces) > 0 {
 		co.DefaultNamespaces = map[string]cache.Config{}
@@ -183,6 +183,29 @@ func newManager(o Options) (manager.Manager, error) {
 		HealthProbeBindAddress: o.ProbeAddr,
 		PprofBindAddress:       o.PprofAddr,
 	})
+}
+
+// slimPod keeps of a pod, before the cache stores it, what the relay
+// reads: its metadata but managed fields and annotations, its containers'
+// names, and its status. The rest of an agent pod's spec (the env,
+// volumes, mounts and security context the webhook injects) was most of
+// the informer's share of the relay's heap, for every pod of every run.
+func slimPod(obj any) (any, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	slim := &corev1.Pod{TypeMeta: pod.TypeMeta, ObjectMeta: pod.ObjectMeta, Status: pod.Status}
+	slim.ManagedFields, slim.Annotations = nil, nil
+	names := func(cs []corev1.Container) []corev1.Container {
+		out := make([]corev1.Container, len(cs))
+		for i, c := range cs {
+			out[i].Name = c.Name
+		}
+		return out
+	}
+	slim.Spec.InitContainers, slim.Spec.Containers = names(pod.Spec.InitContainers), names(pod.Spec.Containers)
+	return slim, nil
 }
 
 // podEvents hands pod events to the collector; it only starts and stops

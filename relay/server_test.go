@@ -10,7 +10,11 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
@@ -125,4 +129,55 @@ func TestServeOpensTheStoreItIsTold(t *testing.T) {
 		t.Fatalf("connection string from %s: %v", PostgresURLEnv, err)
 	}
 	s.Close()
+}
+
+// TestTheCacheKeepsWhatTheRelayReadsOfAPod: the pod cache stores a slim
+// pod: every field the collector reads (metadata, container names in
+// order, status) is kept as it was, and the webhook's injected env,
+// volumes and the managed fields and annotations are not.
+func TestTheCacheKeepsWhatTheRelayReadsOfAPod(t *testing.T) {
+	now := metav1.Now()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "run-1-abcde", Namespace: "paperclip", UID: "uid-1", CreationTimestamp: now, DeletionTimestamp: &now,
+			Labels:          map[string]string{"paperclip.io/agent-id": "a", "clipjob.paperclip.io/run-id": "run-1"},
+			Annotations:     map[string]string{"clipjob.paperclip.io/profile": strings.Repeat("x", 4096)},
+			OwnerReferences: []metav1.OwnerReference{{Kind: "Job", Name: "run-1", UID: "job-uid", Controller: ptr.To(true)}},
+			ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "kube-controller-manager"}}},
+		Spec: corev1.PodSpec{
+			InitContainers: []corev1.Container{{Name: "setup", Image: "img", Env: []corev1.EnvVar{{Name: "A", Value: "1"}}}},
+			Containers: []corev1.Container{{Name: "agent", Image: "img", Env: []corev1.EnvVar{{Name: "SECRET", Value: "s"}},
+				VolumeMounts: []corev1.VolumeMount{{Name: "paperclip", MountPath: "/paperclip"}}}, {Name: "sidecar"}},
+			Volumes: []corev1.Volume{{Name: "paperclip"}},
+		},
+		Status: corev1.PodStatus{Phase: corev1.PodSucceeded, StartTime: &now,
+			ContainerStatuses: []corev1.ContainerStatus{{Name: "agent", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 3, Reason: "Error"}}}}},
+	}
+	out, err := slimPod(pod.DeepCopy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	slim := out.(*corev1.Pod)
+	want := pod.ObjectMeta.DeepCopy()
+	want.ManagedFields, want.Annotations = nil, nil
+	if !equality.Semantic.DeepEqual(slim.ObjectMeta, *want) || !equality.Semantic.DeepEqual(slim.Status, pod.Status) {
+		t.Errorf("metadata or status changed:\n%+v\n%+v", slim.ObjectMeta, slim.Status)
+	}
+	var names []string
+	for _, cs := range [][]corev1.Container{slim.Spec.InitContainers, slim.Spec.Containers} {
+		for _, c := range cs {
+			names = append(names, c.Name)
+			if !equality.Semantic.DeepEqual(c, corev1.Container{Name: c.Name}) {
+				t.Errorf("container %s kept more than its name: %+v", c.Name, c)
+			}
+		}
+	}
+	if strings.Join(names, ",") != "setup,agent,sidecar" || slim.Spec.Containers[0].Name != "agent" {
+		t.Errorf("containers %v, want setup,agent,sidecar with the agent first of the app containers", names)
+	}
+	if len(slim.Spec.Volumes) != 0 || slim.Annotations != nil || slim.ManagedFields != nil {
+		t.Errorf("kept volumes %v, annotations %v, managed fields %v", slim.Spec.Volumes, slim.Annotations, slim.ManagedFields)
+	}
+	if other, _ := slimPod("not a pod"); other != "not a pod" {
+		t.Errorf("a tombstone or other object came back as %v", other)
+	}
 }
