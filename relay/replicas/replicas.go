@@ -74,11 +74,11 @@ type Members struct {
 
 	mu       sync.Mutex
 	member   bool
-	live     []string // sorted identities of the live members, this one included when member
-	why      string   // why this replica is not a member, "" when it is
-	seen     map[string]observation
-	renewed  time.Time // last successful renewal of this replica's Lease
-	held     bool      // this replica's Lease exists with it as holder
+	live     []string               // sorted identities of the live members, this one included when member
+	why      string                 // why this replica is not a member, "" when it is
+	seen     map[string]observation // by Lease name: a holder may have two (legacyLeaseName)
+	renewed  time.Time              // last successful renewal of this replica's Lease
+	held     bool                   // this replica's Lease exists with it as holder
 	started  bool
 	changeCh chan struct{}
 }
@@ -88,10 +88,11 @@ type observation struct {
 	renew    time.Time // the Lease's renewTime, as written by its holder
 	at       time.Time // when this replica saw that renewTime first
 	duration time.Duration
-	// name and lease identify the Lease as seen, so that deleting it once
-	// its holder is long gone cannot delete one renewed since.
-	name  string
-	lease metav1.Preconditions
+	// id is its holder; name and lease identify the Lease as seen, so
+	// that deleting it once its holder is long gone cannot delete one
+	// renewed since.
+	id, name string
+	lease    metav1.Preconditions
 }
 
 // gone says whether the holder of the Lease seen in o has been gone for
@@ -254,14 +255,26 @@ func (m *Members) round(ctx context.Context) {
 	member := why == ""
 	var live []string
 	var leftBehind []observation
-	for id, o := range m.seen {
+	// Each Lease counts on its own: a holder is live while any of its
+	// Leases is, and a Lease long gone is deleted whoever holds another
+	// (a replica of the version before, killed, then started again under
+	// the same --replica-id, holds both names; keyed by holder, the two
+	// took turns in one observation, each resetting its clock, and the
+	// holder never lapsed: a hostile review). Its own legacy Lease too.
+	liveIDs := map[string]bool{}
+	for name, o := range m.seen {
 		switch {
-		case id == m.Identity:
+		case o.id == m.Identity && name == LeaseName(m.Group, m.Identity):
 		case now.Sub(o.at) < o.duration:
-			live = append(live, id)
+			if o.id != m.Identity {
+				liveIDs[o.id] = true
+			}
 		case member && m.gone(o, now):
 			leftBehind = append(leftBehind, o)
 		}
+	}
+	for id := range liveIDs {
+		live = append(live, id)
 	}
 	if member {
 		live = append(live, m.Identity)
@@ -312,7 +325,7 @@ func (m *Members) observe(leases []coordinationv1.Lease, now time.Time) {
 		if id == "" || l.Name != LeaseName(m.Group, id) && l.Name != legacyLeaseName(m.Group, id) {
 			continue // released, or not a member's Lease
 		}
-		present[id] = true
+		present[l.Name] = true
 		renew := time.Time{}
 		if l.Spec.RenewTime != nil {
 			renew = l.Spec.RenewTime.Time
@@ -325,16 +338,16 @@ func (m *Members) observe(leases []coordinationv1.Lease, now time.Time) {
 		if d <= 0 || d > m.LeaseDuration {
 			d = m.LeaseDuration
 		}
-		o, ok := m.seen[id]
-		if !ok || !o.renew.Equal(renew) {
+		o, ok := m.seen[l.Name]
+		if !ok || o.id != id || !o.renew.Equal(renew) {
 			o = observation{renew: renew, at: now, duration: d}
 		}
-		o.name, o.lease = l.Name, metav1.Preconditions{UID: ptr.To(l.UID), ResourceVersion: ptr.To(l.ResourceVersion)}
-		m.seen[id] = o
+		o.id, o.name, o.lease = id, l.Name, metav1.Preconditions{UID: ptr.To(l.UID), ResourceVersion: ptr.To(l.ResourceVersion)}
+		m.seen[l.Name] = o
 	}
-	for id := range m.seen {
-		if !present[id] {
-			delete(m.seen, id)
+	for name := range m.seen {
+		if !present[name] {
+			delete(m.seen, name)
 		}
 	}
 }

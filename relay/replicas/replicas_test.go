@@ -258,7 +258,7 @@ func TestALeaseCountsAtMostThisReplicasDuration(t *testing.T) {
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: &ghost, LeaseDurationSeconds: &forever,
 			RenewTime: &metav1.MicroTime{Time: at}},
 	}}, at)
-	if got := m.seen[ghost].duration; got != m.LeaseDuration {
+	if got := m.seen[LeaseName("g", ghost)].duration; got != m.LeaseDuration {
 		t.Errorf("a Lease of %d s counts for %s, want this replica's %s", forever, got, m.LeaseDuration)
 	}
 }
@@ -302,6 +302,41 @@ func TestALeaseOfItsNameHeldByAnotherIsNotTaken(t *testing.T) {
 	got, err := cs.CoordinationV1().Leases("ns").Get(ctx, theirs.Name, metav1.GetOptions{})
 	if err != nil || *got.Spec.HolderIdentity != "0" || got.Labels[LabelGroup] != "relay-a-b" {
 		t.Errorf("the other replica's Lease after this one renewed and released: %+v, %v", got, err)
+	}
+}
+
+// TestAHolderOfTwoLeasesLapses: a replica of the version before, killed,
+// then started again under the same --replica-id (a StatefulSet, a host
+// name) holds both names, <group>-<id> and <group>.<id>; keyed by holder
+// the two Leases took turns in one observation, each resetting its clock,
+// and a holder gone for an hour stayed live for good, its runs collected
+// by nobody (a hostile review). Both lapse, and both are deleted.
+func TestAHolderOfTwoLeasesLapses(t *testing.T) {
+	g := newGroup(t)
+	ctx := context.Background()
+	secs, long := int32(1), time.Now().Add(-time.Hour)
+	for i, name := range []string{"relays-ghost", LeaseName("relays", "ghost")} {
+		l := &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", Labels: map[string]string{LabelGroup: "relays"}},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("ghost"), LeaseDurationSeconds: &secs,
+				RenewTime: &metav1.MicroTime{Time: long.Add(time.Duration(i) * time.Minute)}}, // last renewed apart
+		}
+		if _, err := g.client.CoordinationV1().Leases("ns").Create(ctx, l, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r0, _ := g.member("r0", nil)
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		leases, err := g.client.CoordinationV1().Leases("ns").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		_, live, _ := r0.Status()
+		return len(leases.Items) == 1 && slices.Equal(live, []string{"r0"}), nil
+	})
+	if err != nil {
+		_, live, why := r0.Status()
+		t.Fatalf("live %v (%s): the holder of two Leases gone for an hour did not lapse, or its Leases stayed", live, why)
 	}
 }
 
