@@ -3,12 +3,15 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/paperclipai/clipjob/relay/store"
@@ -48,6 +51,10 @@ type committer struct {
 	mu      sync.Mutex
 	pending []*appendReq
 	flights int
+	// alone holds the streams whose last append failed on its own data
+	// (appendDataError): each commits in a group of its own until one
+	// commits, so that it does not fail every group it joins.
+	alone map[streamKey]bool
 }
 
 // take removes the next group from the pending appends: up to max, at most
@@ -64,18 +71,64 @@ func (c *committer) take(max int) []*appendReq {
 	group := make([]*appendReq, 0, min(max, len(c.pending)))
 	in := make(map[streamKey]bool, cap(group))
 	rest := c.pending[:0]
+	single := false // the group is one stream's that commits alone
 	for _, r := range c.pending {
-		if len(group) < max && !in[r.key()] {
+		switch {
+		case c.alone[r.key()] && len(group) == 0:
+			single = true
+			group = append(group, r)
+		case !single && !c.alone[r.key()] && len(group) < max && !in[r.key()]:
 			in[r.key()] = true
 			group = append(group, r)
-			continue
+		default:
+			rest = append(rest, r)
 		}
-		rest = append(rest, r)
 	}
 	clear(c.pending[len(rest):])
 	c.pending = rest
 	return group
 }
+
+// setAlone marks the stream of a group of one that failed on its data to
+// commit alone, and clears the mark of a stream that committed.
+func (c *committer) setAlone(group []*appendReq, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case len(group) == 1 && err != nil && appendDataError(err):
+		if c.alone == nil {
+			c.alone = map[streamKey]bool{}
+		}
+		c.alone[group[0].key()] = true
+	case err == nil && len(c.alone) > 0:
+		for _, r := range group {
+			if r.err == nil {
+				delete(c.alone, r.key())
+			}
+		}
+	}
+}
+
+// appendDataError says whether err is an append's own: PostgreSQL refused
+// its data (class 22, data exception; 23, integrity constraint), or its
+// run's record does not decode.
+func appendDataError(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23")
+	}
+	var rec *recordError
+	return errors.As(err, &rec)
+}
+
+// recordError: a run's stored record does not decode.
+type recordError struct {
+	run string
+	err error
+}
+
+func (e *recordError) Error() string { return fmt.Sprintf("run %s: its record: %v", e.run, e.err) }
+func (e *recordError) Unwrap() error { return e.err }
 
 // enqueue adds r and says whether a flight must start for it.
 func (c *committer) enqueue(r *appendReq, maxFlights int) bool {
@@ -116,17 +169,23 @@ func (s *Store) fly() {
 }
 
 // commitGroup commits group and answers each of its appends. If the
-// transaction fails (one append's bad data, a deadlock with another
-// relay's group, a lost connection), each append is tried again alone, so
-// that one append's failure is its own.
+// transaction fails on one append's data, each append is tried again
+// alone, so that that failure is the append's own, and its stream then
+// commits alone until it commits. Any other failure (a timeout, a lost
+// connection, a deadlock) is every append's at once: tried again alone,
+// one after the other, each with the whole Timeout, a row another held
+// locked kept every other run's appends waiting for as many timeouts as
+// the group had appends (a hostile review). Their followers go on from
+// the stored cursors.
 func (s *Store) commitGroup(group []*appendReq) {
 	err := s.appendGroup(group)
-	if err != nil && len(group) > 1 {
+	if err != nil && len(group) > 1 && appendDataError(err) {
 		for _, r := range group {
 			s.commitGroup([]*appendReq{r})
 		}
 		return
 	}
+	s.commits.setAlone(group, err)
 	appendsPerCommit.Observe(float64(len(group)))
 	for _, r := range group {
 		if err != nil {
@@ -142,8 +201,9 @@ func (s *Store) commitGroup(group []*appendReq) {
 // appendGroup writes group in one transaction. An append whose stream's
 // cursor is not its prev gets its CursorConflict and writes nothing; the
 // others commit. Rows are locked in one order by every group, every
-// cursor (by run, then stream) before any run (by id), so two relays'
-// groups never wait for each other in a cycle.
+// cursor (by run, then stream, bytewise: COLLATE "C", as retire locks a
+// run's) before any run (by id), so two relays' groups, or a group and
+// retention, never wait for each other in a cycle.
 func (s *Store) appendGroup(group []*appendReq) error {
 	ordered := append([]*appendReq(nil), group...)
 	sort.Slice(ordered, func(i, j int) bool {
@@ -302,7 +362,7 @@ func (s *Store) lockRuns(ctx context.Context, tx pgx.Tx, ids []string, fresh fun
 		var r store.Run
 		if err := json.Unmarshal(rec, &r); err != nil {
 			br.Close()
-			return fmt.Errorf("run %s: %w", id, err)
+			return &recordError{run: id, err: err}
 		}
 		found(i, &r, num)
 	}

@@ -198,3 +198,67 @@ func commitsObserved(t *testing.T) *dto.Histogram {
 	}
 	return m.GetHistogram()
 }
+
+// A group that fails for no fault of one append's data (here a run's row
+// another holds locked past the store's Timeout) fails every append at
+// once, each follower going on from its stored cursor. Tried again alone,
+// one after the other, each with the whole Timeout, it kept the other
+// runs' appends waiting for as many timeouts as the group had appends (a
+// hostile review): run-2's append would have committed, late.
+func TestAGroupThatTimesOutFailsAtOnce(t *testing.T) {
+	s := openInternal(t, Options{Timeout: time.Second})
+	if _, err := s.AppendAfter("run-1", "a", store.Cursor{}, store.Cursor{TS: 1, Count: 1}, []store.Line{{Container: "agent", Line: "first"}}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	holder, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, s.sql(`SELECT 1 FROM {schema}.runs WHERE id = 'run-1' FOR UPDATE`)); err != nil {
+		t.Fatal(err)
+	}
+	locked := req("run-1", "b", store.Cursor{}, store.Cursor{TS: 2, Count: 1}, "waits")
+	other := req("run-2", "a", store.Cursor{}, store.Cursor{TS: 3, Count: 1}, "healthy")
+	s.commitGroup([]*appendReq{locked, other})
+	if locked.err == nil || other.err == nil {
+		t.Fatalf("appends of a group that timed out: %v; %v, want both failed", locked.err, other.err)
+	}
+	if ls, _ := s.Lines("run-2", 0, 10); len(ls) != 0 {
+		t.Errorf("run-2's append was committed alone after the group failed: %v", ls)
+	}
+	holder.Rollback(ctx)
+	if _, err := s.AppendAfter("run-2", "a", store.Cursor{}, store.Cursor{TS: 3, Count: 1}, []store.Line{{Container: "agent", Line: "healthy"}}, time.Now()); err != nil {
+		t.Errorf("run-2's follower, going on from its stored cursor: %v", err)
+	}
+}
+
+// A stream whose append fails on its own data commits alone from then
+// on, not failing every group it joins, until one of its appends
+// commits.
+func TestAStreamThatFailsOnItsDataCommitsAlone(t *testing.T) {
+	s := openInternal(t, Options{})
+	bad := req("run-1", "\xff\xfe", store.Cursor{}, store.Cursor{TS: 1, Count: 1}, "refused")
+	good := req("run-1", "a", store.Cursor{}, store.Cursor{TS: 2, Count: 1}, "kept")
+	s.commitGroup([]*appendReq{bad, good})
+	if bad.err == nil || good.err != nil {
+		t.Fatalf("bad %v, good %v", bad.err, good.err)
+	}
+	c := &s.commits
+	c.flights = 1
+	again := req("run-1", "\xff\xfe", store.Cursor{}, store.Cursor{TS: 1, Count: 1}, "refused")
+	g1, g2 := req("run-2", "a", store.Cursor{}, store.Cursor{TS: 1}), req("run-3", "a", store.Cursor{}, store.Cursor{TS: 1})
+	c.pending = []*appendReq{g1, again, g2}
+	if g := c.take(10); len(g) != 2 || g[0] != g1 || g[1] != g2 {
+		t.Fatalf("first group %v, want the two other streams' appends without the failing one", g)
+	}
+	if g := c.take(10); len(g) != 1 || g[0] != again {
+		t.Fatalf("second group %v, want the failing stream's append alone", g)
+	}
+	fixed := req("run-1", "\xff\xfe", store.Cursor{}, store.Cursor{TS: 1, Count: 1})
+	c.setAlone([]*appendReq{fixed}, nil)
+	if c.alone[fixed.key()] {
+		t.Error("a stream whose append committed still commits alone")
+	}
+}

@@ -469,6 +469,13 @@ func (s *Store) retire(id string, now time.Time) (bool, error) {
 	defer cancel()
 	found := false
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// The run's cursors locked first, in the byte order a group of
+		// appends locks them in (appendGroup), whatever the database's
+		// collation: in another order a group still appending to the run
+		// (a Job's retry, a stale owner) and this could wait on each other.
+		if _, err := tx.Exec(ctx, s.sql(`SELECT 1 FROM {schema}.cursors WHERE run = $1 ORDER BY stream COLLATE "C" FOR UPDATE`), id); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, s.sql(`DELETE FROM {schema}.cursors WHERE run = $1`), id); err != nil {
 			return err
 		}
