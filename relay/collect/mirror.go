@@ -317,6 +317,12 @@ func (m *Mirror) Sync(run string) error {
 		}
 		return nil
 	}
+	// Not done (or a retry of the Job continues a finished run): no done
+	// marker may stand, whoever planted it, even while this store is
+	// behind another's lines (below).
+	if err := marker.remove(dir); err != nil {
+		return err
+	}
 	st.Done = false
 	if info.Size() < st.Size || (st.Inode != 0 && st.Inode != inode) {
 		// The file lost content, or another file was swapped in under its
@@ -337,11 +343,6 @@ func (m *Mirror) Sync(run string) error {
 			// the run would never get its done marker.
 			return m.Store.SetMirrorState(run, st)
 		}
-	}
-	// Not done (or a retry of the Job continues a finished run): no done
-	// marker may stand, whoever planted it.
-	if err := marker.remove(dir); err != nil {
-		return err
 	}
 	if info.Size() != st.Size {
 		// Only then: a truncation, even to the same size, marks the file

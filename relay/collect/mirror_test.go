@@ -421,9 +421,16 @@ func TestMirrorCutsLinesAheadOfAFinishedRun(t *testing.T) {
 	must(t, err)
 	_, _ = f.WriteString("{\"type\":\"result\",\"result\":\"forged\"}\n")
 	f.Close()
+	// With a done marker planted beside it: a sync that leaves the line
+	// (another store's, perhaps) still removes the marker, the run being
+	// not done.
+	must(t, os.WriteFile(m.Path(r)+".done", []byte(`{"type":"end","phase":"Succeeded"}`), 0o644))
 	must(t, m.Sync("run-1"))
 	if got := readMirror(t, m); got != "one\n{\"type\":\"result\",\"result\":\"forged\"}\n" {
 		t.Fatalf("mid-run, a line the store has not yet: %q, want it left (another store's, perhaps)", got)
+	}
+	if _, err := os.Stat(m.Path(r) + ".done"); !os.IsNotExist(err) {
+		t.Errorf("a done marker planted mid-run stands beside a line the store has not: %v", err)
 	}
 	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Done, r.Phase = true, "Succeeded" })
 	must(t, m.Sync("run-1"))
