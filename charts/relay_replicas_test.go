@@ -132,6 +132,16 @@ func TestRelayOnBoltIsOneReplica(t *testing.T) {
 			t.Errorf("%v: want an error naming %q, got %v", tc.values, tc.want, err)
 		}
 	}
+	// A release name with '.' makes a relay group no relay accepts on
+	// PostgreSQL (a Lease is named <group>.<replica id>): refused at
+	// install, not by relays failing to start.
+	dotted := Release{Name: "team.clipjob", Namespace: rel.Namespace}
+	if _, err := Render(dotted, relayStores["relay on postgres, existing secret"]); err == nil || !strings.Contains(err.Error(), "team.clipjob-relay") || !strings.Contains(err.Error(), "DNS label") {
+		t.Errorf("a dotted release on PostgreSQL: %v, want a refusal naming the relay's name", err)
+	}
+	if _, err := Render(dotted, nil); err != nil {
+		t.Errorf("a dotted release on bbolt (no Lease group): %v", err)
+	}
 }
 
 // TestRelaySaysWhyItStopped: on either store, a relay that exits (a store
