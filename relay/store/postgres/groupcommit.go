@@ -110,12 +110,14 @@ func (c *committer) setAlone(group []*appendReq, err error) {
 }
 
 // appendDataError says whether err is an append's own: PostgreSQL refused
-// its data (class 22, data exception; 23, integrity constraint), or its
-// run's record does not decode.
+// its data (class 22, data exception; 23, integrity constraint), its
+// run's record does not decode, or a row it needs is held locked past
+// the lock_timeout (55P03: another, perhaps a replica frozen mid-commit,
+// holds that run).
 func appendDataError(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23")
+		return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23") || pgErr.Code == "55P03"
 	}
 	var rec *recordError
 	return errors.As(err, &rec)
@@ -130,16 +132,21 @@ type recordError struct {
 func (e *recordError) Error() string { return fmt.Sprintf("run %s: its record: %v", e.run, e.err) }
 func (e *recordError) Unwrap() error { return e.err }
 
-// enqueue adds r and says whether a flight must start for it.
-func (c *committer) enqueue(r *appendReq, maxFlights int) bool {
+// enqueue adds r to the pending appends and says whether a flight must
+// start for it, or says that r's stream commits alone (then r is not
+// queued).
+func (c *committer) enqueue(r *appendReq, maxFlights int) (alone, fly bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.alone[r.key()] {
+		return true, false
+	}
 	c.pending = append(c.pending, r)
 	if c.flights < maxFlights {
 		c.flights++
-		return true
+		return false, true
 	}
-	return false
+	return false, false
 }
 
 // AppendAfter implements store.Backend: the stream's lines and cursor
@@ -150,7 +157,14 @@ func (c *committer) enqueue(r *appendReq, maxFlights int) bool {
 // first's commit and then find the cursor moved.
 func (s *Store) AppendAfter(run, stream string, prev, cur store.Cursor, lines []store.Line, now time.Time) (uint64, error) {
 	r := &appendReq{run: run, stream: stream, prev: prev, cur: cur, lines: lines, now: now, done: make(chan struct{})}
-	if s.commits.enqueue(r, s.opts.CommitFlights) {
+	switch alone, fly := s.commits.enqueue(r, s.opts.CommitFlights); {
+	case alone:
+		// On the caller's goroutine, no flight's: a stream whose run's row
+		// another holds locked (a replica frozen mid-commit) waits out
+		// its lock_timeout on every attempt, and in a flight kept the
+		// other streams' appends waiting with it (a hostile review).
+		s.commitGroup([]*appendReq{r})
+	case fly:
 		go s.fly()
 	}
 	<-r.done

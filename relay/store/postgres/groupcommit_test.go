@@ -262,3 +262,90 @@ func TestAStreamThatFailsOnItsDataCommitsAlone(t *testing.T) {
 		t.Error("a stream whose append committed still commits alone")
 	}
 }
+
+// Runs whose rows another transaction holds (a replica frozen mid-commit:
+// its locks stay until its transaction ends) fail their appends at the
+// lock_timeout, not the store's Timeout, and only theirs: the healthy
+// streams of the group commit. Their streams then commit alone, on their
+// callers' goroutines: with every flight busy, an append of such a stream
+// is still answered, where queued it would wait for a flight that two
+// locked streams retrying could hold for good (a hostile review).
+func TestRunsAnotherHoldsLockedFailOnlyTheirOwnAppends(t *testing.T) {
+	s := openInternal(t, Options{LockTimeout: 200 * time.Millisecond})
+	ctx := context.Background()
+	for _, run := range []string{"frozen-1", "frozen-2"} {
+		if _, err := s.AppendAfter(run, "a", store.Cursor{}, store.Cursor{TS: 1, Count: 1}, []store.Line{{Container: "agent", Line: "before"}}, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	holder, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, s.sql(`SELECT 1 FROM {schema}.runs WHERE id LIKE 'frozen-%' FOR UPDATE`)); err != nil {
+		t.Fatal(err)
+	}
+	l1 := req("frozen-1", "a", store.Cursor{TS: 1, Count: 1}, store.Cursor{TS: 2, Count: 1}, "after")
+	h1 := req("healthy-1", "a", store.Cursor{}, store.Cursor{TS: 1, Count: 1}, "kept")
+	l2 := req("frozen-2", "a", store.Cursor{TS: 1, Count: 1}, store.Cursor{TS: 2, Count: 1}, "after")
+	h2 := req("healthy-2", "a", store.Cursor{}, store.Cursor{TS: 1, Count: 1}, "kept")
+	s.commitGroup([]*appendReq{l1, h1, l2, h2})
+	if h1.err != nil || h2.err != nil {
+		t.Fatalf("healthy appends in the group: %v; %v", h1.err, h2.err)
+	}
+	for _, r := range []*appendReq{l1, l2} {
+		if !appendDataError(r.err) || !s.commits.alone[r.key()] {
+			t.Errorf("append to locked run %s: %v (alone %v), want the lock's refusal and its stream committing alone", r.run, r.err, s.commits.alone[r.key()])
+		}
+	}
+	s.commits.mu.Lock()
+	s.commits.flights = s.opts.CommitFlights // every flight busy
+	s.commits.mu.Unlock()
+	_, err = s.AppendAfter("frozen-1", "a", store.Cursor{TS: 1, Count: 1}, store.Cursor{TS: 2, Count: 1}, []store.Line{{Container: "agent", Line: "after"}}, time.Now())
+	if !appendDataError(err) {
+		t.Errorf("an append of a locked run's stream with every flight busy: %v, want the lock's refusal", err)
+	}
+	holder.Rollback(ctx)
+	if _, err := s.AppendAfter("frozen-1", "a", store.Cursor{TS: 1, Count: 1}, store.Cursor{TS: 2, Count: 1}, []store.Line{{Container: "agent", Line: "after"}}, time.Now()); err != nil {
+		t.Errorf("once the lock is let go: %v", err)
+	}
+	if s.commits.alone[streamKey{"frozen-1", "a"}] {
+		t.Error("a stream whose append committed still commits alone")
+	}
+}
+
+// TestTheServerEndsAFrozenRelaysTransaction: a relay that stops answering
+// in the middle of a transaction (frozen, or its node cut off with the
+// connection open) has it ended by the server after IdleInTransaction,
+// letting go of its rows' locks.
+func TestTheServerEndsAFrozenRelaysTransaction(t *testing.T) {
+	s := openInternal(t, Options{IdleInTransaction: 300 * time.Millisecond})
+	ctx := context.Background()
+	if _, err := s.AppendAfter("run-1", "a", store.Cursor{}, store.Cursor{TS: 1, Count: 1}, []store.Line{{Container: "agent", Line: "x"}}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	frozen, err := s.pool.Begin(ctx) // a connection of the store's own, with its settings
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer frozen.Rollback(ctx)
+	if _, err := frozen.Exec(ctx, s.sql(`SELECT 1 FROM {schema}.runs WHERE id = 'run-1' FOR UPDATE`)); err != nil {
+		t.Fatal(err)
+	}
+	// Another relay taking the run over: its write goes through once the
+	// server has ended the quiet transaction.
+	if _, err := s.AppendAfter("run-1", "b", store.Cursor{}, store.Cursor{TS: 2, Count: 1}, []store.Line{{Container: "agent", Line: "y"}}, time.Now()); err != nil {
+		// The lock_timeout (5 s) may come first on a busy machine: the
+		// follower tries again, as here.
+		if !appendDataError(err) {
+			t.Fatal(err)
+		}
+		if _, err := s.AppendAfter("run-1", "b", store.Cursor{}, store.Cursor{TS: 2, Count: 1}, []store.Line{{Container: "agent", Line: "y"}}, time.Now()); err != nil {
+			t.Fatalf("after the server ended the frozen transaction: %v", err)
+		}
+	}
+	if _, err := frozen.Exec(ctx, "SELECT 1"); err == nil {
+		t.Error("the frozen relay's transaction is still open")
+	}
+}

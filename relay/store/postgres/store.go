@@ -53,6 +53,17 @@ type Options struct {
 	CommitFlights int
 	// MaxGroup is the most appends one transaction commits. Default 256.
 	MaxGroup int
+	// LockTimeout bounds how long a statement waits for a row another
+	// transaction holds (PostgreSQL's lock_timeout), and IdleInTransaction
+	// how long the server keeps a transaction whose client went quiet
+	// (idle_in_transaction_session_timeout). A replica frozen mid-commit
+	// (SIGSTOP, a paused VM, a node cut off with its connection open)
+	// held its runs' rows until its connection died, hours on a lost
+	// node, and the replicas that took its runs over could not write
+	// them (a hostile review); now its transaction ends within
+	// IdleInTransaction. Defaults 5s and 10s, unless the connection
+	// string sets them.
+	LockTimeout, IdleInTransaction time.Duration
 }
 
 // Store is the PostgreSQL store.
@@ -93,6 +104,12 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	if o.MaxGroup <= 0 {
 		o.MaxGroup = 256
 	}
+	if o.LockTimeout <= 0 {
+		o.LockTimeout = 5 * time.Second
+	}
+	if o.IdleInTransaction <= 0 {
+		o.IdleInTransaction = 10 * time.Second
+	}
 	if o.ConnString == "" {
 		return nil, errors.New("postgres store: no connection string")
 	}
@@ -102,6 +119,11 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(o.ConnString)
 	if err != nil {
 		return nil, fmt.Errorf("postgres store: the connection string: %w", err)
+	}
+	for param, d := range map[string]time.Duration{"lock_timeout": o.LockTimeout, "idle_in_transaction_session_timeout": o.IdleInTransaction} {
+		if _, set := cfg.ConnConfig.RuntimeParams[param]; !set {
+			cfg.ConnConfig.RuntimeParams[param] = fmt.Sprint(d.Milliseconds())
+		}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
