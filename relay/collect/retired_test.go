@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // finishedPod is a pod of runJob that wrote line and succeeded.
@@ -94,9 +95,13 @@ func TestARunRetiredElsewhereDoesNotRetireAJobsRun(t *testing.T) {
 	forged.Namespace, forged.Labels[contract.LabelRunID] = "elsewhere", "run-forged"
 	cache.set(forged)
 	c.OnPod(forged)
-	// Done and its line stored (the pod's end can be recorded first):
-	// retention by size counts stored bytes.
-	waitFor(t, func() bool { r, _ := s.Run("run-forged"); return r != nil && r.Done && r.Bytes > 0 }, "the forged run was not collected")
+	// Done and its line stored (the pod's end can be recorded first), as
+	// retention sees it: the summaries it reads are updated just after
+	// the record's commit.
+	waitFor(t, func() bool {
+		sums, _ := s.Runs(func(r *store.Summary) bool { return r.ID == "run-forged" })
+		return len(sums) == 1 && sums[0].Done && sums[0].Bytes > 0
+	}, "the forged run was not collected")
 	if gone, err := s.Retain(0, 1, time.Now()); err != nil || len(gone) != 1 {
 		t.Fatalf("retention deleted %v (%v), want the forged run", gone, err)
 	}
