@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,6 +76,15 @@ func readyReplicas(t *testing.T) (context.Context, *relayReplicas) {
 // readyReplicasWith is readyReplicas with extra flags for every replica.
 func readyReplicasWith(t *testing.T, extra ...string) (context.Context, *relayReplicas) {
 	t.Helper()
+	ctx := replicasContext(t)
+	group := fmt.Sprintf("e2e-replicas-%d", replicasSetup.sets.Add(1))
+	return ctx, startRelayReplicas(ctx, t, group, extra...)
+}
+
+// replicasContext is a replica test's context, once what the replica
+// tests share is set up.
+func replicasContext(t *testing.T) context.Context {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	t.Cleanup(cancel)
 	replicasSetup.Do(func() {
@@ -89,15 +99,22 @@ func readyReplicasWith(t *testing.T, extra ...string) (context.Context, *relayRe
 	if replicasSetup.err != nil {
 		t.Fatal(replicasSetup.err)
 	}
+	return ctx
+}
+
+// startRelayReplicas starts three relay replicas of group on a PostgreSQL of their
+// own and returns them once all three collect.
+func startRelayReplicas(ctx context.Context, t *testing.T, group string, extra ...string) *relayReplicas {
+	t.Helper()
 	pg, err := pgtest.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
-	group := fmt.Sprintf("e2e-replicas-%d", replicasSetup.sets.Add(1))
 	rs := &relayReplicas{pg: pg, ids: []string{"r0", "r1", "r2"}, group: group, token: replicasSetup.token,
 		mirror: filepath.Join(env.cluster.Dir, group+"-mirror"), extra: extra}
 	t.Cleanup(func() {
 		for _, r := range rs.relays {
+			_ = syscall.Kill(r.PID(), syscall.SIGCONT) // a test may have frozen it
 			r.Stop()
 		}
 		if rs.proxy != nil {
@@ -123,7 +140,7 @@ func readyReplicasWith(t *testing.T, extra ...string) (context.Context, *relayRe
 	if rs.secret, err = readRendezvousKey(ctx, pg.ConnString("postgres"), schema); err != nil {
 		t.Fatal(err)
 	}
-	return ctx, rs
+	return rs
 }
 
 // readRendezvousKey reads the key the relays of schema divide runs with.

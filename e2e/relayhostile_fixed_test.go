@@ -47,6 +47,9 @@ func TestHostileRelayGhostLeaseWithAHugeDurationLapses(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: replicas.LeaseName(rs.group, ghost), Labels: map[string]string{replicas.LabelGroup: rs.group}},
 		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &ghost, LeaseDurationSeconds: &forever, AcquireTime: &now, RenewTime: &now},
 	}
+	// Signed with the group's secret: a replica of the group, started
+	// with a huge --lease-duration, that then died.
+	replicas.SignLease(rs.secret, l)
 	l, err := leases.Create(ctx, l, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -55,6 +58,7 @@ func TestHostileRelayGhostLeaseWithAHugeDurationLapses(t *testing.T) {
 	// Renewed once, as a replica that then died would have.
 	renewed := metav1.NewMicroTime(time.Now())
 	l.Spec.RenewTime = &renewed
+	replicas.SignLease(rs.secret, l)
 	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}

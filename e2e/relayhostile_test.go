@@ -71,6 +71,7 @@ func TestHostileRelayGhostLeaseFromASkewedClockLapses(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: replicas.LeaseName(rs.group, ghost), Labels: map[string]string{replicas.LabelGroup: rs.group}},
 		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &ghost, LeaseDurationSeconds: &secs, AcquireTime: &ahead, RenewTime: &ahead},
 	}
+	replicas.SignLease(rs.secret, l) // a replica of the group, its clock a day ahead
 	if _, err := leases.Create(ctx, l, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

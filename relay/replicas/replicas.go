@@ -28,6 +28,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -59,8 +60,10 @@ type Members struct {
 	// is gone, and its runs are taken over. RenewInterval: how often this
 	// replica renews its Lease and reads the others'.
 	LeaseDuration, RenewInterval time.Duration
-	// Secret keys the hash that gives each run its replica (Pick): the
-	// same for every replica of the group, unknown to tenants.
+	// Secret keys the hash that gives each run its replica (Pick) and
+	// the proof each replica signs its Lease with (SignLease): the same
+	// for every replica of the group, kept in their store, unknown to
+	// tenants and to whoever holds only a Kubernetes token.
 	Secret []byte
 	// Healthy, when set, says whether this replica may collect (its store
 	// answers): while it returns an error, the replica leaves the group,
@@ -72,13 +75,17 @@ type Members struct {
 	OnChange func()
 	Log      logr.Logger
 
-	mu       sync.Mutex
-	member   bool
-	live     []string               // sorted identities of the live members, this one included when member
-	why      string                 // why this replica is not a member, "" when it is
-	seen     map[string]observation // by Lease name: a holder may have two (legacyLeaseName)
-	renewed  time.Time              // last successful renewal of this replica's Lease
-	held     bool                   // this replica's Lease exists with it as holder
+	mu     sync.Mutex
+	member bool
+	live   []string               // sorted identities of the live members, this one included when member
+	why    string                 // why this replica is not a member, "" when it is
+	seen   map[string]observation // by Lease name: a holder may have two (legacyLeaseName)
+	// signed is the newest signed renewal seen of each Lease name, kept
+	// after the Lease goes (for an hour), so that a Lease deleted and
+	// written again with an old signed renewal is not taken as renewed.
+	signed   map[string]signedRenewal
+	renewed  time.Time // last successful renewal of this replica's Lease
+	held     bool      // this replica's Lease exists with it as holder
 	started  bool
 	changeCh chan struct{}
 }
@@ -93,6 +100,14 @@ type observation struct {
 	// renewed since.
 	id, name string
 	lease    metav1.Preconditions
+	// signed: the renewal seen carried the group's proof (SignLease). Only
+	// a signed Lease makes its holder a member; any Lease of the group
+	// is deleted once long gone.
+	signed bool
+}
+
+type signedRenewal struct {
+	renew, seen time.Time
 }
 
 // gone says whether the holder of the Lease seen in o has been gone for
@@ -204,7 +219,7 @@ func (m *Members) Start(ctx context.Context) error {
 		m.mu.Unlock()
 		return errors.New("replicas: started twice")
 	}
-	m.started, m.seen = true, map[string]observation{}
+	m.started, m.seen, m.signed = true, map[string]observation{}, map[string]signedRenewal{}
 	m.mu.Unlock()
 	t := time.NewTicker(m.RenewInterval)
 	defer t.Stop()
@@ -266,7 +281,7 @@ func (m *Members) round(ctx context.Context) {
 		switch {
 		case o.id == m.Identity && name == LeaseName(m.Group, m.Identity):
 		case now.Sub(o.at) < o.duration:
-			if o.id != m.Identity {
+			if o.id != m.Identity && o.signed {
 				liveIDs[o.id] = true
 			}
 		case member && m.gone(o, now):
@@ -317,13 +332,26 @@ func (m *Members) renewDeadline() time.Duration {
 }
 
 // observe records when each Lease of the group was last seen renewed;
-// a released or deleted Lease is forgotten at once.
+// a released or deleted Lease is forgotten at once. A renewal without the
+// group's proof (SignLease) is not taken for one: the Lease of a member
+// someone else rewrote keeps its last signed renewal, and lapses from it,
+// and a Lease nobody signed is no member's. Anyone who may write the
+// group's Leases (a stolen relay token; the chart's policy lets it write
+// <group>.*) made members up and renewed them, and the runs the hash gave
+// them were collected by nobody (a hostile review).
 func (m *Members) observe(leases []coordinationv1.Lease, now time.Time) {
 	present := map[string]bool{}
 	for _, l := range leases {
 		id := ptr.Deref(l.Spec.HolderIdentity, "")
 		if id == "" || l.Name != LeaseName(m.Group, id) && l.Name != legacyLeaseName(m.Group, id) {
-			continue // released, or not a member's Lease
+			// Released, or not a member's Lease. A member's, rewritten
+			// (its holder set to another name), keeps its last signed
+			// renewal until it lapses: forgetting it at once handed its
+			// runs to the others while it still collected them.
+			if o, ok := m.seen[l.Name]; ok && o.signed {
+				present[l.Name] = true
+			}
+			continue
 		}
 		present[l.Name] = true
 		renew := time.Time{}
@@ -338,8 +366,23 @@ func (m *Members) observe(leases []coordinationv1.Lease, now time.Time) {
 		if d <= 0 || d > m.LeaseDuration {
 			d = m.LeaseDuration
 		}
+		signed := VerifyLease(m.Secret, &l)
+		last, known := m.signed[l.Name]
+		if signed && known && !renew.After(last.renew) {
+			signed = false // an older signed renewal again: a replay
+			if o, ok := m.seen[l.Name]; ok && o.signed && o.renew.Equal(renew) {
+				signed = true // the same renewal, read again
+			}
+		}
 		o, ok := m.seen[l.Name]
-		if !ok || o.id != id || !o.renew.Equal(renew) {
+		switch {
+		case signed && (!ok || !o.signed || o.id != id || !o.renew.Equal(renew)):
+			o = observation{renew: renew, at: now, duration: d, signed: true}
+			m.signed[l.Name] = signedRenewal{renew: renew, seen: now}
+		case !signed && ok && o.signed:
+			// Rewritten without the proof: it keeps its last signed
+			// renewal, from which it lapses.
+		case !signed && (!ok || o.id != id || !o.renew.Equal(renew)):
 			o = observation{renew: renew, at: now, duration: d}
 		}
 		o.id, o.name, o.lease = id, l.Name, metav1.Preconditions{UID: ptr.To(l.UID), ResourceVersion: ptr.To(l.ResourceVersion)}
@@ -350,6 +393,45 @@ func (m *Members) observe(leases []coordinationv1.Lease, now time.Time) {
 			delete(m.seen, name)
 		}
 	}
+	for name, r := range m.signed {
+		if now.Sub(r.seen) > time.Hour && !present[name] {
+			delete(m.signed, name)
+		}
+	}
+}
+
+// AnnotationProof holds a replica's proof on its Lease: an HMAC, keyed
+// with the group's secret, of the Lease's name, holder, renewal and
+// duration.
+const AnnotationProof = "clipjob.paperclip.io/relay-proof"
+
+// leaseProof is the proof of l's name, holder, renewal and duration.
+func leaseProof(secret []byte, l *coordinationv1.Lease) []byte {
+	key := hmac.New(sha256.New, secret)
+	key.Write([]byte("clipjob relay Lease proof"))
+	mac := hmac.New(sha256.New, key.Sum(nil))
+	renew := int64(0)
+	if l.Spec.RenewTime != nil {
+		renew = l.Spec.RenewTime.UnixMicro()
+	}
+	fmt.Fprintf(mac, "%s\x00%s\x00%d\x00%d", l.Name, ptr.Deref(l.Spec.HolderIdentity, ""), renew, ptr.Deref(l.Spec.LeaseDurationSeconds, 0))
+	return mac.Sum(nil)
+}
+
+// SignLease puts the proof of l's current name, holder, renewal and
+// duration on it, keyed with the group's secret.
+func SignLease(secret []byte, l *coordinationv1.Lease) {
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
+	}
+	l.Annotations[AnnotationProof] = hex.EncodeToString(leaseProof(secret, l))
+}
+
+// VerifyLease says whether l carries the proof of its name, holder,
+// renewal and duration under the group's secret.
+func VerifyLease(secret []byte, l *coordinationv1.Lease) bool {
+	got, err := hex.DecodeString(l.Annotations[AnnotationProof])
+	return err == nil && hmac.Equal(got, leaseProof(secret, l))
 }
 
 // deleteLeftBehind deletes the Leases of replicas long gone, each only
@@ -379,6 +461,7 @@ func (m *Members) renew(ctx context.Context, now time.Time) error {
 		l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: m.Namespace, Labels: map[string]string{LabelGroup: m.Group}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: &m.Identity, LeaseDurationSeconds: &secs,
 				AcquireTime: &metav1.MicroTime{Time: now}, RenewTime: &metav1.MicroTime{Time: now}}}
+		SignLease(m.Secret, l)
 		_, err = leases.Create(ctx, l, metav1.CreateOptions{})
 	case err == nil:
 		if err := m.mine(l); err != nil {
@@ -392,6 +475,7 @@ func (m *Members) renew(ctx context.Context, now time.Time) error {
 			l.Labels = map[string]string{}
 		}
 		l.Labels[LabelGroup] = m.Group
+		SignLease(m.Secret, l)
 		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
 	}
 	if err != nil {

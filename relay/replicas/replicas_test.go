@@ -310,7 +310,8 @@ func TestALeaseOfItsNameHeldByAnotherIsNotTaken(t *testing.T) {
 // name) holds both names, <group>-<id> and <group>.<id>; keyed by holder
 // the two Leases took turns in one observation, each resetting its clock,
 // and a holder gone for an hour stayed live for good, its runs collected
-// by nobody (a hostile review). Both lapse, and both are deleted.
+// by nobody (a hostile review). Both lapse, and both are deleted (signed
+// here, though the version before signed nothing).
 func TestAHolderOfTwoLeasesLapses(t *testing.T) {
 	g := newGroup(t)
 	ctx := context.Background()
@@ -321,6 +322,7 @@ func TestAHolderOfTwoLeasesLapses(t *testing.T) {
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("ghost"), LeaseDurationSeconds: &secs,
 				RenewTime: &metav1.MicroTime{Time: long.Add(time.Duration(i) * time.Minute)}}, // last renewed apart
 		}
+		SignLease(nil, l) // the group's (the test group's secret is none)
 		if _, err := g.client.CoordinationV1().Leases("ns").Create(ctx, l, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -340,30 +342,143 @@ func TestAHolderOfTwoLeasesLapses(t *testing.T) {
 	}
 }
 
-// TestAReplicaOfTheVersionBeforeIsAMember: during a rolling upgrade the
-// replicas of the version before renew Leases named <group>-<identity>;
-// they are members while they renew, so the two versions divide the runs
-// between them rather than both collecting all.
-func TestAReplicaOfTheVersionBeforeIsAMember(t *testing.T) {
+// TestALeaseNobodySignedIsNoMember: anyone who may write the group's
+// Leases (a stolen relay token: the chart's policy admits <group>.* with
+// the group's label) made a member up and renewed it, and the runs the
+// hash gave it were collected by nobody (a hostile review). A Lease
+// without the group's proof, or signed with another secret, or named as
+// relays before '.' named theirs (a replica of the version before, which
+// signs nothing), is no member's, however fresh: every run has an owner
+// that runs.
+func TestALeaseNobodySignedIsNoMember(t *testing.T) {
 	g := newGroup(t)
-	ctx := context.Background()
-	secs := int32(10)
-	before := &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: "relays-old-0", Namespace: "ns", Labels: map[string]string{LabelGroup: "relays"}},
-		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("old-0"), LeaseDurationSeconds: &secs,
-			RenewTime: &metav1.MicroTime{Time: time.Now()}},
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	leases := g.client.CoordinationV1().Leases("ns")
+	phantoms := []*coordinationv1.Lease{
+		{ObjectMeta: metav1.ObjectMeta{Name: LeaseName("relays", "ghost-0")}, Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("ghost-0")}},
+		{ObjectMeta: metav1.ObjectMeta{Name: LeaseName("relays", "ghost-1")}, Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("ghost-1")}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "relays-old-0"}, Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("old-0")}},
 	}
-	if _, err := g.client.CoordinationV1().Leases("ns").Create(ctx, before, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	renew := func() {
+		for i, l := range phantoms {
+			l.Namespace, l.Labels = "ns", map[string]string{LabelGroup: "relays"}
+			l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = ptr.To[int32](1), ptr.To(metav1.NowMicro())
+			if i == 1 {
+				SignLease([]byte("another group's secret"), l)
+			}
+			if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); apierrors.IsNotFound(err) {
+				_, _ = leases.Create(ctx, l, metav1.CreateOptions{})
+			}
+		}
 	}
-	r0, _ := g.member("r0", nil)
-	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		_, live, _ := r0.Status()
-		return slices.Equal(live, []string{"old-0", "r0"}), nil
+	renew()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			time.Sleep(100 * time.Millisecond)
+			renew()
+		}
 	})
-	if err != nil {
-		_, live, why := r0.Status()
-		t.Fatalf("live members %v (%s), want the replica of the version before and this one", live, why)
+	defer wg.Wait()
+	defer cancel()
+	m0, _ := g.member("r0", nil)
+	m1, _ := g.member("r1", nil)
+	waitOwners(t, []string{"r0", "r1"}, m0, m1)
+	// A few lease durations (1.2 s) of the phantoms renewed every 100 ms.
+	for range 3 {
+		time.Sleep(1200 * time.Millisecond)
+		for _, m := range []*Members{m0, m1} {
+			if _, live, _ := m.Status(); !slices.Equal(live, []string{"r0", "r1"}) {
+				t.Fatalf("%s counts %v live: a Lease nobody of the group signed counts", m.Identity, live)
+			}
+		}
+	}
+	for _, k := range keys {
+		if !m0.Owns(k) && !m1.Owns(k) {
+			t.Fatalf("run %s is owned by no replica", k)
+		}
+	}
+}
+
+// TestAMemberLeaseRewrittenLapsesFromItsLastSignedRenewal: whoever may
+// write the group's Leases sets a member's holder to another name, or
+// replays an older signed renewal of it: neither counts as a renewal. The
+// member, refused its own Lease, stops collecting at its renew deadline;
+// the others take its runs from its last signed renewal, after it
+// stopped, so no run is owned twice for long (with the holder flipped to
+// and fro, it was most of the time: a hostile review).
+func TestAMemberLeaseRewrittenLapsesFromItsLastSignedRenewal(t *testing.T) {
+	g := newGroup(t)
+	m0, _ := g.member("r0", nil)
+	m1, _ := g.member("r1", nil)
+	waitOwners(t, []string{"r0", "r1"}, m0, m1)
+	leases := g.client.CoordinationV1().Leases("ns")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	set := func(holder string) {
+		for ctx.Err() == nil {
+			l, err := leases.Get(ctx, LeaseName("relays", "r0"), metav1.GetOptions{})
+			if err == nil {
+				l.Spec.HolderIdentity = ptr.To(holder)
+				if _, err = leases.Update(ctx, l, metav1.UpdateOptions{}); err == nil {
+					return
+				}
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			set("someone-else")
+			time.Sleep(600 * time.Millisecond) // under r0's renew deadline (800 ms)
+			set("r0")
+			time.Sleep(250 * time.Millisecond) // about one renewal of r0's
+		}
+	})
+	defer wg.Wait()
+	defer cancel()
+	var samples, twice int
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		samples++
+		for _, k := range keys {
+			if m0.Owns(k) && m1.Owns(k) {
+				twice++
+				break
+			}
+		}
+	}
+	t.Logf("runs owned by both replicas in %d of %d samples over 5 s", twice, samples)
+	if twice*2 > samples {
+		t.Errorf("with r0's holder flipped to and fro, runs were owned twice %d%% of the time", twice*100/samples)
+	}
+}
+
+// TestAnOldSignedRenewalIsNoRenewal: a member's Lease read (by anyone
+// who may read Leases) and written again later, deleted and recreated,
+// carries a valid proof of an old renewal: it neither keeps a dead member
+// live nor brings it back.
+func TestAnOldSignedRenewalIsNoRenewal(t *testing.T) {
+	m := &Members{Group: "g", Identity: "r0", LeaseDuration: 10 * time.Second, seen: map[string]observation{}, signed: map[string]signedRenewal{}}
+	at := time.Date(2026, 11, 27, 3, 0, 0, 0, time.UTC)
+	lease := func(renew time.Time) coordinationv1.Lease {
+		l := coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: LeaseName("g", "dead"), Labels: map[string]string{LabelGroup: "g"}},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("dead"), LeaseDurationSeconds: ptr.To[int32](10), RenewTime: &metav1.MicroTime{Time: renew}}}
+		SignLease(nil, &l)
+		return l
+	}
+	old, last := lease(at), lease(at.Add(2*time.Second))
+	m.observe([]coordinationv1.Lease{old}, at)
+	m.observe([]coordinationv1.Lease{last}, at.Add(2*time.Second))
+	m.observe(nil, at.Add(3*time.Second)) // deleted
+	later := at.Add(20 * time.Second)
+	m.observe([]coordinationv1.Lease{old}, later) // recreated from an old read
+	if o := m.seen[last.Name]; o.signed || later.Sub(o.at) < o.duration && o.signed {
+		t.Errorf("an old signed renewal written again counts as a renewal: %+v", o)
+	}
+	m.observe([]coordinationv1.Lease{lease(later)}, later) // a real renewal
+	if o := m.seen[last.Name]; !o.signed || !o.at.Equal(later) {
+		t.Errorf("a new signed renewal is not taken: %+v", o)
 	}
 }
 
