@@ -505,3 +505,66 @@ func TestAPIBytesNoRunHasMatchNothing(t *testing.T) {
 		t.Errorf("/v1/runs/run-1 through the picky store: %d", got)
 	}
 }
+
+// progressStore counts the record reads and progress reads of a store
+// that can say how far a run is without its record (as PostgreSQL's).
+type progressStore struct {
+	*store.Store
+	runs, progresses atomic.Int64
+}
+
+func (p *progressStore) Run(id string) (*store.Run, error) {
+	p.runs.Add(1)
+	return p.Store.Run(id)
+}
+
+func (p *progressStore) Progress(run string) (uint64, bool, bool, error) {
+	p.progresses.Add(1)
+	r, err := p.Store.Run(run)
+	if err != nil || r == nil {
+		return 0, false, false, err
+	}
+	return r.LastSeq, r.Done, true, nil
+}
+
+// TestAFollowerReadsTheRecordOnlyForItsEnd: a follower woken by each
+// commit asks how far the run is, not for its record (a JSON document
+// PostgreSQL sends and the relay decodes: a fifth of a replica's CPU with
+// 1,000 runs followed), and reads the record once, for the end event.
+func TestAFollowerReadsTheRecordOnlyForItsEnd(t *testing.T) {
+	s, _ := storetest.Open(t)
+	ps := &progressStore{Store: s}
+	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Namespace, r.Agent, r.Phase = "paperclip", "agent-a", "Running" })
+	_, _ = s.Append("run-1", "st", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "line 1"), time.Now())
+	srv := httptest.NewServer((&API{Store: ps, Auth: tokenAuth{}, Keepalive: time.Minute}).Handler())
+	defer srv.Close()
+	resp := get(t, srv.URL+"/v1/runs/run-1/log", "reader", "application/x-ndjson")
+	defer resp.Body.Close()
+	runsBefore := ps.runs.Load() // the request's own lookup of the run
+	sc := bufio.NewScanner(resp.Body)
+	lines, ended := 0, false
+	for sc.Scan() {
+		var ev struct{ Type string }
+		_ = json.Unmarshal(sc.Bytes(), &ev)
+		switch ev.Type {
+		case "line":
+			lines++
+			if lines < 6 { // one commit per wake-up
+				_, _ = s.Append("run-1", "st", store.Cursor{TS: int64(lines + 1), Count: 1}, storetest.Lines("agent", fmt.Sprintf("line %d", lines+1)), time.Now())
+			} else {
+				_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Done, r.Phase = true, "Succeeded" })
+			}
+		case "end":
+			ended = true
+		}
+	}
+	if !ended || lines != 6 {
+		t.Fatalf("%d lines, ended %v", lines, ended)
+	}
+	if got := ps.runs.Load() - runsBefore; got > 1 {
+		t.Errorf("the follower read the run's record %d times over %d wake-ups, want once (for its end)", got, ps.progresses.Load())
+	}
+	if ps.progresses.Load() < 6 {
+		t.Errorf("%d progress reads over 6 commits", ps.progresses.Load())
+	}
+}

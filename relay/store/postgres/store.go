@@ -327,6 +327,19 @@ func (s *Store) Run(id string) (*store.Run, error) {
 	return &r, nil
 }
 
+// Progress is how far run is stored and whether it is done, without its
+// record (the API's followers ask after every commit they hear of).
+func (s *Store) Progress(run string) (lastSeq uint64, done, found bool, err error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	var seq int64
+	err = s.pool.QueryRow(ctx, s.sql(`SELECT last_seq, done FROM {schema}.runs WHERE id = $1`), run).Scan(&seq, &done)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, false, nil
+	}
+	return uint64(seq), done, err == nil, err
+}
+
 // RunOfJob implements store.Backend.
 func (s *Store) RunOfJob(id, jobUID string) (*store.Run, error) {
 	return store.RunOfJobIn(s.Run, id, jobUID)

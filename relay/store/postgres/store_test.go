@@ -190,3 +190,26 @@ func keysOfRelaysStartedTogether(t *testing.T, conn, schema string, n int) [][]b
 	wg.Wait()
 	return keys
 }
+
+// TestProgressIsTheRecordsLastSeqAndEnd: how far a run is, read without
+// its record, agrees with the record through appends and its end, and a
+// run never stored is not found.
+func TestProgressIsTheRecordsLastSeqAndEnd(t *testing.T) {
+	conn, schema := pgtest.Schema(t)
+	s := open(t, postgres.Options{ConnString: conn, Schema: schema})
+	if _, _, found, err := s.Progress("run-1"); found || err != nil {
+		t.Fatalf("a run never stored: found %v, %v", found, err)
+	}
+	if _, err := s.AppendAfter("run-1", "a", store.Cursor{}, store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "x", "y"), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if seq, done, found, err := s.Progress("run-1"); seq != 2 || done || !found || err != nil {
+		t.Errorf("after two lines: %d %v %v %v", seq, done, found, err)
+	}
+	if _, err := s.UpdateRun("run-1", func(r *store.Run) { r.Done = true }); err != nil {
+		t.Fatal(err)
+	}
+	if seq, done, found, err := s.Progress("run-1"); seq != 2 || !done || !found || err != nil {
+		t.Errorf("after its end: %d %v %v %v", seq, done, found, err)
+	}
+}
