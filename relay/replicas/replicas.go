@@ -128,8 +128,8 @@ func (m *Members) gone(o observation, now time.Time) bool {
 func LeaseName(group, identity string) string { return group + "." + identity }
 
 // legacyLeaseName is the name relays before LeaseName's '.' gave their
-// Leases: a replica of that version, met during a rolling upgrade, is
-// still a member, and its Lease is deleted once it is long gone.
+// Leases: such a Lease, which that version did not sign, is no member's,
+// and is deleted once it is long gone.
 func legacyLeaseName(group, identity string) string { return group + "-" + identity }
 
 // ValidGroup says why group cannot name a group of relays, or nil: it must
@@ -366,23 +366,19 @@ func (m *Members) observe(leases []coordinationv1.Lease, now time.Time) {
 		if d <= 0 || d > m.LeaseDuration {
 			d = m.LeaseDuration
 		}
-		signed := VerifyLease(m.Secret, &l)
-		last, known := m.signed[l.Name]
-		if signed && known && !renew.After(last.renew) {
-			signed = false // an older signed renewal again: a replay
-			if o, ok := m.seen[l.Name]; ok && o.signed && o.renew.Equal(renew) {
-				signed = true // the same renewal, read again
-			}
-		}
 		o, ok := m.seen[l.Name]
+		last, known := m.signed[l.Name]
 		switch {
-		case signed && (!ok || !o.signed || o.id != id || !o.renew.Equal(renew)):
+		case ok && o.id == id && o.renew.Equal(renew):
+			// The renewal seen before, read again.
+		case VerifyLease(m.Secret, &l) && (!known || renew.After(last.renew)):
 			o = observation{renew: renew, at: now, duration: d, signed: true}
 			m.signed[l.Name] = signedRenewal{renew: renew, seen: now}
-		case !signed && ok && o.signed:
-			// Rewritten without the proof: it keeps its last signed
-			// renewal, from which it lapses.
-		case !signed && (!ok || o.id != id || !o.renew.Equal(renew)):
+		case ok && o.signed:
+			// Rewritten without the proof, or an older signed renewal
+			// written again: it keeps its last signed renewal, from which
+			// it lapses.
+		default:
 			o = observation{renew: renew, at: now, duration: d}
 		}
 		o.id, o.name, o.lease = id, l.Name, metav1.Preconditions{UID: ptr.To(l.UID), ResourceVersion: ptr.To(l.ResourceVersion)}
@@ -442,7 +438,7 @@ func (m *Members) deleteLeftBehind(ctx context.Context, gone []observation) {
 		err := m.Client.CoordinationV1().Leases(m.Namespace).Delete(ctx, o.name, metav1.DeleteOptions{Preconditions: &o.lease})
 		switch {
 		case err == nil:
-			m.Log.Info("deleted the Lease of a relay gone without releasing it", "lease", o.name)
+			m.Log.Info("deleted the Lease of a relay gone without releasing it", "lease", o.name, "lastRenewed", o.renew)
 		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
 		default:
 			m.Log.Error(err, "deleting the Lease of a relay gone without releasing it", "lease", o.name)
