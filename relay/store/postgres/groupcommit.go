@@ -28,6 +28,27 @@ import (
 // one transaction, and a busy one's groups grow with the load (as
 // PostgreSQL's own commit_delay and bbolt's Batch do, without the delay).
 
+// appendSQL is the statements of an append, named for the store's schema
+// once (Open), not on every append of every group.
+type appendSQL struct {
+	cursorFirst, cursorNext, lines, runInsert, runLock, runUpdate string
+}
+
+func newAppendSQL(s *Store) appendSQL {
+	return appendSQL{
+		cursorFirst: s.sql(`INSERT INTO {schema}.cursors AS c (run, stream, ts, count) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (run, stream) DO UPDATE SET ts = excluded.ts, count = excluded.count WHERE c.ts = 0 AND c.count = 0`),
+		cursorNext: s.sql(`UPDATE {schema}.cursors SET ts = $3, count = $4
+			WHERE run = $1 AND stream = $2 AND ts = $5 AND count = $6`),
+		lines: s.sql(`INSERT INTO {schema}.lines (run, seq, size, data)
+			SELECT u.run, u.seq, u.size, u.data FROM unnest($1::bigint[], $2::bigint[], $3::integer[], $4::bytea[]) AS u(run, seq, size, data)`),
+		runInsert: s.sql(`INSERT INTO {schema}.runs (` + runColumns + `) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+			ON CONFLICT (id) DO NOTHING`),
+		runLock:   s.sql(`SELECT num, record FROM {schema}.runs WHERE id = $1 FOR UPDATE`),
+		runUpdate: s.sql(updateRun),
+	}
+}
+
 // appendReq is one AppendAfter waiting for its group's commit.
 type appendReq struct {
 	run, stream string
@@ -52,8 +73,10 @@ type committer struct {
 	pending []*appendReq
 	flights int
 	// alone holds the streams whose last append failed on its own data
-	// (appendDataError): each commits in a group of its own until one
-	// commits, so that it does not fail every group it joins.
+	// (appendDataError): each commits on its own, on its caller's
+	// goroutine (AppendAfter), until one commits, so that it does not fail
+	// every group it joins nor hold a flight. A stream has one append at
+	// a time, so none of its appends is pending once it is marked.
 	alone map[streamKey]bool
 }
 
@@ -71,18 +94,13 @@ func (c *committer) take(max int) []*appendReq {
 	group := make([]*appendReq, 0, min(max, len(c.pending)))
 	in := make(map[streamKey]bool, cap(group))
 	rest := c.pending[:0]
-	single := false // the group is one stream's that commits alone
 	for _, r := range c.pending {
-		switch {
-		case c.alone[r.key()] && len(group) == 0:
-			single = true
-			group = append(group, r)
-		case !single && !c.alone[r.key()] && len(group) < max && !in[r.key()]:
+		if len(group) < max && !in[r.key()] {
 			in[r.key()] = true
 			group = append(group, r)
-		default:
-			rest = append(rest, r)
+			continue
 		}
+		rest = append(rest, r)
 	}
 	clear(c.pending[len(rest):])
 	c.pending = rest
@@ -186,11 +204,11 @@ func (s *Store) fly() {
 // transaction fails on one append's data, each append is tried again
 // alone, so that that failure is the append's own, and its stream then
 // commits alone until it commits. Any other failure (a timeout, a lost
-// connection, a deadlock) is every append's at once: tried again alone,
-// one after the other, each with the whole Timeout, a row another held
-// locked kept every other run's appends waiting for as many timeouts as
-// the group had appends (a hostile review). Their followers go on from
-// the stored cursors.
+// connection, a deadlock) is every append's at once, and their followers
+// go on from the stored cursors: tried again one by one, each with the
+// whole Timeout, a row another held locked kept every other run's
+// appends waiting for as many timeouts as the group had appends (a
+// hostile review).
 func (s *Store) commitGroup(group []*appendReq) {
 	err := s.appendGroup(group)
 	if err != nil && len(group) > 1 && appendDataError(err) {
@@ -247,13 +265,9 @@ func (s *Store) advanceCursors(ctx context.Context, tx pgx.Tx, ordered []*append
 	b := &pgx.Batch{}
 	for _, r := range ordered {
 		if r.prev == (store.Cursor{}) {
-			b.Queue(s.sql(`INSERT INTO {schema}.cursors AS c (run, stream, ts, count) VALUES ($1, $2, $3, $4)
-				ON CONFLICT (run, stream) DO UPDATE SET ts = excluded.ts, count = excluded.count WHERE c.ts = 0 AND c.count = 0`),
-				r.run, r.stream, r.cur.TS, r.cur.Count)
+			b.Queue(s.q.cursorFirst, r.run, r.stream, r.cur.TS, r.cur.Count)
 		} else {
-			b.Queue(s.sql(`UPDATE {schema}.cursors SET ts = $3, count = $4
-				WHERE run = $1 AND stream = $2 AND ts = $5 AND count = $6`),
-				r.run, r.stream, r.cur.TS, r.cur.Count, r.prev.TS, r.prev.Count)
+			b.Queue(s.q.cursorNext, r.run, r.stream, r.cur.TS, r.cur.Count, r.prev.TS, r.prev.Count)
 		}
 	}
 	br := tx.SendBatch(ctx, b)
@@ -332,16 +346,14 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 	}
 	b := &pgx.Batch{}
 	if len(nums) > 0 {
-		b.Queue(s.sql(`INSERT INTO {schema}.lines (run, seq, size, data)
-			SELECT u.run, u.seq, u.size, u.data FROM unnest($1::bigint[], $2::bigint[], $3::integer[], $4::bytea[]) AS u(run, seq, size, data)`),
-			nums, seqs, sizes, data)
+		b.Queue(s.q.lines, nums, seqs, sizes, data)
 	}
 	for _, id := range ids {
 		args, err := runArgs(id, runs[id].rec)
 		if err != nil {
 			return err
 		}
-		b.Queue(s.sql(updateRun), args...)
+		b.Queue(s.q.runUpdate, args...)
 	}
 	return execBatch(ctx, tx, b)
 }
@@ -357,9 +369,8 @@ func (s *Store) lockRuns(ctx context.Context, tx pgx.Tx, ids []string, fresh fun
 		if err != nil {
 			return err
 		}
-		b.Queue(s.sql(`INSERT INTO {schema}.runs (`+runColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
-			ON CONFLICT (id) DO NOTHING`), args...)
-		b.Queue(s.sql(`SELECT num, record FROM {schema}.runs WHERE id = $1 FOR UPDATE`), id)
+		b.Queue(s.q.runInsert, args...)
+		b.Queue(s.q.runLock, id)
 	}
 	br := tx.SendBatch(ctx, b)
 	for i, id := range ids {

@@ -246,15 +246,13 @@ func TestAStreamThatFailsOnItsDataCommitsAlone(t *testing.T) {
 		t.Fatalf("bad %v, good %v", bad.err, good.err)
 	}
 	c := &s.commits
-	c.flights = 1
 	again := req("run-1", "\xff\xfe", store.Cursor{}, store.Cursor{TS: 1, Count: 1}, "refused")
-	g1, g2 := req("run-2", "a", store.Cursor{}, store.Cursor{TS: 1}), req("run-3", "a", store.Cursor{}, store.Cursor{TS: 1})
-	c.pending = []*appendReq{g1, again, g2}
-	if g := c.take(10); len(g) != 2 || g[0] != g1 || g[1] != g2 {
-		t.Fatalf("first group %v, want the two other streams' appends without the failing one", g)
+	if alone, fly := c.enqueue(again, 2); !alone || fly || len(c.pending) != 0 {
+		t.Fatalf("the failing stream's next append: alone %v, starts a flight %v, %d pending; want it committed alone, not queued", alone, fly, len(c.pending))
 	}
-	if g := c.take(10); len(g) != 1 || g[0] != again {
-		t.Fatalf("second group %v, want the failing stream's append alone", g)
+	g1 := req("run-2", "a", store.Cursor{}, store.Cursor{TS: 1})
+	if alone, _ := c.enqueue(g1, 2); alone || len(c.pending) != 1 {
+		t.Fatalf("another stream's append: alone %v, %d pending; want it queued for a group", alone, len(c.pending))
 	}
 	fixed := req("run-1", "\xff\xfe", store.Cursor{}, store.Cursor{TS: 1, Count: 1})
 	c.setAlone([]*appendReq{fixed}, nil)

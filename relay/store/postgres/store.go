@@ -74,6 +74,7 @@ type Store struct {
 	opts    Options
 	changes store.Changes
 	commits committer
+	q       appendSQL
 	// rendezvous is the group's secret for dividing runs (RendezvousKey).
 	rendezvous []byte
 	// out holds the runs this store changed for the other relays to hear
@@ -131,11 +132,12 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	}
 	s := &Store{pool: pool, schema: o.Schema, opts: o,
 		names: strings.NewReplacer("{schema}", pgx.Identifier{o.Schema}.Sanitize())}
+	s.q = newAppendSQL(s)
 	if err := s.migrate(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("postgres store: schema %q: %w", o.Schema, err)
 	}
-	if s.rendezvous, err = s.sharedKey(ctx, "rendezvous"); err != nil {
+	if s.rendezvous, err = s.sharedKey(ctx, rendezvousKeyName); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("postgres store: schema %q: the relays' shared key: %w", o.Schema, err)
 	}
@@ -169,6 +171,9 @@ func (s *Store) sharedKey(ctx context.Context, name string) ([]byte, error) {
 	return key, err
 }
 
+// rendezvousKeyName names the relays' shared key in the keys table.
+const rendezvousKeyName = "rendezvous"
+
 // RendezvousKey is the secret the relays sharing this store key the
 // division of runs with (replicas.Members.Secret).
 func (s *Store) RendezvousKey() []byte { return s.rendezvous }
@@ -180,7 +185,7 @@ func ReadRendezvousKey(ctx context.Context, q interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }, schema string) ([]byte, error) {
 	var key []byte
-	err := q.QueryRow(ctx, `SELECT value FROM `+pgx.Identifier{schema}.Sanitize()+`.keys WHERE name = 'rendezvous'`).Scan(&key)
+	err := q.QueryRow(ctx, `SELECT value FROM `+pgx.Identifier{schema}.Sanitize()+`.keys WHERE name = $1`, rendezvousKeyName).Scan(&key)
 	return key, err
 }
 
@@ -295,7 +300,7 @@ func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, s.sql(updateRun), args...); err != nil {
+		if _, err := tx.Exec(ctx, s.q.runUpdate, args...); err != nil {
 			return err
 		}
 		out = r
