@@ -151,9 +151,11 @@ func applyLeaseRBAC(ctx context.Context, cs kubernetes.Interface) error {
 // (pool_max_conns in its connection string; the relay's default is
 // pgxpool's, 4 on 2 cores): every commit and every read of a client's
 // lines takes one.
-var fleetProfile = flag.Bool("fleet-profile", false, "fleet: take a CPU profile of replica r0 over 10 s of the steady phase and print its top")
-
 var fleetPGPool = flag.Int("fleet-pg-pool", 0, "fleet: each replica's PostgreSQL connections (pool_max_conns; 0: the relay's default)")
+
+// fleetProfile: the steady phase's CPU profile of replica r0, to see where
+// a replica's time goes once the machine is busy.
+var fleetProfile = flag.Bool("fleet-profile", false, "fleet: take a CPU profile of replica r0 over 10 s of the steady phase and print its top")
 
 func fleetOnPostgres(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, kit *relayKit, n, floodPerRun int) (fleetPGResult, error) {
 	res := fleetPGResult{runs: n, replicas: make([]replicaFigures, len(fleetIDs))}
