@@ -59,16 +59,8 @@ func TestStoreHealthNeedsTwoFailedPings(t *testing.T) {
 func TestAGroupThatIsNoDNSLabelIsRefused(t *testing.T) {
 	r := DefaultOptions().Replicas
 	r.Namespace, r.Identity = "clipjob-system", "relay-0"
-	for group, ok := range map[string]bool{"clipjob-relay": true, "relay-a-b": true, "relay.a": false, "Relay": false, strings.Repeat("r", 64): false} {
-		r.Group = group
-		err := r.validate()
-		if ok && err != nil {
-			t.Errorf("group %q refused: %v", group, err)
-		}
-		if !ok && (err == nil || !strings.Contains(err.Error(), "--lease-group")) {
-			t.Errorf("group %q: %v, want a refusal naming --lease-group", group, err)
-		}
-	}
+	refusedNaming(t, &r, &r.Group, "--lease-group",
+		map[string]bool{"clipjob-relay": true, "relay-a-b": true, "relay.a": false, "Relay": false, strings.Repeat("r", 64): false})
 }
 
 // TestAnIdentityThatNamesNoLeaseIsRefused: outside a pod the replica's
@@ -78,14 +70,22 @@ func TestAGroupThatIsNoDNSLabelIsRefused(t *testing.T) {
 func TestAnIdentityThatNamesNoLeaseIsRefused(t *testing.T) {
 	r := DefaultOptions().Replicas
 	r.Namespace, r.Group = "clipjob-system", "clipjob-relay"
-	for id, ok := range map[string]bool{"relay-0": true, "Build_Host": false, "a.b": true, "-x": false, "x-": false} {
-		r.Identity = id
+	refusedNaming(t, &r, &r.Identity, "--replica-id",
+		map[string]bool{"relay-0": true, "Build_Host": false, "a.b": true, "-x": false, "x-": false})
+}
+
+// refusedNaming sets *field to each value and checks that r is valid
+// when the value is marked true, and otherwise refused naming flag.
+func refusedNaming(t *testing.T, r *ReplicaOptions, field *string, flag string, values map[string]bool) {
+	t.Helper()
+	for v, ok := range values {
+		*field = v
 		err := r.validate()
 		if ok && err != nil {
-			t.Errorf("identity %q refused: %v", id, err)
+			t.Errorf("%s %q refused: %v", flag, v, err)
 		}
-		if !ok && (err == nil || !strings.Contains(err.Error(), "--replica-id")) {
-			t.Errorf("identity %q: %v, want a refusal naming --replica-id", id, err)
+		if !ok && (err == nil || !strings.Contains(err.Error(), flag)) {
+			t.Errorf("%s %q: %v, want a refusal naming %s", flag, v, err, flag)
 		}
 	}
 }
