@@ -51,7 +51,7 @@ demo: kube-binaries node-packages ## Local control plane + webhook; submit a bar
 
 test: lint kube-binaries node-packages postgres-packages paperclip adapter ## Unit, golden, fuzz-seed and e2e tests, and the Paperclip adapter's
 	@echo "make test: unit, golden and e2e tests (e2e runs a real kube-apiserver on loopback)"
-	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 30m ./...
+	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 45m ./...
 
 adapter: paperclip ## The Paperclip adapter (adapters/paperclip): install from its lockfile, build, unit tests, on the Node.js Paperclip runs on
 	cd adapters/paperclip && PATH="$(PAPERCLIP_NODE):$$PATH" npm ci --no-audit --no-fund && PATH="$(PAPERCLIP_NODE):$$PATH" npm test
@@ -60,7 +60,7 @@ unit: postgres-packages ## Unit and golden tests only (no control plane; the rel
 	$(GOTEST) $$($(GO) list ./... | grep -v '/e2e')
 
 e2e: kube-binaries node-packages postgres-packages paperclip ## The e2e suite alone
-	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 30m -v ./e2e/
+	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 45m -v ./e2e/
 
 e2e-kind: ## The in-cluster e2e tests on a kind cluster built here (Docker engine, kind and node image from Debian's packages and the module proxy; not with make test at once)
 	bash hack/e2e-kind.sh
