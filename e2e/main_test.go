@@ -55,7 +55,7 @@ func run(m *testing.M) (code int) {
 		c.Stop()
 	}()
 	env.cluster, env.cs = c, c.Clientset()
-	wh, bin, err := harness.Install(ctx, c, "webhook-0")
+	wh, bin, err := harness.InstallCluster(ctx, c, "webhook-0")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 
 	"github.com/paperclipai/clipjob/certs"
@@ -42,6 +43,13 @@ type Options struct {
 	LeaderElectionNamespace string
 	// SweepInterval between sweeps of stale claims.
 	SweepInterval time.Duration
+	// Namespaces, when set, are the only namespaces whose agent Jobs and
+	// PVCs the webhook caches and whose claims, queued runs and run
+	// Secrets its controllers act on, as cert-manager's --namespace
+	// scopes it. Two installations in one cluster, each registered for
+	// its own namespaces, then never act on each other's runs. Empty
+	// means every namespace.
+	Namespaces []string
 	// CompiledPolicies: the elected replica keeps clipjob's compiled
 	// MutatingAdmissionPolicies for the source's namespace current
 	// (package admissionpolicies), so the API server completes bare agent
@@ -102,6 +110,11 @@ func (o *Options) validate() error {
 		co := o.certificates("")
 		if err := co.Validate(); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	for _, ns := range o.Namespaces {
+		for _, msg := range validation.IsDNS1123Label(ns) {
+			errs = append(errs, fmt.Errorf("--namespace (Namespaces) %q: %s", ns, msg))
 		}
 	}
 	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {

@@ -200,7 +200,7 @@ func newManager(o Options, store *config.Store, sourceNamespace string, certMana
 	return manager.New(o.RestConfig, manager.Options{
 		Logger: o.Log,
 		// The cache holds agent Jobs only, for the claim controller.
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+		Cache: cache.Options{DefaultNamespaces: namespaces(o.Namespaces), ByObject: map[client.Object]cache.ByObject{
 			&batchv1.Job{}: {Label: agentJobs},
 			// Every PVC of the cluster is listed: keep only what the
 			// policy reads of it, so annotations and managed fields of
@@ -218,6 +218,19 @@ func newManager(o Options, store *config.Store, sourceNamespace string, certMana
 		LeaderElectionNamespace:       leNamespace,
 		LeaderElectionReleaseOnCancel: true,
 	})
+}
+
+// namespaces is the cache's namespace scope: nil (every namespace) when
+// none is named.
+func namespaces(names []string) map[string]cache.Config {
+	if len(names) == 0 {
+		return nil
+	}
+	m := make(map[string]cache.Config, len(names))
+	for _, ns := range names {
+		m[ns] = cache.Config{}
+	}
+	return m
 }
 
 // addProbes: ready once the webhook server is up and the source

@@ -70,7 +70,7 @@ func run(keep bool) error {
 	fmt.Printf("    Kubernetes %s is up.\n", v.GitVersion)
 
 	step("Installing a stand-in Paperclip (examples/paperclip.yaml: namespace, ReadWriteMany claim, Deployment),\n    building and starting clipjob-webhook, registering its webhook configurations")
-	wh, _, err := harness.Install(ctx, c, "webhook")
+	wh, _, err := harness.InstallCluster(ctx, c, "webhook")
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/paperclipai/clipjob/charts"
 	"github.com/paperclipai/clipjob/compile"
+	"github.com/paperclipai/clipjob/e2e/cluster"
 )
 
 // The suite installs clipjob from its chart: the binaries run with the
@@ -66,17 +67,46 @@ func RenderChart(addr string, caBundle []byte, values map[string]any) (*charts.R
 // self-managed certificates (the chart's default, whose RBAC is the
 // widest). What exists already is left alone.
 func ApplyChartRBAC(ctx context.Context, cs kubernetes.Interface) error {
-	for _, ns := range append(append([]any{Release.Namespace}, AgentNamespaces...), TenantNamespaces...) {
+	return applyChartRBAC(ctx, cs, AgentNamespaces, TenantNamespaces, "", false)
+}
+
+// applyChartRoles is ApplyChartRBAC for a further release with its source
+// in source and agents in namespaces: its Roles and RoleBindings there,
+// for the suite's ServiceAccounts (the cluster-wide part is the suite's
+// already).
+func applyChartRoles(ctx context.Context, c *cluster.Cluster, source string, namespaces []string) error {
+	if err := ApplyChartRBAC(ctx, c.Clientset()); err != nil {
+		return err
+	}
+	return applyChartRBAC(ctx, c.Clientset(), toAny(namespaces), nil, source, true)
+}
+
+func applyChartRBAC(ctx context.Context, cs kubernetes.Interface, agentNamespaces, tenantNamespaces []any, source string, rolesOnly bool) error {
+	for _, ns := range append(append([]any{Release.Namespace}, agentNamespaces...), tenantNamespaces...) {
 		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns.(string)}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return err
 		}
 	}
-	r, err := charts.Render(Release, map[string]any{"agentNamespaces": AgentNamespaces,
-		"config": map[string]any{"tenantNamespaces": TenantNamespaces}})
+	values := map[string]any{"agentNamespaces": agentNamespaces}
+	config := map[string]any{}
+	if tenantNamespaces != nil {
+		config["tenantNamespaces"] = tenantNamespaces
+	}
+	if source != "" {
+		config["source"] = map[string]any{"namespace": source}
+	}
+	values["config"] = config
+	r, err := charts.Render(Release, values)
 	if err != nil {
 		return err
 	}
 	for _, o := range r.Objects {
+		if rolesOnly && o.GetKind() != "Role" && o.GetKind() != "RoleBinding" {
+			continue
+		}
+		if rolesOnly && o.GetNamespace() == Release.Namespace {
+			continue
+		}
 		var create func() error
 		switch o.GetKind() {
 		case "ServiceAccount":
@@ -138,6 +168,15 @@ func RegisterWithMutatingAt(ctx context.Context, cs kubernetes.Interface, mutati
 	return register(ctx, cs, mutatingAddr, addr, caBundle, mutatingFailure, nil)
 }
 
+// CompiledPoliciesValues are the chart values of compiledPolicies.enabled;
+// CompiledPoliciesQueueValues add a config in Queue mode, whose queued
+// runs' CREATE the validating webhook is not called for.
+var (
+	CompiledPoliciesValues      = map[string]any{"compiledPolicies": map[string]any{"enabled": true}}
+	CompiledPoliciesQueueValues = map[string]any{"compiledPolicies": map[string]any{"enabled": true},
+		"config": map[string]any{"policy": map[string]any{"concurrency": map[string]any{"mode": "Queue"}}}}
+)
+
 // RegisterForCompiledPolicies is Register as the chart registers the
 // webhooks with compiledPolicies.enabled: the mutating webhook is not
 // called for a Job a compiled policy completed.
@@ -154,8 +193,24 @@ func RegisterForCompiledPoliciesInQueueMode(ctx context.Context, cs kubernetes.I
 		"config": map[string]any{"tenantNamespaces": TenantNamespaces, "policy": map[string]any{"concurrency": map[string]any{"mode": "Queue"}}}})
 }
 
+// registration is what register writes: the chart's webhook
+// configurations rendered with values, under their names or others, with
+// edit applied last.
+type registration struct {
+	mutatingAddr, addr           string
+	caBundle                     []byte
+	mutatingFailure              admissionregistrationv1.FailurePolicyType
+	values                       map[string]any
+	mutatingName, validatingName string
+	edit                         func(*admissionregistrationv1.MutatingWebhookConfiguration, *admissionregistrationv1.ValidatingWebhookConfiguration)
+}
+
 func register(ctx context.Context, cs kubernetes.Interface, mutatingAddr, addr string, caBundle []byte, mutatingFailure admissionregistrationv1.FailurePolicyType, values map[string]any) error {
-	r, err := RenderChart(addr, caBundle, values)
+	return registerAs(ctx, cs, registration{mutatingAddr: mutatingAddr, addr: addr, caBundle: caBundle, mutatingFailure: mutatingFailure, values: values})
+}
+
+func registerAs(ctx context.Context, cs kubernetes.Interface, reg registration) error {
+	r, err := RenderChart(reg.addr, reg.caBundle, reg.values)
 	if err != nil {
 		return err
 	}
@@ -169,8 +224,17 @@ func register(ctx context.Context, cs kubernetes.Interface, mutatingAddr, addr s
 	}
 	for i := range mwc.Webhooks {
 		w := &mwc.Webhooks[i]
-		w.ClientConfig.URL = ptr.To("https://" + mutatingAddr + "/mutate-batch-v1-job")
-		w.FailurePolicy = ptr.To(mutatingFailure)
+		w.ClientConfig.URL = ptr.To("https://" + reg.mutatingAddr + "/mutate-batch-v1-job")
+		w.FailurePolicy = ptr.To(reg.mutatingFailure)
+	}
+	if reg.mutatingName != "" {
+		mwc.Name = reg.mutatingName
+	}
+	if reg.validatingName != "" {
+		vwc.Name = reg.validatingName
+	}
+	if reg.edit != nil {
+		reg.edit(&mwc, &vwc)
 	}
 	// Update in place: deleting and recreating would leave the API server
 	// a moment with no webhook at all, admitting whatever comes then.
@@ -240,6 +304,12 @@ func deleteAdmissionPolicy(ctx context.Context, cs kubernetes.Interface, name st
 // applyAdmissionPolicy creates the chart's ValidatingAdmissionPolicy name
 // and its binding of that name, as rendered with values.
 func applyAdmissionPolicy(ctx context.Context, cs kubernetes.Interface, name string, values map[string]any) error {
+	return applyAdmissionPolicyAs(ctx, cs, name, name, values)
+}
+
+// applyAdmissionPolicyAs is applyAdmissionPolicy under another name (the
+// binding naming the policy by it), for a second release's copy.
+func applyAdmissionPolicyAs(ctx context.Context, cs kubernetes.Interface, name, as string, values map[string]any) error {
 	r, err := RenderChart("localhost", []byte("only the webhook configurations use it"), values)
 	if err != nil {
 		return err
@@ -252,11 +322,12 @@ func applyAdmissionPolicy(ctx context.Context, cs kubernetes.Interface, name str
 	if err := r.Into("ValidatingAdmissionPolicyBinding", name, &binding); err != nil {
 		return err
 	}
+	vap.Name, binding.Name, binding.Spec.PolicyName = as, as, as
 	if _, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, &vap, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("admission policy %s: %w", name, err)
+		return fmt.Errorf("admission policy %s: %w", as, err)
 	}
 	if _, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, &binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("admission policy binding %s: %w", name, err)
+		return fmt.Errorf("admission policy binding %s: %w", as, err)
 	}
 	return nil
 }

@@ -48,13 +48,13 @@ func Build(dir, command string) (string, error) {
 	return out, nil
 }
 
-// Install is the whole local installation: the example Paperclip
+// InstallCluster is the whole local installation: the example Paperclip
 // (examples/paperclip.yaml), the clipjob-webhook binary built from this
 // checkout, one replica named name running examples/config.yaml with the
 // chart's RBAC, the chart's webhook configurations pointing at it, and the
 // chart's claim Lease policy. It returns the replica and the binary (to
 // start more replicas). extra flags go to the webhook.
-func Install(ctx context.Context, c *cluster.Cluster, name string, extra ...string) (*Webhook, string, error) {
+func InstallCluster(ctx context.Context, c *cluster.Cluster, name string, extra ...string) (*Webhook, string, error) {
 	if c.HasRealNode() {
 		if err := realPaperclip(ctx, c); err != nil {
 			return nil, "", err

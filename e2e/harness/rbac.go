@@ -89,7 +89,18 @@ func ServiceAccountKubeconfig(ctx context.Context, c *cluster.Cluster, namespace
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	return clientcmd.WriteToFile(*cfg, path)
+	// Written aside and renamed: tests in parallel rewrite the same
+	// account's kubeconfig while processes started by others read it.
+	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	tmp.Close()
+	if err := clientcmd.WriteToFile(*cfg, tmp.Name()); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
 }
 
 // PaperclipServerRBAC is the Role and RoleBinding the Paperclip adapter's

@@ -63,6 +63,7 @@ func NewFlags(o *Options) *flag.FlagSet {
 	fs.StringVar(&o.PprofAddr, "pprof-bind-address", o.PprofAddr, `net/http/pprof address for profiling ("" disables)`)
 	fs.DurationVar(&o.ShutdownDelay, "shutdown-delay", o.ShutdownDelay, "keep serving this long after SIGTERM while reporting not ready")
 	fs.StringVar(&o.LeaderElectionNamespace, "leader-election-namespace", o.LeaderElectionNamespace, "namespace of the Lease electing the claim controller (default $POD_NAMESPACE, else the source namespace)")
+	fs.Var((*command.List)(&o.Namespaces), "namespace", "act only on agent Jobs, PVCs and claims in this namespace (repeatable; default all): for a second installation in one cluster, registered for its own namespaces")
 	fs.DurationVar(&o.SweepInterval, "claim-sweep-interval", o.SweepInterval, "how often to delete claims of finished or vanished Jobs")
 	fs.BoolVar(&o.CompiledPolicies, "compiled-policies", o.CompiledPolicies, "keep clipjob's compiled MutatingAdmissionPolicies for the source's namespace current (the elected replica), so the API server completes bare agent Jobs itself (Kubernetes 1.36+)")
 	fs.Var((*command.Float32)(&o.KubeAPIQPS), "kube-api-qps", "queries per second to the API server (claims, PVC checks)")

@@ -1,69 +1,21 @@
-package e2e
+package integration
 
 import (
 	"bytes"
-	"context"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
 	"github.com/paperclipai/clipjob/cmd/clipjob/app"
 	"github.com/paperclipai/clipjob/contract"
-	"github.com/paperclipai/clipjob/e2e/harness"
 	"github.com/paperclipai/clipjob/internal/manifest"
 	"github.com/paperclipai/clipjob/internal/testing/golden"
 )
-
-const ns = "paperclip"
-
-// bareJob is examples/bare-job.yaml with its own name and agent, so tests
-// do not collide.
-func bareJob(t *testing.T, name string) *batchv1.Job {
-	t.Helper()
-	job := golden.ReadManifests(t, filepath.Join(harness.Root(), "examples", "bare-job.yaml")).Jobs[0]
-	job.Name = name
-	job.Labels[contract.LabelAgentID] = "agent-" + name
-	job.Labels[contract.LabelRunID] = name
-	return job
-}
-
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func waitPod(ctx context.Context, t *testing.T, job string, ready func(*corev1.Pod) bool) *corev1.Pod {
-	t.Helper()
-	var pod *corev1.Pod
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + job})
-		if err != nil || len(pods.Items) == 0 {
-			return false, nil
-		}
-		pod = &pods.Items[0]
-		return ready(pod), nil
-	})
-	if err != nil {
-		t.Fatalf("pod of Job %s: %v (last seen: %+v)", job, err, podSummary(pod))
-	}
-	return pod
-}
-
-func podSummary(p *corev1.Pod) string {
-	if p == nil {
-		return "none"
-	}
-	return string(p.Status.Phase) + " " + p.Spec.NodeName
-}
 
 func envNames(c corev1.Container) map[string]corev1.EnvVar {
 	out := map[string]corev1.EnvVar{}
@@ -78,13 +30,14 @@ func envNames(c corev1.Container) map[string]corev1.EnvVar {
 // kwok: the stored Job and the Pod made from it carry everything inherited
 // from the Paperclip Deployment, the profile and the security floor.
 func TestBareJobBecomesARunningAgentPod(t *testing.T) {
+	in := newInstall(t)
 	ctx := ctxT(t)
-	job := bareJob(t, "e2e-bare")
-	created, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+	job := in.BareJob(t, "e2e-bare")
+	created, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, job, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("creating a bare Job: %v", err)
 	}
-	stored, err := env.cs.BatchV1().Jobs(ns).Get(ctx, created.Name, metav1.GetOptions{})
+	stored, err := suite.cs.BatchV1().Jobs(in.Namespace).Get(ctx, created.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +76,7 @@ func TestBareJobBecomesARunningAgentPod(t *testing.T) {
 		}
 	})
 	t.Run("its pod runs with the agent labels, the floor and the shared volume", func(t *testing.T) {
-		pod := waitPod(ctx, t, created.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+		pod := in.WaitPod(ctx, t, created.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
 		if pod.Labels[contract.LabelRole] != contract.RoleAgent || pod.Labels[contract.LabelEgress] != "anthropic" ||
 			pod.Labels[contract.LabelAgentID] != "agent-e2e-bare" || pod.Labels[contract.LabelRunID] != "e2e-bare" {
 			t.Errorf("pod labels %v", pod.Labels)
@@ -151,15 +104,16 @@ func TestBareJobBecomesARunningAgentPod(t *testing.T) {
 // TestJobWithoutAgentLabelUntouched: the objectSelector keeps the webhook
 // away from every other Job.
 func TestJobWithoutAgentLabelUntouched(t *testing.T) {
+	in := newInstall(t)
 	ctx := ctxT(t)
 	job := &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{Name: "e2e-plain", Namespace: ns, Labels: map[string]string{"app": "plain"}},
+		ObjectMeta: metav1.ObjectMeta{Name: "e2e-plain", Namespace: in.Namespace, Labels: map[string]string{"app": "plain"}},
 		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyNever,
 			Containers:    []corev1.Container{{Name: "c", Image: "busybox:1.36", Command: []string{"true"}}},
 		}}},
 	}
-	stored, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+	stored, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, job, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,10 +130,11 @@ func TestJobWithoutAgentLabelUntouched(t *testing.T) {
 // command; a server-side dry run returns the completed Job and stores
 // nothing.
 func TestOwnContainerAndDryRun(t *testing.T) {
+	in := newInstall(t)
 	ctx := ctxT(t)
-	job := bareJob(t, "e2e-own")
+	job := in.BareJob(t, "e2e-own")
 	job.Spec.Template.Spec.Containers = []corev1.Container{{Name: "runner", Command: []string{"sh", "-c", "echo hi"}}}
-	dry, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	dry, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +142,7 @@ func TestOwnContainerAndDryRun(t *testing.T) {
 	if c.Name != "runner" || strings.Join(c.Command, " ") != "sh -c echo hi" || c.Image == "" {
 		t.Errorf("dry-run result: %s %v image %q", c.Name, c.Command, c.Image)
 	}
-	if _, err := env.cs.BatchV1().Jobs(ns).Get(ctx, job.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Get(ctx, job.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("dry run stored the Job: %v", err)
 	}
 }
@@ -196,13 +151,14 @@ func TestOwnContainerAndDryRun(t *testing.T) {
 // with the Deployment read back from the cluster, yields the same template
 // hash, env and volumes as the webhook.
 func TestCLIRendersWhatTheClusterStores(t *testing.T) {
+	in := newInstall(t)
 	ctx := ctxT(t)
-	job := bareJob(t, "e2e-cli")
-	stored, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job.DeepCopy(), metav1.CreateOptions{})
+	job := in.BareJob(t, "e2e-cli")
+	stored, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, job.DeepCopy(), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dep, err := env.cs.AppsV1().Deployments(ns).Get(ctx, "paperclip", metav1.GetOptions{})
+	dep, err := suite.cs.AppsV1().Deployments(in.Namespace).Get(ctx, "paperclip", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +167,7 @@ func TestCLIRendersWhatTheClusterStores(t *testing.T) {
 	job.APIVersion, job.Kind = "batch/v1", "Job"
 	var out, errb bytes.Buffer
 	code := app.Main([]string{"render", "-f", golden.WriteYAML(t, dir, "job.yaml", job), "--source", golden.WriteYAML(t, dir, "dep.yaml", dep),
-		"--config", filepath.Join(harness.Root(), "examples", "config.yaml")}, nil, &out, &errb)
+		"--config", in.ConfigFile()}, nil, &out, &errb)
 	if code != 0 {
 		t.Fatalf("clipjob render: %s", errb.String())
 	}

@@ -1,4 +1,4 @@
-package e2e
+package integration
 
 import (
 	"bytes"
@@ -15,14 +15,12 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/claim"
@@ -36,10 +34,11 @@ import (
 // TestDisallowedImageDenied: a disallowed image is denied with the message a
 // user needs.
 func TestDisallowedImageDenied(t *testing.T) {
+	in := newInstall(t)
 	ctx := ctxT(t)
-	job := bareJob(t, "e2e-evil-image")
+	job := in.BareJob(t, "e2e-evil-image")
 	job.Spec.Template.Spec.Containers = []corev1.Container{{Name: "agent", Image: "evil.example.com/miner:1", Command: []string{"mine"}}}
-	_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+	_, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, job, metav1.CreateOptions{})
 	if !apierrors.IsForbidden(err) {
 		t.Fatalf("want 403 Forbidden, got %v", err)
 	}
@@ -49,7 +48,7 @@ func TestDisallowedImageDenied(t *testing.T) {
 			t.Errorf("message %q lacks %q", err, want)
 		}
 	}
-	assertNoJob(ctx, t, job.Name)
+	in.AssertNoJob(ctx, t, job.Name)
 }
 
 // TestPrivilegedContainerDenied: a privileged container is denied. The
@@ -59,38 +58,39 @@ func TestDisallowedImageDenied(t *testing.T) {
 // volume, which the mutator does not touch, is denied with both webhooks in
 // place.
 func TestPrivilegedContainerDenied(t *testing.T) {
+	in := newInstall(t)
 	ctx := ctxT(t)
 	dead, _ := cluster.FreePorts(1)
-	if err := harness.RegisterWithMutatingAt(ctx, env.cs, fmt.Sprintf("127.0.0.1:%d", dead[0]), env.webhookAddr, env.cluster.CA.CertPEM, admissionregistrationv1.Ignore); err != nil {
+	if err := in.Register(ctx, harness.RegisterOptions{MutatingAddr: fmt.Sprintf("127.0.0.1:%d", dead[0]), MutatingFailure: admissionregistrationv1.Ignore}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := harness.Register(context.Background(), env.cs, env.webhookAddr, env.cluster.CA.CertPEM); err != nil {
+		if err := in.Register(context.Background(), harness.RegisterOptions{}); err != nil {
 			t.Error(err)
 		}
 	})
-	job := bareJob(t, "e2e-privileged")
+	job := in.BareJob(t, "e2e-privileged")
 	job.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyNever
 	job.Spec.Template.Spec.Containers = []corev1.Container{{Name: "agent", Image: "ghcr.io/paperclipai/paperclip:v2026.11.3",
 		SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)}}}
 	// The API server sees the re-pointed configuration through a watch:
 	// wait (with dry runs, which store nothing) until mutation is bypassed.
 	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		dry, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		dry, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, job.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err != nil || dry.Annotations[contract.AnnotationProfile] == "", nil
 	})
-	_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+	_, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, job, metav1.CreateOptions{})
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `violates PodSecurity "restricted:latest": privileged (container "agent" must not set securityContext.privileged=true)`) {
 		t.Fatalf("want a PodSecurity denial naming the privileged container, got %v", err)
 	}
-	assertNoJob(ctx, t, job.Name)
+	in.AssertNoJob(ctx, t, job.Name)
 
-	if err := harness.Register(ctx, env.cs, env.webhookAddr, env.cluster.CA.CertPEM); err != nil {
+	if err := in.Register(ctx, harness.RegisterOptions{Addr: in.Webhook.Addr}); err != nil {
 		t.Fatal(err)
 	}
-	hp := bareJob(t, "e2e-hostpath")
+	hp := in.BareJob(t, "e2e-hostpath")
 	hp.Spec.Template.Spec.Volumes = []corev1.Volume{{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}}}
-	_, err = env.cs.BatchV1().Jobs(ns).Create(ctx, hp, metav1.CreateOptions{})
+	_, err = suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, hp, metav1.CreateOptions{})
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `restricted volume types (volume "host" uses restricted volume type "hostPath")`) {
 		t.Fatalf("want a hostPath denial, got %v", err)
 	}
@@ -100,23 +100,24 @@ func TestPrivilegedContainerDenied(t *testing.T) {
 // three webhook replicas, admit exactly one; once that run ends, or its Job
 // is deleted, the agent is free again at once.
 func TestOneActiveRunPerAgent(t *testing.T) {
+	in := newInstall(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const agent = "agent-race"
 	agentJob := func(name string) *batchv1.Job {
-		job := bareJob(t, name)
+		job := in.BareJob(t, name)
 		job.Labels[contract.LabelAgentID] = agent
 		return job
 	}
 	var winner string
 	ok := t.Run("100 concurrent creates over three replicas admit one", func(t *testing.T) {
-		replicas := startReplicas(ctx, t, 3)
-		before := validateCounts(t)
-		admitted, conflicts, other := createConcurrently(ctx, t, 100, "e2e-race", agentJob)
+		replicas := in.StartReplicas(ctx, t, 3, nil)
+		before := validateCounts(t, in)
+		admitted, conflicts, other := createConcurrently(ctx, t, in, 100, "e2e-race", agentJob)
 		if len(admitted) != 1 || conflicts != 99 || len(other) > 0 {
 			t.Fatalf("100 concurrent creates: admitted %v, %d conflicts, other errors %v", admitted, conflicts, other)
 		}
-		after := validateCounts(t)
+		after := validateCounts(t, in)
 		for i := range replicas {
 			if after[i] <= before[i] {
 				t.Errorf("replica %d handled no validation (%v -> %v): the load did not spread", i, before, after)
@@ -131,11 +132,11 @@ func TestOneActiveRunPerAgent(t *testing.T) {
 	next, third := agentJob("e2e-race-next"), agentJob("e2e-race-third")
 	ok = t.Run("a finished run frees the agent", func(t *testing.T) {
 		// kwok ends the pod; the next run is admitted with no cleanup step.
-		finishRun(ctx, t, winner, "0")
-		if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, next, metav1.CreateOptions{}); err != nil {
+		in.FinishRun(ctx, t, winner, "0")
+		if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, next, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("run after completion refused: %v", err)
 		}
-		if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, third, metav1.CreateOptions{}); !apierrors.IsConflict(err) {
+		if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, third, metav1.CreateOptions{}); !apierrors.IsConflict(err) {
 			t.Fatalf("a second active run was admitted: %v", err)
 		}
 	})
@@ -146,14 +147,14 @@ func TestOneActiveRunPerAgent(t *testing.T) {
 		// A claim on a Job that is not there holds for the grace window
 		// for unseen Jobs, an hour here: the agent is free within the
 		// wait below only because the claim controller saw the deletion.
-		original := restoreConfigAfter(t)
-		writeConfig(ctx, t, string(original)+"policy:\n  concurrency:\n    pendingGraceSeconds: 3600\n", true)
-		if err := env.cs.BatchV1().Jobs(ns).Delete(ctx, next.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)}); err != nil {
+		original := in.Config(t)
+		in.WriteConfig(ctx, t, string(original)+"policy:\n  concurrency:\n    pendingGraceSeconds: 3600\n", true)
+		if err := suite.cs.BatchV1().Jobs(in.Namespace).Delete(ctx, next.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)}); err != nil {
 			t.Fatal(err)
 		}
 		deleted := time.Now()
 		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-			_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, third, metav1.CreateOptions{})
+			_, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, third, metav1.CreateOptions{})
 			if apierrors.IsConflict(err) {
 				return false, nil
 			}
@@ -166,65 +167,12 @@ func TestOneActiveRunPerAgent(t *testing.T) {
 	})
 }
 
-// startReplicas runs n webhook replicas (the suite's own and n-1 more)
-// behind a balancer, registers the balancer for the rest of t, and waits
-// until the API server's calls reach the new replicas. It returns their
-// addresses, the suite's first.
-func startReplicas(ctx context.Context, t *testing.T, n int) []string {
-	t.Helper()
-	return startReplicasRegistered(ctx, t, n, harness.Register)
-}
-
-// startReplicasRegistered is startReplicas with the webhooks registered at
-// the balancer by register (harness.RegisterForCompiledPolicies, say).
-func startReplicasRegistered(ctx context.Context, t *testing.T, n int, register func(context.Context, kubernetes.Interface, string, []byte) error) []string {
-	t.Helper()
-	replicas := []string{env.webhook.Addr}
-	for i := 1; i < n; i++ {
-		wh, err := harness.StartWebhook(ctx, env.cluster, env.webhookBin, fmt.Sprintf("webhook-%d", i), harness.Root()+"/examples/config.yaml")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(wh.Stop)
-		replicas = append(replicas, wh.Addr)
-		env.extra = append(env.extra, wh)
-	}
-	lb, err := harness.StartBalancer(replicas...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(lb.Stop)
-	if err := register(ctx, env.cs, lb.Addr, env.cluster.CA.CertPEM); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = harness.Register(context.Background(), env.cs, env.webhookAddr, env.cluster.CA.CertPEM) })
-	// Dry runs (no claims written) until a new replica answers one. The
-	// probe brings its own container, so a compiled policy leaves it to
-	// the mutating webhook whatever the registration.
-	probe := bareJob(t, "e2e-race-probe")
-	probe.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyNever
-	probe.Spec.Template.Spec.Containers = []corev1.Container{{Name: "agent", Command: []string{"claude"}}}
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, _ = env.cs.BatchV1().Jobs(ns).Create(ctx, probe.DeepCopy(), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		var n float64
-		for _, w := range env.extra {
-			v, _ := w.Counter(`clipjob_admission_requests_total{dry_run="true",`)
-			n += v
-		}
-		return n > 0, nil
-	})
-	if err != nil {
-		t.Fatal("the API server never called the new replicas through the balancer")
-	}
-	return replicas
-}
-
 // createConcurrently creates n Jobs made by job at once, named prefix-NNN,
 // from a client whose own rate limit does not serialize them, and sorts
 // the answers.
-func createConcurrently(ctx context.Context, t *testing.T, n int, prefix string, job func(name string) *batchv1.Job) (admitted []string, conflicts int, other []error) {
+func createConcurrently(ctx context.Context, t *testing.T, in *harness.Install, n int, prefix string, job func(name string) *batchv1.Job) (admitted []string, conflicts int, other []error) {
 	t.Helper()
-	cfg := *env.cluster.Config
+	cfg := *suite.cluster.Config
 	cfg.QPS, cfg.Burst = 1000, 1000
 	fast := kubernetes.NewForConfigOrDie(&cfg)
 	var mu sync.Mutex
@@ -236,13 +184,13 @@ func createConcurrently(ctx context.Context, t *testing.T, n int, prefix string,
 		go func() {
 			defer wg.Done()
 			<-start
-			_, err := fast.BatchV1().Jobs(ns).Create(ctx, j, metav1.CreateOptions{})
+			_, err := fast.BatchV1().Jobs(in.Namespace).Create(ctx, j, metav1.CreateOptions{})
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
 			case err == nil:
 				admitted = append(admitted, j.Name)
-			case apierrors.IsConflict(err) && strings.Contains(err.Error(), "already has an active run: Job "+ns+"/"+prefix+"-"):
+			case apierrors.IsConflict(err) && strings.Contains(err.Error(), "already has an active run: Job "+in.Namespace+"/"+prefix+"-"):
 				conflicts++
 			default:
 				other = append(other, err)
@@ -256,25 +204,26 @@ func createConcurrently(ctx context.Context, t *testing.T, n int, prefix string,
 
 // TestDryRunWritesNoClaim: a dry-run create checks but writes no claim.
 func TestDryRunWritesNoClaim(t *testing.T) {
+	in := newInstall(t)
 	ctx := ctxT(t)
-	job := bareJob(t, "e2e-dry-claim")
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+	job := in.BareJob(t, "e2e-dry-claim")
+	if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
 		t.Fatal(err)
 	}
-	key := claim.KeyFor(job, env.configNow().Policy.Concurrency)
-	if _, err := env.cs.CoordinationV1().Leases(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	key := claim.KeyFor(job, in.LoadConfig(t).Policy.Concurrency)
+	if _, err := suite.cs.CoordinationV1().Leases(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("dry run wrote claim %s: %v", key.Name, err)
 	}
 	// A real create does write it, and a dry run of a second run is refused.
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{}); err != nil {
+	if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, job, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := env.cs.CoordinationV1().Leases(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{}); err != nil {
+	if _, err := suite.cs.CoordinationV1().Leases(key.Namespace).Get(ctx, key.Name, metav1.GetOptions{}); err != nil {
 		t.Fatalf("real create wrote no claim: %v", err)
 	}
-	second := bareJob(t, "e2e-dry-claim-2")
+	second := in.BareJob(t, "e2e-dry-claim-2")
 	second.Labels[contract.LabelAgentID] = job.Labels[contract.LabelAgentID]
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, second, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); !apierrors.IsConflict(err) {
+	if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, second, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); !apierrors.IsConflict(err) {
 		t.Errorf("dry run of a second run: want 409, got %v", err)
 	}
 }
@@ -282,18 +231,19 @@ func TestDryRunWritesNoClaim(t *testing.T) {
 // TestAgentLabelImmutable: changing paperclip.io/agent-id on UPDATE is
 // denied.
 func TestAgentLabelImmutable(t *testing.T) {
+	in := newInstall(t)
 	ctx := ctxT(t)
-	job, err := env.cs.BatchV1().Jobs(ns).Create(ctx, bareJob(t, "e2e-relabel"), metav1.CreateOptions{})
+	job, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, in.BareJob(t, "e2e-relabel"), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	patch := []byte(`{"metadata":{"labels":{"paperclip.io/agent-id":"agent-someone-else"}}}`)
-	_, err = env.cs.BatchV1().Jobs(ns).Patch(ctx, job.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	_, err = suite.cs.BatchV1().Jobs(in.Namespace).Patch(ctx, job.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `metadata.labels[paperclip.io/agent-id]: Invalid value: "agent-someone-else": is immutable (was "agent-e2e-relabel")`) {
 		t.Fatalf("want the agent-id change denied, got %v", err)
 	}
 	ok := []byte(`{"metadata":{"labels":{"team":"platform"}}}`)
-	if _, err := env.cs.BatchV1().Jobs(ns).Patch(ctx, job.Name, types.MergePatchType, ok, metav1.PatchOptions{}); err != nil {
+	if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Patch(ctx, job.Name, types.MergePatchType, ok, metav1.PatchOptions{}); err != nil {
 		t.Errorf("an unrelated label change was refused: %v", err)
 	}
 }
@@ -303,24 +253,25 @@ func TestAgentLabelImmutable(t *testing.T) {
 // labels. A client cannot name another creator, and nobody (cluster-admin
 // included) can rewrite or remove it later.
 func TestJobRecordsItsCreator(t *testing.T) {
+	in := newInstall(t)
 	ctx := ctxT(t)
 	const server = "system:serviceaccount:paperclip:paperclip"
-	maker := clientAs(ctx, t, "e2e-job-maker", "create", "get", "patch")
-	forged := bareJob(t, "e2e-forged-creator")
+	maker := in.ClientAs(ctx, t, "e2e-job-maker", "create", "get", "patch")
+	forged := in.BareJob(t, "e2e-forged-creator")
 	forged.Annotations = map[string]string{contract.AnnotationCreatedBy: server}
-	job, err := maker.BatchV1().Jobs(ns).Create(ctx, forged, metav1.CreateOptions{})
+	job, err := maker.BatchV1().Jobs(in.Namespace).Create(ctx, forged, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := job.Annotations[contract.AnnotationCreatedBy], "system:serviceaccount:"+ns+":e2e-job-maker"; got != want {
+	if got, want := job.Annotations[contract.AnnotationCreatedBy], "system:serviceaccount:"+in.Namespace+":e2e-job-maker"; got != want {
 		t.Fatalf("created-by = %q, want the creating ServiceAccount %q", got, want)
 	}
 	for _, patch := range []string{
 		`{"metadata":{"annotations":{"clipjob.paperclip.io/created-by":"` + server + `"}}}`,
 		`{"metadata":{"annotations":{"clipjob.paperclip.io/created-by":null}}}`,
 	} {
-		for who, cs := range map[string]kubernetes.Interface{"the creator": maker, "cluster-admin": env.cs} {
-			_, err := cs.BatchV1().Jobs(ns).Patch(ctx, job.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		for who, cs := range map[string]kubernetes.Interface{"the creator": maker, "cluster-admin": suite.cs} {
+			_, err := cs.BatchV1().Jobs(in.Namespace).Patch(ctx, job.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 			if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "metadata.annotations[clipjob.paperclip.io/created-by]") || !strings.Contains(err.Error(), "is immutable") {
 				t.Errorf("%s patching %s: want 403 naming the annotation, got %v", who, patch, err)
 			}
@@ -328,53 +279,10 @@ func TestJobRecordsItsCreator(t *testing.T) {
 	}
 }
 
-// clientAs is a client acting as ServiceAccount name of the suite's
-// namespace, which may only use verbs on Jobs there: someone other than
-// the Paperclip server who may create Jobs beside its agents.
-func clientAs(ctx context.Context, t *testing.T, name string, verbs ...string) kubernetes.Interface {
-	t.Helper()
-	token, err := harness.ServiceAccountToken(ctx, env.cluster, ns, name, []rbacv1.PolicyRule{
-		{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: verbs}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc := rest.AnonymousClientConfig(env.cluster.Config)
-	rc.BearerToken = token
-	return kubernetes.NewForConfigOrDie(rc)
-}
-
-func assertNoJob(ctx context.Context, t *testing.T, name string) {
-	t.Helper()
-	if _, err := env.cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("Job %s was stored: %v", name, err)
-	}
-}
-
-// finishRun makes kwok end the Job's pod with exitCode and waits for the
-// Job controller to mark the Job finished.
-func finishRun(ctx context.Context, t *testing.T, job, exitCode string) {
-	t.Helper()
-	pod := waitPod(ctx, t, job, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, cluster.AnnotationExitCode, exitCode)
-	if _, err := env.cs.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-		j, err := env.cs.BatchV1().Jobs(ns).Get(ctx, job, metav1.GetOptions{})
-		return err == nil && claim.Finished(j), nil
-	})
-	if err != nil {
-		t.Fatalf("Job %s did not finish: %v", job, err)
-	}
-}
-
-func validateCounts(t *testing.T) []float64 {
+func validateCounts(t *testing.T, in *harness.Install) []float64 {
 	t.Helper()
 	var out []float64
-	for _, w := range append([]*harness.Webhook{env.webhook}, env.extra...) {
-		if !w.Running() {
-			continue // an earlier test's replica
-		}
+	for _, w := range in.Replicas() {
 		v, err := w.Counter(`clipjob_admission_requests_total{dry_run="false",`, `webhook="validate"`)
 		if err != nil {
 			t.Fatal(err)
@@ -397,9 +305,10 @@ func diff(a, b []float64) []float64 {
 // (exported as a List, as kubectl does) and the config the webhooks use:
 // the verdicts and the denial text agree.
 func TestCheckGivesTheWebhooksVerdict(t *testing.T) {
+	in := newInstall(t)
 	ctx := ctxT(t)
 	dir := t.TempDir()
-	dep, err := env.cs.AppsV1().Deployments(ns).Get(ctx, "paperclip", metav1.GetOptions{})
+	dep, err := suite.cs.AppsV1().Deployments(in.Namespace).Get(ctx, "paperclip", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -407,7 +316,7 @@ func TestCheckGivesTheWebhooksVerdict(t *testing.T) {
 	// The namespace's Secrets and claims as one List, the way `kubectl get
 	// secrets,pvc -o yaml` exports them, taken as all there is.
 	objects := &corev1.List{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "List"}}
-	pvcs, err := env.cs.CoreV1().PersistentVolumeClaims(ns).List(ctx, metav1.ListOptions{})
+	pvcs, err := suite.cs.CoreV1().PersistentVolumeClaims(in.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -415,7 +324,7 @@ func TestCheckGivesTheWebhooksVerdict(t *testing.T) {
 		pvcs.Items[i].APIVersion, pvcs.Items[i].Kind = "v1", "PersistentVolumeClaim"
 		objects.Items = append(objects.Items, rawOf(t, &pvcs.Items[i]))
 	}
-	secrets, err := env.cs.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+	secrets, err := suite.cs.CoreV1().Secrets(in.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -424,18 +333,18 @@ func TestCheckGivesTheWebhooksVerdict(t *testing.T) {
 		objects.Items = append(objects.Items, rawOf(t, &secrets.Items[i]))
 	}
 
-	good := bareJob(t, "e2e-check-good")
-	evil := bareJob(t, "e2e-check-evil")
+	good := in.BareJob(t, "e2e-check-good")
+	evil := in.BareJob(t, "e2e-check-evil")
 	evil.Spec.Template.Spec.Containers = []corev1.Container{{Name: "agent", Image: "quay.io/evil/agent:2", Command: []string{"x"}}}
-	rooted := bareJob(t, "e2e-check-hostpath")
+	rooted := in.BareJob(t, "e2e-check-hostpath")
 	rooted.Spec.Template.Spec.Volumes = []corev1.Volume{{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/etc"}}}}
 	// Another run's Secret, named for this Job: the List must be read for
 	// check to refuse it as the cluster does.
-	foreign := bareJob(t, "e2e-check-foreign")
+	foreign := in.BareJob(t, "e2e-check-foreign")
 	foreign.Annotations = map[string]string{contract.AnnotationEnvSecret: foreign.Name + "-env"}
-	foreignSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: foreign.Name + "-env", Namespace: ns,
+	foreignSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: foreign.Name + "-env", Namespace: in.Namespace,
 		Labels: map[string]string{contract.LabelRunID: "another-run"}}}
-	if _, err := env.cs.CoreV1().Secrets(ns).Create(ctx, foreignSecret, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := suite.cs.CoreV1().Secrets(in.Namespace).Create(ctx, foreignSecret, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
 	foreignSecret.APIVersion, foreignSecret.Kind = "v1", "Secret"
@@ -446,8 +355,8 @@ func TestCheckGivesTheWebhooksVerdict(t *testing.T) {
 		var out, errb bytes.Buffer
 		code := app.Main([]string{"check", "-f", golden.WriteYAML(t, dir, job.Name+".yaml", job),
 			"--source", golden.WriteYAML(t, dir, "dep.yaml", dep), "--objects", golden.WriteYAML(t, dir, "objects.yaml", objects), "--objects-complete",
-			"--config", env.webhook.ConfigFile}, nil, &out, &errb)
-		_, werr := env.cs.BatchV1().Jobs(ns).Create(ctx, job.DeepCopy(), metav1.CreateOptions{})
+			"--config", in.Webhook.ConfigFile}, nil, &out, &errb)
+		_, werr := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, job.DeepCopy(), metav1.CreateOptions{})
 		cliAllowed := code == 0
 		if cliAllowed != (werr == nil) {
 			t.Errorf("%s: clipjob check exit %d (%s), cluster: %v", job.Name, code, strings.TrimSpace(out.String()), werr)
@@ -477,10 +386,11 @@ func rawOf(t *testing.T, obj any) runtime.RawExtension {
 // parallelism on a running run, loosening the replacement policy, or
 // selecting pods by hand is refused.
 func TestAgentRunIsOnePod(t *testing.T) {
+	in := newInstall(t)
 	ctx := ctxT(t)
-	job := bareJob(t, "e2e-one-pod")
+	job := in.BareJob(t, "e2e-one-pod")
 	job.Spec.Parallelism, job.Spec.Completions = ptr.To[int32](6), ptr.To[int32](6)
-	stored, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+	stored, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, job, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -491,21 +401,21 @@ func TestAgentRunIsOnePod(t *testing.T) {
 		{`{"spec":{"parallelism":6}}`, "spec.parallelism: Invalid value: 6"},
 		{`{"spec":{"podReplacementPolicy":"TerminatingOrFailed"}}`, "spec.podReplacementPolicy"},
 	} {
-		_, err := env.cs.BatchV1().Jobs(ns).Patch(ctx, job.Name, types.MergePatchType, []byte(tc.patch), metav1.PatchOptions{})
+		_, err := suite.cs.BatchV1().Jobs(in.Namespace).Patch(ctx, job.Name, types.MergePatchType, []byte(tc.patch), metav1.PatchOptions{})
 		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("patch %s: want 403 naming %q, got %v", tc.patch, tc.want, err)
 		}
 	}
 
-	manual := bareJob(t, "e2e-manual-selector")
+	manual := in.BareJob(t, "e2e-manual-selector")
 	manual.Spec.ManualSelector = ptr.To(true)
 	manual.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{contract.LabelRunID: manual.Name}}
 	manual.Spec.Template.Labels = map[string]string{contract.LabelRunID: manual.Name}
-	_, err = env.cs.BatchV1().Jobs(ns).Create(ctx, manual, metav1.CreateOptions{})
+	_, err = suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, manual, metav1.CreateOptions{})
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "spec.manualSelector: Forbidden") {
 		t.Errorf("manualSelector: want 403, got %v", err)
 	}
-	assertNoJob(ctx, t, manual.Name)
+	in.AssertNoJob(ctx, t, manual.Name)
 }
 
 // TestDeletedClaimDoesNotFreeTheAgent: the chart's ValidatingAdmissionPolicy
@@ -514,14 +424,15 @@ func TestAgentRunIsOnePod(t *testing.T) {
 // an agent's claim while its run goes on does not get a second run in: the
 // webhook also sees the agent's running Job.
 func TestDeletedClaimDoesNotFreeTheAgent(t *testing.T) {
+	in := newInstall(t)
 	ctx := ctxT(t)
-	first := bareJob(t, "e2e-claim-deleted")
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, first, metav1.CreateOptions{}); err != nil {
+	first := in.BareJob(t, "e2e-claim-deleted")
+	if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, first, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitPod(ctx, t, first.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
-	key := claim.KeyFor(first, env.configNow().Policy.Concurrency)
-	leases := env.cs.CoordinationV1().Leases(key.Namespace)
+	in.WaitPod(ctx, t, first.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	key := claim.KeyFor(first, in.LoadConfig(t).Policy.Concurrency)
+	leases := suite.cs.CoordinationV1().Leases(key.Namespace)
 	err := leases.Delete(ctx, key.Name, metav1.DeleteOptions{})
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "written only by clipjob") {
 		t.Fatalf("an admin deleting a claim Lease: want 403 from the claim Lease policy, got %v", err)
@@ -540,15 +451,10 @@ func TestDeletedClaimDoesNotFreeTheAgent(t *testing.T) {
 	}
 
 	// Without the policy (an install that left it out).
-	bindings := env.cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings()
-	if err := bindings.Delete(ctx, harness.Release.Name+"-claim-leases", metav1.DeleteOptions{}); err != nil {
+	bindings := suite.cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings()
+	if err := bindings.Delete(ctx, in.ClaimLeasePolicyName(), metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := harness.ApplyClaimLeasePolicy(context.Background(), env.cs); err != nil {
-			t.Error(err)
-		}
-	})
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		err := leases.Delete(ctx, key.Name, metav1.DeleteOptions{})
 		return err == nil, nil // the API server drops the binding from its cache shortly
@@ -556,13 +462,13 @@ func TestDeletedClaimDoesNotFreeTheAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal("the claim Lease could not be deleted with the policy unbound")
 	}
-	second := bareJob(t, "e2e-claim-deleted-2")
+	second := in.BareJob(t, "e2e-claim-deleted-2")
 	second.Labels[contract.LabelAgentID] = first.Labels[contract.LabelAgentID]
-	_, err = env.cs.BatchV1().Jobs(ns).Create(ctx, second, metav1.CreateOptions{})
-	if !apierrors.IsConflict(err) || !strings.Contains(err.Error(), "Job "+ns+"/"+first.Name) || !strings.Contains(err.Error(), "already has an active run") {
+	_, err = suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, second, metav1.CreateOptions{})
+	if !apierrors.IsConflict(err) || !strings.Contains(err.Error(), "Job "+in.Namespace+"/"+first.Name) || !strings.Contains(err.Error(), "already has an active run") {
 		t.Fatalf("a second run after the claim was deleted: want 409 naming %s, got %v", first.Name, err)
 	}
-	assertNoJob(ctx, t, second.Name)
+	in.AssertNoJob(ctx, t, second.Name)
 }
 
 // TestARunThatCannotStartFreesItsAgent: a run whose pod no node takes
@@ -570,19 +476,20 @@ func TestDeletedClaimDoesNotFreeTheAgent(t *testing.T) {
 // the Job fails with DeadlineExceeded, says what its pod waited for, and
 // the agent's next run is admitted.
 func TestARunThatCannotStartFreesItsAgent(t *testing.T) {
+	in := newInstall(t)
 	ctx := ctxT(t)
-	original := restoreConfigAfter(t)
-	writeConfig(ctx, t, string(original)+"profiles:\n  claude_local:\n    startTimeoutSeconds: 3\n", true)
-	stuck := bareJob(t, "e2e-never-starts")
+	original := in.Config(t)
+	in.WriteConfig(ctx, t, string(original)+"profiles:\n  claude_local:\n    startTimeoutSeconds: 3\n", true)
+	stuck := in.BareJob(t, "e2e-never-starts")
 	stuck.Spec.Template.Spec.NodeSelector = map[string]string{"clipjob.e2e/pool": "nowhere"}
 	// A client's own record that the timeout was handled, and a deadline of
 	// its own far away, change nothing.
 	stuck.Annotations = map[string]string{contract.AnnotationStartTimeout: "none"}
 	stuck.Spec.ActiveDeadlineSeconds = ptr.To[int64](100000)
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, stuck, metav1.CreateOptions{}); err != nil {
+	if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, stuck, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitPod(ctx, t, stuck.Name, func(p *corev1.Pod) bool {
+	in.WaitPod(ctx, t, stuck.Name, func(p *corev1.Pod) bool {
 		for _, c := range p.Status.Conditions {
 			if c.Type == corev1.PodScheduled && c.Reason == corev1.PodReasonUnschedulable {
 				return true
@@ -591,23 +498,23 @@ func TestARunThatCannotStartFreesItsAgent(t *testing.T) {
 		return false
 	})
 	next := func() *batchv1.Job {
-		j := bareJob(t, "e2e-never-starts-next")
+		j := in.BareJob(t, "e2e-never-starts-next")
 		j.Labels[contract.LabelAgentID] = stuck.Labels[contract.LabelAgentID]
 		return j
 	}
-	_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, next(), metav1.CreateOptions{})
+	_, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, next(), metav1.CreateOptions{})
 	if !apierrors.IsConflict(err) {
 		t.Fatalf("while the stuck run holds its agent: want 409, got %v", err)
 	}
 	// The API server passes clipjob's causes through: a client reads the
 	// holder without parsing the message.
-	if holder, ok := cause(err, contract.CauseHolderJob); !ok || holder != ns+"/"+stuck.Name {
-		t.Errorf("409 from the API server: holder cause %q, want %s/%s (%v)", holder, ns, stuck.Name, err)
+	if holder, ok := cause(err, contract.CauseHolderJob); !ok || holder != in.Namespace+"/"+stuck.Name {
+		t.Errorf("409 from the API server: holder cause %q, want %s/%s (%v)", holder, in.Namespace, stuck.Name, err)
 	}
 
 	var ended *batchv1.Job
 	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		j, err := env.cs.BatchV1().Jobs(ns).Get(ctx, stuck.Name, metav1.GetOptions{})
+		j, err := suite.cs.BatchV1().Jobs(in.Namespace).Get(ctx, stuck.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -632,12 +539,12 @@ func TestARunThatCannotStartFreesItsAgent(t *testing.T) {
 	}
 	// Putting the deadline back up, to hold the agent with the next pod, is
 	// refused.
-	_, err = env.cs.BatchV1().Jobs(ns).Patch(ctx, stuck.Name, types.MergePatchType, []byte(`{"spec":{"activeDeadlineSeconds":100000}}`), metav1.PatchOptions{})
+	_, err = suite.cs.BatchV1().Jobs(in.Namespace).Patch(ctx, stuck.Name, types.MergePatchType, []byte(`{"spec":{"activeDeadlineSeconds":100000}}`), metav1.PatchOptions{})
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "spec.activeDeadlineSeconds: Forbidden: may be lowered") {
 		t.Errorf("raising the deadline the controller set: want 403, got %v", err)
 	}
 	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, next(), metav1.CreateOptions{})
+		_, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, next(), metav1.CreateOptions{})
 		if apierrors.IsConflict(err) {
 			return false, nil // still busy
 		}
@@ -653,37 +560,38 @@ func TestARunThatCannotStartFreesItsAgent(t *testing.T) {
 // labels, a bare agent pod, and a container added to a running agent pod
 // with kubectl debug are all refused.
 func TestAgentLabelsCannotBeSmuggled(t *testing.T) {
+	in := newInstall(t)
 	ctx := ctxT(t)
 	t.Run("a Job whose pods alone carry the agent labels", func(t *testing.T) {
-		job := bareJob(t, "e2e-smuggled-template")
+		job := in.BareJob(t, "e2e-smuggled-template")
 		job.Spec.Template.Labels = map[string]string{contract.LabelAgentID: "agent-x", contract.LabelRunID: "r", contract.LabelRole: contract.RoleAgent}
 		job.Labels = map[string]string{"app": "not-an-agent"}
 		job.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyNever
 		job.Spec.Template.Spec.Containers = []corev1.Container{{Name: "agent", Image: "evil.example.com/root:1",
 			SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)}}}
-		_, err := env.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{})
+		_, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, job, metav1.CreateOptions{})
 		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "metadata.labels[paperclip.io/agent-id]: Required value") {
 			t.Fatalf("want 403, got %v", err)
 		}
 	})
 	t.Run("a bare pod with the agent labels", func(t *testing.T) {
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "e2e-smuggled-pod", Namespace: ns,
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "e2e-smuggled-pod", Namespace: in.Namespace,
 			Labels: map[string]string{contract.LabelAgentID: "agent-x", contract.LabelRunID: "r"}},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Image: "evil.example.com/root:1"}}}}
-		_, err := env.cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+		_, err := suite.cs.CoreV1().Pods(in.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "agent pods are made by the Job controller") {
 			t.Fatalf("want 403, got %v", err)
 		}
 	})
 	t.Run("kubectl debug on a running agent pod", func(t *testing.T) {
-		if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, bareJob(t, "e2e-debugged"), metav1.CreateOptions{}); err != nil {
+		if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, in.BareJob(t, "e2e-debugged"), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		pod := waitPod(ctx, t, "e2e-debugged", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+		pod := in.WaitPod(ctx, t, "e2e-debugged", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
 		pod.Spec.EphemeralContainers = append(pod.Spec.EphemeralContainers, corev1.EphemeralContainer{
 			EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debugger", Image: "busybox:1.36",
 				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)}}})
-		_, err := env.cs.CoreV1().Pods(ns).UpdateEphemeralContainers(ctx, pod.Name, pod, metav1.UpdateOptions{})
+		_, err := suite.cs.CoreV1().Pods(in.Namespace).UpdateEphemeralContainers(ctx, pod.Name, pod, metav1.UpdateOptions{})
 		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "agent pods take no ephemeral containers") {
 			t.Fatalf("want 403, got %v", err)
 		}
@@ -696,44 +604,44 @@ func TestAgentLabelsCannotBeSmuggled(t *testing.T) {
 			{`{"metadata":{"labels":{"batch.kubernetes.io/controller-uid":null}}}`, "metadata.labels[batch.kubernetes.io/controller-uid]: Forbidden"},
 			{`{"metadata":{"labels":{"paperclip.io/agent-id":null,"paperclip.io/run-id":null,"paperclip.io/company-id":null,"paperclip.io/adapter-type":null,"paperclip.io/role":null,"paperclip.io/egress-profile":null}}}`, "metadata.labels[paperclip.io/agent-id]: Forbidden"},
 		} {
-			_, err := env.cs.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch.body), metav1.PatchOptions{})
+			_, err := suite.cs.CoreV1().Pods(in.Namespace).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch.body), metav1.PatchOptions{})
 			if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), patch.want) {
 				t.Errorf("patch %s: want 403 naming %q, got %v", patch.body, patch.want, err)
 			}
 		}
-		if _, err := env.cs.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"team":"blue"}}}`), metav1.PatchOptions{}); err != nil {
+		if _, err := suite.cs.CoreV1().Pods(in.Namespace).Patch(ctx, pod.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"team":"blue"}}}`), metav1.PatchOptions{}); err != nil {
 			t.Errorf("a label that says nothing of the run: %v", err)
 		}
 		// The status subresource takes metadata too.
-		_, err = env.cs.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType,
+		_, err = suite.cs.CoreV1().Pods(in.Namespace).Patch(ctx, pod.Name, types.MergePatchType,
 			[]byte(`{"metadata":{"labels":{"paperclip.io/role":null,"paperclip.io/company-id":"evilcorp"}}}`), metav1.PatchOptions{}, "status")
 		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "is fixed on an agent pod") {
 			t.Errorf("relabelling an agent pod through its status: want 403, got %v", err)
 		}
-		_, err = env.cs.BatchV1().Jobs(ns).Patch(ctx, "e2e-debugged", types.MergePatchType,
+		_, err = suite.cs.BatchV1().Jobs(in.Namespace).Patch(ctx, "e2e-debugged", types.MergePatchType,
 			[]byte(`{"metadata":{"labels":{"paperclip.io/agent-id":"someone-else"}}}`), metav1.PatchOptions{}, "status")
 		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "is immutable") {
 			t.Errorf("relabelling an agent Job through its status: want 403, got %v", err)
 		}
 	})
 	t.Run("a plain pod adopted into a run by a patch", func(t *testing.T) {
-		victim, err := env.cs.BatchV1().Jobs(ns).Create(ctx, bareJob(t, "e2e-adoption-victim"), metav1.CreateOptions{})
+		victim, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, in.BareJob(t, "e2e-adoption-victim"), metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		plain := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "e2e-adopted", Namespace: ns},
+		plain := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "e2e-adopted", Namespace: in.Namespace},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "evil", Image: "evil.example.com/root:1"}}}}
-		if _, err := env.cs.CoreV1().Pods(ns).Create(ctx, plain, metav1.CreateOptions{}); err != nil {
+		if _, err := suite.cs.CoreV1().Pods(in.Namespace).Create(ctx, plain, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		patch := fmt.Sprintf(`{"metadata":{"labels":{"paperclip.io/run-id":%q},"ownerReferences":[{"apiVersion":"batch/v1","kind":"Job","name":%q,"uid":%q,"controller":true}]}}`,
 			victim.Labels[contract.LabelRunID], victim.Name, victim.UID)
-		_, err = env.cs.CoreV1().Pods(ns).Patch(ctx, plain.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		_, err = suite.cs.CoreV1().Pods(in.Namespace).Patch(ctx, plain.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "is fixed on an agent pod") {
 			t.Fatalf("adopting a plain pod into a run: want 403, got %v", err)
 		}
 		owners := fmt.Sprintf(`{"metadata":{"ownerReferences":[{"apiVersion":"batch/v1","kind":"Job","name":%q,"uid":%q,"controller":true}]}}`, victim.Name, victim.UID)
-		if _, err := env.cs.CoreV1().Pods(ns).Patch(ctx, plain.Name, types.MergePatchType, []byte(owners), metav1.PatchOptions{}); err != nil {
+		if _, err := suite.cs.CoreV1().Pods(in.Namespace).Patch(ctx, plain.Name, types.MergePatchType, []byte(owners), metav1.PatchOptions{}); err != nil {
 			t.Errorf("an owner reference on a pod that is no agent pod is not clipjob's business: %v", err)
 		}
 	})
@@ -744,47 +652,48 @@ func TestAgentLabelsCannotBeSmuggled(t *testing.T) {
 // API server) and agent Jobs can still be deleted, which takes the garbage
 // collector's updates.
 func TestWebhookOutage(t *testing.T) {
+	in := newInstall(t)
 	ctx := ctxT(t)
-	victim := bareJob(t, "e2e-outage-delete")
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, victim, metav1.CreateOptions{}); err != nil {
+	victim := in.BareJob(t, "e2e-outage-delete")
+	if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, victim, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitPod(ctx, t, victim.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	in.WaitPod(ctx, t, victim.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
 
 	dead, _ := cluster.FreePorts(1)
-	if err := harness.Register(ctx, env.cs, fmt.Sprintf("127.0.0.1:%d", dead[0]), env.cluster.CA.CertPEM); err != nil {
+	if err := in.Register(ctx, harness.RegisterOptions{Addr: fmt.Sprintf("127.0.0.1:%d", dead[0])}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := harness.Register(context.Background(), env.cs, env.webhookAddr, env.cluster.CA.CertPEM); err != nil {
+		if err := in.Register(context.Background(), harness.RegisterOptions{}); err != nil {
 			t.Error(err)
 		}
 	})
 
-	plain := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "e2e-outage-plain", Namespace: ns, Labels: map[string]string{"app": "plain"}},
+	plain := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "e2e-outage-plain", Namespace: in.Namespace, Labels: map[string]string{"app": "plain"}},
 		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
 			Containers: []corev1.Container{{Name: "c", Image: "busybox:1.36"}}}}}}
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, plain, metav1.CreateOptions{}); err != nil {
+	if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, plain, metav1.CreateOptions{}); err != nil {
 		t.Errorf("an ordinary Job waited on clipjob: %v", err)
 	}
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "e2e-outage-pod", Namespace: ns},
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "e2e-outage-pod", Namespace: in.Namespace},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox:1.36"}}}}
-	if _, err := env.cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	if _, err := suite.cs.CoreV1().Pods(in.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Errorf("an ordinary pod waited on clipjob: %v", err)
 	}
-	if _, err := env.cs.BatchV1().Jobs(ns).Create(ctx, bareJob(t, "e2e-outage-agent"), metav1.CreateOptions{}); err == nil {
+	if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, in.BareJob(t, "e2e-outage-agent"), metav1.CreateOptions{}); err == nil {
 		t.Error("an agent Job was admitted with clipjob down")
 	}
 	patch := []byte(`{"metadata":{"labels":{"paperclip.io/agent-id":"agent-other"}}}`)
-	if _, err := env.cs.BatchV1().Jobs(ns).Patch(ctx, victim.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err == nil {
+	if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Patch(ctx, victim.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err == nil {
 		t.Error("an agent Job's labels changed with clipjob down")
 	}
 
-	if err := env.cs.BatchV1().Jobs(ns).Delete(ctx, victim.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)}); err != nil {
+	if err := suite.cs.BatchV1().Jobs(in.Namespace).Delete(ctx, victim.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)}); err != nil {
 		t.Fatal(err)
 	}
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := env.cs.BatchV1().Jobs(ns).Get(ctx, victim.Name, metav1.GetOptions{})
+		_, err := suite.cs.BatchV1().Jobs(in.Namespace).Get(ctx, victim.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	})
 	if err != nil {

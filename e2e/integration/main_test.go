@@ -1,0 +1,103 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/paperclipai/clipjob/e2e/cluster"
+	"github.com/paperclipai/clipjob/e2e/harness"
+)
+
+// suite is the control plane every test shares and the binaries built
+// once for all of them.
+var suite struct {
+	cluster    *cluster.Cluster
+	cs         kubernetes.Interface
+	webhookBin string
+}
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) (code int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	fmt.Fprintln(os.Stderr, "integration: starting a local control plane with kwok (the first run builds Kubernetes from the Go module proxy: several minutes)")
+	c, err := cluster.Start(ctx, cluster.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "integration: cluster:", err)
+		return 1
+	}
+	defer func() {
+		c.KeepDir = code != 0 // a failed run keeps its logs
+		c.Stop()
+	}()
+	// Tests in parallel share the admin client's rate limit; the API
+	// server's own fairness is what the suite exercises.
+	c.Config.QPS, c.Config.Burst = 1000, 2000
+	suite.cluster, suite.cs = c, c.Clientset()
+	if err := harness.ApplyChartRBAC(ctx, suite.cs); err != nil {
+		fmt.Fprintln(os.Stderr, "integration: the chart's RBAC:", err)
+		return 1
+	}
+	if suite.webhookBin, err = harness.Build(c.Dir, "clipjob-webhook"); err != nil {
+		fmt.Fprintln(os.Stderr, "integration:", err)
+		return 1
+	}
+	code = m.Run()
+	if code != 0 {
+		fmt.Fprintf(os.Stderr, "integration: failed; logs of the cluster and of each test's webhook are in %s\n", c.Dir)
+	}
+	return code
+}
+
+// ctxT is a context for one test, ended with it.
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+var installs atomic.Int32
+
+var notDNS = regexp.MustCompile(`[^a-z0-9]+`)
+
+// namespaceFor is a namespace of the test's own, named after it.
+func namespaceFor(t *testing.T) string {
+	name := strings.Trim(notDNS.ReplaceAllString(strings.ToLower(strings.TrimPrefix(t.Name(), "Test")), "-"), "-")
+	prefix := fmt.Sprintf("t%d-", installs.Add(1))
+	if len(prefix+name) > 40 {
+		name = strings.TrimRight(name[:40-len(prefix)], "-")
+	}
+	return prefix + name
+}
+
+// newInstall runs t in parallel with the others and gives it clipjob
+// installed for a namespace of its own (harness.Install), stopped when t
+// ends. o, if given, says what the test needs beyond the defaults.
+func newInstall(t *testing.T, o ...harness.InstallOptions) *harness.Install {
+	t.Helper()
+	t.Parallel()
+	var opts harness.InstallOptions
+	if len(o) > 0 {
+		opts = o[0]
+	}
+	opts.Namespace = namespaceFor(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	in, err := harness.NewInstall(ctx, suite.cluster, suite.webhookBin, opts)
+	if err != nil {
+		t.Fatalf("installing clipjob for %s: %v", opts.Namespace, err)
+	}
+	t.Cleanup(func() { in.Stop(context.Background()) })
+	return in
+}
