@@ -87,6 +87,12 @@ func namespaceFor(t *testing.T) string {
 func newInstall(t *testing.T, o ...harness.InstallOptions) *harness.Install {
 	t.Helper()
 	t.Parallel()
+	return addInstall(t, o...)
+}
+
+// addInstall is one more install for a test that has one (newInstall).
+func addInstall(t *testing.T, o ...harness.InstallOptions) *harness.Install {
+	t.Helper()
 	var opts harness.InstallOptions
 	if len(o) > 0 {
 		opts = o[0]
