@@ -47,6 +47,11 @@ type Configs interface{ Current() *config.Config }
 // someone else is.
 const SpecHashAnnotation = "clipjob.paperclip.io/spec-hash"
 
+// OwnerLabel names the installation whose syncer wrote a policy (Syncer.
+// Owner): a syncer deletes only its own, so two installations of clipjob
+// in one cluster, each for its own namespaces, keep each other's.
+const OwnerLabel = "clipjob.paperclip.io/owner"
+
 // Syncer keeps the compiled policies of the source's namespace (package
 // compile) in the cluster equal to what the source and the config in
 // force compile to: it creates the missing, rewrites the changed, and
@@ -57,6 +62,12 @@ type Syncer struct {
 	Client  Client
 	Configs Configs
 	Sources Source
+	// Owner is the installation, written as OwnerLabel on what the
+	// syncer writes (the webhook gives its release namespace); it deletes
+	// only what carries its own. A policy written before owners is taken
+	// over when it is wanted (rewritten with the label) and left alone
+	// when not: a stale one completes Jobs the validating webhook refuses.
+	Owner string
 	// Interval is how often the syncer looks again (default 1s): the
 	// policies' source revision is part of every Job they complete, and
 	// the validating webhook refuses a Job completed by a stale one.
@@ -172,10 +183,29 @@ func current(stored, want metav1.ObjectMeta, same bool) bool {
 	return same && maps.Equal(stored.Labels, want.Labels) && maps.Equal(stored.Annotations, want.Annotations)
 }
 
+// owned is meta with the syncer's owner label.
+func (s *Syncer) owned(meta metav1.ObjectMeta) metav1.ObjectMeta {
+	if s.Owner == "" {
+		return meta
+	}
+	meta = *meta.DeepCopy()
+	if meta.Labels == nil {
+		meta.Labels = map[string]string{}
+	}
+	meta.Labels[OwnerLabel] = s.Owner
+	return meta
+}
+
+// mine reports whether a policy or binding clipjob wrote is this
+// syncer's to delete: its owner's.
+func (s *Syncer) mine(meta metav1.ObjectMeta) bool {
+	return meta.Labels[OwnerLabel] == s.Owner
+}
+
 func (s *Syncer) applyPolicy(ctx context.Context, p *admissionregistrationv1.MutatingAdmissionPolicy) error {
 	c := s.Client.MutatingAdmissionPolicies()
 	want := p.DeepCopy()
-	want.ObjectMeta = withHash(p.ObjectMeta, p.Spec)
+	want.ObjectMeta = withHash(s.owned(p.ObjectMeta), p.Spec)
 	stored, err := c.Get(ctx, p.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -200,7 +230,7 @@ func (s *Syncer) applyPolicy(ctx context.Context, p *admissionregistrationv1.Mut
 func (s *Syncer) applyBinding(ctx context.Context, b *admissionregistrationv1.MutatingAdmissionPolicyBinding) error {
 	c := s.Client.MutatingAdmissionPolicyBindings()
 	want := b.DeepCopy()
-	want.ObjectMeta = withHash(b.ObjectMeta, b.Spec)
+	want.ObjectMeta = withHash(s.owned(b.ObjectMeta), b.Spec)
 	stored, err := c.Get(ctx, b.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -230,9 +260,9 @@ func (s *Syncer) wrote(what, kind, name string, err error) error {
 
 var managedBy = metav1.ListOptions{LabelSelector: compile.ManagedByLabel + "=" + compile.ManagedBy}
 
-// deleteOthers deletes the syncer's own policies and bindings (by label)
-// that are not in keep: a profile removed, another source namespace, or
-// no policies at all.
+// deleteOthers deletes the syncer's own policies and bindings (by label,
+// and its owner's) that are not in keep: a profile removed, another
+// source namespace, or no policies at all.
 func (s *Syncer) deleteOthers(ctx context.Context, keep map[string]bool) error {
 	var errs []error
 	bindings, err := s.Client.MutatingAdmissionPolicyBindings().List(ctx, managedBy)
@@ -240,7 +270,7 @@ func (s *Syncer) deleteOthers(ctx context.Context, keep map[string]bool) error {
 		return err
 	}
 	for _, b := range bindings.Items {
-		if !keep[b.Name] {
+		if !keep[b.Name] && s.mine(b.ObjectMeta) {
 			errs = append(errs, s.deleted("MutatingAdmissionPolicyBinding", b.Name,
 				s.Client.MutatingAdmissionPolicyBindings().Delete(ctx, b.Name, metav1.DeleteOptions{})))
 		}
@@ -251,7 +281,9 @@ func (s *Syncer) deleteOthers(ctx context.Context, keep map[string]bool) error {
 	}
 	names := make([]string, 0, len(policies.Items))
 	for _, p := range policies.Items {
-		names = append(names, p.Name)
+		if s.mine(p.ObjectMeta) {
+			names = append(names, p.Name)
+		}
 	}
 	for _, name := range slices.Sorted(slices.Values(names)) {
 		if !keep[name] {

@@ -203,6 +203,47 @@ func TestSyncFollowsTheSourceAndRemovesWhatItCannotCompile(t *testing.T) {
 	}
 }
 
+// Two installations of clipjob in one cluster, each syncing its own
+// source namespace: neither deletes the other's policies, and one with
+// no source left deletes only its own. A policy written before owners
+// (no owner label), of a namespace neither syncs, is left alone.
+func TestSyncersOfTwoInstallationsKeepEachOthersPolicies(t *testing.T) {
+	ctx := context.Background()
+	a, cs, srcA, cfgsA := setup(t)
+	a.Owner = "clipjob-a"
+	cfgB := *cfgsA.cfg
+	cfgB.Source.Namespace = "paperclip-b"
+	srcB := &source{inh: srcA.inh}
+	b := &Syncer{Client: cs.AdmissionregistrationV1(), Configs: &staticConfigs{cfg: &cfgB}, Sources: srcB, Owner: "clipjob-b", Log: logr.Discard()}
+	legacy := &admissionregistrationv1.MutatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: compile.PolicyName("gone"),
+		Labels: map[string]string{compile.ManagedByLabel: compile.ManagedBy}}}
+	if _, err := cs.AdmissionregistrationV1().MutatingAdmissionPolicies().Create(ctx, legacy, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		for _, s := range []*Syncer{a, b} {
+			if err := s.Sync(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	mine := []string{compile.PolicyName(cfgsA.cfg.Source.Namespace), compile.PolicyName("paperclip-b")}
+	want := append([]string{legacy.Name}, mine...)
+	slices.Sort(want)
+	if policies, bindings := names(t, cs); !slices.Equal(policies, want) || !slices.Equal(bindings, mine) {
+		t.Fatalf("policies %v, bindings %v; want each installation's and the one before owners, %v", policies, bindings, want)
+	}
+	p, err := cs.AdmissionregistrationV1().MutatingAdmissionPolicies().Get(ctx, compile.PolicyName("paperclip-b"), metav1.GetOptions{})
+	if err != nil || p.Labels[OwnerLabel] != "clipjob-b" {
+		t.Fatalf("the second installation's policy: owner %q (%v)", p.Labels[OwnerLabel], err)
+	}
+	srcB.err = &templates.SourceError{Source: "paperclip-b/paperclip", Reason: "not found"}
+	_ = b.Sync(ctx)
+	if policies, _ := names(t, cs); !slices.Equal(policies, []string{legacy.Name, compile.PolicyName(cfgsA.cfg.Source.Namespace)}) {
+		t.Fatalf("with its source gone the second installation left %v; want the first's alone", policies)
+	}
+}
+
 // An API error is reported and the rest still synced.
 func TestSyncReportsAPIErrors(t *testing.T) {
 	s, cs, _, _ := setup(t)

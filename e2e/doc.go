@@ -1,16 +1,22 @@
-// Package e2e is clipjob's end-to-end suite. It runs against a real
-// kube-apiserver: a local control plane started by package cluster (etcd,
-// kube-apiserver, kube-controller-manager, kube-scheduler and kwok as host
-// processes). The clipjob-webhook and clipjob-relay binaries run on the
-// host, built from this module by package harness, which registers the
-// chart's Mutating and ValidatingWebhookConfigurations (pointed at the host
-// with a caBundle) and runs each binary as a ServiceAccount holding only
-// the rules of the chart's ClusterRoles, so the API server calls them, and
-// they call it, exactly as in a cluster.
+// Package e2e holds clipjob's end-to-end tests, in tiers by what they
+// need (docs/development.md, "Tiers"):
+//
+//   - integration: one local control plane (etcd, kube-apiserver,
+//     controller manager, scheduler, kwok) shared by tests running in
+//     parallel, each with clipjob installed for namespaces of its own
+//     (harness.Install): admission, claims, queueing, RBAC, the relay and
+//     the Paperclip adapter against simulated pods.
+//   - realnode: the same control plane with a real kubelet and containerd
+//     beside kwok, for what needs real containers: the agents' floor on a
+//     real runtime, the chart's own pods, cert-manager, egress policies,
+//     the real Paperclip server.
+//
+// Package cluster starts the control plane and the real node; package
+// harness installs clipjob into it the way the Helm chart would, and holds
+// the helpers tests share. The clipjob-webhook and clipjob-relay binaries
+// run on the host with the chart's ServiceAccounts' tokens, so the API
+// server calls them, and they call it, exactly as in a cluster.
 //
 // Each test is named after the behaviour it pins and tries to break it the
 // way a client would, not only to show it working.
-//
-// Run it with `make e2e` (or `go test ./e2e/`). The first run builds the
-// Kubernetes binaries from the Go module proxy, which takes several minutes.
 package e2e

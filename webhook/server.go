@@ -108,7 +108,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if o.CompiledPolicies {
 		if err := mgr.Add(&admissionpolicies.Syncer{Client: clientset.AdmissionregistrationV1(), Configs: store, Sources: sources,
-			Log: log.WithName("compiled-policies")}); err != nil {
+			Owner: o.leaderElectionNamespace(cfg.Source.Namespace), Log: log.WithName("compiled-policies")}); err != nil {
 			return err
 		}
 	}

@@ -93,10 +93,11 @@ func run(n int, levels []int, rounds int, only string, sizes, pgRuns []int, floo
 		return err
 	}
 	webhookPprof := fmt.Sprintf("127.0.0.1:%d", ports[0])
-	wh, _, err := harness.InstallCluster(ctx, c, "webhook", "--pprof-bind-address", webhookPprof)
+	in, err := harness.InstallCluster(ctx, c, "webhook", "--pprof-bind-address", webhookPprof)
 	if err != nil {
 		return err
 	}
+	wh := in.Webhook
 	defer wh.Stop()
 	cfg := *c.Config
 	cfg.QPS, cfg.Burst = 5000, 5000

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -524,24 +525,48 @@ func (c *Cluster) writeKubeconfigFor(port int, user, path string) error {
 	return clientcmd.WriteToFile(*cfg, path)
 }
 
-// FreePorts returns n distinct free TCP ports on 127.0.0.1.
+// FreePorts returns n distinct free TCP ports on 127.0.0.1 for servers the
+// suite starts. A port is free when asked and taken only when its server
+// binds it, so two choices must not meet meanwhile: ports come from below
+// the kernel's ephemeral range (where outgoing connections take theirs),
+// are never handed out twice by one process, and each process starts in
+// a block of its own (by PID) so test binaries running at once rarely
+// walk the same ports.
 func FreePorts(n int) ([]int, error) {
-	var ports []int
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	ports.Lock()
+	defer ports.Unlock()
+	if ports.next == 0 {
+		ports.next = portsLow + (os.Getpid()%portBlocks)*((portsHigh-portsLow)/portBlocks)
 	}
-	return ports, nil
+	var out []int
+	for tries := 0; len(out) < n; tries++ {
+		if tries > portsHigh-portsLow {
+			return nil, fmt.Errorf("no free port left in %d-%d", portsLow, portsHigh)
+		}
+		p := ports.next
+		if ports.next++; ports.next >= portsHigh {
+			ports.next = portsLow
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue // another process's
+		}
+		l.Close()
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// The ports FreePorts hands out: below Linux's default ephemeral range
+// (32768-60999).
+const (
+	portsLow, portsHigh = 12000, 32000
+	portBlocks          = 16
+)
+
+var ports struct {
+	sync.Mutex
+	next int
 }
 
 // BinDir returns the directory holding the control-plane binaries, building

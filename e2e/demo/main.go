@@ -70,10 +70,11 @@ func run(keep bool) error {
 	fmt.Printf("    Kubernetes %s is up.\n", v.GitVersion)
 
 	step("Installing a stand-in Paperclip (examples/paperclip.yaml: namespace, ReadWriteMany claim, Deployment),\n    building and starting clipjob-webhook, registering its webhook configurations")
-	wh, _, err := harness.InstallCluster(ctx, c, "webhook")
+	in, err := harness.InstallCluster(ctx, c, "webhook")
 	if err != nil {
 		return err
 	}
+	wh := in.Webhook
 	defer wh.Stop()
 	fmt.Printf("    Serving on https://%s, log %s\n", wh.Addr, wh.Log)
 

@@ -304,12 +304,12 @@ func deleteAdmissionPolicy(ctx context.Context, cs kubernetes.Interface, name st
 // applyAdmissionPolicy creates the chart's ValidatingAdmissionPolicy name
 // and its binding of that name, as rendered with values.
 func applyAdmissionPolicy(ctx context.Context, cs kubernetes.Interface, name string, values map[string]any) error {
-	return applyAdmissionPolicyAs(ctx, cs, name, name, values)
+	return applyAdmissionPolicyAs(ctx, cs, name, name, values, nil)
 }
 
 // applyAdmissionPolicyAs is applyAdmissionPolicy under another name (the
 // binding naming the policy by it), for a second release's copy.
-func applyAdmissionPolicyAs(ctx context.Context, cs kubernetes.Interface, name, as string, values map[string]any) error {
+func applyAdmissionPolicyAs(ctx context.Context, cs kubernetes.Interface, name, as string, values map[string]any, edit func(*admissionregistrationv1.ValidatingAdmissionPolicyBinding)) error {
 	r, err := RenderChart("localhost", []byte("only the webhook configurations use it"), values)
 	if err != nil {
 		return err
@@ -323,6 +323,9 @@ func applyAdmissionPolicyAs(ctx context.Context, cs kubernetes.Interface, name, 
 		return err
 	}
 	vap.Name, binding.Name, binding.Spec.PolicyName = as, as, as
+	if edit != nil {
+		edit(&binding)
+	}
 	if _, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, &vap, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("admission policy %s: %w", as, err)
 	}

@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -36,6 +37,34 @@ func Root() string {
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
+var built struct {
+	sync.Mutex
+	bins map[string]*builtBin
+}
+
+type builtBin struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// BuildOnce is Build, once per dir and command for the test binary:
+// tests in parallel share one build.
+func BuildOnce(dir, command string) (string, error) {
+	built.Lock()
+	if built.bins == nil {
+		built.bins = map[string]*builtBin{}
+	}
+	b, ok := built.bins[dir+"\x00"+command]
+	if !ok {
+		b = &builtBin{}
+		built.bins[dir+"\x00"+command] = b
+	}
+	built.Unlock()
+	b.once.Do(func() { b.path, b.err = Build(dir, command) })
+	return b.path, b.err
+}
+
 // Build compiles a command of this module (e.g. "clipjob-webhook") into dir.
 func Build(dir, command string) (string, error) {
 	out := filepath.Join(dir, command)
@@ -48,20 +77,21 @@ func Build(dir, command string) (string, error) {
 	return out, nil
 }
 
-// InstallCluster is the whole local installation: the example Paperclip
-// (examples/paperclip.yaml), the clipjob-webhook binary built from this
-// checkout, one replica named name running examples/config.yaml with the
-// chart's RBAC, the chart's webhook configurations pointing at it, and the
-// chart's claim Lease policy. It returns the replica and the binary (to
-// start more replicas). extra flags go to the webhook.
-func InstallCluster(ctx context.Context, c *cluster.Cluster, name string, extra ...string) (*Webhook, string, error) {
+// InstallCluster is the whole local installation, as an operator's: the
+// example Paperclip (examples/paperclip.yaml) in its namespace paperclip,
+// the clipjob-webhook binary built from this checkout, one replica named
+// name running examples/config.yaml with the chart's RBAC, the chart's
+// webhook configurations (for every namespace) pointing at it, and the
+// chart's claim Lease policy. extra flags go to the webhook. The demo, the
+// benchmarks and the real-node tier run on it.
+func InstallCluster(ctx context.Context, c *cluster.Cluster, name string, extra ...string) (*Install, error) {
 	if c.HasRealNode() {
 		if err := realPaperclip(ctx, c); err != nil {
-			return nil, "", err
+			return nil, err
 		}
 	}
 	if err := Apply(ctx, c, "examples/paperclip.yaml"); err != nil {
-		return nil, "", fmt.Errorf("installing the example Paperclip: %w", err)
+		return nil, fmt.Errorf("installing the example Paperclip: %w", err)
 	}
 	// Pods are refused until the controller manager has made the
 	// namespace's default ServiceAccount; a test must not race it.
@@ -69,25 +99,29 @@ func InstallCluster(ctx context.Context, c *cluster.Cluster, name string, extra 
 		_, err := c.Clientset().CoreV1().ServiceAccounts("paperclip").Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, nil
 	}); err != nil {
-		return nil, "", errors.New("namespace paperclip never got its default ServiceAccount")
+		return nil, errors.New("namespace paperclip never got its default ServiceAccount")
 	}
 	bin, err := Build(c.Dir, "clipjob-webhook")
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
-	wh, err := StartWebhook(ctx, c, bin, name, filepath.Join(Root(), "examples", "config.yaml"), extra...)
-	if err != nil {
-		return nil, "", err
+	in := &Install{Namespace: "paperclip", WebhookBin: bin, c: c, wide: true, flags: extra,
+		configFile: filepath.Join(Root(), "examples", "config.yaml"), sharedDir: SharedDir(c)}
+	for _, ns := range append(append([]any{}, AgentNamespaces...), TenantNamespaces...) {
+		in.Namespaces = append(in.Namespaces, ns.(string))
 	}
-	if err := Register(ctx, c.Clientset(), wh.Addr, c.CA.CertPEM); err != nil {
-		wh.Stop()
-		return nil, "", fmt.Errorf("registering the webhooks: %w", err)
+	if in.Webhook, err = in.StartReplica(ctx, name); err != nil {
+		return nil, err
+	}
+	if err := Register(ctx, c.Clientset(), in.Webhook.Addr, c.CA.CertPEM); err != nil {
+		in.Webhook.Stop()
+		return nil, fmt.Errorf("registering the webhooks: %w", err)
 	}
 	if err := ApplyClaimLeasePolicy(ctx, c.Clientset()); err != nil {
-		wh.Stop()
-		return nil, "", err
+		in.Webhook.Stop()
+		return nil, err
 	}
-	return wh, bin, nil
+	return in, nil
 }
 
 // SystemNamespace is where clipjob's own ServiceAccounts and its

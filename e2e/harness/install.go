@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"testing"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -17,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/paperclipai/clipjob/compile"
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/cluster"
 )
@@ -33,7 +36,8 @@ import (
 type Install struct {
 	// Namespace holds the example Paperclip; agents run there.
 	Namespace string
-	// Namespaces are Namespace and the tenant namespaces it serves.
+	// Namespaces are Namespace and the further ones it serves
+	// (InstallOptions.Also).
 	Namespaces []string
 	// Webhook is the first replica.
 	Webhook *Webhook
@@ -41,9 +45,19 @@ type Install struct {
 	WebhookBin string
 
 	c     *cluster.Cluster
+	wide  bool
 	flags []string
 	// extra are the replicas StartReplicas added.
 	extra []*Webhook
+
+	// sharedDir is where its relay mirrors runs (SharedDir).
+	sharedDir string
+
+	mu sync.Mutex
+	// paperclip is what PaperclipServer set up, once.
+	paperclip *AdapterSpec
+	// relay is what Relay started, once.
+	relay *installRelay
 	// configFile is the config every replica starts with.
 	configFile string
 }
@@ -52,9 +66,10 @@ type Install struct {
 type InstallOptions struct {
 	// Namespace is where the example Paperclip goes (required).
 	Namespace string
-	// Tenants are further namespaces the install serves with no
-	// inheritance; the config must list them as tenantNamespaces.
-	Tenants []string
+	// Also names further namespaces the install serves, each
+	// <Namespace>-<suffix> (Namespaces[1:] in order): tenant namespaces,
+	// if the config lists them so, or a neighbour a test acts from.
+	Also []string
 	// Config is YAML appended to examples/config.yaml (its source moved
 	// to Namespace), e.g. "policy:\n  concurrency: {mode: Queue}\n".
 	Config string
@@ -63,6 +78,11 @@ type InstallOptions struct {
 	// NoWebhook installs everything but starts and registers no webhook,
 	// for tests that register their own (Register*).
 	NoWebhook bool
+	// AsTheRelease registers the webhook configurations and the claim
+	// Lease policy under the chart's own names for Release, for every
+	// namespace, as an operator's install is (clipjob doctor checks those
+	// names). A test with such an install must run alone.
+	AsTheRelease bool
 }
 
 // NewInstall installs clipjob for o.Namespace with the webhook binary at
@@ -71,12 +91,15 @@ func NewInstall(ctx context.Context, c *cluster.Cluster, bin string, o InstallOp
 	if o.Namespace == "" {
 		return nil, errors.New("an install needs a namespace")
 	}
-	in := &Install{Namespace: o.Namespace, Namespaces: append([]string{o.Namespace}, o.Tenants...), WebhookBin: bin,
-		c: c, flags: o.WebhookFlags}
+	in := &Install{Namespace: o.Namespace, Namespaces: []string{o.Namespace}, WebhookBin: bin, c: c, wide: o.AsTheRelease}
+	for _, suffix := range o.Also {
+		in.Namespaces = append(in.Namespaces, o.Namespace+"-"+suffix)
+	}
 	for _, ns := range in.Namespaces {
 		in.flags = append(in.flags, "--namespace", ns)
 	}
-	in.flags = append(in.flags, "--leader-election-namespace", o.Namespace)
+	// The test's flags last: a flag given twice takes the last value.
+	in.flags = append(append(in.flags, "--leader-election-namespace", o.Namespace), o.WebhookFlags...)
 	defer func() {
 		if err != nil {
 			in.Stop(context.Background())
@@ -88,8 +111,7 @@ func NewInstall(ctx context.Context, c *cluster.Cluster, bin string, o InstallOp
 	if err := applyChartRoles(ctx, c, o.Namespace, in.Namespaces); err != nil {
 		return nil, err
 	}
-	if err := applyAdmissionPolicyAs(ctx, c.Clientset(), Release.Name+"-claim-leases", in.ClaimLeasePolicyName(),
-		map[string]any{"agentNamespaces": toAny(in.Namespaces)}); err != nil {
+	if err := in.ApplyClaimLeasePolicy(ctx); err != nil {
 		return nil, err
 	}
 	data, err := os.ReadFile(filepath.Join(Root(), "examples", "config.yaml"))
@@ -121,17 +143,85 @@ func (in *Install) name(suffix string) string { return in.Namespace + "-" + suff
 
 // MutatingWebhookName and ValidatingWebhookName are the install's webhook
 // configurations.
-func (in *Install) MutatingWebhookName() string   { return in.name(MutatingWebhookName) }
-func (in *Install) ValidatingWebhookName() string { return in.name(ValidatingWebhookName) }
+func (in *Install) MutatingWebhookName() string   { return in.chartName(MutatingWebhookName) }
+func (in *Install) ValidatingWebhookName() string { return in.chartName(ValidatingWebhookName) }
+
+// chartName is what the chart names name for Release, prefixed by the
+// namespace unless the install is AsTheRelease.
+func (in *Install) chartName(name string) string {
+	if in.wide {
+		return name
+	}
+	return in.name(name)
+}
+
+// ApplyClaimLeasePolicy creates the install's copy of the chart's claim
+// Lease policy, bound to its namespaces as the chart binds it to a
+// release's agent namespaces.
+func (in *Install) ApplyClaimLeasePolicy(ctx context.Context) error {
+	return applyAdmissionPolicyAs(ctx, in.c.Clientset(), Release.Name+"-claim-leases", in.ClaimLeasePolicyName(),
+		map[string]any{"agentNamespaces": toAny(in.Namespaces)}, nil)
+}
+
+// AgentRunsPolicyName names the install's copy of the chart's agent-runs
+// policy (compiledPolicies.enabled) and its binding.
+func (in *Install) AgentRunsPolicyName() string { return in.chartName(AgentRunsPolicy) }
+
+// ApplyAgentRunsPolicy creates the install's copy of the chart's
+// agent-runs policy, bound to its namespaces (unless AsTheRelease).
+func (in *Install) ApplyAgentRunsPolicy(ctx context.Context) error {
+	return applyAdmissionPolicyAs(ctx, in.c.Clientset(), AgentRunsPolicy, in.AgentRunsPolicyName(), CompiledPoliciesValues,
+		func(b *admissionregistrationv1.ValidatingAdmissionPolicyBinding) {
+			if in.wide {
+				return
+			}
+			if b.Spec.MatchResources == nil {
+				b.Spec.MatchResources = &admissionregistrationv1.MatchResources{}
+			}
+			in.narrow(&b.Spec.MatchResources.NamespaceSelector)
+		})
+}
+
+// DeleteAgentRunsPolicy deletes the install's agent-runs policy.
+func (in *Install) DeleteAgentRunsPolicy(ctx context.Context) error {
+	return deleteAdmissionPolicy(ctx, in.c.Clientset(), in.AgentRunsPolicyName())
+}
+
+// narrow limits a namespace selector to the install's namespaces.
+func (in *Install) narrow(sel **metav1.LabelSelector) {
+	if *sel == nil {
+		*sel = &metav1.LabelSelector{}
+	}
+	(*sel).MatchExpressions = append((*sel).MatchExpressions, metav1.LabelSelectorRequirement{
+		Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpIn, Values: in.Namespaces})
+}
+
+// WaitElection waits until a replica of the install holds the claim
+// controller's election Lease in namespace.
+func (in *Install) WaitElection(ctx context.Context, t testing.TB, namespace string) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := in.CS().CoordinationV1().Leases(namespace).Get(ctx, "clipjob-claim-controller", metav1.GetOptions{})
+		return err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "", nil
+	})
+	if err != nil {
+		t.Fatalf("no replica of %s took the election Lease in %s", in.Namespace, namespace)
+	}
+}
 
 // ClaimLeasePolicyName names the install's copy of the chart's claim
 // Lease policy and its binding.
-func (in *Install) ClaimLeasePolicyName() string { return in.name("claim-leases") }
+func (in *Install) ClaimLeasePolicyName() string { return in.chartName(Release.Name + "-claim-leases") }
 
-// StartReplica starts another webhook replica of the install, with the
-// config it was installed with and its flags (plus extra).
+// StartReplica starts another webhook replica of the install with its
+// flags (plus extra) and the config the first replica serves now, as
+// replicas of a Deployment share one ConfigMap.
 func (in *Install) StartReplica(ctx context.Context, name string, extra ...string) (*Webhook, error) {
-	return StartWebhook(ctx, in.c, in.WebhookBin, name, in.configFile, append(append([]string{}, in.flags...), extra...)...)
+	config := in.configFile
+	if in.Webhook != nil {
+		config = in.Webhook.ConfigFile
+	}
+	return StartWebhook(ctx, in.c, in.WebhookBin, name, config, append(append([]string{}, in.flags...), extra...)...)
 }
 
 // RegisterOptions change what Register points the API server at.
@@ -146,6 +236,9 @@ type RegisterOptions struct {
 	MutatingFailure admissionregistrationv1.FailurePolicyType
 	// Values are chart values over the suite's (e.g. compiledPolicies).
 	Values map[string]any
+	// CABundle the API server trusts the webhooks with; default the
+	// cluster's CA, which signed them.
+	CABundle []byte
 }
 
 // Register (re)registers the install's webhook configurations, as the
@@ -161,6 +254,9 @@ func (in *Install) Register(ctx context.Context, o RegisterOptions) error {
 	if o.MutatingAddr == "" {
 		o.MutatingAddr = o.Addr
 	}
+	if o.CABundle == nil {
+		o.CABundle = in.c.CA.CertPEM
+	}
 	if o.MutatingFailure == "" {
 		o.MutatingFailure = admissionregistrationv1.Fail
 	}
@@ -168,22 +264,18 @@ func (in *Install) Register(ctx context.Context, o RegisterOptions) error {
 	for k, v := range o.Values {
 		values[k] = v
 	}
-	narrow := func(sel **metav1.LabelSelector) {
-		if *sel == nil {
-			*sel = &metav1.LabelSelector{}
-		}
-		(*sel).MatchExpressions = append((*sel).MatchExpressions, metav1.LabelSelectorRequirement{
-			Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpIn, Values: in.Namespaces})
-	}
-	err := registerAs(ctx, in.c.Clientset(), registration{mutatingAddr: o.MutatingAddr, addr: o.Addr, caBundle: in.c.CA.CertPEM,
+	err := registerAs(ctx, in.c.Clientset(), registration{mutatingAddr: o.MutatingAddr, addr: o.Addr, caBundle: o.CABundle,
 		mutatingFailure: o.MutatingFailure, values: values,
 		mutatingName: in.MutatingWebhookName(), validatingName: in.ValidatingWebhookName(),
 		edit: func(m *admissionregistrationv1.MutatingWebhookConfiguration, v *admissionregistrationv1.ValidatingWebhookConfiguration) {
+			if in.wide {
+				return
+			}
 			for i := range m.Webhooks {
-				narrow(&m.Webhooks[i].NamespaceSelector)
+				in.narrow(&m.Webhooks[i].NamespaceSelector)
 			}
 			for i := range v.Webhooks {
-				narrow(&v.Webhooks[i].NamespaceSelector)
+				in.narrow(&v.Webhooks[i].NamespaceSelector)
 			}
 		}})
 	if err != nil {
@@ -278,10 +370,14 @@ func (in *Install) Stop(ctx context.Context) {
 			w.Stop()
 		}
 	}
+	if in.relay != nil {
+		in.relay.r.Stop()
+	}
 	ar := in.c.Clientset().AdmissionregistrationV1()
 	_ = ar.MutatingWebhookConfigurations().Delete(ctx, in.MutatingWebhookName(), metav1.DeleteOptions{})
 	_ = ar.ValidatingWebhookConfigurations().Delete(ctx, in.ValidatingWebhookName(), metav1.DeleteOptions{})
 	_ = deleteAdmissionPolicy(ctx, in.c.Clientset(), in.ClaimLeasePolicyName())
+	_ = in.DeleteAgentRunsPolicy(ctx)
 	_ = in.c.Clientset().CoreV1().PersistentVolumes().Delete(ctx, in.name("data"), metav1.DeleteOptions{})
 }
 
@@ -291,4 +387,27 @@ func toAny(ss []string) []any {
 		out[i] = s
 	}
 	return out
+}
+
+// DeleteCompiledPolicies deletes the compiled MutatingAdmissionPolicy of
+// the install's namespace and its binding, whoever wrote them.
+func (in *Install) DeleteCompiledPolicies(ctx context.Context) error {
+	ar := in.c.Clientset().AdmissionregistrationV1()
+	name := compile.PolicyName(in.Namespace)
+	if err := ar.MutatingAdmissionPolicyBindings().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	if err := ar.MutatingAdmissionPolicies().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	return nil
+}
+
+// SharedDir is where the install's relays mirror runs to: the agents'
+// volume, on kwok a directory of the install's own.
+func (in *Install) SharedDir() string {
+	if in.sharedDir != "" {
+		return in.sharedDir
+	}
+	return filepath.Join(in.Dir(), "shared")
 }

@@ -160,22 +160,24 @@ func PaperclipServerRBAC() (*rbacv1.Role, *rbacv1.RoleBinding, error) {
 }
 
 // ApplyPaperclipServerRBAC creates the README's Role and RoleBinding
-// (PaperclipServerRBAC) and the ServiceAccount they bind, and returns that
-// ServiceAccount's namespace and name.
-func ApplyPaperclipServerRBAC(ctx context.Context, cs kubernetes.Interface) (namespace, name string, err error) {
+// (PaperclipServerRBAC) and the ServiceAccount they bind in namespace, as
+// an operator whose Paperclip runs there applies them (the README's
+// example namespace is its own), and returns that ServiceAccount's name.
+func ApplyPaperclipServerRBAC(ctx context.Context, cs kubernetes.Interface, namespace string) (name string, err error) {
 	role, binding, err := PaperclipServerRBAC()
 	if err != nil {
-		return "", "", err
+		return "", err
 	}
+	role.Namespace, binding.Namespace, binding.Subjects[0].Namespace = namespace, namespace, namespace
 	if _, err := cs.RbacV1().Roles(role.Namespace).Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return "", "", err
+		return "", err
 	}
 	if _, err := cs.RbacV1().RoleBindings(binding.Namespace).Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return "", "", err
+		return "", err
 	}
 	sa := binding.Subjects[0]
 	if _, err := cs.CoreV1().ServiceAccounts(sa.Namespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa.Name}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return "", "", err
+		return "", err
 	}
-	return sa.Namespace, sa.Name, nil
+	return sa.Name, nil
 }

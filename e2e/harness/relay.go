@@ -5,8 +5,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/paperclipai/clipjob/e2e/cluster"
+	"github.com/paperclipai/clipjob/relay"
+	"github.com/paperclipai/clipjob/relay/store/postgres"
 )
 
 // Relay is a running clipjob-relay.
@@ -18,6 +23,8 @@ type Relay struct {
 	DataDir string
 	// MetricsAddr serves /metrics.
 	MetricsAddr string
+	// CA signed its serving certificate; Get trusts it.
+	CA *cluster.CA
 }
 
 // Counter sums the samples of a Prometheus counter whose line starts with
@@ -38,7 +45,7 @@ func StartRelay(ctx context.Context, c *cluster.Cluster, bin, name, namespace st
 		return nil, err
 	}
 	r := &Relay{APIAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]), DataDir: filepath.Join(dir, "data"),
-		MetricsAddr: fmt.Sprintf("127.0.0.1:%d", ports[2])}
+		MetricsAddr: fmt.Sprintf("127.0.0.1:%d", ports[2]), CA: c.CA}
 	kp, err := c.CA.Serving("clipjob-relay", "127.0.0.1", "localhost")
 	if err != nil {
 		return nil, err
@@ -60,4 +67,67 @@ func StartRelay(ctx context.Context, c *cluster.Cluster, bin, name, namespace st
 		return nil, err
 	}
 	return r, nil
+}
+
+// installRelay is an install's relay and the tokens to read it with.
+type installRelay struct {
+	r                *Relay
+	reader, stranger string
+}
+
+// Relay is the install's relay, started on first use for its namespace
+// with its mirror in SharedDir and stopped with the install, and the
+// tokens for the relay's audience of a ServiceAccount allowed to read pod
+// logs in its namespace (as the Paperclip server is) and of one that is
+// not.
+func (in *Install) Relay(t testing.TB) (r *Relay, reader, stranger string) {
+	t.Helper()
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.relay == nil {
+		ir, err := in.startRelay()
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.relay = ir
+	}
+	return in.relay.r, in.relay.reader, in.relay.stranger
+}
+
+func (in *Install) startRelay() (*installRelay, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	bin, err := BuildOnce(in.c.Dir, "clipjob-relay")
+	if err != nil {
+		return nil, err
+	}
+	r, err := StartRelay(ctx, in.c, bin, in.name("relay"), in.Namespace, "--mirror-dir", in.SharedDir())
+	if err != nil {
+		return nil, err
+	}
+	ir := &installRelay{r: r}
+	if ir.reader, err = ServiceAccountToken(ctx, in.c, in.Namespace, "paperclip-server", LogReaderRules, relay.DefaultTokenAudience); err != nil {
+		r.Stop()
+		return nil, err
+	}
+	if ir.stranger, err = ServiceAccountToken(ctx, in.c, in.Namespace, "stranger", nil, relay.DefaultTokenAudience); err != nil {
+		r.Stop()
+		return nil, err
+	}
+	return ir, nil
+}
+
+// ReadRendezvousKey reads the key the relays of schema on the PostgreSQL
+// at conn divide runs with.
+func ReadRendezvousKey(ctx context.Context, conn, schema string) ([]byte, error) {
+	db, err := pgx.Connect(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close(context.WithoutCancel(ctx))
+	key, err := postgres.ReadRendezvousKey(ctx, db, schema)
+	if err != nil {
+		return nil, fmt.Errorf("the relays' shared key in schema %s: %w", schema, err)
+	}
+	return key, nil
 }

@@ -143,6 +143,16 @@ func (in *Install) WaitJobEnded(ctx context.Context, t testing.TB, name string, 
 	return job
 }
 
+// JobFailed reports whether a Job has failed.
+func JobFailed(j *batchv1.Job) bool {
+	for _, c := range j.Status.Conditions {
+		if c.Type == batchv1.JobFailed && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}
+
 // Suspended reports whether a Job waits in the queue.
 func Suspended(j *batchv1.Job) bool { return j.Spec.Suspend != nil && *j.Spec.Suspend }
 

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/paperclipai/clipjob/contract"
@@ -29,27 +28,17 @@ func TestAnInstallActsOnlyOnItsOwnNamespaces(t *testing.T) {
 	}
 	mine, theirs := stuck(strict), stuck(patient)
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		return failed(strict.Job(ctx, t, mine.Name)), nil
+		return harness.JobFailed(strict.Job(ctx, t, mine.Name)), nil
 	})
 	if err != nil {
 		t.Fatalf("the strict install did not end its own stuck run: %v", err)
 	}
 	// The other run was there all along (created before the first ended).
 	other := patient.Job(ctx, t, theirs.Name)
-	if failed(other) || other.Annotations[contract.AnnotationStartTimeout] != "" {
+	if harness.JobFailed(other) || other.Annotations[contract.AnnotationStartTimeout] != "" {
 		t.Errorf("the strict install ended another install's run: conditions %+v, annotations %v", other.Status.Conditions, other.Annotations)
 	}
 	if other.CreationTimestamp.After(time.Now().Add(-3 * time.Second)) {
 		t.Fatalf("the other run is younger than the timeout (%s): the test proves nothing", other.CreationTimestamp)
 	}
-}
-
-// failed reports whether a Job has failed.
-func failed(j *batchv1.Job) bool {
-	for _, c := range j.Status.Conditions {
-		if c.Type == batchv1.JobFailed && c.Status == corev1.ConditionTrue {
-			return true
-		}
-	}
-	return false
 }

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/paperclipai/clipjob/e2e/cluster"
@@ -22,6 +25,7 @@ var suite struct {
 	cluster    *cluster.Cluster
 	cs         kubernetes.Interface
 	webhookBin string
+	relayBin   string
 }
 
 func TestMain(m *testing.M) {
@@ -29,6 +33,8 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) (code int) {
+	// The harness's controller-runtime clients log nothing worth reading.
+	ctrllog.SetLogger(logr.Discard())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	fmt.Fprintln(os.Stderr, "integration: starting a local control plane with kwok (the first run builds Kubernetes from the Go module proxy: several minutes)")
@@ -49,9 +55,11 @@ func run(m *testing.M) (code int) {
 		fmt.Fprintln(os.Stderr, "integration: the chart's RBAC:", err)
 		return 1
 	}
-	if suite.webhookBin, err = harness.Build(c.Dir, "clipjob-webhook"); err != nil {
-		fmt.Fprintln(os.Stderr, "integration:", err)
-		return 1
+	for bin, cmd := range map[*string]string{&suite.webhookBin: "clipjob-webhook", &suite.relayBin: "clipjob-relay"} {
+		if *bin, err = harness.BuildOnce(c.Dir, cmd); err != nil {
+			fmt.Fprintln(os.Stderr, "integration:", err)
+			return 1
+		}
 	}
 	code = m.Run()
 	if code != 0 {

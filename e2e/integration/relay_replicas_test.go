@@ -1,0 +1,765 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/e2e/cluster"
+	"github.com/paperclipai/clipjob/e2e/harness"
+	"github.com/paperclipai/clipjob/relay"
+	"github.com/paperclipai/clipjob/relay/replicas"
+	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
+)
+
+// relayReplicas are three relay processes sharing one PostgreSQL store,
+// with the rights the chart gives relays on PostgreSQL, and the NDJSON
+// mirror on a volume of their own. r2 reaches the server through a proxy
+// the test can cut. Each test has its own, stopped when it ends, so no
+// relay of one test follows the pods of the tests after it.
+type relayReplicas struct {
+	// in is the install whose namespace the replicas collect.
+	in     *harness.Install
+	pg     *pgtest.Server
+	proxy  *socketProxy
+	relays []*harness.Relay
+	ids    []string
+	// group names the replicas' Leases; mirror is their shared volume.
+	group, mirror string
+	token         string
+	// extra are the flags every replica gets besides the store's.
+	extra []string
+	// secret keys the division of runs (replicas.Pick), read from the
+	// store once the replicas started.
+	secret []byte
+}
+
+// replicasSetup is what the tests' replicas share: the binary and the
+// chart's Lease RBAC.
+var replicasSetup struct {
+	sync.Once
+	bin  string
+	err  error
+	sets atomic.Int64
+}
+
+const replicasSchema = "e2e_replicas"
+
+// readyReplicas starts the test's replicas and returns them once all
+// three collect, with the test's context.
+func readyReplicas(in *harness.Install, t *testing.T) (context.Context, *relayReplicas) {
+	t.Helper()
+	return readyReplicasWith(in, t)
+}
+
+// readyReplicasWith is readyReplicas with extra flags for every replica.
+func readyReplicasWith(in *harness.Install, t *testing.T, extra ...string) (context.Context, *relayReplicas) {
+	t.Helper()
+	ctx := replicasContext(t)
+	group := fmt.Sprintf("e2e-replicas-%d", replicasSetup.sets.Add(1))
+	return ctx, startRelayReplicas(in, ctx, t, group, extra...)
+}
+
+// replicasContext is a replica test's context, once what the replica
+// tests share is set up.
+func replicasContext(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	t.Cleanup(cancel)
+	replicasSetup.Do(func() {
+		replicasSetup.bin = suite.relayBin
+		if replicasSetup.err = applyRelayLeaseRBAC(ctx); replicasSetup.err != nil {
+			return
+		}
+	})
+	if replicasSetup.err != nil {
+		t.Fatal(replicasSetup.err)
+	}
+	return ctx
+}
+
+// startRelayReplicas starts three relay replicas of group on a PostgreSQL of their
+// own and returns them once all three collect.
+func startRelayReplicas(in *harness.Install, ctx context.Context, t *testing.T, group string, extra ...string) *relayReplicas {
+	t.Helper()
+	pg, err := pgtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	token, err := harness.ServiceAccountToken(ctx, suite.cluster, in.Namespace, "paperclip-server", harness.LogReaderRules, relay.DefaultTokenAudience)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := &relayReplicas{in: in, pg: pg, ids: []string{"r0", "r1", "r2"}, group: group, token: token,
+		mirror: filepath.Join(suite.cluster.Dir, group+"-mirror"), extra: extra}
+	t.Cleanup(func() {
+		for _, r := range rs.relays {
+			_ = syscall.Kill(r.PID(), syscall.SIGCONT) // a test may have frozen it
+			r.Stop()
+		}
+		if rs.proxy != nil {
+			rs.proxy.close()
+		}
+		_ = pg.Stop()
+	})
+	if rs.proxy, err = newSocketProxy(pg.ConnString("postgres")); err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range rs.ids {
+		r, err := rs.start(ctx, id, group, rs.conn(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs.relays = append(rs.relays, r)
+	}
+	rs.waitMembers(ctx, t, 0, 1, 2)
+	schema := replicasSchema
+	if i := slices.Index(extra, "--postgres-schema"); i >= 0 && i+1 < len(extra) {
+		schema = extra[i+1]
+	}
+	if rs.secret, err = harness.ReadRendezvousKey(ctx, pg.ConnString("postgres"), schema); err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+// conn is the connection string of replica i: the third reaches the
+// store through the proxy a test may cut.
+func (rs *relayReplicas) conn(i int) string {
+	if i == 2 {
+		return rs.proxy.ConnString("postgres")
+	}
+	return rs.pg.ConnString("postgres")
+}
+
+// start runs one relay on the store, as replica id of group.
+func (rs *relayReplicas) start(ctx context.Context, id, group, conn string) (*harness.Relay, error) {
+	url := filepath.Join(suite.cluster.Dir, "relay-"+group+"-"+id+".pgurl")
+	if err := os.WriteFile(url, []byte(conn), 0o600); err != nil {
+		return nil, err
+	}
+	return harness.StartRelay(ctx, suite.cluster, replicasSetup.bin, "relay-"+group+"-"+id, rs.in.Namespace, append([]string{"--store", "postgres",
+		"--postgres-url-file", url, "--postgres-schema", replicasSchema, "--lease-namespace", harness.Release.Namespace,
+		"--lease-group", group, "--replica-id", id, "--mirror-dir", rs.mirror}, rs.extra...)...)
+}
+
+// applyRelayLeaseRBAC creates the Role and RoleBinding the chart gives
+// relays on PostgreSQL (rendered from the chart, so the relays hold what
+// an install grants them); harness.StartRelay applies the rest. It deletes
+// the chart's relay Lease policy should an install have left it
+// (TestChartRelayOnPostgresOnTheRealNode's keeps admission policies): the
+// suite's replicas run as the chart's relay ServiceAccount but in groups
+// of their own, one per test, and that policy holds the account to the
+// chart's group (TestRelayLeasePolicyConfinesTheRelayToItsGroup). A relay
+// refused until the API server drops it renews again 2 s later.
+func applyRelayLeaseRBAC(ctx context.Context) error {
+	r, err := renderRelayOnPostgres()
+	if err != nil {
+		return err
+	}
+	var role rbacv1.Role
+	var rb rbacv1.RoleBinding
+	if err := r.Into("Role", harness.Release.Name+"-relay-leases", &role); err != nil {
+		return err
+	}
+	if err := r.Into("RoleBinding", harness.Release.Name+"-relay-leases", &rb); err != nil {
+		return err
+	}
+	if _, err := suite.cs.RbacV1().Roles(role.Namespace).Create(ctx, &role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	if _, err := suite.cs.RbacV1().RoleBindings(rb.Namespace).Create(ctx, &rb, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	return deleteRelayLeasePolicy(ctx)
+}
+
+// owner is the replica that collects run while all of ids are live.
+func (rs *relayReplicas) owner(run string, ids ...string) int {
+	if len(ids) == 0 {
+		ids = rs.ids
+	}
+	id := replicas.Pick(rs.secret, ids, run)
+	for i := range rs.ids {
+		if rs.ids[i] == id {
+			return i
+		}
+	}
+	return -1
+}
+
+// waitMembers waits until every replica named collects and sees exactly
+// those replicas live.
+func (rs *relayReplicas) waitMembers(ctx context.Context, t *testing.T, live ...int) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		for _, i := range live {
+			n, err := rs.relays[i].Counter("clipjob_relay_replicas ")
+			c, err2 := rs.relays[i].Counter("clipjob_relay_replica_collecting ")
+			if err != nil || err2 != nil || int(n) != len(live) || c != 1 {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("replicas %v do not all collect, each seeing %d live: %v", live, len(live), err)
+	}
+}
+
+// flood is agent runs whose logs are written to as fast as a busy agent
+// writes, three lines per timestamp, until stopped.
+type flood struct {
+	in   *harness.Install
+	runs []string
+	jobs []string
+	mu   sync.Mutex
+	want map[string][]string
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// startFlood starts n runs and writes to each until stopped.
+func startFlood(in *harness.Install, ctx context.Context, t *testing.T, name string, n int) *flood {
+	t.Helper()
+	f := &flood{in: in, want: map[string][]string{}, stop: make(chan struct{})}
+	logs := make([]*cluster.PodLog, n)
+	for i := range n {
+		pod, log := agentRun(in, ctx, t, fmt.Sprintf("%s-%d", name, i))
+		f.runs = append(f.runs, pod.Labels[contract.LabelRunID])
+		f.jobs = append(f.jobs, pod.Labels["batch.kubernetes.io/job-name"])
+		logs[i] = log
+	}
+	for i, run := range f.runs {
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			for n := 0; ; n += 3 {
+				select {
+				case <-f.stop:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+				ts := time.Now()
+				lines := []string{fmt.Sprintf(`{"type":"assistant","run":%q,"n":%d}`, run, n),
+					fmt.Sprintf(`{"type":"assistant","run":%q,"n":%d}`, run, n+1), fmt.Sprintf(`{"type":"assistant","run":%q,"n":%d}`, run, n+2)}
+				if err := logs[i].WriteAt(ts, lines...); err != nil {
+					t.Error(err)
+					return
+				}
+				f.mu.Lock()
+				f.want[run] = append(f.want[run], lines...)
+				f.mu.Unlock()
+			}
+		}()
+	}
+	return f
+}
+
+// written is how many lines of run were written so far.
+func (f *flood) written(run string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.want[run])
+}
+
+// end stops writing, finishes every run and waits until the relay r says
+// each is done, then checks each run's log, read through every relay of
+// rs, is every line written, once, in order.
+func (f *flood) end(ctx context.Context, t *testing.T, rs *relayReplicas) {
+	t.Helper()
+	close(f.stop)
+	f.wg.Wait()
+	for _, job := range f.jobs {
+		f.in.FinishRun(ctx, t, job, "0")
+	}
+	total := 0
+	for _, run := range f.runs {
+		rs.relays[0].WaitRun(ctx, t, rs.token, run, func(x *store.Run) bool { return x.Done })
+		for _, r := range rs.relays {
+			harness.ExactlyOnce(t, r.Lines(t, rs.token, run), f.want[run])
+		}
+		// The mirror's done marker is written last: then the file is whole.
+		file := filepath.Join(rs.mirror, "run-logs", "acme", "agent-"+run, run+".pod.ndjson")
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+			_, err := os.Stat(file + ".done")
+			return err == nil, nil
+		})
+		if err != nil {
+			t.Fatalf("run %s: no done marker beside its mirror file: %v", run, err)
+		}
+		mirror, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		harness.ExactlyOnce(t, strings.Split(strings.TrimSuffix(string(mirror), "\n"), "\n"), f.want[run])
+		total += len(f.want[run])
+	}
+	t.Logf("%d lines of %d runs, read through each of %d replicas and in their mirror files: 0 lost, 0 stored twice", total, len(f.runs), len(rs.relays))
+}
+
+// stored is how many lines of run the store holds, asked through r.
+func stored(t *testing.T, r *harness.Relay, token, run string) int {
+	x, _ := r.Run(t, token, run)
+	if x == nil {
+		return 0
+	}
+	return int(x.LastSeq)
+}
+
+// waitStoredAtLeast waits until the store holds n lines of run.
+func waitStoredAtLeast(ctx context.Context, t *testing.T, r *harness.Relay, token, run string, n int, why string) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		return stored(t, r, token, run) >= n, nil
+	})
+	if err != nil {
+		t.Fatalf("run %s: %d lines stored, not %d, %s: %v", run, stored(t, r, token, run), n, why, err)
+	}
+}
+
+// waitEach waits until the store holds at least n(run) lines of each run.
+func waitEach(ctx context.Context, t *testing.T, r *harness.Relay, token string, runs []string, n func(run string) int, why string) {
+	t.Helper()
+	for _, run := range runs {
+		waitStoredAtLeast(ctx, t, r, token, run, n(run), why)
+	}
+}
+
+// atLeast is n lines of any run.
+func atLeast(n int) func(string) int { return func(string) int { return n } }
+
+// beyond is n lines more than written to the run so far.
+func (f *flood) beyond(n int) func(string) int {
+	return func(run string) int { return f.written(run) + n }
+}
+
+// TestRelayReplicasSurviveAKilledReplica: three relays share a PostgreSQL
+// store while six runs write a flood. The replica collecting one of them
+// is SIGKILLed: the others take its runs over once its Lease lapses and
+// resume them from the stored cursors; when it comes back it gets its
+// share back. Every run's log, read through each replica, is every line
+// once, in order; and an SSE client following the killed replica's run
+// through that replica reconnects to another with Last-Event-ID and, from
+// the two responses together, has every line once and the end.
+func TestRelayReplicasSurviveAKilledReplica(t *testing.T) {
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	f := startFlood(in, ctx, t, "e2e-replicas-kill", 6)
+	victim := rs.owner(f.runs[0])
+	survivor := rs.relays[(victim+1)%3]
+	var theirs []string
+	for _, run := range f.runs {
+		if rs.owner(run) == victim {
+			theirs = append(theirs, run)
+		}
+	}
+	t.Logf("replica %s collects %v", rs.ids[victim], theirs)
+
+	// The SSE client starts on the victim once it serves the run.
+	waitStoredAtLeast(ctx, t, rs.relays[victim], rs.token, f.runs[0], 1, "before the client follows it")
+	sse := followSSE(ctx, rs, f.runs[0], victim, (victim+2)%3, nil)
+	waitEach(ctx, t, survivor, rs.token, f.runs, atLeast(100), "before the kill")
+	rs.relays[victim].Kill()
+	killed := time.Now()
+	at := map[string]int{}
+	for _, run := range theirs {
+		at[run] = f.written(run)
+	}
+	var takeover time.Duration
+	for _, run := range theirs {
+		waitStoredAtLeast(ctx, t, survivor, rs.token, run, at[run], "after its replica was killed")
+		takeover = max(takeover, time.Since(killed))
+	}
+	t.Logf("killed replica's runs taken over: every line written before the kill stored %s after it (lease %s)", takeover.Round(100*time.Millisecond), relay.DefaultOptions().Replicas.LeaseDuration)
+
+	if err := rs.relays[victim].Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rs.waitMembers(ctx, t, 0, 1, 2)
+	waitEach(ctx, t, rs.relays[victim], rs.token, theirs, f.beyond(60), "after its replica came back")
+	f.end(ctx, t, rs)
+	harness.ExactlyOnce(t, sse.wait(t), f.want[f.runs[0]])
+	if sse.reconnects == 0 {
+		t.Error("the SSE client never reconnected: it was following the killed replica")
+	}
+}
+
+// TestRelayReplicaStoppedHandsOverAtOnce: a replica stopped with SIGTERM
+// (a rollout, a scale-down) flushes, deletes its Lease, and the others
+// take its runs over at their next reading of the Leases, not after the
+// Lease's duration.
+func TestRelayReplicaStoppedHandsOverAtOnce(t *testing.T) {
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	f := startFlood(in, ctx, t, "e2e-replicas-term", 3)
+	leaving := rs.owner(f.runs[0])
+	survivor := rs.relays[(leaving+1)%3]
+	waitEach(ctx, t, survivor, rs.token, f.runs, atLeast(100), "before the stop")
+	rs.relays[leaving].Stop()
+	stopped := time.Now()
+	written := f.written(f.runs[0])
+	lease := replicas.LeaseName(rs.group, rs.ids[leaving])
+	if _, err := suite.cs.CoordinationV1().Leases(harness.Release.Namespace).Get(ctx, lease, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the stopped replica's Lease %s is still there (%v): the others wait for it to lapse", lease, err)
+	}
+	waitStoredAtLeast(ctx, t, survivor, rs.token, f.runs[0], written+60, "after its replica stopped")
+	t.Logf("a stopped replica's run stored on %s after the stop (renewal %s, lease %s)", time.Since(stopped).Round(100*time.Millisecond),
+		relay.DefaultOptions().Replicas.RenewInterval, relay.DefaultOptions().Replicas.LeaseDuration)
+	if err := rs.relays[leaving].Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rs.waitMembers(ctx, t, 0, 1, 2)
+	f.end(ctx, t, rs)
+}
+
+// TestRelayReplicasServeAnotherReplicasLinesLive: a client follows a run
+// over SSE through a replica that does not collect it; each line reaches
+// it as the collecting replica commits it (LISTEN/NOTIFY), well within the
+// 15 s at which a follower re-reads the store without being told.
+func TestRelayReplicasServeAnotherReplicasLinesLive(t *testing.T) {
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	pod, log := agentRun(in, ctx, t, "e2e-replicas-live")
+	run := pod.Labels[contract.LabelRunID]
+	reader := (rs.owner(run) + 1) % 3
+	rs.relays[reader].WaitRun(ctx, t, rs.token, run, func(*store.Run) bool { return true })
+	const n = 40
+	var mu sync.Mutex
+	written, latency := map[string]time.Time{}, []time.Duration{}
+	sse := followSSE(ctx, rs, run, reader, reader, func(line string) {
+		mu.Lock()
+		defer mu.Unlock()
+		latency = append(latency, time.Since(written[line]))
+	})
+	var want []string
+	for i := range n {
+		l := fmt.Sprintf(`{"type":"assistant","n":%d}`, i)
+		mu.Lock()
+		written[l] = time.Now()
+		mu.Unlock()
+		if err := log.Write(l); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, l)
+		time.Sleep(100 * time.Millisecond) // an agent's pace, not a wait for the relay
+	}
+	in.FinishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
+	harness.ExactlyOnce(t, sse.wait(t), want)
+	mu.Lock()
+	defer mu.Unlock()
+	slices.Sort(latency)
+	t.Logf("line written to SSE client through a replica that does not collect the run: p50 %s, p99 %s, max %s",
+		latency[len(latency)/2].Round(time.Millisecond), latency[len(latency)*99/100].Round(time.Millisecond), latency[len(latency)-1].Round(time.Millisecond))
+	if worst := latency[len(latency)-1]; worst >= 10*time.Second {
+		t.Errorf("a line took %s to reach the client through another replica: it was not told of the commit", worst)
+	}
+}
+
+// TestRelayReplicasSurviveAPostgresRestart: PostgreSQL crashes and comes
+// back while three replicas store a flood; every line is stored once, and
+// every replica is ready and collecting again.
+func TestRelayReplicasSurviveAPostgresRestart(t *testing.T) {
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	f := startFlood(in, ctx, t, "e2e-replicas-pg", 3)
+	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, atLeast(100), "before the restart")
+	if err := rs.pg.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(60), "after PostgreSQL restarted")
+	rs.waitMembers(ctx, t, 0, 1, 2)
+	f.end(ctx, t, rs)
+}
+
+// TestRelayReplicaCutOffFromPostgres: one replica loses PostgreSQL but not
+// the API server. It says so in readiness, stops collecting and leaves its
+// runs to the others, which store them on; reconnected, it is ready and
+// collects its share again. No line is lost or stored twice.
+func TestRelayReplicaCutOffFromPostgres(t *testing.T) {
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	f := startFlood(in, ctx, t, "e2e-replicas-cut", 6)
+	var theirs []string
+	for _, run := range f.runs {
+		if rs.owner(run) == 2 {
+			theirs = append(theirs, run)
+		}
+	}
+	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, atLeast(60), "before the cut")
+	rs.proxy.cut()
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		code, body := readyz(rs.relays[2])
+		return code != http.StatusOK && strings.Contains(body, "[-]store") && strings.Contains(body, "[-]collecting"), nil
+	})
+	if err != nil {
+		code, body := readyz(rs.relays[2])
+		t.Fatalf("the replica cut off from PostgreSQL does not say so in readiness: %d %s", code, body)
+	}
+	rs.waitMembers(ctx, t, 0, 1)
+	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(60), "while replica r2 was cut off")
+	t.Logf("runs of the cut-off replica %v stored on by the others", theirs)
+	rs.proxy.restore()
+	rs.waitMembers(ctx, t, 0, 1, 2)
+	if code, body := readyz(rs.relays[2]); code != http.StatusOK {
+		t.Errorf("reconnected, the replica is not ready: %d %s", code, body)
+	}
+	f.end(ctx, t, rs)
+}
+
+// TestRelayReplicasThatBothOwnAStream: a fourth relay, of another group on
+// the same store, believes it owns every run, as the three do between
+// them: two writers follow each stream at once. The store refuses each
+// commit not made from the stored cursor, so every line is stored once.
+func TestRelayReplicasThatBothOwnAStream(t *testing.T) {
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	refusedBefore := 0
+	for _, r := range rs.relays {
+		refusedBefore += refusals(t, r)
+	}
+	rogue, err := rs.start(ctx, "rogue", rs.group+"-rogue", rs.pg.ConnString("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rogue.Stop()
+	f := startFlood(in, ctx, t, "e2e-replicas-both", 3)
+	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(300), "with two owners")
+	f.end(ctx, t, rs)
+	// Both owners followed: each stored lines or had its commits refused,
+	// and whichever came second to a cursor was refused.
+	rogueStored, err := rogue.Counter("clipjob_relay_lines_stored_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := -refusedBefore
+	for _, r := range rs.relays {
+		refused += refusals(t, r)
+	}
+	t.Logf("the fourth relay stored %.0f lines and had %d commits refused; the three had %d refused", rogueStored, refusals(t, rogue), refused)
+	if rogueStored == 0 && refusals(t, rogue) == 0 {
+		t.Error("the fourth relay neither stored nor was refused a line: it did not follow the streams")
+	}
+	if refused+refusals(t, rogue) == 0 {
+		t.Error("no commit was refused: two owners of a stream cannot both commit from the cursor they read")
+	}
+}
+
+// refusals is how many commits r's store refused because another writer
+// had moved the stream's cursor (its debug log says so).
+func refusals(t *testing.T, r *harness.Relay) int {
+	t.Helper()
+	log, err := os.ReadFile(r.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(log), "another writer stored lines")
+}
+
+// readyz is r's readiness, verbose.
+func readyz(r *harness.Relay) (int, string) {
+	resp, err := http.Get("http://" + r.ProbeAddr + "/readyz?verbose")
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// sseClient follows a run's log over SSE, reconnecting to the next relay
+// with Last-Event-ID when a response breaks.
+type sseClient struct {
+	lines      []string
+	reconnects int
+	done       chan error
+	// got, when set, is called with each line as it arrives.
+	got func(line string)
+}
+
+func followSSE(ctx context.Context, rs *relayReplicas, run string, first, then int, got func(string)) *sseClient {
+	c := &sseClient{done: make(chan error, 1), got: got}
+	go func() {
+		last, relayIdx := "", first
+		for {
+			ended, err := c.read(ctx, rs.relays[relayIdx], rs.token, run, &last)
+			if ended {
+				c.done <- nil
+				return
+			}
+			if ctx.Err() != nil {
+				c.done <- fmt.Errorf("SSE: %v (last error %v)", ctx.Err(), err)
+				return
+			}
+			c.reconnects++
+			relayIdx = then
+			time.Sleep(100 * time.Millisecond) // a browser's EventSource waits too
+		}
+	}()
+	return c
+}
+
+// read is one SSE response: it appends the lines and records the last id,
+// and says whether the end event came.
+func (c *sseClient) read(ctx context.Context, r *harness.Relay, token, run string, last *string) (bool, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+r.APIAddr+"/v1/runs/"+run+"/log", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Accept", "text/event-stream")
+	if *last != "" {
+		req.Header.Set("Last-Event-ID", *last)
+	}
+	resp, err := suite.cluster.CA.HTTPClient().Do(req)
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false, fmt.Errorf("SSE: %s", resp.Status)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	var id, event, data string
+	for sc.Scan() {
+		switch l := sc.Text(); {
+		case l == "":
+			switch event {
+			case "line":
+				var line store.Line
+				if err := json.Unmarshal([]byte(data), &line); err != nil {
+					return false, err
+				}
+				c.lines, *last = append(c.lines, line.Line), id
+				if c.got != nil {
+					c.got(line.Line)
+				}
+			case "end":
+				return true, nil
+			}
+			id, event, data = "", "", ""
+		case strings.HasPrefix(l, "id: "):
+			id = strings.TrimPrefix(l, "id: ")
+		case strings.HasPrefix(l, "event: "):
+			event = strings.TrimPrefix(l, "event: ")
+		case strings.HasPrefix(l, "data: "):
+			data = strings.TrimPrefix(l, "data: ")
+		}
+	}
+	return false, sc.Err()
+}
+
+// wait returns every line the client received once it saw the end.
+func (c *sseClient) wait(t *testing.T) []string {
+	t.Helper()
+	select {
+	case err := <-c.done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Minute):
+		t.Fatal("the SSE client saw no end within five minutes of the run's end")
+	}
+	return c.lines
+}
+
+// socketProxy forwards connections to a PostgreSQL server's unix socket
+// from one of its own, and can cut them: a replica reaching the server
+// through it loses PostgreSQL, not the API server.
+type socketProxy struct {
+	dir, target string
+	mu          sync.Mutex
+	ln          net.Listener
+	conns       map[net.Conn]bool
+}
+
+// newSocketProxy proxies the server connString reaches (a unix socket
+// directory in host=, the port in port=).
+func newSocketProxy(connString string) (*socketProxy, error) {
+	kv := map[string]string{}
+	for _, f := range strings.Fields(connString) {
+		k, v, _ := strings.Cut(f, "=")
+		kv[k] = v
+	}
+	dir, err := os.MkdirTemp("", "pgproxy-")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, err
+	}
+	p := &socketProxy{dir: dir, target: filepath.Join(kv["host"], ".s.PGSQL."+kv["port"]), conns: map[net.Conn]bool{}}
+	return p, p.restore()
+}
+
+// ConnString reaches database db through the proxy.
+func (p *socketProxy) ConnString(db string) string {
+	return fmt.Sprintf("host=%s port=5432 user=clipjob dbname=%s sslmode=disable", p.dir, db)
+}
+
+// restore listens again.
+func (p *socketProxy) restore() error {
+	ln, err := net.Listen("unix", filepath.Join(p.dir, ".s.PGSQL.5432"))
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("unix", p.target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns[c], p.conns[s] = true, true
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(s, c); s.Close(); c.Close() }()
+			go func() { _, _ = io.Copy(c, s); s.Close(); c.Close() }()
+		}
+	}()
+	return nil
+}
+
+// close cuts the proxy and removes its socket's directory.
+func (p *socketProxy) close() {
+	p.cut()
+	os.RemoveAll(p.dir)
+}
+
+// cut closes the listener (its socket goes: new connections are refused)
+// and every connection through it.
+func (p *socketProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ln.Close()
+	for c := range p.conns {
+		c.Close()
+	}
+	p.conns = map[net.Conn]bool{}
+}

@@ -1,0 +1,616 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/e2e/cluster"
+	"github.com/paperclipai/clipjob/e2e/harness"
+	"github.com/paperclipai/clipjob/relay"
+	"github.com/paperclipai/clipjob/relay/replicas"
+	"github.com/paperclipai/clipjob/relay/store"
+)
+
+// The defects the hostile review found in the relay's replicas, fixed
+// with unit tests; here each is attacked again on the real API server,
+// with relay processes on PostgreSQL, the way a client, an agent or an
+// operator would.
+
+// TestHostileRelayGhostLeaseWithAHugeDurationLapses: a Lease for a replica
+// that does not exist, with the longest duration the API server accepts
+// (2^31-1 s, some 68 years), renewed once. Every replica counts it for at
+// most its own --lease-duration: the ghost is live, then not, and the run
+// the hash gives it is collected.
+func TestHostileRelayGhostLeaseWithAHugeDurationLapses(t *testing.T) {
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	leases := suite.cs.CoordinationV1().Leases(harness.Release.Namespace)
+	ghost, forever := "forever", int32(1<<31-1)
+	now := metav1.NewMicroTime(time.Now())
+	l := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: replicas.LeaseName(rs.group, ghost), Labels: map[string]string{replicas.LabelGroup: rs.group}},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &ghost, LeaseDurationSeconds: &forever, AcquireTime: &now, RenewTime: &now},
+	}
+	// Signed with the group's secret: a replica of the group, started
+	// with a huge --lease-duration, that then died.
+	replicas.SignLease(rs.secret, l)
+	l, err := leases.Create(ctx, l, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = leases.Delete(context.Background(), l.Name, metav1.DeleteOptions{}) })
+	// Renewed once, as a replica that then died would have.
+	renewed := metav1.NewMicroTime(time.Now())
+	l.Spec.RenewTime = &renewed
+	replicas.SignLease(rs.secret, l)
+	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range rs.relays {
+		rs.waitLiveSeen(ctx, t, i, 4)
+	}
+	run := runOwnedBy(rs.secret, "e2e-hostile-forever", ghost, append(slices.Clone(rs.ids), ghost))
+	pod, log := agentRun(in, ctx, t, run)
+	if err := log.Write(`{"type":"assistant","n":1}`, `{"type":"assistant","n":2}`, `{"type":"assistant","n":3}`); err != nil {
+		t.Fatal(err)
+	}
+	// Not 68 years: the replicas' own duration, read at their next rounds.
+	// waitMembers fails if the ghost is still live after three minutes;
+	// how soon it lapsed is logged, not asserted (a busy machine delays
+	// the rounds).
+	rs.waitMembers(ctx, t, 0, 1, 2)
+	t.Logf("the ghost's Lease of %d s lapsed %s after its renewal (the replicas' --lease-duration %s)",
+		forever, time.Since(renewed.Time).Round(100*time.Millisecond), relay.DefaultOptions().Replicas.LeaseDuration)
+	waitStoredAtLeast(ctx, t, rs.relays[0], rs.token, run, 3, "after the ghost's Lease lapsed")
+	in.FinishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
+	rs.relays[1].WaitRun(ctx, t, rs.token, run, func(r *store.Run) bool { return r.Done })
+	harness.ExactlyOnce(t, rs.relays[2].Lines(t, rs.token, run), []string{`{"type":"assistant","n":1}`, `{"type":"assistant","n":2}`, `{"type":"assistant","n":3}`})
+}
+
+// relayGetWith is a GET of path on r with the reader's token and headers.
+func relayGetWith(t *testing.T, r *harness.Relay, token, path string, header map[string]string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, "https://"+r.APIAddr+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := suite.cluster.CA.HTTPClient().Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestHostileRelayHugeCursorIsPastTheEnd: a client asks for the lines
+// after a cursor at or above 2^63, where PostgreSQL's bigint ends (and
+// bbolt's after+1 wraps): no line is after it, in plain text, NDJSON or
+// SSE (?after= or Last-Event-ID), on every replica; a cursor no uint64
+// holds is a 400. Never the whole log.
+func TestHostileRelayHugeCursorIsPastTheEnd(t *testing.T) {
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	pod, log := agentRun(in, ctx, t, "e2e-hostile-cursor")
+	run := pod.Labels[contract.LabelRunID]
+	want := []string{`{"type":"assistant","n":1}`, `{"type":"assistant","n":2}`, `{"type":"assistant","n":3}`}
+	if err := log.Write(want...); err != nil {
+		t.Fatal(err)
+	}
+	waitStoredAtLeast(ctx, t, rs.relays[0], rs.token, run, len(want), "before the cursors")
+	path := "/v1/runs/" + run + "/log"
+	ndjson := map[string]string{"Accept": "application/x-ndjson"}
+	sse := map[string]string{"Accept": "text/event-stream"}
+	// The cursors that work, so that an empty answer below means something.
+	if code, body := relayGetWith(t, rs.relays[1], rs.token, path+"?after=2", nil); code != http.StatusOK || body != want[2]+"\n" {
+		t.Fatalf("GET %s?after=2: %d %q, want the third line", path, code, body)
+	}
+	huge := []string{"9223372036854775807", "9223372036854775808", "9223372036854775809", "18446744073709551614", "18446744073709551615"}
+	check := func(done bool) {
+		t.Helper()
+		for _, r := range rs.relays {
+			for _, c := range huge {
+				asks := []struct {
+					path   string
+					header map[string]string
+				}{
+					{path + "?after=" + c, nil},
+					{path + "?follow=false&after=" + c, ndjson},
+					{path + "?follow=false&after=" + c, sse},
+					{path + "?follow=false", map[string]string{"Accept": "text/event-stream", "Last-Event-ID": c}},
+				}
+				for _, a := range asks {
+					code, body := relayGetWith(t, r, rs.token, a.path, a.header)
+					if code != http.StatusOK && code != http.StatusNoContent || strings.Contains(body, `"type":"assistant"`) {
+						t.Errorf("GET %s %v (run done %v): %d %.300q, want no line", a.path, a.header, done, code, body)
+					}
+					if done && a.header["Last-Event-ID"] == "" && a.header != nil && !strings.Contains(body, `"type":"end"`) {
+						t.Errorf("GET %s %v of a done run: %d %.300q, want its end", a.path, a.header, code, body)
+					}
+				}
+			}
+			for _, c := range []string{"18446744073709551616", "340282366920938463463374607431768211456", "99999999999999999999999999999999", "-1"} {
+				for _, a := range []map[string]string{nil, {"Accept": "text/event-stream", "Last-Event-ID": c}} {
+					p := path + "?follow=false"
+					if a == nil {
+						p += "&after=" + c
+					}
+					if code, body := relayGetWith(t, r, rs.token, p, a); code != http.StatusBadRequest || !strings.Contains(body, "want a sequence number") {
+						t.Errorf("GET %s %v: %d %.300q, want a 400 saying the cursor is no sequence number", p, a, code, body)
+					}
+				}
+			}
+		}
+	}
+	check(false)
+	in.FinishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
+	rs.relays[0].WaitRun(ctx, t, rs.token, run, func(r *store.Run) bool { return r.Done })
+	check(true)
+	harness.ExactlyOnce(t, rs.relays[2].Lines(t, rs.token, run), want)
+}
+
+// TestHostileRelayIdentityThatNamesNoLease: an operator starts a relay on
+// PostgreSQL outside a pod, where the identity would be the host name,
+// with one that names no valid Lease (capitals, an underscore, a slash, a
+// trailing '-'), everything else as a replica of the group needs it. It
+// exits at once, non-zero, naming --replica-id, instead of running
+// unready for good.
+func TestHostileRelayIdentityThatNamesNoLease(t *testing.T) {
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	for _, id := range []string{"Bad_ID", "build/host", "relay-", "UPPER"} {
+		_, args := rs.relayCommand(ctx, t, id, rs.group)
+		// Refused before anything is opened: a minute is generous on a
+		// busy machine, and the relay before the fix never exits.
+		cctx, cancel := context.WithTimeout(ctx, time.Minute)
+		start := time.Now()
+		cmd := exec.CommandContext(cctx, replicasSetup.bin, args...)
+		out, err := cmd.CombinedOutput()
+		took, ran := time.Since(start), cctx.Err() != nil
+		cancel()
+		if cmd.ProcessState == nil {
+			t.Fatalf("--replica-id %q: %v", id, err)
+		}
+		if ran {
+			t.Errorf("--replica-id %q: the relay still ran after %s: %.500s", id, took.Round(time.Second), out)
+			continue
+		}
+		code := cmd.ProcessState.ExitCode()
+		if code < 1 || !strings.Contains(string(out), "--replica-id") || !strings.Contains(string(out), replicas.LeaseName(rs.group, id)) {
+			t.Errorf("--replica-id %q: exit %d (%v) after %s, output %.1000q; want a non-zero exit naming --replica-id and the Lease", id, code, err, took.Round(time.Millisecond), out)
+			continue
+		}
+		t.Logf("--replica-id %q refused in %s, exit %d", id, took.Round(time.Millisecond), code)
+	}
+}
+
+// TestHostileRelayFiltersOfAnyBytes: a client puts bytes that are not
+// UTF-8, a NUL, or overlong and surrogate UTF-8 in every filter of the
+// run list and in a run's id and ?job= on PostgreSQL, which refuses such
+// bytes in a query. No run has them: an empty list or a 404, never a 500
+// carrying the server's message, and the replica stays ready.
+func TestHostileRelayFiltersOfAnyBytes(t *testing.T) {
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	pod, _ := agentRun(in, ctx, t, "e2e-hostile-bytes")
+	run := pod.Labels[contract.LabelRunID]
+	rs.relays[0].WaitRun(ctx, t, rs.token, run, func(*store.Run) bool { return true })
+	bad := []string{"%ff", "%00", "a%00b", "%c0%af", "%e0%80%af", "%ed%a0%80", "%fe%ff", "agent-" + run + "%00", run + "%80"}
+	for i, r := range rs.relays {
+		for _, b := range bad {
+			for _, q := range []string{"agent", "company", "phase"} {
+				p := "/v1/runs?" + q + "=" + b
+				if code, body := relayGetWith(t, r, rs.token, p, nil); code != http.StatusOK || !strings.Contains(body, `"runs":[]`) {
+					t.Errorf("replica %s: GET %s: %d %.300q, want 200 and no run", rs.ids[i], p, code, body)
+				}
+			}
+			for _, p := range []string{"/v1/runs/" + b, "/v1/runs/" + b + "/log", "/v1/runs/" + run + "?job=" + b, "/v1/runs/" + run + "/log?job=" + b} {
+				if code, body := relayGetWith(t, r, rs.token, p, nil); code != http.StatusNotFound {
+					t.Errorf("replica %s: GET %s: %d %.300q, want 404", rs.ids[i], p, code, body)
+				}
+			}
+		}
+		if code, body := readyz(r); code != http.StatusOK {
+			t.Errorf("replica %s not ready after the requests: %d %s", rs.ids[i], code, body)
+		}
+	}
+	// The run itself is still found, by its id and by a filter.
+	if x, code := rs.relays[1].Run(t, rs.token, run); x == nil {
+		t.Errorf("the run %s is not served after the requests: %d", run, code)
+	}
+	if code, body := relayGetWith(t, rs.relays[2], rs.token, "/v1/runs?agent="+pod.Labels[contract.LabelAgentID], nil); code != http.StatusOK || !strings.Contains(body, `"id":"`+run+`"`) {
+		t.Errorf("the run's own agent does not select it: %d %.300q", code, body)
+	}
+	in.FinishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
+}
+
+// assistantLines are lines n from..to-1 an agent writes.
+func assistantLines(from, to int) []string {
+	var out []string
+	for n := from; n < to; n++ {
+		out = append(out, fmt.Sprintf(`{"type":"assistant","n":%d}`, n))
+	}
+	return out
+}
+
+// mirrorLines are the lines of a mirror file.
+func mirrorLines(file string) []string {
+	b, err := os.ReadFile(file)
+	if err != nil || len(b) == 0 {
+		return nil
+	}
+	return strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+}
+
+// waitMirror waits until the mirror file holds want.
+func waitMirror(ctx context.Context, t *testing.T, file string, want []string, why string) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		return slices.Equal(mirrorLines(file), want), nil
+	})
+	if err != nil {
+		t.Fatalf("mirror file %s holds %d lines, not the %d stored, %s: %v", file, len(mirrorLines(file)), len(want), why, err)
+	}
+}
+
+// TestHostileRelayLockedMirrorFileStopsNoCollection: every agent on the
+// shared volume can open a run's mirror file, and flock locks a file
+// opened for reading. An agent holds the lock while its run writes more
+// lines: the collecting replica gives up on the mirror at each commit
+// instead of waiting there, so each line is still stored and served; once
+// the lock is let go, the mirror catches up, every line once.
+func TestHostileRelayLockedMirrorFileStopsNoCollection(t *testing.T) {
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	pod, log := agentRun(in, ctx, t, "e2e-hostile-flock")
+	run := pod.Labels[contract.LabelRunID]
+	want := assistantLines(0, 3)
+	if err := log.Write(want...); err != nil {
+		t.Fatal(err)
+	}
+	x := rs.relays[0].WaitRun(ctx, t, rs.token, run, func(r *store.Run) bool { return r.LastSeq >= 3 })
+	file := filepath.Join(rs.mirror, "run-logs", x.Company, x.Agent, run+".pod.ndjson")
+	waitMirror(ctx, t, file, want, "before the lock")
+	f, err := os.Open(file) // read only, as any agent may
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	// Taken between two syncs, which hold it for a moment each.
+	err = wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("the mirror file's lock: %v", err)
+	}
+	locked := time.Now()
+	// Rounds, each stored before the next is written: a follower waiting
+	// on the lock after its first commit would store no further round.
+	for round := range 3 {
+		more := assistantLines(len(want), len(want)+10)
+		if err := log.Write(more...); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, more...)
+		waitStoredAtLeast(ctx, t, rs.relays[(round+1)%3], rs.token, run, len(want), "while an agent held its mirror file's lock")
+	}
+	t.Logf("3 rounds of lines stored in %s while the mirror file was locked", time.Since(locked).Round(100*time.Millisecond))
+	harness.ExactlyOnce(t, rs.relays[2].Lines(t, rs.token, run), want)
+	if got := mirrorLines(file); len(got) != 3 {
+		t.Errorf("the mirror file holds %d lines while locked, want the 3 from before: the relay wrote it without its lock", len(got))
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_UN); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	waitMirror(ctx, t, file, want, "after the lock was let go")
+	t.Logf("the mirror caught up %s after the lock was let go", time.Since(released).Round(100*time.Millisecond))
+	in.FinishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
+	rs.relays[1].WaitRun(ctx, t, rs.token, run, func(r *store.Run) bool { return r.Done })
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(file + ".done")
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("no done marker beside the mirror file: %v", err)
+	}
+	harness.ExactlyOnce(t, mirrorLines(file), want)
+}
+
+// pgAdmin is a superuser session on the replicas' server, opened now: a
+// database default changed later does not apply to it.
+func pgAdmin(ctx context.Context, t *testing.T, rs *relayReplicas) func(q string) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, rs.pg.ConnString("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return func(q string) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+}
+
+// TestHostileRelayReadOnlyStoreIsNotReady: PostgreSQL still answers but
+// refuses every write (a standby after a failover, or an operator's
+// default_transaction_read_only). The replicas say in readiness that the
+// store fails and in their logs why, and stop being members; a run
+// started meanwhile is collected once writes are taken again, every line
+// once.
+func TestHostileRelayReadOnlyStoreIsNotReady(t *testing.T) {
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	admin := pgAdmin(ctx, t, rs)
+	// A database default applies to new sessions: the replicas' are ended.
+	endSessions := "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'postgres' AND pid <> pg_backend_pid()"
+	admin("ALTER DATABASE postgres SET default_transaction_read_only = on")
+	admin(endSessions)
+	readOnly := time.Now()
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		for _, r := range rs.relays {
+			code, body := readyz(r)
+			c, err := r.Counter("clipjob_relay_replica_collecting ")
+			if code == http.StatusOK || !strings.Contains(body, "[-]store") || !strings.Contains(body, "[-]collecting") || err != nil || c != 0 {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		for i, r := range rs.relays {
+			code, body := readyz(r)
+			t.Logf("replica %s: %d %s", rs.ids[i], code, body)
+		}
+		t.Fatalf("on a read-only PostgreSQL the replicas are not all unready and out of the group: %v", err)
+	}
+	t.Logf("every replica unready and no member %s after PostgreSQL turned read-only", time.Since(readOnly).Round(100*time.Millisecond))
+	for i, r := range rs.relays {
+		b, err := os.ReadFile(r.Log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), "refuses writes") {
+			t.Errorf("replica %s's log does not say PostgreSQL refuses writes", rs.ids[i])
+		}
+	}
+	pod, log := agentRun(in, ctx, t, "e2e-hostile-readonly")
+	run := pod.Labels[contract.LabelRunID]
+	want := assistantLines(0, 20)
+	if err := log.Write(want[:10]...); err != nil {
+		t.Fatal(err)
+	}
+	admin("ALTER DATABASE postgres RESET default_transaction_read_only")
+	admin(endSessions)
+	rs.waitMembers(ctx, t, 0, 1, 2)
+	for i, r := range rs.relays {
+		if code, body := readyz(r); code != http.StatusOK {
+			t.Errorf("replica %s not ready once PostgreSQL takes writes: %d %s", rs.ids[i], code, body)
+		}
+	}
+	if err := log.Write(want[10:]...); err != nil {
+		t.Fatal(err)
+	}
+	in.FinishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
+	rs.relays[0].WaitRun(ctx, t, rs.token, run, func(r *store.Run) bool { return r.Done })
+	for _, r := range rs.relays {
+		harness.ExactlyOnce(t, r.Lines(t, rs.token, run), want)
+	}
+}
+
+// TestHostileRelayRunSeenWhileWritesFailIsCollected: the store refuses
+// the record of a new run exactly while its pod appears and starts (a
+// trigger refusing inserts into the runs table: PostgreSQL answers, so
+// every replica stays healthy and a member, and nothing else changes).
+// Then it takes writes again and the pod does not change: the replica
+// that owns the run tries the record again by itself and collects the
+// run, every line once.
+func TestHostileRelayRunSeenWhileWritesFailIsCollected(t *testing.T) {
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	admin := pgAdmin(ctx, t, rs)
+	runs := pgx.Identifier{replicasSchema, "runs"}.Sanitize()
+	admin(`CREATE FUNCTION e2e_refuse_runs() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'e2e: this store refuses new runs'; END $$`)
+	admin(`CREATE TRIGGER e2e_refuse_runs BEFORE INSERT ON ` + runs + ` FOR EACH ROW EXECUTE FUNCTION e2e_refuse_runs()`)
+	pod, log := agentRun(in, ctx, t, "e2e-hostile-refused")
+	run := pod.Labels[contract.LabelRunID]
+	owner := rs.owner(run)
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		b, err := os.ReadFile(rs.relays[owner].Log)
+		return err == nil && strings.Contains(string(b), "refuses new runs"), nil
+	})
+	if err != nil {
+		t.Fatalf("replica %s, which owns %s, was never refused its record: %v", rs.ids[owner], run, err)
+	}
+	seen, err := suite.cs.CoreV1().Pods(in.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x, _ := rs.relays[owner].Run(t, rs.token, run); x != nil {
+		t.Fatalf("run %s recorded while its record was refused: %+v", run, x)
+	}
+	admin(`DROP TRIGGER e2e_refuse_runs ON ` + runs)
+	restored := time.Now()
+	want := assistantLines(0, 10)
+	if err := log.Write(want...); err != nil {
+		t.Fatal(err)
+	}
+	waitStoredAtLeast(ctx, t, rs.relays[(owner+1)%3], rs.token, run, len(want), "after the store took writes again")
+	t.Logf("run recorded and its lines stored %s after the store took writes again (the record is tried every 3 s)", time.Since(restored).Round(100*time.Millisecond))
+	now, err := suite.cs.CoreV1().Pods(in.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now.ResourceVersion != seen.ResourceVersion {
+		t.Errorf("the pod changed meanwhile (resourceVersion %s, then %s): the record may have followed that change, not a retry", seen.ResourceVersion, now.ResourceVersion)
+	}
+	for i := range rs.relays {
+		if c, err := rs.relays[i].Counter("clipjob_relay_replica_collecting "); err != nil || c != 1 {
+			t.Errorf("replica %s stopped collecting meanwhile (%v, %v): a membership change hands runs over anew, not a retry", rs.ids[i], c, err)
+		}
+	}
+	in.FinishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
+	rs.relays[0].WaitRun(ctx, t, rs.token, run, func(r *store.Run) bool { return r.Done })
+	harness.ExactlyOnce(t, rs.relays[2].Lines(t, rs.token, run), want)
+}
+
+// relayCommand is the command line of a relay on the replicas' store, as
+// rs.start runs one, and the relay it describes; nothing is started.
+func (rs *relayReplicas) relayCommand(ctx context.Context, t *testing.T, id, group string) (*harness.Relay, []string) {
+	t.Helper()
+	dir := filepath.Join(suite.cluster.Dir, "relay-"+group+"-"+strings.ReplaceAll(id, "/", "_"))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	url := filepath.Join(dir, "pgurl")
+	if err := os.WriteFile(url, []byte(rs.pg.ConnString("postgres")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ports, err := cluster.FreePorts(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := suite.cluster.CA.Serving("clipjob-relay", "127.0.0.1", "localhost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kp.WriteTLS(filepath.Join(dir, "certs")); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig, err := harness.ChartServiceAccountKubeconfig(ctx, suite.cluster, "clipjob-relay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &harness.Relay{APIAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]), DataDir: filepath.Join(dir, "data"), MetricsAddr: fmt.Sprintf("127.0.0.1:%d", ports[2]), CA: suite.cluster.CA,
+		Process: &harness.Process{Log: filepath.Join(dir, "relay.log"), ProbeAddr: fmt.Sprintf("127.0.0.1:%d", ports[1])}}
+	return r, []string{"--kubeconfig", kubeconfig, "--namespace", rs.in.Namespace, "--data-dir", r.DataDir, "--api-address", r.APIAddr,
+		"--cert-dir", filepath.Join(dir, "certs"), "--health-probe-bind-address", r.ProbeAddr, "--metrics-bind-address", r.MetricsAddr,
+		"--zap-log-level", "debug", "--store", "postgres", "--postgres-url-file", url, "--postgres-schema", replicasSchema,
+		"--lease-namespace", harness.Release.Namespace, "--lease-group", group, "--replica-id", id}
+}
+
+// startRelayUnready starts a relay on the replicas' store as rs.start
+// does, but returns once it runs, not once it is ready: a relay refused
+// membership never is.
+func (rs *relayReplicas) startRelayUnready(ctx context.Context, t *testing.T, id, group string) *harness.Relay {
+	t.Helper()
+	r, args := rs.relayCommand(ctx, t, id, group)
+	probe := r.ProbeAddr
+	p, err := harness.StartProcess(ctx, r.Log, "", replicasSetup.bin, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Process = p
+	r.ProbeAddr = probe // for readyz; set after the start, which would wait for it
+	t.Cleanup(r.Stop)
+	return r
+}
+
+// TestHostileRelayGroupsOnceCollidingBothCollect: with '-' between group
+// and replica, replica "b-0" of group "<g>-a" and replica "0" of group
+// "<g>-a-b" named one Lease, and the second started was refused it. With
+// '.', both hold Leases of their own and are ready. Then a Lease of a
+// replica's name made first by someone else who may write Leases there
+// (held by another, another group's label): the replica neither renews
+// nor deletes it, is no member and says why, and the Lease keeps its
+// holder throughout and after the replica stops.
+func TestHostileRelayGroupsOnceCollidingBothCollect(t *testing.T) {
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	leases := suite.cs.CoordinationV1().Leases(harness.Release.Namespace)
+	groupA, groupB := rs.group+"-a", rs.group+"-a-b"
+	for _, r := range []struct{ group, id string }{{groupA, "b-0"}, {groupB, "0"}} {
+		relay, err := rs.start(ctx, r.id, r.group, rs.pg.ConnString("postgres"))
+		if err != nil {
+			t.Fatalf("replica %s of group %s: %v", r.id, r.group, err)
+		}
+		defer relay.Stop()
+	}
+	for _, r := range []struct{ group, id string }{{groupA, "b-0"}, {groupB, "0"}} {
+		l, err := leases.Get(ctx, replicas.LeaseName(r.group, r.id), metav1.GetOptions{})
+		if err != nil || ptr.Deref(l.Spec.HolderIdentity, "") != r.id || l.Labels[replicas.LabelGroup] != r.group {
+			t.Fatalf("the Lease of replica %s of group %s: %v %v", r.id, r.group, l, err)
+		}
+	}
+
+	// A Lease of replica "c-0"'s name, made first by another writer.
+	name := replicas.LeaseName(groupA, "c-0")
+	secs := int32(3600)
+	squat, err := leases.Create(ctx, &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{replicas.LabelGroup: groupB}},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To("0"), LeaseDurationSeconds: &secs},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = leases.Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	w, err := leases.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name, ResourceVersion: squat.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var changes []string
+	events := func() {
+		for {
+			select {
+			case e, ok := <-w.ResultChan():
+				if !ok {
+					t.Fatal("the watch of the Lease ended")
+				}
+				changes = append(changes, fmt.Sprintf("%s %v", e.Type, e.Object))
+			default:
+				return
+			}
+		}
+	}
+	second := rs.startRelayUnready(ctx, t, "c-0", groupA)
+	refusals := func() int {
+		b, _ := os.ReadFile(second.Log)
+		return strings.Count(string(b), "made this relay's Lease first")
+	}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		events()
+		return len(changes) > 0 || refusals() >= 3, nil
+	})
+	if len(changes) > 0 {
+		t.Fatalf("the Lease another writer made changed: %v", changes)
+	}
+	if err != nil {
+		t.Fatalf("the relay was refused %d renewals: %v", refusals(), err)
+	}
+	if code, body := readyz(second); code == http.StatusOK || !strings.Contains(body, "[-]collecting") {
+		t.Errorf("the relay says it is ready and collecting: %d %s", code, body)
+	}
+	if c, err := second.Counter("clipjob_relay_replica_collecting "); err != nil || c != 0 {
+		t.Errorf("the relay's collecting gauge: %v %v, want 0", c, err)
+	}
+	second.Stop()
+	events()
+	if got, err := leases.Get(ctx, name, metav1.GetOptions{}); err != nil || len(changes) > 0 || ptr.Deref(got.Spec.HolderIdentity, "") != "0" {
+		t.Fatalf("after the relay stopped, the Lease %s: %v %v, changes %v", name, got, err, changes)
+	}
+	t.Logf("the relay was refused %d renewals; the Lease another writer made never changed", refusals())
+}

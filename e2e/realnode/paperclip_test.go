@@ -1,0 +1,816 @@
+package realnode
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
+
+	"github.com/paperclipai/clipjob/e2e/cluster"
+	"github.com/paperclipai/clipjob/e2e/harness"
+)
+
+// The real Paperclip server (paperclipai from the npm registry, pinned by
+// hack/paperclip/) runs agents through the adapter, installed the way the
+// adapter's README tells operators: `npm pack`, the tarball installed with
+// npm by the server's user, and both package directories registered with
+// Paperclip's adapter manager. Agents are created, woken and read through
+// Paperclip's own API; their Jobs run the fake agent on the real node.
+
+var realPaperclip struct {
+	sync.Once
+	pc  *harness.Paperclip
+	err error
+	// adapters is what the adapter manager answered to each install.
+	adapters map[string]map[string]any
+}
+
+// closePaperclip stops the server at the end of the suite (its directory
+// is kept when the suite failed).
+func closePaperclip(failed bool) {
+	if realPaperclip.pc != nil {
+		realPaperclip.pc.Close(failed)
+	}
+}
+
+// adapterPackageDirs are the package directories the README registers:
+// the package itself (claude_k8s) and its opencode/ directory.
+var adapterPackageDirs = map[string]string{"claude_k8s": "", "opencode_k8s": "opencode"}
+
+// thePaperclip starts the server once per test binary, with the adapter's
+// settings in its environment (the README's CLIPJOB_* variables, pointing
+// at the suite's API server and relay with the README's Role), and
+// installs the adapter as the README says.
+func thePaperclip(t *testing.T) *harness.Paperclip {
+	t.Helper()
+	requireRealNode(t)
+	r, _, _ := suite.in.Relay(t)
+	spec := suite.in.PaperclipServer(t, r, "", "")
+	realPaperclip.Do(func() {
+		realPaperclip.pc, realPaperclip.err = startPaperclip(t, spec)
+	})
+	if realPaperclip.err != nil {
+		t.Fatal(realPaperclip.err)
+	}
+	return realPaperclip.pc
+}
+
+func startPaperclip(t *testing.T, spec harness.AdapterSpec) (_ *harness.Paperclip, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	pc, err := harness.NewPaperclip()
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			pc.Close(true) // stopped and unmounted; its logs kept
+			err = fmt.Errorf("%w (the server's directory is kept: %s)", err, pc.Dir)
+		}
+	}()
+	// What the server reads, as an operator would place it.
+	files := map[string]string{"kubeconfig": spec.Kubeconfig, "relay-token": spec.RelayTokenFile, "relay-ca.crt": spec.RelayCAFile}
+	for name, from := range files {
+		data, err := os.ReadFile(from)
+		if err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(filepath.Join(pc.Files(), name), data, 0o600); err != nil {
+			return nil, err
+		}
+	}
+	pkg, err := packAdapter(ctx, t, pc)
+	if err != nil {
+		return nil, err
+	}
+	if err := pc.Own(pc.Files()); err != nil {
+		return nil, err
+	}
+	pc.Env = map[string]string{
+		"CLIPJOB_KUBECONFIG":       filepath.Join(pc.Files(), "kubeconfig"),
+		"CLIPJOB_NAMESPACE":        spec.Namespace,
+		"CLIPJOB_RELAY_URL":        spec.RelayURL,
+		"CLIPJOB_RELAY_TOKEN_FILE": filepath.Join(pc.Files(), "relay-token"),
+		"CLIPJOB_RELAY_CA_FILE":    filepath.Join(pc.Files(), "relay-ca.crt"),
+	}
+	start := time.Now()
+	if err := pc.Start(ctx); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(os.Stderr, "e2e: the Paperclip server is up in %s at %s (log %s)\n", time.Since(start).Round(time.Second), pc.URL, pc.Log)
+	// The README's install: npm install of the packed tarball by the
+	// server's user, then the adapter manager for each directory.
+	prefix := filepath.Join(pc.Files(), "adapter")
+	if err := os.MkdirAll(prefix, 0o755); err != nil {
+		return nil, err
+	}
+	if err := pc.Own(prefix); err != nil {
+		return nil, err
+	}
+	install := pc.Command(ctx, prefix, "npm", "install", "--prefix", prefix, "--no-audit", "--no-fund", pkg)
+	if out, err := install.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("npm install %s (the README's install, as the server's user): %w\n%s", pkg, err, out)
+	} else if strings.Contains(string(out), "EBADENGINE") {
+		return nil, fmt.Errorf("npm install %s warned of an engine mismatch on Paperclip's Node:\n%s", pkg, out)
+	}
+	realPaperclip.adapters = map[string]map[string]any{}
+	for typ, sub := range adapterPackageDirs {
+		dir := filepath.Join(prefix, "node_modules", "@clipjob", "paperclip-adapter", sub)
+		var installed map[string]any
+		if err := pc.Do(ctx, http.MethodPost, "/api/adapters/install", map[string]any{"packageName": dir, "isLocalPath": true}, &installed); err != nil {
+			return nil, fmt.Errorf("installing the adapter %s as the README says: %w", typ, err)
+		}
+		if installed["type"] != typ {
+			return nil, fmt.Errorf("installing %s registered type %v, want %s", dir, installed["type"], typ)
+		}
+		realPaperclip.adapters[typ] = installed
+	}
+	return pc, nil
+}
+
+// packAdapter is `npm pack` of the adapter (its prepack builds it), in the
+// server's files, readable by the server's user.
+func packAdapter(ctx context.Context, t *testing.T, pc *harness.Paperclip) (string, error) {
+	// As the invoking user, with their npm cache: the checkout is theirs.
+	cmd := exec.CommandContext(ctx, "npm", "pack", "--json", "--pack-destination", pc.Files())
+	cmd.Dir = harness.AdapterDir()
+	cmd.Env = harness.WithNode(t)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("npm pack in adapters/paperclip: %w\n%s", err, stderr.String())
+	}
+	var packed []struct{ Filename string }
+	if err := json.Unmarshal(out, &packed); err != nil || len(packed) != 1 {
+		return "", fmt.Errorf("npm pack --json answered %q (%v)", out, err)
+	}
+	return filepath.Join(pc.Files(), packed[0].Filename), nil
+}
+
+// pcCompany is a Paperclip company made for a test.
+type pcCompany struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+}
+
+type pcAgent struct {
+	ID        string `json:"id"`
+	CompanyID string `json:"companyId"`
+	Name      string `json:"name"`
+	Status    string `json:"status"`
+}
+
+// pcRun is the part of a heartbeat run the tests read.
+type pcRun struct {
+	ID            string         `json:"id"`
+	AgentID       string         `json:"agentId"`
+	Status        string         `json:"status"`
+	Error         string         `json:"error"`
+	ErrorCode     string         `json:"errorCode"`
+	ExitCode      *int           `json:"exitCode"`
+	UsageJSON     map[string]any `json:"usageJson"`
+	ResultJSON    map[string]any `json:"resultJson"`
+	SessionBefore string         `json:"sessionIdBefore"`
+	SessionAfter  string         `json:"sessionIdAfter"`
+	RetryOf       string         `json:"retryOfRunId"`
+}
+
+func (r pcRun) terminal() bool {
+	switch r.Status {
+	case "succeeded", "failed", "cancelled", "timed_out", "interrupted":
+		return true
+	}
+	return false
+}
+
+func newCompany(ctx context.Context, t *testing.T, pc *harness.Paperclip, name string) pcCompany {
+	t.Helper()
+	var c pcCompany
+	if err := pc.Do(ctx, http.MethodPost, "/api/companies", map[string]any{"name": name}, &c); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func newAgent(ctx context.Context, t *testing.T, pc *harness.Paperclip, company, name, adapterType string, adapterConfig, runtimeConfig map[string]any) pcAgent {
+	t.Helper()
+	body := map[string]any{"name": name, "adapterType": adapterType, "adapterConfig": adapterConfig}
+	if runtimeConfig != nil {
+		body["runtimeConfig"] = runtimeConfig
+	}
+	var a pcAgent
+	if err := pc.Do(ctx, http.MethodPost, "/api/companies/"+company+"/agents", body, &a); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// wake asks Paperclip for a run of agent, as the board's "Run now" does,
+// and returns the run it queued.
+func wake(ctx context.Context, t *testing.T, pc *harness.Paperclip, agent string, reason string) pcRun {
+	t.Helper()
+	var r pcRun
+	if err := pc.Do(ctx, http.MethodPost, "/api/agents/"+agent+"/wakeup", map[string]any{"source": "on_demand", "triggerDetail": "manual", "reason": reason}, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.ID == "" {
+		t.Fatalf("wakeup of agent %s queued no run: %+v", agent, r)
+	}
+	return r
+}
+
+func getRun(ctx context.Context, pc *harness.Paperclip, id string) (pcRun, error) {
+	var r pcRun
+	err := pc.Do(ctx, http.MethodGet, "/api/heartbeat-runs/"+id, nil, &r)
+	return r, err
+}
+
+// waitRunEnds waits (generously: a pod on a busy machine) until Paperclip
+// records run id as ended.
+func waitRunEnds(ctx context.Context, t *testing.T, pc *harness.Paperclip, id string) pcRun {
+	t.Helper()
+	var r pcRun
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
+		var err error
+		r, err = getRun(ctx, pc, id)
+		return err == nil && r.terminal(), nil
+	})
+	if err != nil {
+		t.Fatalf("run %s did not end: last %+v\n%s", id, r, runLogText(ctx, pc, id))
+	}
+	return r
+}
+
+// waitRunStatus waits until run id's status is one of want.
+func waitRunStatus(ctx context.Context, t *testing.T, pc *harness.Paperclip, id string, want ...string) pcRun {
+	t.Helper()
+	var r pcRun
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
+		var err error
+		r, err = getRun(ctx, pc, id)
+		return err == nil && slices.Contains(want, r.Status), nil
+	})
+	if err != nil {
+		t.Fatalf("run %s never became %v: last %+v\n%s", id, want, r, runLogText(ctx, pc, id))
+	}
+	return r
+}
+
+// pcLogLine is one record of a run's log as Paperclip stores it.
+type pcLogLine struct {
+	Stream string `json:"stream"`
+	Chunk  string `json:"chunk"`
+}
+
+// runLog is the run's log through Paperclip's API, every record.
+func runLog(ctx context.Context, pc *harness.Paperclip, id string) ([]pcLogLine, error) {
+	var out []pcLogLine
+	offset := 0
+	for {
+		var page struct {
+			Content    string `json:"content"`
+			NextOffset *int   `json:"nextOffset"`
+		}
+		if err := pc.Do(ctx, http.MethodGet, fmt.Sprintf("/api/heartbeat-runs/%s/log?offset=%d&limitBytes=1048576", url.PathEscape(id), offset), nil, &page); err != nil {
+			return out, err
+		}
+		sc := bufio.NewScanner(strings.NewReader(page.Content))
+		sc.Buffer(make([]byte, 0, 64<<10), 8<<20)
+		for sc.Scan() {
+			var l pcLogLine
+			if json.Unmarshal(sc.Bytes(), &l) == nil {
+				out = append(out, l)
+			}
+		}
+		if page.NextOffset == nil || *page.NextOffset <= offset {
+			return out, nil
+		}
+		offset = *page.NextOffset
+	}
+}
+
+// runLogText is the run's log, for a failure message.
+func runLogText(ctx context.Context, pc *harness.Paperclip, id string) string {
+	lines, err := runLog(ctx, pc, id)
+	var b strings.Builder
+	fmt.Fprintf(&b, "Paperclip's log of run %s (%d records, err %v):\n", id, len(lines), err)
+	for _, l := range lines {
+		fmt.Fprintf(&b, "  %s: %s", l.Stream, strings.TrimRight(truncateText(l.Chunk, 400), "\n")+"\n")
+	}
+	return b.String()
+}
+
+func truncateText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// stdoutLines are the agent's output lines in the run's log, in order.
+func stdoutLines(lines []pcLogLine) []string {
+	var out []string
+	for _, l := range lines {
+		if l.Stream == "stdout" {
+			out = append(out, strings.Split(strings.TrimRight(l.Chunk, "\n"), "\n")...)
+		}
+	}
+	return out
+}
+
+// agentTexts are the assistant texts among the agent's stream-json lines.
+func agentTexts(lines []string) []string {
+	var out []string
+	for _, l := range lines {
+		var ev struct {
+			Type    string
+			Message struct{ Content []struct{ Type, Text string } }
+		}
+		if json.Unmarshal([]byte(l), &ev) != nil || ev.Type != "assistant" {
+			continue
+		}
+		for _, c := range ev.Message.Content {
+			if c.Type == "text" {
+				out = append(out, c.Text)
+			}
+		}
+	}
+	return out
+}
+
+// realNodeProfiles puts the profiles the adapter's types use on the real
+// node (the suite's other tests keep kwok), for the rest of the test.
+func realNodeProfiles(ctx context.Context, t *testing.T) {
+	t.Helper()
+	original := suite.in.Config(t)
+	sel, tol := cluster.RealNodePlacement()
+	var placement strings.Builder
+	for k, v := range sel {
+		fmt.Fprintf(&placement, "    nodeSelector: {%q: %q}\n", k, v)
+	}
+	fmt.Fprintf(&placement, "    tolerations: [{key: %q, operator: %s, effect: %s}]\n", tol[0].Key, tol[0].Operator, tol[0].Effect)
+	suite.in.WriteConfig(ctx, t, string(original)+"profiles:\n  claude_local:\n"+placement.String()+"  opencode_local:\n"+placement.String(), true)
+}
+
+// paperclipOnTheRealNode is a test's start: the server, a context of
+// timeout, the adapter types' profiles on the real node, and a company of
+// its own named name.
+func paperclipOnTheRealNode(t *testing.T, timeout time.Duration, name string) (*harness.Paperclip, context.Context, pcCompany) {
+	t.Helper()
+	pc := thePaperclip(t)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	realNodeProfiles(ctx, t)
+	return pc, ctx, newCompany(ctx, t, pc, name)
+}
+
+func TestPaperclipServerRunsAnAgentThroughClipjob(t *testing.T) {
+	pc := thePaperclip(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	realNodeProfiles(ctx, t)
+
+	// The adapter manager's view of what the README's install registered.
+	var listed []map[string]any
+	if err := pc.Do(ctx, http.MethodGet, "/api/adapters", nil, &listed); err != nil {
+		t.Fatal(err)
+	}
+	for typ := range adapterPackageDirs {
+		i := slices.IndexFunc(listed, func(a map[string]any) bool { return a["type"] == typ })
+		if i < 0 {
+			t.Fatalf("the adapter manager does not list %s after the README's install: %v", typ, listed)
+		}
+		a := listed[i]
+		if a["source"] != "external" || a["loaded"] != true || a["overriddenBuiltin"] != false {
+			t.Errorf("adapter %s: %v, want external, loaded, not overriding a built-in type", typ, a)
+		}
+	}
+
+	company := newCompany(ctx, t, pc, "Acme Robotics")
+	agent := newAgent(ctx, t, pc, company.ID, "Builder", "claude_k8s", map[string]any{
+		"promptTemplate": "lines=6 rate=20 probe=1 (agent {{agent.name}})",
+	}, nil)
+	run := wake(ctx, t, pc, agent.ID, "e2e: the first run")
+	done := waitRunEnds(ctx, t, pc, run.ID)
+	if done.Status != "succeeded" {
+		t.Fatalf("run %s: %+v\n%s", run.ID, done, runLogText(ctx, pc, run.ID))
+	}
+	lines, err := runLog(ctx, pc, run.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"line 1", "line 2", "line 3", "line 4", "line 5", "line 6"}
+	if got := agentTexts(stdoutLines(lines)); !slices.Equal(got, want) {
+		t.Errorf("the agent's lines in Paperclip's run log: %q, want %q\n%s", got, want, runLogText(ctx, pc, run.ID))
+	}
+	if done.SessionAfter == "" || !strings.HasPrefix(done.SessionAfter, "fake-") {
+		t.Errorf("session recorded after the run: %q, want the fake agent's", done.SessionAfter)
+	}
+	if cost, _ := done.UsageJSON["costUsd"].(float64); cost != 0.0123 {
+		t.Errorf("usage recorded: %v, want costUsd 0.0123", done.UsageJSON)
+	}
+	t.Logf("run %s: %+v", run.ID, done)
+}
+
+// agentRuns are the agent's runs as Paperclip lists them.
+func agentRuns(ctx context.Context, t *testing.T, pc *harness.Paperclip, company, agent string) []pcRun {
+	t.Helper()
+	var runs []pcRun
+	if err := pc.Do(ctx, http.MethodGet, "/api/companies/"+company+"/heartbeat-runs?agentId="+agent+"&limit=100", nil, &runs); err != nil {
+		t.Fatal(err)
+	}
+	return runs
+}
+
+// costOf is what Paperclip recorded as the run's cost.
+func costOf(r pcRun) float64 {
+	c, _ := r.UsageJSON["costUsd"].(float64)
+	return c
+}
+
+// agentJobs are the agent's Jobs in the suite's namespace.
+func agentJobs(ctx context.Context, t *testing.T, agent string) []string {
+	t.Helper()
+	list, err := suite.cs.BatchV1().Jobs(suite.in.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "paperclip.io/agent-id=" + agent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, j := range list.Items {
+		if j.DeletionTimestamp == nil {
+			names = append(names, j.Name)
+		}
+	}
+	return names
+}
+
+// waitAgentJobs waits until the agent has n Jobs not being deleted.
+func waitAgentJobs(ctx context.Context, t *testing.T, agent string, n int) {
+	t.Helper()
+	var jobs []string
+	if err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		jobs = agentJobs(ctx, t, agent)
+		return len(jobs) == n, nil
+	}); err != nil {
+		t.Fatalf("agent %s's Jobs: %v, want %d", agent, jobs, n)
+	}
+}
+
+// Two runs of one agent at once (Paperclip allows 20 by default): each is
+// its own run, never attached to the other's Job nor billed its cost. With
+// clipjob in Reject mode the second is refused as busy, in terms Paperclip
+// retries (nothing ran, transient): its retry runs once the first is done.
+func TestPaperclipRunsOfOneAgentAtOnce(t *testing.T) {
+	pc, ctx, company := paperclipOnTheRealNode(t, 10*time.Minute, "Concurrent Co")
+	agent := newAgent(ctx, t, pc, company.ID, "Twice", "claude_k8s", map[string]any{"promptTemplate": "lines=3 sleep=6"}, nil)
+	first := wake(ctx, t, pc, agent.ID, "e2e: first")
+	waitAgentJobs(ctx, t, agent.ID, 1) // the first run holds the agent
+	second := wake(ctx, t, pc, agent.ID, "e2e: second, while the first runs")
+
+	refused := waitRunEnds(ctx, t, pc, second.ID)
+	if refused.Status != "failed" || refused.ErrorCode != "k8s_concurrent_run_blocked" {
+		t.Fatalf("the second run: %+v, want failed with k8s_concurrent_run_blocked\n%s", refused, runLogText(ctx, pc, second.ID))
+	}
+	if costOf(refused) != 0 {
+		t.Errorf("the refused run was billed %v: another run's cost", refused.UsageJSON)
+	}
+	lines, _ := runLog(ctx, pc, second.ID)
+	if got := agentTexts(stdoutLines(lines)); len(got) != 0 {
+		t.Errorf("the refused run's log holds agent output %q: another run's", got)
+	}
+	done := waitRunEnds(ctx, t, pc, first.ID)
+	if done.Status != "succeeded" || costOf(done) != 0.0123 {
+		t.Fatalf("the first run: %+v", done)
+	}
+	// Paperclip runs the refused one again (its bounded retry, 30 s later).
+	var retry pcRun
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		for _, r := range agentRuns(ctx, t, pc, company.ID, agent.ID) {
+			if r.RetryOf == second.ID && r.terminal() {
+				retry = r
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("Paperclip did not run the refused run again: %v", agentRuns(ctx, t, pc, company.ID, agent.ID))
+	}
+	if retry.Status != "succeeded" || costOf(retry) != 0.0123 {
+		t.Errorf("the retry of the refused run: %+v\n%s", retry, runLogText(ctx, pc, retry.ID))
+	}
+	total := 0.0
+	for _, r := range agentRuns(ctx, t, pc, company.ID, agent.ID) {
+		total += costOf(r)
+	}
+	if total < 0.0245 || total > 0.0247 {
+		t.Errorf("the agent's runs cost %v in all, want two runs' 0.0246", total)
+	}
+}
+
+// With maxConcurrentRuns 1 (what the README tells operators to set)
+// Paperclip itself queues the second run; none is refused.
+func TestPaperclipQueuesAnAgentsSecondRunWithOneSlot(t *testing.T) {
+	pc, ctx, company := paperclipOnTheRealNode(t, 10*time.Minute, "One Slot Co")
+	agent := newAgent(ctx, t, pc, company.ID, "Once", "claude_k8s", map[string]any{"promptTemplate": "lines=2 sleep=4"},
+		map[string]any{"heartbeat": map[string]any{"maxConcurrentRuns": 1}})
+	first := wake(ctx, t, pc, agent.ID, "e2e: first")
+	second := wake(ctx, t, pc, agent.ID, "e2e: second")
+	for _, id := range []string{first.ID, second.ID} {
+		if r := waitRunEnds(ctx, t, pc, id); r.Status != "succeeded" || costOf(r) != 0.0123 {
+			t.Errorf("run %s: %+v\n%s", id, r, runLogText(ctx, pc, id))
+		}
+	}
+}
+
+// The server's local paths and loopback URLs never reach the pod: the
+// fake agent's probe lists the names of its environment.
+func TestPaperclipRunEnvHoldsNoServerPaths(t *testing.T) {
+	pc, ctx, company := paperclipOnTheRealNode(t, 10*time.Minute, "Env Co")
+	agent := newAgent(ctx, t, pc, company.ID, "Prober", "claude_k8s", map[string]any{
+		"promptTemplate": "lines=1 probe=1",
+		// An agent's own env that names a loopback URL is left out too.
+		"env": map[string]any{"MY_LOCAL_URL": "http://127.0.0.1:3100/api", "MY_SETTING": "kept"},
+	}, nil)
+	run := wake(ctx, t, pc, agent.ID, "e2e: probe")
+	if r := waitRunEnds(ctx, t, pc, run.ID); r.Status != "succeeded" {
+		t.Fatalf("run: %+v\n%s", r, runLogText(ctx, pc, run.ID))
+	}
+	lines, _ := runLog(ctx, pc, run.ID)
+	var names []string
+	for _, l := range stdoutLines(lines) {
+		var ev struct {
+			Subtype string
+			Probe   struct{ Env []string }
+		}
+		if json.Unmarshal([]byte(l), &ev) == nil && ev.Subtype == "fake_agent_probe" {
+			names = ev.Probe.Env
+		}
+	}
+	if names == nil {
+		t.Fatalf("no probe line in the run's log\n%s", runLogText(ctx, pc, run.ID))
+	}
+	for _, k := range []string{"TMPDIR", "TMP", "TEMP", "PAPERCLIP_RUN_SCRATCH_DIR", "AGENT_HOME", "GH_CONFIG_DIR", "MY_LOCAL_URL", "PAPERCLIP_RUNTIME_TOOLS_MCP_URL"} {
+		if slices.Contains(names, k) {
+			t.Errorf("%s reached the pod (its env: %v)", k, names)
+		}
+	}
+	if !slices.Contains(names, "MY_SETTING") || !slices.Contains(names, "PAPERCLIP_RUN_ID") {
+		t.Errorf("the run's own env did not reach the pod: %v", names)
+	}
+	var notes []string
+	for _, l := range lines {
+		if l.Stream == "stderr" && strings.Contains(l.Chunk, "left out of the pod's env") {
+			notes = append(notes, l.Chunk)
+		}
+	}
+	if len(notes) != 1 || !strings.Contains(notes[0], "TMPDIR") || !strings.Contains(notes[0], "MY_LOCAL_URL") || strings.Contains(notes[0], "127.0.0.1") {
+		t.Errorf("the run's log should name what was left out, not its values: %q", notes)
+	}
+}
+
+// A restart of Paperclip mid-run: a graceful one (SIGTERM) deletes the
+// interrupted run's Job; a crash (SIGKILL) leaves it, and the agent's next
+// run finds it through clipjob's 409, asks Paperclip, which says the run is
+// over, and deletes it. Either way the agent's next run runs.
+func TestPaperclipRestartMidRun(t *testing.T) {
+	pc, ctx, company := paperclipOnTheRealNode(t, 12*time.Minute, "Restart Co")
+	for _, stop := range []string{"SIGTERM", "SIGKILL"} {
+		t.Run(stop, func(t *testing.T) {
+			agent := newAgent(ctx, t, pc, company.ID, "Long "+stop, "claude_k8s", map[string]any{"promptTemplate": "lines=1 sleep=600"}, nil)
+			run := wake(ctx, t, pc, agent.ID, "e2e: a long run")
+			waitRunStatus(ctx, t, pc, run.ID, "running")
+			waitAgentJobs(ctx, t, agent.ID, 1)
+			if stop == "SIGTERM" {
+				pc.Stop()
+				if got := agentJobs(ctx, t, agent.ID); len(got) != 0 {
+					t.Errorf("after a graceful stop the interrupted run's Job is still there: %v", got)
+				}
+			} else {
+				pc.Kill()
+				if got := agentJobs(ctx, t, agent.ID); len(got) != 1 {
+					t.Fatalf("a crash leaves the Job (nobody could delete it): %v", got)
+				}
+				// The server stays down over a minute, as after a crash
+				// that needs someone: Paperclip's controller lease on the
+				// run (60 s) has expired when it starts, so it marks the
+				// run lost at once. (Back sooner, it marks it lost ~5
+				// minutes after the run's last update; the agent's runs
+				// are refused and retried until then.)
+				time.Sleep(65 * time.Second)
+			}
+			if err := pc.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			old := waitRunEnds(ctx, t, pc, run.ID)
+			t.Logf("after the %s restart Paperclip records the run %s (%s)", stop, old.Status, old.ErrorCode)
+			if err := pc.Do(ctx, http.MethodPatch, "/api/agents/"+agent.ID, map[string]any{"adapterConfig": map[string]any{"promptTemplate": "lines=2"}}, nil); err != nil {
+				t.Fatal(err)
+			}
+			next := wake(ctx, t, pc, agent.ID, "e2e: after the restart")
+			done := waitRunEnds(ctx, t, pc, next.ID)
+			if done.Status != "succeeded" {
+				t.Fatalf("the agent's next run after a %s restart: %+v\n%s", stop, done, runLogText(ctx, pc, next.ID))
+			}
+			if stop == "SIGKILL" {
+				if log := runLogText(ctx, pc, next.ID); !strings.Contains(log, "ended in Paperclip") {
+					t.Errorf("the next run does not say it deleted the orphan:\n%s", log)
+				}
+			}
+			if got := agentJobs(ctx, t, agent.ID); len(got) > 1 {
+				t.Errorf("Jobs left: %v", got)
+			}
+		})
+	}
+}
+
+// envCheck is one check of Paperclip's adapter environment test.
+type envCheck struct{ Code, Level, Message, Hint string }
+
+// testEnvironment is Paperclip's "Test environment" of claude_k8s for
+// company, through its API.
+func testEnvironment(ctx context.Context, t *testing.T, pc *harness.Paperclip, company string) (res struct {
+	Status string
+	Checks []envCheck
+}) {
+	t.Helper()
+	if err := pc.Do(ctx, http.MethodPost, "/api/companies/"+company+"/adapters/claude_k8s/test-environment", map[string]any{"adapterConfig": map[string]any{}}, &res); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// Paperclip's "Test environment" for the adapter, through its API.
+func TestPaperclipTestEnvironment(t *testing.T) {
+	pc := thePaperclip(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	company := newCompany(ctx, t, pc, "Checks Co")
+	res := testEnvironment(ctx, t, pc, company.ID)
+	for _, c := range res.Checks {
+		if c.Level == "error" {
+			t.Errorf("check %s: %s (%s)", c.Code, c.Message, c.Hint)
+		}
+	}
+	if res.Status == "fail" || len(res.Checks) == 0 {
+		t.Errorf("the environment test through Paperclip: %+v", res)
+	}
+}
+
+// The adapter types offer the models of Paperclip's built-in adapter of
+// the same CLI, as Paperclip lists them.
+func TestPaperclipListsTheBuiltInAdaptersModels(t *testing.T) {
+	pc := thePaperclip(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	company := newCompany(ctx, t, pc, "Models Co")
+	ids := func(typ string) []string {
+		var models []struct{ ID string }
+		if err := pc.Do(ctx, http.MethodGet, "/api/companies/"+company.ID+"/adapters/"+typ+"/models", nil, &models); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, m := range models {
+			out = append(out, m.ID)
+		}
+		return out
+	}
+	for ours, builtin := range map[string]string{"claude_k8s": "claude_local", "opencode_k8s": "opencode_local"} {
+		got, want := ids(ours), ids(builtin)
+		if len(want) == 0 || !slices.Equal(got, want) {
+			t.Errorf("%s lists models %v; %s lists %v", ours, got, builtin, want)
+		}
+	}
+}
+
+// The environment test through Paperclip names what is wrong with the
+// server's Kubernetes settings: none at all (it used to report the client
+// configured, then fail with a TLS error against localhost:8080), or a
+// kubeconfig whose token is under tokenFile (it used to connect as
+// anonymous). The server is restarted with each environment.
+func TestPaperclipTestEnvironmentNamesWhatIsMissing(t *testing.T) {
+	pc := thePaperclip(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	good := pc.Env["CLIPJOB_KUBECONFIG"]
+	camel := filepath.Join(pc.Files(), "kubeconfig-tokenFile")
+	data, err := os.ReadFile(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(pc.Files(), "sa-token")
+	var kc struct {
+		Users []struct {
+			User struct{ Token string }
+		}
+	}
+	if err := yaml.Unmarshal(data, &kc); err != nil || len(kc.Users) != 1 || kc.Users[0].User.Token == "" {
+		t.Fatalf("the server's kubeconfig: %v", err)
+	}
+	if err := os.WriteFile(tokenFile, []byte(kc.Users[0].User.Token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	camelText := strings.Replace(string(data), "token: "+kc.Users[0].User.Token, "tokenFile: "+tokenFile, 1)
+	if camelText == string(data) {
+		t.Fatal("could not rewrite the kubeconfig's token")
+	}
+	if err := os.WriteFile(camel, []byte(camelText), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.Own(pc.Files()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pc.Stop()
+		pc.Env["CLIPJOB_KUBECONFIG"] = good
+		if err := pc.Start(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	company := newCompany(ctx, t, pc, "Misconfigured Co")
+	for _, c := range []struct{ kubeconfig, want string }{
+		{"", "CLIPJOB_KUBECONFIG is not set"},
+		{camel, "tokenFile (the key is token-file)"},
+	} {
+		pc.Stop()
+		pc.Env["CLIPJOB_KUBECONFIG"] = c.kubeconfig
+		if err := pc.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		res := testEnvironment(ctx, t, pc, company.ID)
+		i := slices.IndexFunc(res.Checks, func(ch envCheck) bool { return ch.Code == "clipjob_kube_config" })
+		if res.Status != "fail" || i < 0 || res.Checks[i].Level != "error" || !strings.Contains(res.Checks[i].Message, c.want) {
+			t.Errorf("CLIPJOB_KUBECONFIG=%q: %+v, want a failed clipjob_kube_config check saying %q", c.kubeconfig, res, c.want)
+		}
+	}
+}
+
+// An OpenCode agent (opencode_k8s, the package's opencode/ directory) on
+// an issue assigned to it: Paperclip wakes it, the run's Job runs the fake
+// agent's OpenCode events on the real node, and Paperclip records the
+// run's cost and posts its summary as the issue's comment.
+func TestPaperclipOpenCodeAgentWorksAnIssue(t *testing.T) {
+	pc, ctx, company := paperclipOnTheRealNode(t, 10*time.Minute, "Issue Co")
+	agent := newAgent(ctx, t, pc, company.ID, "Coder", "opencode_k8s", map[string]any{"promptTemplate": "lines=4"}, nil)
+	var issue struct{ ID string }
+	if err := pc.Do(ctx, http.MethodPost, "/api/companies/"+company.ID+"/issues", map[string]any{"title": "Fix the failing test", "assigneeAgentId": agent.ID}, &issue); err != nil {
+		t.Fatal(err)
+	}
+	// The assignment wakes the agent.
+	var run pcRun
+	if err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		runs := agentRuns(ctx, t, pc, company.ID, agent.ID)
+		if len(runs) > 0 {
+			run = runs[0]
+		}
+		return len(runs) > 0, nil
+	}); err != nil {
+		t.Fatal("the assignment woke no run of the agent")
+	}
+	done := waitRunEnds(ctx, t, pc, run.ID)
+	if done.Status != "succeeded" || costOf(done) != 0.0123 {
+		t.Fatalf("the OpenCode run: %+v\n%s", done, runLogText(ctx, pc, run.ID))
+	}
+	lines, _ := runLog(ctx, pc, run.ID)
+	var texts []string
+	for _, l := range stdoutLines(lines) {
+		var ev struct {
+			Type string
+			Part struct{ Text string }
+		}
+		if json.Unmarshal([]byte(l), &ev) == nil && ev.Type == "text" {
+			texts = append(texts, ev.Part.Text)
+		}
+	}
+	if want := []string{"line 1", "line 2", "line 3", "line 4"}; !slices.Equal(texts, want) {
+		t.Errorf("the OpenCode agent's lines in Paperclip's log: %q, want %q", texts, want)
+	}
+	// Paperclip comments with the agent's final message. It may post
+	// comments of its own too (asking for the issue's disposition), before
+	// or after that one: the agent's is looked for among them.
+	var comments []struct{ Body string }
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		if err := pc.Do(ctx, http.MethodGet, "/api/issues/"+issue.ID+"/comments?order=asc", nil, &comments); err != nil {
+			return false, nil
+		}
+		return slices.ContainsFunc(comments, func(c struct{ Body string }) bool { return strings.Contains(c.Body, "line 4") }), nil
+	})
+	if err != nil {
+		t.Fatalf("Paperclip posted no comment with the agent's final message (line 4) on the issue after the run: %q; result %+v", comments, done.ResultJSON)
+	}
+}
