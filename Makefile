@@ -17,7 +17,7 @@ BENCH_RUNS   ?= 200,500
 BENCH_FLEET_RUNS ?= 1000
 BENCH_COUNT  ?= 3
 
-.PHONY: all build image image-docker test adapter unit e2e e2e-kind demo bench kube-binaries node-packages postgres-packages paperclip fuzz golden chart-docs lint fmt vet clean
+.PHONY: all build image image-docker test adapter unit integration realnode e2e e2e-kind controlplane demo bench kube-binaries node-packages postgres-packages paperclip fuzz golden chart-docs lint fmt vet clean
 
 # The image the chart runs, tagged with the chart's appVersion.
 IMAGE     ?= ghcr.io/paperclipai/clipjob:$(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/clipjob/Chart.yaml)
@@ -49,18 +49,26 @@ postgres-packages: ## Install (first time only) PostgreSQL's server from Debian'
 demo: kube-binaries node-packages ## Local control plane + webhook; submit a bare Job and print the result
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/demo $(DEMO_FLAGS)
 
-test: lint kube-binaries node-packages postgres-packages paperclip adapter ## Unit, golden, fuzz-seed and e2e tests, and the Paperclip adapter's
-	@echo "make test: unit, golden and e2e tests (e2e runs a real kube-apiserver on loopback)"
-	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 45m ./...
+test: ## Every tier: lint, unit, integration (kwok, in parallel), real node, the adapter's; prints where the time went (hack/test.sh)
+	bash hack/test.sh
 
 adapter: paperclip ## The Paperclip adapter (adapters/paperclip): install from its lockfile, build, unit tests, on the Node.js Paperclip runs on
 	cd adapters/paperclip && PATH="$(PAPERCLIP_NODE):$$PATH" npm ci --no-audit --no-fund && PATH="$(PAPERCLIP_NODE):$$PATH" npm test
 
-unit: postgres-packages ## Unit and golden tests only (no control plane; the relay's PostgreSQL store tests start a throwaway server from Debian's package)
-	$(GOTEST) $$($(GO) list ./... | grep -v '/e2e')
+unit: postgres-packages ## Unit, golden and fuzz-seed tests only (no control plane; the relay's PostgreSQL store tests start a throwaway server from Debian's package)
+	TIERS="unit" bash hack/test.sh
 
-e2e: kube-binaries node-packages postgres-packages paperclip ## The e2e suite alone
-	KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -timeout 45m -v ./e2e/
+integration: kube-binaries postgres-packages paperclip ## The integration tier: one control plane with kwok, tests in parallel (attaches to `make controlplane`'s when CLIPJOB_E2E_CONTROLPLANE is set)
+	TIERS="integration" bash hack/test.sh
+
+realnode: kube-binaries node-packages postgres-packages paperclip ## The real-node tier: a real kubelet and containerd beside kwok
+	TIERS="realnode" bash hack/test.sh
+
+e2e: kube-binaries node-packages postgres-packages paperclip ## Both end-to-end tiers
+	TIERS="integration realnode" bash hack/test.sh
+
+controlplane: kube-binaries ## Start a control plane and keep it running, for `CLIPJOB_E2E_CONTROLPLANE=<dir> go test -run X ./e2e/integration/`
+	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/controlplane
 
 e2e-kind: ## The in-cluster e2e tests on a kind cluster built here (Docker engine, kind and node image from Debian's packages and the module proxy; not with make test at once)
 	bash hack/e2e-kind.sh

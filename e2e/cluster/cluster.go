@@ -2,7 +2,9 @@ package cluster
 
 import (
 	"context"
+	"crypto/x509"
 	_ "embed"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -76,10 +78,11 @@ type Cluster struct {
 	// KeepDir keeps Dir after Stop (for a failed run's logs).
 	KeepDir bool
 
-	ownDir bool
-	procs  []*process
-	node   *realNode
-	log    io.Writer
+	ownDir   bool
+	attached bool
+	procs    []*process
+	node     *realNode
+	log      io.Writer
 }
 
 type process struct {
@@ -249,6 +252,49 @@ func (c *Cluster) Stop() {
 	}
 }
 
+// AttachEnv names the directory of a control plane already running
+// (`make controlplane`): the tiers that need no real node attach to it
+// instead of starting their own.
+const AttachEnv = "CLIPJOB_E2E_CONTROLPLANE"
+
+// Attach is the control plane Start left running in dir (its kubeconfig
+// and CA), for a test binary to use without starting one: Stop leaves it
+// running, and it has no real node and no component to Restart.
+func Attach(dir string) (*Cluster, error) {
+	c := &Cluster{Dir: dir, Kubeconfig: filepath.Join(dir, "kubeconfig"), log: os.Stderr, attached: true}
+	var err error
+	if c.Config, err = clientcmd.BuildConfigFromFlags("", c.Kubeconfig); err != nil {
+		return nil, fmt.Errorf("attaching to the control plane in %s: %w", dir, err)
+	}
+	certPEM, err := os.ReadFile(filepath.Join(dir, "pki", "ca.crt"))
+	if err != nil {
+		return nil, fmt.Errorf("attaching to the control plane in %s: %w", dir, err)
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(dir, "pki", "ca.key"))
+	if err != nil {
+		return nil, fmt.Errorf("attaching to the control plane in %s (started by an older suite?): %w", dir, err)
+	}
+	cb, _ := pem.Decode(certPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || kb == nil {
+		return nil, fmt.Errorf("attaching to the control plane in %s: its CA is not PEM", dir)
+	}
+	c.CA = &CA{CertPEM: certPEM}
+	if c.CA.Cert, err = x509.ParseCertificate(cb.Bytes); err != nil {
+		return nil, err
+	}
+	if c.CA.Key, err = x509.ParseECPrivateKey(kb.Bytes); err != nil {
+		return nil, err
+	}
+	if err := c.waitReady(context.Background(), c.Clientset(), 30*time.Second); err != nil {
+		return nil, fmt.Errorf("the control plane in %s does not answer: %w", dir, err)
+	}
+	return c, nil
+}
+
+// Attached reports whether the cluster is one Attach found running.
+func (c *Cluster) Attached() bool { return c.attached }
+
 // Clientset returns an admin clientset.
 func (c *Cluster) Clientset() *kubernetes.Clientset {
 	return kubernetes.NewForConfigOrDie(c.Config)
@@ -297,6 +343,9 @@ func (c *Cluster) start(p *process) error {
 // Restart stops a component (SIGTERM) and starts it again with the same
 // arguments, e.g. "kwok" to break every log stream it serves.
 func (c *Cluster) Restart(component string) error {
+	if c.attached {
+		return fmt.Errorf("restarting %s: the control plane is one this test binary attached to (%s), not its own", component, AttachEnv)
+	}
 	for _, p := range c.procs {
 		if p.name != component {
 			continue
@@ -451,7 +500,13 @@ func (c *Cluster) writePKI() error {
 		return err
 	}
 	c.CA = ca
-	files := map[string][]byte{"ca.crt": ca.CertPEM}
+	caKey, err := x509.MarshalECPrivateKey(ca.Key)
+	if err != nil {
+		return err
+	}
+	// The key too: a test binary attaching to this control plane (Attach)
+	// signs its webhooks' serving certificates with it.
+	files := map[string][]byte{"ca.crt": ca.CertPEM, "ca.key": pemBlock("EC PRIVATE KEY", caKey)}
 	add := func(name string, kp *KeyPair, err error) error {
 		if err != nil {
 			return err

@@ -60,7 +60,7 @@ func (in *Install) CompiledQueueMode(ctx context.Context, t *testing.T) (stopSyn
 func (in *Install) CompiledMode(ctx context.Context, t *testing.T, policy string) (stopSyncer func(), completed *batchv1.Job) {
 	t.Helper()
 	if policy != "" {
-		original := in.Config(t)
+		original := in.RestoreConfigAfter(t)
 		in.WriteConfig(ctx, t, string(original)+policy, true)
 	}
 	queue := in.LoadConfig(t).Policy.Concurrency.Mode == config.ModeQueue

@@ -324,3 +324,18 @@ func (in *Install) StartReplicas(ctx context.Context, t testing.TB, n int, value
 	}
 	return replicas
 }
+
+// RestoreConfigAfter returns the config the first replica serves and puts
+// it back when t ends, waiting until it is served again: for tests that
+// share an install (the real-node tier's).
+func (in *Install) RestoreConfigAfter(t testing.TB) string {
+	t.Helper()
+	original := in.Config(t)
+	t.Cleanup(func() {
+		if now, err := os.ReadFile(in.Webhook.ConfigFile); err == nil && string(now) == original {
+			return
+		}
+		in.WriteConfig(context.Background(), t, original, true)
+	})
+	return original
+}

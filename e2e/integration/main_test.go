@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -37,8 +38,7 @@ func run(m *testing.M) (code int) {
 	ctrllog.SetLogger(logr.Discard())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	fmt.Fprintln(os.Stderr, "integration: starting a local control plane with kwok (the first run builds Kubernetes from the Go module proxy: several minutes)")
-	c, err := cluster.Start(ctx, cluster.Options{})
+	c, err := controlPlane(ctx)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "integration: cluster:", err)
 		return 1
@@ -68,6 +68,17 @@ func run(m *testing.M) (code int) {
 	return code
 }
 
+// controlPlane is the one named by CLIPJOB_E2E_CONTROLPLANE (make
+// controlplane), else a new one for this run.
+func controlPlane(ctx context.Context) (*cluster.Cluster, error) {
+	if dir := os.Getenv(cluster.AttachEnv); dir != "" {
+		fmt.Fprintf(os.Stderr, "integration: attaching to the control plane in %s (%s)\n", dir, cluster.AttachEnv)
+		return cluster.Attach(dir)
+	}
+	fmt.Fprintln(os.Stderr, "integration: starting a local control plane with kwok (the first run builds Kubernetes from the Go module proxy: several minutes)")
+	return cluster.Start(ctx, cluster.Options{})
+}
+
 // ctxT is a context for one test, ended with it.
 func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -77,12 +88,19 @@ func ctxT(t *testing.T) context.Context {
 
 var installs atomic.Int32
 
+// run tells this run's namespaces from an earlier one's on a control plane
+// they share (CLIPJOB_E2E_CONTROLPLANE).
+var runID = strconv.FormatInt(time.Now().UnixNano()%(36*36*36), 36)
+
 var notDNS = regexp.MustCompile(`[^a-z0-9]+`)
 
 // namespaceFor is a namespace of the test's own, named after it.
 func namespaceFor(t *testing.T) string {
 	name := strings.Trim(notDNS.ReplaceAllString(strings.ToLower(strings.TrimPrefix(t.Name(), "Test")), "-"), "-")
 	prefix := fmt.Sprintf("t%d-", installs.Add(1))
+	if suite.cluster.Attached() {
+		prefix = fmt.Sprintf("t%s%d-", runID, installs.Add(0))
+	}
 	if len(prefix+name) > 40 {
 		name = strings.TrimRight(name[:40-len(prefix)], "-")
 	}

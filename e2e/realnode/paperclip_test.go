@@ -357,7 +357,7 @@ func agentTexts(lines []string) []string {
 // node (the suite's other tests keep kwok), for the rest of the test.
 func realNodeProfiles(ctx context.Context, t *testing.T) {
 	t.Helper()
-	original := suite.in.Config(t)
+	original := suite.in.RestoreConfigAfter(t)
 	sel, tol := cluster.RealNodePlacement()
 	var placement strings.Builder
 	for k, v := range sel {
