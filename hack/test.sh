@@ -11,7 +11,8 @@
 #                parallel, each with clipjob installed for its own namespace
 #   real node    e2e/realnode and e2e/cluster: a real kubelet and
 #                containerd, the chart's own pods, cert-manager, Paperclip
-#   adapter      the Paperclip adapter's npm tests
+#   adapter      the Paperclip adapter's npm tests (before the end-to-end
+#                tiers, which run the adapter it builds)
 #
 # TIERS picks some (e.g. TIERS="unit integration"); every failure is
 # reported and the summary is printed all the same.
@@ -51,6 +52,11 @@ step() {
 
 want() { [[ " $TIERS " == *" $1 "* ]]; }
 
+if [ "${CLIPJOB_E2E_NODE:-}" = kwok ] && want realnode; then
+  TIERS=${TIERS//realnode/}
+  summary+=("$(printf '  %-34s %6s    skipped: CLIPJOB_E2E_NODE=kwok asks for no real node' "real node" "-")")
+fi
+
 kube_bin=""
 if want setup || want integration || want realnode; then
   step "setup: Kubernetes binaries" bash hack/kube-binaries.sh >/dev/null
@@ -64,6 +70,12 @@ fi
 if want lint; then
   step "lint: gofmt" bash -c 'out=$(gofmt -l $(git ls-files "*.go")); if [ -n "$out" ]; then echo "gofmt needed:"; echo "$out"; exit 1; fi'
   step "lint: go vet" bash -c "$GO vet ./... && $GO vet -tags kind ./e2e/kind/"
+fi
+# The adapter's tier first: its npm ci replaces node_modules and its build
+# dist/, which the end-to-end tiers run.
+if want adapter; then
+  node=$(bash hack/paperclip/install.sh --node)
+  step "adapter (npm ci, build, tests)" bash -c "cd adapters/paperclip && PATH='$node':\$PATH npm ci --no-audit --no-fund && PATH='$node':\$PATH npm test"
 fi
 # The real-node tier waits on real containers far more than it computes:
 # it runs beside the unit and integration tiers (REALNODE_APART=1 runs it
@@ -102,10 +114,6 @@ if want realnode; then
     realnode
   fi
   rm -f "$realnode_log" "$realnode_log.summary"
-fi
-if want adapter; then
-  node=$(bash hack/paperclip/install.sh --node)
-  step "adapter (npm ci, build, tests)" bash -c "cd adapters/paperclip && PATH='$node':\$PATH npm ci --no-audit --no-fund && PATH='$node':\$PATH npm test"
 fi
 
 total=$(awk -v a="$start_all" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", b - a }')

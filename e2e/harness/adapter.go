@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -45,40 +47,113 @@ func WithNode(t testing.TB) []string {
 	return append(os.Environ(), "PATH="+NodeBin(t)+string(os.PathListSeparator)+os.Getenv("PATH"))
 }
 
-// BuildAdapter builds the adapter once per test binary: npm ci when its
-// node_modules is missing (make test installs them from the lockfile),
-// then npm run build, on Paperclip's Node.
+// BuildAdapter builds the adapter once per test binary, on Paperclip's
+// Node: npm ci when its node_modules is missing (make test installs them
+// from the lockfile), then npm run build unless dist/ is newer than every
+// source. The tiers run side by side and read dist/ while their tests
+// run, so the build holds a lock across processes, and a fresh dist/ is
+// not written again under a running test's feet.
 func BuildAdapter(t testing.TB) {
 	t.Helper()
 	environ := WithNode(t)
 	adapterBuild.Do(func() {
-		if _, err := exec.LookPath("npm"); err != nil {
-			adapterBuild.err = fmt.Errorf("npm is not on PATH: the Paperclip adapter's end-to-end tests need npm (README, Quick start)")
-			return
-		}
-		npm := func(args ...string) error {
-			cmd := exec.Command("npm", args...)
-			cmd.Dir = AdapterDir()
-			cmd.Env = environ
-			out, err := cmd.CombinedOutput()
+		adapterBuild.err = func() error {
+			if _, err := exec.LookPath("npm"); err != nil {
+				return fmt.Errorf("npm is not on PATH: the Paperclip adapter's end-to-end tests need npm (README, Quick start)")
+			}
+			unlock, err := lockFile(filepath.Join(os.TempDir(), "clipjob-adapter-build.lock"))
 			if err != nil {
-				return fmt.Errorf("npm %s in adapters/paperclip: %w\n%s", strings.Join(args, " "), err, out)
+				return err
 			}
-			return nil
-		}
-		if _, err := os.Stat(filepath.Join(AdapterDir(), "node_modules")); errors.Is(err, os.ErrNotExist) {
-			if adapterBuild.err = npm("ci", "--no-audit", "--no-fund"); adapterBuild.err != nil {
-				return
+			defer unlock()
+			npm := func(args ...string) error {
+				cmd := exec.Command("npm", args...)
+				cmd.Dir = AdapterDir()
+				cmd.Env = environ
+				out, err := cmd.CombinedOutput()
+				if err != nil {
+					return fmt.Errorf("npm %s in adapters/paperclip: %w\n%s", strings.Join(args, " "), err, out)
+				}
+				return nil
 			}
-		}
-		start := time.Now()
-		if adapterBuild.err = npm("run", "build"); adapterBuild.err == nil {
+			if _, err := os.Stat(filepath.Join(AdapterDir(), "node_modules")); errors.Is(err, os.ErrNotExist) {
+				if err := npm("ci", "--no-audit", "--no-fund"); err != nil {
+					return err
+				}
+			}
+			if fresh, err := adapterBuildFresh(); err != nil || fresh {
+				return err
+			}
+			start := time.Now()
+			if err := npm("run", "build"); err != nil {
+				return err
+			}
 			t.Logf("built the Paperclip adapter in %s", time.Since(start).Round(time.Millisecond))
-		}
+			return nil
+		}()
 	})
 	if adapterBuild.err != nil {
 		t.Fatal(adapterBuild.err)
 	}
+}
+
+// adapterBuildFresh reports whether dist/ was built after every source,
+// test, setting and lockfile of the adapter last changed.
+func adapterBuildFresh() (bool, error) {
+	built, err := newest(filepath.Join(AdapterDir(), "dist"))
+	if err != nil || built.IsZero() {
+		return false, nil
+	}
+	for _, src := range []string{"src", "test", "opencode", "tsconfig.json", "package.json", "package-lock.json"} {
+		changed, err := newest(filepath.Join(AdapterDir(), src))
+		if err != nil {
+			return false, err
+		}
+		if changed.After(built) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// newest is the latest modification time of a file or of any file below
+// a directory (zero when there is none).
+func newest(path string) (time.Time, error) {
+	var latest time.Time
+	err := filepath.WalkDir(path, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if d.IsDir() {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if info.ModTime().After(latest) {
+			latest = info.ModTime()
+		}
+		return nil
+	})
+	return latest, err
+}
+
+// lockFile takes an exclusive lock on path, across processes, until
+// the returned function releases it.
+func lockFile(path string) (unlock func(), err error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
 }
 
 // AdapterSpec is the adapter test driver's (test/e2e-run.mjs) spec.

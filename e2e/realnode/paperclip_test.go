@@ -146,7 +146,10 @@ func startPaperclip(t *testing.T, spec harness.AdapterSpec) (_ *harness.Papercli
 // server's files, readable by the server's user.
 func packAdapter(ctx context.Context, t *testing.T, pc *harness.Paperclip) (string, error) {
 	// As the invoking user, with their npm cache: the checkout is theirs.
-	cmd := exec.CommandContext(ctx, "npm", "pack", "--json", "--pack-destination", pc.Files())
+	// Built first (BuildAdapter), packed without the prepack build: the
+	// integration tier runs the same dist/ meanwhile.
+	harness.BuildAdapter(t)
+	cmd := exec.CommandContext(ctx, "npm", "pack", "--ignore-scripts", "--json", "--pack-destination", pc.Files())
 	cmd.Dir = harness.AdapterDir()
 	cmd.Env = harness.WithNode(t)
 	var stderr strings.Builder
