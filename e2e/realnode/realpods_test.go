@@ -215,6 +215,7 @@ func sseRun(t *testing.T, r *harness.Relay, token, run string) ([]string, string
 // text each line once and in order, its result parsed, and the mirror file
 // is on the shared volume.
 func TestRealAgentRunHoldsTheFloor(t *testing.T) {
+	t.Parallel() // own Jobs on the shared install, its config untouched
 	requireRealNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -294,6 +295,7 @@ func TestRealAgentRunHoldsTheFloor(t *testing.T) {
 // names the limit). TestRealAgentLogRotationLosesNoLine is the test of
 // rotation.
 func TestRealAgentFailureIsReported(t *testing.T) {
+	t.Parallel() // own Jobs on the shared install, its config untouched
 	requireRealNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -427,6 +429,7 @@ func agentSequence(t *testing.T, lines []string, prefix string, n int, withResul
 // kept): the relay, following through the kubelet, stores every line once
 // and in order, and the rotation did happen.
 func TestRealAgentLogRotationLosesNoLine(t *testing.T) {
+	t.Parallel() // own Jobs on the shared install, its config untouched
 	requireRealNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -454,6 +457,7 @@ func TestRealAgentLogRotationLosesNoLine(t *testing.T) {
 // writes; the relay keeps every line it stored, each once and in order,
 // and marks the run cut short.
 func TestRealAgentPodDeletedMidRun(t *testing.T) {
+	t.Parallel() // own Jobs on the shared install, its config untouched
 	requireRealNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -481,6 +485,7 @@ func TestRealAgentPodDeletedMidRun(t *testing.T) {
 // soon after it ends (the TTL controller, as in production); the relay
 // still serves the whole log and the result.
 func TestRealAgentJobTTLKeepsTheLog(t *testing.T) {
+	t.Parallel() // own Jobs on the shared install, its config untouched
 	requireRealNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -516,6 +521,7 @@ func TestRealAgentJobTTLKeepsTheLog(t *testing.T) {
 // first's 20 lines with no result, then the second's from its init event
 // to its result.
 func TestRealAgentContainerRestartIsFollowed(t *testing.T) {
+	t.Parallel() // own Jobs on the shared install, its config untouched
 	requireRealNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -548,6 +554,7 @@ func TestRealAgentContainerRestartIsFollowed(t *testing.T) {
 // and a token. Either clipjob refuses it, naming the field, or what runs
 // on the real kubelet is the floor anyway: never uid 0, no capability.
 func TestRealAgentAskingForRootGetsTheFloor(t *testing.T) {
+	t.Parallel() // own Jobs on the shared install, its config untouched
 	requireRealNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -576,6 +583,7 @@ func TestRealAgentAskingForRootGetsTheFloor(t *testing.T) {
 // the last line and the result — must be stored, and the run's result
 // parsed: the relay reads a log that ended while followed once more.
 func TestRealAgentFloodKeepsItsTailAndResult(t *testing.T) {
+	t.Parallel() // own Jobs on the shared install, its config untouched
 	requireRealNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
