@@ -67,10 +67,6 @@ if want setup; then
   step "setup: PostgreSQL server" bash hack/postgres-packages.sh
   step "setup: Paperclip and Node.js 24" bash hack/paperclip/install.sh >/dev/null
 fi
-if want lint; then
-  step "lint: gofmt" bash -c 'out=$(gofmt -l $(git ls-files "*.go")); if [ -n "$out" ]; then echo "gofmt needed:"; echo "$out"; exit 1; fi'
-  step "lint: go vet" bash -c "$GO vet ./... && $GO vet -tags kind ./e2e/kind/"
-fi
 # The adapter's tier first: its npm ci replaces node_modules and its build
 # dist/, which the end-to-end tiers run.
 if want adapter; then
@@ -78,7 +74,7 @@ if want adapter; then
   step "adapter (npm ci, build, tests)" bash -c "cd adapters/paperclip && PATH='$node':\$PATH npm ci --no-audit --no-fund && PATH='$node':\$PATH npm test"
 fi
 # The real-node tier waits on real containers far more than it computes:
-# it runs beside the unit and integration tiers (REALNODE_APART=1 runs it
+# it runs beside lint, unit and integration (REALNODE_APART=1 runs it
 # after them), its output kept until they are done.
 realnode_log=$(mktemp)
 realnode_pid=""
@@ -94,6 +90,10 @@ if want realnode; then
     realnode > "$realnode_log" 2>&1 &
     realnode_pid=$!
   fi
+fi
+if want lint; then
+  step "lint: gofmt" bash -c 'out=$(gofmt -l $(git ls-files "*.go")); if [ -n "$out" ]; then echo "gofmt needed:"; echo "$out"; exit 1; fi'
+  step "lint: go vet" bash -c "$GO vet ./... && $GO vet -tags kind ./e2e/kind/"
 fi
 if want unit; then
   # shellcheck disable=SC2046
