@@ -158,14 +158,7 @@ func applyChartRBAC(ctx context.Context, cs kubernetes.Interface, agentNamespace
 // at addr, failing closed. Existing configurations are replaced in place,
 // so tests can re-point them.
 func Register(ctx context.Context, cs kubernetes.Interface, addr string, caBundle []byte) error {
-	return RegisterWithMutatingAt(ctx, cs, addr, addr, caBundle, admissionregistrationv1.Fail)
-}
-
-// RegisterWithMutatingAt is Register with the mutating webhook at its own
-// address and failure policy (tests point it at a dead port to see the
-// validating webhook hold the line alone).
-func RegisterWithMutatingAt(ctx context.Context, cs kubernetes.Interface, mutatingAddr, addr string, caBundle []byte, mutatingFailure admissionregistrationv1.FailurePolicyType) error {
-	return register(ctx, cs, mutatingAddr, addr, caBundle, mutatingFailure, nil)
+	return register(ctx, cs, addr, addr, caBundle, admissionregistrationv1.Fail, nil)
 }
 
 // CompiledPoliciesValues are the chart values of compiledPolicies.enabled;

@@ -7,7 +7,6 @@ package harness
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,11 +17,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -93,13 +89,8 @@ func InstallCluster(ctx context.Context, c *cluster.Cluster, name string, extra 
 	if err := Apply(ctx, c, "examples/paperclip.yaml"); err != nil {
 		return nil, fmt.Errorf("installing the example Paperclip: %w", err)
 	}
-	// Pods are refused until the controller manager has made the
-	// namespace's default ServiceAccount; a test must not race it.
-	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := c.Clientset().CoreV1().ServiceAccounts("paperclip").Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, nil
-	}); err != nil {
-		return nil, errors.New("namespace paperclip never got its default ServiceAccount")
+	if err := waitDefaultServiceAccount(ctx, c.Clientset(), "paperclip"); err != nil {
+		return nil, err
 	}
 	bin, err := Build(c.Dir, "clipjob-webhook")
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/paperclipai/clipjob/compile"
@@ -353,12 +354,21 @@ func (in *Install) applyPaperclip(ctx context.Context) error {
 			return fmt.Errorf("creating %T %s: %w", o, o.GetName(), err)
 		}
 	}
-	// Pods are refused until the controller manager has made the
-	// namespace's default ServiceAccount; a test must not race it.
-	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := cs.CoreV1().ServiceAccounts(in.Namespace).Get(ctx, "default", metav1.GetOptions{})
+	return waitDefaultServiceAccount(ctx, cs, in.Namespace)
+}
+
+// waitDefaultServiceAccount waits for namespace's default ServiceAccount:
+// pods are refused until the controller manager has made it, and a test
+// must not race it.
+func waitDefaultServiceAccount(ctx context.Context, cs kubernetes.Interface, namespace string) error {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := cs.CoreV1().ServiceAccounts(namespace).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, nil
 	})
+	if err != nil {
+		return fmt.Errorf("namespace %s never got its default ServiceAccount", namespace)
+	}
+	return nil
 }
 
 // Stop stops the install's replicas and deletes its cluster-scoped

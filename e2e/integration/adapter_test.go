@@ -369,7 +369,7 @@ func TestPaperclipAdapterRunsAnAgent(t *testing.T) {
 		t.Errorf("the run's env Secret %q never came to be owned by its Job", envSecret)
 	}
 
-	pod := in.WaitPod(ctx, t, job.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	pod := in.WaitPod(ctx, t, job.Name, harness.Running)
 	log, err := suite.cluster.PodLog(ctx, in.Namespace, pod.Name)
 	if err != nil {
 		t.Fatal(err)
@@ -438,7 +438,7 @@ func TestPaperclipAdapterFollowsAcrossRelayRestarts(t *testing.T) {
 	ctx := ctxT(t)
 	a := startAdapter(ctx, t, spec)
 	job := jobOfRun(in, ctx, t, a)
-	pod := in.WaitPod(ctx, t, job.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	pod := in.WaitPod(ctx, t, job.Name, harness.Running)
 	log, err := suite.cluster.PodLog(ctx, in.Namespace, pod.Name)
 	if err != nil {
 		t.Fatal(err)
@@ -506,7 +506,7 @@ func TestPaperclipAdapterCancelsARun(t *testing.T) {
 	if got := job.Spec.Template.Annotations[contract.AnnotationPromptSecret]; got != job.Name+"-prompt" {
 		t.Errorf("prompt Secret annotation %q, want %s-prompt", got, job.Name)
 	}
-	pod := in.WaitPod(ctx, t, job.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	pod := in.WaitPod(ctx, t, job.Name, harness.Running)
 	log, err := suite.cluster.PodLog(ctx, in.Namespace, pod.Name)
 	if err != nil {
 		t.Fatal(err)
@@ -594,7 +594,7 @@ func TestPaperclipAdapterCancelsARun(t *testing.T) {
 	}) {
 		t.Errorf("the next run's notices %q: want one saying it did not re-attach to the cancelled run", n)
 	}
-	nextPod := in.WaitPod(ctx, t, nextJob.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	nextPod := in.WaitPod(ctx, t, nextJob.Name, harness.Running)
 	nextLog, err := suite.cluster.PodLog(ctx, in.Namespace, nextPod.Name)
 	if err != nil {
 		t.Fatal(err)
@@ -633,7 +633,7 @@ func TestPaperclipAdapterIgnoresACopiedJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { in.FinishRun(context.Background(), t, copied.Name, "0") })
-	pod := in.WaitPod(ctx, t, copied.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	pod := in.WaitPod(ctx, t, copied.Name, harness.Running)
 	log, err := suite.cluster.PodLog(ctx, in.Namespace, pod.Name)
 	if err != nil {
 		t.Fatal(err)
@@ -770,7 +770,7 @@ func TestPaperclipAdapterKeepsARunWhoseIDAnotherJobTook(t *testing.T) {
 	if _, err := taker.BatchV1().Jobs(in.Namespace).Create(ctx, bait, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	pod := in.WaitPod(ctx, t, bait.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	pod := in.WaitPod(ctx, t, bait.Name, harness.Running)
 	log, err := suite.cluster.PodLog(ctx, in.Namespace, pod.Name)
 	if err != nil {
 		t.Fatal(err)
@@ -813,7 +813,7 @@ func queuedBehind(in *harness.Install, ctx context.Context, t *testing.T, agent,
 	first.TaskID = "task-1"
 	a = startAdapter(ctx, t, first)
 	jobA = jobOfRun(in, ctx, t, a)
-	podA = in.WaitPod(ctx, t, jobA.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	podA = in.WaitPod(ctx, t, jobA.Name, harness.Running)
 	second := paperclipServer(in, t, agent, secondRun)
 	second.TaskID = "task-2"
 	b = startAdapter(ctx, t, second)
@@ -838,7 +838,7 @@ func runQueuedAfter(in *harness.Install, ctx context.Context, t *testing.T, a *a
 	}
 	endRun(in, ctx, t, a, logA, jobA, []string{harness.ClaudeInit}, "first done")
 	in.WaitStarted(ctx, t, jobB.Name)
-	podB := in.WaitPod(ctx, t, jobB.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	podB := in.WaitPod(ctx, t, jobB.Name, harness.Running)
 	logB, err := suite.cluster.PodLog(ctx, in.Namespace, podB.Name)
 	if err != nil {
 		t.Fatal(err)

@@ -97,9 +97,10 @@ var notDNS = regexp.MustCompile(`[^a-z0-9]+`)
 // namespaceFor is a namespace of the test's own, named after it.
 func namespaceFor(t *testing.T) string {
 	name := strings.Trim(notDNS.ReplaceAllString(strings.ToLower(strings.TrimPrefix(t.Name(), "Test")), "-"), "-")
-	prefix := fmt.Sprintf("t%d-", installs.Add(1))
+	n := installs.Add(1)
+	prefix := fmt.Sprintf("t%d-", n)
 	if suite.cluster.Attached() {
-		prefix = fmt.Sprintf("t%s%d-", runID, installs.Add(0))
+		prefix = fmt.Sprintf("t%s%d-", runID, n)
 	}
 	if len(prefix+name) > 40 {
 		name = strings.TrimRight(name[:40-len(prefix)], "-")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/paperclipai/clipjob/cmd/clipjob/app"
 	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/e2e/harness"
 	"github.com/paperclipai/clipjob/internal/manifest"
 	"github.com/paperclipai/clipjob/internal/testing/golden"
 )
@@ -76,7 +77,7 @@ func TestBareJobBecomesARunningAgentPod(t *testing.T) {
 		}
 	})
 	t.Run("its pod runs with the agent labels, the floor and the shared volume", func(t *testing.T) {
-		pod := in.WaitPod(ctx, t, created.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+		pod := in.WaitPod(ctx, t, created.Name, harness.Running)
 		if pod.Labels[contract.LabelRole] != contract.RoleAgent || pod.Labels[contract.LabelEgress] != "anthropic" ||
 			pod.Labels[contract.LabelAgentID] != "agent-e2e-bare" || pod.Labels[contract.LabelRunID] != "e2e-bare" {
 			t.Errorf("pod labels %v", pod.Labels)

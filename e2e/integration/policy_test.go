@@ -430,7 +430,7 @@ func TestDeletedClaimDoesNotFreeTheAgent(t *testing.T) {
 	if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, first, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	in.WaitPod(ctx, t, first.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	in.WaitPod(ctx, t, first.Name, harness.Running)
 	key := claim.KeyFor(first, in.LoadConfig(t).Policy.Concurrency)
 	leases := suite.cs.CoordinationV1().Leases(key.Namespace)
 	err := leases.Delete(ctx, key.Name, metav1.DeleteOptions{})
@@ -587,7 +587,7 @@ func TestAgentLabelsCannotBeSmuggled(t *testing.T) {
 		if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, in.BareJob(t, "e2e-debugged"), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		pod := in.WaitPod(ctx, t, "e2e-debugged", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+		pod := in.WaitPod(ctx, t, "e2e-debugged", harness.Running)
 		pod.Spec.EphemeralContainers = append(pod.Spec.EphemeralContainers, corev1.EphemeralContainer{
 			EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debugger", Image: "busybox:1.36",
 				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)}}})
@@ -658,7 +658,7 @@ func TestWebhookOutage(t *testing.T) {
 	if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, victim, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	in.WaitPod(ctx, t, victim.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	in.WaitPod(ctx, t, victim.Name, harness.Running)
 
 	dead, _ := cluster.FreePorts(1)
 	if err := in.Register(ctx, harness.RegisterOptions{Addr: fmt.Sprintf("127.0.0.1:%d", dead[0])}); err != nil {

@@ -148,7 +148,7 @@ func TestHostileQueuedForgedRunStartsOnceUnmarked(t *testing.T) {
 		t.Fatal(err)
 	}
 	in.WaitStarted(ctx, t, victim.Name)
-	in.WaitPod(ctx, t, victim.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	in.WaitPod(ctx, t, victim.Name, harness.Running)
 	victimAgent := victim.Labels[contract.LabelAgentID]
 
 	for _, unmark := range []struct{ name, patch string }{
@@ -311,7 +311,7 @@ func TestHostileQueuedWaitingRunCannotBeReshaped(t *testing.T) {
 		t.Fatal(err)
 	}
 	in.WaitStarted(ctx, t, first.Name)
-	in.WaitPod(ctx, t, first.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	in.WaitPod(ctx, t, first.Name, harness.Running)
 	second := in.BareJob(t, "e2e-hostile-reshape-2")
 	second.Labels[contract.LabelAgentID] = agent
 	if _, err := cs.BatchV1().Jobs(in.Namespace).Create(ctx, second, metav1.CreateOptions{}); err != nil {
@@ -384,7 +384,7 @@ func TestHostileQueuedTemplateOnlyAgentLabels(t *testing.T) {
 		t.Fatal(err)
 	}
 	in.WaitStarted(ctx, t, victim.Name)
-	in.WaitPod(ctx, t, victim.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	in.WaitPod(ctx, t, victim.Name, harness.Running)
 	agent := victim.Labels[contract.LabelAgentID]
 
 	forged := harness.DressedAsComplete(completed, "e2e-hostile-podlabels")
@@ -550,7 +550,7 @@ func TestHostileQueuedRejectModeSkipsThe409(t *testing.T) {
 	if _, err := cs.BatchV1().Jobs(in.Namespace).Create(ctx, first, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	in.WaitPod(ctx, t, first.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	in.WaitPod(ctx, t, first.Name, harness.Running)
 	if _, err := cs.BatchV1().Jobs(in.Namespace).Create(ctx, second, metav1.CreateOptions{}); !apierrors.IsConflict(err) {
 		t.Fatalf("a second run of a busy agent in Reject mode: want 409, got %v", err)
 	}
@@ -617,7 +617,7 @@ func TestHostileQueuedForgedRunsCannotPushOutAWaitingRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	in.WaitStarted(ctx, t, running.Name)
-	in.WaitPod(ctx, t, running.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	in.WaitPod(ctx, t, running.Name, harness.Running)
 	time.Sleep(1100 * time.Millisecond) // creation order is by the second
 	waiting := in.BareJob(t, "e2e-hostile-overflow-v")
 	waiting.Labels[contract.LabelAgentID] = agent
@@ -731,7 +731,7 @@ func TestHostileQueuedOthersRunCannotBeMarkedRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	in.WaitStarted(ctx, t, first.Name)
-	in.WaitPod(ctx, t, first.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	in.WaitPod(ctx, t, first.Name, harness.Running)
 	second := in.BareJob(t, "e2e-hostile-marked-2")
 	second.Labels[contract.LabelAgentID] = agent
 	if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, second, metav1.CreateOptions{}); err != nil {
@@ -773,7 +773,7 @@ func TestHostileQueuedPodLabelsSmuggledAtUnsuspend(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !harness.Suspended(getJob(in, ctx, t, victim.Name)) {
-		in.WaitPod(ctx, t, victim.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+		in.WaitPod(ctx, t, victim.Name, harness.Running)
 	}
 	agent, run := victim.Labels[contract.LabelAgentID], victim.Labels[contract.LabelRunID]
 	plain := func(name string) *batchv1.Job {

@@ -98,7 +98,7 @@ func TestQueuedRunsWaitWhileClipjobIsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	in.WaitStarted(ctx, t, queued.Name)
-	in.WaitPod(ctx, t, queued.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	in.WaitPod(ctx, t, queued.Name, harness.Running)
 	var marked string
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		j, err := suite.cs.BatchV1().Jobs(in.Namespace).Get(ctx, forged.Name, metav1.GetOptions{})

@@ -34,7 +34,7 @@ func agentRun(in *harness.Install, ctx context.Context, t *testing.T, name strin
 	if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, in.BareJob(t, name), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	pod := in.WaitPod(ctx, t, name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	pod := in.WaitPod(ctx, t, name, harness.Running)
 	log, err := suite.cluster.PodLog(ctx, in.Namespace, pod.Name)
 	if err != nil {
 		t.Fatal(err)
@@ -449,7 +449,7 @@ func TestRelayReportsATimedOutRun(t *testing.T) {
 	if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, job, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	pod := in.WaitPod(ctx, t, job.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	pod := in.WaitPod(ctx, t, job.Name, harness.Running)
 	log, err := suite.cluster.PodLog(ctx, in.Namespace, pod.Name)
 	if err != nil {
 		t.Fatal(err)

@@ -143,7 +143,7 @@ func TestAdapterFlow(t *testing.T) {
 		t.Errorf("a second run of the agent: want 409 with holder-run-id %s, got %v (holder %q)", run, err, holder)
 	}
 
-	pod := in.WaitPod(ctx, t, job.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	pod := in.WaitPod(ctx, t, job.Name, harness.Running)
 	log, err := suite.cluster.PodLog(ctx, in.Namespace, pod.Name)
 	if err != nil {
 		t.Fatal(err)
