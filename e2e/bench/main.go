@@ -93,7 +93,7 @@ func run(n int, levels []int, rounds int, only string, sizes, pgRuns []int, floo
 		return err
 	}
 	webhookPprof := fmt.Sprintf("127.0.0.1:%d", ports[0])
-	in, err := harness.InstallCluster(ctx, c, "webhook", "--pprof-bind-address", webhookPprof)
+	in, err := harness.InstallCluster(ctx, c, "webhook", "", "--pprof-bind-address", webhookPprof)
 	if err != nil {
 		return err
 	}

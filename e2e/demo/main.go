@@ -70,7 +70,7 @@ func run(keep bool) error {
 	fmt.Printf("    Kubernetes %s is up.\n", v.GitVersion)
 
 	step("Installing a stand-in Paperclip (examples/paperclip.yaml: namespace, ReadWriteMany claim, Deployment),\n    building and starting clipjob-webhook, registering its webhook configurations")
-	in, err := harness.InstallCluster(ctx, c, "webhook")
+	in, err := harness.InstallCluster(ctx, c, "webhook", "")
 	if err != nil {
 		return err
 	}

@@ -78,9 +78,10 @@ func Build(dir, command string) (string, error) {
 // the clipjob-webhook binary built from this checkout, one replica named
 // name running examples/config.yaml with the chart's RBAC, the chart's
 // webhook configurations (for every namespace) pointing at it, and the
-// chart's claim Lease policy. extra flags go to the webhook. The demo, the
-// benchmarks and the real-node tier run on it.
-func InstallCluster(ctx context.Context, c *cluster.Cluster, name string, extra ...string) (*Install, error) {
+// chart's claim Lease policy. config is appended to the example config (""
+// for none); extra flags go to the webhook. The demo, the benchmarks and
+// the real-node tier run on it.
+func InstallCluster(ctx context.Context, c *cluster.Cluster, name, config string, extra ...string) (*Install, error) {
 	if c.HasRealNode() {
 		if err := realPaperclip(ctx, c); err != nil {
 			return nil, err
@@ -98,6 +99,16 @@ func InstallCluster(ctx context.Context, c *cluster.Cluster, name string, extra 
 	}
 	in := &Install{Namespace: "paperclip", WebhookBin: bin, c: c, wide: true, flags: extra,
 		configFile: filepath.Join(Root(), "examples", "config.yaml"), sharedDir: SharedDir(c)}
+	if config != "" {
+		data, err := os.ReadFile(in.configFile)
+		if err != nil {
+			return nil, err
+		}
+		in.configFile = filepath.Join(c.Dir, name+"-config.yaml")
+		if err := os.WriteFile(in.configFile, append(data, config...), 0o644); err != nil {
+			return nil, err
+		}
+	}
 	for _, ns := range append(append([]any{}, AgentNamespaces...), TenantNamespaces...) {
 		in.Namespaces = append(in.Namespaces, ns.(string))
 	}

@@ -259,6 +259,10 @@ func (p *Paperclip) Start(ctx context.Context) error {
 	if p.running() {
 		return errors.New("the Paperclip server is already running")
 	}
+	// Each server picks its embedded PostgreSQL's port as it starts (the
+	// first free one from 54329): two starting at once could pick the same.
+	startingOne.Lock()
+	defer startingOne.Unlock()
 	bin := filepath.Join(p.install, "server", "node_modules", ".bin", "paperclipai")
 	args := []string{"run", "-d", p.Home}
 	if _, err := os.Stat(filepath.Join(p.Home, "instances", "default", "config.json")); errors.Is(err, os.ErrNotExist) {
@@ -303,6 +307,9 @@ func (p *Paperclip) Start(ctx context.Context) error {
 		time.Sleep(250 * time.Millisecond)
 	}
 }
+
+// startingOne lets one server of this process start at a time.
+var startingOne sync.Mutex
 
 func (p *Paperclip) running() bool { return alive(p.cmd, p.done) }
 

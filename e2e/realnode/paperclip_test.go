@@ -35,8 +35,6 @@ var realPaperclip struct {
 	sync.Once
 	pc  *harness.Paperclip
 	err error
-	// adapters is what the adapter manager answered to each install.
-	adapters map[string]map[string]any
 }
 
 // closePaperclip stops the server at the end of the suite (its directory
@@ -51,15 +49,13 @@ func closePaperclip(failed bool) {
 // the package itself (claude_k8s) and its opencode/ directory.
 var adapterPackageDirs = map[string]string{"claude_k8s": "", "opencode_k8s": "opencode"}
 
-// thePaperclip starts the server once per test binary, with the adapter's
-// settings in its environment (the README's CLIPJOB_* variables, pointing
-// at the suite's API server and relay with the README's Role), and
-// installs the adapter as the README says.
+// thePaperclip is the server the tests share, started once per test binary
+// (ownPaperclip says how). A test that stops or restarts the server takes
+// one of its own instead, so the others keep running beside it.
 func thePaperclip(t *testing.T) *harness.Paperclip {
 	t.Helper()
 	requireRealNode(t)
-	r, _, _ := suite.in.Relay(t)
-	spec := suite.in.PaperclipServer(t, r, "", "")
+	spec := paperclipSpec(t)
 	realPaperclip.Do(func() {
 		realPaperclip.pc, realPaperclip.err = startPaperclip(t, spec)
 	})
@@ -67,6 +63,29 @@ func thePaperclip(t *testing.T) *harness.Paperclip {
 		t.Fatal(realPaperclip.err)
 	}
 	return realPaperclip.pc
+}
+
+// ownPaperclip is a server for t alone, stopped when t ends (its
+// directory kept if t failed): with the adapter's settings in its
+// environment (the README's CLIPJOB_* variables, pointing at the suite's
+// API server and relay with the README's Role), and the adapter installed
+// as the README says.
+func ownPaperclip(t *testing.T) *harness.Paperclip {
+	t.Helper()
+	requireRealNode(t)
+	pc, err := startPaperclip(t, paperclipSpec(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close(t.Failed()) })
+	return pc
+}
+
+// paperclipSpec is what a server needs to reach the suite's install.
+func paperclipSpec(t *testing.T) harness.AdapterSpec {
+	t.Helper()
+	r, _, _ := suite.in.Relay(t)
+	return suite.in.PaperclipServer(t, r, "", "")
 }
 
 func startPaperclip(t *testing.T, spec harness.AdapterSpec) (_ *harness.Paperclip, err error) {
@@ -127,7 +146,6 @@ func startPaperclip(t *testing.T, spec harness.AdapterSpec) (_ *harness.Papercli
 	} else if strings.Contains(string(out), "EBADENGINE") {
 		return nil, fmt.Errorf("npm install %s warned of an engine mismatch on Paperclip's Node:\n%s", pkg, out)
 	}
-	realPaperclip.adapters = map[string]map[string]any{}
 	for typ, sub := range adapterPackageDirs {
 		dir := filepath.Join(prefix, "node_modules", "@clipjob", "paperclip-adapter", sub)
 		var installed map[string]any
@@ -137,7 +155,6 @@ func startPaperclip(t *testing.T, spec harness.AdapterSpec) (_ *harness.Papercli
 		if installed["type"] != typ {
 			return nil, fmt.Errorf("installing %s registered type %v, want %s", dir, installed["type"], typ)
 		}
-		realPaperclip.adapters[typ] = installed
 	}
 	return pc, nil
 }
@@ -356,37 +373,34 @@ func agentTexts(lines []string) []string {
 	return out
 }
 
-// realNodeProfiles puts the profiles the adapter's types use on the real
-// node (the suite's other tests keep kwok), for the rest of the test.
-func realNodeProfiles(ctx context.Context, t *testing.T) {
-	t.Helper()
-	original := suite.in.RestoreConfigAfter(t)
+// realNodeProfiles is the config that puts the profiles the adapter's
+// types use on the real node: the shared install starts with it (the
+// fake agent's image runs there, not on kwok).
+func realNodeProfiles() string {
 	sel, tol := cluster.RealNodePlacement()
 	var placement strings.Builder
 	for k, v := range sel {
 		fmt.Fprintf(&placement, "    nodeSelector: {%q: %q}\n", k, v)
 	}
 	fmt.Fprintf(&placement, "    tolerations: [{key: %q, operator: %s, effect: %s}]\n", tol[0].Key, tol[0].Operator, tol[0].Effect)
-	suite.in.WriteConfig(ctx, t, string(original)+"profiles:\n  claude_local:\n"+placement.String()+"  opencode_local:\n"+placement.String(), true)
+	return "profiles:\n  claude_local:\n" + placement.String() + "  opencode_local:\n" + placement.String()
 }
 
-// paperclipOnTheRealNode is a test's start: the server, a context of
-// timeout, the adapter types' profiles on the real node, and a company of
-// its own named name.
-func paperclipOnTheRealNode(t *testing.T, timeout time.Duration, name string) (*harness.Paperclip, context.Context, pcCompany) {
+// paperclipOnTheRealNode is a test's start: pc (the shared server or one
+// of the test's own), a context of timeout and a company of its own named
+// name.
+func paperclipOnTheRealNode(t *testing.T, pc *harness.Paperclip, timeout time.Duration, name string) (context.Context, pcCompany) {
 	t.Helper()
-	pc := thePaperclip(t)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	t.Cleanup(cancel)
-	realNodeProfiles(ctx, t)
-	return pc, ctx, newCompany(ctx, t, pc, name)
+	return ctx, newCompany(ctx, t, pc, name)
 }
 
 func TestPaperclipServerRunsAnAgentThroughClipjob(t *testing.T) {
+	t.Parallel() // a company of its own on the shared server
 	pc := thePaperclip(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	realNodeProfiles(ctx, t)
 
 	// The adapter manager's view of what the README's install registered.
 	var listed []map[string]any
@@ -479,7 +493,9 @@ func waitAgentJobs(ctx context.Context, t *testing.T, agent string, n int) {
 // clipjob in Reject mode the second is refused as busy, in terms Paperclip
 // retries (nothing ran, transient): its retry runs once the first is done.
 func TestPaperclipRunsOfOneAgentAtOnce(t *testing.T) {
-	pc, ctx, company := paperclipOnTheRealNode(t, 10*time.Minute, "Concurrent Co")
+	t.Parallel() // a company of its own on the shared server
+	pc := thePaperclip(t)
+	ctx, company := paperclipOnTheRealNode(t, pc, 10*time.Minute, "Concurrent Co")
 	agent := newAgent(ctx, t, pc, company.ID, "Twice", "claude_k8s", map[string]any{"promptTemplate": "lines=3 sleep=6"}, nil)
 	first := wake(ctx, t, pc, agent.ID, "e2e: first")
 	waitAgentJobs(ctx, t, agent.ID, 1) // the first run holds the agent
@@ -529,7 +545,9 @@ func TestPaperclipRunsOfOneAgentAtOnce(t *testing.T) {
 // With maxConcurrentRuns 1 (what the README tells operators to set)
 // Paperclip itself queues the second run; none is refused.
 func TestPaperclipQueuesAnAgentsSecondRunWithOneSlot(t *testing.T) {
-	pc, ctx, company := paperclipOnTheRealNode(t, 10*time.Minute, "One Slot Co")
+	t.Parallel() // a company of its own on the shared server
+	pc := thePaperclip(t)
+	ctx, company := paperclipOnTheRealNode(t, pc, 10*time.Minute, "One Slot Co")
 	agent := newAgent(ctx, t, pc, company.ID, "Once", "claude_k8s", map[string]any{"promptTemplate": "lines=2 sleep=4"},
 		map[string]any{"heartbeat": map[string]any{"maxConcurrentRuns": 1}})
 	first := wake(ctx, t, pc, agent.ID, "e2e: first")
@@ -544,7 +562,9 @@ func TestPaperclipQueuesAnAgentsSecondRunWithOneSlot(t *testing.T) {
 // The server's local paths and loopback URLs never reach the pod: the
 // fake agent's probe lists the names of its environment.
 func TestPaperclipRunEnvHoldsNoServerPaths(t *testing.T) {
-	pc, ctx, company := paperclipOnTheRealNode(t, 10*time.Minute, "Env Co")
+	t.Parallel() // a company of its own on the shared server
+	pc := thePaperclip(t)
+	ctx, company := paperclipOnTheRealNode(t, pc, 10*time.Minute, "Env Co")
 	agent := newAgent(ctx, t, pc, company.ID, "Prober", "claude_k8s", map[string]any{
 		"promptTemplate": "lines=1 probe=1",
 		// An agent's own env that names a loopback URL is left out too.
@@ -592,9 +612,12 @@ func TestPaperclipRunEnvHoldsNoServerPaths(t *testing.T) {
 // run finds it through clipjob's 409, asks Paperclip, which says the run is
 // over, and deletes it. Either way the agent's next run runs.
 func TestPaperclipRestartMidRun(t *testing.T) {
-	pc, ctx, company := paperclipOnTheRealNode(t, 12*time.Minute, "Restart Co")
+	t.Parallel()
 	for _, stop := range []string{"SIGTERM", "SIGKILL"} {
 		t.Run(stop, func(t *testing.T) {
+			t.Parallel() // it stops and starts a server of its own
+			pc := ownPaperclip(t)
+			ctx, company := paperclipOnTheRealNode(t, pc, 12*time.Minute, "Restart Co")
 			agent := newAgent(ctx, t, pc, company.ID, "Long "+stop, "claude_k8s", map[string]any{"promptTemplate": "lines=1 sleep=600"}, nil)
 			run := wake(ctx, t, pc, agent.ID, "e2e: a long run")
 			waitRunStatus(ctx, t, pc, run.ID, "running")
@@ -660,6 +683,7 @@ func testEnvironment(ctx context.Context, t *testing.T, pc *harness.Paperclip, c
 
 // Paperclip's "Test environment" for the adapter, through its API.
 func TestPaperclipTestEnvironment(t *testing.T) {
+	t.Parallel() // a company of its own on the shared server
 	pc := thePaperclip(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -678,6 +702,7 @@ func TestPaperclipTestEnvironment(t *testing.T) {
 // The adapter types offer the models of Paperclip's built-in adapter of
 // the same CLI, as Paperclip lists them.
 func TestPaperclipListsTheBuiltInAdaptersModels(t *testing.T) {
+	t.Parallel() // a company of its own on the shared server
 	pc := thePaperclip(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -707,7 +732,8 @@ func TestPaperclipListsTheBuiltInAdaptersModels(t *testing.T) {
 // kubeconfig whose token is under tokenFile (it used to connect as
 // anonymous). The server is restarted with each environment.
 func TestPaperclipTestEnvironmentNamesWhatIsMissing(t *testing.T) {
-	pc := thePaperclip(t)
+	t.Parallel() // it restarts a server of its own
+	pc := ownPaperclip(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	good := pc.Env["CLIPJOB_KUBECONFIG"]
@@ -738,13 +764,6 @@ func TestPaperclipTestEnvironmentNamesWhatIsMissing(t *testing.T) {
 	if err := pc.Own(pc.Files()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		pc.Stop()
-		pc.Env["CLIPJOB_KUBECONFIG"] = good
-		if err := pc.Start(context.Background()); err != nil {
-			t.Error(err)
-		}
-	})
 	company := newCompany(ctx, t, pc, "Misconfigured Co")
 	for _, c := range []struct{ kubeconfig, want string }{
 		{"", "CLIPJOB_KUBECONFIG is not set"},
@@ -768,7 +787,9 @@ func TestPaperclipTestEnvironmentNamesWhatIsMissing(t *testing.T) {
 // agent's OpenCode events on the real node, and Paperclip records the
 // run's cost and posts its summary as the issue's comment.
 func TestPaperclipOpenCodeAgentWorksAnIssue(t *testing.T) {
-	pc, ctx, company := paperclipOnTheRealNode(t, 10*time.Minute, "Issue Co")
+	t.Parallel() // a company of its own on the shared server
+	pc := thePaperclip(t)
+	ctx, company := paperclipOnTheRealNode(t, pc, 10*time.Minute, "Issue Co")
 	agent := newAgent(ctx, t, pc, company.ID, "Coder", "opencode_k8s", map[string]any{"promptTemplate": "lines=4"}, nil)
 	var issue struct{ ID string }
 	if err := pc.Do(ctx, http.MethodPost, "/api/companies/"+company.ID+"/issues", map[string]any{"title": "Fix the failing test", "assigneeAgentId": agent.ID}, &issue); err != nil {

@@ -27,7 +27,8 @@ import (
 // (k8s_job_create_failed), its Job is deleted, and the run before it is
 // unharmed.
 func TestPaperclipRunsQueueUnderCompiledPolicies(t *testing.T) {
-	pc, ctx, company := paperclipOnTheRealNode(t, 12*time.Minute, "Compiled Queue Co")
+	pc := thePaperclip(t)
+	ctx, company := paperclipOnTheRealNode(t, pc, 12*time.Minute, "Compiled Queue Co")
 	suite.in.CompiledQueueMode(ctx, t)
 	agent := newAgent(ctx, t, pc, company.ID, "Queued", "claude_k8s", map[string]any{"promptTemplate": "lines=2 sleep=8"}, nil)
 
