@@ -59,6 +59,13 @@ func (in *Install) CompiledQueueMode(ctx context.Context, t *testing.T) (stopSyn
 // another creator, and returns the syncer's stop and the completed Job.
 func (in *Install) CompiledMode(ctx context.Context, t *testing.T, policy string) (stopSyncer func(), completed *batchv1.Job) {
 	t.Helper()
+	if in.LoadConfig(t).Policy.Concurrency.Mode != config.ModeQueue {
+		// Registered first, so it runs last: once the config is back and
+		// the policies are deleted, the API server's admission caches may
+		// still apply a deleted policy for a moment, queueing the next
+		// test's Job where nothing will start it.
+		t.Cleanup(func() { in.waitNotQueued(t) })
+	}
 	if policy != "" {
 		original := in.RestoreConfigAfter(t)
 		in.WriteConfig(ctx, t, string(original)+policy, true)
@@ -129,4 +136,25 @@ func (in *Install) StartSyncer(t *testing.T) (stop func()) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Start(ctx) }()
 	return func() { cancel(); <-done }
+}
+
+// waitNotQueued waits until a bare Job is admitted unqueued again (a dry
+// run through the API server).
+func (in *Install) waitNotQueued(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var last *batchv1.Job
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		j, err := in.DryRun(ctx, in.BareJob(t, "e2e-settled"))
+		if err != nil {
+			return false, nil
+		}
+		last = j
+		_, queued := j.Annotations[contract.AnnotationQueued]
+		return !queued, nil
+	})
+	if err != nil {
+		t.Errorf("after compiled Queue mode, bare Jobs are still admitted queued: %+v", last)
+	}
 }

@@ -185,22 +185,3 @@ func forgedPod(vpod *corev1.Pod, namespace, run string) *corev1.Pod {
 		Spec: corev1.PodSpec{NodeName: vpod.Spec.NodeName, Tolerations: vpod.Spec.Tolerations, RestartPolicy: corev1.RestartPolicyNever,
 			AutomountServiceAccountToken: ptr.To(false), Containers: []corev1.Container{{Name: c.Name, Image: c.Image, Command: c.Command}}}}
 }
-
-// TestHostileRelayReview2ForgedControllerRefusedInAgentNamespaces: a
-// tenant creating, in the agents' namespace, a pod of a run of its own
-// whose controller reference names another tenant's running Job (name
-// and UID, which the API server checks neither of) is refused by the
-// webhook: only the Job controller makes agent pods. The relay never
-// binds a run to a Job the tenant does not own, and retention cannot
-// retire another Job's run through it.
-func TestHostileRelayReview2ForgedControllerRefusedInAgentNamespaces(t *testing.T) {
-	in := newInstall(t)
-	ctx := ctxT(t)
-	victim := "e2e-review2-victim-ns"
-	vpod, _ := agentRun(in, ctx, t, victim)
-	_, err := suite.cs.CoreV1().Pods(in.Namespace).Create(ctx, forgedPod(vpod, in.Namespace, "e2e-review2-forged-ns"), metav1.CreateOptions{})
-	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "agent pods are made by the Job controller") {
-		t.Errorf("a pod claiming another's Job as its controller: want the webhook's 403, got %v", err)
-	}
-	in.FinishRun(ctx, t, victim, "0")
-}

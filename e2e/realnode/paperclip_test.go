@@ -18,7 +18,6 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"sigs.k8s.io/yaml"
 
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
@@ -722,62 +721,6 @@ func TestPaperclipListsTheBuiltInAdaptersModels(t *testing.T) {
 		got, want := ids(ours), ids(builtin)
 		if len(want) == 0 || !slices.Equal(got, want) {
 			t.Errorf("%s lists models %v; %s lists %v", ours, got, builtin, want)
-		}
-	}
-}
-
-// The environment test through Paperclip names what is wrong with the
-// server's Kubernetes settings: none at all (it used to report the client
-// configured, then fail with a TLS error against localhost:8080), or a
-// kubeconfig whose token is under tokenFile (it used to connect as
-// anonymous). The server is restarted with each environment.
-func TestPaperclipTestEnvironmentNamesWhatIsMissing(t *testing.T) {
-	t.Parallel() // it restarts a server of its own
-	pc := ownPaperclip(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	good := pc.Env["CLIPJOB_KUBECONFIG"]
-	camel := filepath.Join(pc.Files(), "kubeconfig-tokenFile")
-	data, err := os.ReadFile(good)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tokenFile := filepath.Join(pc.Files(), "sa-token")
-	var kc struct {
-		Users []struct {
-			User struct{ Token string }
-		}
-	}
-	if err := yaml.Unmarshal(data, &kc); err != nil || len(kc.Users) != 1 || kc.Users[0].User.Token == "" {
-		t.Fatalf("the server's kubeconfig: %v", err)
-	}
-	if err := os.WriteFile(tokenFile, []byte(kc.Users[0].User.Token), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	camelText := strings.Replace(string(data), "token: "+kc.Users[0].User.Token, "tokenFile: "+tokenFile, 1)
-	if camelText == string(data) {
-		t.Fatal("could not rewrite the kubeconfig's token")
-	}
-	if err := os.WriteFile(camel, []byte(camelText), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := pc.Own(pc.Files()); err != nil {
-		t.Fatal(err)
-	}
-	company := newCompany(ctx, t, pc, "Misconfigured Co")
-	for _, c := range []struct{ kubeconfig, want string }{
-		{"", "CLIPJOB_KUBECONFIG is not set"},
-		{camel, "tokenFile (the key is token-file)"},
-	} {
-		pc.Stop()
-		pc.Env["CLIPJOB_KUBECONFIG"] = c.kubeconfig
-		if err := pc.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		res := testEnvironment(ctx, t, pc, company.ID)
-		i := slices.IndexFunc(res.Checks, func(ch envCheck) bool { return ch.Code == "clipjob_kube_config" })
-		if res.Status != "fail" || i < 0 || res.Checks[i].Level != "error" || !strings.Contains(res.Checks[i].Message, c.want) {
-			t.Errorf("CLIPJOB_KUBECONFIG=%q: %+v, want a failed clipjob_kube_config check saying %q", c.kubeconfig, res, c.want)
 		}
 	}
 }

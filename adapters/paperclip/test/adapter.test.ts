@@ -1,5 +1,8 @@
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { after, before, beforeEach, describe, it } from "node:test";
 
 import type { AdapterExecutionContext, AdapterInvocationMeta } from "@paperclipai/adapter-utils";
@@ -856,6 +859,32 @@ describe("testEnvironment", () => {
     assert.equal(byCode.clipjob_webhook.level, "error");
     assert.match(byCode.clipjob_webhook.message, /could not be called/);
     assert.equal(byCode.clipjob_relay.level, "error");
+  });
+
+  it("names a kubeconfig it cannot use, through the server's real client", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "kubeconfig-"));
+    const file = join(dir, "kubeconfig");
+    writeFileSync(
+      file,
+      [
+        "apiVersion: v1",
+        "kind: Config",
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:6443'}}]",
+        "contexts: [{name: c, context: {cluster: c, user: u}}]",
+        "current-context: c",
+        "users:",
+        "- name: u",
+        "  user:",
+        "    tokenFile: /var/run/secrets/token",
+        "",
+      ].join("\n"),
+    );
+    const { kube: _fake, ...real } = deps({ CLIPJOB_KUBECONFIG: file });
+    const r = await createClipjobAdapter(CLAUDE_ADAPTER, real).testEnvironment({ companyId: "company-1", adapterType: "claude_k8s", config: {} });
+    assert.equal(r.status, "fail");
+    const check = r.checks.find((c) => c.code === "clipjob_kube_config");
+    assert.equal(check?.level, "error");
+    assert.match(check?.message ?? "", /tokenFile \(the key is token-file\)/);
   });
 
   it("warns when clipjob records no creator, and fails on settings that cannot be used", async () => {
