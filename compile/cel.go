@@ -50,7 +50,7 @@ func writeLiteral(b *strings.Builder, v any, subst map[string]string) error {
 			b.WriteString(e)
 			return nil
 		}
-		b.WriteString(celString(v))
+		b.WriteString(spliced(v, subst))
 	case []any:
 		b.WriteByte('[')
 		for i, e := range v {
@@ -82,6 +82,47 @@ func writeLiteral(b *strings.Builder, v any, subst map[string]string) error {
 		return fmt.Errorf("unexpected JSON value %T", v)
 	}
 	return nil
+}
+
+// spliced is s as CEL: a literal, or, where sentinels occur inside it (a
+// directory named by the run's agent and company), the concatenation of
+// the literal parts and the request's values. Only the "clipjob-sentinel-"
+// values are looked for inside strings: a short one (the turn limit's
+// number) could occur in any string by chance.
+func spliced(s string, subst map[string]string) string {
+	var parts []string
+	lit := 0
+	for i := 0; i < len(s); {
+		j := strings.Index(s[i:], sentinelPrefix)
+		if j < 0 {
+			break
+		}
+		at := i + j
+		// The longest sentinel that starts here (one may prefix another).
+		var key string
+		for k := range subst {
+			if strings.HasPrefix(k, sentinelPrefix) && strings.HasPrefix(s[at:], k) && len(k) > len(key) {
+				key = k
+			}
+		}
+		if key == "" {
+			i = at + len(sentinelPrefix)
+			continue
+		}
+		if at > lit {
+			parts = append(parts, celString(s[lit:at]))
+		}
+		parts = append(parts, subst[key])
+		i = at + len(key)
+		lit = i
+	}
+	if parts == nil {
+		return celString(s)
+	}
+	if lit < len(s) {
+		parts = append(parts, celString(s[lit:]))
+	}
+	return "(" + strings.Join(parts, " + ") + ")"
 }
 
 // pointer is a JSON pointer (RFC 6901) to the object's field path.

@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 
 	batchv1 "k8s.io/api/batch/v1"
 
+	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/templates"
 )
@@ -27,13 +29,19 @@ type feature struct {
 	// subst maps each sentinel set puts on the probe to the CEL
 	// expression of the request's value.
 	subst map[string]string
+	// required: Render refuses a Job without it (a confined run's agent
+	// and company), so the policy applies only to Jobs that carry it and
+	// no render without it is compared.
+	required bool
 }
 
 // sentinel is a probe value no real input holds: lowercase letters, digits
 // and dashes, valid as a label value, a Secret name, a model name and a
 // path segment. The compiler checks that no render without the feature
 // contains it, so an exact match in the render can only be the feature's.
-func sentinel(what string) string { return "clipjob-sentinel-" + what }
+func sentinel(what string) string { return sentinelPrefix + what }
+
+const sentinelPrefix = "clipjob-sentinel-"
 
 // maxTurnsSentinel: a turn limit must be a number; checked like the others.
 const maxTurnsSentinel = "9973"
@@ -62,18 +70,35 @@ func hasTplAnnotation(key string) string {
 
 func tplAnnotation(key string) string { return fmt.Sprintf("%s[%s]", tplAnnotations, celString(key)) }
 
+// labelSentinel is the probe's value of a run label.
+func labelSentinel(label string) string { return sentinel(strings.TrimPrefix(label, contract.Prefix)) }
+
+// confinedLabels are the labels a confined run's directories are named by.
+var confinedLabels = []string{contract.LabelAgentID, contract.LabelCompanyID}
+
+// probeDirs are the directories of a probe Job's run (for a confined run),
+// its agent and company sentinels in their names.
+func probeDirs(cfg *config.Config) templates.RunDirs {
+	return templates.DirsFor(cfg.Isolation, labelSentinel(contract.LabelAgentID), labelSentinel(contract.LabelCompanyID))
+}
+
+// confined reports whether cfg's runs mount only their own directories
+// (a tenant namespace's, which mount none, are never compiled).
+func confined(cfg *config.Config) bool { return cfg.Isolation.Mode != config.IsolationShared }
+
 // features lists what a bare Job may carry, for a source whose shared
 // volume is mounted at dataPath. Their order is the order of the
 // operations in the policy, nothing else.
-func features(dataPath string) []*feature {
+func features(dataPath string, cfg *config.Config) []*feature {
 	var fs []*feature
 	for _, m := range contract.RunEnv {
-		s := sentinel(strings.TrimPrefix(m.Label, contract.Prefix))
+		s := labelSentinel(m.Label)
 		fs = append(fs, &feature{
-			name:    m.Label,
-			set:     func(j *batchv1.Job) { j.Labels[m.Label] = s },
-			present: hasLabel(m.Label),
-			subst:   map[string]string{s: labelValue(m.Label)},
+			name:     m.Label,
+			set:      func(j *batchv1.Job) { j.Labels[m.Label] = s },
+			present:  hasLabel(m.Label),
+			subst:    map[string]string{s: labelValue(m.Label)},
+			required: confined(cfg) && slices.Contains(confinedLabels, m.Label),
 		})
 	}
 	// Run options and the env Secret: the annotation's value as it is.
@@ -88,6 +113,9 @@ func features(dataPath string) []*feature {
 		})
 	}
 	workDir := path.Join(dataPath, sentinel("working-dir"))
+	if confined(cfg) {
+		workDir = path.Join(probeDirs(cfg).Workspace, sentinel("working-dir"))
+	}
 	dir := annotation(contract.AnnotationWorkingDir)
 	fs = append(fs, &feature{
 		name:    contract.AnnotationWorkingDir,
@@ -149,7 +177,7 @@ var _ = regexp.MustCompile(dns1123Subdomain + configMapKey + maxTurns + cleanAbs
 // validValues is the CEL condition that every run value the Job carries
 // is one Render accepts: otherwise Render refuses the Job (422), which a
 // mutating policy cannot do, so such a Job is left to clipjob's webhook.
-func validValues(inh *templates.Inherited) string {
+func validValues(inh *templates.Inherited, cfg *config.Config) string {
 	model, turns := annotation(contract.AnnotationModel), annotation(contract.AnnotationMaxTurns)
 	envSecret, dir := annotation(contract.AnnotationEnvSecret), annotation(contract.AnnotationWorkingDir)
 	ref := tplAnnotation(contract.AnnotationPromptSecret)
@@ -162,14 +190,49 @@ func validValues(inh *templates.Inherited) string {
 		fmt.Sprintf("(!%s || %s.matches(%s))", hasAnnotation(contract.AnnotationMaxTurns), turns, celString(maxTurns)),
 		fmt.Sprintf("(!%s || (size(%[2]s) <= 253 && %[2]s.matches(%[3]s) && !(%[2]s in %[4]s)))",
 			hasAnnotation(contract.AnnotationEnvSecret), envSecret, celString(dns1123Subdomain), server),
-		fmt.Sprintf("(!%s || (%[2]s.matches(%[3]s) && (%[2]s == %[4]s || %[2]s == %[5]s || %[2]s.startsWith(%[5]s))))",
-			hasAnnotation(contract.AnnotationWorkingDir), dir, celString(cleanAbsPath), celString(data), celString(data+"/")),
+		fmt.Sprintf("(!%s || (%s.matches(%s) && (%s)))",
+			hasAnnotation(contract.AnnotationWorkingDir), dir, celString(cleanAbsPath), workingDirWithin(dir, data, cfg)),
 		fmt.Sprintf("!(%s && %s)", hasTplAnnotation(contract.AnnotationPrompt), hasTplAnnotation(contract.AnnotationPromptSecret)),
 		fmt.Sprintf("(!%s || (size(%[2]s.split('/')) <= 2 && size(%[3]s) <= 253 && %[3]s.matches(%[4]s) && !(%[3]s in %[5]s) && "+
 			"(size(%[2]s.split('/')) == 1 || %[6]s == '' || (size(%[6]s) <= 253 && %[6]s.matches(%[7]s) && %[6]s != '.' && !%[6]s.startsWith('..')))))",
 			hasTplAnnotation(contract.AnnotationPromptSecret), ref, name, celString(dns1123Subdomain), server, key, celString(configMapKey)),
 	}
+	if confined(cfg) {
+		// A confined run's directories are named by its agent and
+		// company: Render refuses a Job without them, or with one that is
+		// not a plain path segment.
+		for _, l := range confinedLabels {
+			conds = append(conds, fmt.Sprintf("(%s && %s.matches(%s) && !(%[2]s in ['.', '..']))",
+				hasLabel(l), labelValue(l), celString(pathSegment)))
+		}
+	}
 	return strings.Join(conds, " && ")
+}
+
+// pathSegment is config.PathSegment's alphabet and length.
+const pathSegment = `^[A-Za-z0-9._-]{1,253}$`
+
+// workingDirWithin is the CEL condition that the clean absolute path dir
+// (with or without a trailing slash) is in a directory the run mounts
+// writable: its own directories when confined (named by its labels), else
+// the shared volume at data.
+func workingDirWithin(dir, data string, cfg *config.Config) string {
+	writable := []string{celString(data)}
+	if confined(cfg) {
+		subst := map[string]string{}
+		for _, l := range confinedLabels {
+			subst[labelSentinel(l)] = labelValue(l)
+		}
+		writable = nil
+		for _, w := range probeDirs(cfg).Writable() {
+			writable = append(writable, spliced(w, subst))
+		}
+	}
+	var any []string
+	for _, w := range writable {
+		any = append(any, fmt.Sprintf("%[1]s == %[2]s || %[1]s.startsWith(%[2]s + '/')", dir, w))
+	}
+	return strings.Join(any, " || ")
 }
 
 // serverSecrets is the CEL list of the Secrets the server's Deployment

@@ -103,7 +103,7 @@ type compiler struct {
 }
 
 func compileProfile(in Input, prof config.Resolved) (compiledProfile, error) {
-	c := &compiler{in: in, prof: prof, fs: features(in.Inherited.DataMountPath), without: map[*feature]map[string]any{}}
+	c := &compiler{in: in, prof: prof, fs: features(in.Inherited.DataMountPath, in.Config), without: map[*feature]map[string]any{}}
 	c.subst = map[string]string{creatorSentinel: "request.userInfo.username"}
 	for _, f := range c.fs {
 		maps.Copy(c.subst, f.subst)
@@ -121,6 +121,10 @@ func compileProfile(in Input, prof config.Resolved) (compiledProfile, error) {
 		return compiledProfile{}, err
 	}
 	for _, f := range c.fs {
+		if f.required {
+			c.without[f] = c.full // no Job without it is the policy's
+			continue
+		}
 		if c.without[f], err = c.render(c.probeJob(f, nil)); err != nil {
 			return compiledProfile{}, err
 		}
@@ -632,7 +636,7 @@ func matchConditions(in Input, types []string) []admissionregistrationv1.MatchCo
 		{Name: "profile", Expression: fmt.Sprintf("%s in [%s]", adapterType, strings.Join(types, ", "))},
 		{Name: "bare-job", Expression: bareJobSpec()},
 		{Name: "bare-pod", Expression: barePodSpec()},
-		{Name: "valid-run-values", Expression: validValues(in.Inherited)},
+		{Name: "valid-run-values", Expression: validValues(in.Inherited, in.Config)},
 	}
 }
 

@@ -143,20 +143,40 @@ func bareJob(name string, labels, annotations, tplAnnotations map[string]string)
 // Every combination of the run values a bare Job may carry, for every
 // profile, with and without the API server's defaults.
 func TestCompiledPoliciesRenderEveryCombination(t *testing.T) {
-	inh, cfg := testSource(t)
+	inh, agentCfg := testSource(t)
+	for _, cfg := range []*config.Config{agentCfg, withIsolation(t, "Company"), withIsolation(t, "Shared")} {
+		t.Run(string(cfg.Isolation.Mode), func(t *testing.T) { renderEveryCombination(t, inh, cfg) })
+	}
+}
+
+// withIsolation is the fixtures' config in another isolation mode.
+func withIsolation(t testing.TB, mode string) *config.Config {
+	t.Helper()
+	cfg, err := config.Parse([]byte("apiVersion: " + config.APIVersion + "\nkind: Config\nisolation:\n  mode: " + mode + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func renderEveryCombination(t *testing.T, inh *templates.Inherited, cfg *config.Config) {
 	c := compileFor(t, inh, cfg, "paperclip")
 	type item struct {
 		set func(l, a, ta map[string]string)
 	}
+	// The run's company is always there (a confined run's directories
+	// are named by it; without it Render refuses the Job, below).
 	items := []item{
 		{func(l, a, ta map[string]string) { l[contract.LabelRunID] = "run-1" }},
-		{func(l, a, ta map[string]string) { l[contract.LabelCompanyID] = "acme" }},
+		{func(l, a, ta map[string]string) { l[contract.LabelSessionID] = "sess-0" }},
 		{func(l, a, ta map[string]string) { l[contract.LabelTaskID] = "task-9" }},
 		{func(l, a, ta map[string]string) { l[contract.LabelSessionID] = "sess-1" }},
 		{func(l, a, ta map[string]string) { a[contract.AnnotationModel] = "anthropic/claude-sonnet-4-5" }},
 		{func(l, a, ta map[string]string) { a[contract.AnnotationMaxTurns] = "10000" }},
 		{func(l, a, ta map[string]string) { a[contract.AnnotationEnvSecret] = "run-1-env" }},
-		{func(l, a, ta map[string]string) { a[contract.AnnotationWorkingDir] = "/paperclip/worktrees/run-1/" }},
+		{func(l, a, ta map[string]string) {
+			a[contract.AnnotationWorkingDir] = "/paperclip/instances/default/projects/acme/p-1/repo/.paperclip/worktrees/run-1/"
+		}},
 		{func(l, a, ta map[string]string) { ta[contract.AnnotationPrompt] = "Fix it." }},
 		{func(l, a, ta map[string]string) { ta[contract.AnnotationPromptSecret] = "run-1-prompt/p.txt" }},
 	}
@@ -175,7 +195,7 @@ func TestCompiledPoliciesRenderEveryCombination(t *testing.T) {
 			if (mask+i)%3 != 0 && mask != 0 {
 				continue // every combination, each under a third of the profiles
 			}
-			l := map[string]string{contract.LabelAgentID: "agent-1"}
+			l := map[string]string{contract.LabelAgentID: "agent-1", contract.LabelCompanyID: "acme"}
 			if prof != "" {
 				l[contract.LabelAdapterType] = prof
 			}
@@ -229,7 +249,7 @@ func TestCompiledPoliciesKeepWhatRenderKeeps(t *testing.T) {
 	inh, cfg := testSource(t)
 	c := compileFor(t, inh, cfg, "paperclip")
 	base := func() *batchv1.Job {
-		return bareJob("kept", map[string]string{contract.LabelAgentID: "a", contract.LabelRunID: "r", contract.LabelAdapterType: "claude_local"},
+		return bareJob("kept", map[string]string{contract.LabelAgentID: "a", contract.LabelCompanyID: "c", contract.LabelRunID: "r", contract.LabelAdapterType: "claude_local"},
 			map[string]string{contract.AnnotationProfile: "forged", contract.AnnotationQueued: "false", "team": "x"},
 			map[string]string{contract.AnnotationPrompt: "p"})
 	}
@@ -255,7 +275,6 @@ func TestCompiledPoliciesKeepWhatRenderKeeps(t *testing.T) {
 			delete(j.Labels, contract.LabelAdapterType)
 			j.Labels[contract.LabelAdapter] = "claude"
 		},
-		"empty-agent-id": func(j *batchv1.Job) { j.Labels[contract.LabelAgentID] = "" },
 		// The source holds "server-only" under a denied name: a run value
 		// equal to it was withheld by Render, which the policy cannot see.
 		"run-values-equal-to-a-server-credential": func(j *batchv1.Job) {
@@ -308,14 +327,29 @@ func TestCompiledPoliciesLeaveTheRestToTheWebhook(t *testing.T) {
 		"selector": func(j *batchv1.Job) {
 			j.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"a": "b"}}
 		},
-		"unknown-adapter":      func(j *batchv1.Job) { j.Labels[contract.LabelAdapterType] = "hermes_local" },
-		"model-with-space":     func(j *batchv1.Job) { j.Annotations[contract.AnnotationModel] = "x --dangerous" },
-		"model-empty":          func(j *batchv1.Job) { j.Annotations[contract.AnnotationModel] = "" },
-		"turns-zero":           func(j *batchv1.Job) { j.Annotations[contract.AnnotationMaxTurns] = "0" },
-		"turns-padded":         func(j *batchv1.Job) { j.Annotations[contract.AnnotationMaxTurns] = "010" },
-		"turns-too-many":       func(j *batchv1.Job) { j.Annotations[contract.AnnotationMaxTurns] = "10001" },
-		"env-secret-server":    func(j *batchv1.Job) { j.Annotations[contract.AnnotationEnvSecret] = server[0] },
-		"env-secret-bad-name":  func(j *batchv1.Job) { j.Annotations[contract.AnnotationEnvSecret] = "Run_1" },
+		"unknown-adapter":     func(j *batchv1.Job) { j.Labels[contract.LabelAdapterType] = "hermes_local" },
+		"model-with-space":    func(j *batchv1.Job) { j.Annotations[contract.AnnotationModel] = "x --dangerous" },
+		"model-empty":         func(j *batchv1.Job) { j.Annotations[contract.AnnotationModel] = "" },
+		"turns-zero":          func(j *batchv1.Job) { j.Annotations[contract.AnnotationMaxTurns] = "0" },
+		"turns-padded":        func(j *batchv1.Job) { j.Annotations[contract.AnnotationMaxTurns] = "010" },
+		"turns-too-many":      func(j *batchv1.Job) { j.Annotations[contract.AnnotationMaxTurns] = "10001" },
+		"env-secret-server":   func(j *batchv1.Job) { j.Annotations[contract.AnnotationEnvSecret] = server[0] },
+		"env-secret-bad-name": func(j *batchv1.Job) { j.Annotations[contract.AnnotationEnvSecret] = "Run_1" },
+		"empty-agent-id":      func(j *batchv1.Job) { j.Labels[contract.LabelAgentID] = "" },
+		"no-company":          func(j *batchv1.Job) { delete(j.Labels, contract.LabelCompanyID) },
+		"empty-company":       func(j *batchv1.Job) { j.Labels[contract.LabelCompanyID] = "" },
+		"company-dotdot":      func(j *batchv1.Job) { j.Labels[contract.LabelCompanyID] = ".." },
+		"company-slash":       func(j *batchv1.Job) { j.Labels[contract.LabelCompanyID] = "a/b" },
+		"workdir-other-agent": func(j *batchv1.Job) {
+			j.Annotations[contract.AnnotationWorkingDir] = "/paperclip/instances/default/workspaces/b"
+		},
+		"workdir-agent-prefix": func(j *batchv1.Job) {
+			j.Annotations[contract.AnnotationWorkingDir] = "/paperclip/instances/default/workspaces/ab"
+		},
+		"workdir-other-co": func(j *batchv1.Job) {
+			j.Annotations[contract.AnnotationWorkingDir] = "/paperclip/instances/default/projects/d/x"
+		},
+		"workdir-volume-root":  func(j *batchv1.Job) { j.Annotations[contract.AnnotationWorkingDir] = "/paperclip" },
 		"workdir-dotdot":       func(j *batchv1.Job) { j.Annotations[contract.AnnotationWorkingDir] = "/paperclip/../etc" },
 		"workdir-outside":      func(j *batchv1.Job) { j.Annotations[contract.AnnotationWorkingDir] = "/etc" },
 		"workdir-prefix-only":  func(j *batchv1.Job) { j.Annotations[contract.AnnotationWorkingDir] = "/paperclipx/a" },
@@ -341,7 +375,7 @@ func TestCompiledPoliciesLeaveTheRestToTheWebhook(t *testing.T) {
 	}
 	for name, change := range cases {
 		t.Run(name, func(t *testing.T) {
-			j := bareJob(name, map[string]string{contract.LabelAgentID: "a", contract.LabelRunID: "r", contract.LabelAdapterType: "claude_local"},
+			j := bareJob(name, map[string]string{contract.LabelAgentID: "a", contract.LabelCompanyID: "c", contract.LabelRunID: "r", contract.LabelAdapterType: "claude_local"},
 				map[string]string{}, map[string]string{contract.AnnotationPrompt: "p"})
 			change(j)
 			if _, matched := c.admit(t, j); len(matched) > 0 {
@@ -367,16 +401,17 @@ func TestCompiledPoliciesIgnoreOtherJobs(t *testing.T) {
 // webhook or completes it as Render does; never completes one Render
 // refuses.
 func FuzzCompiledPolicy(f *testing.F) {
-	f.Add("agent", "run", "sess", "claude-sonnet-4-5", "10", "env-1", "/paperclip/a/", "prompt", "", "claude_local")
-	f.Add("a", "", "", "x y", "0", "Bad", "/paperclip/..", "", "s/k", "codex")
-	f.Add("a", "r", "s", "m", "007", "e", "/paperclip", "p", "s/", "")
-	f.Add("a", "r", "s", "m", "1", "e", "/paperclip/.hidden/..x", "", "s/..", "opencode_local")
+	f.Add("agent", "co", "run", "sess", "claude-sonnet-4-5", "10", "env-1", "/paperclip/instances/default/workspaces/agent/a/", "prompt", "", "claude_local")
+	f.Add("a", "", "", "", "x y", "0", "Bad", "/paperclip/..", "", "s/k", "codex")
+	f.Add("a", "c", "r", "s", "m", "007", "e", "/paperclip", "p", "s/", "")
+	f.Add("a", "..", "r", "s", "m", "1", "e", "/paperclip/instances/default/projects/../x", "", "s/..", "opencode_local")
+	f.Add("a", "c", "r", "s", "m", "1", "e", "/paperclip/instances/default/projects/c", "", "s/..", "opencode_local")
 	inh, cfg := testSource(f)
 	c := compileFor(f, inh, cfg, "paperclip")
-	f.Fuzz(func(t *testing.T, agent, run, session, model, turns, envSecret, workDir, prompt, promptSecret, adapter string) {
+	f.Fuzz(func(t *testing.T, agent, company, run, session, model, turns, envSecret, workDir, prompt, promptSecret, adapter string) {
 		l := map[string]string{contract.LabelAgentID: agent, contract.LabelAdapterType: adapter}
 		a, ta := map[string]string{}, map[string]string{}
-		for k, v := range map[string]string{contract.LabelRunID: run, contract.LabelSessionID: session} {
+		for k, v := range map[string]string{contract.LabelCompanyID: company, contract.LabelRunID: run, contract.LabelSessionID: session} {
 			if v != "" {
 				l[k] = v
 			}
@@ -393,10 +428,10 @@ func FuzzCompiledPolicy(f *testing.F) {
 		if promptSecret != "" {
 			ta[contract.AnnotationPromptSecret] = promptSecret
 		}
-		if strings.ContainsRune(agent+run+session+adapter, 0) {
+		if strings.ContainsRune(agent+company+run+session+adapter, 0) {
 			return // not a label value the API server would take
 		}
-		for _, v := range []string{agent, run, session, model, turns, envSecret, workDir, prompt, promptSecret, adapter} {
+		for _, v := range []string{agent, company, run, session, model, turns, envSecret, workDir, prompt, promptSecret, adapter} {
 			if !utf8.ValidString(v) {
 				return // the API server's JSON decoding has replaced such bytes before any admission sees them
 			}

@@ -99,6 +99,16 @@ func (c *Config) setDefaults() {
 	if s.DataMountPath == "" {
 		s.DataMountPath = "/paperclip"
 	}
+	iso := &c.Isolation
+	if iso.Mode == "" {
+		iso.Mode = IsolationAgent
+	}
+	if iso.PaperclipHome == "" {
+		iso.PaperclipHome = s.DataMountPath
+	}
+	if iso.Instance == "" {
+		iso.Instance = "default"
+	}
 	cc := &c.Policy.Concurrency
 	if cc.Mode == "" {
 		cc.Mode = ModeReject

@@ -46,6 +46,9 @@ type Config struct {
 	// (claude_local, codex_local, …) is layered over the built-in.
 	Profiles map[string]Profile `json:"profiles,omitempty"`
 
+	// Isolation is what of the shared volume each agent run mounts.
+	Isolation Isolation `json:"isolation,omitempty"`
+
 	// Policy is what the validating webhook enforces on the final Job.
 	Policy Policy `json:"policy,omitempty"`
 
@@ -72,6 +75,37 @@ type Source struct {
 	// envFrom agents inherit: by allowlist, so a server credential under a
 	// name nobody thought to deny stays the server's.
 	Env EnvFilter `json:"env,omitempty"`
+}
+
+// IsolationMode is how much of Paperclip's home an agent run sees.
+type IsolationMode string
+
+const (
+	// IsolationAgent: a run mounts its own agent's workspace and home,
+	// its company's project checkouts, and its instructions and its
+	// company's skills read-only. Nothing else of the volume.
+	IsolationAgent IsolationMode = "Agent"
+	// IsolationCompany: as Agent, but the agents of one company share a
+	// home (their CLI sessions and settings), as Paperclip's own Codex
+	// adapter shares one CODEX_HOME per company.
+	IsolationCompany IsolationMode = "Company"
+	// IsolationShared: every run mounts the whole volume read-write, with
+	// HOME at its root: Paperclip's secrets, database and every company's
+	// data with it. An explicit opt-out, warned on every Job.
+	IsolationShared IsolationMode = "Shared"
+)
+
+// Isolation says where Paperclip's home is on the shared volume and what
+// of it each run mounts (docs/security.md, "What a run sees").
+type Isolation struct {
+	// Mode: Agent (default), Company or Shared.
+	Mode IsolationMode `json:"mode,omitempty"`
+	// PaperclipHome is the server's PAPERCLIP_HOME as its container sees
+	// it: source.dataMountPath or a directory under it. Default
+	// source.dataMountPath, where Paperclip's image keeps it.
+	PaperclipHome string `json:"paperclipHome,omitempty"`
+	// Instance is the server's PAPERCLIP_INSTANCE_ID. Default "default".
+	Instance string `json:"instance,omitempty"`
 }
 
 // EnvFilter selects inherited env by allowlist. Patterns are shell globs
@@ -193,6 +227,16 @@ type Policy struct {
 	// Secrets says which Secrets an agent Job may reference besides those
 	// made for its run and those clipjob hands it from the source.
 	Secrets SecretPolicy `json:"secrets,omitempty"`
+	// Claims (globs) are PersistentVolumeClaims an agent Job may mount
+	// itself, besides the shared one clipjob mounts. Default none: a
+	// claim of the Job's own could be the shared volume's, or another
+	// volume of the server's.
+	Claims []string `json:"claims,omitempty"`
+	// CSIDrivers (globs) are CSI drivers an agent Job may use in an inline
+	// volume. Default none: an inline volume names its storage by
+	// attributes the Job writes (an NFS driver's server and share could be
+	// the shared volume's). A secrets-store driver, say, may be listed.
+	CSIDrivers []string `json:"csiDrivers,omitempty"`
 }
 
 // SecretPolicy is what the run-secret rule admits beyond a run's own

@@ -31,6 +31,7 @@ func (c *Config) validate() field.ErrorList {
 		errs = append(errs, field.NotSupported(field.NewPath("kind"), c.Kind, []string{Kind}))
 	}
 	errs = append(errs, validateSource(c.Source, sourcePath)...)
+	errs = append(errs, validateIsolation(c.Isolation, c.Source.DataMountPath, field.NewPath("isolation"))...)
 	if _, ok := c.resolved[c.DefaultProfile]; !ok {
 		errs = append(errs, field.NotSupported(field.NewPath("defaultProfile"), c.DefaultProfile, c.ProfileNames()))
 	}
@@ -84,7 +85,54 @@ func validatePolicy(pol Policy, p *field.Path) field.ErrorList {
 	for i, g := range pol.Secrets.Shared {
 		errs = append(errs, glob(g, p.Child("secrets", "shared").Index(i))...)
 	}
+	for i, g := range pol.Claims {
+		errs = append(errs, glob(g, p.Child("claims").Index(i))...)
+	}
+	for i, g := range pol.CSIDrivers {
+		errs = append(errs, glob(g, p.Child("csiDrivers").Index(i))...)
+	}
 	return errs
+}
+
+func validateIsolation(iso Isolation, dataMountPath string, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	switch iso.Mode {
+	case IsolationAgent, IsolationCompany, IsolationShared:
+	default:
+		errs = append(errs, field.NotSupported(p.Child("mode"), iso.Mode, []IsolationMode{IsolationAgent, IsolationCompany, IsolationShared}))
+	}
+	home := p.Child("paperclipHome")
+	if e := absPath(iso.PaperclipHome, home); e != nil {
+		errs = append(errs, e...)
+	} else if !PathWithin(iso.PaperclipHome, dataMountPath) {
+		errs = append(errs, field.Invalid(home, iso.PaperclipHome, fmt.Sprintf(
+			"the server's PAPERCLIP_HOME must be on the shared volume: %s or a directory under it (source.dataMountPath)", dataMountPath)))
+	}
+	if !PathSegment(iso.Instance) {
+		errs = append(errs, field.Invalid(p.Child("instance"), iso.Instance,
+			"the server's PAPERCLIP_INSTANCE_ID: one path segment of letters, digits, '.', '_' and '-' (default \"default\")"))
+	}
+	return errs
+}
+
+// PathWithin reports whether the clean absolute path p is dir or under it.
+func PathWithin(p, dir string) bool {
+	return p == dir || dir == "/" || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
+}
+
+// PathSegment reports whether s can name one directory: letters, digits,
+// '.', '_' and '-', not "." or "..", at most 253 characters. Agent and
+// company ids (label values) always are.
+func PathSegment(s string) bool {
+	if s == "" || s == "." || s == ".." || len(s) > 253 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 func validateSource(s Source, p *field.Path) field.ErrorList {

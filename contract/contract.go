@@ -36,6 +36,10 @@ const (
 // source, is refused.
 const ReservedPrefix = "clipjob-"
 
+// DataVolume is the pod volume of the shared PersistentVolumeClaim,
+// whatever the source calls it: clipjob alone mounts it.
+const DataVolume = ReservedPrefix + "data"
+
 // Pod-template annotations that carry the prompt.
 const (
 	// AnnotationPrompt holds a small prompt inline.

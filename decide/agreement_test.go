@@ -134,12 +134,33 @@ func TestWebhookAndCLIAgree(t *testing.T) {
 			if strings.HasPrefix(f.name, "hostile/") && web.Outcome == "allowed" && !neutralized[f.name] {
 				t.Errorf("a hostile fixture was admitted (warnings %q)", web.Warnings)
 			}
+			// A fixture that says why it is refused is refused for that,
+			// not for something else it happens to carry.
+			if want := refusedFor(t, f.jobFile); want != "" && !strings.Contains(web.Message, want) {
+				t.Errorf("%s: %s; want a refusal saying %q", web.Outcome, web.Message, want)
+			}
 		})
 	}
 	// The table must hold both answers, or agreeing proves little.
 	if outcomes["allowed"] < 10 || outcomes["denied by the mutating webhook"] < 5 || outcomes["denied by the validating webhook"] < 5 {
 		t.Errorf("outcomes %v: the fixtures no longer exercise both webhooks' refusals and admissions", outcomes)
 	}
+}
+
+// refusedFor is what a fixture's first line says its refusal holds
+// ("# refused: <text>"), or "".
+func refusedFor(t *testing.T, file string) string {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _, _ := strings.Cut(string(data), "\n")
+	want, _ := strings.CutPrefix(first, "# refused: ")
+	if want == first {
+		return ""
+	}
+	return want
 }
 
 // neutralized are the hostile fixtures clipjob admits because the mutating

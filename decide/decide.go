@@ -199,6 +199,10 @@ func validate(in Input) Validation {
 			if inh.Image != "" {
 				pin.SourceImages = []string{inh.Image}
 			}
+			if !inh.Tenant {
+				pin.Shared = &policy.SharedVolume{Volume: templates.DataVolume, Claim: inh.DataVolume.PersistentVolumeClaim.ClaimName,
+					Mounts: templates.SharedMounts(inh, cfg, in.Job.Labels), Confined: templates.Confined(inh, cfg), FSGroup: ptr.To(templates.FloorGID)}
+			}
 			prof, _ := cfg.JobProfile(contract.AdapterType(in.Job.Labels))
 			ss := inh.SecretsFor(cfg.Source.Env, prof)
 			pin.HandedSecrets, pin.HandedKeys, pin.ServerSecrets, pin.SourceSecrets = ss.Whole, ss.Keys, ss.Server, ss.Read

@@ -1,6 +1,8 @@
 package decide_test
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -43,6 +45,31 @@ func TestRealClientsJobs(t *testing.T) {
 		f.cfgFile = realFile("config-busybox.yaml")
 		if v := throughWebhook(t, f); v.Outcome != tc.refusedBy || !strings.Contains(v.Message, tc.names) {
 			t.Errorf("%s under config-busybox.yaml: %s: %s; want %s naming %q", tc.file, v.Outcome, v.Message, tc.refusedBy, tc.names)
+		}
+	}
+}
+
+// TestRealClientsMountingTheWholeVolumeAreRefusedWhenConfined: the
+// adapters that mount the shared claim themselves would hand every run
+// Paperclip's whole home. With isolation on (the default) their Jobs are
+// refused naming the volume to remove; their documented config turns it
+// off explicitly.
+func TestRealClientsMountingTheWholeVolumeAreRefusedWhenConfined(t *testing.T) {
+	cfg, err := os.ReadFile(realFile("config-adapters.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	confined := strings.Replace(string(cfg), "isolation:\n  mode: Shared\n", "", 1)
+	if confined == string(cfg) {
+		t.Fatal("config-adapters.yaml does not turn isolation off as this test expects")
+	}
+	for _, file := range []string{"claude-job.json", "opencode-job.json"} {
+		f := fixture{jobFile: realFile(file), srcFile: realFile("source.yaml"), objects: []string{realFile("objects.yaml")},
+			cfgFile: writeFile(t, t.TempDir(), "confined.yaml", confined)}
+		v := throughWebhook(t, f)
+		if v.Outcome != "denied by the validating webhook" || !strings.Contains(v.Message, `is the shared volume, which clipjob mounts itself`) ||
+			!strings.Contains(v.Message, `remove volume "data"`) {
+			t.Errorf("%s with isolation on: %s: %s; want a refusal naming volume data", file, v.Outcome, v.Message)
 		}
 	}
 }
@@ -245,4 +272,32 @@ func secretMounts(spec corev1.PodSpec, c corev1.Container) map[string]string {
 		}
 	}
 	return out
+}
+
+// TestAJobsOwnVolumeOverItsWorkspaceIsAdmitted: a Job that mounts a
+// volume of its own where its workspace would be gets that volume there
+// and starts in it (clipjob's mount gives way), without being told that
+// its working directory is not mounted.
+func TestAJobsOwnVolumeOverItsWorkspaceIsAdmitted(t *testing.T) {
+	job := `apiVersion: batch/v1
+kind: Job
+metadata:
+  name: own-workspace
+  namespace: paperclip
+  labels: {paperclip.io/agent-id: agent-7f3a, paperclip.io/company-id: acme, paperclip.io/run-id: r1, paperclip.io/adapter-type: claude_local}
+spec:
+  template:
+    metadata:
+      annotations: {paperclip.io/prompt: hi}
+    spec:
+      containers:
+      - name: agent
+        volumeMounts: [{name: scratch, mountPath: /paperclip/instances/default/workspaces/agent-7f3a}]
+      volumes: [{name: scratch, emptyDir: {}}]
+`
+	f := fixture{jobFile: writeFile(t, t.TempDir(), "job.yaml", job), srcFile: filepath.Join(golden.Dir(), "source.yaml"),
+		objects: []string{filepath.Join("testdata", "objects.yaml")}}
+	if v := throughWebhook(t, f); v.Outcome != "allowed" {
+		t.Fatalf("%s: %s", v.Outcome, v.Message)
+	}
 }

@@ -542,7 +542,8 @@ func (d *doctor) relay(ctx context.Context) {
 // must come back mutated, through both webhooks, and writes nothing.
 func (d *doctor) dryRun(ctx context.Context, cfg *config.Config) {
 	ns := cfg.Source.Namespace
-	labels := map[string]string{contract.LabelAgentID: "clipjob-doctor", contract.LabelRunID: fmt.Sprintf("doctor-%d", d.o.Now().Unix())}
+	labels := map[string]string{contract.LabelAgentID: "clipjob-doctor", contract.LabelCompanyID: "clipjob-doctor",
+		contract.LabelRunID: fmt.Sprintf("doctor-%d", d.o.Now().Unix())}
 	// A bare Job names an adapter whose profile runs a command; the default
 	// profile may run none.
 	for _, name := range cfg.ProfileNames() {

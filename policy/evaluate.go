@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path"
 	"slices"
 	"strings"
 
@@ -91,6 +92,10 @@ type Input struct {
 	// User is who makes the request (the admission request's userInfo);
 	// empty (an offline check) skips the creator rule on CREATE.
 	User string
+	// Shared is the shared volume as clipjob mounts it for this Job, or
+	// nil when the source is not known: the volume rule then checks only
+	// that the claims the Job mounts exist.
+	Shared *SharedVolume
 	// Rerender, on CREATE, completes the Job again as clipjob does
 	// (templates.Render with the facts in force) and says whether that
 	// changed it (templates.Result.Changed); nil skips the rendered rule.
@@ -98,6 +103,21 @@ type Input struct {
 	// webhook or a compiled admission policy — comes back unchanged, and
 	// one that skipped both does not.
 	Rerender func(*batchv1.Job) (again *batchv1.Job, changed bool, err error)
+}
+
+// SharedVolume is how clipjob mounts the shared volume for one Job
+// (templates.SharedMounts).
+type SharedVolume struct {
+	// Volume is the pod volume clipjob adds for it, and Claim its claim.
+	Volume, Claim string
+	// Mounts are the mounts of it clipjob gives every app container: the
+	// run's own directories, or under isolation mode Shared the whole
+	// volume. A container mounts it only so.
+	Mounts []corev1.VolumeMount
+	// Confined: the run's directories, not the whole volume.
+	Confined bool
+	// FSGroup is the group clipjob gives the pod (the floor's), or nil.
+	FSGroup *int64
 }
 
 // SecretMeta returns the metadata of a Secret (its labels and owners), or
@@ -729,6 +749,12 @@ func checkImages(in Input) (field.ErrorList, []string) {
 	for i, c := range spec.EphemeralContainers {
 		check(podPath.Child("ephemeralContainers").Index(i), corev1.Container(c.EphemeralContainerCommon))
 	}
+	// An image volume pulls an image too, with the pod's pull secrets.
+	for i, v := range spec.Volumes {
+		if v.Image != nil {
+			check(podPath.Child("volumes").Index(i), corev1.Container{Name: "volume " + v.Name, Image: v.Image.Reference})
+		}
+	}
 	return errs, warnings
 }
 
@@ -759,45 +785,174 @@ func checkPodSecurity(job *batchv1.Job) field.ErrorList {
 	return field.ErrorList{field.Forbidden(podPath, `violates PodSecurity "restricted:latest": `+strings.Join(parts, ", "))}
 }
 
-// checkVolume requires the claim mounted at the data path to exist in the
-// Job's namespace, and warns unless it is ReadWriteMany.
+// checkVolume: the shared volume is clipjob's to mount, and only as it
+// mounts it: the run's own directories, each at its path, its subPath
+// fixed at admission. Another volume of the shared claim, a mount of it
+// without its subPath or with subPathExpr (which the container's env
+// expands), or a directory of another agent or company would hand the run
+// what isolation keeps from it; so would a working directory on the
+// volume the run does not mount writable. Any other claim must be one the
+// config allows (policy.claims): it could be another of the server's
+// volumes. The shared claim must exist in the Job's namespace, and is
+// warned about unless ReadWriteMany.
 func checkVolume(in Input) (field.ErrorList, []string, []Undecided) {
 	spec := in.Job.Spec.Template.Spec
-	dataPath := in.Config.Source.DataMountPath
-	var volName string
-	for _, c := range spec.Containers {
-		for _, m := range c.VolumeMounts {
-			if m.MountPath == dataPath {
-				volName = m.Name
-			}
-		}
+	var errs field.ErrorList
+	var warnings []string
+	var undecided []Undecided
+	sh := in.Shared
+	if sh != nil {
+		errs = append(errs, checkSharedMounts(in, sh)...)
+		errs = append(errs, checkVolumeOwnership(in, sh)...)
 	}
 	for i, v := range spec.Volumes {
-		if v.Name != volName || v.PersistentVolumeClaim == nil {
+		p := podPath.Child("volumes").Index(i)
+		switch {
+		case v.Ephemeral != nil && v.Ephemeral.VolumeClaimTemplate != nil:
+			// A new claim, but one that can start as a copy of another
+			// (the shared one, a snapshot of it) or bind a given volume.
+			ts := v.Ephemeral.VolumeClaimTemplate.Spec
+			if ts.DataSource != nil || ts.DataSourceRef != nil || ts.VolumeName != "" {
+				errs = append(errs, field.Forbidden(p.Child("ephemeral", "volumeClaimTemplate", "spec"),
+					"an ephemeral volume of an agent run starts empty: its claim template may not name a dataSource, dataSourceRef or volumeName (a clone or snapshot of the shared volume, or the volume itself)"))
+			}
+			continue
+		case v.CSI != nil:
+			// An inline CSI volume reaches storage by attributes the Job
+			// writes (an NFS driver's server and share: the shared
+			// volume's own export).
+			if !config.MatchAny(in.Config.Policy.CSIDrivers, v.CSI.Driver) {
+				errs = append(errs, field.Forbidden(p.Child("csi", "driver"), fmt.Sprintf(
+					"CSI driver %q is not one agent Jobs may use inline (it could reach the shared volume's storage by its attributes): remove the volume, or list the driver in policy.csiDrivers in the clipjob config",
+					v.CSI.Driver)))
+			}
+			continue
+		case v.PersistentVolumeClaim == nil:
 			continue
 		}
-		p := podPath.Child("volumes").Index(i).Child("persistentVolumeClaim", "claimName")
+		p = p.Child("persistentVolumeClaim", "claimName")
 		name := v.PersistentVolumeClaim.ClaimName
+		shared := sh != nil && name == sh.Claim
+		switch {
+		case shared && v.Name != sh.Volume && sh.Confined:
+			errs = append(errs, field.Forbidden(p, fmt.Sprintf(
+				"%s is the shared volume, which clipjob mounts itself (volume %s: the run's own directories); remove volume %q from the Job",
+				name, sh.Volume, v.Name)))
+			continue
+		case sh != nil && !shared && !config.MatchAny(in.Config.Policy.Claims, name):
+			errs = append(errs, field.Forbidden(p, fmt.Sprintf(
+				"PersistentVolumeClaim %q is not one agent Jobs may mount (it could hold another run's or the server's data): remove the volume, or list the claim in policy.claims in the clipjob config",
+				name)))
+			continue
+		case sh == nil && v.Name != contract.DataVolume:
+			continue // without the source, only clipjob's own volume is known
+		}
 		notFound := func() *field.Error {
 			return field.NotFound(p, fmt.Sprintf(
 				"%s: no PersistentVolumeClaim %q in namespace %s; agent Jobs share Paperclip's data through it, so create the Job in the namespace that has it, or, if agents here run apart from the server, list the namespace in tenantNamespaces in the clipjob config",
 				name, name, in.Job.Namespace))
 		}
+		if !shared && sh != nil {
+			notFound = func() *field.Error {
+				return field.NotFound(p, fmt.Sprintf("%s: no PersistentVolumeClaim %q in namespace %s", name, name, in.Job.Namespace))
+			}
+		}
 		pvc, err := in.Claims(in.Job.Namespace, name)
 		var unknown *FactUnknown
 		switch {
 		case errors.As(err, &unknown):
-			return nil, nil, []Undecided{{Fact: unknown.Fact, Give: unknown.Give, WithoutIt: notFound().Error(),
-				WithIt: "allowed (ReadWriteMany, or a warning)"}}
+			undecided = append(undecided, Undecided{Fact: unknown.Fact, Give: unknown.Give, WithoutIt: notFound().Error(),
+				WithIt: "allowed (ReadWriteMany, or a warning)"})
 		case apierrors.IsNotFound(err):
-			return field.ErrorList{notFound()}, nil, nil
+			errs = append(errs, notFound())
 		case err != nil:
-			return field.ErrorList{field.InternalError(p, fmt.Errorf("looking up PersistentVolumeClaim %s/%s: %w", in.Job.Namespace, name, err))}, nil, nil
-		}
-		if !slices.Contains(pvc.Spec.AccessModes, corev1.ReadWriteMany) {
-			return nil, []string{fmt.Sprintf("PersistentVolumeClaim %s/%s is not ReadWriteMany (%v): the agent pod may not be able to mount it beside the Paperclip server",
-				in.Job.Namespace, name, pvc.Spec.AccessModes)}, nil
+			errs = append(errs, field.InternalError(p, fmt.Errorf("looking up PersistentVolumeClaim %s/%s: %w", in.Job.Namespace, name, err)))
+		case !slices.Contains(pvc.Spec.AccessModes, corev1.ReadWriteMany) && (shared || v.Name == contract.DataVolume):
+			warnings = append(warnings, fmt.Sprintf("PersistentVolumeClaim %s/%s is not ReadWriteMany (%v): the agent pod may not be able to mount it beside the Paperclip server",
+				in.Job.Namespace, name, pvc.Spec.AccessModes))
 		}
 	}
-	return nil, nil, nil
+	return errs, warnings, undecided
+}
+
+// checkSharedMounts holds every mount of the shared volume to one clipjob
+// gives (exactly: path, subPath, read-only), and, for a confined run, a
+// working directory on the volume's path to a directory mounted writable.
+func checkSharedMounts(in Input, sh *SharedVolume) field.ErrorList {
+	var errs field.ErrorList
+	var allowed []string
+	for _, m := range sh.Mounts {
+		how := m.MountPath + " (subPath " + m.SubPath + ")"
+		if m.ReadOnly {
+			how += " read-only"
+		}
+		allowed = append(allowed, how)
+	}
+	spec := in.Job.Spec.Template.Spec
+	check := func(cs []corev1.Container, p *field.Path) {
+		for i, c := range cs {
+			var writable []string
+			for j, m := range c.VolumeMounts {
+				if m.Name != sh.Volume {
+					if !m.ReadOnly {
+						writable = append(writable, m.MountPath) // the Job's own volume over a path of the volume's
+					}
+					continue
+				}
+				if slices.ContainsFunc(sh.Mounts, func(want corev1.VolumeMount) bool { return equality.Semantic.DeepEqual(want, m) }) {
+					if !m.ReadOnly {
+						writable = append(writable, m.MountPath)
+					}
+					continue
+				}
+				errs = append(errs, field.Forbidden(p.Index(i).Child("volumeMounts").Index(j), fmt.Sprintf(
+					"mounts the shared volume at %s (subPath %q%s): the run mounts it only as clipjob does, %s; remove this mount",
+					m.MountPath, m.SubPath, expr(m.SubPathExpr), strings.Join(allowed, ", "))))
+			}
+			data := in.Config.Source.DataMountPath
+			if wd := c.WorkingDir; sh.Confined && wd != "" && config.PathWithin(path.Clean(wd), data) &&
+				!slices.ContainsFunc(writable, func(w string) bool { return config.PathWithin(path.Clean(wd), w) }) {
+				errs = append(errs, field.Forbidden(p.Index(i).Child("workingDir"), fmt.Sprintf(
+					"%s is on the shared volume but not in a directory the container mounts writable (%s): leave workingDir unset (clipjob sets the run's), or use the paperclip.io/working-dir annotation",
+					wd, strings.Join(writable, ", "))))
+			}
+		}
+	}
+	check(spec.InitContainers, podPath.Child("initContainers"))
+	check(spec.Containers, podPath.Child("containers"))
+	return errs
+}
+
+// checkVolumeOwnership: kubelet applies a pod's fsGroup to the whole
+// shared volume (for drivers that support it) before any subPath is
+// bound, and fsGroupChangePolicy Always re-applies it at every start: a
+// Job's own group there would make Paperclip's files (its secrets, its
+// database) that group's and group-writable. Group 0 among a run's groups
+// reaches what is the root group's on the volume.
+func checkVolumeOwnership(in Input, sh *SharedVolume) field.ErrorList {
+	spec := in.Job.Spec.Template.Spec
+	if !slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == sh.Volume }) || spec.SecurityContext == nil {
+		return nil
+	}
+	sc, p := spec.SecurityContext, podPath.Child("securityContext")
+	var errs field.ErrorList
+	if sc.FSGroup != nil && sh.FSGroup != nil && *sc.FSGroup != *sh.FSGroup {
+		errs = append(errs, field.Forbidden(p.Child("fsGroup"), fmt.Sprintf(
+			"%d: kubelet would give the whole shared volume (Paperclip's home with it) to this group; leave fsGroup unset (clipjob sets %d)", *sc.FSGroup, *sh.FSGroup)))
+	}
+	if sc.FSGroupChangePolicy != nil && *sc.FSGroupChangePolicy != corev1.FSGroupChangeOnRootMismatch {
+		errs = append(errs, field.Forbidden(p.Child("fsGroupChangePolicy"), fmt.Sprintf(
+			"%s: kubelet would walk the whole shared volume at every start; leave it unset or OnRootMismatch", *sc.FSGroupChangePolicy)))
+	}
+	if slices.Contains(sc.SupplementalGroups, 0) {
+		errs = append(errs, field.Forbidden(p.Child("supplementalGroups"), "group 0 (root) reaches what is the root group's on the shared volume; remove it"))
+	}
+	return errs
+}
+
+func expr(subPathExpr string) string {
+	if subPathExpr == "" {
+		return ""
+	}
+	return fmt.Sprintf(", subPathExpr %q", subPathExpr)
 }

@@ -7,12 +7,16 @@ import (
 	"k8s.io/utils/ptr"
 )
 
+// FloorGID is the group agent pods run as and own the shared volume by
+// (fsGroup) unless the Job sets another: Paperclip's image's.
+const FloorGID int64 = 1000
+
 // The security floor: what Pod Security "restricted" requires, plus a fixed
 // non-root identity. Render restores it whatever the Job asks for; the
 // validating webhook then checks the final pod against "restricted".
 const (
 	floorUID int64 = 1000
-	floorGID int64 = 1000
+	floorGID int64 = FloorGID
 )
 
 // enforcePodFloor raises the pod's security settings to the floor. Values

@@ -38,6 +38,9 @@ type Inherited struct {
 	// at DataMountPath.
 	DataVolume    corev1.Volume `json:"dataVolume"`
 	DataMountPath string        `json:"dataMountPath"`
+	// DataSubPath is the subPath of the volume the source mounts there
+	// ("" for its root): a run's directories are under it.
+	DataSubPath string `json:"dataSubPath,omitempty"`
 	// SecretVolumes and SecretMounts are the container's secret-backed
 	// mounts, made read-only, their volumes renamed into clipjob's names
 	// (contract.ReservedPrefix) so they never meet a Job's own.
@@ -56,14 +59,14 @@ type Inherited struct {
 // *TemplateHashes computes the hash on every render.
 type TemplateHashes struct{ byProfile sync.Map }
 
-func (h *TemplateHashes) get(prof config.Resolved, inh *Inherited, src config.Source) string {
+func (h *TemplateHashes) get(prof config.Resolved, inh *Inherited, cfg *config.Config) string {
 	if h == nil {
-		return TemplateHash(prof, inh, src)
+		return TemplateHash(prof, inh, cfg)
 	}
 	if v, ok := h.byProfile.Load(prof.Name); ok {
 		return v.(string)
 	}
-	v := TemplateHash(prof, inh, src)
+	v := TemplateHash(prof, inh, cfg)
 	h.byProfile.Store(prof.Name, v)
 	return v
 }
@@ -120,6 +123,11 @@ func InheritFromDeployment(d *appsv1.Deployment, src config.Source) (*Inherited,
 				return nil, &SourceError{ref, fmt.Sprintf("volume %q mounted at %s is not a PersistentVolumeClaim; agent Jobs share the server's data through a ReadWriteMany claim",
 					v.Name, src.DataMountPath)}
 			}
+			if m.SubPathExpr != "" {
+				return nil, &SourceError{ref, fmt.Sprintf("container %q mounts the shared volume at %s with subPathExpr %q, which clipjob cannot resolve for agent pods: mount it with subPath",
+					src.Container, src.DataMountPath, m.SubPathExpr)}
+			}
+			in.DataSubPath = m.SubPath
 			pvc := v.DeepCopy()
 			pvc.PersistentVolumeClaim.ReadOnly = false
 			pvc.Name = DataVolume

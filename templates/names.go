@@ -17,7 +17,7 @@ const (
 	PromptVolume = contract.ReservedPrefix + "prompt"
 	// DataVolume is the shared PersistentVolumeClaim, whatever the source
 	// calls it.
-	DataVolume = contract.ReservedPrefix + "data"
+	DataVolume = contract.DataVolume
 	// WorkspaceVolume is the emptyDir a tenant namespace's agents work in.
 	WorkspaceVolume      = contract.ReservedPrefix + "workspace"
 	writableVolumePrefix = contract.ReservedPrefix + "writable-"

@@ -25,7 +25,7 @@ import (
 
 // templateVersion is hashed with the inputs, so a change to what Render does
 // shows up in the template hash of new Jobs.
-const templateVersion = "1"
+const templateVersion = "2"
 
 // apiDefaultBackoffLimit is what the API server sets when a Job has none.
 const apiDefaultBackoffLimit = 6
@@ -108,6 +108,9 @@ type renderer struct {
 	withheld       *withheld
 	// volumes the pod needs, in the order they were first mounted
 	volumes []corev1.Volume
+	// dirs are the run's directories when it is confined (runDirs).
+	dirs     *RunDirs
+	dirsDone bool
 }
 
 func (r *renderer) render() {
@@ -259,10 +262,22 @@ func (r *renderer) runOptions() []corev1.EnvVar {
 
 // workingDir is where containers that set none start: the Job's
 // AnnotationWorkingDir (a per-run worktree), else the profile's, else the
-// shared volume. The annotation must stay on the shared volume: a path
+// run's workspace (the shared volume's root when the run is not
+// confined). The directory must be one the run can write: a path
 // elsewhere would be the image's own files, read-only or not the run's.
 func (r *renderer) workingDir() string {
 	data := r.in.Inherited.DataMountPath
+	writable, where := []string{data}, data+", the shared volume (a per-run worktree there)"
+	fallback := data
+	if d := r.runDirs(); d != nil {
+		writable, fallback = d.Writable(), d.Workspace
+		where = "a directory the run mounts writable: its workspace " + d.Workspace + ", its company's projects " + d.Projects + " or its home " + d.Home
+	} else if r.confined() {
+		return "" // the Job does not say whose run it is; runDirs said why
+	}
+	within := func(dir string) bool {
+		return slices.ContainsFunc(writable, func(w string) bool { return config.PathWithin(dir, w) })
+	}
 	if dir, ok := r.job.Annotations[contract.AnnotationWorkingDir]; ok {
 		p := field.NewPath("metadata", "annotations").Key(contract.AnnotationWorkingDir)
 		clean := path.Clean(dir)
@@ -270,19 +285,25 @@ func (r *renderer) workingDir() string {
 		case strings.ContainsFunc(dir, func(c rune) bool { return c < ' ' || c == 0x7f }):
 			r.errs = append(r.errs, field.Invalid(p, dir, "must not hold control characters"))
 		case !path.IsAbs(dir):
-			r.errs = append(r.errs, field.Invalid(p, dir, "must be an absolute path under "+data))
+			r.errs = append(r.errs, field.Invalid(p, dir, "must be an absolute path in "+where))
 		case clean != dir && clean+"/" != dir:
 			r.errs = append(r.errs, field.Invalid(p, dir, "must be a clean path (no '..', '.' or '//'): "+clean+"?"))
-		case clean != data && !strings.HasPrefix(clean, strings.TrimSuffix(data, "/")+"/"):
-			r.errs = append(r.errs, field.Invalid(p, dir, "must be under "+data+", the shared volume (a per-run worktree there)"))
+		case !within(clean):
+			r.errs = append(r.errs, field.Invalid(p, dir, "must be in "+where))
 		default:
 			return clean
 		}
 	}
 	if r.prof.WorkingDir != "" {
+		if r.dirs != nil && !within(r.prof.WorkingDir) {
+			r.errs = append(r.errs, field.Invalid(podPath.Child("containers").Child("workingDir"), r.prof.WorkingDir, fmt.Sprintf(
+				"profile %q sets workingDir %s, which this run does not mount: the working directory must be in %s; unset profiles.%s.workingDir in the clipjob config",
+				r.prof.Name, r.prof.WorkingDir, where, r.prof.Name)))
+			return ""
+		}
 		return r.prof.WorkingDir
 	}
-	return data
+	return fallback
 }
 
 func (r *renderer) readOnlyRoot() bool {
@@ -328,6 +349,9 @@ func (r *renderer) layeredEnv(hasPrompt bool) []corev1.EnvVar {
 	r.withheld.runValues(run)
 	env = config.MergeEnv(env, run)
 	prof := []corev1.EnvVar{{Name: "HOME", Value: r.in.Inherited.DataMountPath}}
+	if d := r.runDirs(); d != nil {
+		prof = d.HomeEnv()
+	}
 	if r.prof.PermissionMode != "" {
 		prof = append(prof, corev1.EnvVar{Name: contract.EnvPermissionMode, Value: r.prof.PermissionMode})
 	}
@@ -343,14 +367,12 @@ type mountWithVolume struct {
 	volume corev1.Volume
 }
 
-// sharedMounts is what every app container mounts: the shared data volume,
-// inherited secrets, the prompt and the writable paths.
+// sharedMounts is what every app container mounts: the run's directories
+// of the shared volume, inherited secrets, the prompt and the writable
+// paths.
 func (r *renderer) sharedMounts(prompt *corev1.Volume) []mountWithVolume {
 	inh := r.in.Inherited
-	out := []mountWithVolume{{
-		mount:  corev1.VolumeMount{Name: inh.DataVolume.Name, MountPath: inh.DataMountPath},
-		volume: inh.DataVolume,
-	}}
+	out := r.dataMounts()
 	secrets := map[string]corev1.Volume{}
 	for _, v := range inh.SecretVolumes {
 		secrets[v.Name] = v
@@ -657,7 +679,7 @@ func (r *renderer) annotate() {
 	}
 	r.job.Annotations[contract.AnnotationProfile] = r.prof.Name
 	r.job.Annotations[contract.AnnotationSource] = r.in.Inherited.Source + " " + r.in.Inherited.Revision
-	r.job.Annotations[contract.AnnotationTemplateHash] = r.in.Hashes.get(r.prof, r.in.Inherited, r.in.Config.Source)
+	r.job.Annotations[contract.AnnotationTemplateHash] = r.in.Hashes.get(r.prof, r.in.Inherited, r.in.Config)
 	if r.in.Creator != "" {
 		r.job.Annotations[contract.AnnotationCreatedBy] = r.in.Creator
 	}
@@ -665,13 +687,14 @@ func (r *renderer) annotate() {
 
 // TemplateHash identifies the inputs a Job was rendered from (profile,
 // inherited values, env filter), not the Job: re-rendering keeps it.
-func TemplateHash(prof config.Resolved, inh *Inherited, src config.Source) string {
+func TemplateHash(prof config.Resolved, inh *Inherited, cfg *config.Config) string {
 	data, err := json.Marshal(struct {
-		V       string
-		Profile config.Resolved
-		Inh     *Inherited
-		Env     config.EnvFilter
-	}{templateVersion, prof, inh, src.Env})
+		V         string
+		Profile   config.Resolved
+		Inh       *Inherited
+		Env       config.EnvFilter
+		Isolation config.Isolation
+	}{templateVersion, prof, inh, cfg.Source.Env, cfg.Isolation})
 	if err != nil {
 		panic("hashing render inputs: " + err.Error()) // plain data; cannot fail
 	}

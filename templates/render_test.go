@@ -68,7 +68,7 @@ func TestTemplateHashesMemo(t *testing.T) {
 	memo := &templates.TemplateHashes{}
 	seen := map[string]string{}
 	for _, adapter := range []string{"claude_local", "codex_local", "claude_local", "opencode_local", "codex_local"} {
-		job := jobs.MakeJob("run-1", "paperclip").Agent("a").Adapter(adapter).Obj()
+		job := jobs.MakeJob("run-1", "paperclip").Agent("a").Company("c").Adapter(adapter).Obj()
 		fresh, err := templates.Render(templates.Input{Job: job, Inherited: inh, Config: c.Config})
 		if err != nil {
 			t.Fatal(err)

@@ -204,7 +204,7 @@ func completer() (func(*batchv1.Job) (*batchv1.Job, error), error) {
 func bareJob(name, agent, run string) *batchv1.Job {
 	job := &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "paperclip", Labels: map[string]string{
-			contract.LabelAgentID: agent, contract.LabelRunID: run, contract.LabelAdapterType: "claude_local"}},
+			contract.LabelAgentID: agent, contract.LabelCompanyID: "bench", contract.LabelRunID: run, contract.LabelAdapterType: "claude_local"}},
 		// Suspended, so the Job controller, scheduler and kwok do not
 		// compete for the cores with what is measured: admission.
 		Spec: batchv1.JobSpec{Suspend: ptr.To(true)},

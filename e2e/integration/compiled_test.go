@@ -149,7 +149,7 @@ func compiledPolicyJobs(in *harness.Install, t *testing.T) []*batchv1.Job {
 		func(j *batchv1.Job) { j.Annotations[contract.AnnotationMaxTurns] = "25" },
 		func(j *batchv1.Job) { j.Annotations[contract.AnnotationEnvSecret] = j.Name + "-env" },
 		func(j *batchv1.Job) {
-			j.Annotations[contract.AnnotationWorkingDir] = "/paperclip/worktrees/" + j.Name + "/"
+			j.Annotations[contract.AnnotationWorkingDir] = "/paperclip/instances/default/workspaces/" + j.Labels[contract.LabelAgentID] + "/worktrees/" + j.Name + "/"
 		},
 		func(j *batchv1.Job) {
 			delete(j.Spec.Template.Annotations, contract.AnnotationPrompt)

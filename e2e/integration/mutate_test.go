@@ -69,7 +69,7 @@ func TestBareJobBecomesARunningAgentPod(t *testing.T) {
 				t.Errorf("%s reached the agent", denied)
 			}
 		}
-		if env["HOME"].Value != "/paperclip" || env[contract.EnvPromptFile].Value == "" || env["PAPERCLIP_AGENT_ID"].Value != "agent-e2e-bare" {
+		if env["HOME"].Value != "/paperclip/instances/default/companies/acme/agents/agent-e2e-bare/home" || env[contract.EnvPromptFile].Value == "" || env["PAPERCLIP_AGENT_ID"].Value != "agent-e2e-bare" {
 			t.Errorf("HOME %q prompt file %q agent id %q", env["HOME"].Value, env[contract.EnvPromptFile].Value, env["PAPERCLIP_AGENT_ID"].Value)
 		}
 		if len(spec.ImagePullSecrets) != 1 || spec.ImagePullSecrets[0].Name != "ghcr-pull" {

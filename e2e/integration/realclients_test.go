@@ -41,11 +41,17 @@ func TestRealClientsJobsOnTheCluster(t *testing.T) {
 	// own, their Paperclip Deployment (the suite's source stays as it is).
 	src := read("source.yaml")
 	for _, o := range append(src.Others, read("objects.yaml").Others...) {
-		if s, ok := o.(*corev1.Secret); ok {
-			s.Namespace = in.Namespace
-			if _, err := suite.cs.CoreV1().Secrets(s.Namespace).Create(ctx, s, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-				t.Fatal(err)
-			}
+		var err error
+		switch o := o.(type) {
+		case *corev1.Secret:
+			o.Namespace = in.Namespace
+			_, err = suite.cs.CoreV1().Secrets(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *corev1.PersistentVolumeClaim:
+			o.Namespace = in.Namespace // the install has the shared claim already
+			_, err = suite.cs.CoreV1().PersistentVolumeClaims(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		}
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
 		}
 	}
 	dep := src.Deployments[0].DeepCopy()

@@ -56,7 +56,7 @@ func values() map[string]any {
 
 func bareJob(name, agent string) *batchv1.Job {
 	return &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "paperclip", Labels: map[string]string{
-		contract.LabelAgentID: agent, contract.LabelRunID: name, contract.LabelAdapterType: "claude_local"}},
+		contract.LabelAgentID: agent, contract.LabelCompanyID: "kind", contract.LabelRunID: name, contract.LabelAdapterType: "claude_local"}},
 		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{
 			Annotations: map[string]string{contract.AnnotationPrompt: "kind e2e"}}}}}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -221,7 +222,10 @@ func TestRealAgentRunHoldsTheFloor(t *testing.T) {
 	defer cancel()
 	r, token, _ := suite.in.Relay(t)
 	name := "e2e-real-floor"
-	script := "probe=1 write=/paperclip/probe-" + name + " leak=ANTHROPIC_API_KEY lines=40 rate=100 burst=500 bigline=1"
+	// The agent writes in its workspace: kubelet made the directory (the
+	// server's home is not on this volume), and the agent can write it.
+	workspace := "instances/default/workspaces/agent-" + name
+	script := "probe=1 write=/paperclip/" + workspace + "/probe-" + name + " leak=ANTHROPIC_API_KEY lines=40 rate=100 burst=500 bigline=1"
 	suite.in.CreateJob(ctx, t, realJob(t, name, script))
 	job := suite.in.WaitJobEnded(ctx, t, name, 3*time.Minute)
 	if job.Status.Succeeded != 1 {
@@ -244,7 +248,7 @@ func TestRealAgentRunHoldsTheFloor(t *testing.T) {
 	want[2] = strings.ReplaceAll(want[2], key, "[REDACTED]")
 
 	checkFloor(t, pod, want[1])
-	written, err := os.ReadFile(filepath.Join(suite.in.SharedDir(), "probe-"+name))
+	written, err := os.ReadFile(filepath.Join(suite.in.SharedDir(), workspace, "probe-"+name))
 	if err != nil || string(written) != "written by fakeagent\n" {
 		t.Errorf("the agent's file on the shared volume, from the host: %q %v", written, err)
 	}
@@ -358,6 +362,11 @@ func checkFloor(t *testing.T, pod *corev1.Pod, line string) {
 		WriteGID                  int
 		Unshare, Mount            string
 		Env                       []string
+		Mounts                    []struct {
+			Path     string
+			ReadOnly bool
+		}
+		HomeWritable bool
 	}
 	var ev struct{ Probe json.RawMessage }
 	if err := json.Unmarshal([]byte(line), &ev); err != nil || json.Unmarshal(ev.Probe, &probe) != nil {
@@ -381,6 +390,27 @@ func checkFloor(t *testing.T, pod *corev1.Pod, line string) {
 	}
 	if probe.ServiceAccountToken {
 		t.Error("a ServiceAccount token is mounted; the profile mounts none")
+	}
+	// What of the shared volume the run reaches: its own directories and
+	// nothing else, as the kernel sees the container's mounts.
+	agent, company := pod.Labels[contract.LabelAgentID], pod.Labels[contract.LabelCompanyID]
+	root := "/paperclip/instances/default/"
+	want := map[string]bool{ // path: read-only
+		root + "workspaces/" + agent:                                         false,
+		root + "projects/" + company:                                         false,
+		root + "companies/" + company + "/agents/" + agent + "/home":         false,
+		root + "companies/" + company + "/agents/" + agent + "/instructions": true,
+		root + "skills/" + company:                                           true,
+	}
+	got := map[string]bool{}
+	for _, m := range probe.Mounts {
+		got[m.Path] = m.ReadOnly
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("the agent's mounts under /paperclip: %v; want exactly %v (path: read-only)", got, want)
+	}
+	if !probe.HomeWritable {
+		t.Error("the agent cannot write its home")
 	}
 	if probe.RootWritable || !probe.TmpWritable {
 		t.Errorf("root writable %v, /tmp writable %v; want a read-only root and a writable /tmp", probe.RootWritable, probe.TmpWritable)

@@ -122,7 +122,7 @@ async function checkWebhook(kube: KubeApi, settings: ClipjobSettings, checks: Ad
   // A bare Job created with dryRun=All goes through both webhooks and is
   // stored nowhere: it must come back completed by clipjob.
   const probe = buildRunObjects({
-    identity: { agentId: "clipjob-adapter-check", runId: `check-${Date.now()}` },
+    identity: { agentId: "clipjob-adapter-check", runId: `check-${Date.now()}`, companyId: "clipjob-adapter-check" },
     namespace: settings.namespace,
     profile: settings.profile,
     prompt: "clipjob adapter environment check: a dry run, never stored",

@@ -92,7 +92,7 @@ apiVersion: batch/v1
 kind: Job
 metadata:
   name: agent
-  labels: {paperclip.io/agent-id: a1, paperclip.io/run-id: r1, paperclip.io/adapter-type: codex_local}
+  labels: {paperclip.io/agent-id: a1, paperclip.io/company-id: c1, paperclip.io/run-id: r1, paperclip.io/adapter-type: codex_local}
 `
 	var stdout, stderr bytes.Buffer
 	if code := Main([]string{"render", "-f", "-", "--source", src}, strings.NewReader(in), &stdout, &stderr); code != 0 {
@@ -133,14 +133,14 @@ kind: Job
 metadata:
   name: good
   namespace: paperclip
-  labels: {paperclip.io/agent-id: a1, paperclip.io/run-id: r1, paperclip.io/adapter-type: claude_local}
+  labels: {paperclip.io/agent-id: a1, paperclip.io/company-id: c1, paperclip.io/run-id: r1, paperclip.io/adapter-type: claude_local}
 ---
 apiVersion: batch/v1
 kind: Job
 metadata:
   name: evil
   namespace: paperclip
-  labels: {paperclip.io/agent-id: a2, paperclip.io/run-id: r2}
+  labels: {paperclip.io/agent-id: a2, paperclip.io/company-id: c1, paperclip.io/run-id: r2}
 spec:
   template:
     spec:

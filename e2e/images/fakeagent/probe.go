@@ -35,6 +35,18 @@ type Probe struct {
 	// Env is the names (never the values) of the environment.
 	Env      []string
 	Hostname string
+	// Mounts are the container's mounts under /paperclip (the shared
+	// volume's path), from /proc/self/mountinfo: what of the volume the
+	// run can reach at all.
+	Mounts []Mount
+	// HomeWritable: creating a file in $HOME worked.
+	HomeWritable bool
+}
+
+// Mount is one mount point and whether it is read-only.
+type Mount struct {
+	Path     string
+	ReadOnly bool
 }
 
 func probe(write string) Probe {
@@ -76,7 +88,28 @@ func probe(write string) Probe {
 	}
 	sort.Strings(p.Env)
 	p.Hostname, _ = os.Hostname()
+	p.Mounts = mountsUnder("/paperclip")
+	p.HomeWritable = os.Getenv("HOME") != "" && canCreate(os.Getenv("HOME")+"/.fakeagent-probe")
 	return p
+}
+
+// mountsUnder lists the mount points at or under dir.
+func mountsUnder(dir string) []Mount {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []Mount
+	for _, line := range strings.Split(string(b), "\n") {
+		// id parent major:minor root mountpoint options ...
+		f := strings.Fields(line)
+		if len(f) < 6 || (f[4] != dir && !strings.HasPrefix(f[4], dir+"/")) {
+			continue
+		}
+		out = append(out, Mount{Path: f[4], ReadOnly: strings.HasPrefix(f[5], "ro") && (len(f[5]) == 2 || f[5][2] == ',')})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out
 }
 
 func canCreate(path string) bool {

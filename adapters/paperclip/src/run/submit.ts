@@ -14,6 +14,7 @@ import { paperclipClient } from "../deps.js";
 import { classifyCreateError, createFailureResult, ErrorCodes, failureResult, isNotFound, readKubeError, secretFailureResult } from "../errors.js";
 import { buildRunObjects, isLabelValue, renameRunSecret, retryJobName, RunIdentityError, type RunObjects } from "../job.js";
 import { ENDED_RUN_STATUSES } from "../paperclip.js";
+import { ensureRunDirs, RunDirsError } from "../rundirs.js";
 import { buildPrompt, buildRunEnv, sessionToResume, taskIdOf, type BuiltPrompt } from "../prompt.js";
 import { serverStopping } from "../shutdown.js";
 import { cancelledBeforeStart, waitGone } from "./cancel.js";
@@ -50,6 +51,13 @@ export async function submit(run: Run): Promise<RunEnds | { existing: FollowTarg
   if (stopping) {
     await run.dropSecrets();
     return { result: cancelledBeforeStart(`before its Job was created: the Paperclip server is stopping (${stopping})`) };
+  }
+  try {
+    for (const n of await ensureRunDirs({ agentId: run.agentId, companyId: run.ctx.agent.companyId ?? "" })) await run.notice(n);
+  } catch (err) {
+    if (!(err instanceof RunDirsError)) throw err;
+    await run.dropSecrets();
+    return { result: failureResult(ErrorCodes.jobCreateFailed, `The run is not submitted: ${err.message}`) };
   }
   const created = await createJob(run, sub);
   if ("result" in created) return created;
