@@ -460,11 +460,12 @@ func TestRelay(t *testing.T) {
 }
 
 func TestEgressPolicies(t *testing.T) {
-	if r := render(t, nil); r.Find("NetworkPolicy", "clipjob-agent-egress") != nil {
-		t.Error("egress policies are off by default")
+	// The standard policy by default; none only when asked for.
+	if r := render(t, map[string]any{"networkPolicy": map[string]any{"mode": "none"}}); r.Find("NetworkPolicy", "clipjob-agent-egress") != nil {
+		t.Error("networkPolicy.mode none still renders an egress policy")
 	}
 	var np networkingv1.NetworkPolicy
-	into(t, render(t, valueSets["standard egress"]), "NetworkPolicy", "clipjob-agent-egress", &np)
+	into(t, render(t, nil), "NetworkPolicy", "clipjob-agent-egress", &np)
 	if np.Namespace != "paperclip" || np.Spec.PodSelector.MatchLabels["paperclip.io/role"] != "agent" || len(np.Spec.Egress) != 3 {
 		t.Fatalf("standard policy %+v", np.Spec)
 	}

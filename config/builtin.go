@@ -54,13 +54,18 @@ func builtinDefaults() Profile {
 		// Every agent calls the Paperclip server back.
 		EnvKeys: []string{"PAPERCLIP_API_URL"},
 		Resources: &corev1.ResourceRequirements{
+			// ephemeral-storage bounds what a run writes outside the shared
+			// volume (/tmp and the other writable paths, its logs): past the
+			// limit kubelet evicts the pod, before the node's disk fills.
 			Requests: corev1.ResourceList{
-				corev1.ResourceCPU:    resource.MustParse("1"),
-				corev1.ResourceMemory: resource.MustParse("2Gi"),
+				corev1.ResourceCPU:              resource.MustParse("1"),
+				corev1.ResourceMemory:           resource.MustParse("2Gi"),
+				corev1.ResourceEphemeralStorage: resource.MustParse("1Gi"),
 			},
 			Limits: corev1.ResourceList{
-				corev1.ResourceCPU:    resource.MustParse("4"),
-				corev1.ResourceMemory: resource.MustParse("8Gi"),
+				corev1.ResourceCPU:              resource.MustParse("4"),
+				corev1.ResourceMemory:           resource.MustParse("8Gi"),
+				corev1.ResourceEphemeralStorage: resource.MustParse("10Gi"),
 			},
 		},
 		EgressProfile:                "standard",

@@ -15,6 +15,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
@@ -391,11 +392,19 @@ func (r *renderer) sharedMounts(prompt *corev1.Volume) []mountWithVolume {
 		})
 	}
 	if r.readOnlyRoot() {
+		// Each writable path holds at most the profile's ephemeral-storage
+		// limit (the pod's limit bounds them together).
+		var size *resource.Quantity
+		if res := r.prof.Resources; res != nil {
+			if q, ok := res.Limits[corev1.ResourceEphemeralStorage]; ok {
+				size = &q
+			}
+		}
 		for _, wp := range r.prof.WritablePaths {
 			name := writableVolumeName(wp)
 			out = append(out, mountWithVolume{
 				mount:  corev1.VolumeMount{Name: name, MountPath: wp},
-				volume: corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+				volume: corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: size}}},
 			})
 		}
 	}
