@@ -77,9 +77,42 @@ type Paperclip struct {
 	port    int
 	install string // the install, as the server sees it
 	uid     int    // -1: the invoking user
+	gid     int    // the server's group when it runs as uid; 0: uid's own
 	mounted bool
-	cmd     *exec.Cmd
-	done    chan error
+	// onVolume: the home is the agents' volume, bind-mounted at VolumePath.
+	onVolume bool
+	cmd      *exec.Cmd
+	done     chan error
+}
+
+// VolumePath is where Paperclip's image keeps its home
+// (HOME=PAPERCLIP_HOME=/paperclip) and agent pods mount the shared volume.
+const VolumePath = "/paperclip"
+
+// HomeOnVolume keeps p's home where Paperclip's image keeps it: on the
+// agents' shared volume, at the path the pods see it. volumeDir (the
+// directory behind the real node's PersistentVolume) is bind-mounted at
+// VolumePath until p is closed. The image's server and its agents are one
+// uid (1000); here the server runs as its own user in the volume's group
+// (SharedGID) with umask 002, so that what it makes for a run (its
+// workspace, its home) the run can write. Call before Start; one such
+// server per machine (the real-node tier's lock).
+func (p *Paperclip) HomeOnVolume(volumeDir string) error {
+	if p.uid < 0 {
+		return errors.New("the Paperclip server's home on the agents' volume needs root (a bind mount at " + VolumePath + ")")
+	}
+	if entries, err := os.ReadDir(VolumePath); err == nil && len(entries) > 0 {
+		return fmt.Errorf("%s exists and is not empty: the suite mounts the agents' volume there for the Paperclip server, and will not hide what is there", VolumePath)
+	}
+	if err := os.MkdirAll(VolumePath, 0o755); err != nil {
+		return err
+	}
+	if err := syscall.Mount(volumeDir, VolumePath, "", syscall.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind-mounting the agents' volume %s at %s for the Paperclip server: %w", volumeDir, VolumePath, err)
+	}
+	p.onVolume, p.Home, p.gid = true, VolumePath, SharedGID
+	// For reapStalePaperclips, should this test binary die.
+	return os.WriteFile(filepath.Join(p.Dir, "on-volume"), nil, 0o644)
 }
 
 // NewPaperclip prepares an instance in a new directory: nothing runs yet.
@@ -152,6 +185,14 @@ func reapStalePaperclips() {
 			continue // its test binary is alive
 		}
 		stale := &Paperclip{Dir: dir, Home: filepath.Join(dir, "home"), install: filepath.Join(dir, "install")}
+		if _, err := os.Stat(filepath.Join(dir, "on-volume")); err == nil {
+			// Its home was the agents' volume, still mounted at VolumePath.
+			stale.Home = VolumePath
+			stale.stopPostgres()
+			if syscall.Unmount(VolumePath, syscall.MNT_DETACH) == nil {
+				_ = os.Remove(VolumePath)
+			}
+		}
 		stale.stopPostgres()
 		if err := syscall.Unmount(stale.install, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
 			continue
@@ -201,7 +242,11 @@ func (p *Paperclip) Command(ctx context.Context, dir, name string, args ...strin
 	cmd.Dir = dir
 	cmd.Env = p.environ()
 	if p.uid >= 0 {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(p.uid), Gid: uint32(p.uid)}}
+		cred := &syscall.Credential{Uid: uint32(p.uid), Gid: uint32(p.uid)}
+		if p.gid > 0 {
+			cred.Gid, cred.Groups = uint32(p.gid), []uint32{uint32(p.gid)}
+		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	}
 	return cmd
 }
@@ -212,6 +257,7 @@ func (p *Paperclip) Command(ctx context.Context, dir, name string, args ...strin
 func (p *Paperclip) environ() []string {
 	env := map[string]string{
 		"HOME":                         p.Home,
+		"PAPERCLIP_HOME":               p.Home,
 		"PATH":                         filepath.Join(p.install, "node", "bin") + ":/usr/local/bin:/usr/bin:/bin",
 		"PORT":                         strconv.Itoa(p.port),
 		"PAPERCLIP_TELEMETRY_DISABLED": "1",
@@ -274,6 +320,10 @@ func (p *Paperclip) Start(ctx context.Context) error {
 	}
 	fmt.Fprintf(logf, "==== %s paperclipai %s\n", time.Now().Format(time.RFC3339), strings.Join(args, " "))
 	cmd := p.Command(context.Background(), p.Home, bin, args...)
+	if p.onVolume {
+		// What it makes on the volume stays writable by the volume's group.
+		cmd = p.Command(context.Background(), p.Home, "/bin/sh", append([]string{"-c", `umask 002 && exec "$0" "$@"`, bin}, args...)...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	attr := cmd.SysProcAttr
 	if attr == nil {
@@ -366,6 +416,12 @@ func (p *Paperclip) stopPostgres() {
 // test's logs).
 func (p *Paperclip) Close(keep bool) {
 	p.Stop()
+	if p.onVolume {
+		if err := syscall.Unmount(VolumePath, syscall.MNT_DETACH); err == nil {
+			p.onVolume = false
+			_ = os.Remove(VolumePath)
+		}
+	}
 	if p.mounted {
 		if err := syscall.Unmount(p.install, syscall.MNT_DETACH); err == nil {
 			p.mounted = false

@@ -56,7 +56,7 @@ func thePaperclip(t *testing.T) *harness.Paperclip {
 	requireRealNode(t)
 	spec := paperclipSpec(t)
 	realPaperclip.Do(func() {
-		realPaperclip.pc, realPaperclip.err = startPaperclip(t, spec)
+		realPaperclip.pc, realPaperclip.err = startPaperclip(t, spec, true)
 	})
 	if realPaperclip.err != nil {
 		t.Fatal(realPaperclip.err)
@@ -72,7 +72,7 @@ func thePaperclip(t *testing.T) *harness.Paperclip {
 func ownPaperclip(t *testing.T) *harness.Paperclip {
 	t.Helper()
 	requireRealNode(t)
-	pc, err := startPaperclip(t, paperclipSpec(t))
+	pc, err := startPaperclip(t, paperclipSpec(t), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,12 +87,21 @@ func paperclipSpec(t *testing.T) harness.AdapterSpec {
 	return suite.in.PaperclipServer(t, r, "", "")
 }
 
-func startPaperclip(t *testing.T, spec harness.AdapterSpec) (_ *harness.Paperclip, err error) {
+// startPaperclip starts a server; the shared one (onVolume) keeps its home
+// on the agents' volume at /paperclip, as Paperclip's image does, so the
+// runs' directories are where the server keeps them.
+func startPaperclip(t *testing.T, spec harness.AdapterSpec, onVolume bool) (_ *harness.Paperclip, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	pc, err := harness.NewPaperclip()
 	if err != nil {
 		return nil, err
+	}
+	if onVolume {
+		if err := pc.HomeOnVolume(suite.in.SharedDir()); err != nil {
+			pc.Close(false)
+			return nil, err
+		}
 	}
 	defer func() {
 		if err != nil {
@@ -270,9 +279,36 @@ func waitRunEnds(ctx context.Context, t *testing.T, pc *harness.Paperclip, id st
 		return err == nil && r.terminal(), nil
 	})
 	if err != nil {
-		t.Fatalf("run %s did not end: last %+v\n%s", id, r, runLogText(ctx, pc, id))
+		t.Fatalf("run %s did not end: last %+v\n%s\n%s", id, r, runLogText(context.Background(), pc, id), runJobs(id))
 	}
 	return r
+}
+
+// runJobs says what the cluster holds of run id's Jobs and pods: why a
+// run never started shows there, not in Paperclip.
+func runJobs(id string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sel := metav1.ListOptions{LabelSelector: "paperclip.io/run-id=" + id}
+	var b strings.Builder
+	jobs, err := suite.cs.BatchV1().Jobs(suite.in.Namespace).List(ctx, sel)
+	if err != nil {
+		return "listing the run's Jobs: " + err.Error()
+	}
+	for _, j := range jobs.Items {
+		fmt.Fprintf(&b, "Job %s: suspend %v, annotations %v, status %+v\n", j.Name, j.Spec.Suspend, j.Annotations, j.Status)
+	}
+	pods, _ := suite.cs.CoreV1().Pods(suite.in.Namespace).List(ctx, sel)
+	for _, p := range pods.Items {
+		fmt.Fprintf(&b, "pod %s: %s %+v\n", p.Name, p.Status.Phase, p.Status.ContainerStatuses)
+	}
+	events, _ := suite.cs.CoreV1().Events(suite.in.Namespace).List(ctx, metav1.ListOptions{})
+	for _, e := range events.Items {
+		if strings.Contains(e.InvolvedObject.Name, id) {
+			fmt.Fprintf(&b, "event %s %s: %s %s\n", e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
+		}
+	}
+	return b.String()
 }
 
 // waitRunStatus waits until run id's status is one of want.
@@ -559,7 +595,10 @@ func TestPaperclipQueuesAnAgentsSecondRunWithOneSlot(t *testing.T) {
 }
 
 // The server's local paths and loopback URLs never reach the pod: the
-// fake agent's probe lists the names of its environment.
+// fake agent's probe lists the names of its environment. With the
+// server's home on the volume (as here), a path there reaches the pod only
+// when the pod mounts it: AGENT_HOME, the agent's workspace, does; the
+// server's own GH_CONFIG_DIR ($HOME/.config/gh) does not.
 func TestPaperclipRunEnvHoldsNoServerPaths(t *testing.T) {
 	t.Parallel() // a company of its own on the shared server
 	pc := thePaperclip(t)
@@ -587,12 +626,12 @@ func TestPaperclipRunEnvHoldsNoServerPaths(t *testing.T) {
 	if names == nil {
 		t.Fatalf("no probe line in the run's log\n%s", runLogText(ctx, pc, run.ID))
 	}
-	for _, k := range []string{"TMPDIR", "TMP", "TEMP", "PAPERCLIP_RUN_SCRATCH_DIR", "AGENT_HOME", "GH_CONFIG_DIR", "MY_LOCAL_URL", "PAPERCLIP_RUNTIME_TOOLS_MCP_URL"} {
+	for _, k := range []string{"TMPDIR", "TMP", "TEMP", "PAPERCLIP_RUN_SCRATCH_DIR", "GH_CONFIG_DIR", "MY_LOCAL_URL", "PAPERCLIP_RUNTIME_TOOLS_MCP_URL"} {
 		if slices.Contains(names, k) {
 			t.Errorf("%s reached the pod (its env: %v)", k, names)
 		}
 	}
-	if !slices.Contains(names, "MY_SETTING") || !slices.Contains(names, "PAPERCLIP_RUN_ID") {
+	if !slices.Contains(names, "MY_SETTING") || !slices.Contains(names, "PAPERCLIP_RUN_ID") || !slices.Contains(names, "AGENT_HOME") {
 		t.Errorf("the run's own env did not reach the pod: %v", names)
 	}
 	var notes []string
@@ -601,7 +640,7 @@ func TestPaperclipRunEnvHoldsNoServerPaths(t *testing.T) {
 			notes = append(notes, l.Chunk)
 		}
 	}
-	if len(notes) != 1 || !strings.Contains(notes[0], "TMPDIR") || !strings.Contains(notes[0], "MY_LOCAL_URL") || strings.Contains(notes[0], "127.0.0.1") {
+	if len(notes) != 1 || !strings.Contains(notes[0], "TMPDIR") || !strings.Contains(notes[0], "MY_LOCAL_URL") || !strings.Contains(notes[0], "GH_CONFIG_DIR") || strings.Contains(notes[0], "127.0.0.1") {
 		t.Errorf("the run's log should name what was left out, not its values: %q", notes)
 	}
 }

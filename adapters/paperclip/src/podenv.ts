@@ -60,6 +60,13 @@ export interface PodEnvOptions {
   serverApiUrl: string;
   /** The URL pods reach Paperclip's API at; "" when none is configured. */
   podApiUrl: string;
+  /**
+   * The directories the pod mounts, when the server's home is on the
+   * shared volume and clipjob mounts only the run's own (runDirs): a
+   * server path elsewhere on the volume (the server's own $HOME/.config/gh,
+   * say) is not in the pod either.
+   */
+  podDirs?: string[];
 }
 
 export interface PodEnv {
@@ -78,6 +85,11 @@ export function podEnv(env: Record<string, string>, opts: PodEnvOptions): PodEnv
       const outside = pathsIn(value).filter((p) => !SAME_EVERYWHERE.has(p) && !underSharedRoot(p));
       if (outside.length > 0) {
         out.dropped.push({ name, why: `a path on the Paperclip server outside ${SHARED_ROOT}, not in the pod` });
+        continue;
+      }
+      const dirs = opts.podDirs;
+      if (dirs && pathsIn(value).some((p) => !SAME_EVERYWHERE.has(p) && !dirs.some((d) => p === d || p.startsWith(`${d}/`)))) {
+        out.dropped.push({ name, why: "a path on the shared volume outside the run's own directories, which the pod does not mount" });
         continue;
       }
     }

@@ -256,6 +256,8 @@ export async function buildPrompt(
 export function buildRunEnv(
   ctx: Pick<AdapterExecutionContext, "context" | "authToken" | "runtimeTools">,
   settings: Pick<ClipjobSettings, "env" | "paperclipApiUrl" | "serverApiUrl">,
+  /** The directories the pod mounts, when known (mountedRunDirs). */
+  podDirs?: string[],
 ): { env: Record<string, string>; notes: string[] } {
   const { context } = ctx;
   const env: Record<string, string> = {};
@@ -297,7 +299,7 @@ export function buildRunEnv(
   // The run-scoped callback token, unless the agent's config sets its own.
   if (ctx.authToken && !settings.env.PAPERCLIP_API_KEY) env.PAPERCLIP_API_KEY = ctx.authToken;
   // The server's local paths and loopback URLs stay on the server.
-  const pod = podEnv(env, { serverApiUrl: settings.serverApiUrl, podApiUrl: settings.paperclipApiUrl });
+  const pod = podEnv(env, { serverApiUrl: settings.serverApiUrl, podApiUrl: settings.paperclipApiUrl, podDirs });
   const notes: string[] = [];
   if (pod.dropped.length > 0) {
     notes.push(`left out of the pod's env: ${pod.dropped.map((d) => `${d.name} (${d.why})`).join("; ")}`);

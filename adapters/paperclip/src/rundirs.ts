@@ -40,6 +40,16 @@ export function runDirs(i: RunDirsInput): string[] {
   ];
 }
 
+/**
+ * The directories a run's pod mounts when the server's home is on the
+ * shared volume (clipjob then mounts only these), else undefined.
+ */
+export function mountedRunDirs(agentId: string, companyId: string, home = serverHome(), sharedVolume = SHARED_VOLUME_PATH): string[] | undefined {
+  const onVolume = home.paperclipHome === sharedVolume || home.paperclipHome.startsWith(`${sharedVolume}/`);
+  if (!onVolume || !companyId) return undefined;
+  return runDirs({ ...home, agentId, companyId });
+}
+
 /** The server's own home and instance, as Paperclip resolves them. */
 export function serverHome(env: NodeJS.ProcessEnv = process.env): { paperclipHome: string; instance: string } {
   return {

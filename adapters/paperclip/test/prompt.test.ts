@@ -6,6 +6,7 @@ import { join } from "node:path";
 import { after, describe, it } from "node:test";
 
 import { DEFAULT_RELAY_TOKEN_FILE, DEFAULT_RELAY_URL, defaultNamespace, parseEnv, resolveSettings, SettingsError } from "../src/config.js";
+import { mountedRunDirs } from "../src/rundirs.js";
 import { podEnv } from "../src/podenv.js";
 import { buildPrompt, buildRunEnv, readInstructionsFile, rootsFor, sessionToResume } from "../src/prompt.js";
 
@@ -335,6 +336,23 @@ describe("run env in the pod", () => {
 });
 
 describe("podEnv", () => {
+  it("with the server's home on the volume, keeps only paths in the run's own directories", () => {
+    const dirs = mountedRunDirs("a1", "c1", { paperclipHome: "/paperclip", instance: "default" }, "/paperclip");
+    assert.ok(dirs);
+    const { env, dropped } = podEnv(
+      {
+        AGENT_HOME: "/paperclip/instances/default/workspaces/a1", // the agent's workspace: mounted
+        GH_CONFIG_DIR: "/paperclip/.config/gh", // the server's own: not mounted
+        PAPERCLIP_GIT_METADATA_ROOTS: "/paperclip/instances/default/projects/c1:/paperclip/instances/default/projects/c2",
+      },
+      { serverApiUrl: "http://127.0.0.1:3100", podApiUrl: "", podDirs: dirs },
+    );
+    assert.deepEqual(env, { AGENT_HOME: "/paperclip/instances/default/workspaces/a1" });
+    assert.deepEqual(dropped.map((d) => d.name).sort(), ["GH_CONFIG_DIR", "PAPERCLIP_GIT_METADATA_ROOTS"]);
+    assert.match(dropped[0].why, /outside the run's own directories/);
+    assert.equal(mountedRunDirs("a1", "c1", { paperclipHome: "/home/node/.paperclip", instance: "default" }, "/paperclip"), undefined);
+  });
+
   const opts = { serverApiUrl: "http://127.0.0.1:3100", podApiUrl: "https://paperclip.example" };
   it("refuses paths that only look like the shared volume", () => {
     const { env } = podEnv({ TMPDIR: "/paperclip/../etc", AGENT_HOME: "/paperclipx/a", TMP: "/paperclip/./x", TEMP: "/paperclip/tmp" }, opts);

@@ -14,7 +14,7 @@ import { paperclipClient } from "../deps.js";
 import { classifyCreateError, createFailureResult, ErrorCodes, failureResult, isNotFound, readKubeError, secretFailureResult } from "../errors.js";
 import { buildRunObjects, isLabelValue, renameRunSecret, retryJobName, RunIdentityError, type RunObjects } from "../job.js";
 import { ENDED_RUN_STATUSES } from "../paperclip.js";
-import { ensureRunDirs, RunDirsError } from "../rundirs.js";
+import { ensureRunDirs, mountedRunDirs, RunDirsError } from "../rundirs.js";
 import { buildPrompt, buildRunEnv, sessionToResume, taskIdOf, type BuiltPrompt } from "../prompt.js";
 import { serverStopping } from "../shutdown.js";
 import { cancelledBeforeStart, waitGone } from "./cancel.js";
@@ -80,7 +80,7 @@ async function prepare(run: Run): Promise<Submission | RunEnds> {
   }
   const prompt = await buildPrompt(ctx, settings, resumeSession !== "");
   for (const n of prompt.notes) await run.notice(n);
-  const runEnv = buildRunEnv(ctx, settings);
+  const runEnv = buildRunEnv(ctx, settings, mountedRunDirs(agentId, ctx.agent.companyId ?? ""));
   for (const n of runEnv.notes) await run.notice(n);
   let objects: RunObjects;
   try {
