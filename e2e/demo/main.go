@@ -129,9 +129,18 @@ func run(keep bool) error {
 		return fmt.Errorf("waiting for the agent pod: %w", err)
 	}
 	fmt.Printf("    pod %s: %s on %s\n", pod.Name, pod.Status.Phase, pod.Spec.NodeName)
-	fmt.Printf("    image %s, user %d, egress profile %q, claim %s at %s\n",
+	fmt.Printf("    image %s, user %d, egress profile %q; of claim %s it mounts only its own directories:\n",
 		pod.Spec.Containers[0].Image, *pod.Spec.SecurityContext.RunAsUser,
-		pod.Labels["paperclip.io/egress-profile"], claimOf(pod), "/paperclip")
+		pod.Labels["paperclip.io/egress-profile"], claimOf(pod))
+	for _, m := range pod.Spec.Containers[0].VolumeMounts {
+		if m.SubPath != "" {
+			mode := "read-write"
+			if m.ReadOnly {
+				mode = "read-only"
+			}
+			fmt.Printf("      %s (%s)\n", m.MountPath, mode)
+		}
+	}
 
 	r, err := showRelay(ctx, c, pod, job.Name)
 	if err != nil {
