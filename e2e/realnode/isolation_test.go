@@ -84,3 +84,27 @@ func TestPaperclipAgentsSeeOnlyTheirOwn(t *testing.T) {
 		}
 	}
 }
+
+// TestPaperclipAgentResumesItsOwnSession: an agent's second run through
+// the real server resumes the session its first run started, from the
+// agent's own home on the volume (the fake agent, like Claude, keeps its
+// sessions under $HOME and fails to resume one its home does not hold).
+func TestPaperclipAgentResumesItsOwnSession(t *testing.T) {
+	t.Parallel() // a company of its own on the shared server
+	pc := thePaperclip(t)
+	ctx, company := paperclipOnTheRealNode(t, pc, 10*time.Minute, "Sessions Co")
+	agent := newAgent(ctx, t, pc, company.ID, "Remembers", "claude_k8s", map[string]any{"promptTemplate": "lines=2"}, nil)
+	first := waitRunEnds(ctx, t, pc, wake(ctx, t, pc, agent.ID, "e2e: the first run").ID)
+	if first.Status != "succeeded" || first.SessionAfter == "" {
+		t.Fatalf("the first run: %+v\n%s", first, runLogText(ctx, pc, first.ID))
+	}
+	home := filepath.Join(suite.in.SharedDir(), "instances", "default", "companies", company.ID, "agents", agent.ID, "home")
+	if _, err := os.Stat(filepath.Join(home, ".fakeagent", "sessions", first.SessionAfter)); err != nil {
+		t.Fatalf("the session is not in the agent's own home on the volume: %v", err)
+	}
+	second := waitRunEnds(ctx, t, pc, wake(ctx, t, pc, agent.ID, "e2e: the second run").ID)
+	if second.Status != "succeeded" || second.SessionBefore != first.SessionAfter || second.SessionAfter != first.SessionAfter {
+		t.Fatalf("the second run: session before %q after %q (status %s), want both %q\n%s",
+			second.SessionBefore, second.SessionAfter, second.Status, first.SessionAfter, runLogText(ctx, pc, second.ID))
+	}
+}

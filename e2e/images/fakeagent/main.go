@@ -29,6 +29,10 @@
 //	exit     the exit code (default 0); non-zero writes an error result
 //	result   0: no result event (a run that is cut short)
 //
+// It keeps each session it starts under $HOME/.fakeagent/sessions and
+// refuses to resume (--resume, --session) one that is not there, as
+// Claude does: a run resumes only what its own home holds.
+//
 // The binary is installed under each agent CLI's name; argv[0] picks the
 // output format. `fakeagent --serve 3100,8080` is instead a server that
 // answers every connection on those ports (a stand-in Paperclip server).
@@ -155,6 +159,24 @@ func main() {
 		model = "fake-model"
 	}
 	f := format(cli, session, model)
+
+	// Sessions live in $HOME, as the real CLIs keep theirs (Claude under
+	// ~/.claude): resuming one this home does not hold fails as Claude
+	// does, and a session is recorded as soon as it starts (a run killed
+	// mid-way can be resumed).
+	sessions := filepath.Join(os.Getenv("HOME"), ".fakeagent", "sessions")
+	if resumed := flagValue(os.Args[1:], "--resume") + flagValue(os.Args[1:], "--session"); resumed != "" {
+		if _, err := os.Stat(filepath.Join(sessions, resumed)); err != nil {
+			fmt.Fprintf(os.Stderr, "No conversation found with session ID: %s (in %s)\n", resumed, sessions)
+			os.Exit(1)
+		}
+	}
+	if err := os.MkdirAll(sessions, 0o755); err == nil {
+		if fh, err := os.OpenFile(filepath.Join(sessions, session), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644); err == nil {
+			fmt.Fprintf(fh, "run at %s\n", time.Now().UTC().Format(time.RFC3339))
+			fh.Close()
+		}
+	}
 
 	emit(f.init())
 	time.Sleep(s.wait)
