@@ -228,11 +228,11 @@ func workingDirWithin(dir, data string, cfg *config.Config) string {
 			writable = append(writable, spliced(w, subst))
 		}
 	}
-	var any []string
+	var within []string
 	for _, w := range writable {
-		any = append(any, fmt.Sprintf("%[1]s == %[2]s || %[1]s.startsWith(%[2]s + '/')", dir, w))
+		within = append(within, fmt.Sprintf("%[1]s == %[2]s || %[1]s.startsWith(%[2]s + '/')", dir, w))
 	}
-	return strings.Join(any, " || ")
+	return strings.Join(within, " || ")
 }
 
 // serverSecrets is the CEL list of the Secrets the server's Deployment

@@ -89,15 +89,15 @@ export async function ensureRunDirs(
   sharedVolume = SHARED_VOLUME_PATH,
   fs: DirFs = nodeFs,
 ): Promise<string[]> {
-  const onVolume = home.paperclipHome === sharedVolume || home.paperclipHome.startsWith(`${sharedVolume}/`);
-  if (!onVolume || !i.companyId) return [];
+  const dirs = mountedRunDirs(i.agentId, i.companyId, home, sharedVolume);
+  if (!dirs) return [];
   for (const [what, id] of [["agent", i.agentId], ["company", i.companyId]] as const) {
     if (!SEGMENT.test(id) || id === "." || id === "..") {
       throw new RunDirsError(`the ${what} id ${JSON.stringify(id)} cannot name a directory (letters, digits, '.', '_' and '-')`);
     }
   }
   const notes: string[] = [];
-  for (const dir of runDirs({ ...home, ...i })) {
+  for (const dir of dirs) {
     let at = sharedVolume;
     for (const segment of posix.relative(sharedVolume, dir).split("/").filter(Boolean)) {
       at = posix.join(at, segment);
