@@ -35,31 +35,63 @@ var adapterBuild struct {
 // Paperclip server.
 func NodeBin(t testing.TB) string {
 	t.Helper()
-	dir, err := PaperclipInstall()
+	dir, err := nodeBin()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return filepath.Join(dir, "node", "bin")
+	return dir
+}
+
+func nodeBin() (string, error) {
+	dir, err := PaperclipInstall()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, "node", "bin"), nil
 }
 
 // WithNode is the test process's environment with NodeBin first on PATH.
 func WithNode(t testing.TB) []string {
-	return append(os.Environ(), "PATH="+NodeBin(t)+string(os.PathListSeparator)+os.Getenv("PATH"))
+	t.Helper()
+	env, err := NodeEnviron()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env
 }
 
-// BuildAdapter builds the adapter once per test binary, on Paperclip's
-// Node: npm ci when its node_modules is missing (make test installs them
-// from the lockfile), then npm run build unless dist/ is newer than every
-// source. The tiers run side by side and read dist/ while their tests
-// run, so the build holds a lock across processes, and a fresh dist/ is
-// not written again under a running test's feet.
+// NodeEnviron is WithNode outside a test.
+func NodeEnviron() ([]string, error) {
+	bin, err := nodeBin()
+	if err != nil {
+		return nil, err
+	}
+	return append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH")), nil
+}
+
+// BuildAdapter is EnsureAdapterBuilt for a test.
 func BuildAdapter(t testing.TB) {
 	t.Helper()
-	environ := WithNode(t)
+	if err := EnsureAdapterBuilt(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// EnsureAdapterBuilt builds the adapter once per test binary, on
+// Paperclip's Node: npm ci when its node_modules is missing (make test
+// installs them from the lockfile), then npm run build unless dist/ is
+// newer than every source. The tiers run side by side and read dist/
+// while their tests run, so the build holds a lock across processes, and
+// a fresh dist/ is not written again under a running test's feet.
+func EnsureAdapterBuilt() error {
 	adapterBuild.Do(func() {
 		adapterBuild.err = func() error {
 			if _, err := exec.LookPath("npm"); err != nil {
 				return fmt.Errorf("npm is not on PATH: the Paperclip adapter's end-to-end tests need npm (README, Quick start)")
+			}
+			environ, err := NodeEnviron()
+			if err != nil {
+				return err
 			}
 			unlock, err := lockFile(filepath.Join(os.TempDir(), "clipjob-adapter-build.lock"))
 			if err != nil {
@@ -88,13 +120,11 @@ func BuildAdapter(t testing.TB) {
 			if err := npm("run", "build"); err != nil {
 				return err
 			}
-			t.Logf("built the Paperclip adapter in %s", time.Since(start).Round(time.Millisecond))
+			fmt.Fprintf(os.Stderr, "e2e: built the Paperclip adapter in %s\n", time.Since(start).Round(time.Millisecond))
 			return nil
 		}()
 	})
-	if adapterBuild.err != nil {
-		t.Fatal(adapterBuild.err)
-	}
+	return adapterBuild.err
 }
 
 // adapterBuildFresh reports whether dist/ was built after every source,
@@ -183,19 +213,31 @@ type AdapterSpec struct {
 // filled in.
 func (in *Install) PaperclipServer(t testing.TB, r *Relay, agent, run string) AdapterSpec {
 	t.Helper()
-	BuildAdapter(t)
+	spec, err := in.PaperclipServerSpec(r, agent, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec
+}
+
+// PaperclipServerSpec is PaperclipServer outside a test (a TestMain that
+// starts a server beside its first tests).
+func (in *Install) PaperclipServerSpec(r *Relay, agent, run string) (AdapterSpec, error) {
+	if err := EnsureAdapterBuilt(); err != nil {
+		return AdapterSpec{}, err
+	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.paperclip == nil {
 		spec, err := in.paperclipServer(r)
 		if err != nil {
-			t.Fatal(err)
+			return AdapterSpec{}, err
 		}
 		in.paperclip = &spec
 	}
 	spec := *in.paperclip
 	spec.AgentID, spec.RunID, spec.Prompt = agent, run, "Fix the failing test, {{agent.id}}."
-	return spec
+	return spec, nil
 }
 
 func (in *Install) paperclipServer(r *Relay) (AdapterSpec, error) {

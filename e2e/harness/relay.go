@@ -82,16 +82,25 @@ type installRelay struct {
 // not.
 func (in *Install) Relay(t testing.TB) (r *Relay, reader, stranger string) {
 	t.Helper()
+	r, reader, stranger, err := in.SharedRelay()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, reader, stranger
+}
+
+// SharedRelay is Relay outside a test.
+func (in *Install) SharedRelay() (r *Relay, reader, stranger string, err error) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.relay == nil {
 		ir, err := in.startRelay()
 		if err != nil {
-			t.Fatal(err)
+			return nil, "", "", err
 		}
 		in.relay = ir
 	}
-	return in.relay.r, in.relay.reader, in.relay.stranger
+	return in.relay.r, in.relay.reader, in.relay.stranger, nil
 }
 
 func (in *Install) startRelay() (*installRelay, error) {

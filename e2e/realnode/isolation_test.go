@@ -1,88 +1,281 @@
 package realnode
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"maps"
+	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/paperclipai/clipjob/e2e/harness"
+	"github.com/paperclipai/clipjob/e2e/paperclipjwt"
 )
 
-// TestPaperclipAgentsSeeOnlyTheirOwn: the real Paperclip server keeps its
-// home on the agents' volume at /paperclip, as its image does (its .env,
-// its database there). An agent of company A and one of company B each
-// run the fake agent's probe through the server: each pod's mount table
-// under /paperclip holds its own agent's and company's directories and
-// nothing else (not the instance's .env, secrets, database or run logs,
-// not the other company's), the read-only ones read-only; each writes its
-// workspace (the directory Paperclip chose, made by the server before the
-// Job) and its home.
-func TestPaperclipAgentsSeeOnlyTheirOwn(t *testing.T) {
+// instanceRoot is the shared server's instance directory as agents' pods
+// and the server see it: its home is the volume at /paperclip.
+const instanceRoot = "/paperclip/instances/default/"
+
+// ownDirs are the directories of the volume a run of agent in company
+// mounts under isolation mode Agent, each with whether it is read-only.
+func ownDirs(company, agent string) map[string]bool {
+	return map[string]bool{
+		instanceRoot + "workspaces/" + agent:                                         false,
+		instanceRoot + "projects/" + company:                                         false,
+		instanceRoot + "companies/" + company + "/agents/" + agent + "/home":         false,
+		instanceRoot + "companies/" + company + "/agents/" + agent + "/instructions": true,
+		instanceRoot + "skills/" + company:                                           true,
+	}
+}
+
+// fakeAgentEvent decodes the fake agent's first system line of subtype
+// from run's log: its field key into out. False when the log holds none.
+func fakeAgentEvent(ctx context.Context, pc *harness.Paperclip, run, subtype, key string, out any) bool {
+	found := false
+	fakeAgentEvents(ctx, pc, run, subtype, key, func(raw json.RawMessage) bool {
+		found = json.Unmarshal(raw, out) == nil
+		return false
+	})
+	return found
+}
+
+// fakeAgentEvents hands each of the fake agent's system lines of subtype
+// in run's log (its field key) to each, in order, while each says go on.
+func fakeAgentEvents(ctx context.Context, pc *harness.Paperclip, run, subtype, key string, each func(json.RawMessage) bool) {
+	lines, _ := runLog(ctx, pc, run)
+	for _, l := range stdoutLines(lines) {
+		var ev map[string]json.RawMessage
+		if json.Unmarshal([]byte(l), &ev) != nil || string(ev["subtype"]) != `"`+subtype+`"` {
+			continue
+		}
+		if !each(ev[key]) {
+			return
+		}
+	}
+}
+
+// runMounts is what the fake agent's probe read of its mount table under
+// /paperclip in run: path to read-only.
+func runMounts(ctx context.Context, t *testing.T, pc *harness.Paperclip, run string) (map[string]bool, probeFacts) {
+	t.Helper()
+	var probe probeFacts
+	if !fakeAgentEvent(ctx, pc, run, "fake_agent_probe", "probe", &probe) {
+		t.Fatalf("no probe in the log of run %s\n%s", run, runLogText(ctx, pc, run))
+	}
+	got := map[string]bool{}
+	for _, m := range probe.Mounts {
+		got[m.Path] = m.ReadOnly
+	}
+	return got, probe
+}
+
+// probeFacts is the part of the fake agent's probe these tests read.
+type probeFacts struct {
+	WriteError   string
+	HomeWritable bool
+	Mounts       []struct {
+		Path     string
+		ReadOnly bool
+	}
+}
+
+// TestAHostileAgentReachesNoOtherAgentsData: the real Paperclip server
+// keeps its home on the agents' volume at /paperclip, as its image does
+// (its .env, its database there). Agent A1 of company A runs as an
+// attacker beside A2 (company A) and B1 (company B), all through that
+// server; A2 and B1 probe their pods and write their workspaces (the
+// working directory Paperclip chose, made by the server before the Job)
+// and their homes. From inside A1: it sees
+// nothing of the volume but its own directories (no .env, config.json,
+// secrets, database, run logs or mirror, adapter plugins, no other
+// agent's home, no other company's tree); it cannot write its
+// instructions, its skills, or anything above its mounts, nor move a
+// mount away; every token it forges for B1 from everything it can read is
+// refused by the server (401), while one forged from the server's secret
+// is accepted, so the forging is right. The links it plants (up the tree,
+// at the volume's root) in its workspace, home and project redirect no
+// mount: on their next runs A1, A2 and B1 each mount exactly their own
+// directories, the read-only ones read-only, and write their workspaces.
+//
+// Unlike Paperclip's image, where the server and its agents are one uid
+// (1000), the suite's server runs as nobody in the volume's group (its
+// embedded PostgreSQL needs a user with a passwd entry), so its private
+// files (.env 0600, instances/ 0700) would be out of an unconfined agent's
+// reach here too: what the attacker sees (the walk, the mount tables) is
+// the proof; the tokens are what it would do with whatever it reads.
+func TestAHostileAgentReachesNoOtherAgentsData(t *testing.T) {
 	t.Parallel() // companies of its own on the shared server
 	pc := thePaperclip(t)
-	ctx, companyA := paperclipOnTheRealNode(t, pc, 10*time.Minute, "Isolated A")
-	companyB := newCompany(ctx, t, pc, "Isolated B")
-	root := "/paperclip/instances/default/"
-	if _, err := os.Stat(filepath.Join(suite.in.SharedDir(), "instances", "default", ".env")); err != nil {
+	ctx, companyA := paperclipOnTheRealNode(t, pc, 15*time.Minute, "Attacker A")
+	companyB := newCompany(ctx, t, pc, "Victim B")
+	probe := map[string]any{"promptTemplate": "lines=1 probe=1 write=" + instanceRoot + "workspaces/{{agent.id}}/written-by-the-agent"}
+	b1 := newAgent(ctx, t, pc, companyB.ID, "Victim", "claude_k8s", probe, nil)
+	a1 := newAgent(ctx, t, pc, companyA.ID, "Attacker", "claude_k8s", map[string]any{
+		"promptTemplate": "lines=1 attack=" + b1.ID + "@" + companyB.ID}, nil)
+	a2 := newAgent(ctx, t, pc, companyA.ID, "Colleague", "claude_k8s", probe, nil)
+	agents := []pcAgent{a1, a2, b1}
+
+	// runAll runs every agent at once; each prober sees its own
+	// directories and writes its workspace and home.
+	runAll := func(reason string, probers ...pcAgent) map[string]string {
+		runs := map[string]string{}
+		for _, a := range agents {
+			runs[a.ID] = wake(ctx, t, pc, a.ID, reason).ID
+		}
+		for _, a := range agents {
+			if r := waitRunEnds(ctx, t, pc, runs[a.ID]); r.Status != "succeeded" {
+				t.Fatalf("%s (%s): run %+v\n%s", a.Name, reason, r, runLogText(ctx, pc, r.ID))
+			}
+		}
+		for _, a := range probers {
+			mounts, probe := runMounts(ctx, t, pc, runs[a.ID])
+			if want := ownDirs(a.CompanyID, a.ID); !maps.Equal(mounts, want) {
+				t.Errorf("%s (%s): mounts under /paperclip %v; want exactly %v (path: read-only)", a.Name, reason, mounts, want)
+			}
+			if probe.WriteError != "" || !probe.HomeWritable {
+				t.Errorf("%s (%s): writing its workspace: %q; home writable %v", a.Name, reason, probe.WriteError, probe.HomeWritable)
+			}
+			if _, err := os.Stat(filepath.Join(suite.in.SharedDir(), "instances", "default", "workspaces", a.ID, "written-by-the-agent")); err != nil {
+				t.Errorf("%s (%s): its file is not in its workspace on the volume: %v", a.Name, reason, err)
+			}
+		}
+		return runs
+	}
+	first := runAll("e2e: the attack", a2, b1)
+	var got struct {
+		Seen, Read, Planted []string
+		Count               int
+		Tried               map[string]string
+	}
+	if !fakeAgentEvent(ctx, pc, first[a1.ID], "fake_agent_attack", "attack", &got) {
+		t.Fatalf("no attack in the attacker's log\n%s", runLogText(ctx, pc, first[a1.ID]))
+	}
+	var forged []struct{ From, Token string }
+	fakeAgentEvents(ctx, pc, first[a1.ID], "fake_agent_forged", "forged", func(raw json.RawMessage) bool {
+		var batch []struct{ From, Token string }
+		if err := json.Unmarshal(raw, &batch); err != nil {
+			t.Errorf("a line of forged tokens: %v", err)
+		}
+		forged = append(forged, batch...)
+		return true
+	})
+
+	own := ownDirs(companyA.ID, a1.ID)
+	for dir := range own {
+		if !slices.Contains(got.Seen, dir) {
+			t.Errorf("the attacker did not see its own %s (it saw %d paths)", dir, got.Count)
+		}
+	}
+	var outside []string
+	for _, seen := range got.Seen {
+		if path, _, _ := strings.Cut(seen, " -> "); !withinOrAbove(path, own) {
+			outside = append(outside, seen)
+		}
+	}
+	if len(outside) > 0 {
+		t.Errorf("the attacker saw %d paths of the volume (%d listed), outside its own directories: %s", got.Count, len(got.Seen), strings.Join(outside[:min(len(outside), 40)], ", "))
+	}
+
+	for what, err := range got.Tried {
+		if err == "" {
+			t.Errorf("the attacker could: %s", what)
+		}
+	}
+	for _, ro := range []string{"instructions", "skills"} {
+		tried := slices.ContainsFunc(slices.Collect(maps.Keys(got.Tried)), func(k string) bool { return strings.Contains(k, "/"+ro+"/") })
+		if !tried {
+			t.Errorf("the attacker never tried to write its %s: %v", ro, got.Tried)
+		}
+	}
+
+	secret := agentJWTSecret(t)
+	victim := paperclipjwt.Claims{Agent: b1.ID, Company: companyB.ID, AdapterType: "claude_k8s", Run: paperclipjwt.NewRunID(), Instance: "default"}
+	if code, body := asAgent(ctx, t, pc, paperclipjwt.Mint(secret, victim, false, time.Now())); code != http.StatusOK || !strings.Contains(body, b1.ID) {
+		t.Fatalf("a token forged from the server's own secret for %s: %d %s; the forging does not match the server's, so the attacker's tokens prove nothing", b1.ID, code, body)
+	}
+	if len(forged) == 0 {
+		t.Fatal("the attacker forged no token: it read nothing, not even its environment")
+	}
+	accepted := 0
+	for _, f := range forged {
+		if code, body := asAgent(ctx, t, pc, strings.ReplaceAll(f.Token, " ", ".")); code != http.StatusUnauthorized {
+			if accepted++; accepted <= 10 {
+				t.Errorf("a token the attacker signed with %s: %d %s, want 401", f.From, code, body)
+			}
+		}
+	}
+	if accepted > 0 {
+		t.Errorf("the server took %d of the %d tokens the attacker forged for %s", accepted, len(forged), b1.Name)
+	}
+
+	if len(got.Planted) != 6 {
+		t.Errorf("the attacker planted %v, want two links in each of its three writable directories", got.Planted)
+	}
+	for _, p := range got.Planted {
+		host := filepath.Join(suite.in.SharedDir(), strings.TrimPrefix(p, "/paperclip/"))
+		if fi, err := os.Lstat(host); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+			t.Errorf("the planted link %s is not on the volume as a link: %v", host, err)
+		}
+	}
+	if err := pc.Do(ctx, http.MethodPatch, "/api/agents/"+a1.ID, map[string]any{"adapterConfig": probe}, nil); err != nil {
+		t.Fatal(err)
+	}
+	runAll("e2e: the runs after the attack", agents...)
+}
+
+// withinOrAbove: path is one of dirs, inside one, or a directory on the
+// way to one (a mount point's parents, which the container runtime makes).
+func withinOrAbove(path string, dirs map[string]bool) bool {
+	for d := range dirs {
+		if path == d || strings.HasPrefix(path, d+"/") || strings.HasPrefix(d, path+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// agentJWTSecret is the shared server's PAPERCLIP_AGENT_JWT_SECRET, from
+// the .env its onboarding wrote in its home on the volume.
+func agentJWTSecret(t *testing.T) string {
+	t.Helper()
+	f, err := os.Open(filepath.Join(suite.in.SharedDir(), "instances", "default", ".env"))
+	if err != nil {
 		t.Fatalf("the server's .env is not on the agents' volume (its home should be): %v", err)
 	}
-	for _, c := range []pcCompany{companyA, companyB} {
-		agent := newAgent(ctx, t, pc, c.ID, "Prober", "claude_k8s", map[string]any{"promptTemplate": "lines=1 probe=1"}, nil)
-		workspace := root + "workspaces/" + agent.ID
-		// The probe writes in the run's working directory: the workspace.
-		if err := pc.Do(ctx, "PATCH", "/api/agents/"+agent.ID, map[string]any{"adapterConfig": map[string]any{
-			"promptTemplate": "lines=1 probe=1 write=" + workspace + "/written-by-the-agent"}}, nil); err != nil {
-			t.Fatal(err)
-		}
-		run := wake(ctx, t, pc, agent.ID, "e2e: what the agent sees")
-		if r := waitRunEnds(ctx, t, pc, run.ID); r.Status != "succeeded" {
-			t.Fatalf("company %s: run %+v\n%s", c.Name, r, runLogText(ctx, pc, run.ID))
-		}
-		lines, _ := runLog(ctx, pc, run.ID)
-		var probe struct {
-			WriteError   string
-			HomeWritable bool
-			Mounts       []struct {
-				Path     string
-				ReadOnly bool
-			}
-		}
-		found := false
-		for _, l := range stdoutLines(lines) {
-			var ev struct {
-				Subtype string
-				Probe   json.RawMessage
-			}
-			if json.Unmarshal([]byte(l), &ev) == nil && ev.Subtype == "fake_agent_probe" {
-				found = json.Unmarshal(ev.Probe, &probe) == nil
-			}
-		}
-		if !found {
-			t.Fatalf("company %s: no probe in the run's log\n%s", c.Name, runLogText(ctx, pc, run.ID))
-		}
-		want := map[string]bool{
-			workspace:                 false,
-			root + "projects/" + c.ID: false,
-			root + "companies/" + c.ID + "/agents/" + agent.ID + "/home":         false,
-			root + "companies/" + c.ID + "/agents/" + agent.ID + "/instructions": true,
-			root + "skills/" + c.ID: true,
-		}
-		got := map[string]bool{}
-		for _, m := range probe.Mounts {
-			got[m.Path] = m.ReadOnly
-		}
-		if !maps.Equal(got, want) {
-			t.Errorf("company %s: the agent's mounts under /paperclip: %v; want exactly %v (path: read-only)", c.Name, got, want)
-		}
-		if probe.WriteError != "" || !probe.HomeWritable {
-			t.Errorf("company %s: writing the workspace: %q; home writable %v", c.Name, probe.WriteError, probe.HomeWritable)
-		}
-		written := filepath.Join(suite.in.SharedDir(), "instances", "default", "workspaces", agent.ID, "written-by-the-agent")
-		if _, err := os.Stat(written); err != nil {
-			t.Errorf("company %s: the agent's file is not in its workspace on the volume: %v", c.Name, err)
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "PAPERCLIP_AGENT_JWT_SECRET="); ok {
+			return strings.Trim(v, `"'`)
 		}
 	}
+	t.Fatalf("the server's .env holds no PAPERCLIP_AGENT_JWT_SECRET")
+	return ""
+}
+
+// asAgent is the status and body of the server's "who am I" for an agent
+// token.
+func asAgent(ctx context.Context, t *testing.T, pc *harness.Paperclip, token string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, pc.URL+"/api/agents/me", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	return resp.StatusCode, fmt.Sprintf("%.300s", body)
 }
 
 // TestPaperclipAgentResumesItsOwnSession: an agent's second run through

@@ -2,6 +2,7 @@ package realnode
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"testing"
@@ -29,6 +30,7 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) (code int) {
+	flag.Parse() // -run decides below whether the shared server starts early
 	// The harness's controller-runtime clients log nothing worth reading.
 	ctrllog.SetLogger(logr.Discard())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
@@ -51,6 +53,13 @@ func run(m *testing.M) (code int) {
 	}
 	defer in.Webhook.Stop()
 	suite.in = in
+	// The shared Paperclip server takes about a minute to start; the
+	// serial tests (the chart's own installs) run first, so it starts
+	// beside them rather than after them. A run of chosen tests (-run)
+	// starts it only if one of them asks.
+	if suite.cluster.HasRealNode() && flag.Lookup("test.run").Value.String() == "" {
+		go startSharedPaperclip()
+	}
 	code = m.Run()
 	closePaperclip(code != 0)
 	if code != 0 {

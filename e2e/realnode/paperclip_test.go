@@ -39,6 +39,7 @@ var realPaperclip struct {
 // closePaperclip stops the server at the end of the suite (its directory
 // is kept when the suite failed).
 func closePaperclip(failed bool) {
+	realPaperclip.Do(func() {}) // waits for a start under way
 	if realPaperclip.pc != nil {
 		realPaperclip.pc.Close(failed)
 	}
@@ -49,19 +50,31 @@ func closePaperclip(failed bool) {
 var adapterPackageDirs = map[string]string{"claude_k8s": "", "opencode_k8s": "opencode"}
 
 // thePaperclip is the server the tests share, started once per test binary
-// (ownPaperclip says how). A test that stops or restarts the server takes
-// one of its own instead, so the others keep running beside it.
+// (ownPaperclip says how): by TestMain beside the serial tests when the
+// whole tier runs, else by the first test that needs it. A test that stops
+// or restarts the server takes one of its own instead, so the others keep
+// running beside it.
 func thePaperclip(t *testing.T) *harness.Paperclip {
 	t.Helper()
 	requireRealNode(t)
-	spec := paperclipSpec(t)
-	realPaperclip.Do(func() {
-		realPaperclip.pc, realPaperclip.err = startPaperclip(t, spec, true)
-	})
+	startSharedPaperclip()
 	if realPaperclip.err != nil {
 		t.Fatal(realPaperclip.err)
 	}
 	return realPaperclip.pc
+}
+
+// startSharedPaperclip starts the shared server, once; a second call
+// waits for the first.
+func startSharedPaperclip() {
+	realPaperclip.Do(func() {
+		spec, err := paperclipSpec()
+		if err != nil {
+			realPaperclip.err = err
+			return
+		}
+		realPaperclip.pc, realPaperclip.err = startPaperclip(spec, true)
+	})
 }
 
 // ownPaperclip is a server for t alone, stopped when t ends (its
@@ -72,7 +85,11 @@ func thePaperclip(t *testing.T) *harness.Paperclip {
 func ownPaperclip(t *testing.T) *harness.Paperclip {
 	t.Helper()
 	requireRealNode(t)
-	pc, err := startPaperclip(t, paperclipSpec(t), false)
+	spec, err := paperclipSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := startPaperclip(spec, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,16 +98,18 @@ func ownPaperclip(t *testing.T) *harness.Paperclip {
 }
 
 // paperclipSpec is what a server needs to reach the suite's install.
-func paperclipSpec(t *testing.T) harness.AdapterSpec {
-	t.Helper()
-	r, _, _ := suite.in.Relay(t)
-	return suite.in.PaperclipServer(t, r, "", "")
+func paperclipSpec() (harness.AdapterSpec, error) {
+	r, _, _, err := suite.in.SharedRelay()
+	if err != nil {
+		return harness.AdapterSpec{}, err
+	}
+	return suite.in.PaperclipServerSpec(r, "", "")
 }
 
 // startPaperclip starts a server; the shared one (onVolume) keeps its home
 // on the agents' volume at /paperclip, as Paperclip's image does, so the
 // runs' directories are where the server keeps them.
-func startPaperclip(t *testing.T, spec harness.AdapterSpec, onVolume bool) (_ *harness.Paperclip, err error) {
+func startPaperclip(spec harness.AdapterSpec, onVolume bool) (_ *harness.Paperclip, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	pc, err := harness.NewPaperclip()
@@ -120,7 +139,7 @@ func startPaperclip(t *testing.T, spec harness.AdapterSpec, onVolume bool) (_ *h
 			return nil, err
 		}
 	}
-	pkg, err := packAdapter(ctx, t, pc)
+	pkg, err := packAdapter(ctx, pc)
 	if err != nil {
 		return nil, err
 	}
@@ -169,14 +188,20 @@ func startPaperclip(t *testing.T, spec harness.AdapterSpec, onVolume bool) (_ *h
 
 // packAdapter is `npm pack` of the adapter (its prepack builds it), in the
 // server's files, readable by the server's user.
-func packAdapter(ctx context.Context, t *testing.T, pc *harness.Paperclip) (string, error) {
+func packAdapter(ctx context.Context, pc *harness.Paperclip) (string, error) {
 	// As the invoking user, with their npm cache: the checkout is theirs.
 	// Built first (BuildAdapter), packed without the prepack build: the
 	// integration tier runs the same dist/ meanwhile.
-	harness.BuildAdapter(t)
+	if err := harness.EnsureAdapterBuilt(); err != nil {
+		return "", err
+	}
+	environ, err := harness.NodeEnviron()
+	if err != nil {
+		return "", err
+	}
 	cmd := exec.CommandContext(ctx, "npm", "pack", "--ignore-scripts", "--json", "--pack-destination", pc.Files())
 	cmd.Dir = harness.AdapterDir()
-	cmd.Env = harness.WithNode(t)
+	cmd.Env = environ
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -612,20 +637,12 @@ func TestPaperclipRunEnvHoldsNoServerPaths(t *testing.T) {
 	if r := waitRunEnds(ctx, t, pc, run.ID); r.Status != "succeeded" {
 		t.Fatalf("run: %+v\n%s", r, runLogText(ctx, pc, run.ID))
 	}
-	lines, _ := runLog(ctx, pc, run.ID)
-	var names []string
-	for _, l := range stdoutLines(lines) {
-		var ev struct {
-			Subtype string
-			Probe   struct{ Env []string }
-		}
-		if json.Unmarshal([]byte(l), &ev) == nil && ev.Subtype == "fake_agent_probe" {
-			names = ev.Probe.Env
-		}
-	}
-	if names == nil {
+	var probe struct{ Env []string }
+	if !fakeAgentEvent(ctx, pc, run.ID, "fake_agent_probe", "probe", &probe) {
 		t.Fatalf("no probe line in the run's log\n%s", runLogText(ctx, pc, run.ID))
 	}
+	names := probe.Env
+	lines, _ := runLog(ctx, pc, run.ID)
 	for _, k := range []string{"TMPDIR", "TMP", "TEMP", "PAPERCLIP_RUN_SCRATCH_DIR", "GH_CONFIG_DIR", "MY_LOCAL_URL", "PAPERCLIP_RUNTIME_TOOLS_MCP_URL"} {
 		if slices.Contains(names, k) {
 			t.Errorf("%s reached the pod (its env: %v)", k, names)

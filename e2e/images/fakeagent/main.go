@@ -14,6 +14,9 @@
 //	bigline  lines more of bigsize bytes each (JSON and all)
 //	bigsize  default 1 MiB less 64 bytes: just under the relay's line limit
 //	probe    1: first, a line describing the container (see probe.go)
+//	attack   <agent>@<company>: then, a line of what a hostile agent got
+//	         from the shared volume, with tokens forged for that agent
+//	         (see attack.go)
 //	write    a file to create, then read back (the probe line says how)
 //	connect  host:port,host:port: try each, 3 s apiece, and print a line
 //	         saying which connected (egress policy tests)
@@ -57,7 +60,7 @@ type script struct {
 	lines, burst, bigLines, bigSize, exit, pad int
 	rate                                       float64
 	probe, result, failOnce                    bool
-	write, leak, connect                       string
+	write, leak, connect, attack               string
 	sleep, wait                                time.Duration
 }
 
@@ -92,6 +95,8 @@ func parseScript(prompt string) (script, error) {
 			s.result = v != "0"
 		case "write":
 			s.write = v
+		case "attack":
+			s.attack = v
 		case "leak":
 			s.leak = v
 		case "connect":
@@ -182,6 +187,13 @@ func main() {
 	time.Sleep(s.wait)
 	if s.probe {
 		emit(map[string]any{"type": "system", "subtype": "fake_agent_probe", "probe": probe(s.write)})
+	}
+	if s.attack != "" {
+		a := attack(s.attack)
+		emit(map[string]any{"type": "system", "subtype": "fake_agent_attack", "attack": a})
+		for f := a.Forged; len(f) > 0; f = f[min(len(f), forgedPerLine):] {
+			emit(map[string]any{"type": "system", "subtype": "fake_agent_forged", "forged": f[:min(len(f), forgedPerLine)]})
+		}
 	}
 	if s.connect != "" {
 		emit(map[string]any{"type": "system", "subtype": "fake_agent_connect", "connect": connect(strings.Split(s.connect, ","))})
