@@ -75,6 +75,12 @@ type Source struct {
 	// envFrom agents inherit: by allowlist, so a server credential under a
 	// name nobody thought to deny stays the server's.
 	Env EnvFilter `json:"env,omitempty"`
+	// SecretVolumes lists the Secrets (names or globs) whose volumes, as
+	// the source container mounts them, agents inherit: a Claude login or
+	// a CA bundle the agents need. Default: none, as a secret volume may
+	// hold the server's own keys. A volume mounted on the shared volume's
+	// path, or holding a file a denied env var names, is never inherited.
+	SecretVolumes []string `json:"secretVolumes,omitempty"`
 }
 
 // IsolationMode is how much of Paperclip's home an agent run sees.
@@ -237,6 +243,12 @@ type Policy struct {
 	// attributes the Job writes (an NFS driver's server and share could be
 	// the shared volume's). A secrets-store driver, say, may be listed.
 	CSIDrivers []string `json:"csiDrivers,omitempty"`
+	// StorageClasses (globs) are the StorageClasses an agent Job's
+	// ephemeral volume may name. Default none: such a volume uses the
+	// cluster's default class. A claim that names a class (or "", no
+	// class) binds any Available PersistentVolume of it, another tenant's
+	// or a second door to the shared volume's storage.
+	StorageClasses []string `json:"storageClasses,omitempty"`
 }
 
 // SecretPolicy is what the run-secret rule admits beyond a run's own

@@ -204,7 +204,7 @@ func validate(in Input) Validation {
 					Mounts: templates.SharedMounts(inh, cfg, in.Job.Labels), Confined: templates.Confined(inh, cfg), FSGroup: ptr.To(templates.FloorGID)}
 			}
 			prof, _ := cfg.JobProfile(contract.AdapterType(in.Job.Labels))
-			ss := inh.SecretsFor(cfg.Source.Env, prof)
+			ss := inh.SecretsFor(cfg.Source, prof)
 			pin.HandedSecrets, pin.HandedKeys, pin.ServerSecrets, pin.SourceSecrets = ss.Whole, ss.Keys, ss.Server, ss.Read
 		}
 	}

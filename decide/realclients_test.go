@@ -128,10 +128,11 @@ func TestRealClientsJobsStrippedToBare(t *testing.T) {
 				c.rename("paperclip-data", "shared-home")
 				c.rename("github-app-key", "gh-key")
 				c.rename("ghcr-pull", "registry-auth")
+				c.cfg = "source: {secretVolumes: [gh-key]}\n"
 			}},
 			{"another source and namespace", func(c *clientCase) {
 				c.src.Name, c.src.Namespace, c.job.Namespace = "orchestrator", "agents", "agents"
-				c.cfg = "source: {namespace: agents, deployment: orchestrator}\n"
+				c.cfg = "source: {namespace: agents, deployment: orchestrator, secretVolumes: [github-app-key]}\n"
 			}},
 		} {
 			t.Run(file+"/"+variant.name, func(t *testing.T) {
@@ -184,7 +185,9 @@ type clientCase struct {
 func newClientCase(t *testing.T, file string) *clientCase {
 	t.Helper()
 	src := golden.ReadManifests(t, realFile("source.yaml")).Deployments[0]
-	return &clientCase{job: oneJob(t, realFile(file)), src: src}
+	// The documented config lists the GitHub App key the server mounts:
+	// its agents use it, and no secret volume goes unlisted.
+	return &clientCase{job: oneJob(t, realFile(file)), src: src, cfg: "source: {secretVolumes: [github-app-key]}\n"}
 }
 
 // rename changes a Secret's, claim's or pull secret's name everywhere,

@@ -812,9 +812,22 @@ func checkVolume(in Input) (field.ErrorList, []string, []Undecided) {
 			// A new claim, but one that can start as a copy of another
 			// (the shared one, a snapshot of it) or bind a given volume.
 			ts := v.Ephemeral.VolumeClaimTemplate.Spec
+			tp := p.Child("ephemeral", "volumeClaimTemplate", "spec")
 			if ts.DataSource != nil || ts.DataSourceRef != nil || ts.VolumeName != "" {
-				errs = append(errs, field.Forbidden(p.Child("ephemeral", "volumeClaimTemplate", "spec"),
+				errs = append(errs, field.Forbidden(tp,
 					"an ephemeral volume of an agent run starts empty: its claim template may not name a dataSource, dataSourceRef or volumeName (a clone or snapshot of the shared volume, or the volume itself)"))
+			}
+			// Binding picks an Available PersistentVolume that matches
+			// the claim before it provisions one: a selector or a class
+			// chooses which, another tenant's or the shared storage's.
+			if ts.Selector != nil {
+				errs = append(errs, field.Forbidden(tp.Child("selector"),
+					"an ephemeral volume of an agent run may not select a PersistentVolume (it would bind an existing one, another's data): remove the selector"))
+			}
+			if sc := ts.StorageClassName; sc != nil && !config.MatchAny(in.Config.Policy.StorageClasses, *sc) {
+				errs = append(errs, field.Forbidden(tp.Child("storageClassName"), fmt.Sprintf(
+					"StorageClass %q is not one agent Jobs' ephemeral volumes may name (a claim binds any Available PersistentVolume of its class): remove storageClassName to use the cluster's default, or list the class in policy.storageClasses in the clipjob config",
+					*sc)))
 			}
 			continue
 		case v.CSI != nil:

@@ -44,7 +44,7 @@ func handed(t testing.TB) templates.SourceSecrets {
 		t.Fatal(err)
 	}
 	prof, _ := c.Config.JobProfile("claude_local")
-	return inh.SecretsFor(c.Config.Source.Env, prof)
+	return inh.SecretsFor(c.Config.Source, prof)
 }
 
 func rwx(ns, name string) (*corev1.PersistentVolumeClaim, error) {

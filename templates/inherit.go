@@ -246,8 +246,9 @@ type SourceSecrets struct {
 // SecretsFor sorts the Secrets of the source for an agent of profile prof,
 // in one pass: what Render would hand over (withheld ones left out), the
 // server's own, and all it reads.
-func (in *Inherited) SecretsFor(f config.EnvFilter, prof config.Resolved) SourceSecrets {
-	w := newWithheld(in.Env, f.Deny, prof.Env)
+func (in *Inherited) SecretsFor(src config.Source, prof config.Resolved) SourceSecrets {
+	f := src.Env
+	w := newWithheld(in.Env, src, in.DataMountPath, prof.Env)
 	var out SourceSecrets
 	for _, e := range filterEnv(in.Env, f, prof.EnvKeys) {
 		if ref := secretKeyRef(e); ref != nil && w.why(e) == "" {
@@ -264,8 +265,10 @@ func (in *Inherited) SecretsFor(f config.EnvFilter, prof config.Resolved) Source
 		byName[v.Name] = v
 	}
 	for _, m := range in.SecretMounts {
-		if v := byName[m.Name]; v.Secret != nil && w.volume(v, m.MountPath) == "" {
-			out.Whole = append(out.Whole, v.Secret.SecretName)
+		if v := byName[m.Name]; v.Secret != nil {
+			if why, _ := w.volume(v, m.MountPath); why == "" {
+				out.Whole = append(out.Whole, v.Secret.SecretName)
+			}
 		}
 	}
 	for _, ps := range in.ImagePullSecrets {

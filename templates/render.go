@@ -138,7 +138,7 @@ func (r *renderer) render() {
 		}
 		spec.Containers = []corev1.Container{{Name: r.prof.ContainerName, Command: r.prof.Command, Args: r.prof.Args}}
 	}
-	r.withheld = newWithheld(r.in.Inherited.Env, r.in.Config.Source.Env.Deny, r.prof.Env)
+	r.withheld = newWithheld(r.in.Inherited.Env, r.in.Config.Source, r.in.Inherited.DataMountPath, r.prof.Env)
 	runEnv := r.runEnvSecret()
 	prompt := r.promptVolume()
 	mounts := r.sharedMounts(prompt)
@@ -379,8 +379,10 @@ func (r *renderer) sharedMounts(prompt *corev1.Volume) []mountWithVolume {
 		secrets[v.Name] = v
 	}
 	for _, m := range inh.SecretMounts {
-		if why := r.withheld.volume(secrets[m.Name], m.MountPath); why != "" {
-			r.warn(fmt.Sprintf("Secret %s mounted at %s not inherited: %s", secrets[m.Name].Secret.SecretName, m.MountPath, why))
+		if why, unlisted := r.withheld.volume(secrets[m.Name], m.MountPath); why != "" {
+			if !unlisted {
+				r.warn(fmt.Sprintf("Secret %s mounted at %s not inherited: %s", secrets[m.Name].Secret.SecretName, m.MountPath, why))
+			}
 			continue
 		}
 		out = append(out, mountWithVolume{mount: m, volume: secrets[m.Name]})

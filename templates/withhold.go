@@ -39,6 +39,11 @@ type withheld struct {
 	// not withheld for their value (the compiled admission policies, which
 	// cannot see the server's values, set them the same way).
 	run map[string]string
+	// secretVolumes are the Secrets whose volumes the operator hands
+	// agents (source.secretVolumes); dataPath is where the shared volume
+	// is mounted, on which no secret volume is handed over.
+	secretVolumes []string
+	dataPath      string
 }
 
 // runValues records the run's own env (see withheld.run).
@@ -49,13 +54,17 @@ func (w *withheld) runValues(run []corev1.EnvVar) {
 	}
 }
 
-func newWithheld(env []corev1.EnvVar, deny []string, profileEnv []corev1.EnvVar) *withheld {
-	w := &withheld{deny: deny, secretKeys: map[[2]string]bool{}, secrets: map[string]bool{}, values: map[string]bool{}, profile: map[string]bool{}}
+// newWithheld reads what of the source's container env is the server's
+// own: src's deny list over env, the profile's own names aside. Secret
+// volumes go by src's list, never one mounted at or under dataPath.
+func newWithheld(env []corev1.EnvVar, src config.Source, dataPath string, profileEnv []corev1.EnvVar) *withheld {
+	w := &withheld{deny: src.Env.Deny, secretKeys: map[[2]string]bool{}, secrets: map[string]bool{}, values: map[string]bool{}, profile: map[string]bool{},
+		secretVolumes: src.SecretVolumes, dataPath: path.Clean(dataPath)}
 	for _, e := range profileEnv {
 		w.profile[e.Name] = true
 	}
 	for _, e := range env {
-		if !config.MatchAny(deny, e.Name) {
+		if !config.MatchAny(w.deny, e.Name) {
 			continue
 		}
 		if ref := secretKeyRef(e); ref != nil {
@@ -158,15 +167,27 @@ func (w *withheld) envFrom(list []corev1.EnvFromSource, allow []string, warn fun
 	})
 }
 
-// volume says why a secret volume mounted at mountPath is withheld, or "".
-func (w *withheld) volume(v corev1.Volume, mountPath string) string {
-	if v.Secret != nil && w.secrets[v.Secret.SecretName] {
-		return fmt.Sprintf("Secret %s backs a denied env var", v.Secret.SecretName)
+// volume says why a secret volume mounted at mountPath is withheld, or ""
+// when it is handed over. Unlisted is true when only the operator's list
+// left it out: that is the default, not worth a warning.
+func (w *withheld) volume(v corev1.Volume, mountPath string) (why string, unlisted bool) {
+	mp := path.Clean(mountPath)
+	if mp == w.dataPath || strings.HasPrefix(mp, w.dataPath+"/") || strings.HasPrefix(w.dataPath, mp+"/") {
+		// The server may keep its keys there (Paperclip's secrets/ and
+		// .env under its home): a run mounts only its own directories of
+		// that path.
+		return fmt.Sprintf("it is mounted on the shared volume's path %s, of which a run mounts only its own directories", w.dataPath), false
+	}
+	if v.Secret == nil || !config.MatchAny(w.secretVolumes, v.Secret.SecretName) {
+		return "source.secretVolumes does not list it", true
+	}
+	if w.secrets[v.Secret.SecretName] {
+		return fmt.Sprintf("Secret %s backs a denied env var", v.Secret.SecretName), false
 	}
 	for _, p := range w.paths {
-		if mp := path.Clean(mountPath); p == mp || strings.HasPrefix(p, mp+"/") {
-			return fmt.Sprintf("it holds %s, a path the server names under a denied env var", p)
+		if p == mp || strings.HasPrefix(p, mp+"/") {
+			return fmt.Sprintf("it holds %s, a path the server names under a denied env var", p), false
 		}
 	}
-	return ""
+	return "", false
 }
