@@ -268,7 +268,16 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 				return false, err
 			}
 			if f.drained(len(q.lines), b.lastLine, started) {
-				return true, nil
+				if endedAtOpen {
+					return true, nil
+				}
+				// Quiet after the end, but opened while the container
+				// ran: the kubelet may be following a rotated file that
+				// will not grow, the rest of the log in the newest one.
+				// Read it once more from the cursor, as a stream that
+				// ended at EOF is.
+				reconnects.WithLabelValues("final").Inc()
+				return false, nil
 			}
 		}
 	}

@@ -30,6 +30,7 @@ type fakeLog struct {
 	breakAfter []int // per stream session, consumed in order
 	cutMidLine bool  // a break sends half of the next line first
 	eofAfter   []int // per session: end the stream cleanly after that many lines, as a kubelet that stopped at a rotated file's end
+	stallAfter []int // per session: send nothing more after that many lines, keeping the stream open, as a kubelet left following a rotated file
 	sessions   int
 	ended      bool
 }
@@ -46,7 +47,10 @@ func (f *fakeLog) write(ts time.Time, msg string) {
 
 func (f *fakeLog) Stream(ctx context.Context, _, _, _ string, since time.Time, _ bool) (io.ReadCloser, error) {
 	f.mu.Lock()
-	limit, eofAt := -1, -1
+	limit, eofAt, stallAt := -1, -1, -1
+	if f.sessions < len(f.stallAfter) {
+		stallAt = f.stallAfter[f.sessions]
+	}
 	if f.sessions < len(f.breakAfter) {
 		limit = f.breakAfter[f.sessions]
 	}
@@ -71,6 +75,11 @@ func (f *fakeLog) Stream(ctx context.Context, _, _, _ string, since time.Time, _
 				}
 				if eofAt >= 0 && sent == eofAt {
 					pw.Close()
+					return
+				}
+				if stallAt >= 0 && sent == stallAt {
+					<-ctx.Done()
+					pw.CloseWithError(ctx.Err())
 					return
 				}
 				if limit >= 0 && sent == limit {
@@ -98,6 +107,14 @@ func (f *fakeLog) Stream(ctx context.Context, _, _, _ string, since time.Time, _
 		}
 	}()
 	return pr, nil
+}
+
+// endedAfterFirstStream is a container that runs when its first stream
+// opens and has ended by any later one.
+func (f *fakeLog) endedAfterFirstStream() containerState {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return containerState{ended: f.sessions > 0}
 }
 
 // writeUnterminated writes a last line with no newline, as a program that
@@ -560,15 +577,33 @@ func TestFollowerRereadsALogThatEndedWhileFollowed(t *testing.T) {
 	src.ended = true
 	src.eofAfter = []int{5} // the first stream stops half way
 	f := newFollower(t, s, src)
-	f.state = func() containerState { // running when the first stream opens, ended after
-		src.mu.Lock()
-		defer src.mu.Unlock()
-		return containerState{ended: src.sessions > 0}
-	}
+	f.state = src.endedAfterFirstStream
 	f.run(context.Background())
 	assertExactlyOnce(t, s, 10)
 	if src.sessions != 2 {
 		t.Errorf("%d streams, want the followed one and one final read", src.sessions)
+	}
+}
+
+// TestFollowerRereadsAFollowThatWentQuietAfterTheEnd: the kubelet, under
+// a writer faster than its rotation, can be left following a rotated file
+// that will not grow, the stream open and silent, while the rest of the
+// log (the result with it) is in the newest file. Quiet after its
+// container ended, such a stream is not drained: the follower reads the
+// log once more from its cursor.
+func TestFollowerRereadsAFollowThatWentQuietAfterTheEnd(t *testing.T) {
+	s, _ := storetest.Open(t)
+	src := newFakeLog()
+	writeBurst(src, 0, 10)
+	src.ended = true
+	src.stallAfter = []int{5}
+	f := newFollower(t, s, src)
+	f.opts.DrainIdle = 20 * time.Millisecond
+	f.state = src.endedAfterFirstStream
+	f.run(context.Background())
+	assertExactlyOnce(t, s, 10)
+	if src.sessions != 2 {
+		t.Errorf("%d streams, want the quiet one and one final read", src.sessions)
 	}
 }
 
