@@ -27,11 +27,11 @@ const instanceRoot = "/paperclip/instances/default/"
 // mounts under isolation mode Agent, each with whether it is read-only.
 func ownDirs(company, agent string) map[string]bool {
 	return map[string]bool{
-		instanceRoot + "workspaces/" + agent:                                         false,
-		instanceRoot + "projects/" + company:                                         false,
-		instanceRoot + "companies/" + company + "/agents/" + agent + "/home":         false,
-		instanceRoot + "companies/" + company + "/agents/" + agent + "/instructions": true,
-		instanceRoot + "skills/" + company:                                           true,
+		instanceRoot + "workspaces/" + agent:                                 false,
+		instanceRoot + "projects/" + company:                                 false,
+		instanceRoot + "companies/" + company + "/agents/" + agent + "/home": false,
+		ownInstructionsDir(company, agent):                                   true,
+		instanceRoot + "skills/" + company:                                   true,
 	}
 }
 
@@ -78,9 +78,10 @@ func runMounts(ctx context.Context, t *testing.T, pc *harness.Paperclip, run str
 
 // probeFacts is the part of the fake agent's probe these tests read.
 type probeFacts struct {
-	WriteError   string
-	HomeWritable bool
-	Mounts       []struct {
+	WriteError      string
+	HomeWritable    bool
+	Read, ReadError string
+	Mounts          []struct {
 		Path     string
 		ReadOnly bool
 	}
@@ -276,6 +277,48 @@ func asAgent(ctx context.Context, t *testing.T, pc *harness.Paperclip, token str
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
 	return resp.StatusCode, fmt.Sprintf("%.300s", body)
+}
+
+// TestPaperclipAgentReadsItsInstructionsBundle: Paperclip keeps an
+// agent's managed instructions bundle in its home on the volume; the
+// entry file reaches the agent in its prompt, and the files beside it are
+// in the pod, read-only at the path Paperclip names, so the references
+// the instructions make resolve there as they would for a local agent.
+func TestPaperclipAgentReadsItsInstructionsBundle(t *testing.T) {
+	t.Parallel() // a company of its own on the shared server
+	pc := thePaperclip(t)
+	ctx, company := paperclipOnTheRealNode(t, pc, 10*time.Minute, "Instructions Co")
+	const notes = "Deploy on Tuesdays only.\n"
+	agent := newAgentWith(ctx, t, pc, company.ID, map[string]any{
+		"name": "Reader", "adapterType": "claude_k8s",
+		"adapterConfig": map[string]any{"promptTemplate": "lines=1 probe=1"},
+		"instructionsBundle": map[string]any{"entryFile": "AGENTS.md", "files": map[string]any{
+			"AGENTS.md": "Read NOTES.md before you start: read=NOTES.md\n",
+			"NOTES.md":  notes,
+		}},
+	})
+	var a struct{ AdapterConfig map[string]any }
+	if err := pc.Do(ctx, http.MethodGet, "/api/agents/"+agent.ID, nil, &a); err != nil {
+		t.Fatal(err)
+	}
+	entry, _ := a.AdapterConfig["instructionsFilePath"].(string)
+	if want := ownInstructionsDir(company.ID, agent.ID) + "/AGENTS.md"; entry != want {
+		t.Fatalf("Paperclip keeps the agent's instructions at %q, want %q (adapterConfig %v)", entry, want, a.AdapterConfig)
+	}
+	run := wake(ctx, t, pc, agent.ID, "e2e: instructions")
+	if r := waitRunEnds(ctx, t, pc, run.ID); r.Status != "succeeded" {
+		t.Fatalf("run %+v\n%s", r, runLogText(ctx, pc, run.ID))
+	}
+	_, probe := runMounts(ctx, t, pc, run.ID)
+	if probe.Read != notes || probe.ReadError != "" {
+		t.Errorf("the agent read NOTES.md beside its instructions as %q (error %q), want %q", probe.Read, probe.ReadError, notes)
+	}
+}
+
+// ownInstructionsDir is where Paperclip keeps agent's managed
+// instructions, as pods and the server see it.
+func ownInstructionsDir(company, agent string) string {
+	return instanceRoot + "companies/" + company + "/agents/" + agent + "/instructions"
 }
 
 // TestPaperclipAgentResumesItsOwnSession: an agent's second run through

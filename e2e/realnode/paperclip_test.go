@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -260,15 +261,43 @@ func newCompany(ctx context.Context, t *testing.T, pc *harness.Paperclip, name s
 	return c
 }
 
+// newAgent makes an agent. The adapter offers Paperclip's managed
+// instructions bundle, so Paperclip makes the new agent's bundle and
+// refuses prompt templates at creation, as for its built-in adapters; a
+// template in adapterConfig (the fake agent's script) is set by an edit
+// after, as an operator would.
 func newAgent(ctx context.Context, t *testing.T, pc *harness.Paperclip, company, name, adapterType string, adapterConfig, runtimeConfig map[string]any) pcAgent {
 	t.Helper()
 	body := map[string]any{"name": name, "adapterType": adapterType, "adapterConfig": adapterConfig}
 	if runtimeConfig != nil {
 		body["runtimeConfig"] = runtimeConfig
 	}
+	return newAgentWith(ctx, t, pc, company, body)
+}
+
+// newAgentWith is newAgent with the whole create request (an
+// instructionsBundle, say).
+func newAgentWith(ctx context.Context, t *testing.T, pc *harness.Paperclip, company string, body map[string]any) pcAgent {
+	t.Helper()
+	config, _ := body["adapterConfig"].(map[string]any)
+	created, templates := map[string]any{}, map[string]any{}
+	for k, v := range config {
+		if k == "promptTemplate" || k == "bootstrapPromptTemplate" {
+			templates[k] = v
+		} else {
+			created[k] = v
+		}
+	}
+	body = maps.Clone(body)
+	body["adapterConfig"] = created
 	var a pcAgent
 	if err := pc.Do(ctx, http.MethodPost, "/api/companies/"+company+"/agents", body, &a); err != nil {
 		t.Fatal(err)
+	}
+	if len(templates) > 0 {
+		if err := pc.Do(ctx, http.MethodPatch, "/api/agents/"+a.ID, map[string]any{"adapterConfig": templates}, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return a
 }

@@ -83,7 +83,7 @@ Agent fields:
 - model (string): passed as paperclip.io/model
 - maxTurnsPerRun (number): passed as paperclip.io/max-turns (0: none)
 - promptTemplate, bootstrapPromptTemplate (string): Paperclip's prompt templates
-- instructionsFilePath (string): read on the server and prepended to the prompt (only under the server's CLIPJOB_INSTRUCTIONS_ROOTS)
+- instructionsFilePath (string): the entry file of Paperclip's managed instructions bundle (or a file of your own), read on the server and prepended to the prompt (only under the server's CLIPJOB_INSTRUCTIONS_ROOTS); the pod mounts the bundle's directory read-only when Paperclip's home is on the shared volume
 - cwd (string): working directory when the workspace names none (must be under /paperclip)
 - env (object): extra env vars, delivered in the run's env Secret
 - timeoutSec (number): the Job's activeDeadlineSeconds (0: the profile's)
@@ -109,6 +109,13 @@ export function createClipjobAdapter(def: AdapterDefinition, deps: AdapterDeps =
     ...(sessionManagement ? { sessionManagement } : {}),
     // The agent calls Paperclip back with the run's token (PAPERCLIP_API_KEY).
     supportsLocalAgentJwt: true,
+    // Paperclip keeps each agent's managed instructions in its home
+    // (companies/<company>/agents/<agent>/instructions) and names the entry
+    // file in instructionsFilePath: read on the server and prepended to the
+    // prompt, and, with the home on the shared volume, mounted read-only
+    // in the pod at the same path, so the files beside it resolve there.
+    supportsInstructionsBundle: true,
+    instructionsPathKey: "instructionsFilePath",
     ...(def.models ? { models: def.models } : {}),
     ...(def.models && def.builtinPackage ? { listModels: () => builtinModels(def.builtinPackage!, def.models!) } : {}),
     agentConfigurationDoc: agentConfigurationDoc(def),

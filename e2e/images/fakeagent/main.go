@@ -18,6 +18,9 @@
 //	         from the shared volume, with tokens forged for that agent
 //	         (see attack.go)
 //	write    a file to create, then read back (the probe line says how)
+//	read     a file to read (the probe line says what it held): relative
+//	         to the directory the prompt says to resolve the agent's
+//	         instructions' references from, as an agent would
 //	connect  host:port,host:port: try each, 3 s apiece, and print a line
 //	         saying which connected (egress policy tests)
 //	wait     seconds to wait first, as a real agent does before its first
@@ -60,7 +63,7 @@ type script struct {
 	lines, burst, bigLines, bigSize, exit, pad int
 	rate                                       float64
 	probe, result, failOnce                    bool
-	write, leak, connect, attack               string
+	write, read, leak, connect, attack         string
 	sleep, wait                                time.Duration
 }
 
@@ -97,6 +100,8 @@ func parseScript(prompt string) (script, error) {
 			s.write = v
 		case "attack":
 			s.attack = v
+		case "read":
+			s.read = v
 		case "leak":
 			s.leak = v
 		case "connect":
@@ -186,7 +191,9 @@ func main() {
 	emit(f.init())
 	time.Sleep(s.wait)
 	if s.probe {
-		emit(map[string]any{"type": "system", "subtype": "fake_agent_probe", "probe": probe(s.write)})
+		p := probe(s.write)
+		p.Read, p.ReadError = readRelative(s.read, string(prompt))
+		emit(map[string]any{"type": "system", "subtype": "fake_agent_probe", "probe": p})
 	}
 	if s.attack != "" {
 		a := attack(s.attack)

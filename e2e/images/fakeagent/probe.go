@@ -2,6 +2,8 @@ package main
 
 import (
 	"os"
+	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"syscall"
@@ -41,6 +43,9 @@ type Probe struct {
 	Mounts []Mount
 	// HomeWritable: creating a file in $HOME worked.
 	HomeWritable bool
+	// Read is what the file the script asked to read held, or ReadError
+	// why it could not be read.
+	Read, ReadError string
 }
 
 // Mount is one mount point and whether it is read-only.
@@ -142,4 +147,28 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// instructionsDir finds, in the prompt, the directory the adapter says
+// the agent's instructions' references resolve from.
+var instructionsDir = regexp.MustCompile(`Resolve any relative file references from (\S+?)\.(\s|$)`)
+
+// readRelative reads name, relative to the instructions' directory the
+// prompt names when it is not absolute.
+func readRelative(name, prompt string) (content, errText string) {
+	if name == "" {
+		return "", ""
+	}
+	if !filepath.IsAbs(name) {
+		m := instructionsDir.FindStringSubmatch(prompt)
+		if m == nil {
+			return "", "the prompt names no directory for the instructions' references"
+		}
+		name = filepath.Join(m[1], name)
+	}
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return "", err.Error()
+	}
+	return string(b), ""
 }
