@@ -475,7 +475,10 @@ func (c *Cluster) createNode(ctx context.Context, cs kubernetes.Interface) error
 	if _, err := cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	// Generous: kwok reports the node Ready after its informers sync,
+	// which took over a minute with two tiers and other work on 2 cores.
+	const readyWithin = 5 * time.Minute
+	deadline := time.Now().Add(readyWithin)
 	for time.Now().Before(deadline) {
 		n, err := cs.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
 		if err == nil {
@@ -487,7 +490,7 @@ func (c *Cluster) createNode(ctx context.Context, cs kubernetes.Interface) error
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	return fmt.Errorf("node %s not Ready after 60s; see %s", NodeName, c.LogFile("kwok"))
+	return fmt.Errorf("node %s not Ready after %s; see %s", NodeName, readyWithin, c.LogFile("kwok"))
 }
 
 func (c *Cluster) writePKI() error {

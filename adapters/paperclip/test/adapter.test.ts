@@ -305,8 +305,14 @@ describe("execute", () => {
     const rec = newCtx();
     relay.addRun({ id: rec.ctx.runId, agent: rec.ctx.agent.id, job: "pc-pending", phase: "Pending" });
     kube.jobs.set("pc-pending", ours({ metadata: { name: "pc-pending" } }));
-    setTimeout(() => relay.finish(rec.ctx.runId, { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "late start" } }), 30);
-    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    // It starts once the adapter follows it (a timer raced a slow machine:
+    // a run already finished is not this run's active one).
+    const started = setInterval(() => {
+      if (relay.logRequests.length === 0) return;
+      clearInterval(started);
+      relay.finish(rec.ctx.runId, { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "late start" } });
+    }, 5);
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps()).finally(() => clearInterval(started));
     assert.equal(result.summary, "late start");
     assert.ok(!kube.calls.some((c) => c.startsWith("create")), kube.calls.join());
   });
