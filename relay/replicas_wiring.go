@@ -13,6 +13,7 @@ import (
 
 	"github.com/paperclipai/clipjob/relay/replicas"
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/postgres"
 )
 
 // pinger is a store on a server, which can be out of reach (PostgreSQL).
@@ -20,9 +21,10 @@ type pinger interface {
 	Ping(ctx context.Context) error
 }
 
-// keyed is a store that keeps a secret its relays share (PostgreSQL).
-type keyed interface {
-	RendezvousKey() []byte
+// replicaTabled is a store that keeps the table of the relays sharing it
+// (PostgreSQL).
+type replicaTabled interface {
+	Replicas() *postgres.ReplicaTable
 }
 
 // divideRuns, for a store several relays share, makes this relay one of
@@ -38,16 +40,16 @@ func (s *service) divideRuns(mgr manager.Manager, st store.Backend) error {
 	if !ok {
 		return fmt.Errorf("the %s store cannot say whether it answers", s.opts.Store)
 	}
-	k, ok := st.(keyed)
+	k, ok := st.(replicaTabled)
 	if !ok {
-		return fmt.Errorf("the %s store keeps no key for its relays to share", s.opts.Store)
+		return fmt.Errorf("the %s store keeps no table of the relays sharing it", s.opts.Store)
 	}
 	replicas.RegisterMetrics()
 	o := s.opts.Replicas
 	health := &storeHealth{ping: p.Ping, interval: o.RenewInterval, log: s.log.WithName("store")}
 	s.rebalance = make(chan struct{}, 1)
-	s.members = &replicas.Members{Client: s.client, Namespace: o.Namespace, Group: o.Group, Identity: o.Identity,
-		Secret: k.RendezvousKey(), LeaseDuration: o.LeaseDuration, RenewInterval: o.RenewInterval, Healthy: health.err,
+	s.members = &replicas.Members{Table: k.Replicas(), Name: o.Identity,
+		LeaseDuration: o.LeaseDuration, RenewInterval: o.RenewInterval, Healthy: health.err,
 		OnChange: s.kickRebalance, Log: s.log.WithName("replicas")}
 	s.coll.Owns = s.members.Owns
 	if err := mgr.Add(health); err != nil {
