@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
 )
 
 // Member is a live replica as the table holds it: its random id, which
@@ -75,6 +76,9 @@ type Members struct {
 	// membership's goroutine: the next renewal waits for it.
 	OnChange func()
 	Log      logr.Logger
+	// Clock times the renewals and this replica's own deadline. Default
+	// the real clock. The table's times are the server's, never this.
+	Clock clock.WithTicker
 
 	mu       sync.Mutex
 	id       string
@@ -174,7 +178,10 @@ func (m *Members) Start(ctx context.Context) error {
 	}
 	m.started, m.id = true, hex.EncodeToString(id)
 	m.mu.Unlock()
-	t := time.NewTicker(m.RenewInterval)
+	if m.Clock == nil {
+		m.Clock = clock.RealClock{}
+	}
+	t := m.Clock.NewTicker(m.RenewInterval)
 	defer t.Stop()
 	for {
 		m.round(ctx)
@@ -182,7 +189,7 @@ func (m *Members) Start(ctx context.Context) error {
 		case <-ctx.Done():
 			m.leave()
 			return nil
-		case <-t.C:
+		case <-t.C():
 		}
 	}
 }
@@ -195,7 +202,7 @@ func (m *Members) round(ctx context.Context) {
 	// deadline this replica stops collecting anyway.
 	rctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
-	sent := time.Now()
+	sent := m.Clock.Now()
 	why := ""
 	if m.Healthy != nil {
 		if err := m.Healthy(); err != nil {
@@ -226,7 +233,7 @@ func (m *Members) round(ctx context.Context) {
 		// from sent, by this replica's clock, ends no later.
 		m.renewed, m.held = sent, true
 	}
-	if why == "" && time.Since(m.renewed) >= deadline {
+	if why == "" && m.Clock.Since(m.renewed) >= deadline {
 		why = fmt.Sprintf("this relay's row in the table of replicas was not renewed for %s: the others take its runs over", deadline)
 	}
 	member := why == ""

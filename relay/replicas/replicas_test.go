@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/paperclipai/clipjob/relay/replicas"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
@@ -369,5 +370,73 @@ func TestRunNamesChosenKnowingThePodNamesSpread(t *testing.T) {
 		if f := float64(got[p]) / n; math.Abs(f-1.0/3) > 0.04 {
 			t.Errorf("names chosen for %s knowing the pod names: %s gets %.1f%% of them", pods[0], p, 100*f)
 		}
+	}
+}
+
+// statusTable records, as each renewal starts, whether its replica was a
+// member after the round before.
+type statusTable struct {
+	*table
+	m      *replicas.Members
+	mu     sync.Mutex
+	member []bool
+	calls  chan struct{}
+}
+
+func (t *statusTable) Renew(ctx context.Context, id, name string, ttl time.Duration) ([]replicas.Member, error) {
+	member, _, _ := t.m.Status()
+	t.mu.Lock()
+	t.member = append(t.member, member)
+	t.mu.Unlock()
+	t.calls <- struct{}{}
+	return t.table.Renew(ctx, id, name, ttl)
+}
+
+// TestAReplicaThatCannotRenewStopsBeforeItsRowLapses: a replica whose
+// renewals fail (cut off from PostgreSQL) collects on while its last
+// renewal that succeeded is younger than the duration less two renewals,
+// by its own clock, and stops at that deadline: before its row, which
+// lives the whole duration from that renewal by the server's clock,
+// lapses and the others take its runs. On a fake clock, each renewal a
+// step of it.
+func TestAReplicaThatCannotRenewStopsBeforeItsRowLapses(t *testing.T) {
+	g := newGroup(t)
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 28, 18, 0, 0, 0, time.UTC))
+	const lease, renew = 10 * time.Second, time.Second // deadline 8 s
+	st := &statusTable{table: &table{Table: g.store.Replicas()}, calls: make(chan struct{}, 1)}
+	m := &replicas.Members{Table: st, Name: "a", LeaseDuration: lease, RenewInterval: renew, Clock: clk, Log: logr.Discard()}
+	st.m = m
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = m.Start(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	wait := func() {
+		t.Helper()
+		select {
+		case <-st.calls:
+		case <-time.After(time.Minute):
+			t.Fatal("a minute on, no renewal")
+		}
+	}
+	wait() // the first renewal, which succeeds
+	st.cut.Store(true)
+	for range 9 {
+		// The ticker fires once the membership waits on it.
+		for !clk.HasWaiters() {
+			time.Sleep(time.Millisecond)
+		}
+		clk.Step(renew)
+		wait()
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	// member[0]: before the first renewal; member[k]: after the round k-1
+	// seconds after the last renewal that succeeded.
+	want := []bool{false, true, true, true, true, true, true, true, true, false}
+	if !slices.Equal(st.member, want) {
+		t.Errorf("member after each renewal: %v, want %v (a member until 8 s after its last renewal, then not)", st.member, want)
+	}
+	if _, _, why := m.Status(); why == "" {
+		t.Error("the replica that stopped says nothing of why")
 	}
 }
