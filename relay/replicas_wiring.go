@@ -27,8 +27,9 @@ type replicaTabled interface {
 	Replicas() *postgres.ReplicaTable
 }
 
-// divideRuns, for a store several relays share, makes this relay one of
-// its group (package replicas): it collects only the runs it owns, hands
+// divideRuns, for a store several relays share, makes this relay a
+// member in the store's table of replicas (package replicas): it
+// collects only the runs it owns, hands
 // them over when the members change, stops collecting while its store is
 // out of reach, and says so in readiness. With bbolt it does nothing: one
 // relay collects every run, as before replicas existed.

@@ -26,19 +26,25 @@ var _ replicas.Table = (*ReplicaTable)(nil)
 func (s *Store) Replicas() *ReplicaTable { return &ReplicaTable{s: s} }
 
 // Renew writes this relay's row live for ttl from the server's now() and
-// returns every live member, this one included. It also deletes the rows
-// of relays gone for another ttl (killed before they could leave), each
-// by one relay only (SKIP LOCKED: two never wait on each other).
+// returns every live member, this one included. A row counts for at most
+// ttl after its renewal, whatever time it was written to live until: one
+// renewed with a longer duration (a relay started with another
+// --lease-duration, then killed) lapses like the others. It also deletes
+// the rows of relays gone for another ttl (killed before they could
+// leave), each by one relay only (SKIP LOCKED: two never wait on each
+// other).
 func (t *ReplicaTable) Renew(ctx context.Context, id, name string, ttl time.Duration) ([]replicas.Member, error) {
 	rows, err := t.query(ctx, `WITH renewed AS (
-			INSERT INTO {schema}.replicas (id, name, expires_at) VALUES ($1, $2, now() + $3 * interval '1 microsecond')
-			ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name, expires_at = EXCLUDED.expires_at
+			INSERT INTO {schema}.replicas (id, name, renewed_at, expires_at) VALUES ($1, $2, now(), now() + $3 * interval '1 microsecond')
+			ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name, renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at
 			RETURNING id, name),
 		gone AS (
 			DELETE FROM {schema}.replicas WHERE id IN (
-				SELECT id FROM {schema}.replicas WHERE expires_at < now() - $3 * interval '1 microsecond' FOR UPDATE SKIP LOCKED))
+				SELECT id FROM {schema}.replicas WHERE LEAST(expires_at, renewed_at + $3 * interval '1 microsecond') < now() - $3 * interval '1 microsecond'
+				FOR UPDATE SKIP LOCKED))
 		SELECT id, name FROM renewed
-		UNION ALL SELECT id, name FROM {schema}.replicas WHERE expires_at > now() AND id <> $1`,
+		UNION ALL SELECT id, name FROM {schema}.replicas
+			WHERE expires_at > now() AND renewed_at + $3 * interval '1 microsecond' > now() AND id <> $1`,
 		id, name, ttl.Microseconds())
 	if err != nil {
 		return nil, err
@@ -106,12 +112,12 @@ func (t *ReplicaTable) query(ctx context.Context, q string, args ...any) (pgx.Ro
 }
 
 // ReadReplicas reads the rows of the relays of schema through q, newest
-// renewal last, as the relays see them: for tools and tests that work out
+// renewal last: for tools and tests that work out
 // which replica collects a run (replicas.Pick over the live ids).
 func ReadReplicas(ctx context.Context, q interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }, schema string) ([]replicas.Member, error) {
-	rows, err := q.Query(ctx, `SELECT id, name FROM `+pgx.Identifier{schema}.Sanitize()+`.replicas ORDER BY expires_at`)
+	rows, err := q.Query(ctx, `SELECT id, name FROM `+pgx.Identifier{schema}.Sanitize()+`.replicas ORDER BY renewed_at`)
 	if err != nil {
 		return nil, err
 	}
