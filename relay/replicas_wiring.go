@@ -21,17 +21,16 @@ type pinger interface {
 	Ping(ctx context.Context) error
 }
 
-// replicaTabled is a store that keeps the table of the relays sharing it
-// (PostgreSQL).
-type replicaTabled interface {
+// sharedStore is a store several relays share, which keeps their table of
+// replicas (PostgreSQL).
+type sharedStore interface {
 	Replicas() *postgres.ReplicaTable
 }
 
 // divideRuns, for a store several relays share, makes this relay a
-// member in the store's table of replicas (package replicas): it
-// collects only the runs it owns, hands
-// them over when the members change, stops collecting while its store is
-// out of reach, and says so in readiness. With bbolt it does nothing: one
+// member in the store's table of replicas (package replicas): it collects
+// only the runs it owns, hands them over when the members change, stops
+// collecting while its store is out of reach, and says so in readiness. With bbolt it does nothing: one
 // relay collects every run, as before replicas existed.
 func (s *service) divideRuns(mgr manager.Manager, st store.Backend) error {
 	if s.opts.Store != StorePostgres {
@@ -41,7 +40,7 @@ func (s *service) divideRuns(mgr manager.Manager, st store.Backend) error {
 	if !ok {
 		return fmt.Errorf("the %s store cannot say whether it answers", s.opts.Store)
 	}
-	k, ok := st.(replicaTabled)
+	k, ok := st.(sharedStore)
 	if !ok {
 		return fmt.Errorf("the %s store keeps no table of the relays sharing it", s.opts.Store)
 	}
