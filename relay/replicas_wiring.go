@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -46,13 +47,24 @@ func (s *service) divideRuns(mgr manager.Manager, st store.Backend) error {
 	}
 	replicas.RegisterMetrics()
 	o := s.opts.Replicas
-	health := &storeHealth{ping: p.Ping, interval: o.RenewInterval, log: s.log.WithName("store")}
+	health := &reachable{what: "the store", ping: p.Ping, interval: o.RenewInterval, log: s.log.WithName("store")}
+	// The runs' logs come through the API server: a replica cut off from
+	// it but not from the store would keep its row, and its runs, while
+	// it can follow none of them.
+	api := &reachable{what: "the API server", interval: o.RenewInterval, log: s.log.WithName("api-server"),
+		ping: func(ctx context.Context) error {
+			return s.client.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Error()
+		}}
 	s.rebalance = make(chan struct{}, 1)
 	s.members = &replicas.Members{Table: k.Replicas(), Name: o.Identity,
-		LeaseDuration: o.LeaseDuration, RenewInterval: o.RenewInterval, Healthy: health.err,
+		LeaseDuration: o.LeaseDuration, RenewInterval: o.RenewInterval,
+		Healthy:  func() error { return errors.Join(health.err(), api.err()) },
 		OnChange: s.kickRebalance, Log: s.log.WithName("replicas")}
 	s.coll.Owns = s.members.Owns
 	if err := mgr.Add(health); err != nil {
+		return err
+	}
+	if err := mgr.Add(api); err != nil {
 		return err
 	}
 	if err := mgr.Add(s.members); err != nil {
@@ -118,10 +130,11 @@ func (s *service) rebalanceUntil(ctx context.Context) {
 	}
 }
 
-// storeHealth pings the store every interval. It is unhealthy after two
+// reachable pings a server every interval. It is unhealthy after two
 // pings in a row failed (one can meet a connection the server closed,
 // which the pool then replaces), healthy again after one answered.
-type storeHealth struct {
+type reachable struct {
+	what     string // the server, for people: "the store"
 	ping     func(context.Context) error
 	interval time.Duration
 	log      logr.Logger
@@ -131,18 +144,18 @@ type storeHealth struct {
 	last  error
 }
 
-// err is nil while the store answers, else why it does not.
-func (h *storeHealth) err() error {
+// err is nil while the server answers, else why it does not.
+func (h *reachable) err() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.fails < 2 {
 		return nil
 	}
-	return fmt.Errorf("the store does not answer: %w", h.last)
+	return fmt.Errorf("%s does not answer: %w", h.what, h.last)
 }
 
 // Start implements manager.Runnable.
-func (h *storeHealth) Start(ctx context.Context) error {
+func (h *reachable) Start(ctx context.Context) error {
 	t := time.NewTicker(h.interval)
 	defer t.Stop()
 	for {
@@ -167,7 +180,7 @@ func (h *storeHealth) Start(ctx context.Context) error {
 		now := h.fails >= 2
 		h.mu.Unlock()
 		if was != now {
-			h.log.Info("store reachable", "reachable", !now, "err", err)
+			h.log.Info("reachable", "server", h.what, "reachable", !now, "err", err)
 		}
 	}
 }

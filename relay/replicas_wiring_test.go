@@ -12,14 +12,14 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
-// TestStoreHealthNeedsTwoFailedPings: one failed ping (a connection the
+// TestReachableNeedsTwoFailedPings: one failed ping (a connection the
 // server closed, which the pool replaces) leaves the relay collecting; two
 // in a row make it unhealthy, naming the store's error; one answer makes
 // it healthy again.
-func TestStoreHealthNeedsTwoFailedPings(t *testing.T) {
+func TestReachableNeedsTwoFailedPings(t *testing.T) {
 	var failing atomic.Int64 // pings still to fail
 	var pings atomic.Int64
-	h := &storeHealth{interval: 5 * time.Millisecond, log: logr.Discard(), ping: func(context.Context) error {
+	h := &reachable{what: "the store", interval: 5 * time.Millisecond, log: logr.Discard(), ping: func(context.Context) error {
 		pings.Add(1)
 		if failing.Load() > 0 {
 			failing.Add(-1)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/cluster"
@@ -160,6 +162,18 @@ func (rs *relayReplicas) owner(t *testing.T, run string, ids ...string) int {
 		t.Fatal(err)
 	}
 	return slices.Index(rs.ids, id)
+}
+
+// runsOf are the runs of runs replica i collects while all are live.
+func (rs *relayReplicas) runsOf(t *testing.T, i int, runs []string) []string {
+	t.Helper()
+	var out []string
+	for _, run := range runs {
+		if rs.owner(t, run) == i {
+			out = append(out, run)
+		}
+	}
+	return out
 }
 
 // waitMembers waits until every replica named collects and sees exactly
@@ -323,12 +337,7 @@ func TestRelayReplicasSurviveAKilledReplica(t *testing.T) {
 	f := startFlood(in, ctx, t, "e2e-replicas-kill", 6)
 	victim := rs.owner(t, f.runs[0])
 	survivor := rs.relays[(victim+1)%3]
-	var theirs []string
-	for _, run := range f.runs {
-		if rs.owner(t, run) == victim {
-			theirs = append(theirs, run)
-		}
-	}
+	theirs := rs.runsOf(t, victim, f.runs)
 	t.Logf("replica %s collects %v", rs.ids[victim], theirs)
 
 	// The SSE client starts on the victim once it serves the run.
@@ -455,12 +464,7 @@ func TestRelayReplicaCutOffFromPostgres(t *testing.T) {
 	in := newInstall(t)
 	ctx, rs := readyReplicas(in, t)
 	f := startFlood(in, ctx, t, "e2e-replicas-cut", 6)
-	var theirs []string
-	for _, run := range f.runs {
-		if rs.owner(t, run) == 2 {
-			theirs = append(theirs, run)
-		}
-	}
+	theirs := rs.runsOf(t, 2, f.runs)
 	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, atLeast(60), "before the cut")
 	rs.proxy.cut()
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
@@ -479,6 +483,74 @@ func TestRelayReplicaCutOffFromPostgres(t *testing.T) {
 	if code, body := readyz(rs.relays[2]); code != http.StatusOK {
 		t.Errorf("reconnected, the replica is not ready: %d %s", code, body)
 	}
+	f.end(ctx, t, rs)
+}
+
+// TestRelayReplicaCutOffFromTheAPIServer: one replica loses the API
+// server but not PostgreSQL. It can follow no log, so it leaves the table
+// of replicas rather than keep runs nobody collects: it says why in
+// readiness, and the others collect its runs; reconnected, it collects
+// its share again. No line is lost or stored twice.
+func TestRelayReplicaCutOffFromTheAPIServer(t *testing.T) {
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	u, err := url.Parse(suite.cluster.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := newTCPProxy(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.close)
+	// The relay's kubeconfig, its server the proxy.
+	path, err := harness.ChartServiceAccountKubeconfig(ctx, suite.cluster, "clipjob-relay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range kc.Clusters {
+		c.Server = "https://" + proxy.listen
+	}
+	proxied := filepath.Join(suite.cluster.Dir, rs.group+"-r2-proxied.kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, proxied); err != nil {
+		t.Fatal(err)
+	}
+	rs.relays[2].Stop()
+	extra := rs.extra
+	rs.extra = append(slices.Clone(extra), "--kubeconfig", proxied)
+	r2, err := rs.start(ctx, rs.ids[2], rs.group, rs.conn(2))
+	rs.extra = extra
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs.relays[2] = r2
+	rs.waitMembers(ctx, t, 0, 1, 2)
+
+	f := startFlood(in, ctx, t, "e2e-replicas-apicut", 6)
+	theirs := rs.runsOf(t, 2, f.runs)
+	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, atLeast(60), "before the cut")
+	proxy.cut()
+	cut := time.Now()
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		code, body := readyz(rs.relays[2])
+		return code != http.StatusOK && strings.Contains(body, "[-]collecting"), nil
+	})
+	if err != nil {
+		code, body := readyz(rs.relays[2])
+		t.Fatalf("the replica cut off from the API server does not say so in readiness: %d %s", code, body)
+	}
+	rs.waitMembers(ctx, t, 0, 1)
+	t.Logf("the others collect alone %s after the cut", time.Since(cut).Round(100*time.Millisecond))
+	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(60), "while replica r2 was cut off from the API server")
+	t.Logf("runs of the cut-off replica %v stored on by the others", theirs)
+	if err := proxy.restore(); err != nil {
+		t.Fatal(err)
+	}
+	rs.waitMembers(ctx, t, 0, 1, 2)
 	f.end(ctx, t, rs)
 }
 
@@ -598,14 +670,15 @@ func (c *sseClient) wait(t *testing.T) []string {
 	return c.lines
 }
 
-// socketProxy forwards connections to a PostgreSQL server's unix socket
-// from one of its own, and can cut them: a replica reaching the server
-// through it loses PostgreSQL, not the API server.
+// socketProxy forwards connections to a server from an address of its
+// own, and can cut them: a replica reaching PostgreSQL (or the API
+// server) through it loses that server, not the other.
 type socketProxy struct {
-	dir, target string
-	mu          sync.Mutex
-	ln          net.Listener
-	conns       map[net.Conn]bool
+	network, listen, target string
+	dir                     string // the PostgreSQL proxy's socket directory
+	mu                      sync.Mutex
+	ln                      net.Listener
+	conns                   map[net.Conn]bool
 }
 
 // newSocketProxy proxies the server connString reaches (a unix socket
@@ -623,7 +696,19 @@ func newSocketProxy(connString string) (*socketProxy, error) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return nil, err
 	}
-	p := &socketProxy{dir: dir, target: filepath.Join(kv["host"], ".s.PGSQL."+kv["port"]), conns: map[net.Conn]bool{}}
+	p := &socketProxy{network: "unix", listen: filepath.Join(dir, ".s.PGSQL.5432"), target: filepath.Join(kv["host"], ".s.PGSQL."+kv["port"]),
+		dir: dir, conns: map[net.Conn]bool{}}
+	return p, p.restore()
+}
+
+// newTCPProxy proxies the TCP address target from a port of its own on
+// the loopback.
+func newTCPProxy(target string) (*socketProxy, error) {
+	ports, err := cluster.FreePorts(1)
+	if err != nil {
+		return nil, err
+	}
+	p := &socketProxy{network: "tcp", listen: fmt.Sprintf("127.0.0.1:%d", ports[0]), target: target, conns: map[net.Conn]bool{}}
 	return p, p.restore()
 }
 
@@ -634,7 +719,7 @@ func (p *socketProxy) ConnString(db string) string {
 
 // restore listens again.
 func (p *socketProxy) restore() error {
-	ln, err := net.Listen("unix", filepath.Join(p.dir, ".s.PGSQL.5432"))
+	ln, err := net.Listen(p.network, p.listen)
 	if err != nil {
 		return err
 	}
@@ -647,7 +732,7 @@ func (p *socketProxy) restore() error {
 			if err != nil {
 				return
 			}
-			s, err := net.Dial("unix", p.target)
+			s, err := net.Dial(p.network, p.target)
 			if err != nil {
 				c.Close()
 				continue
@@ -662,10 +747,12 @@ func (p *socketProxy) restore() error {
 	return nil
 }
 
-// close cuts the proxy and removes its socket's directory.
+// close cuts the proxy and removes its socket's directory, if any.
 func (p *socketProxy) close() {
 	p.cut()
-	os.RemoveAll(p.dir)
+	if p.dir != "" {
+		os.RemoveAll(p.dir)
+	}
 }
 
 // cut closes the listener (its socket goes: new connections are refused)
