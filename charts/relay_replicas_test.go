@@ -5,13 +5,11 @@ import (
 	"strings"
 	"testing"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-
-	"github.com/paperclipai/clipjob/relay/replicas"
+	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // relayStores are the relay's installs on PostgreSQL the chart promises.
@@ -25,8 +23,8 @@ var relayStores = map[string]map[string]any{
 // TestRelayOnPostgres: with store postgres the relay runs the replicas
 // asked for, rolling one at a time, with no PVC; its connection string is
 // a Secret's key mounted as the URL file (the chart's own Secret made from
-// the value, or the operator's), and it may manage Leases in the release's
-// namespace, where the replicas divide the runs.
+// the value, or the operator's). The replicas divide the runs through the
+// store alone: the relay's ServiceAccount may do nothing with Leases.
 func TestRelayOnPostgres(t *testing.T) {
 	lintChart := chartLinter(t)
 	for name, values := range relayStores {
@@ -53,7 +51,7 @@ func TestRelayOnPostgres(t *testing.T) {
 			}
 			c := d.Spec.Template.Spec.Containers[0]
 			for _, want := range []string{"--store=postgres", "--postgres-url-file=/etc/clipjob-relay/postgres/" + key,
-				"--postgres-schema=" + schema, "--lease-namespace=clipjob-system", "--lease-group=clipjob-relay"} {
+				"--postgres-schema=" + schema} {
 				if !slices.Contains(c.Args, want) {
 					t.Errorf("relay args %v lack %s", c.Args, want)
 				}
@@ -82,11 +80,13 @@ func TestRelayOnPostgres(t *testing.T) {
 			if !mounted {
 				t.Errorf("the Secret %s's key %s is not mounted at /etc/clipjob-relay/postgres", secret, key)
 			}
-			var role rbacv1.Role
-			into(t, r, "Role", "clipjob-relay-leases", &role)
-			if len(role.Rules) != 1 || !slices.Equal(role.Rules[0].Resources, []string{"leases"}) ||
-				!slices.Equal(role.Rules[0].Verbs, []string{"get", "list", "create", "update", "delete"}) || role.Namespace != "clipjob-system" {
-				t.Errorf("the relay's Lease Role: %+v", role)
+			for _, a := range c.Args {
+				if strings.HasPrefix(a, "--lease-namespace") || strings.HasPrefix(a, "--lease-group") {
+					t.Errorf("the relay is given %s: its replicas use no Lease", a)
+				}
+			}
+			if rules := relayLeaseRules(t, r, d.Spec.Template.Spec.ServiceAccountName); len(rules) > 0 {
+				t.Errorf("the relay's ServiceAccount may act on Leases: %+v", rules)
 			}
 			var pdb policyv1.PodDisruptionBudget
 			into(t, r, "PodDisruptionBudget", "clipjob-relay", &pdb)
@@ -94,13 +94,41 @@ func TestRelayOnPostgres(t *testing.T) {
 				pdb.Spec.Selector.MatchLabels["app.kubernetes.io/component"] != "relay" {
 				t.Errorf("the relay's PodDisruptionBudget: %+v", pdb.Spec)
 			}
-			var rb rbacv1.RoleBinding
-			into(t, r, "RoleBinding", "clipjob-relay-leases", &rb)
-			if rb.RoleRef.Name != "clipjob-relay-leases" || len(rb.Subjects) != 1 || rb.Subjects[0].Name != "clipjob-relay" {
-				t.Errorf("the relay's Lease RoleBinding: %+v", rb)
-			}
 		})
 	}
+}
+
+// relayLeaseRules are the rules on Leases (or on every resource) of the
+// Roles and ClusterRoles bound to the ServiceAccount sa in r.
+func relayLeaseRules(t *testing.T, r *Rendered, sa string) []rbacv1.PolicyRule {
+	t.Helper()
+	var out []rbacv1.PolicyRule
+	for _, o := range r.Objects {
+		if o.GetKind() != "RoleBinding" && o.GetKind() != "ClusterRoleBinding" {
+			continue
+		}
+		var b rbacv1.RoleBinding
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &b); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool { return s.Kind == "ServiceAccount" && s.Name == sa }) {
+			continue
+		}
+		role := r.Find(b.RoleRef.Kind, b.RoleRef.Name)
+		if role == nil {
+			continue
+		}
+		var rr rbacv1.ClusterRole
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(role.Object, &rr); err != nil {
+			t.Fatal(err)
+		}
+		for _, rule := range rr.Rules {
+			if slices.Contains(rule.Resources, "leases") || slices.Contains(rule.Resources, "*") {
+				out = append(out, rule)
+			}
+		}
+	}
+	return out
 }
 
 // TestRelayOnBoltIsOneReplica: the default stays one replica on its PVC,
@@ -115,8 +143,8 @@ func TestRelayOnBoltIsOneReplica(t *testing.T) {
 			t.Errorf("bbolt: the relay is given %s", a)
 		}
 	}
-	if r.Find("Role", "clipjob-relay-leases") != nil || r.Find("Secret", "clipjob-relay-postgres") != nil || r.Find("PodDisruptionBudget", "clipjob-relay") != nil {
-		t.Error("bbolt: the relay gets Lease rights, a PostgreSQL Secret or a disruption budget")
+	if rules := relayLeaseRules(t, r, d.Spec.Template.Spec.ServiceAccountName); len(rules) > 0 || r.Find("Secret", "clipjob-relay-postgres") != nil || r.Find("PodDisruptionBudget", "clipjob-relay") != nil {
+		t.Errorf("bbolt: the relay gets Lease rights %+v, a PostgreSQL Secret or a disruption budget", rules)
 	}
 	for _, tc := range []struct {
 		values map[string]any
@@ -132,15 +160,13 @@ func TestRelayOnBoltIsOneReplica(t *testing.T) {
 			t.Errorf("%v: want an error naming %q, got %v", tc.values, tc.want, err)
 		}
 	}
-	// A release name with '.' makes a relay group no relay accepts on
-	// PostgreSQL (a Lease is named <group>.<replica id>): refused at
-	// install, not by relays failing to start.
+	// A release name with '.' names no Lease any more: installed on
+	// PostgreSQL as on bbolt.
 	dotted := Release{Name: "team.clipjob", Namespace: rel.Namespace}
-	if _, err := Render(dotted, relayStores["relay on postgres, existing secret"]); err == nil || !strings.Contains(err.Error(), "team.clipjob-relay") || !strings.Contains(err.Error(), "DNS label") {
-		t.Errorf("a dotted release on PostgreSQL: %v, want a refusal naming the relay's name", err)
-	}
-	if _, err := Render(dotted, nil); err != nil {
-		t.Errorf("a dotted release on bbolt (no Lease group): %v", err)
+	for _, values := range []map[string]any{nil, relayStores["relay on postgres, existing secret"]} {
+		if _, err := Render(dotted, values); err != nil {
+			t.Errorf("a dotted release: %v", err)
+		}
 	}
 }
 
@@ -157,68 +183,6 @@ func TestRelaySaysWhyItStopped(t *testing.T) {
 		into(t, render(t, values), "Deployment", "clipjob-relay", &d)
 		if p := d.Spec.Template.Spec.Containers[0].TerminationMessagePolicy; p != corev1.TerminationMessageFallbackToLogsOnError {
 			t.Errorf("%s: the relay's terminationMessagePolicy is %q, want %s", name, p, corev1.TerminationMessageFallbackToLogsOnError)
-		}
-	}
-}
-
-// TestRelayLeasePolicyNamesTheRelayAndItsGroup: wherever the relay gets
-// its Lease Role (PostgreSQL), an admission policy bound to the release
-// namespace matches the requests of the relay's ServiceAccount and holds
-// them to Leases of the group its Deployment passes as --lease-group, for
-// any release name; on bbolt, or with no relay, there is neither.
-func TestRelayLeasePolicyNamesTheRelayAndItsGroup(t *testing.T) {
-	for name, values := range relayStores {
-		for _, release := range []Release{rel, {Name: "logs", Namespace: "paperclip-system"}} {
-			r, err := Render(release, values)
-			if err != nil {
-				t.Fatal(err)
-			}
-			relayName := release.Name + "-clipjob-relay"
-			if release == rel {
-				relayName = "clipjob-relay"
-			}
-			var d appsv1.Deployment
-			into(t, r, "Deployment", relayName, &d)
-			group := ""
-			for _, a := range d.Spec.Template.Spec.Containers[0].Args {
-				if g, ok := strings.CutPrefix(a, "--lease-group="); ok {
-					group = g
-				}
-			}
-			var vap admissionregistrationv1.ValidatingAdmissionPolicy
-			into(t, r, "ValidatingAdmissionPolicy", relayName+"-leases", &vap)
-			sa := "'system:serviceaccount:" + release.Namespace + ":" + d.Spec.Template.Spec.ServiceAccountName + "'"
-			if len(vap.Spec.MatchConditions) != 1 || !strings.HasSuffix(vap.Spec.MatchConditions[0].Expression, "== "+sa) {
-				t.Errorf("%s, release %s: the policy's match conditions %+v do not name the relay's ServiceAccount %s", name, release.Name, vap.Spec.MatchConditions, sa)
-			}
-			rules := vap.Spec.MatchConstraints.ResourceRules
-			if len(rules) != 1 || !slices.Equal(rules[0].Resources, []string{"leases"}) || len(rules[0].Operations) != 3 {
-				t.Errorf("%s: the policy matches %+v, want the relay's Lease writes", name, rules)
-			}
-			vars := map[string]string{}
-			for _, v := range vap.Spec.Variables {
-				vars[v.Name] = v.Expression
-			}
-			if want := "'" + group + "'"; group == "" || vars["group"] != want || vars["label"] != "'"+replicas.LabelGroup+"'" {
-				t.Errorf("%s, release %s: the policy's group %s and label %s, want %s (the relay's --lease-group) and '%s'", name, release.Name, vars["group"], vars["label"], want, replicas.LabelGroup)
-			}
-			if len(vap.Spec.Validations) != 2 || !strings.Contains(vap.Spec.Validations[0].Expression, "oldObject.metadata.name.startsWith(variables.group + '-')") ||
-				!strings.Contains(vap.Spec.Validations[1].Expression, "(has(object.metadata.labels) && variables.label in object.metadata.labels") {
-				t.Errorf("%s: the policy checks %+v, want the Lease as stored and as written", name, vap.Spec.Validations)
-			}
-			var binding admissionregistrationv1.ValidatingAdmissionPolicyBinding
-			into(t, r, "ValidatingAdmissionPolicyBinding", relayName+"-leases", &binding)
-			sel := binding.Spec.MatchResources.NamespaceSelector
-			if binding.Spec.PolicyName != vap.Name || !slices.Equal(binding.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) ||
-				sel == nil || len(sel.MatchExpressions) != 1 || !slices.Equal(sel.MatchExpressions[0].Values, []string{release.Namespace}) {
-				t.Errorf("%s: the binding %+v, want Deny in the release namespace %s only", name, binding.Spec, release.Namespace)
-			}
-		}
-	}
-	for name, values := range map[string]map[string]any{"bbolt": nil, "no relay": {"relay": map[string]any{"enabled": false}}} {
-		r := render(t, values)
-		if r.Find("ValidatingAdmissionPolicy", "clipjob-relay-leases") != nil || r.Find("ValidatingAdmissionPolicyBinding", "clipjob-relay-leases") != nil {
-			t.Errorf("%s: the relay Lease policy is rendered with no Lease Role to confine", name)
 		}
 	}
 }

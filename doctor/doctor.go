@@ -264,8 +264,6 @@ var policyGuards = []struct {
 }{
 	{"-claim-leases", "anyone with Lease rights can delete or squat claims",
 		func(detail, fix string) Result { return fail("claim-lease-policy", detail, fix) }},
-	{"-relay-leases", "the relay's ServiceAccount may rewrite or delete any Lease of the release namespace, the webhook's election Lease among them",
-		func(detail, fix string) Result { return fail("relay-lease-policy", detail, fix) }},
 	{"-agent-runs", "a queued run's creator may start it or change its queued mark, and a Job dressed as complete may claim another's created-by",
 		func(detail, fix string) Result { return fail("agent-runs-policy", detail, fix) }},
 }

@@ -208,35 +208,6 @@ func TestDeletedClaimLeasePolicyIsNamed(t *testing.T) {
 	want(t, results, "claim-lease-policy", false, "ValidatingAdmissionPolicyBinding", "squat claims")
 }
 
-// TestDeletedRelayLeasePolicyIsNamed: with the relay on PostgreSQL the
-// chart confines the relay's ServiceAccount to its Leases with a policy of
-// its own; doctor names that one, not the claim policy, when it is gone.
-func TestDeletedRelayLeasePolicyIsNamed(t *testing.T) {
-	values := map[string]any{"relay": map[string]any{"store": "postgres", "postgres": map[string]any{"existingSecret": "relay-postgres"}}}
-	rendered, err := charts.Render(release, values)
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs := healthy(t).build(t) // the chart's defaults: no relay Lease policy
-	relayPolicy := ""
-	for _, o := range rendered.Objects {
-		if o.GetKind() == "ValidatingAdmissionPolicy" && strings.HasSuffix(o.GetName(), "-relay-leases") {
-			relayPolicy = o.GetName()
-		}
-	}
-	if relayPolicy == "" {
-		t.Fatal("the chart on PostgreSQL renders no relay Lease policy")
-	}
-	results := map[string]Result{}
-	for _, r := range Run(context.Background(), fake.NewClientset(objs...), Options{Release: release, Values: values, RelayURL: "http://127.0.0.1:1", Now: func() time.Time { return now }}) {
-		results[r.Check] = r
-	}
-	want(t, results, "relay-lease-policy", false, relayPolicy, "election Lease")
-	if r, found := results["claim-lease-policy"]; found {
-		t.Errorf("the claim Lease policy is there, yet: %+v", r)
-	}
-}
-
 func TestCABundleThatDoesNotTrustTheServedCertificate(t *testing.T) {
 	in := healthy(t)
 	other, err := certs.NewCA("another-ca", now.Add(-time.Hour), 24*time.Hour)

@@ -8,11 +8,9 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 
 	"github.com/paperclipai/clipjob/relay/collect"
-	"github.com/paperclipai/clipjob/relay/replicas"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
 )
 
@@ -87,17 +85,12 @@ type Options struct {
 }
 
 // ReplicaOptions configure the membership of relays sharing a store (see
-// package replicas): each holds a Lease in Namespace, renewed every
-// RenewInterval, and a replica whose Lease was not renewed for
-// LeaseDuration has its runs taken over.
+// package replicas): each keeps a row in the store's table of replicas,
+// renewed every RenewInterval, and a replica whose row was not renewed
+// for LeaseDuration, by the server's clock, has its runs taken over.
 type ReplicaOptions struct {
-	// Namespace holds the Leases. Default: the relay's own namespace
-	// ($POD_NAMESPACE, else its ServiceAccount's).
-	Namespace string
-	// Group names the relays that divide one store's runs (a Lease label).
-	Group string
-	// Identity is this replica's, unique in the group. Default: the host
-	// name (the pod's name).
+	// Identity is this replica's name in the table and its log, for
+	// people. Default: the host name (the pod's name).
 	Identity string
 	// LeaseDuration and RenewInterval: see above.
 	LeaseDuration, RenewInterval time.Duration
@@ -125,7 +118,7 @@ func DefaultOptions() Options {
 		Store:                StoreBolt,
 		DataDir:              "/var/lib/clipjob-relay",
 		PostgresSchema:       postgres.DefaultSchema,
-		Replicas:             ReplicaOptions{Group: "clipjob-relay", LeaseDuration: 10 * time.Second, RenewInterval: 2 * time.Second},
+		Replicas:             ReplicaOptions{LeaseDuration: 4 * time.Second, RenewInterval: time.Second},
 		APIAddr:              ":8090",
 		MetricsAddr:          ":8080",
 		ProbeAddr:            ":8081",
@@ -199,38 +192,15 @@ func (o *Options) postgresURL() (string, error) {
 	return "", fmt.Errorf("--store=postgres needs a connection string: in the file --postgres-url-file names, or in the environment variable %s", PostgresURLEnv)
 }
 
-// serviceAccountNamespace is the file a pod's ServiceAccount mount names
-// its namespace in.
-const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-
 // validate fills the defaults that come from where the relay runs, and
 // names what is missing.
 func (r *ReplicaOptions) validate() error {
 	var errs []error
-	if r.Namespace == "" {
-		r.Namespace = os.Getenv("POD_NAMESPACE")
-	}
-	if r.Namespace == "" {
-		if b, err := os.ReadFile(serviceAccountNamespace); err == nil {
-			r.Namespace = strings.TrimSpace(string(b))
-		}
-	}
 	if r.Identity == "" {
 		r.Identity, _ = os.Hostname()
 	}
-	if r.Namespace == "" {
-		errs = append(errs, errors.New("--lease-namespace (Replicas.Namespace) is required with --store=postgres outside a pod: the namespace of the relays' Leases"))
-	}
-	if r.Identity == "" || r.Group == "" {
-		errs = append(errs, errors.New("--replica-id and --lease-group (Replicas.Identity, Group) are required with --store=postgres"))
-	} else if err := replicas.ValidGroup(r.Group); err != nil {
-		errs = append(errs, fmt.Errorf("--lease-group: %w: give a name of lowercase letters, digits and '-' (no '.': a Lease name is the group, '.', the replica id)", err))
-	} else if bad := validation.IsDNS1123Subdomain(replicas.LeaseName(r.Group, r.Identity)); len(bad) > 0 {
-		// Outside a pod the identity is the host name, which may hold
-		// capitals or an underscore: the relay would run unready for
-		// good, failing to write its Lease every 2 s.
-		errs = append(errs, fmt.Errorf("--lease-group %q and --replica-id %q name the Lease %q, which is no valid Lease name (%s): give a --replica-id of lowercase letters, digits and '-'",
-			r.Group, r.Identity, replicas.LeaseName(r.Group, r.Identity), strings.Join(bad, "; ")))
+	if r.Identity == "" {
+		errs = append(errs, errors.New("--replica-id (Replicas.Identity) is required with --store=postgres where the host has no name: this relay's name in the table of replicas"))
 	}
 	if r.RenewInterval <= 0 || r.LeaseDuration < 2*r.RenewInterval {
 		errs = append(errs, fmt.Errorf("--lease-duration (%s) must be at least twice --lease-renew-interval (%s)", r.LeaseDuration, r.RenewInterval))

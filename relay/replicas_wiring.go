@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/paperclipai/clipjob/relay/replicas"
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/postgres"
 )
 
 // pinger is a store on a server, which can be out of reach (PostgreSQL).
@@ -20,15 +22,16 @@ type pinger interface {
 	Ping(ctx context.Context) error
 }
 
-// keyed is a store that keeps a secret its relays share (PostgreSQL).
-type keyed interface {
-	RendezvousKey() []byte
+// sharedStore is a store several relays share, which keeps their table of
+// replicas (PostgreSQL).
+type sharedStore interface {
+	Replicas() *postgres.ReplicaTable
 }
 
-// divideRuns, for a store several relays share, makes this relay one of
-// its group (package replicas): it collects only the runs it owns, hands
-// them over when the members change, stops collecting while its store is
-// out of reach, and says so in readiness. With bbolt it does nothing: one
+// divideRuns, for a store several relays share, makes this relay a
+// member in the store's table of replicas (package replicas): it collects
+// only the runs it owns, hands them over when the members change, stops
+// collecting while its store is out of reach, and says so in readiness. With bbolt it does nothing: one
 // relay collects every run, as before replicas existed.
 func (s *service) divideRuns(mgr manager.Manager, st store.Backend) error {
 	if s.opts.Store != StorePostgres {
@@ -38,19 +41,30 @@ func (s *service) divideRuns(mgr manager.Manager, st store.Backend) error {
 	if !ok {
 		return fmt.Errorf("the %s store cannot say whether it answers", s.opts.Store)
 	}
-	k, ok := st.(keyed)
+	k, ok := st.(sharedStore)
 	if !ok {
-		return fmt.Errorf("the %s store keeps no key for its relays to share", s.opts.Store)
+		return fmt.Errorf("the %s store keeps no table of the relays sharing it", s.opts.Store)
 	}
 	replicas.RegisterMetrics()
 	o := s.opts.Replicas
-	health := &storeHealth{ping: p.Ping, interval: o.RenewInterval, log: s.log.WithName("store")}
+	health := &reachable{what: "the store", ping: p.Ping, interval: o.RenewInterval, log: s.log.WithName("store")}
+	// The runs' logs come through the API server: a replica cut off from
+	// it but not from the store would keep its row, and its runs, while
+	// it can follow none of them.
+	api := &reachable{what: "the API server", interval: o.RenewInterval, log: s.log.WithName("api-server"),
+		ping: func(ctx context.Context) error {
+			return s.client.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Error()
+		}}
 	s.rebalance = make(chan struct{}, 1)
-	s.members = &replicas.Members{Client: s.client, Namespace: o.Namespace, Group: o.Group, Identity: o.Identity,
-		Secret: k.RendezvousKey(), LeaseDuration: o.LeaseDuration, RenewInterval: o.RenewInterval, Healthy: health.err,
+	s.members = &replicas.Members{Table: k.Replicas(), Name: o.Identity,
+		LeaseDuration: o.LeaseDuration, RenewInterval: o.RenewInterval,
+		Healthy:  func() error { return errors.Join(health.err(), api.err()) },
 		OnChange: s.kickRebalance, Log: s.log.WithName("replicas")}
 	s.coll.Owns = s.members.Owns
 	if err := mgr.Add(health); err != nil {
+		return err
+	}
+	if err := mgr.Add(api); err != nil {
 		return err
 	}
 	if err := mgr.Add(s.members); err != nil {
@@ -116,10 +130,11 @@ func (s *service) rebalanceUntil(ctx context.Context) {
 	}
 }
 
-// storeHealth pings the store every interval. It is unhealthy after two
+// reachable pings a server every interval. It is unhealthy after two
 // pings in a row failed (one can meet a connection the server closed,
 // which the pool then replaces), healthy again after one answered.
-type storeHealth struct {
+type reachable struct {
+	what     string // the server, for people: "the store"
 	ping     func(context.Context) error
 	interval time.Duration
 	log      logr.Logger
@@ -129,18 +144,18 @@ type storeHealth struct {
 	last  error
 }
 
-// err is nil while the store answers, else why it does not.
-func (h *storeHealth) err() error {
+// err is nil while the server answers, else why it does not.
+func (h *reachable) err() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.fails < 2 {
 		return nil
 	}
-	return fmt.Errorf("the store does not answer: %w", h.last)
+	return fmt.Errorf("%s does not answer: %w", h.what, h.last)
 }
 
 // Start implements manager.Runnable.
-func (h *storeHealth) Start(ctx context.Context) error {
+func (h *reachable) Start(ctx context.Context) error {
 	t := time.NewTicker(h.interval)
 	defer t.Stop()
 	for {
@@ -165,7 +180,7 @@ func (h *storeHealth) Start(ctx context.Context) error {
 		now := h.fails >= 2
 		h.mu.Unlock()
 		if was != now {
-			h.log.Info("store reachable", "reachable", !now, "err", err)
+			h.log.Info("reachable", "server", h.what, "reachable", !now, "err", err)
 		}
 	}
 }

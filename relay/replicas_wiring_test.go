@@ -12,14 +12,14 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
-// TestStoreHealthNeedsTwoFailedPings: one failed ping (a connection the
+// TestReachableNeedsTwoFailedPings: one failed ping (a connection the
 // server closed, which the pool replaces) leaves the relay collecting; two
 // in a row make it unhealthy, naming the store's error; one answer makes
 // it healthy again.
-func TestStoreHealthNeedsTwoFailedPings(t *testing.T) {
+func TestReachableNeedsTwoFailedPings(t *testing.T) {
 	var failing atomic.Int64 // pings still to fail
 	var pings atomic.Int64
-	h := &storeHealth{interval: 5 * time.Millisecond, log: logr.Discard(), ping: func(context.Context) error {
+	h := &reachable{what: "the store", interval: 5 * time.Millisecond, log: logr.Discard(), ping: func(context.Context) error {
 		pings.Add(1)
 		if failing.Load() > 0 {
 			failing.Add(-1)
@@ -52,40 +52,18 @@ func TestStoreHealthNeedsTwoFailedPings(t *testing.T) {
 	waitUntil(func() bool { return h.err() == nil }, "the store answers again, still unhealthy")
 }
 
-// TestAGroupThatIsNoDNSLabelIsRefused: a Lease is named for its group,
-// '.' and the replica, so a group holding '.' (or anything a DNS label may
-// not) would make names ambiguous between groups; it is refused at the
-// start, naming --lease-group.
-func TestAGroupThatIsNoDNSLabelIsRefused(t *testing.T) {
-	r := DefaultOptions().Replicas
-	r.Namespace, r.Identity = "clipjob-system", "relay-0"
-	refusedNaming(t, &r, &r.Group, "--lease-group",
-		map[string]bool{"clipjob-relay": true, "relay-a-b": true, "relay.a": false, "Relay": false, strings.Repeat("r", 64): false})
-}
-
-// TestAnIdentityThatNamesNoLeaseIsRefused: outside a pod the replica's
-// identity defaults to the host name, which may hold capitals or an
-// underscore; such a relay is refused at its start, naming --replica-id,
-// instead of running unready for good (found by a hostile review).
-func TestAnIdentityThatNamesNoLeaseIsRefused(t *testing.T) {
-	r := DefaultOptions().Replicas
-	r.Namespace, r.Group = "clipjob-system", "clipjob-relay"
-	refusedNaming(t, &r, &r.Identity, "--replica-id",
-		map[string]bool{"relay-0": true, "Build_Host": false, "a.b": true, "-x": false, "x-": false})
-}
-
-// refusedNaming sets *field to each value and checks that r is valid
-// when the value is marked true, and otherwise refused naming flag.
-func refusedNaming(t *testing.T, r *ReplicaOptions, field *string, flag string, values map[string]bool) {
-	t.Helper()
-	for v, ok := range values {
-		*field = v
+// TestReplicaTimesThatCannotHoldAreRefused: a row that lapses before its
+// replica could renew it twice would hand its runs back and forth; such a
+// duration is refused at the start, naming both flags.
+func TestReplicaTimesThatCannotHoldAreRefused(t *testing.T) {
+	for _, tc := range []struct {
+		lease, renew time.Duration
+		ok           bool
+	}{{4 * time.Second, time.Second, true}, {2 * time.Second, time.Second, true}, {time.Second, time.Second, false}, {4 * time.Second, 0, false}} {
+		r := ReplicaOptions{Identity: "relay-0", LeaseDuration: tc.lease, RenewInterval: tc.renew}
 		err := r.validate()
-		if ok && err != nil {
-			t.Errorf("%s %q refused: %v", flag, v, err)
-		}
-		if !ok && (err == nil || !strings.Contains(err.Error(), flag)) {
-			t.Errorf("%s %q: %v, want a refusal naming %s", flag, v, err, flag)
+		if tc.ok != (err == nil) || err != nil && !(strings.Contains(err.Error(), "--lease-duration") && strings.Contains(err.Error(), "--lease-renew-interval")) {
+			t.Errorf("--lease-duration %s, --lease-renew-interval %s: %v", tc.lease, tc.renew, err)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/relay"
+	"github.com/paperclipai/clipjob/relay/replicas"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
 )
 
@@ -126,17 +127,43 @@ func (in *Install) startRelay() (*installRelay, error) {
 	return ir, nil
 }
 
-// ReadRendezvousKey reads the key the relays of schema on the PostgreSQL
-// at conn divide runs with.
-func ReadRendezvousKey(ctx context.Context, conn, schema string) ([]byte, error) {
+// ReplicaIDs reads the ids of the relays of schema on the PostgreSQL at
+// conn, by their names (--replica-id): of a name started again, its
+// newest.
+func ReplicaIDs(ctx context.Context, conn, schema string) (map[string]string, error) {
 	db, err := pgx.Connect(ctx, conn)
 	if err != nil {
 		return nil, err
 	}
 	defer db.Close(context.WithoutCancel(ctx))
-	key, err := postgres.ReadRendezvousKey(ctx, db, schema)
+	ms, err := postgres.ReadReplicas(ctx, db, schema)
 	if err != nil {
-		return nil, fmt.Errorf("the relays' shared key in schema %s: %w", schema, err)
+		return nil, fmt.Errorf("the relays' table of replicas in schema %s: %w", schema, err)
 	}
-	return key, nil
+	ids := map[string]string{}
+	for _, m := range ms {
+		ids[m.Name] = m.ID
+	}
+	return ids, nil
+}
+
+// RunCollector names the relay of schema on the PostgreSQL at conn that
+// collects run while the relays named live are the live ones: rendezvous
+// hashing of the run over their ids, as the relays divide the runs.
+func RunCollector(ctx context.Context, conn, schema, run string, live []string) (string, error) {
+	ids, err := ReplicaIDs(ctx, conn, schema)
+	if err != nil {
+		return "", err
+	}
+	names := map[string]string{}
+	var liveIDs []string
+	for _, name := range live {
+		id, ok := ids[name]
+		if !ok {
+			return "", fmt.Errorf("no relay named %s in the table of replicas of schema %s: %v", name, schema, ids)
+		}
+		liveIDs = append(liveIDs, id)
+		names[id] = name
+	}
+	return names[replicas.Pick(liveIDs, run)], nil
 }

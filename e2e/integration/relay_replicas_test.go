@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,17 +19,13 @@ import (
 	"testing"
 	"time"
 
-	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
 	"github.com/paperclipai/clipjob/relay"
-	"github.com/paperclipai/clipjob/relay/replicas"
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
 )
@@ -45,18 +42,15 @@ type relayReplicas struct {
 	proxy  *socketProxy
 	relays []*harness.Relay
 	ids    []string
-	// group names the replicas' Leases; mirror is their shared volume.
-	group, mirror string
-	token         string
+	// group names the replicas' processes and files; schema is their
+	// store's; mirror is their shared volume.
+	group, schema, mirror string
+	token                 string
 	// extra are the flags every replica gets besides the store's.
 	extra []string
-	// secret keys the division of runs (replicas.Pick), read from the
-	// store once the replicas started.
-	secret []byte
 }
 
-// replicasSetup is what the tests' replicas share: the binary and the
-// chart's Lease RBAC.
+// replicasSetup is what the tests' replicas share: the binary.
 var replicasSetup struct {
 	sync.Once
 	bin  string
@@ -89,9 +83,6 @@ func replicasContext(t *testing.T) context.Context {
 	t.Cleanup(cancel)
 	replicasSetup.Do(func() {
 		replicasSetup.bin = suite.relayBin
-		if replicasSetup.err = applyRelayLeaseRBAC(ctx); replicasSetup.err != nil {
-			return
-		}
 	})
 	if replicasSetup.err != nil {
 		t.Fatal(replicasSetup.err)
@@ -111,8 +102,11 @@ func startRelayReplicas(in *harness.Install, ctx context.Context, t *testing.T, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs := &relayReplicas{in: in, pg: pg, ids: []string{"r0", "r1", "r2"}, group: group, token: token,
+	rs := &relayReplicas{in: in, pg: pg, ids: []string{"r0", "r1", "r2"}, group: group, schema: replicasSchema, token: token,
 		mirror: filepath.Join(suite.cluster.Dir, group+"-mirror"), extra: extra}
+	if i := slices.Index(extra, "--postgres-schema"); i >= 0 && i+1 < len(extra) {
+		rs.schema = extra[i+1]
+	}
 	t.Cleanup(func() {
 		for _, r := range rs.relays {
 			_ = syscall.Kill(r.PID(), syscall.SIGCONT) // a test may have frozen it
@@ -134,13 +128,6 @@ func startRelayReplicas(in *harness.Install, ctx context.Context, t *testing.T, 
 		rs.relays = append(rs.relays, r)
 	}
 	rs.waitMembers(ctx, t, 0, 1, 2)
-	schema := replicasSchema
-	if i := slices.Index(extra, "--postgres-schema"); i >= 0 && i+1 < len(extra) {
-		schema = extra[i+1]
-	}
-	if rs.secret, err = harness.ReadRendezvousKey(ctx, pg.ConnString("postgres"), schema); err != nil {
-		t.Fatal(err)
-	}
 	return rs
 }
 
@@ -160,53 +147,33 @@ func (rs *relayReplicas) start(ctx context.Context, id, group, conn string) (*ha
 		return nil, err
 	}
 	return harness.StartRelay(ctx, suite.cluster, replicasSetup.bin, "relay-"+group+"-"+id, rs.in.Namespace, append([]string{"--store", "postgres",
-		"--postgres-url-file", url, "--postgres-schema", replicasSchema, "--lease-namespace", harness.Release.Namespace,
-		"--lease-group", group, "--replica-id", id, "--mirror-dir", rs.mirror}, rs.extra...)...)
+		"--postgres-url-file", url, "--postgres-schema", replicasSchema, "--replica-id", id, "--mirror-dir", rs.mirror}, rs.extra...)...)
 }
 
-// applyRelayLeaseRBAC creates the Role and RoleBinding the chart gives
-// relays on PostgreSQL (rendered from the chart, so the relays hold what
-// an install grants them); harness.StartRelay applies the rest. It deletes
-// the chart's relay Lease policy should an install have left it
-// (TestChartRelayOnPostgresOnTheRealNode's keeps admission policies): the
-// suite's replicas run as the chart's relay ServiceAccount but in groups
-// of their own, one per test, and that policy holds the account to the
-// chart's group (TestRelayLeasePolicyConfinesTheRelayToItsGroup). A relay
-// refused until the API server drops it renews again 2 s later.
-func applyRelayLeaseRBAC(ctx context.Context) error {
-	r, err := renderRelayOnPostgres()
-	if err != nil {
-		return err
-	}
-	var role rbacv1.Role
-	var rb rbacv1.RoleBinding
-	if err := r.Into("Role", harness.Release.Name+"-relay-leases", &role); err != nil {
-		return err
-	}
-	if err := r.Into("RoleBinding", harness.Release.Name+"-relay-leases", &rb); err != nil {
-		return err
-	}
-	if _, err := suite.cs.RbacV1().Roles(role.Namespace).Create(ctx, &role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	if _, err := suite.cs.RbacV1().RoleBindings(rb.Namespace).Create(ctx, &rb, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	return deleteRelayLeasePolicy(ctx)
-}
-
-// owner is the replica that collects run while all of ids are live.
-func (rs *relayReplicas) owner(run string, ids ...string) int {
+// owner is the replica that collects run while all of ids are live, as
+// the store's table of replicas says.
+func (rs *relayReplicas) owner(t *testing.T, run string, ids ...string) int {
+	t.Helper()
 	if len(ids) == 0 {
 		ids = rs.ids
 	}
-	id := replicas.Pick(rs.secret, ids, run)
-	for i := range rs.ids {
-		if rs.ids[i] == id {
-			return i
+	id, err := harness.RunCollector(context.Background(), rs.pg.ConnString("postgres"), rs.schema, run, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.Index(rs.ids, id)
+}
+
+// runsOf are the runs of runs replica i collects while all are live.
+func (rs *relayReplicas) runsOf(t *testing.T, i int, runs []string) []string {
+	t.Helper()
+	var out []string
+	for _, run := range runs {
+		if rs.owner(t, run) == i {
+			out = append(out, run)
 		}
 	}
-	return -1
+	return out
 }
 
 // waitMembers waits until every replica named collects and sees exactly
@@ -357,7 +324,8 @@ func (f *flood) beyond(n int) func(string) int {
 
 // TestRelayReplicasSurviveAKilledReplica: three relays share a PostgreSQL
 // store while six runs write a flood. The replica collecting one of them
-// is SIGKILLed: the others take its runs over once its Lease lapses and
+// is SIGKILLed: the others take its runs over once its row in the table
+// of replicas lapses by the server's clock and
 // resume them from the stored cursors; when it comes back it gets its
 // share back. Every run's log, read through each replica, is every line
 // once, in order; and an SSE client following the killed replica's run
@@ -367,14 +335,9 @@ func TestRelayReplicasSurviveAKilledReplica(t *testing.T) {
 	in := newInstall(t)
 	ctx, rs := readyReplicas(in, t)
 	f := startFlood(in, ctx, t, "e2e-replicas-kill", 6)
-	victim := rs.owner(f.runs[0])
+	victim := rs.owner(t, f.runs[0])
 	survivor := rs.relays[(victim+1)%3]
-	var theirs []string
-	for _, run := range f.runs {
-		if rs.owner(run) == victim {
-			theirs = append(theirs, run)
-		}
-	}
+	theirs := rs.runsOf(t, victim, f.runs)
 	t.Logf("replica %s collects %v", rs.ids[victim], theirs)
 
 	// The SSE client starts on the victim once it serves the run.
@@ -392,7 +355,8 @@ func TestRelayReplicasSurviveAKilledReplica(t *testing.T) {
 		waitStoredAtLeast(ctx, t, survivor, rs.token, run, at[run], "after its replica was killed")
 		takeover = max(takeover, time.Since(killed))
 	}
-	t.Logf("killed replica's runs taken over: every line written before the kill stored %s after it (lease %s)", takeover.Round(100*time.Millisecond), relay.DefaultOptions().Replicas.LeaseDuration)
+	t.Logf("killed replica's runs taken over: every line written before the kill stored %s after it (lease %s, renewal %s)", takeover.Round(100*time.Millisecond),
+		relay.DefaultOptions().Replicas.LeaseDuration, relay.DefaultOptions().Replicas.RenewInterval)
 
 	if err := rs.relays[victim].Start(ctx); err != nil {
 		t.Fatal(err)
@@ -407,22 +371,21 @@ func TestRelayReplicasSurviveAKilledReplica(t *testing.T) {
 }
 
 // TestRelayReplicaStoppedHandsOverAtOnce: a replica stopped with SIGTERM
-// (a rollout, a scale-down) flushes, deletes its Lease, and the others
-// take its runs over at their next reading of the Leases, not after the
-// Lease's duration.
+// (a rollout, a scale-down) flushes, deletes its row in the table of
+// replicas, and the others take its runs over at their next renewal, not
+// after the row's duration.
 func TestRelayReplicaStoppedHandsOverAtOnce(t *testing.T) {
 	in := newInstall(t)
 	ctx, rs := readyReplicas(in, t)
 	f := startFlood(in, ctx, t, "e2e-replicas-term", 3)
-	leaving := rs.owner(f.runs[0])
+	leaving := rs.owner(t, f.runs[0])
 	survivor := rs.relays[(leaving+1)%3]
 	waitEach(ctx, t, survivor, rs.token, f.runs, atLeast(100), "before the stop")
 	rs.relays[leaving].Stop()
 	stopped := time.Now()
 	written := f.written(f.runs[0])
-	lease := replicas.LeaseName(rs.group, rs.ids[leaving])
-	if _, err := suite.cs.CoordinationV1().Leases(harness.Release.Namespace).Get(ctx, lease, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("the stopped replica's Lease %s is still there (%v): the others wait for it to lapse", lease, err)
+	if ids, err := harness.ReplicaIDs(ctx, rs.pg.ConnString("postgres"), rs.schema); err != nil || ids[rs.ids[leaving]] != "" {
+		t.Errorf("the stopped replica's row is still in the table of replicas (%v, %v): the others wait for it to lapse", ids, err)
 	}
 	waitStoredAtLeast(ctx, t, survivor, rs.token, f.runs[0], written+60, "after its replica stopped")
 	t.Logf("a stopped replica's run stored on %s after the stop (renewal %s, lease %s)", time.Since(stopped).Round(100*time.Millisecond),
@@ -443,7 +406,7 @@ func TestRelayReplicasServeAnotherReplicasLinesLive(t *testing.T) {
 	ctx, rs := readyReplicas(in, t)
 	pod, log := agentRun(in, ctx, t, "e2e-replicas-live")
 	run := pod.Labels[contract.LabelRunID]
-	reader := (rs.owner(run) + 1) % 3
+	reader := (rs.owner(t, run) + 1) % 3
 	rs.relays[reader].WaitRun(ctx, t, rs.token, run, func(*store.Run) bool { return true })
 	const n = 40
 	var mu sync.Mutex
@@ -501,12 +464,7 @@ func TestRelayReplicaCutOffFromPostgres(t *testing.T) {
 	in := newInstall(t)
 	ctx, rs := readyReplicas(in, t)
 	f := startFlood(in, ctx, t, "e2e-replicas-cut", 6)
-	var theirs []string
-	for _, run := range f.runs {
-		if rs.owner(run) == 2 {
-			theirs = append(theirs, run)
-		}
-	}
+	theirs := rs.runsOf(t, 2, f.runs)
 	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, atLeast(60), "before the cut")
 	rs.proxy.cut()
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
@@ -528,42 +486,72 @@ func TestRelayReplicaCutOffFromPostgres(t *testing.T) {
 	f.end(ctx, t, rs)
 }
 
-// TestRelayReplicasThatBothOwnAStream: a fourth relay, of another group on
-// the same store, believes it owns every run, as the three do between
-// them: two writers follow each stream at once. The store refuses each
-// commit not made from the stored cursor, so every line is stored once.
-func TestRelayReplicasThatBothOwnAStream(t *testing.T) {
+// TestRelayReplicaCutOffFromTheAPIServer: one replica loses the API
+// server but not PostgreSQL. It can follow no log, so it leaves the table
+// of replicas rather than keep runs nobody collects: it says why in
+// readiness, and the others collect its runs; reconnected, it collects
+// its share again. No line is lost or stored twice.
+func TestRelayReplicaCutOffFromTheAPIServer(t *testing.T) {
 	in := newInstall(t)
 	ctx, rs := readyReplicas(in, t)
-	refusedBefore := 0
-	for _, r := range rs.relays {
-		refusedBefore += refusals(t, r)
-	}
-	rogue, err := rs.start(ctx, "rogue", rs.group+"-rogue", rs.pg.ConnString("postgres"))
+	u, err := url.Parse(suite.cluster.Config.Host)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rogue.Stop()
-	f := startFlood(in, ctx, t, "e2e-replicas-both", 3)
-	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(300), "with two owners")
+	proxy, err := newTCPProxy(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.close)
+	// The relay's kubeconfig, its server the proxy.
+	path, err := harness.ChartServiceAccountKubeconfig(ctx, suite.cluster, "clipjob-relay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range kc.Clusters {
+		c.Server = "https://" + proxy.listen
+	}
+	proxied := filepath.Join(suite.cluster.Dir, rs.group+"-r2-proxied.kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, proxied); err != nil {
+		t.Fatal(err)
+	}
+	rs.relays[2].Stop()
+	extra := rs.extra
+	rs.extra = append(slices.Clone(extra), "--kubeconfig", proxied)
+	r2, err := rs.start(ctx, rs.ids[2], rs.group, rs.conn(2))
+	rs.extra = extra
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs.relays[2] = r2
+	rs.waitMembers(ctx, t, 0, 1, 2)
+
+	f := startFlood(in, ctx, t, "e2e-replicas-apicut", 6)
+	theirs := rs.runsOf(t, 2, f.runs)
+	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, atLeast(60), "before the cut")
+	proxy.cut()
+	cut := time.Now()
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		code, body := readyz(rs.relays[2])
+		return code != http.StatusOK && strings.Contains(body, "[-]collecting"), nil
+	})
+	if err != nil {
+		code, body := readyz(rs.relays[2])
+		t.Fatalf("the replica cut off from the API server does not say so in readiness: %d %s", code, body)
+	}
+	rs.waitMembers(ctx, t, 0, 1)
+	t.Logf("the others collect alone %s after the cut", time.Since(cut).Round(100*time.Millisecond))
+	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(60), "while replica r2 was cut off from the API server")
+	t.Logf("runs of the cut-off replica %v stored on by the others", theirs)
+	if err := proxy.restore(); err != nil {
+		t.Fatal(err)
+	}
+	rs.waitMembers(ctx, t, 0, 1, 2)
 	f.end(ctx, t, rs)
-	// Both owners followed: each stored lines or had its commits refused,
-	// and whichever came second to a cursor was refused.
-	rogueStored, err := rogue.Counter("clipjob_relay_lines_stored_total")
-	if err != nil {
-		t.Fatal(err)
-	}
-	refused := -refusedBefore
-	for _, r := range rs.relays {
-		refused += refusals(t, r)
-	}
-	t.Logf("the fourth relay stored %.0f lines and had %d commits refused; the three had %d refused", rogueStored, refusals(t, rogue), refused)
-	if rogueStored == 0 && refusals(t, rogue) == 0 {
-		t.Error("the fourth relay neither stored nor was refused a line: it did not follow the streams")
-	}
-	if refused+refusals(t, rogue) == 0 {
-		t.Error("no commit was refused: two owners of a stream cannot both commit from the cursor they read")
-	}
 }
 
 // refusals is how many commits r's store refused because another writer
@@ -682,14 +670,15 @@ func (c *sseClient) wait(t *testing.T) []string {
 	return c.lines
 }
 
-// socketProxy forwards connections to a PostgreSQL server's unix socket
-// from one of its own, and can cut them: a replica reaching the server
-// through it loses PostgreSQL, not the API server.
+// socketProxy forwards connections to a server from an address of its
+// own, and can cut them: a replica reaching PostgreSQL (or the API
+// server) through it loses that server, not the other.
 type socketProxy struct {
-	dir, target string
-	mu          sync.Mutex
-	ln          net.Listener
-	conns       map[net.Conn]bool
+	network, listen, target string
+	dir                     string // the PostgreSQL proxy's socket directory
+	mu                      sync.Mutex
+	ln                      net.Listener
+	conns                   map[net.Conn]bool
 }
 
 // newSocketProxy proxies the server connString reaches (a unix socket
@@ -707,7 +696,19 @@ func newSocketProxy(connString string) (*socketProxy, error) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return nil, err
 	}
-	p := &socketProxy{dir: dir, target: filepath.Join(kv["host"], ".s.PGSQL."+kv["port"]), conns: map[net.Conn]bool{}}
+	p := &socketProxy{network: "unix", listen: filepath.Join(dir, ".s.PGSQL.5432"), target: filepath.Join(kv["host"], ".s.PGSQL."+kv["port"]),
+		dir: dir, conns: map[net.Conn]bool{}}
+	return p, p.restore()
+}
+
+// newTCPProxy proxies the TCP address target from a port of its own on
+// the loopback.
+func newTCPProxy(target string) (*socketProxy, error) {
+	ports, err := cluster.FreePorts(1)
+	if err != nil {
+		return nil, err
+	}
+	p := &socketProxy{network: "tcp", listen: fmt.Sprintf("127.0.0.1:%d", ports[0]), target: target, conns: map[net.Conn]bool{}}
 	return p, p.restore()
 }
 
@@ -718,7 +719,7 @@ func (p *socketProxy) ConnString(db string) string {
 
 // restore listens again.
 func (p *socketProxy) restore() error {
-	ln, err := net.Listen("unix", filepath.Join(p.dir, ".s.PGSQL.5432"))
+	ln, err := net.Listen(p.network, p.listen)
 	if err != nil {
 		return err
 	}
@@ -731,7 +732,7 @@ func (p *socketProxy) restore() error {
 			if err != nil {
 				return
 			}
-			s, err := net.Dial("unix", p.target)
+			s, err := net.Dial(p.network, p.target)
 			if err != nil {
 				c.Close()
 				continue
@@ -746,10 +747,12 @@ func (p *socketProxy) restore() error {
 	return nil
 }
 
-// close cuts the proxy and removes its socket's directory.
+// close cuts the proxy and removes its socket's directory, if any.
 func (p *socketProxy) close() {
 	p.cut()
-	os.RemoveAll(p.dir)
+	if p.dir != "" {
+		os.RemoveAll(p.dir)
+	}
 }
 
 // cut closes the listener (its socket goes: new connections are refused)

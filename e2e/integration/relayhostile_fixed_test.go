@@ -14,16 +14,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/contract"
-	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
-	"github.com/paperclipai/clipjob/relay"
-	"github.com/paperclipai/clipjob/relay/replicas"
 	"github.com/paperclipai/clipjob/relay/store"
 )
 
@@ -31,57 +26,6 @@ import (
 // with unit tests; here each is attacked again on the real API server,
 // with relay processes on PostgreSQL, the way a client, an agent or an
 // operator would.
-
-// TestHostileRelayGhostLeaseWithAHugeDurationLapses: a Lease for a replica
-// that does not exist, with the longest duration the API server accepts
-// (2^31-1 s, some 68 years), renewed once. Every replica counts it for at
-// most its own --lease-duration: the ghost is live, then not, and the run
-// the hash gives it is collected.
-func TestHostileRelayGhostLeaseWithAHugeDurationLapses(t *testing.T) {
-	in := newInstall(t)
-	ctx, rs := readyReplicas(in, t)
-	leases := suite.cs.CoordinationV1().Leases(harness.Release.Namespace)
-	ghost, forever := "forever", int32(1<<31-1)
-	now := metav1.NewMicroTime(time.Now())
-	l := &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: replicas.LeaseName(rs.group, ghost), Labels: map[string]string{replicas.LabelGroup: rs.group}},
-		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &ghost, LeaseDurationSeconds: &forever, AcquireTime: &now, RenewTime: &now},
-	}
-	// Signed with the group's secret: a replica of the group, started
-	// with a huge --lease-duration, that then died.
-	replicas.SignLease(rs.secret, l)
-	l, err := leases.Create(ctx, l, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = leases.Delete(context.Background(), l.Name, metav1.DeleteOptions{}) })
-	// Renewed once, as a replica that then died would have.
-	renewed := metav1.NewMicroTime(time.Now())
-	l.Spec.RenewTime = &renewed
-	replicas.SignLease(rs.secret, l)
-	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	for i := range rs.relays {
-		rs.waitLiveSeen(ctx, t, i, 4)
-	}
-	run := runOwnedBy(rs.secret, "e2e-hostile-forever", ghost, append(slices.Clone(rs.ids), ghost))
-	pod, log := agentRun(in, ctx, t, run)
-	if err := log.Write(`{"type":"assistant","n":1}`, `{"type":"assistant","n":2}`, `{"type":"assistant","n":3}`); err != nil {
-		t.Fatal(err)
-	}
-	// Not 68 years: the replicas' own duration, read at their next rounds.
-	// waitMembers fails if the ghost is still live after three minutes;
-	// how soon it lapsed is logged, not asserted (a busy machine delays
-	// the rounds).
-	rs.waitMembers(ctx, t, 0, 1, 2)
-	t.Logf("the ghost's Lease of %d s lapsed %s after its renewal (the replicas' --lease-duration %s)",
-		forever, time.Since(renewed.Time).Round(100*time.Millisecond), relay.DefaultOptions().Replicas.LeaseDuration)
-	waitStoredAtLeast(ctx, t, rs.relays[0], rs.token, run, 3, "after the ghost's Lease lapsed")
-	in.FinishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
-	rs.relays[1].WaitRun(ctx, t, rs.token, run, func(r *store.Run) bool { return r.Done })
-	harness.ExactlyOnce(t, rs.relays[2].Lines(t, rs.token, run), []string{`{"type":"assistant","n":1}`, `{"type":"assistant","n":2}`, `{"type":"assistant","n":3}`})
-}
 
 // relayGetWith is a GET of path on r with the reader's token and headers.
 func relayGetWith(t *testing.T, r *harness.Relay, token, path string, header map[string]string) (int, string) {
@@ -361,7 +305,7 @@ func TestHostileRelayRunSeenWhileWritesFailIsCollected(t *testing.T) {
 	admin(`CREATE TRIGGER e2e_refuse_runs BEFORE INSERT ON ` + runs + ` FOR EACH ROW EXECUTE FUNCTION e2e_refuse_runs()`)
 	pod, log := agentRun(in, ctx, t, "e2e-hostile-refused")
 	run := pod.Labels[contract.LabelRunID]
-	owner := rs.owner(run)
+	owner := rs.owner(t, run)
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
 		b, err := os.ReadFile(rs.relays[owner].Log)
 		return err == nil && strings.Contains(string(b), "refuses new runs"), nil
@@ -399,142 +343,4 @@ func TestHostileRelayRunSeenWhileWritesFailIsCollected(t *testing.T) {
 	in.FinishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
 	rs.relays[0].WaitRun(ctx, t, rs.token, run, func(r *store.Run) bool { return r.Done })
 	harness.ExactlyOnce(t, rs.relays[2].Lines(t, rs.token, run), want)
-}
-
-// relayCommand is the command line of a relay on the replicas' store, as
-// rs.start runs one, and the relay it describes; nothing is started.
-func (rs *relayReplicas) relayCommand(ctx context.Context, t *testing.T, id, group string) (*harness.Relay, []string) {
-	t.Helper()
-	dir := filepath.Join(suite.cluster.Dir, "relay-"+group+"-"+strings.ReplaceAll(id, "/", "_"))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	url := filepath.Join(dir, "pgurl")
-	if err := os.WriteFile(url, []byte(rs.pg.ConnString("postgres")), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ports, err := cluster.FreePorts(3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kp, err := suite.cluster.CA.Serving("clipjob-relay", "127.0.0.1", "localhost")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := kp.WriteTLS(filepath.Join(dir, "certs")); err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig, err := harness.ChartServiceAccountKubeconfig(ctx, suite.cluster, "clipjob-relay")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &harness.Relay{APIAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]), DataDir: filepath.Join(dir, "data"), MetricsAddr: fmt.Sprintf("127.0.0.1:%d", ports[2]), CA: suite.cluster.CA,
-		Process: &harness.Process{Log: filepath.Join(dir, "relay.log"), ProbeAddr: fmt.Sprintf("127.0.0.1:%d", ports[1])}}
-	return r, []string{"--kubeconfig", kubeconfig, "--namespace", rs.in.Namespace, "--data-dir", r.DataDir, "--api-address", r.APIAddr,
-		"--cert-dir", filepath.Join(dir, "certs"), "--health-probe-bind-address", r.ProbeAddr, "--metrics-bind-address", r.MetricsAddr,
-		"--zap-log-level", "debug", "--store", "postgres", "--postgres-url-file", url, "--postgres-schema", replicasSchema,
-		"--lease-namespace", harness.Release.Namespace, "--lease-group", group, "--replica-id", id}
-}
-
-// startRelayUnready starts a relay on the replicas' store as rs.start
-// does, but returns once it runs, not once it is ready: a relay refused
-// membership never is.
-func (rs *relayReplicas) startRelayUnready(ctx context.Context, t *testing.T, id, group string) *harness.Relay {
-	t.Helper()
-	r, args := rs.relayCommand(ctx, t, id, group)
-	probe := r.ProbeAddr
-	p, err := harness.StartProcess(ctx, r.Log, "", replicasSetup.bin, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Process = p
-	r.ProbeAddr = probe // for readyz; set after the start, which would wait for it
-	t.Cleanup(r.Stop)
-	return r
-}
-
-// TestHostileRelayGroupsOnceCollidingBothCollect: with '-' between group
-// and replica, replica "b-0" of group "<g>-a" and replica "0" of group
-// "<g>-a-b" named one Lease, and the second started was refused it. With
-// '.', both hold Leases of their own and are ready. Then a Lease of a
-// replica's name made first by someone else who may write Leases there
-// (held by another, another group's label): the replica neither renews
-// nor deletes it, is no member and says why, and the Lease keeps its
-// holder throughout and after the replica stops.
-func TestHostileRelayGroupsOnceCollidingBothCollect(t *testing.T) {
-	in := newInstall(t)
-	ctx, rs := readyReplicas(in, t)
-	leases := suite.cs.CoordinationV1().Leases(harness.Release.Namespace)
-	groupA, groupB := rs.group+"-a", rs.group+"-a-b"
-	for _, r := range []struct{ group, id string }{{groupA, "b-0"}, {groupB, "0"}} {
-		relay, err := rs.start(ctx, r.id, r.group, rs.pg.ConnString("postgres"))
-		if err != nil {
-			t.Fatalf("replica %s of group %s: %v", r.id, r.group, err)
-		}
-		defer relay.Stop()
-	}
-	for _, r := range []struct{ group, id string }{{groupA, "b-0"}, {groupB, "0"}} {
-		l, err := leases.Get(ctx, replicas.LeaseName(r.group, r.id), metav1.GetOptions{})
-		if err != nil || ptr.Deref(l.Spec.HolderIdentity, "") != r.id || l.Labels[replicas.LabelGroup] != r.group {
-			t.Fatalf("the Lease of replica %s of group %s: %v %v", r.id, r.group, l, err)
-		}
-	}
-
-	// A Lease of replica "c-0"'s name, made first by another writer.
-	name := replicas.LeaseName(groupA, "c-0")
-	secs := int32(3600)
-	squat, err := leases.Create(ctx, &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{replicas.LabelGroup: groupB}},
-		Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To("0"), LeaseDurationSeconds: &secs},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = leases.Delete(context.Background(), name, metav1.DeleteOptions{}) })
-	w, err := leases.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name, ResourceVersion: squat.ResourceVersion})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
-	var changes []string
-	events := func() {
-		for {
-			select {
-			case e, ok := <-w.ResultChan():
-				if !ok {
-					t.Fatal("the watch of the Lease ended")
-				}
-				changes = append(changes, fmt.Sprintf("%s %v", e.Type, e.Object))
-			default:
-				return
-			}
-		}
-	}
-	second := rs.startRelayUnready(ctx, t, "c-0", groupA)
-	refusals := func() int {
-		b, _ := os.ReadFile(second.Log)
-		return strings.Count(string(b), "made this relay's Lease first")
-	}
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
-		events()
-		return len(changes) > 0 || refusals() >= 3, nil
-	})
-	if len(changes) > 0 {
-		t.Fatalf("the Lease another writer made changed: %v", changes)
-	}
-	if err != nil {
-		t.Fatalf("the relay was refused %d renewals: %v", refusals(), err)
-	}
-	if code, body := readyz(second); code == http.StatusOK || !strings.Contains(body, "[-]collecting") {
-		t.Errorf("the relay says it is ready and collecting: %d %s", code, body)
-	}
-	if c, err := second.Counter("clipjob_relay_replica_collecting "); err != nil || c != 0 {
-		t.Errorf("the relay's collecting gauge: %v %v, want 0", c, err)
-	}
-	second.Stop()
-	events()
-	if got, err := leases.Get(ctx, name, metav1.GetOptions{}); err != nil || len(changes) > 0 || ptr.Deref(got.Spec.HolderIdentity, "") != "0" {
-		t.Fatalf("after the relay stopped, the Lease %s: %v %v, changes %v", name, got, err, changes)
-	}
-	t.Logf("the relay was refused %d renewals; the Lease another writer made never changed", refusals())
 }

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -22,7 +22,6 @@ import (
 	"github.com/paperclipai/clipjob/cmd/clipjob/app"
 	"github.com/paperclipai/clipjob/doctor"
 	"github.com/paperclipai/clipjob/e2e/harness"
-	"github.com/paperclipai/clipjob/relay/replicas"
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
 )
@@ -33,15 +32,15 @@ import (
 // string in `relay.postgres.url`, which the chart keeps in a Secret) and a
 // server on the machine at the real node's address, where the pods reach
 // it:
-//   - both relay pods become Ready, each holding its own Lease and seeing
-//     the other;
+//   - both relay pods become Ready, each with its row in the store's
+//     table of replicas and seeing the other;
 //   - a real agent run is collected once and read back through the
 //     relay's Service with a reader's token;
 //   - the relay pod that collects a running run is deleted with no grace
 //     while the agent writes: the other replica takes the run over, and
 //     the stored log is the kubelet's, no line lost or twice;
 //   - `clipjob doctor`, reading the install's values from the cluster,
-//     passes, and names the missing rights once the Lease Role is gone;
+//     passes, and the relay's ServiceAccount may do nothing with Leases;
 //   - a wrong password in the Secret: the relay pod rolled out with it is
 //     never Ready, each of its exits says the store refused it, and the
 //     replicas before it keep serving.
@@ -60,38 +59,17 @@ func TestChartRelayOnPostgresOnTheRealNode(t *testing.T) {
 		}
 	})
 	group := harness.Release.Name + "-relay"
-	// After the uninstall: the Leases a killed replica left, and the
-	// Lease Role should a failure have left it deleted.
-	var leaseRole rbacv1.Role
-	t.Cleanup(func() {
-		ctx := context.Background()
-		_ = suite.cs.CoordinationV1().Leases(harness.Release.Namespace).DeleteCollection(ctx, metav1.DeleteOptions{},
-			metav1.ListOptions{LabelSelector: replicas.LabelGroup + "=" + group})
-		if leaseRole.Name != "" {
-			role := leaseRole.DeepCopy()
-			role.ResourceVersion = ""
-			if _, err := suite.cs.RbacV1().Roles(role.Namespace).Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-				t.Errorf("restoring Role %s: %v", role.Name, err)
-			}
-		}
-	})
 	values := inClusterValues()
 	relayValues := values["relay"].(map[string]any)
 	relayValues["store"], relayValues["replicas"] = "postgres", 2
 	relayValues["postgres"] = map[string]any{"url": pg.TCPConnString("postgres", password)}
-	rendered := installInCluster(ctx, t, values)
-	if err := rendered.Into("Role", group+"-leases", &leaseRole); err != nil {
-		t.Fatal(err)
-	}
+	installInCluster(ctx, t, values)
 	if _, err := suite.cs.PolicyV1().PodDisruptionBudgets(harness.Release.Namespace).Get(ctx, group, metav1.GetOptions{}); err != nil {
 		t.Errorf("the relays' PodDisruptionBudget: %v", err)
 	}
-	members := waitRelayMembers(ctx, t, group, 2)
-	t.Logf("relay replicas %v, each holding its Lease and seeing both", members)
-	secret, err := harness.ReadRendezvousKey(ctx, pg.ConnString("postgres"), "clipjob_relay")
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := pg.ConnString("postgres")
+	members := waitRelayMembers(ctx, t, conn, 2)
+	t.Logf("relay replicas %v, each with its row in the table of replicas and seeing both", members)
 
 	reader := newRelayReader(ctx, t)
 	name := "e2e-chart-pg"
@@ -105,15 +83,19 @@ func TestChartRelayOnPostgresOnTheRealNode(t *testing.T) {
 	if run.Result == nil || run.Result.Outcome != "succeeded" {
 		t.Errorf("run %s: result %s", name, mustJSON(run.Result))
 	}
-	t.Logf("run %s: %d lines, collected by %s", name, len(want), replicas.Pick(secret, members, name))
+	collector, err := harness.RunCollector(ctx, conn, "clipjob_relay", name, members)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("run %s: %d lines, collected by %s", name, len(want), collector)
 
 	t.Run("the replica collecting a run is killed", func(t *testing.T) {
-		killCollectingReplica(ctx, t, reader, group, secret, members)
+		killCollectingReplica(ctx, t, reader, conn, members)
 	})
 	waitDeploymentAvailable(ctx, t, group)
-	waitRelayMembers(ctx, t, group, 2)
+	waitRelayMembers(ctx, t, conn, 2)
 
-	t.Run("doctor checks the install's Lease Role", func(t *testing.T) {
+	t.Run("doctor passes and the relay may not touch Leases", func(t *testing.T) {
 		results, code := clipjobDoctor(t)
 		if code != 0 {
 			t.Errorf("doctor on the install on PostgreSQL: exit %d", code)
@@ -123,29 +105,23 @@ func TestChartRelayOnPostgresOnTheRealNode(t *testing.T) {
 				t.Errorf("doctor: %s failed: %s (fix: %s)", r.Check, r.Detail, r.Fix)
 			}
 		}
-		holds := "system:serviceaccount:" + harness.Release.Namespace + ":" + group + " holds Role " + leaseRole.Name
-		if !slices.ContainsFunc(results, func(r doctor.Result) bool { return r.Check == "rbac" && strings.Contains(r.Detail, holds) }) {
-			t.Errorf("doctor did not check the relay's Lease Role (%q): %+v", holds, results)
-		}
-
-		if err := suite.cs.RbacV1().Roles(leaseRole.Namespace).Delete(ctx, leaseRole.Name, metav1.DeleteOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		results, code = clipjobDoctor(t)
-		role := leaseRole.DeepCopy()
-		role.ResourceVersion = ""
-		if _, err := suite.cs.RbacV1().Roles(role.Namespace).Create(ctx, role, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("restoring Role %s: %v", role.Name, err)
-		}
-		lacks := "system:serviceaccount:" + harness.Release.Namespace + ":" + group + " lacks get leases.coordination.k8s.io, list leases.coordination.k8s.io, create leases.coordination.k8s.io, update leases.coordination.k8s.io, delete leases.coordination.k8s.io in namespace " + harness.Release.Namespace
-		if code != 1 || !slices.ContainsFunc(results, func(r doctor.Result) bool {
-			return !r.OK && r.Check == "rbac" && r.Detail == lacks && strings.Contains(r.Fix, "Role "+leaseRole.Name)
-		}) {
-			t.Errorf("with the Lease Role deleted doctor exits %d and does not say %q, naming the Role to restore: %+v", code, lacks, results)
+		// The relay's replicas divide the runs through the store: its
+		// ServiceAccount, whose token a tenant may steal, can do nothing
+		// with the release namespace's Leases (the webhook's election
+		// among them).
+		sa := "system:serviceaccount:" + harness.Release.Namespace + ":" + group
+		for _, verb := range []string{"get", "list", "create", "update", "delete"} {
+			review, err := suite.cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+				User: sa, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + harness.Release.Namespace, "system:authenticated"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: harness.Release.Namespace, Verb: verb, Group: "coordination.k8s.io", Resource: "leases"}}}, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if review.Status.Allowed {
+				t.Errorf("%s may %s Leases in %s", sa, verb, harness.Release.Namespace)
+			}
 		}
 	})
-	waitDeploymentAvailable(ctx, t, group)
-	waitRelayMembers(ctx, t, group, 2)
 
 	t.Run("a wrong password in the Secret", func(t *testing.T) {
 		wrongPassword(ctx, t, pg, reader, group, name, want)
@@ -177,11 +153,11 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-// waitRelayMembers waits until n relay pods are Ready, each holds the
-// Lease named for it in group (held by its name, its replica id), no
-// other Lease is in the group, and each sees n replicas live and collects
-// (its metrics); it returns their names.
-func waitRelayMembers(ctx context.Context, t *testing.T, group string, n int) []string {
+// waitRelayMembers waits until n relay pods are Ready, each has its row,
+// under its name, among the live ones of the store's table of replicas
+// (on the PostgreSQL at conn), no other row is live, and each sees n
+// replicas live and collects (its metrics); it returns their names.
+func waitRelayMembers(ctx context.Context, t *testing.T, conn string, n int) []string {
 	t.Helper()
 	var names []string
 	var last string
@@ -205,22 +181,19 @@ func waitRelayMembers(ctx context.Context, t *testing.T, group string, n int) []
 			last = fmt.Sprintf("%d relay pods, want %d", len(names), n)
 			return false, nil
 		}
-		leases, err := suite.cs.CoordinationV1().Leases(harness.Release.Namespace).List(ctx, metav1.ListOptions{LabelSelector: replicas.LabelGroup + "=" + group})
+		live, err := liveReplicaNames(ctx, conn)
 		if err != nil {
 			if ctx.Err() == nil {
 				last = err.Error()
 			}
 			return false, nil
 		}
-		held := map[string]string{}
-		for _, l := range leases.Items {
-			held[l.Name] = ptr.Deref(l.Spec.HolderIdentity, "")
+		slices.Sort(names)
+		if !slices.Equal(live, names) {
+			last = fmt.Sprintf("live rows in the table of replicas %v, want one per pod %v", live, names)
+			return false, nil
 		}
 		for _, name := range names {
-			if held[replicas.LeaseName(group, name)] != name {
-				last = fmt.Sprintf("pod %s does not hold Lease %s: %v", name, replicas.LeaseName(group, name), held)
-				return false, nil
-			}
 			live, err := relayMetric(pods[name], "clipjob_relay_replicas ")
 			collecting, err2 := relayMetric(pods[name], "clipjob_relay_replica_collecting ")
 			if err != nil || err2 != nil || int(live) != n || collecting != 1 {
@@ -228,17 +201,27 @@ func waitRelayMembers(ctx context.Context, t *testing.T, group string, n int) []
 				return false, nil
 			}
 		}
-		if len(held) != n {
-			last = fmt.Sprintf("Leases in group %s: %v, want one per pod", group, held)
-			return false, nil
-		}
 		return true, nil
 	})
 	if err != nil {
-		t.Fatalf("the relays never were %d Ready replicas each holding its Lease: %v (last: %s)", n, err, last)
+		t.Fatalf("the relays never were %d Ready replicas each live in the table of replicas: %v (last: %s)", n, err, last)
 	}
-	slices.Sort(names)
 	return names
+}
+
+// liveReplicaNames are the names of the live rows of the chart's schema's
+// table of replicas, sorted.
+func liveReplicaNames(ctx context.Context, conn string) ([]string, error) {
+	db, err := pgx.Connect(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close(context.WithoutCancel(ctx))
+	rows, err := db.Query(ctx, `SELECT name FROM clipjob_relay.replicas WHERE expires_at > now() ORDER BY name`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // relayMetric reads a relay pod's metric from its metrics port.
@@ -248,15 +231,18 @@ func relayMetric(p *corev1.Pod, prefix string) (float64, error) {
 
 // killCollectingReplica deletes, with no grace, the relay pod that
 // collects a run whose agent is still writing (rendezvous of the run over
-// the replicas holding Leases), and requires the run's whole log stored,
-// each line once.
-func killCollectingReplica(ctx context.Context, t *testing.T, reader *relayReader, group string, secret []byte, members []string) {
+// the live replicas' ids in the table of replicas on the PostgreSQL at
+// conn), and requires the run's whole log stored, each line once.
+func killCollectingReplica(ctx context.Context, t *testing.T, reader *relayReader, conn string, members []string) {
 	name := "e2e-chart-pg-kill"
-	// 2,400 lines over a minute: the takeover (the Lease's 10 s at most)
-	// happens while the agent writes.
+	// 2,400 lines over a minute: the takeover (a row's 4 s and a
+	// renewal at most) happens while the agent writes.
 	suite.in.CreateJob(ctx, t, realJob(t, name, "lines=2400 rate=40"))
 	reader.waitRun(ctx, t, name, func(r *store.Run) bool { return r.LastSeq >= 40 })
-	owner := replicas.Pick(secret, members, name)
+	owner, err := harness.RunCollector(ctx, conn, "clipjob_relay", name, members)
+	if err != nil {
+		t.Fatal(err)
+	}
 	job, err := suite.cs.BatchV1().Jobs(suite.in.Namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

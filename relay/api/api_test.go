@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/storetest"
@@ -199,25 +200,38 @@ func TestAPISSEKeepalive(t *testing.T) {
 	}
 }
 
-func TestKubeAuthReviewsAndCaches(t *testing.T) {
-	cs := fake.NewClientset()
-	reviews, sars := 0, 0
-	cs.PrependReactor("create", "tokenreviews", func(a clienttesting.Action) (bool, runtime.Object, error) {
-		reviews++
+// reviewingClient is an API server that accepts the token "good" (as
+// paperclip:server) and lets it read logs in namespace "paperclip" while
+// its accept and allow say so, counting the reviews it answers.
+type reviewingClient struct {
+	*fake.Clientset
+	reviews, sars int
+	accept, allow bool
+}
+
+func newReviewingClient() *reviewingClient {
+	c := &reviewingClient{Clientset: fake.NewClientset(), accept: true, allow: true}
+	c.PrependReactor("create", "tokenreviews", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		c.reviews++
 		tr := a.(clienttesting.CreateAction).GetObject().(*authnv1.TokenReview)
-		if tr.Spec.Token == "good" {
+		if tr.Spec.Token == "good" && c.accept {
 			tr.Status = authnv1.TokenReviewStatus{Authenticated: true, User: authnv1.UserInfo{Username: "system:serviceaccount:paperclip:server", UID: "u1"}}
 		}
 		return true, tr, nil
 	})
-	cs.PrependReactor("create", "subjectaccessreviews", func(a clienttesting.Action) (bool, runtime.Object, error) {
-		sars++
+	c.PrependReactor("create", "subjectaccessreviews", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		c.sars++
 		sar := a.(clienttesting.CreateAction).GetObject().(*authzv1.SubjectAccessReview)
 		ra := sar.Spec.ResourceAttributes
-		sar.Status.Allowed = ra.Namespace == "paperclip" && ra.Resource == "pods" && ra.Subresource == "log" && ra.Verb == "get"
+		sar.Status.Allowed = c.allow && ra.Namespace == "paperclip" && ra.Resource == "pods" && ra.Subresource == "log" && ra.Verb == "get"
 		return true, sar, nil
 	})
-	a := &KubeAuth{Client: cs}
+	return c
+}
+
+func TestKubeAuthReviewsAndCaches(t *testing.T) {
+	c := newReviewingClient()
+	a := &KubeAuth{Client: c}
 	req := httptest.NewRequest(http.MethodGet, "/", nil)
 	if _, err := a.Authenticate(req); !errors.Is(err, errUnauthenticated) {
 		t.Errorf("no token: %v", err)
@@ -241,8 +255,79 @@ func TestKubeAuthReviewsAndCaches(t *testing.T) {
 			t.Error("other namespace allowed")
 		}
 	}
-	if reviews != 2 || sars != 2 {
-		t.Errorf("%d TokenReviews and %d SARs for repeated calls; want 2 and 2 (cached)", reviews, sars)
+	if c.reviews != 2 || c.sars != 2 {
+		t.Errorf("%d TokenReviews and %d SARs for repeated calls; want 2 and 2 (cached)", c.reviews, c.sars)
+	}
+}
+
+// TestKubeAuthForgetsDecisionsAfterTheirLifetimes: a decision is cached
+// for its lifetime only, so what the API server changes reaches the relay
+// within it: a token it no longer accepts (revoked, its ServiceAccount
+// deleted) is refused once TokenTTL has passed, a permission taken away
+// once AllowTTL has, and a denial is asked again after DenyTTL. On a fake
+// clock, a second short of each lifetime and a second past it.
+func TestKubeAuthForgetsDecisionsAfterTheirLifetimes(t *testing.T) {
+	c := newReviewingClient()
+	clk := clocktesting.NewFakePassiveClock(time.Date(2026, 11, 28, 18, 0, 0, 0, time.UTC))
+	a := &KubeAuth{Client: c, Clock: clk}
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	req.Header.Set("Authorization", "Bearer good")
+	user := func() *authnv1.UserInfo {
+		t.Helper()
+		u, err := a.Authenticate(req)
+		if err != nil {
+			return nil
+		}
+		return u
+	}
+	allowed := func(u *authnv1.UserInfo) bool {
+		t.Helper()
+		ok, err := a.Allowed(context.Background(), u, "paperclip")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	u := user()
+	if u == nil || !allowed(u) {
+		t.Fatal("the good token refused")
+	}
+	start := clk.Now()
+	at := func(d time.Duration) { clk.SetTime(start.Add(d)) }
+
+	// Permission taken away: allowed until AllowTTL (30 s), then not.
+	c.allow = false
+	at(29 * time.Second)
+	if !allowed(u) {
+		t.Error("a grant forgotten before its 30 s")
+	}
+	at(31 * time.Second)
+	if allowed(u) {
+		t.Error("a permission taken away still allowed 31 s later")
+	}
+	// Given back: the denial stands until DenyTTL (10 s), then is asked again.
+	c.allow = true
+	at(40 * time.Second)
+	if allowed(u) {
+		t.Error("a denial forgotten before its 10 s")
+	}
+	at(42 * time.Second)
+	if !allowed(u) {
+		t.Error("a permission given back still denied 11 s after the denial")
+	}
+
+	// Token revoked: accepted until TokenTTL (1 m), then refused.
+	c.accept = false
+	at(59 * time.Second)
+	if user() == nil {
+		t.Error("a token forgotten before its minute")
+	}
+	at(61 * time.Second)
+	if user() != nil {
+		t.Error("a revoked token still accepted 61 s after its review")
+	}
+	if c.reviews != 2 || c.sars != 3 {
+		t.Errorf("%d TokenReviews and %d SARs, want 2 and 3: one per lifetime that ran out", c.reviews, c.sars)
 	}
 }
 

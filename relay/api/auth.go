@@ -17,6 +17,7 @@ import (
 	authzv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
 )
 
 // Authorizer decides whether a request may read runs of a namespace.
@@ -52,6 +53,8 @@ type KubeAuth struct {
 	Audiences []string
 	// TokenTTL, AllowTTL and DenyTTL are cache lifetimes. Default 1m, 30s, 10s.
 	TokenTTL, AllowTTL, DenyTTL time.Duration
+	// Clock times the cache lifetimes. Default the real clock.
+	Clock clock.PassiveClock
 
 	mu     sync.Mutex
 	tokens map[[32]byte]cached[*authnv1.UserInfo]
@@ -74,7 +77,7 @@ func (a *KubeAuth) Authenticate(r *http.Request) (*authnv1.UserInfo, error) {
 	if a.tokens == nil {
 		a.tokens, a.grants = map[[32]byte]cached[*authnv1.UserInfo]{}, map[string]cached[bool]{}
 	}
-	if c, ok := a.tokens[key]; ok && time.Now().Before(c.exp) {
+	if c, ok := a.tokens[key]; ok && a.now().Before(c.exp) {
 		a.mu.Unlock()
 		if c.v == nil {
 			return nil, a.refused() // refused moments ago: no new review
@@ -95,15 +98,17 @@ func (a *KubeAuth) Authenticate(r *http.Request) (*authnv1.UserInfo, error) {
 		// Remembered for DenyTTL, so a client retrying a bad token in a
 		// loop costs the API server one review, not one per request.
 		a.mu.Lock()
-		prune(a.tokens)
-		a.tokens[key] = cached[*authnv1.UserInfo]{nil, time.Now().Add(ttl(a.DenyTTL, 10*time.Second))}
+		now := a.now()
+		prune(a.tokens, now)
+		a.tokens[key] = cached[*authnv1.UserInfo]{nil, now.Add(ttl(a.DenyTTL, 10*time.Second))}
 		a.mu.Unlock()
 		return nil, a.refused()
 	}
 	user := tr.Status.User
 	a.mu.Lock()
-	prune(a.tokens)
-	a.tokens[key] = cached[*authnv1.UserInfo]{&user, time.Now().Add(ttl(a.TokenTTL, time.Minute))}
+	now := a.now()
+	prune(a.tokens, now)
+	a.tokens[key] = cached[*authnv1.UserInfo]{&user, now.Add(ttl(a.TokenTTL, time.Minute))}
 	a.mu.Unlock()
 	return &user, nil
 }
@@ -112,7 +117,7 @@ func (a *KubeAuth) Authenticate(r *http.Request) (*authnv1.UserInfo, error) {
 func (a *KubeAuth) Allowed(ctx context.Context, user *authnv1.UserInfo, namespace string) (bool, error) {
 	key := userKey(user) + "\x00" + namespace
 	a.mu.Lock()
-	if c, ok := a.grants[key]; ok && time.Now().Before(c.exp) {
+	if c, ok := a.grants[key]; ok && a.now().Before(c.exp) {
 		a.mu.Unlock()
 		return c.v, nil
 	}
@@ -135,8 +140,9 @@ func (a *KubeAuth) Allowed(ctx context.Context, user *authnv1.UserInfo, namespac
 		exp = ttl(a.AllowTTL, 30*time.Second)
 	}
 	a.mu.Lock()
-	prune(a.grants)
-	a.grants[key] = cached[bool]{sar.Status.Allowed, time.Now().Add(exp)}
+	now := a.now()
+	prune(a.grants, now)
+	a.grants[key] = cached[bool]{sar.Status.Allowed, now.Add(exp)}
 	a.mu.Unlock()
 	return sar.Status.Allowed, nil
 }
@@ -151,12 +157,19 @@ func userKey(u *authnv1.UserInfo) string {
 	return string(sum[:])
 }
 
-// prune drops expired entries once a cache grows large.
-func prune[K comparable, V any](m map[K]cached[V]) {
+// now is the time on the caches' clock.
+func (a *KubeAuth) now() time.Time {
+	if a.Clock == nil {
+		return time.Now()
+	}
+	return a.Clock.Now()
+}
+
+// prune drops entries expired at now once a cache grows large.
+func prune[K comparable, V any](m map[K]cached[V], now time.Time) {
 	if len(m) < 10000 {
 		return
 	}
-	now := time.Now()
 	for k, v := range m {
 		if now.After(v.exp) {
 			delete(m, k)

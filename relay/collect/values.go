@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
 )
 
 // ValuesFile keeps a Redactor's literal values those of a file, one per
@@ -32,6 +33,9 @@ type ValuesFile struct {
 	// while, and an agent may still print it. Default 24h.
 	KeepRemoved time.Duration
 	Log         logr.Logger
+	// Clock times how long a removed value stays redacted. Default the
+	// real clock.
+	Clock clock.PassiveClock
 
 	last    []byte
 	current []string
@@ -89,7 +93,10 @@ func (v *ValuesFile) Start(ctx context.Context) error {
 func (v *ValuesFile) NeedLeaderElection() bool { return false }
 
 func (v *ValuesFile) apply(data []byte) int {
-	now := time.Now()
+	if v.Clock == nil {
+		v.Clock = clock.RealClock{}
+	}
+	now := v.Clock.Now()
 	keep := v.KeepRemoved
 	if keep <= 0 {
 		keep = 24 * time.Hour

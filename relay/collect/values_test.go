@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/util/wait"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // TestValuesFileReloads: a rotated Secret's new value is redacted from
@@ -35,7 +36,8 @@ func TestValuesFileReloads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v := &ValuesFile{Path: path, Redactor: r, Static: []string{"static-secret"}, Interval: 5 * time.Millisecond, KeepRemoved: 200 * time.Millisecond, Log: logr.Discard()}
+	clk := clocktesting.NewFakePassiveClock(time.Date(2026, 11, 28, 18, 0, 0, 0, time.UTC))
+	v := &ValuesFile{Path: path, Redactor: r, Static: []string{"static-secret"}, Interval: 5 * time.Millisecond, Clock: clk, Log: logr.Discard()}
 	if err := v.Load(); err != nil {
 		t.Fatal(err)
 	}
@@ -60,12 +62,17 @@ func TestValuesFileReloads(t *testing.T) {
 		t.Error("a reload dropped the values given on the command line")
 	}
 
-	// After KeepRemoved, a removed value is dropped at the next change.
-	// (The sleep is the time passing that the test is about; nothing is
-	// measured against it.)
-	time.Sleep(250 * time.Millisecond)
+	// Within a day (KeepRemoved's default) a removed value stays redacted
+	// through the next change; after it, it is dropped at the next.
+	clk.SetTime(clk.Now().Add(23 * time.Hour))
 	write("new-secret-2\nthird-secret-3\n")
 	waitFor(t, func() bool { return redacted("third-secret-3") }, "a value added later was never redacted")
+	if !redacted("old-secret-1") {
+		t.Error("a value rotated out 23 hours ago is no longer redacted")
+	}
+	clk.SetTime(clk.Now().Add(2 * time.Hour))
+	write("new-secret-2\nthird-secret-3\nfourth-secret-4\n")
+	waitFor(t, func() bool { return redacted("fourth-secret-4") }, "a value added later was never redacted")
 	if redacted("old-secret-1") {
 		t.Error("a value removed long ago is still redacted")
 	}

@@ -10,11 +10,11 @@ import (
 var (
 	replicasLive = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "clipjob_relay_replicas",
-		Help: "Relay replicas of this replica's group it sees live (their Leases renewed), itself included when it collects.",
+		Help: "Relay replicas sharing this replica's store it sees live (their rows in the table of replicas renewed), itself included when it collects.",
 	})
 	collecting = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "clipjob_relay_replica_collecting",
-		Help: "1 while this replica collects its share of the runs; 0 while it does not (its store unreachable, its Lease not renewed, stopping).",
+		Help: "1 while this replica collects its share of the runs; 0 while it does not (its store unreachable, its row not renewed, stopping).",
 	})
 )
 

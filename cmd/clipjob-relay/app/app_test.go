@@ -36,7 +36,7 @@ func TestDefaults(t *testing.T) {
 		t.Errorf("defaults differ from relay.DefaultOptions (-want +got):\n%s", d)
 	}
 	want := relay.Options{Store: "bolt", DataDir: "/var/lib/clipjob-relay", PostgresSchema: "clipjob_relay",
-		Replicas: relay.ReplicaOptions{Group: "clipjob-relay", LeaseDuration: 10 * time.Second, RenewInterval: 2 * time.Second}, APIAddr: ":8090", MetricsAddr: ":8080", ProbeAddr: ":8081",
+		Replicas: relay.ReplicaOptions{LeaseDuration: 4 * time.Second, RenewInterval: time.Second}, APIAddr: ":8090", MetricsAddr: ":8080", ProbeAddr: ":8081",
 		MaxStreams: 200, Follow: collect.DefaultFollowOptions(), RetentionMaxAge: 168 * time.Hour,
 		RetentionInterval: time.Minute, ShutdownTimeout: 5 * time.Second, TokenAudiences: []string{"clipjob-relay"},
 		RedactValuesInterval: 30 * time.Second, MirrorBase: "run-logs"}
@@ -59,8 +59,8 @@ func TestFlags(t *testing.T) {
 		{name: "postgres store", args: []string{"--store", "postgres", "--postgres-url-file", "/secret/url", "--postgres-schema", "relay"}, want: func(o *Options) {
 			o.Store, o.PostgresURLFile, o.PostgresSchema = "postgres", "/secret/url", "relay"
 		}},
-		{name: "replicas", args: []string{"--lease-namespace", "relays", "--lease-group", "g", "--replica-id", "r-1", "--lease-duration", "6s", "--lease-renew-interval", "1s"}, want: func(o *Options) {
-			o.Replicas = relay.ReplicaOptions{Namespace: "relays", Group: "g", Identity: "r-1", LeaseDuration: 6 * time.Second, RenewInterval: time.Second}
+		{name: "replicas", args: []string{"--replica-id", "r-1", "--lease-duration", "6s", "--lease-renew-interval", "2s"}, want: func(o *Options) {
+			o.Replicas = relay.ReplicaOptions{Identity: "r-1", LeaseDuration: 6 * time.Second, RenewInterval: 2 * time.Second}
 		}},
 		{name: "namespaces repeat", args: []string{"--namespace", "a", "--namespace", "b"}, want: func(o *Options) { o.Namespaces = []string{"a", "b"} }},
 		{name: "api-address", args: []string{"--api-address", "127.0.0.1:9"}, want: func(o *Options) { o.APIAddr = "127.0.0.1:9" }},

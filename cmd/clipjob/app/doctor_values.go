@@ -20,8 +20,9 @@ import (
 
 // installedValues are the values doctor renders the chart with when no
 // --values file is given: what the cluster says the release was installed
-// with, so the RBAC it checks is the RBAC the install has (a release on
-// PostgreSQL has the relay's Lease Role, one on bbolt has not). It also
+// with, so what it checks is what the install has (a release on
+// PostgreSQL has the relay's Secret and replicas, one on bbolt its
+// PersistentVolumeClaim). It also
 // says where they came from:
 //
 //   - Helm's record of the release (the Secret `helm install` and `helm

@@ -48,18 +48,19 @@ func checked(results []doctor.Result, role string) []doctor.Result {
 	return out
 }
 
-// Without --values, doctor checks the RBAC of the install the cluster
-// has: an install rendered on PostgreSQL (no Helm record) has the relay's
-// Lease Role, so doctor checks its ServiceAccount holds it; on bbolt it
-// has none to check.
-func TestDoctorChecksTheLeaseRoleOfARelayOnPostgres(t *testing.T) {
+// Without --values, doctor checks the install the cluster has: one
+// rendered on PostgreSQL (no Helm record) with the store, replicas,
+// Secret and schema its relay Deployment runs with; neither grants the
+// relay any Lease Role to check, since its replicas divide the runs
+// through the store.
+func TestDoctorChecksTheRelayStoreTheInstallRuns(t *testing.T) {
 	ctx := context.Background()
 	onPostgres := map[string]any{"relay": map[string]any{"store": "postgres", "replicas": 2,
 		"postgres": map[string]any{"url": "postgres://relay:pw@db:5432/paperclip", "schema": "relays"}}}
 	cs := fake.NewClientset(relayDeployment(t, onPostgres))
 	results := doctorResults(ctx, cs, offline, "")
-	if got := checked(results, "clipjob-relay-leases"); len(got) != 1 {
-		t.Errorf("doctor checked the relay's Lease Role %d times, want once: %+v", len(got), results)
+	if got := checked(results, "clipjob-relay-leases"); len(got) != 0 {
+		t.Errorf("on PostgreSQL doctor checked a relay Lease Role the chart no longer grants: %+v", got)
 	}
 	if results[0].Check != "values" || !strings.Contains(results[0].Detail, "PostgreSQL (2 replicas, Secret clipjob-relay-postgres, schema relays)") {
 		t.Errorf("doctor does not say which values it rendered: %+v", results[0])
@@ -101,7 +102,7 @@ func TestDoctorReadsHelmsRecordOfTheRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []struct{ kind, ns, name string }{
-		{"Role", doctorRelease.Namespace, "clipjob-relay-leases"},
+		{"PodDisruptionBudget", doctorRelease.Namespace, "clipjob-relay"},
 		{"RoleBinding", "agents", "clipjob-webhook-agents"},
 	} {
 		if rendered.FindIn(want.kind, want.ns, want.name) == nil {

@@ -12,7 +12,6 @@ package postgres
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -75,8 +74,9 @@ type Store struct {
 	changes store.Changes
 	commits committer
 	q       appendSQL
-	// rendezvous is the group's secret for dividing runs (RendezvousKey).
-	rendezvous []byte
+	// connConfig opens the connections outside the pool (the listener,
+	// the table of replicas).
+	connConfig *pgx.ConnConfig
 	// out holds the runs this store changed for the other relays to hear
 	// of; stopNotifying ends the listener and the sender (see notify.go),
 	// and notifying is done once both have.
@@ -130,63 +130,18 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres store: %w", err)
 	}
-	s := &Store{pool: pool, schema: o.Schema, opts: o,
+	s := &Store{pool: pool, schema: o.Schema, opts: o, connConfig: cfg.ConnConfig,
 		names: strings.NewReplacer("{schema}", pgx.Identifier{o.Schema}.Sanitize())}
 	s.q = newAppendSQL(s)
 	if err := s.migrate(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("postgres store: schema %q: %w", o.Schema, err)
 	}
-	if s.rendezvous, err = s.sharedKey(ctx, rendezvousKeyName); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("postgres store: schema %q: the relays' shared key: %w", o.Schema, err)
-	}
 	if err := s.startNotifying(ctx, cfg.ConnConfig); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("postgres store: listening for other relays' changes: %w", err)
 	}
 	return s, nil
-}
-
-// sharedKey returns the secret named name that every relay of the schema
-// shares, writing a random one first if there is none (the first relay
-// to start; the others read what it wrote).
-func (s *Store) sharedKey(ctx context.Context, name string) ([]byte, error) {
-	fresh := make([]byte, 32)
-	if _, err := rand.Read(fresh); err != nil {
-		return nil, err
-	}
-	var key []byte
-	var err error
-	// No row when another relay wrote the key after this statement's
-	// snapshot (the replicas start together): the next attempt reads it.
-	for range 3 {
-		err = s.pool.QueryRow(ctx, s.sql(`WITH written AS (
-				INSERT INTO {schema}.keys (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING RETURNING value)
-			SELECT value FROM written UNION ALL SELECT value FROM {schema}.keys WHERE name = $1`), name, fresh).Scan(&key)
-		if !errors.Is(err, pgx.ErrNoRows) {
-			break
-		}
-	}
-	return key, err
-}
-
-// rendezvousKeyName names the relays' shared key in the keys table.
-const rendezvousKeyName = "rendezvous"
-
-// RendezvousKey is the secret the relays sharing this store key the
-// division of runs with (replicas.Members.Secret).
-func (s *Store) RendezvousKey() []byte { return s.rendezvous }
-
-// ReadRendezvousKey reads the relays' shared key from schema through q,
-// as the relays of that schema use it: for tools and tests that work out
-// which replica collects a run (replicas.Pick).
-func ReadRendezvousKey(ctx context.Context, q interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}, schema string) ([]byte, error) {
-	var key []byte
-	err := q.QueryRow(ctx, `SELECT value FROM `+pgx.Identifier{schema}.Sanitize()+`.keys WHERE name = $1`, rendezvousKeyName).Scan(&key)
-	return key, err
 }
 
 // maxIdentifier is the longest name PostgreSQL keeps whole (NAMEDATALEN-1).

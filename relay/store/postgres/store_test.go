@@ -1,10 +1,8 @@
 package postgres_test
 
 import (
-	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -127,68 +125,6 @@ func TestARecordThatDoesNotDecodeIsRetiredAllTheSame(t *testing.T) {
 	if r, err := s.RetiredRun("agents", "0b6c3a2e-1f4d-4c8e-9a51-7d2f0e6b9c11"); err != nil || r == nil || r.Run != "fine" {
 		t.Errorf("kept of the retired runs: %+v (%v), want the decodable run's", r, err)
 	}
-}
-
-// TestRelaysOfASchemaShareOneRendezvousKey: the relays sharing a schema
-// read one random key, written by the first to start, even when they
-// start together; another schema (another group of relays) has its own.
-func TestRelaysOfASchemaShareOneRendezvousKey(t *testing.T) {
-	conn, schema := pgtest.Schema(t)
-	first := open(t, postgres.Options{ConnString: conn, Schema: schema})
-	keys := keysOfRelaysStartedTogether(t, conn, schema, 4)
-	if len(first.RendezvousKey()) != 32 {
-		t.Fatalf("key of %d bytes", len(first.RendezvousKey()))
-	}
-	for i, k := range keys {
-		if !bytes.Equal(k, first.RendezvousKey()) {
-			t.Errorf("relay %d read another key", i)
-		}
-	}
-	other := open(t, postgres.Options{ConnString: conn, Schema: schema + "_other"})
-	if bytes.Equal(other.RendezvousKey(), first.RendezvousKey()) {
-		t.Error("another schema's relays share this one's key")
-	}
-	db, err := pgx.Connect(context.Background(), conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close(context.Background())
-	if k, err := postgres.ReadRendezvousKey(context.Background(), db, schema); err != nil || !bytes.Equal(k, first.RendezvousKey()) {
-		t.Errorf("ReadRendezvousKey: %x, %v", k, err)
-	}
-}
-
-// TestRelaysStartingTogetherOnANewSchemaShareOneKey: three relays opening
-// a schema no relay has used yet, at once (a Deployment's first rollout),
-// all read the key one of them wrote.
-func TestRelaysStartingTogetherOnANewSchemaShareOneKey(t *testing.T) {
-	conn, schema := pgtest.Schema(t)
-	keys := keysOfRelaysStartedTogether(t, conn, schema, 3)
-	for i, k := range keys {
-		if len(k) != 32 || !bytes.Equal(k, keys[0]) {
-			t.Errorf("relay %d read key %x, relay 0 %x", i, k, keys[0])
-		}
-	}
-}
-
-// keysOfRelaysStartedTogether opens n stores on schema at once and returns
-// the rendezvous key each read.
-func keysOfRelaysStartedTogether(t *testing.T, conn, schema string, n int) [][]byte {
-	keys := make([][]byte, n)
-	var wg sync.WaitGroup
-	for i := range keys {
-		wg.Go(func() {
-			s, err := postgres.Open(context.Background(), postgres.Options{ConnString: conn, Schema: schema})
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			keys[i] = s.RendezvousKey()
-			s.Close()
-		})
-	}
-	wg.Wait()
-	return keys
 }
 
 // TestProgressIsTheRecordsLastSeqAndEnd: how far a run is, read without
