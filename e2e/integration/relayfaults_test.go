@@ -22,10 +22,10 @@ import (
 	"github.com/paperclipai/clipjob/relay/store"
 )
 
-// The defects the hostile review found in the relay's replicas, fixed
-// with unit tests; here each is attacked again on the real API server,
-// with relay processes on PostgreSQL, the way a client, an agent or an
-// operator would.
+// The relay on PostgreSQL against bad input and failing storage, on the
+// real API server, the way a client, an agent or an operator would meet
+// them: a cursor past any log, a mirror file another process locks, a
+// store it cannot write, a run seen while writes fail.
 
 // relayGetWith is a GET of path on r with the reader's token and headers.
 func relayGetWith(t *testing.T, r *harness.Relay, token, path string, header map[string]string) (int, string) {
