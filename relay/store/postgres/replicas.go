@@ -5,8 +5,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/paperclipai/clipjob/relay/replicas"
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // ReplicaTable is the schema's table of live relays (migration
@@ -20,7 +19,7 @@ type ReplicaTable struct {
 	conn *pgx.Conn // nil until connected, and again after an error
 }
 
-var _ replicas.Table = (*ReplicaTable)(nil)
+var _ store.ReplicaTable = (*ReplicaTable)(nil)
 
 // Replicas returns the schema's table of live relays.
 func (s *Store) Replicas() *ReplicaTable { return &ReplicaTable{s: s} }
@@ -33,7 +32,7 @@ func (s *Store) Replicas() *ReplicaTable { return &ReplicaTable{s: s} }
 // the rows of relays gone for another ttl (killed before they could
 // leave), each by one relay only (SKIP LOCKED: two never wait on each
 // other).
-func (t *ReplicaTable) Renew(ctx context.Context, id, name string, ttl time.Duration) ([]replicas.Member, error) {
+func (t *ReplicaTable) Renew(ctx context.Context, id, name string, ttl time.Duration) ([]store.Replica, error) {
 	rows, err := t.query(ctx, `WITH renewed AS (
 			INSERT INTO {schema}.replicas (id, name, renewed_at, expires_at) VALUES ($1, $2, now(), now() + $3 * interval '1 microsecond')
 			ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name, renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at
@@ -49,8 +48,8 @@ func (t *ReplicaTable) Renew(ctx context.Context, id, name string, ttl time.Dura
 	if err != nil {
 		return nil, err
 	}
-	live, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (replicas.Member, error) {
-		var m replicas.Member
+	live, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Replica, error) {
+		var m store.Replica
 		err := r.Scan(&m.ID, &m.Name)
 		return m, err
 	})
@@ -113,13 +112,13 @@ func (t *ReplicaTable) query(ctx context.Context, q string, args ...any) (pgx.Ro
 
 // ReadReplicas reads the rows of the relays of schema through q, newest
 // renewal last: for tools and tests that work out
-// which replica collects a run (replicas.Pick over the live ids).
+// which replica collects a run (relay/replicas picks over the live ids).
 func ReadReplicas(ctx context.Context, q interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}, schema string) ([]replicas.Member, error) {
+}, schema string) ([]store.Replica, error) {
 	rows, err := q.Query(ctx, `SELECT id, name FROM `+pgx.Identifier{schema}.Sanitize()+`.replicas ORDER BY renewed_at`)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[replicas.Member])
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[store.Replica])
 }
