@@ -254,14 +254,16 @@ function lineElement(l, q) {
   const d = el("div", { className: "line", dataset: { seq: l.seq } },
     el("span", { className: "seq" }, String(l.seq)),
     el("span", { className: "ts", title: fmtTime(l.ts) }, clockFormat.format(new Date(l.ts))));
-  if (!q) { d.append(l.line); return d; }
+  const text = el("span", { className: "text" });
+  d.append(text);
+  if (!q) { text.append(l.line); return d; }
   const lower = l.line.toLowerCase();
   let at = 0;
   for (let i = lower.indexOf(q); i >= 0; i = lower.indexOf(q, at)) {
-    d.append(l.line.slice(at, i), el("mark", {}, l.line.slice(i, i + q.length)));
+    text.append(l.line.slice(at, i), el("mark", {}, l.line.slice(i, i + q.length)));
     at = i + q.length;
   }
-  d.append(l.line.slice(at));
+  text.append(l.line.slice(at));
   d.title = l.line;
   return d;
 }
@@ -343,7 +345,12 @@ document.addEventListener("DOMContentLoaded", () => {
     if (typing) return;
     if (e.key === "j") moveFocus(1);
     else if (e.key === "k") moveFocus(-1);
-    else if (e.key === "/" && !$("detail").hidden) { e.preventDefault(); $("search").focus(); }
+    else if (e.key === "/" && !$("detail").hidden) e.preventDefault();
+  });
+  // "/" moves to the search on its keyup, once its character was dealt
+  // with, so the "/" is never typed into the search.
+  document.addEventListener("keyup", (e) => {
+    if (e.key === "/" && !$("detail").hidden && !e.target.matches("input, select, textarea")) $("search").focus();
   });
   window.addEventListener("hashchange", render);
   connect();

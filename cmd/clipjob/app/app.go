@@ -1,8 +1,9 @@
 // Package app is the clipjob command line: `render` and `check` of agent
 // Jobs offline, calling the same cores as the webhook (templates.Render,
 // policy.Evaluate), the way istioctl kube-inject calls Istio's injector;
-// and `doctor`, the one command that reaches a cluster, to check an
-// install.
+// and the two that reach a cluster: `doctor`, to check an install, and
+// `dashboard`, serving the runs page (package dashboard) with the
+// viewer's kubeconfig.
 // main only calls Main, so every command is tested without a process.
 package app
 

@@ -42,6 +42,7 @@ func serveDashboard(ctx context.Context, args []string, stdout, stderr io.Writer
 	relayURL := fs.String("relay-url", "", "the relay's API, e.g. https://localhost:8090 after kubectl -n clipjob-system port-forward svc/clipjob-relay 8090:api (empty: no logs, results or costs)")
 	tokenFile := fs.String("relay-token-file", "", "a file holding a token for the relay's audience: kubectl create token <serviceaccount> --audience clipjob-relay > token")
 	caFile := fs.String("relay-ca-file", "", "PEM CA bundle that signed the relay's serving certificate (default: the system's roots)")
+	serverName := fs.String("relay-server-name", "", "the name the relay's certificate is for, when --relay-url reaches it by another (a port-forward to localhost): clipjob-relay.clipjob-system.svc")
 	relayLimit := fs.Int("relay-limit", 1000, "how many of the relay's newest runs to show")
 	refresh := fs.Duration("refresh", 2*time.Second, "how often the page reads the cluster and the relay again")
 	if err := (commonFlags{fs: fs}).parse(args); err != nil {
@@ -62,7 +63,7 @@ func serveDashboard(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 	}
 	if *relayURL != "" {
-		client, err := relayClient(*caFile)
+		client, err := relayClient(*caFile, *serverName)
 		if err != nil {
 			return err
 		}
@@ -109,9 +110,10 @@ func describe(namespaces []string) string {
 	return "your kubeconfig, namespaces " + strings.Join(namespaces, ",")
 }
 
-// relayClient trusts caFile (else the system's roots) for the relay.
-func relayClient(caFile string) (*http.Client, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+// relayClient trusts caFile (else the system's roots) for the relay's
+// certificate, checked for serverName (else the URL's host).
+func relayClient(caFile, serverName string) (*http.Client, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
 	if caFile != "" {
 		pem, err := os.ReadFile(caFile)
 		if err != nil {
