@@ -180,6 +180,9 @@ function openLog(key, run) {
   closeLog();
   open = { key, source: null, lines: [], matches: null, query: $("search").value, ended: false };
   drawLog(true);
+  // A run with no log yet (queued, refused) shows why instead of an
+  // empty box.
+  $("logview").hidden = !(run && run.logged);
   if (!run || !run.logged) {
     $("log-state").textContent = !snapshot.relay ? "No relay configured: start clipjob dashboard with --relay-url and --relay-token-file to read logs." :
       run && (run.state === "queued" || run.state === "refused") ? "No log: the run has not started." : "No log yet.";
