@@ -33,6 +33,10 @@ type Server struct {
 	// Namespaces to show; empty shows every namespace, which needs the
 	// right to list Jobs cluster-wide.
 	Namespaces []string
+	// ClaimNamespaces are read for claim Leases besides Namespaces: the
+	// claim namespace of policy.concurrency.scope Cluster. A claim marks
+	// only a run the viewer sees.
+	ClaimNamespaces []string
 	// Relay, when set, adds logs, results, costs and runs whose Job is
 	// gone.
 	Relay *Relay
@@ -128,6 +132,11 @@ func (s *Server) Snapshot(ctx context.Context) Snapshot {
 		src.Jobs = append(src.Jobs, jobs.Items...)
 		// Claims show who holds an agent; a viewer who may not read
 		// Leases still sees the runs.
+		if leases, err := s.Kube.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: claim.Label + "=" + claim.KindAgentRun}); err == nil {
+			src.Leases = append(src.Leases, leases.Items...)
+		}
+	}
+	for _, ns := range s.ClaimNamespaces {
 		if leases, err := s.Kube.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: claim.Label + "=" + claim.KindAgentRun}); err == nil {
 			src.Leases = append(src.Leases, leases.Items...)
 		}

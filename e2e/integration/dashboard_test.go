@@ -112,7 +112,8 @@ type row struct{ State, Details, Started string }
 // queued run shows its position and the run it waits behind, then moves
 // to running when the agent is free, without a reload; a run clipjob
 // refused at its start shows why; a running run's lines appear in order
-// as the agent writes them, and search finds them; a run whose Job is
+// as the agent writes them, and search finds them; a run past its Job's
+// deadline shows it timed out; a run whose Job is
 // gone stays with its cost. A viewer without rights in the namespace —
 // even handed the relay's token — sees none of its runs and none of its
 // logs.
@@ -138,6 +139,11 @@ func TestRunsPageInABrowser(t *testing.T) {
 	}
 	viewer := serveRunsPage(t, clientWithToken(viewerToken), in.Namespace, r, relayToken)
 	outsider := serveRunsPage(t, clientWithToken(outsiderToken), in.Namespace, r, relayToken)
+
+	// A run of another agent whose Job's deadline passes: timed out.
+	deadline := in.BareJob(t, "e2e-page-deadline")
+	deadline.Spec.ActiveDeadlineSeconds = ptr.To[int64](3)
+	in.CreateJob(ctx, t, deadline)
 
 	const agent = "agent-runs-page"
 	first := in.BareJob(t, "e2e-page-first")
@@ -189,6 +195,9 @@ func TestRunsPageInABrowser(t *testing.T) {
 	if !strings.Contains(refusal, string(contract.CauseQueueFull)) {
 		t.Errorf("the refusal %q does not name %s", refusal, contract.CauseQueueFull)
 	}
+	harness.Wait(b, "the run past its deadline timed out, saying so", rowJS(in.Namespace+"/"+deadline.Name), func(r *row) bool {
+		return r != nil && r.State == "timed_out" && strings.Contains(r.Details, "DeadlineExceeded")
+	})
 	running := harness.Wait(b, "the first run running", rowJS(firstKey), func(r *row) bool { return r != nil && r.State == "running" })
 	// Times are the viewer's: the run's start as read in their zone.
 	kolkata, _ := time.LoadLocation(zone)

@@ -37,6 +37,8 @@ func serveDashboard(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.SetOutput(stderr)
 	var namespaces command.List
 	fs.Var(&namespaces, "namespace", "a namespace whose runs to show (repeatable, or comma-separated; default every namespace, which needs the right to list Jobs cluster-wide)")
+	var claimNamespaces command.List
+	fs.Var(&claimNamespaces, "claim-namespace", "also read claim Leases here: policy.concurrency.claimNamespace, with scope Cluster (repeatable)")
 	address := fs.String("address", "127.0.0.1:8095", "address to serve the page on: keep it on loopback, the page reads the cluster with your credentials")
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default $KUBECONFIG or ~/.kube/config)")
 	relayURL := fs.String("relay-url", "", "the relay's API, e.g. https://localhost:8090 after kubectl -n clipjob-system port-forward svc/clipjob-relay 8090:api (empty: no logs, results or costs)")
@@ -54,7 +56,7 @@ func serveDashboard(ctx context.Context, args []string, stdout, stderr io.Writer
 	if (*relayURL == "") != (*tokenFile == "") {
 		return usageError{errors.New("--relay-url and --relay-token-file go together: the relay answers only a token made for its audience")}
 	}
-	s := &dashboard.Server{Refresh: *refresh}
+	s := &dashboard.Server{Refresh: *refresh, ClaimNamespaces: claimNamespaces}
 	for _, n := range namespaces {
 		for _, ns := range strings.Split(n, ",") {
 			if ns = strings.TrimSpace(ns); ns != "" {
