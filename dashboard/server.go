@@ -51,6 +51,12 @@ type Server struct {
 
 	mu      sync.Mutex
 	mayLogs map[string]cachedBool
+
+	// The latest snapshot, shared by the page's open streams (tabs), so
+	// each refresh reads the cluster and the relay once.
+	latest   sync.Mutex
+	snap     []byte
+	snapTime time.Time
 }
 
 type cachedBool struct {
@@ -227,7 +233,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
-		data, _ := json.Marshal(s.Snapshot(r.Context()))
+		data := s.shared(r.Context(), every)
 		if r.Context().Err() != nil {
 			return
 		}
@@ -250,6 +256,21 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		case <-tick.C:
 		}
 	}
+}
+
+// shared is the snapshot as JSON, read again when the one kept is older
+// than half of every: tabs that ask within that share one reading.
+func (s *Server) shared(ctx context.Context, every time.Duration) []byte {
+	s.latest.Lock()
+	defer s.latest.Unlock()
+	if s.snap == nil || time.Since(s.snapTime) >= every/2 {
+		// Not ended with the tab that asked: the others share it.
+		read, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		s.snap, _ = json.Marshal(s.Snapshot(read))
+		s.snapTime = time.Now()
+	}
+	return s.snap
 }
 
 // costs sums cost and tokens per agent and company over runs started in
