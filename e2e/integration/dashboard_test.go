@@ -254,15 +254,29 @@ func TestRunsPageInABrowser(t *testing.T) {
 	if err != nil {
 		t.Errorf("the finished run whose Job is gone is not shown with its result: %+v", findRun(pageRuns(t, viewer), firstKey))
 	}
-	resp, err := http.Get(viewer + "api/costs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var costs struct{ Totals []dashboard.Total }
-	_ = json.NewDecoder(resp.Body).Decode(&costs)
-	resp.Body.Close()
-	if len(costs.Totals) == 0 || costs.Totals[0].CostUSD != 0.42 || costs.Totals[0].Company != first.Labels[contract.LabelCompanyID] {
-		t.Errorf("costs: %+v, want the company's total 0.42", costs.Totals)
+	// Costs over a period: the hour around the run counts it, the next
+	// hour does not.
+	now := time.Now().UTC()
+	for _, c := range []struct {
+		from, until time.Time
+		want        float64
+	}{{now.Add(-time.Hour), now.Add(time.Hour), 0.42}, {now.Add(time.Hour), now.Add(2 * time.Hour), 0}} {
+		resp, err := http.Get(viewer + "api/costs?from=" + c.from.Format(time.RFC3339) + "&until=" + c.until.Format(time.RFC3339))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var costs struct{ Totals []dashboard.Total }
+		_ = json.NewDecoder(resp.Body).Decode(&costs)
+		resp.Body.Close()
+		var company float64
+		for _, total := range costs.Totals {
+			if total.Agent == "" && total.Company == first.Labels[contract.LabelCompanyID] {
+				company = total.CostUSD
+			}
+		}
+		if company != c.want {
+			t.Errorf("costs from %s until %s: the company's total %v, want %v (%+v)", c.from, c.until, company, c.want, costs.Totals)
+		}
 	}
 
 	// The outsider, handed the relay's token, still sees nothing of the

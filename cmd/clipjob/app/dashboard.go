@@ -86,6 +86,9 @@ func serveDashboard(ctx context.Context, args []string, stdout, stderr io.Writer
 		return fmt.Errorf("--address %s: %w", *address, err)
 	}
 	s.Hosts = dashboard.HostsFor(ln.Addr().String())
+	if ip := ln.Addr().(*net.TCPAddr).IP; !ip.IsLoopback() {
+		fmt.Fprintf(stderr, "clipjob dashboard: warning: %s is not a loopback address: whoever reaches it reads your runs with your credentials\n", ln.Addr())
+	}
 	url := "http://" + ln.Addr().String() + "/"
 	fmt.Fprintf(stdout, "Serving the runs page at %s as %s (Ctrl-C stops it)\n", url, describe(namespaces))
 	if ready != nil {
