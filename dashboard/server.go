@@ -15,6 +15,7 @@ import (
 	"time"
 
 	authzv1 "k8s.io/api/authorization/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -136,16 +137,10 @@ func (s *Server) Snapshot(ctx context.Context) Snapshot {
 			continue
 		}
 		src.Jobs = append(src.Jobs, jobs.Items...)
-		// Claims show who holds an agent; a viewer who may not read
-		// Leases still sees the runs.
-		if leases, err := s.Kube.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: claim.Label + "=" + claim.KindAgentRun}); err == nil {
-			src.Leases = append(src.Leases, leases.Items...)
-		}
+		src.Leases = append(src.Leases, s.claims(ctx, ns)...)
 	}
 	for _, ns := range s.ClaimNamespaces {
-		if leases, err := s.Kube.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: claim.Label + "=" + claim.KindAgentRun}); err == nil {
-			src.Leases = append(src.Leases, leases.Items...)
-		}
+		src.Leases = append(src.Leases, s.claims(ctx, ns)...)
 	}
 	if s.Relay != nil {
 		snap.Relay = true
@@ -164,6 +159,16 @@ func (s *Server) Snapshot(ctx context.Context) Snapshot {
 		snap.Runs = []Run{}
 	}
 	return snap
+}
+
+// claims lists the claim Leases in ns. They show who holds an agent; a
+// viewer who may not read Leases still sees the runs, without the mark.
+func (s *Server) claims(ctx context.Context, ns string) []coordinationv1.Lease {
+	leases, err := s.Kube.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: claim.Label + "=" + claim.KindAgentRun})
+	if err != nil {
+		return nil
+	}
+	return leases.Items
 }
 
 func listNotice(what, ns string, err error) string {
