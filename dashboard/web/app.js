@@ -315,6 +315,16 @@ function connect() {
   events.onerror = () => { $("live").textContent = "reconnecting…"; $("live").classList.remove("on"); };
 }
 
+// Running runs' durations tick between snapshots, touching only those
+// cells: a full render would rebuild every row each second.
+function tickDurations() {
+  const byKey = new Map(snapshot.runs.map((r) => [r.key, r]));
+  for (const tr of $("runs").tBodies[0].querySelectorAll('tr[data-state="running"]')) {
+    const run = byKey.get(tr.dataset.key);
+    if (run) tr.cells[5].textContent = fmtDuration(run);
+  }
+}
+
 function moveFocus(step) {
   const rows = Array.from($("runs").tBodies[0].rows);
   if (!rows.length) return;
@@ -356,5 +366,6 @@ document.addEventListener("DOMContentLoaded", () => {
     if (e.key === "/" && !$("detail").hidden && !e.target.matches("input, select, textarea")) $("search").focus();
   });
   window.addEventListener("hashchange", render);
+  setInterval(tickDurations, 1000);
   connect();
 });
