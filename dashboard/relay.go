@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/paperclipai/clipjob/relay/store"
@@ -108,19 +109,17 @@ func (r *Relay) Run(ctx context.Context, run, jobUID string) (*store.Run, error)
 	return &out, nil
 }
 
-// Log opens a run's log as the relay's event stream (SSE), following it
-// from after lastEventID (the last line the page has).
-func (r *Relay) Log(ctx context.Context, run, jobUID, lastEventID string) (*http.Response, error) {
-	q := url.Values{}
+// Log opens a run's log as the relay's NDJSON stream (one JSON event a
+// line: "line", "keepalive", then "end"), following it from after the
+// line numbered after.
+func (r *Relay) Log(ctx context.Context, run, jobUID string, after uint64) (*http.Response, error) {
+	q := url.Values{"after": {strconv.FormatUint(after, 10)}}
 	if jobUID != "" {
 		q.Set("job", jobUID)
 	}
-	req, err := r.request(ctx, "/v1/runs/"+url.PathEscape(run)+"/log", q, "text/event-stream")
+	req, err := r.request(ctx, "/v1/runs/"+url.PathEscape(run)+"/log", q, "application/x-ndjson")
 	if err != nil {
 		return nil, err
-	}
-	if lastEventID != "" {
-		req.Header.Set("Last-Event-ID", lastEventID)
 	}
 	return r.HTTP.Do(req)
 }

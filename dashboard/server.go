@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -297,10 +298,22 @@ func (s *Server) costs(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"totals": Totals(s.Snapshot(r.Context()).Runs, bounds[0], bounds[1])})
 }
 
-// log follows one run's log through the relay, as its event stream.
+// log follows one run's log through the relay, as its NDJSON stream
+// from after the line numbered after. NDJSON rather than SSE: the page
+// reads it with fetch and takes the lines in slices, yielding between
+// them, where an EventSource hands a page every event of what arrived at
+// once — thousands of lines of a long log, a stall.
 func (s *Server) log(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	ns, run, job := q.Get("namespace"), q.Get("run"), q.Get("job")
+	var after uint64
+	if v := q.Get("after"); v != "" {
+		var err error
+		if after, err = strconv.ParseUint(v, 10, 64); err != nil {
+			http.Error(w, fmt.Sprintf("after %q: want the number of the last line the page has", v), http.StatusBadRequest)
+			return
+		}
+	}
 	if s.Relay == nil {
 		http.Error(w, "no relay: start clipjob dashboard with --relay-url and --relay-token-file to read logs", http.StatusNotFound)
 		return
@@ -325,7 +338,7 @@ func (s *Server) log(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("run %s/%s: the relay has no log of it that you may read", ns, run), http.StatusNotFound)
 		return
 	}
-	resp, err := s.Relay.Log(r.Context(), run, rec.JobUID, r.Header.Get("Last-Event-ID"))
+	resp, err := s.Relay.Log(r.Context(), run, rec.JobUID, after)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return

@@ -35,7 +35,7 @@ func logLines() int {
 }
 
 // fakeRelay serves one run of n lines, as the relay's API does: the
-// record, and the log as SSE, every line at once, then the end.
+// record, and the log as NDJSON, every line at once, then the end.
 func fakeRelay(n int) *httptest.Server {
 	started := time.Now().Add(-time.Hour)
 	run := store.Run{ID: "run-long", Namespace: "paperclip", Job: "run-long", JobUID: "uid-long", Agent: "agent-long",
@@ -46,9 +46,11 @@ func fakeRelay(n int) *httptest.Server {
 	})
 	mux.HandleFunc("GET /v1/runs/{run}", func(w http.ResponseWriter, r *http.Request) { _ = json.NewEncoder(w).Encode(run) })
 	mux.HandleFunc("GET /v1/runs/{run}/log", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
+		var after int
+		fmt.Sscan(r.URL.Query().Get("after"), &after)
+		w.Header().Set("Content-Type", "application/x-ndjson")
 		ts := started
-		for i := 1; i <= n; i++ {
+		for i := after + 1; i <= n; i++ {
 			// An agent's stream-json lines: about 200 bytes each.
 			text := fmt.Sprintf(`{"type":"assistant","message":{"content":[{"type":"text","text":"step %d: reading pkg/foo/bar_%d.go and running the tests again"}]}}`, i, i%97)
 			l := store.Line{Seq: uint64(i), TS: ts.Add(time.Duration(i) * time.Millisecond), Container: "agent", Line: text}
@@ -56,9 +58,9 @@ func fakeRelay(n int) *httptest.Server {
 				Type string `json:"type"`
 				store.Line
 			}{"line", l})
-			fmt.Fprintf(w, "id: %d\nevent: line\ndata: %s\n\n", i, data)
+			fmt.Fprintf(w, "%s\n", data)
 		}
-		fmt.Fprintf(w, "id: %d\nevent: end\ndata: {\"type\":\"end\",\"phase\":\"Succeeded\",\"exitCode\":0,\"lastSeq\":%d}\n\n", n, n)
+		fmt.Fprintf(w, "{\"type\":\"end\",\"phase\":\"Succeeded\",\"exitCode\":0,\"lastSeq\":%d}\n", n)
 	})
 	return httptest.NewServer(mux)
 }

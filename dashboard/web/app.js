@@ -132,7 +132,7 @@ function render() {
 
 // ---- one run: its facts and its log -----------------------------------------
 
-let open = null; // { key, source, lines, matches, query, ended }
+let open = null; // { key, abort, lines, matches, query, ended, following }
 
 function renderDetail() {
   const h = readHash();
@@ -168,17 +168,18 @@ function renderDetail() {
   }
   $("d-facts").replaceChildren(...facts);
   if (!open || open.key !== h.run) openLog(h.run, run);
-  else if (!open.source && run && run.logged && !open.ended) openLog(h.run, run); // its log began
+  else if (!open.following && run && run.logged && !open.ended) openLog(h.run, run); // its log began
 }
 
 function closeLog() {
-  if (open && open.source) open.source.close();
+  if (open) open.abort.abort();
   open = null;
 }
 
 function openLog(key, run) {
   closeLog();
-  open = { key, source: null, lines: [], matches: null, query: $("search").value, ended: false };
+  open = { key, abort: new AbortController(), lines: [], matches: null, query: $("search").value.toLowerCase(), ended: false, following: false };
+  if (open.query) open.matches = [];
   drawLog(true);
   // A run with no log yet (queued, refused) shows why instead of an
   // empty box.
@@ -188,26 +189,62 @@ function openLog(key, run) {
       run && (run.state === "queued" || run.state === "refused") ? "No log: the run has not started." : "No log yet.";
     return;
   }
-  $("log-state").textContent = "Following…";
+  open.following = true;
+  follow(open, run);
+}
+
+const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
+
+// follow reads the run's log as NDJSON until its end event, resuming
+// after the last line it has when the stream breaks. The lines of each
+// chunk are taken a slice at a time, yielding between slices, so a long
+// log arriving at once never holds the page for long.
+async function follow(mine, run) {
   const q = new URLSearchParams({ namespace: run.namespace, run: run.id });
   if (run.jobUid) q.set("job", run.jobUid);
-  const source = new EventSource("api/log?" + q.toString());
-  open.source = source;
-  const mine = open;
-  source.addEventListener("line", (e) => {
-    const l = JSON.parse(e.data);
-    mine.lines.push(l);
-    if (mine.matches && matches(l, mine.query)) mine.matches.push(mine.lines.length - 1);
-    scheduleDraw();
-  });
-  source.addEventListener("end", (e) => {
-    const end = JSON.parse(e.data);
-    mine.ended = true;
-    source.close();
-    $("log-state").textContent = "Ended: " + end.phase + (end.exitCode != null ? ", exit " + end.exitCode : "") + " — " + mine.lines.length.toLocaleString() + " lines.";
-  });
-  source.onerror = () => { if (!mine.ended) $("log-state").textContent = "Reconnecting…"; };
-  source.onopen = () => { if (!mine.ended) $("log-state").textContent = "Following…"; };
+  const SLICE = 1000;
+  while (open === mine) {
+    const after = mine.lines.length ? mine.lines[mine.lines.length - 1].seq : 0;
+    try {
+      const resp = await fetch("api/log?" + q.toString() + "&after=" + after, { signal: mine.abort.signal, headers: { Accept: "application/x-ndjson" } });
+      if (!resp.ok) {
+        $("log-state").textContent = "Cannot read the log: " + (await resp.text()).trim();
+        if (resp.status === 404) return;
+        await sleep(2000);
+        continue;
+      }
+      $("log-state").textContent = "Following…";
+      const reader = resp.body.getReader();
+      const decoder = new TextDecoder();
+      let rest = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        const parts = (rest + decoder.decode(value, { stream: true })).split("\n");
+        rest = parts.pop();
+        for (let i = 0; i < parts.length; i++) {
+          if (open !== mine) return;
+          if (i > 0 && i % SLICE === 0) { scheduleDraw(); await sleep(0); }
+          if (!parts[i]) continue;
+          const ev = JSON.parse(parts[i]);
+          if (ev.type === "line") {
+            mine.lines.push(ev);
+            if (mine.matches && matches(ev, mine.query)) mine.matches.push(mine.lines.length - 1);
+          } else if (ev.type === "end") {
+            mine.ended = true;
+            scheduleDraw();
+            $("log-state").textContent = "Ended: " + ev.phase + (ev.exitCode != null ? ", exit " + ev.exitCode : "") + " — " + mine.lines.length.toLocaleString() + " lines.";
+            mine.abort.abort();
+            return;
+          }
+        }
+        scheduleDraw();
+      }
+    } catch (e) {
+      if (mine.abort.signal.aborted) return;
+    }
+    if (open === mine) { $("log-state").textContent = "Reconnecting…"; await sleep(1000); }
+  }
 }
 
 function matches(l, q) { return l.line.toLowerCase().includes(q); }
