@@ -254,6 +254,33 @@ func TestRunsPageInABrowser(t *testing.T) {
 	if err != nil {
 		t.Errorf("the finished run whose Job is gone is not shown with its result: %+v", findRun(pageRuns(t, viewer), firstKey))
 	}
+	// Its log too, read whole, through the page.
+	logResp, err := http.Get(viewer + "api/log?namespace=" + in.Namespace + "&run=" + first.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gotLines []string
+	var ended bool
+	for dec := json.NewDecoder(logResp.Body); ; {
+		var ev struct{ Type, Line string }
+		if dec.Decode(&ev) != nil {
+			break
+		}
+		switch ev.Type {
+		case "line":
+			gotLines = append(gotLines, ev.Line)
+		case "end":
+			ended = true
+		}
+		if ended {
+			break
+		}
+	}
+	logResp.Body.Close()
+	if !ended || strings.Join(gotLines, "\n") != strings.Join(lines, "\n") {
+		t.Errorf("the log of the run whose Job is gone, through the page: ended %v, lines %q", ended, gotLines)
+	}
+
 	// Costs over a period: the hour around the run counts it, the next
 	// hour does not.
 	now := time.Now().UTC()
@@ -286,7 +313,7 @@ func TestRunsPageInABrowser(t *testing.T) {
 	if len(snap.Runs) != 0 || len(snap.Notices) == 0 || !strings.Contains(snap.Notices[0], "may not list Jobs in namespace "+in.Namespace) {
 		t.Errorf("a viewer without rights in %s: runs %d, notices %q", in.Namespace, len(snap.Runs), snap.Notices)
 	}
-	logResp, err := http.Get(outsider + "api/log?namespace=" + in.Namespace + "&run=" + next.Name)
+	logResp, err = http.Get(outsider + "api/log?namespace=" + in.Namespace + "&run=" + next.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
