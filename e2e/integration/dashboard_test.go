@@ -113,7 +113,8 @@ type row struct{ State, Details, Started string }
 // to running when the agent is free, without a reload; a run clipjob
 // refused at its start shows why; a running run's lines appear in order
 // as the agent writes them, and search finds them; a run past its Job's
-// deadline shows it timed out; a run whose Job is
+// deadline shows it timed out; a link's filters show only their runs; a
+// run whose Job is
 // gone stays with its cost. A viewer without rights in the namespace —
 // even handed the relay's token — sees none of its runs and none of its
 // logs.
@@ -206,6 +207,10 @@ func TestRunsPageInABrowser(t *testing.T) {
 		t.Errorf("the first run's start %q is not shown in the viewer's zone %s (%s)", running.Started, zone, startedAt.Format("3:04:05 PM"))
 	}
 	b.Screenshot(shots, "queued-and-refused")
+	// Filters: a link with a state shows only the runs in it.
+	b.Do(chromedp.Navigate(viewer + "#state=refused&agent=" + agent))
+	harness.Wait(b, "only the refused run under the filter", `Array.from(document.querySelectorAll('#runs tbody tr')).map(r => r.dataset.key)`,
+		func(keys []string) bool { return len(keys) == 1 && keys[0] == refusedKey })
 
 	// The running run's lines appear in order as the agent writes them.
 	b.Do(chromedp.Navigate(viewer + "#run=" + firstKey))
