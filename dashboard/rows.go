@@ -321,9 +321,12 @@ func firstLine(s string, max int) string {
 
 // Total is what the runs of one agent or company cost in a period.
 type Total struct {
-	Company      string  `json:"company"`
-	Agent        string  `json:"agent,omitempty"` // empty: the company's total
-	Runs         int     `json:"runs"`
+	Company string `json:"company"`
+	Agent   string `json:"agent,omitempty"` // empty: the company's total
+	Runs    int    `json:"runs"`
+	// Priced counts the runs whose cost is known (a result with a cost):
+	// none, and CostUSD says nothing.
+	Priced       int     `json:"priced"`
 	CostUSD      float64 `json:"costUsd"`
 	InputTokens  int64   `json:"inputTokens"`
 	OutputTokens int64   `json:"outputTokens"`
@@ -344,6 +347,7 @@ func Totals(rows []Run, from, until time.Time) []Total {
 		t.Runs++
 		if r.CostUSD != nil {
 			t.CostUSD += *r.CostUSD
+			t.Priced++
 		}
 		if r.Usage != nil {
 			t.InputTokens += r.Usage.InputTokens + r.Usage.CacheReadInputTokens + r.Usage.CacheCreationInputTokens

@@ -176,22 +176,24 @@ func TestTotalsSumAPeriod(t *testing.T) {
 		run("acme", "a1", 1, 0.5, 100, 10),
 		run("acme", "a2", 2, 2, 50, 5),
 		run("beta", "b1", 3, 4, 1, 1),
-		run("acme", "a1", 30, 100, 1, 1), // after the period
-		{Company: "acme", Agent: "a1"},   // never started
+		run("acme", "a1", 30, 100, 1, 1),             // after the period
+		{Company: "acme", Agent: "a3", Started: &t0}, // started, no result (yet)
+		{Company: "acme", Agent: "a1"},               // never started
 	}
 	got := Totals(rows, t0, t0.Add(24*time.Hour))
 	want := []Total{
-		{Company: "acme", Runs: 3, CostUSD: 4, InputTokens: 253, OutputTokens: 25},
-		{Company: "acme", Agent: "a1", Runs: 2, CostUSD: 2, InputTokens: 202, OutputTokens: 20},
-		{Company: "acme", Agent: "a2", Runs: 1, CostUSD: 2, InputTokens: 51, OutputTokens: 5},
-		{Company: "beta", Runs: 1, CostUSD: 4, InputTokens: 2, OutputTokens: 1},
-		{Company: "beta", Agent: "b1", Runs: 1, CostUSD: 4, InputTokens: 2, OutputTokens: 1},
+		{Company: "acme", Runs: 4, Priced: 3, CostUSD: 4, InputTokens: 253, OutputTokens: 25},
+		{Company: "acme", Agent: "a1", Runs: 2, Priced: 2, CostUSD: 2, InputTokens: 202, OutputTokens: 20},
+		{Company: "acme", Agent: "a2", Runs: 1, Priced: 1, CostUSD: 2, InputTokens: 51, OutputTokens: 5},
+		{Company: "acme", Agent: "a3", Runs: 1},
+		{Company: "beta", Runs: 1, Priced: 1, CostUSD: 4, InputTokens: 2, OutputTokens: 1},
+		{Company: "beta", Agent: "b1", Runs: 1, Priced: 1, CostUSD: 4, InputTokens: 2, OutputTokens: 1},
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("totals (-want +got):\n%s", d)
 	}
-	if all := Totals(rows, time.Time{}, time.Time{}); all[0].Runs != 4 {
-		t.Errorf("an open period: acme's runs %d, want 4", all[0].Runs)
+	if all := Totals(rows, time.Time{}, time.Time{}); all[0].Runs != 5 {
+		t.Errorf("an open period: acme's runs %d, want 5", all[0].Runs)
 	}
 }
 

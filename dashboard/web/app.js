@@ -334,7 +334,8 @@ async function loadCosts() {
       el("td", { "data-label": "Company" }, t.agent ? "" : (t.company || "(none)")),
       el("td", { "data-label": "Agent" }, t.agent || "all agents"),
       el("td", { className: "num", "data-label": "Runs" }, String(t.runs)),
-      el("td", { className: "num", "data-label": "Cost" }, fmtCost(t.costUsd)),
+      el("td", { className: "num", "data-label": "Cost", title: t.priced < t.runs ? (t.runs - t.priced) + " of its runs have no cost (yet)" : "" },
+        t.priced ? fmtCost(t.costUsd) + (t.priced < t.runs ? " *" : "") : ""),
       el("td", { className: "num", "data-label": "Tokens" }, fmtTokens({ inputTokens: t.inputTokens, outputTokens: t.outputTokens })))));
   } catch (e) { /* the next snapshot tries again */ }
 }
