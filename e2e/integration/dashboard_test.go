@@ -246,6 +246,7 @@ func TestRunsPageInABrowser(t *testing.T) {
 	b.Do(chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile), chromedp.Navigate(viewer))
 	harness.Wait(b, "the runs on a phone's width", `({rows: document.querySelectorAll('#runs tbody tr').length, wide: document.documentElement.scrollWidth - window.innerWidth})`,
 		func(v struct{ Rows, Wide int }) bool { return v.Rows >= 3 && v.Wide <= 0 })
+	harness.Wait(b, "the costs on a phone", `document.querySelectorAll('#costs tbody tr').length`, func(n int) bool { return n > 0 })
 	b.Screenshot(shots, "phone")
 
 	// Its Job gone, the run stays, with its result and cost.
