@@ -17,7 +17,7 @@ BENCH_RUNS   ?= 200,500
 BENCH_FLEET_RUNS ?= 1000
 BENCH_COUNT  ?= 3
 
-.PHONY: all build image image-docker test adapter unit integration realnode e2e e2e-kind controlplane demo bench kube-binaries node-packages postgres-packages paperclip fuzz golden chart-docs lint fmt vet clean
+.PHONY: all build image image-docker test adapter unit integration realnode e2e e2e-kind controlplane demo bench kube-binaries node-packages postgres-packages chromium paperclip fuzz golden dashboard-screenshots chart-docs lint fmt vet clean
 
 # The image the chart runs, tagged with the chart's appVersion.
 IMAGE     ?= ghcr.io/paperclipai/clipjob:$(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/clipjob/Chart.yaml)
@@ -46,6 +46,9 @@ node-packages: ## Install (first time only) the real node's Debian packages: con
 postgres-packages: ## Install (first time only) PostgreSQL's server from Debian's packages, for the relay's PostgreSQL store tests
 	@bash hack/postgres-packages.sh
 
+chromium: ## Install (first time only) headless Chromium from Debian's packages, for the runs page's browser test
+	@bash hack/chromium-packages.sh >/dev/null
+
 demo: kube-binaries node-packages ## Local control plane + webhook; submit a bare Job and print the result
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/demo $(DEMO_FLAGS)
 
@@ -58,13 +61,13 @@ adapter: paperclip ## The Paperclip adapter (adapters/paperclip): install from i
 unit: postgres-packages ## Unit, golden and fuzz-seed tests only (no control plane; the relay's PostgreSQL store tests start a throwaway server from Debian's package)
 	TIERS="unit" bash hack/test.sh
 
-integration: kube-binaries postgres-packages paperclip ## The integration tier: one control plane with kwok, tests in parallel (attaches to `make controlplane`'s when CLIPJOB_E2E_CONTROLPLANE is set)
+integration: kube-binaries postgres-packages chromium paperclip ## The integration tier: one control plane with kwok, tests in parallel (attaches to `make controlplane`'s when CLIPJOB_E2E_CONTROLPLANE is set)
 	TIERS="integration" bash hack/test.sh
 
 realnode: kube-binaries node-packages postgres-packages paperclip ## The real-node tier: a real kubelet and containerd beside kwok
 	TIERS="realnode" bash hack/test.sh
 
-e2e: kube-binaries node-packages postgres-packages paperclip ## Both end-to-end tiers
+e2e: kube-binaries node-packages postgres-packages chromium paperclip ## Both end-to-end tiers
 	TIERS="integration realnode" bash hack/test.sh
 
 controlplane: kube-binaries ## Start a control plane and keep it running, for `CLIPJOB_E2E_CONTROLPLANE=<dir> go test -run X ./e2e/integration/`
@@ -73,9 +76,13 @@ controlplane: kube-binaries ## Start a control plane and keep it running, for `C
 e2e-kind: ## The in-cluster e2e tests on a kind cluster built here (Docker engine, kind and node image from Debian's packages and the module proxy; not with make test at once)
 	bash hack/e2e-kind.sh
 
-bench: kube-binaries ## Go benchmarks of the hot paths, then admission and the relay at fleet scale (docs/benchmarks.md)
+bench: kube-binaries chromium ## Go benchmarks of the hot paths, the runs page with a 100k-line log in Chromium, then admission and the relay at fleet scale (docs/benchmarks.md)
 	$(GOTEST) -run XXX -bench . -benchmem -count $(BENCH_COUNT) ./templates/ ./compile/ ./policy/ ./webhook/ ./relay/...
+	$(GOTEST) -run XXX -bench . -benchtime 3x -count $(BENCH_COUNT) ./dashboard/pagebench/
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/bench -n $(BENCH_N) -c $(BENCH_C) -rounds $(BENCH_ROUNDS) -runs $(BENCH_RUNS) -fleet-runs $(BENCH_FLEET_RUNS)
+
+dashboard-screenshots: kube-binaries chromium ## Regenerate the runs page's screenshots in docs/images/dashboard from its browser test
+	CLIPJOB_DASHBOARD_SCREENSHOTS=$(CURDIR)/docs/images/dashboard KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -run '^TestRunsPageInABrowser$$' ./e2e/integration/
 
 fuzz: ## Fuzz every decoder for FUZZTIME each
 	$(GOTEST) -run XXX -fuzz '^FuzzAdmissionReview$$' -fuzztime $(FUZZTIME) ./webhook/

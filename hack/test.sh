@@ -65,6 +65,7 @@ fi
 if want setup; then
   step "setup: real node packages" bash hack/node-packages.sh
   step "setup: PostgreSQL server" bash hack/postgres-packages.sh
+  step "setup: Chromium" bash hack/chromium-packages.sh >/dev/null
   step "setup: Paperclip and Node.js 24" bash hack/paperclip/install.sh >/dev/null
 fi
 # The adapter's tier first: its npm ci replaces node_modules and its build

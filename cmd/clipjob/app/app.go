@@ -1,8 +1,9 @@
 // Package app is the clipjob command line: `render` and `check` of agent
 // Jobs offline, calling the same cores as the webhook (templates.Render,
 // policy.Evaluate), the way istioctl kube-inject calls Istio's injector;
-// and `doctor`, the one command that reaches a cluster, to check an
-// install.
+// and the two that reach a cluster: `doctor`, to check an install, and
+// `dashboard`, serving the runs page (package dashboard) with the
+// viewer's kubeconfig.
 // main only calls Main, so every command is tested without a process.
 package app
 
@@ -30,6 +31,7 @@ Usage:
   clipjob render --policies --source deployment.yaml [--config config.yaml]
   clipjob check  -f job.yaml [--source deployment.yaml] [--objects objects.yaml]... [--config config.yaml]
   clipjob doctor [--namespace clipjob-system] [--release clipjob] [--values values.yaml] [-o json]
+  clipjob dashboard [--namespace ns]... [--relay-url URL --relay-token-file FILE [--relay-ca-file ca.crt]]
 
 Commands:
   render   print the complete Job(s) the webhook would store for a bare Job;
@@ -42,6 +44,8 @@ Commands:
   (--source is the source Deployment's manifest; Secrets and PVCs in it
   count as --objects. A tenant namespace's Job needs neither.)
   doctor   check a live install and name the fix for each failure (exit 1)
+  dashboard  serve the runs page on loopback with your kubeconfig: who runs,
+           who waits and behind whom, refusals, live logs, costs
 
 Run 'clipjob COMMAND -h' for the flags of a command.
 `
@@ -64,6 +68,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return run(check, args[1:], stdin, stdout, stderr)
 	case "doctor":
 		return run(doctorCmd, args[1:], stdin, stdout, stderr)
+	case "dashboard":
+		return run(dashboardCmd, args[1:], stdin, stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "clipjob: unknown command %q\n\n%s", args[0], usage)
 		return 2
