@@ -11,7 +11,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -607,11 +609,19 @@ func TestRealAgentAskingForRootGetsTheFloor(t *testing.T) {
 }
 
 // TestRealAgentFloodKeepsItsTailAndResult: an agent floods its log (300,000
-// lines as fast as it can, the kubelet rotating it every few seconds) and
-// then writes its result. The kubelet's follow may skip whole rotated
-// files under such a writer (docs/real-node.md), but the end of the log —
-// the last line and the result — must be stored, and the run's result
-// parsed: the relay reads a log that ended while followed once more.
+// lines as fast as it can, the kubelet rotating it every few seconds),
+// pauses, and writes its result. The kubelet's follow may skip whole
+// rotated files under such a writer (docs/real-node.md), and is left
+// behind at the end: the result, in the newest file, must be stored and
+// parsed all the same, the relay reading a log that ended while followed
+// once more from its cursor. The pause lets the kubelet rotate the flood
+// out of the current file while the container still runs: a file over the
+// rotation size when the container exits can be rotated as it exits, and
+// a finished container's newest file is all that pods/log reads
+// (docs/security.md).
+// floodLine is an agent line of the flood, its number.
+var floodLine = regexp.MustCompile(`"text":"line (\d+)"`)
+
 func TestRealAgentFloodKeepsItsTailAndResult(t *testing.T) {
 	t.Parallel() // own Jobs on the shared install, its config untouched
 	requireRealNode(t)
@@ -620,12 +630,25 @@ func TestRealAgentFloodKeepsItsTailAndResult(t *testing.T) {
 	r, token, _ := suite.in.Relay(t)
 	name := "e2e-real-flood"
 	const n = 300000
-	suite.in.CreateJob(ctx, t, realJob(t, name, fmt.Sprintf("lines=0 burst=%d", n)))
+	suite.in.CreateJob(ctx, t, realJob(t, name, fmt.Sprintf("lines=0 burst=%d sleep=10", n)))
 	suite.in.WaitJobEnded(ctx, t, name, 4*time.Minute)
 	run := r.WaitRun(ctx, t, token, name, func(x *store.Run) bool { return x.Done })
 	lines := r.Lines(t, token, name)
-	if len(lines) < 2 || !strings.Contains(lines[len(lines)-2], fmt.Sprintf(`"text":"line %d"`, n)) || !strings.Contains(lines[len(lines)-1], `"type":"result"`) {
-		t.Fatalf("the flood's tail was lost: %d lines stored, last %.200q", len(lines), lines[max(0, len(lines)-2):])
+	if len(lines) < 2 || !strings.Contains(lines[len(lines)-1], `"type":"result"`) {
+		t.Fatalf("the flood's end was lost: %d lines stored, last %.200q", len(lines), lines[max(0, len(lines)-2):])
+	}
+	// The init line, then agent lines in order, each once.
+	last := 0
+	for i, l := range lines[1 : len(lines)-1] {
+		m := floodLine.FindStringSubmatch(l)
+		k := 0
+		if m != nil {
+			k, _ = strconv.Atoi(m[1])
+		}
+		if k <= last {
+			t.Fatalf("stored line %d is %.120q after agent line %d: lines out of order or duplicated", i+1, l, last)
+		}
+		last = k
 	}
 	if run.Result == nil || run.Result.Outcome != "succeeded" || run.Result.CostUSD == nil || run.Result.Truncated {
 		t.Errorf("after the flood the run's result is %s", mustJSON(run.Result))
