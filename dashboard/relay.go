@@ -62,12 +62,12 @@ func (r *Relay) Runs(ctx context.Context) ([]store.Run, error) {
 	}
 	resp, err := r.HTTP.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("listing runs from the relay at %s (--relay-url): %w", r.URL, err)
+		return nil, fmt.Errorf("listing runs from the relay at %s (--relay-url): %w", r.redactedURL(), err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return nil, fmt.Errorf("the relay at %s answered %s: %s", r.URL, resp.Status, strings.TrimSpace(string(body)))
+		return nil, fmt.Errorf("the relay at %s answered %s: %s", r.redactedURL(), resp.Status, strings.TrimSpace(string(body)))
 	}
 	var out struct {
 		Runs []store.Run `json:"runs"`
@@ -91,7 +91,7 @@ func (r *Relay) Run(ctx context.Context, run, jobUID string) (*store.Run, error)
 	}
 	resp, err := r.HTTP.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("reading run %s from the relay at %s (--relay-url): %w", run, r.URL, err)
+		return nil, fmt.Errorf("reading run %s from the relay at %s (--relay-url): %w", run, r.redactedURL(), err)
 	}
 	defer resp.Body.Close()
 	switch resp.StatusCode {
@@ -100,7 +100,7 @@ func (r *Relay) Run(ctx context.Context, run, jobUID string) (*store.Run, error)
 		return nil, nil
 	default:
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return nil, fmt.Errorf("the relay at %s answered %s: %s", r.URL, resp.Status, strings.TrimSpace(string(body)))
+		return nil, fmt.Errorf("the relay at %s answered %s: %s", r.redactedURL(), resp.Status, strings.TrimSpace(string(body)))
 	}
 	var out store.Run
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
@@ -122,4 +122,13 @@ func (r *Relay) Log(ctx context.Context, run, jobUID string, after uint64) (*htt
 		return nil, err
 	}
 	return r.HTTP.Do(req)
+}
+
+// redactedURL is URL for messages the page shows: without a password.
+func (r *Relay) redactedURL() string {
+	u, err := url.Parse(r.URL)
+	if err != nil {
+		return "(the --relay-url given)"
+	}
+	return u.Redacted()
 }

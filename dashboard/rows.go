@@ -90,8 +90,10 @@ type Sources struct {
 func Rows(s Sources) []Run {
 	byUID := map[string]*store.Run{}
 	for i := range s.Logged {
+		// By namespace and UID: a record is another namespace's run
+		// whatever Job UID it names.
 		if uid := s.Logged[i].JobUID; uid != "" {
-			byUID[uid] = &s.Logged[i]
+			byUID[s.Logged[i].Namespace+"/"+uid] = &s.Logged[i]
 		}
 	}
 	claimed := map[string]bool{}
@@ -109,7 +111,7 @@ func Rows(s Sources) []Run {
 		if job.Labels[contract.LabelAgentID] == "" {
 			continue
 		}
-		rec := byUID[string(job.UID)]
+		rec := byUID[job.Namespace+"/"+string(job.UID)]
 		if rec != nil {
 			seen[rec.Namespace+"/"+rec.ID+"@"+rec.JobUID] = true
 		}

@@ -141,11 +141,15 @@ func TestRowsMergeTheRelaysRecord(t *testing.T) {
 				Result: &result.Result{Outcome: "succeeded", CostUSD: &cost, Text: "all done\nmore", Usage: &result.Usage{InputTokens: 10, OutputTokens: 5}}},
 			{ID: "run-late", Namespace: "ns", Job: "late", JobUID: "uid-late", Agent: "a3", Phase: "Failed",
 				Result: &result.Result{Outcome: "timed_out"}},
+			// Another namespace's record naming the live Job's UID: its
+			// own run, never the live Job's cost or result.
+			{ID: "run-live", Namespace: "other", Job: "live", JobUID: "uid-live", Agent: "a1", Phase: "Succeeded",
+				Result: &result.Result{SessionID: "sess-forged", CostUSD: &cost}},
 		},
 	})
 	got := byKey(rows)
-	if len(rows) != 4 {
-		t.Fatalf("want 4 rows (two Jobs, two runs whose Job is gone), got %d: %v", len(rows), got)
+	if len(rows) != 5 {
+		t.Fatalf("want 5 rows (two Jobs, three runs whose Job is gone), got %d: %v", len(rows), got)
 	}
 	live := got["ns/run-live@uid-live"]
 	if !live.Logged || live.Lines != 7 || live.Session != "sess-1" || !live.HoldsClaim || live.JobGone {

@@ -3,6 +3,7 @@ package dashboard
 import (
 	"bytes"
 	"context"
+	"crypto/subtle"
 	"embed"
 	"encoding/json"
 	"fmt"
@@ -50,6 +51,12 @@ type Server struct {
 	// own DNS name to 127.0.0.1 cannot read the runs through the
 	// viewer's browser.
 	Hosts []string
+	// Token, when set, is the page's session secret: a request must carry
+	// it, as ?token= on the URL the command prints (which sets it as a
+	// cookie) or as that cookie. The Host check stops other web pages,
+	// not other users and processes of the machine, which reach loopback
+	// as well.
+	Token string
 
 	mu      sync.Mutex
 	mayLogs map[string]cachedBool
@@ -88,13 +95,26 @@ func (s *Server) Handler() http.Handler {
 	return s.guard(mux)
 }
 
-// guard refuses requests for another host and keeps the page's own
-// resources the only ones it loads.
+// guard refuses requests for another host, and without the session's
+// token, and keeps the page's own resources the only ones it loads.
 func (s *Server) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if len(s.Hosts) > 0 && !slices.Contains(s.Hosts, r.Host) {
 			http.Error(w, fmt.Sprintf("host %q: this page answers only as %v (the address clipjob dashboard listens on)", r.Host, s.Hosts), http.StatusMisdirectedRequest)
 			return
+		}
+		if s.Token != "" {
+			given := r.URL.Query().Get("token")
+			if given == "" {
+				if c, err := r.Cookie(tokenCookie); err == nil {
+					given = c.Value
+				}
+			}
+			if subtle.ConstantTimeCompare([]byte(given), []byte(s.Token)) != 1 {
+				http.Error(w, "open the page at the URL clipjob dashboard printed: it carries the session's token", http.StatusUnauthorized)
+				return
+			}
+			http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: s.Token, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
 		}
 		w.Header().Set("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -102,6 +122,9 @@ func (s *Server) guard(next http.Handler) http.Handler {
 		next.ServeHTTP(w, r)
 	})
 }
+
+// tokenCookie holds the session's token in the viewer's browser.
+const tokenCookie = "clipjob-dashboard"
 
 // HostsFor are the Host headers a browser sends to addr (host:port as
 // bound): the address itself, and localhost for a loopback address.
@@ -131,12 +154,16 @@ func (s *Server) Snapshot(ctx context.Context) Snapshot {
 	if len(scopes) == 0 {
 		scopes = []string{metav1.NamespaceAll}
 	}
+	// A relay record is shown only where the viewer's Jobs were listed:
+	// elsewhere a run whose Job exists would look gone.
+	listed := map[string]bool{}
 	for _, ns := range scopes {
 		jobs, err := s.Kube.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: contract.LabelAgentID})
 		if err != nil {
 			snap.Notices = append(snap.Notices, listNotice("Jobs", ns, err))
 			continue
 		}
+		listed[ns] = true
 		src.Jobs = append(src.Jobs, jobs.Items...)
 		src.Leases = append(src.Leases, s.claims(ctx, ns)...)
 	}
@@ -150,7 +177,7 @@ func (s *Server) Snapshot(ctx context.Context) Snapshot {
 			snap.Notices = append(snap.Notices, err.Error())
 		}
 		for _, rec := range logged {
-			if s.inScope(rec.Namespace) && s.mayReadLogs(ctx, rec.Namespace) {
+			if (listed[rec.Namespace] || listed[metav1.NamespaceAll]) && s.inScope(rec.Namespace) && s.mayReadLogs(ctx, rec.Namespace) {
 				src.Logged = append(src.Logged, rec)
 			}
 		}

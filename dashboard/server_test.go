@@ -4,15 +4,23 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // TestThePageAnswersOnlyItsOwnHost: a page that rebinds its DNS name to
@@ -99,5 +107,87 @@ func TestEventsSendAChangeWithoutBeingAsked(t *testing.T) {
 	snap := next()
 	if len(snap.Runs) != 2 || snap.Runs[0].Key != "ns/run-second" || snap.Runs[0].State != StateQueued || snap.Runs[0].WaitsFor.Key != "ns/run-first" {
 		t.Errorf("after a run was queued: %+v", snap.Runs)
+	}
+}
+
+// TestThePageAsksForTheSessionToken: other users and processes of the
+// machine reach loopback too; without the token the command prints (in
+// the URL, then as a cookie) nothing is served, the page nor its API.
+func TestThePageAsksForTheSessionToken(t *testing.T) {
+	job := agentJob("ns", "a", "a1", 0, started(1))
+	s := &Server{Kube: fake.NewClientset(&job), Token: "s3cret"}
+	h := s.Handler()
+	get := func(path string, cookie *http.Cookie) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodGet, path, nil)
+		if cookie != nil {
+			req.AddCookie(cookie)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	for _, path := range []string{"/", "/api/runs", "/api/runs?token=guess"} {
+		if rec := get(path, nil); rec.Code != http.StatusUnauthorized {
+			t.Errorf("%s without the token: %d, want 401", path, rec.Code)
+		}
+	}
+	if rec := get("/api/runs", &http.Cookie{Name: tokenCookie, Value: "guess"}); rec.Code != http.StatusUnauthorized {
+		t.Errorf("a wrong cookie: %d, want 401", rec.Code)
+	}
+	first := get("/?token=s3cret", nil)
+	cookies := first.Result().Cookies()
+	if first.Code != http.StatusOK || len(cookies) != 1 || !cookies[0].HttpOnly || cookies[0].SameSite != http.SameSiteStrictMode {
+		t.Fatalf("the printed URL: %d, cookies %+v", first.Code, cookies)
+	}
+	if rec := get("/api/runs", cookies[0]); rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "a1") {
+		t.Errorf("the page's API with the cookie: %d %.200s", rec.Code, rec.Body.String())
+	}
+}
+
+// TestRunsOfAnUnlistedNamespaceAreNotShownAsGone: a viewer who may read
+// logs in a namespace but not list its Jobs (or whose list failed) sees
+// none of its runs, rather than every one of them as a run whose Job is
+// gone.
+func TestRunsOfAnUnlistedNamespaceAreNotShownAsGone(t *testing.T) {
+	kube := fake.NewClientset()
+	kube.PrependReactor("list", "jobs", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetNamespace() == "hidden" {
+			return true, nil, apierrors.NewForbidden(batchv1.Resource("jobs"), "", errors.New("no"))
+		}
+		return false, nil, nil
+	})
+	relay := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(map[string]any{"runs": []store.Run{
+			{ID: "run-h", Namespace: "hidden", Job: "h", JobUID: "uid-h", Agent: "a1", Phase: "Running"},
+			{ID: "run-v", Namespace: "seen", Job: "v", JobUID: "uid-v", Agent: "a2", Phase: "Succeeded"},
+		}})
+	}))
+	defer relay.Close()
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("t"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{Kube: kube, Namespaces: []string{"hidden", "seen"}, Relay: &Relay{URL: relay.URL, TokenFile: token, HTTP: relay.Client()}}
+	s.mayLogs = map[string]cachedBool{"hidden": {ok: true, exp: time.Now().Add(time.Hour)}, "seen": {ok: true, exp: time.Now().Add(time.Hour)}}
+	snap := s.Snapshot(context.Background())
+	if len(snap.Runs) != 1 || snap.Runs[0].Namespace != "seen" {
+		t.Errorf("runs %+v; want only the listed namespace's run whose Job is gone", snap.Runs)
+	}
+	if len(snap.Notices) != 1 || !strings.Contains(snap.Notices[0], "hidden") {
+		t.Errorf("notices %q", snap.Notices)
+	}
+}
+
+// TestRelayErrorsHideTheURLsPassword: the relay's URL in a notice the
+// page shows carries no password.
+func TestRelayErrorsHideTheURLsPassword(t *testing.T) {
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("t"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := &Relay{URL: "http://admin:hunter2@127.0.0.1:1", TokenFile: token, HTTP: http.DefaultClient}
+	_, err := r.Runs(context.Background())
+	if err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("the relay's error: %v", err)
 	}
 }

@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	_ "time/tzdata" // the viewer's zone, whatever the machine has
@@ -60,8 +62,11 @@ func serveRunsPage(t *testing.T, kube kubernetes.Interface, namespace string, r 
 	if err != nil {
 		t.Fatal(err)
 	}
+	base := "http://" + ln.Addr().String() + "/"
+	token := strings.ReplaceAll(t.Name(), "/", "-") + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	pageTokens.Store(base, token)
 	s := &dashboard.Server{Kube: kube, Namespaces: []string{namespace}, Refresh: 500 * time.Millisecond,
-		Hosts: dashboard.HostsFor(ln.Addr().String()),
+		Hosts: dashboard.HostsFor(ln.Addr().String()), Token: token,
 		Relay: &dashboard.Relay{URL: "https://" + r.APIAddr, TokenFile: tokenFile, HTTP: r.CA.HTTPClient(), Limit: 1000}}
 	srv := &http.Server{Handler: s.Handler()}
 	go func() {
@@ -70,13 +75,35 @@ func serveRunsPage(t *testing.T, kube kubernetes.Interface, namespace string, r 
 		}
 	}()
 	t.Cleanup(func() { srv.Close() })
-	return "http://" + ln.Addr().String() + "/"
+	return base
+}
+
+// pageTokens are the runs pages' session tokens, by base URL.
+var pageTokens sync.Map
+
+// withToken is a runs page's URL as the command prints it: with the
+// session's token, which the page then keeps as a cookie.
+func withToken(base string) string {
+	token, _ := pageTokens.Load(base)
+	return base + "?token=" + token.(string)
+}
+
+// pageGet is a GET of path on the runs page at base, with its session's
+// token.
+func pageGet(base, path string) (*http.Response, error) {
+	req, err := http.NewRequest(http.MethodGet, base+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	token, _ := pageTokens.Load(base)
+	req.AddCookie(&http.Cookie{Name: "clipjob-dashboard", Value: token.(string)})
+	return http.DefaultClient.Do(req)
 }
 
 // pageRuns is GET /api/runs of a runs page.
 func pageRuns(t *testing.T, url string) dashboard.Snapshot {
 	t.Helper()
-	resp, err := http.Get(url + "api/runs")
+	resp, err := pageGet(url, "api/runs")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,6 +211,9 @@ func TestRunsPageInABrowser(t *testing.T) {
 	// The viewer's page, in the viewer's time zone.
 	const zone = "Asia/Kolkata"
 	b := harness.NewBrowser(t, 1280, 900, zone)
+	// Opened as the command prints it (the session's token, kept as a
+	// cookie for every later request the page makes), then by its links.
+	b.Do(chromedp.Navigate(withToken(viewer)))
 	b.Do(chromedp.Navigate(viewer + "#run=" + nextKey))
 	b.Do(chromedp.Evaluate[chromedp.Void](`window.sameDocument = true`))
 	got := harness.Wait(b, "the queued run with its place and the run it waits behind", rowJS(nextKey), func(r *row) bool {
@@ -261,7 +291,7 @@ func TestRunsPageInABrowser(t *testing.T) {
 		t.Errorf("the finished run whose Job is gone is not shown with its result: %+v", findRun(pageRuns(t, viewer), firstKey))
 	}
 	// Its log too, read whole, through the page.
-	logResp, err := http.Get(viewer + "api/log?namespace=" + in.Namespace + "&run=" + first.Name)
+	logResp, err := pageGet(viewer, "api/log?namespace="+in.Namespace+"&run="+first.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +324,7 @@ func TestRunsPageInABrowser(t *testing.T) {
 		from, until time.Time
 		want        float64
 	}{{now.Add(-time.Hour), now.Add(time.Hour), 0.42}, {now.Add(time.Hour), now.Add(2 * time.Hour), 0}} {
-		resp, err := http.Get(viewer + "api/costs?from=" + c.from.Format(time.RFC3339) + "&until=" + c.until.Format(time.RFC3339))
+		resp, err := pageGet(viewer, "api/costs?from="+c.from.Format(time.RFC3339)+"&until="+c.until.Format(time.RFC3339))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -319,7 +349,7 @@ func TestRunsPageInABrowser(t *testing.T) {
 	if len(snap.Runs) != 0 || len(snap.Notices) == 0 || !strings.Contains(snap.Notices[0], "may not list Jobs in namespace "+in.Namespace) {
 		t.Errorf("a viewer without rights in %s: runs %d, notices %q", in.Namespace, len(snap.Runs), snap.Notices)
 	}
-	logResp, err = http.Get(outsider + "api/log?namespace=" + in.Namespace + "&run=" + next.Name)
+	logResp, err = pageGet(outsider, "api/log?namespace="+in.Namespace+"&run="+next.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +358,7 @@ func TestRunsPageInABrowser(t *testing.T) {
 		t.Errorf("a viewer without rights read a run's log: %s", logResp.Status)
 	}
 	o := harness.NewBrowser(t, 1280, 900, zone)
-	o.Do(chromedp.Navigate(outsider))
+	o.Do(chromedp.Navigate(withToken(outsider)))
 	shown := harness.Wait(o, "the outsider's page, live, with a notice", `({live: document.getElementById('live').textContent, rows: document.querySelectorAll('#runs tbody tr').length, notices: document.getElementById('notices').textContent})`,
 		func(v struct {
 			Live, Notices string

@@ -2,8 +2,10 @@ package app
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -89,7 +91,14 @@ func serveDashboard(ctx context.Context, args []string, stdout, stderr io.Writer
 	if ip := ln.Addr().(*net.TCPAddr).IP; !ip.IsLoopback() {
 		fmt.Fprintf(stderr, "clipjob dashboard: warning: %s is not a loopback address: whoever reaches it reads your runs with your credentials\n", ln.Addr())
 	}
-	url := "http://" + ln.Addr().String() + "/"
+	// The page's session secret: the Host check keeps other web pages
+	// out, this keeps out other users and processes of the machine.
+	token := make([]byte, 16)
+	if _, err := rand.Read(token); err != nil {
+		return err
+	}
+	s.Token = hex.EncodeToString(token)
+	url := "http://" + ln.Addr().String() + "/?token=" + s.Token
 	fmt.Fprintf(stdout, "Serving the runs page at %s as %s (Ctrl-C stops it)\n", url, describe(namespaces))
 	if ready != nil {
 		ready(url)
@@ -117,6 +126,9 @@ func describe(namespaces []string) string {
 
 // relayClient trusts caFile (else the system's roots) for the relay's
 // certificate, checked for serverName (else the URL's host).
+// relayTimeout bounds one request to the relay.
+const relayTimeout = 15 * time.Second
+
 func relayClient(caFile, serverName string) (*http.Client, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
 	if caFile != "" {
@@ -129,5 +141,8 @@ func relayClient(caFile, serverName string) (*http.Client, error) {
 			return nil, fmt.Errorf("--relay-ca-file %s: no PEM certificate in it", caFile)
 		}
 	}
-	return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg, Proxy: http.ProxyFromEnvironment}}, nil
+	// Every request to the relay is a bounded read (a list, a record, a
+	// slice of a log): a relay that accepts and never answers (a stuck
+	// port-forward) must not hold the page up.
+	return &http.Client{Timeout: relayTimeout, Transport: &http.Transport{TLSClientConfig: cfg, Proxy: http.ProxyFromEnvironment, ResponseHeaderTimeout: relayTimeout}}, nil
 }

@@ -61,7 +61,15 @@ current-context: c
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "<title>clipjob runs</title>") {
 		t.Errorf("GET %s: %s %.200s", url, resp.Status, body)
 	}
-	if !strings.HasPrefix(url, "http://127.0.0.1:") || !strings.Contains(stdout.String(), "namespaces paperclip") {
+	// Another user of the machine reaches loopback too, without the
+	// printed URL's token.
+	bare, _, _ := strings.Cut(url, "?")
+	if resp, err := http.Get(bare + "api/runs"); err != nil {
+		t.Error(err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("the page's API without the session's token: %s, want 401", resp.Status)
+	}
+	if !strings.HasPrefix(url, "http://127.0.0.1:") || !strings.Contains(url, "?token=") || !strings.Contains(stdout.String(), "namespaces paperclip") {
 		t.Errorf("url %s, said %q", url, stdout.String())
 	}
 	cancel()
