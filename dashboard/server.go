@@ -103,6 +103,13 @@ func (s *Server) guard(next http.Handler) http.Handler {
 			http.Error(w, fmt.Sprintf("host %q: this page answers only as %v (the address clipjob dashboard listens on)", r.Host, s.Hosts), http.StatusMisdirectedRequest)
 			return
 		}
+		// A web page elsewhere can still make the viewer's browser send
+		// requests it cannot read; each costs a read of the cluster as
+		// the viewer. Browsers say where a request comes from.
+		if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" && site != "none" {
+			http.Error(w, "this page answers only its own requests (Sec-Fetch-Site "+site+")", http.StatusForbidden)
+			return
+		}
 		if s.Token != "" {
 			given := r.URL.Query().Get("token")
 			if given == "" {
@@ -247,6 +254,14 @@ func (s *Server) runs(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.Snapshot(r.Context()))
 }
 
+// refresh is Refresh, or its default.
+func (s *Server) refresh() time.Duration {
+	if s.Refresh <= 0 {
+		return 2 * time.Second
+	}
+	return s.Refresh
+}
+
 // events streams a snapshot whenever what the page shows changed.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	flusher, ok := w.(http.Flusher)
@@ -257,10 +272,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
-	every := s.Refresh
-	if every <= 0 {
-		every = 2 * time.Second
-	}
+	every := s.refresh()
 	var last []byte
 	lastWrite := time.Time{}
 	tick := time.NewTicker(every)

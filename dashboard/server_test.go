@@ -191,3 +191,22 @@ func TestRelayErrorsHideTheURLsPassword(t *testing.T) {
 		t.Errorf("the relay's error: %v", err)
 	}
 }
+
+// TestRequestsFromOtherSitesAreRefused: a web page elsewhere can make the
+// viewer's browser send requests it cannot read, each a read of the
+// cluster as the viewer; the browser says where they come from.
+func TestRequestsFromOtherSitesAreRefused(t *testing.T) {
+	job := agentJob("ns", "a", "a1", 0, started(1))
+	h := (&Server{Kube: fake.NewClientset(&job)}).Handler()
+	for site, code := range map[string]int{"cross-site": http.StatusForbidden, "same-site": http.StatusForbidden, "same-origin": http.StatusOK, "none": http.StatusOK, "": http.StatusOK} {
+		req := httptest.NewRequest(http.MethodGet, "/api/costs", nil)
+		if site != "" {
+			req.Header.Set("Sec-Fetch-Site", site)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != code {
+			t.Errorf("Sec-Fetch-Site %q: %d, want %d", site, rec.Code, code)
+		}
+	}
+}

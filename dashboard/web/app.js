@@ -31,7 +31,10 @@ function writeHash(change) {
 const timeFormat = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "medium" });
 const clockFormat = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit", fractionalSecondDigits: 3 });
 
-function fmtTime(s) { return s ? timeFormat.format(new Date(s)) : ""; }
+// A time the relay sent that is not one shows as nothing, not an error
+// that stops the page drawing.
+function validDate(s) { const d = new Date(s); return s && !isNaN(d) ? d : null; }
+function fmtTime(s) { const d = validDate(s); return d ? timeFormat.format(d) : ""; }
 
 function fmtDuration(run) {
   if (!run.started) return "";
@@ -226,7 +229,14 @@ async function follow(mine, run) {
           if (open !== mine) return;
           if (i > 0 && i % SLICE === 0) { scheduleDraw(); await sleep(0); }
           if (!parts[i]) continue;
-          const ev = JSON.parse(parts[i]);
+          let ev;
+          try { ev = JSON.parse(parts[i]); } catch {
+            // One record the relay sent malformed is skipped, said once;
+            // the rest of the log goes on.
+            if (!mine.skipped) $("log-state").textContent = "A line of this log could not be read and is left out.";
+            mine.skipped = true;
+            continue;
+          }
           if (ev.type === "line") {
             mine.lines.push(ev);
             if (mine.matches && matches(ev, mine.query)) mine.matches.push(mine.lines.length - 1);
@@ -293,7 +303,7 @@ function drawLog(reset) {
 function lineElement(l, q) {
   const d = el("div", { className: "line", dataset: { seq: l.seq } },
     el("span", { className: "seq" }, String(l.seq)),
-    el("span", { className: "ts", title: fmtTime(l.ts) }, clockFormat.format(new Date(l.ts))));
+    el("span", { className: "ts", title: fmtTime(l.ts) }, validDate(l.ts) ? clockFormat.format(validDate(l.ts)) : ""));
   const text = el("span", { className: "text" });
   d.append(text);
   if (!q) { text.append(l.line); return d; }
