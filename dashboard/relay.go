@@ -70,12 +70,25 @@ func (r *Relay) Runs(ctx context.Context) ([]store.Run, error) {
 		return nil, fmt.Errorf("the relay at %s answered %s: %s", r.redactedURL(), resp.Status, strings.TrimSpace(string(body)))
 	}
 	var out struct {
-		Runs []store.Run `json:"runs"`
+		Runs      []store.Run `json:"runs"`
+		Truncated bool        `json:"truncated"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
 		return nil, fmt.Errorf("reading the relay's run list: %w", err)
 	}
+	if out.Truncated {
+		// Older runs are left out of the page and of the costs: say so.
+		return out.Runs, &TruncatedError{Shown: len(out.Runs)}
+	}
 	return out.Runs, nil
+}
+
+// TruncatedError is a run list the relay cut at the limit asked for: the
+// runs it holds are the newest.
+type TruncatedError struct{ Shown int }
+
+func (e *TruncatedError) Error() string {
+	return fmt.Sprintf("the relay lists only its newest %d runs: older ones, and their costs, are not shown (raise --relay-limit)", e.Shown)
 }
 
 // Run is the relay's record of a run (of the Job jobUID, when given), or

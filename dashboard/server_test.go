@@ -210,3 +210,24 @@ func TestRequestsFromOtherSitesAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestARelayListCutAtItsLimitIsSaid: the relay lists its newest runs up to
+// the limit asked for; the runs it left out, and their costs, are missing
+// from the page, which says so and shows those it has.
+func TestARelayListCutAtItsLimitIsSaid(t *testing.T) {
+	relay := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(map[string]any{"truncated": true, "runs": []store.Run{
+			{ID: "run-v", Namespace: "ns", Job: "v", JobUID: "uid-v", Agent: "a2", Phase: "Succeeded"}}})
+	}))
+	defer relay.Close()
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("t"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{Kube: fake.NewClientset(), Namespaces: []string{"ns"}, Relay: &Relay{URL: relay.URL, TokenFile: token, HTTP: relay.Client(), Limit: 1}}
+	s.mayLogs = map[string]cachedBool{"ns": {ok: true, exp: time.Now().Add(time.Hour)}}
+	snap := s.Snapshot(context.Background())
+	if len(snap.Runs) != 1 || len(snap.Notices) != 1 || !strings.Contains(snap.Notices[0], "--relay-limit") {
+		t.Errorf("runs %d, notices %q; want the run and a notice naming --relay-limit", len(snap.Runs), snap.Notices)
+	}
+}
