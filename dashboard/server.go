@@ -70,6 +70,7 @@ type Server struct {
 
 type cachedBool struct {
 	ok  bool
+	err error // the check failed: asked again sooner
 	exp time.Time
 }
 
@@ -183,8 +184,17 @@ func (s *Server) Snapshot(ctx context.Context) Snapshot {
 		if err != nil {
 			snap.Notices = append(snap.Notices, err.Error())
 		}
+		unchecked := map[string]bool{}
 		for _, rec := range logged {
-			if (listed[rec.Namespace] || listed[metav1.NamespaceAll]) && s.inScope(rec.Namespace) && s.mayReadLogs(ctx, rec.Namespace) {
+			if !(listed[rec.Namespace] || listed[metav1.NamespaceAll]) || !s.inScope(rec.Namespace) {
+				continue
+			}
+			may, err := s.checkLogs(ctx, rec.Namespace)
+			if err != nil && !unchecked[rec.Namespace] {
+				unchecked[rec.Namespace] = true
+				snap.Notices = append(snap.Notices, fmt.Sprintf("checking whether you may read logs in namespace %s: %v; its runs' logs and costs are not shown", rec.Namespace, err))
+			}
+			if may {
 				src.Logged = append(src.Logged, rec)
 			}
 		}
@@ -228,26 +238,36 @@ func (s *Server) inScope(ns string) bool {
 // token's account, and the page shows no more than the viewer could read
 // with kubectl logs. Answers are kept 30 s.
 func (s *Server) mayReadLogs(ctx context.Context, ns string) bool {
+	may, _ := s.checkLogs(ctx, ns)
+	return may
+}
+
+// checkLogs is mayReadLogs with the error of a check that failed: kept
+// 5 s, so a refresh over many runs of the namespace asks once.
+func (s *Server) checkLogs(ctx context.Context, ns string) (bool, error) {
 	s.mu.Lock()
 	if c, ok := s.mayLogs[ns]; ok && time.Now().Before(c.exp) {
 		s.mu.Unlock()
-		return c.ok
+		return c.ok, c.err
 	}
 	s.mu.Unlock()
 	review, err := s.Kube.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authzv1.SelfSubjectAccessReview{
 		Spec: authzv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authzv1.ResourceAttributes{
 			Namespace: ns, Verb: "get", Resource: "pods", Subresource: "log"}},
 	}, metav1.CreateOptions{})
+	answer := cachedBool{exp: time.Now().Add(30 * time.Second)}
 	if err != nil {
-		return false // not cached: asked again next time
+		answer = cachedBool{err: err, exp: time.Now().Add(5 * time.Second)}
+	} else {
+		answer.ok = review.Status.Allowed
 	}
 	s.mu.Lock()
 	if s.mayLogs == nil {
 		s.mayLogs = map[string]cachedBool{}
 	}
-	s.mayLogs[ns] = cachedBool{review.Status.Allowed, time.Now().Add(30 * time.Second)}
+	s.mayLogs[ns] = answer
 	s.mu.Unlock()
-	return review.Status.Allowed
+	return answer.ok, answer.err
 }
 
 func (s *Server) runs(w http.ResponseWriter, r *http.Request) {

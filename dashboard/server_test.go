@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -229,5 +230,34 @@ func TestARelayListCutAtItsLimitIsSaid(t *testing.T) {
 	snap := s.Snapshot(context.Background())
 	if len(snap.Runs) != 1 || len(snap.Notices) != 1 || !strings.Contains(snap.Notices[0], "--relay-limit") {
 		t.Errorf("runs %d, notices %q; want the run and a notice naming --relay-limit", len(snap.Runs), snap.Notices)
+	}
+}
+
+// TestAFailedRightsCheckIsSaidOnce: when the API server cannot answer
+// whether the viewer may read logs in a namespace, the page says so once
+// and asks once per refresh, not once per run of the namespace.
+func TestAFailedRightsCheckIsSaidOnce(t *testing.T) {
+	kube := fake.NewClientset()
+	reviews := 0
+	kube.PrependReactor("create", "selfsubjectaccessreviews", func(k8stesting.Action) (bool, runtime.Object, error) {
+		reviews++
+		return true, nil, apierrors.NewTooManyRequests("slow down", 1)
+	})
+	var runs []store.Run
+	for i := range 20 {
+		runs = append(runs, store.Run{ID: fmt.Sprintf("run-%d", i), Namespace: "ns", JobUID: fmt.Sprintf("uid-%d", i), Agent: "a", Phase: "Succeeded"})
+	}
+	relay := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(map[string]any{"runs": runs})
+	}))
+	defer relay.Close()
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("t"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{Kube: kube, Namespaces: []string{"ns"}, Relay: &Relay{URL: relay.URL, TokenFile: token, HTTP: relay.Client()}}
+	snap := s.Snapshot(context.Background())
+	if reviews != 1 || len(snap.Runs) != 0 || len(snap.Notices) != 1 || !strings.Contains(snap.Notices[0], "namespace ns") {
+		t.Errorf("%d reviews, %d runs, notices %q; want one review and one notice naming the namespace", reviews, len(snap.Runs), snap.Notices)
 	}
 }

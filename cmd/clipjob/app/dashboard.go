@@ -41,7 +41,7 @@ func serveDashboard(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.Var(&namespaces, "namespace", "a namespace whose runs to show (repeatable, or comma-separated; default every namespace, which needs the right to list Jobs cluster-wide)")
 	var claimNamespaces command.List
 	fs.Var(&claimNamespaces, "claim-namespace", "also read claim Leases here: policy.concurrency.claimNamespace, with scope Cluster (repeatable)")
-	address := fs.String("address", "127.0.0.1:8095", "address to serve the page on: keep it on loopback, the page reads the cluster with your credentials")
+	address := fs.String("address", "127.0.0.1:8095", "loopback address to serve the page on (the page reads the cluster with your credentials)")
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default $KUBECONFIG or ~/.kube/config)")
 	relayURL := fs.String("relay-url", "", "the relay's API, e.g. https://localhost:8090 after kubectl -n clipjob-system port-forward svc/clipjob-relay 8090:api (empty: no logs, results or costs)")
 	tokenFile := fs.String("relay-token-file", "", "a file holding a token for the relay's audience: kubectl create token <serviceaccount> --audience clipjob-relay > token")
@@ -57,6 +57,13 @@ func serveDashboard(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	if (*relayURL == "") != (*tokenFile == "") {
 		return usageError{errors.New("--relay-url and --relay-token-file go together: the relay answers only a token made for its audience")}
+	}
+	// Loopback only: the page reads the cluster with the viewer's
+	// credentials, and its Host check names the address it listens on.
+	if host, _, err := net.SplitHostPort(*address); err != nil {
+		return usageError{fmt.Errorf("--address %s: %w", *address, err)}
+	} else if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return usageError{fmt.Errorf("--address %s: not a loopback address; the page reads the cluster with your credentials: serve it on 127.0.0.1 and reach it from another machine through an SSH tunnel", *address)}
 	}
 	s := &dashboard.Server{Refresh: *refresh, ClaimNamespaces: claimNamespaces}
 	for _, n := range namespaces {
@@ -88,9 +95,6 @@ func serveDashboard(ctx context.Context, args []string, stdout, stderr io.Writer
 		return fmt.Errorf("--address %s: %w", *address, err)
 	}
 	s.Hosts = dashboard.HostsFor(ln.Addr().String())
-	if ip := ln.Addr().(*net.TCPAddr).IP; !ip.IsLoopback() {
-		fmt.Fprintf(stderr, "clipjob dashboard: warning: %s is not a loopback address: whoever reaches it reads your runs with your credentials\n", ln.Addr())
-	}
 	// The page's session secret: the Host check keeps other web pages
 	// out, this keeps out other users and processes of the machine.
 	token := make([]byte, 16)

@@ -23,6 +23,14 @@ func TestDashboardFlags(t *testing.T) {
 			t.Errorf("%v: exit %d, %s", args, code, stderr.String())
 		}
 	}
+	// Served beyond loopback, the page would read the cluster with the
+	// viewer's credentials for whoever reaches it.
+	for _, addr := range []string{"0.0.0.0:8095", ":8095", "192.0.2.1:8095"} {
+		var stderr bytes.Buffer
+		if code := Main([]string{"dashboard", "--address", addr}, nil, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), "not a loopback address") {
+			t.Errorf("--address %s: exit %d, %s", addr, code, stderr.String())
+		}
+	}
 }
 
 // TestDashboardServesThePageOnLoopback: the command serves the page on
