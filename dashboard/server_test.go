@@ -157,18 +157,10 @@ func TestRunsOfAnUnlistedNamespaceAreNotShownAsGone(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	relay := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_ = json.NewEncoder(w).Encode(map[string]any{"runs": []store.Run{
-			{ID: "run-h", Namespace: "hidden", Job: "h", JobUID: "uid-h", Agent: "a1", Phase: "Running"},
-			{ID: "run-v", Namespace: "seen", Job: "v", JobUID: "uid-v", Agent: "a2", Phase: "Succeeded"},
-		}})
-	}))
-	defer relay.Close()
-	token := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(token, []byte("t"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s := &Server{Kube: kube, Namespaces: []string{"hidden", "seen"}, Relay: &Relay{URL: relay.URL, TokenFile: token, HTTP: relay.Client()}}
+	relay := fakeRelay(t, false,
+		store.Run{ID: "run-h", Namespace: "hidden", Job: "h", JobUID: "uid-h", Agent: "a1", Phase: "Running"},
+		store.Run{ID: "run-v", Namespace: "seen", Job: "v", JobUID: "uid-v", Agent: "a2", Phase: "Succeeded"})
+	s := &Server{Kube: kube, Namespaces: []string{"hidden", "seen"}, Relay: relay}
 	s.mayLogs = map[string]cachedBool{"hidden": {ok: true, exp: time.Now().Add(time.Hour)}, "seen": {ok: true, exp: time.Now().Add(time.Hour)}}
 	snap := s.Snapshot(context.Background())
 	if len(snap.Runs) != 1 || snap.Runs[0].Namespace != "seen" {
@@ -182,11 +174,7 @@ func TestRunsOfAnUnlistedNamespaceAreNotShownAsGone(t *testing.T) {
 // TestRelayErrorsHideTheURLsPassword: the relay's URL in a notice the
 // page shows carries no password.
 func TestRelayErrorsHideTheURLsPassword(t *testing.T) {
-	token := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(token, []byte("t"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	r := &Relay{URL: "http://admin:hunter2@127.0.0.1:1", TokenFile: token, HTTP: http.DefaultClient}
+	r := &Relay{URL: "http://admin:hunter2@127.0.0.1:1", TokenFile: relayTokenFile(t), HTTP: http.DefaultClient}
 	_, err := r.Runs(context.Background())
 	if err == nil || strings.Contains(err.Error(), "hunter2") {
 		t.Errorf("the relay's error: %v", err)
@@ -216,16 +204,9 @@ func TestRequestsFromOtherSitesAreRefused(t *testing.T) {
 // the limit asked for; the runs it left out, and their costs, are missing
 // from the page, which says so and shows those it has.
 func TestARelayListCutAtItsLimitIsSaid(t *testing.T) {
-	relay := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_ = json.NewEncoder(w).Encode(map[string]any{"truncated": true, "runs": []store.Run{
-			{ID: "run-v", Namespace: "ns", Job: "v", JobUID: "uid-v", Agent: "a2", Phase: "Succeeded"}}})
-	}))
-	defer relay.Close()
-	token := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(token, []byte("t"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s := &Server{Kube: fake.NewClientset(), Namespaces: []string{"ns"}, Relay: &Relay{URL: relay.URL, TokenFile: token, HTTP: relay.Client(), Limit: 1}}
+	relay := fakeRelay(t, true, store.Run{ID: "run-v", Namespace: "ns", Job: "v", JobUID: "uid-v", Agent: "a2", Phase: "Succeeded"})
+	relay.Limit = 1
+	s := &Server{Kube: fake.NewClientset(), Namespaces: []string{"ns"}, Relay: relay}
 	s.mayLogs = map[string]cachedBool{"ns": {ok: true, exp: time.Now().Add(time.Hour)}}
 	snap := s.Snapshot(context.Background())
 	if len(snap.Runs) != 1 || len(snap.Notices) != 1 || !strings.Contains(snap.Notices[0], "--relay-limit") {
@@ -247,17 +228,30 @@ func TestAFailedRightsCheckIsSaidOnce(t *testing.T) {
 	for i := range 20 {
 		runs = append(runs, store.Run{ID: fmt.Sprintf("run-%d", i), Namespace: "ns", JobUID: fmt.Sprintf("uid-%d", i), Agent: "a", Phase: "Succeeded"})
 	}
-	relay := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_ = json.NewEncoder(w).Encode(map[string]any{"runs": runs})
-	}))
-	defer relay.Close()
-	token := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(token, []byte("t"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s := &Server{Kube: kube, Namespaces: []string{"ns"}, Relay: &Relay{URL: relay.URL, TokenFile: token, HTTP: relay.Client()}}
+	s := &Server{Kube: kube, Namespaces: []string{"ns"}, Relay: fakeRelay(t, false, runs...)}
 	snap := s.Snapshot(context.Background())
 	if reviews != 1 || len(snap.Runs) != 0 || len(snap.Notices) != 1 || !strings.Contains(snap.Notices[0], "namespace ns") {
 		t.Errorf("%d reviews, %d runs, notices %q; want one review and one notice naming the namespace", reviews, len(snap.Runs), snap.Notices)
 	}
+}
+
+// fakeRelay is a relay whose run list is runs (cut at its limit when
+// truncated), stopped with t.
+func fakeRelay(t *testing.T, truncated bool, runs ...store.Run) *Relay {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(map[string]any{"runs": runs, "truncated": truncated})
+	}))
+	t.Cleanup(srv.Close)
+	return &Relay{URL: srv.URL, TokenFile: relayTokenFile(t), HTTP: srv.Client()}
+}
+
+// relayTokenFile is a file holding a relay token.
+func relayTokenFile(t *testing.T) string {
+	t.Helper()
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("t"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return token
 }
