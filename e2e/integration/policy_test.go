@@ -433,13 +433,22 @@ func TestDeletedClaimDoesNotFreeTheAgent(t *testing.T) {
 	in.WaitPod(ctx, t, first.Name, harness.Running)
 	key := claim.KeyFor(first, in.LoadConfig(t).Policy.Concurrency)
 	leases := suite.cs.CoordinationV1().Leases(key.Namespace)
+	// The API server applies a new admission policy a moment after it is
+	// written: wait until it refuses a squatted claim (made and removed
+	// while it does not yet) before trying the claim itself.
+	squat := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "clipjob-agent-squatted", Namespace: key.Namespace}}
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := leases.Create(ctx, squat, metav1.CreateOptions{})
+		if err == nil {
+			_ = leases.Delete(ctx, squat.Name, metav1.DeleteOptions{})
+		}
+		return apierrors.IsForbidden(err), nil
+	}); err != nil {
+		t.Fatalf("an admin creating a Lease named like a claim: never refused by the claim Lease policy: %v", err)
+	}
 	err := leases.Delete(ctx, key.Name, metav1.DeleteOptions{})
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "written only by clipjob") {
 		t.Fatalf("an admin deleting a claim Lease: want 403 from the claim Lease policy, got %v", err)
-	}
-	squat := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "clipjob-agent-squatted", Namespace: key.Namespace}}
-	if _, err := leases.Create(ctx, squat, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
-		t.Errorf("an admin creating a Lease named like a claim: want 403, got %v", err)
 	}
 	lease, err := leases.Get(ctx, key.Name, metav1.GetOptions{})
 	if err != nil {
