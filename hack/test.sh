@@ -24,6 +24,10 @@ TIERS=${TIERS:-"setup lint unit integration realnode adapter"}
 # Tests of the integration tier at once: they wait on the API server far
 # more than they compute.
 INTEGRATION_PARALLEL=${INTEGRATION_PARALLEL:-8}
+# The real-node tier's parallel tests (after its serial chart installs):
+# each waits on real containers and the Paperclip server, so more than the
+# two cores' worth run at once (Go's default is GOMAXPROCS).
+REALNODE_PARALLEL=${REALNODE_PARALLEL:-6}
 GOTESTFLAGS=${GOTESTFLAGS:-}
 
 summary=()
@@ -84,7 +88,7 @@ if want realnode; then
     local how="beside the others"
     [ -n "${REALNODE_APART:-}" ] && how="after the others"
     step "real node ($how)" env KUBE_BIN_DIR="$kube_bin" \
-      $GO test -count=1 -timeout 40m -p 1 $GOTESTFLAGS ./e2e/cluster/ ./e2e/realnode/
+      $GO test -count=1 -timeout 40m -p 1 -parallel "$REALNODE_PARALLEL" $GOTESTFLAGS ./e2e/cluster/ ./e2e/realnode/
     printf '%s\n' "${summary[-1]}" > "$realnode_log.summary"
   }
   if [ -z "${REALNODE_APART:-}" ]; then

@@ -235,9 +235,9 @@ func relayMetric(p *corev1.Pod, prefix string) (float64, error) {
 // conn), and requires the run's whole log stored, each line once.
 func killCollectingReplica(ctx context.Context, t *testing.T, reader *relayReader, conn string, members []string) {
 	name := "e2e-chart-pg-kill"
-	// 2,400 lines over a minute: the takeover (a row's 4 s and a
-	// renewal at most) happens while the agent writes.
-	suite.in.CreateJob(ctx, t, realJob(t, name, "lines=2400 rate=40"))
+	// 2,400 lines over 30 s: the takeover (a row's 4 s and a renewal at
+	// most) happens while the agent writes.
+	suite.in.CreateJob(ctx, t, realJob(t, name, "lines=2400 rate=80"))
 	reader.waitRun(ctx, t, name, func(r *store.Run) bool { return r.LastSeq >= 40 })
 	owner, err := harness.RunCollector(ctx, conn, "clipjob_relay", name, members)
 	if err != nil {

@@ -55,13 +55,20 @@ func run(m *testing.M) (code int) {
 	suite.in = in
 	// The shared Paperclip server takes about a minute to start; the
 	// serial tests (the chart's own installs) run first, so it starts
-	// beside them rather than after them. A run of chosen tests (-run)
-	// starts it only if one of them asks.
+	// beside them rather than after them, and so do the servers of the
+	// tests that take one of their own. A run of chosen tests (-run)
+	// starts them only if one of them asks.
+	spares := make(chan struct{})
 	if suite.cluster.HasRealNode() && flag.Lookup("test.run").Value.String() == "" {
 		go startSharedPaperclip()
+		go func() { defer close(spares); startSpareServers() }()
+	} else {
+		close(spares)
 	}
 	code = m.Run()
 	closePaperclip(code != 0)
+	<-spares
+	closeSpareServers()
 	if code != 0 {
 		fmt.Fprintf(os.Stderr, "realnode: failed; webhook log %s, cluster logs %s\n", in.Webhook.Log, c.Dir+"/logs")
 		if os.Getenv("CI") != "" {

@@ -86,16 +86,63 @@ func startSharedPaperclip() {
 func ownPaperclip(t *testing.T) *harness.Paperclip {
 	t.Helper()
 	requireRealNode(t)
-	spec, err := paperclipSpec()
-	if err != nil {
-		t.Fatal(err)
+	var pc *harness.Paperclip
+	var err error
+	select {
+	case started := <-spareServers:
+		pc, err = started.pc, started.err
+	default:
+		var spec harness.AdapterSpec
+		if spec, err = paperclipSpec(); err == nil {
+			pc, err = startPaperclip(spec, false)
+		}
 	}
-	pc, err := startPaperclip(spec, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pc.Close(t.Failed()) })
 	return pc
+}
+
+// spareServers holds own servers started ahead, beside the serial tests
+// as the shared one is: a server takes half a minute of the two cores to
+// start, and the tests that take one (a restart each) are the tier's
+// longest. A test finding none starts its own.
+var spareServers = make(chan startedServer, ownServersAhead)
+
+// ownServersAhead is how many tests of the tier call ownPaperclip.
+const ownServersAhead = 2
+
+type startedServer struct {
+	pc  *harness.Paperclip
+	err error
+}
+
+// startSpareServers starts ownServersAhead servers for ownPaperclip, one
+// after the other.
+func startSpareServers() {
+	for range ownServersAhead {
+		spec, err := paperclipSpec()
+		var pc *harness.Paperclip
+		if err == nil {
+			pc, err = startPaperclip(spec, false)
+		}
+		spareServers <- startedServer{pc, err}
+	}
+}
+
+// closeSpareServers stops the servers no test took.
+func closeSpareServers() {
+	for {
+		select {
+		case s := <-spareServers:
+			if s.pc != nil {
+				s.pc.Close(false)
+			}
+		default:
+			return
+		}
+	}
 }
 
 // paperclipSpec is what a server needs to reach the suite's install.
@@ -688,64 +735,6 @@ func TestPaperclipRunEnvHoldsNoServerPaths(t *testing.T) {
 	}
 	if len(notes) != 1 || !strings.Contains(notes[0], "TMPDIR") || !strings.Contains(notes[0], "MY_LOCAL_URL") || !strings.Contains(notes[0], "GH_CONFIG_DIR") || strings.Contains(notes[0], "127.0.0.1") {
 		t.Errorf("the run's log should name what was left out, not its values: %q", notes)
-	}
-}
-
-// A restart of Paperclip mid-run: a graceful one (SIGTERM) deletes the
-// interrupted run's Job; a crash (SIGKILL) leaves it, and the agent's next
-// run finds it through clipjob's 409, asks Paperclip, which says the run is
-// over, and deletes it. Either way the agent's next run runs.
-func TestPaperclipRestartMidRun(t *testing.T) {
-	t.Parallel()
-	for _, stop := range []string{"SIGTERM", "SIGKILL"} {
-		t.Run(stop, func(t *testing.T) {
-			t.Parallel() // it stops and starts a server of its own
-			pc := ownPaperclip(t)
-			ctx, company := paperclipOnTheRealNode(t, pc, 12*time.Minute, "Restart Co")
-			agent := newAgent(ctx, t, pc, company.ID, "Long "+stop, "claude_k8s", map[string]any{"promptTemplate": "lines=1 sleep=600"}, nil)
-			run := wake(ctx, t, pc, agent.ID, "e2e: a long run")
-			waitRunStatus(ctx, t, pc, run.ID, "running")
-			waitAgentJobs(ctx, t, agent.ID, 1)
-			if stop == "SIGTERM" {
-				pc.Stop()
-				if got := agentJobs(ctx, t, agent.ID); len(got) != 0 {
-					t.Errorf("after a graceful stop the interrupted run's Job is still there: %v", got)
-				}
-			} else {
-				pc.Kill()
-				if got := agentJobs(ctx, t, agent.ID); len(got) != 1 {
-					t.Fatalf("a crash leaves the Job (nobody could delete it): %v", got)
-				}
-				// The server stays down over a minute, as after a crash
-				// that needs someone: Paperclip's controller lease on the
-				// run (60 s) has expired when it starts, so it marks the
-				// run lost at once. (Back sooner, it marks it lost ~5
-				// minutes after the run's last update; the agent's runs
-				// are refused and retried until then.)
-				time.Sleep(65 * time.Second)
-			}
-			if err := pc.Start(ctx); err != nil {
-				t.Fatal(err)
-			}
-			old := waitRunEnds(ctx, t, pc, run.ID)
-			t.Logf("after the %s restart Paperclip records the run %s (%s)", stop, old.Status, old.ErrorCode)
-			if err := pc.Do(ctx, http.MethodPatch, "/api/agents/"+agent.ID, map[string]any{"adapterConfig": map[string]any{"promptTemplate": "lines=2"}}, nil); err != nil {
-				t.Fatal(err)
-			}
-			next := wake(ctx, t, pc, agent.ID, "e2e: after the restart")
-			done := waitRunEnds(ctx, t, pc, next.ID)
-			if done.Status != "succeeded" {
-				t.Fatalf("the agent's next run after a %s restart: %+v\n%s", stop, done, runLogText(ctx, pc, next.ID))
-			}
-			if stop == "SIGKILL" {
-				if log := runLogText(ctx, pc, next.ID); !strings.Contains(log, "ended in Paperclip") {
-					t.Errorf("the next run does not say it deleted the orphan:\n%s", log)
-				}
-			}
-			if got := agentJobs(ctx, t, agent.ID); len(got) > 1 {
-				t.Errorf("Jobs left: %v", got)
-			}
-		})
 	}
 }
 
