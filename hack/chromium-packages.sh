@@ -15,14 +15,7 @@ find_browser() {
 }
 find_browser && exit 0
 
-if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-  log "the runs page's browser tests need Chromium (the chromium command)"
-  log "install it as root: apt-get install chromium"
-  exit 1
-fi
-log "installing chromium (Debian packages, about 300 MB with its libraries)"
-export DEBIAN_FRONTEND=noninteractive
-apt-get install -y --no-install-recommends chromium fonts-dejavu-core >&2 || {
-  apt-get update >&2 && apt-get install -y --no-install-recommends chromium fonts-dejavu-core >&2
-}
+# shellcheck source=hack/debian-packages.sh
+. "$(dirname "$0")/debian-packages.sh"
+debian_install "the runs page's browser test (the chromium command)" "about 300 MB with its libraries" chromium fonts-dejavu-core
 find_browser || { log "chromium installed, but no chromium command on PATH"; exit 1; }

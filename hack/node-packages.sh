@@ -24,13 +24,9 @@ have ip || need+=(iproute2)
 dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "install ok installed" || need+=(busybox-static)
 [ ${#need[@]} -eq 0 ] && exit 0
 
-if [ "$(id -u)" != 0 ] || ! have apt-get; then
-  log "the real node needs these Debian packages: ${need[*]}"
-  log "install them as root (apt-get install ${need[*]}), or run only the tests that need no real container: CLIPJOB_E2E_NODE=kwok make test"
+# shellcheck source=hack/debian-packages.sh
+. "$(dirname "$0")/debian-packages.sh"
+debian_install "the real node" "about 150 MB" "${need[@]}" || {
+  log "or run only the tests that need no real container: CLIPJOB_E2E_NODE=kwok make test"
   exit 1
-fi
-log "installing ${need[*]} (Debian packages, about 150 MB)"
-export DEBIAN_FRONTEND=noninteractive
-apt-get install -y --no-install-recommends "${need[@]}" >&2 || {
-  apt-get update >&2 && apt-get install -y --no-install-recommends "${need[@]}" >&2
 }

@@ -15,14 +15,7 @@ have_server() {
 }
 have_server && exit 0
 
-if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-  log "the relay's PostgreSQL store tests need PostgreSQL's server (initdb and postgres under /usr/lib/postgresql/<version>/bin)"
-  log "install it as root: apt-get install postgresql"
-  exit 1
-fi
-log "installing postgresql (Debian packages, about 50 MB)"
-export DEBIAN_FRONTEND=noninteractive
-apt-get install -y --no-install-recommends postgresql >&2 || {
-  apt-get update >&2 && apt-get install -y --no-install-recommends postgresql >&2
-}
+# shellcheck source=hack/debian-packages.sh
+. "$(dirname "$0")/debian-packages.sh"
+debian_install "the relay's PostgreSQL store tests (initdb and postgres under /usr/lib/postgresql/<version>/bin)" "about 50 MB" postgresql
 have_server || { log "postgresql installed, but no initdb and postgres under /usr/lib/postgresql/*/bin"; exit 1; }
