@@ -105,30 +105,6 @@ func TestChartInstall(t *testing.T) {
 		}
 	})
 
-	t.Run("helm upgrade of a config value takes effect without a restart", func(t *testing.T) {
-		values["config"] = map[string]any{
-			"source": map[string]any{"namespace": in.Namespace, "deployment": "paperclip", "container": "paperclip"},
-			"policy": map[string]any{"concurrency": map[string]any{"mode": "Queue"}},
-		}
-		if _, err := h.Upgrade(values); err != nil {
-			t.Fatalf("helm upgrade: %v", err)
-		}
-		cm, err := suite.cs.CoreV1().ConfigMaps(rel.Namespace).Get(ctx, fullname+"-config", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The kubelet's part: the ConfigMap's file appears in the running
-		// webhook's config volume. The webhook re-reads it.
-		in.WriteConfig(ctx, t, cm.Data["config.yaml"], true)
-		stored, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, in.BareJob(t, "e2e-chart-upgraded"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if stored.Annotations[contract.AnnotationQueued] != "true" || stored.Spec.Suspend == nil || !*stored.Spec.Suspend {
-			t.Errorf("after helm upgrade --set config.policy.concurrency.mode=Queue a bare Job is not queued: suspend %v", stored.Spec.Suspend)
-		}
-	})
-
 	if err := h.Uninstall(); err != nil {
 		t.Fatalf("helm uninstall: %v", err)
 	}

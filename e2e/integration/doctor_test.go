@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
@@ -15,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/paperclipai/clipjob/certs"
 	"github.com/paperclipai/clipjob/doctor"
 	"github.com/paperclipai/clipjob/e2e/harness"
 )
@@ -75,22 +73,6 @@ func TestDoctor(t *testing.T) {
 			}
 		}
 	}
-
-	t.Run("a CA bundle that does not trust the served certificate", func(t *testing.T) {
-		other, err := certs.NewCA("not-the-webhooks-ca", time.Now(), time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := in.Register(ctx, harness.RegisterOptions{CABundle: other.CertPEM}); err != nil {
-			t.Fatal(err)
-		}
-		defer func() {
-			if err := in.Register(context.Background(), harness.RegisterOptions{}); err != nil {
-				t.Error(err)
-			}
-		}()
-		failed(t, runDoctor(ctx, t, o), "ca-bundle", "does not trust the serving certificate")
-	})
 
 	t.Run("the source Deployment missing, its PVC missing or ReadWriteOnce", func(t *testing.T) {
 		missing := *o.Config
