@@ -11,8 +11,9 @@
 #                parallel, each with clipjob installed for its own namespace
 #   real node    e2e/realnode and e2e/cluster: a real kubelet and
 #                containerd, the chart's own pods, cert-manager, Paperclip
-#   adapter      the Paperclip adapter's npm tests (before the end-to-end
-#                tiers, which run the adapter it builds)
+#   adapter      the Paperclip adapter's install and build (before the
+#                end-to-end tiers, which run the adapter it builds), then
+#                its npm tests
 #
 # TIERS picks some (e.g. TIERS="unit integration"); every failure is
 # reported and the summary is printed all the same.
@@ -72,11 +73,14 @@ if want setup; then
   step "setup: Chromium" bash hack/chromium-packages.sh >/dev/null
   step "setup: Paperclip and Node.js 24" bash hack/paperclip/install.sh >/dev/null
 fi
-# The adapter's tier first: its npm ci replaces node_modules and its build
-# dist/, which the end-to-end tiers run.
+# The adapter's install and build first: its npm ci replaces node_modules
+# and its build dist/, which the end-to-end tiers run. Its tests run once
+# the real-node tier has started.
 if want adapter; then
   node=$(bash hack/paperclip/install.sh --node)
-  step "adapter (npm ci, build, tests)" bash -c "cd adapters/paperclip && PATH='$node':\$PATH npm ci --no-audit --no-fund && PATH='$node':\$PATH npm test"
+  npm_adapter() { (cd adapters/paperclip && PATH="$node:$PATH" npm "$@"); }
+  adapter_build() { npm_adapter ci --no-audit --no-fund && npm_adapter run build; }
+  step "adapter: npm ci, build" adapter_build
 fi
 # The real-node tier waits on real containers far more than it computes:
 # it runs beside lint, unit and integration (REALNODE_APART=1 runs it
@@ -95,6 +99,9 @@ if want realnode; then
     realnode > "$realnode_log" 2>&1 &
     realnode_pid=$!
   fi
+fi
+if want adapter; then
+  step "adapter: tests" npm_adapter run test:built
 fi
 if want lint; then
   step "lint: gofmt" bash -c 'out=$(gofmt -l $(git ls-files "*.go")); if [ -n "$out" ]; then echo "gofmt needed:"; echo "$out"; exit 1; fi'
