@@ -223,6 +223,27 @@ function checkRelayUrl(raw: string): string {
   return raw.replace(/\/+$/, "");
 }
 
+/**
+ * Where an agent's instructions may come from by default: in Paperclip's
+ * instance (its home's instances/<PAPERCLIP_INSTANCE_ID>), the agent's own
+ * managed bundle and its company's project checkouts and the agent's
+ * workspace, where a bundle of one's own would live. Never the whole home,
+ * whose other companies' documents a board user could otherwise name as an
+ * agent's instructions and read back from its pod.
+ */
+function defaultInstructionsRoots(home: string, env: NodeJS.ProcessEnv): string[] {
+  const instance = env.PAPERCLIP_INSTANCE_ID?.trim() || "default";
+  if (!/^[A-Za-z0-9_-]+$/.test(instance)) {
+    throw new SettingsError(`PAPERCLIP_INSTANCE_ID ${JSON.stringify(instance)} is not a plain path segment (as Paperclip itself requires)`);
+  }
+  const root = resolve(home, "instances", instance);
+  return [
+    resolve(root, "companies", "{companyId}", "agents", "{agentId}", "instructions"),
+    resolve(root, "projects", "{companyId}"),
+    resolve(root, "workspaces", "{agentId}"),
+  ];
+}
+
 /** Reads the server's settings from its environment. */
 function serverSettings(env: NodeJS.ProcessEnv = process.env, readNamespaceFile = readServiceAccountNamespace): ServerSettings {
   const namespace = env.CLIPJOB_NAMESPACE?.trim() || defaultNamespace(env, readNamespaceFile);
@@ -239,9 +260,7 @@ function serverSettings(env: NodeJS.ProcessEnv = process.env, readNamespaceFile 
     relayUrl: checkRelayUrl(env.CLIPJOB_RELAY_URL?.trim() || DEFAULT_RELAY_URL),
     relayTokenFile: env.CLIPJOB_RELAY_TOKEN_FILE?.trim() || DEFAULT_RELAY_TOKEN_FILE,
     relayCaFile: env.CLIPJOB_RELAY_CA_FILE?.trim() ?? "",
-    // Paperclip keeps managed instructions under its home; the shared
-    // volume is where a Kubernetes install keeps them.
-    instructionsRoots: roots.length > 0 ? roots.map((r) => resolve(r)) : [home, "/paperclip"],
+    instructionsRoots: roots.length > 0 ? roots.map((r) => resolve(r)) : defaultInstructionsRoots(home, env),
     podApiUrl: env.CLIPJOB_PAPERCLIP_API_URL?.trim() ?? "",
     serverApiUrl: env.PAPERCLIP_API_URL?.trim() ?? "",
   };

@@ -267,6 +267,43 @@ describe("instructions file", () => {
     assert.match(exists, /outside the directories/);
   });
 
+  it("by default reads an agent's own bundle and its company's projects, never another company's", async () => {
+    // Paperclip's home as its image keeps it: two companies, each with an
+    // agent's managed bundle and a project checkout.
+    const home = mkdtempSync(join(tmpdir(), "clipjob-home-"));
+    const instance = join(home, "instances", "default");
+    const write = (rel: string) => {
+      const path = join(instance, rel);
+      mkdirSync(join(path, ".."), { recursive: true });
+      writeFileSync(path, `# ${rel}\n`);
+      return path;
+    };
+    const own = write("companies/company-1/agents/agent-1/instructions/AGENTS.md");
+    const project = write("projects/company-1/project-1/_default/AGENTS.md");
+    const neighbour = write("companies/company-1/agents/agent-2/instructions/AGENTS.md");
+    const otherCompany = write("companies/company-2/agents/agent-9/instructions/AGENTS.md");
+    const otherProject = write("projects/company-2/project-9/_default/AGENTS.md");
+    const loose = write("notes.md");
+    try {
+      const s = resolveSettings({}, { profile: "claude_local" }, () => {}, { POD_NAMESPACE: "paperclip", PAPERCLIP_HOME: home });
+      const roots = rootsFor(s.instructionsRoots, agent);
+      assert.equal(await readInstructionsFile(own, roots), "# companies/company-1/agents/agent-1/instructions/AGENTS.md\n");
+      assert.equal(await readInstructionsFile(project, roots), "# projects/company-1/project-1/_default/AGENTS.md\n");
+      for (const path of [neighbour, otherCompany, otherProject, loose]) {
+        await assert.rejects(readInstructionsFile(path, roots), /outside the directories instructions may come from/, path);
+      }
+      // Another instance's layout, by Paperclip's own variable.
+      const other = resolveSettings({}, { profile: "claude_local" }, () => {}, { POD_NAMESPACE: "paperclip", PAPERCLIP_HOME: home, PAPERCLIP_INSTANCE_ID: "staging" });
+      assert.ok(other.instructionsRoots.every((r) => r.startsWith(join(home, "instances", "staging") + "/")), other.instructionsRoots.join(" "));
+      assert.throws(
+        () => resolveSettings({}, { profile: "claude_local" }, () => {}, { POD_NAMESPACE: "paperclip", PAPERCLIP_HOME: home, PAPERCLIP_INSTANCE_ID: "../default" }),
+        (err: unknown) => err instanceof SettingsError && /PAPERCLIP_INSTANCE_ID "..\/default" is not a plain path segment/.test(err.message),
+      );
+    } finally {
+      rmSync(home, { recursive: true, force: true });
+    }
+  });
+
   it("refuses a file over the size limit", async () => {
     await assert.rejects(readInstructionsFile(join(root, "agents", "huge.md"), [root], 1024), /2048 bytes, over the 1024/);
   });
