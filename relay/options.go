@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/paperclipai/clipjob/relay/collect"
+	"github.com/paperclipai/clipjob/relay/mirror"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
 )
 
@@ -157,7 +158,7 @@ func (o *Options) validate() error {
 		errs = append(errs, errors.New("--api-address and --health-probe-bind-address (APIAddr, ProbeAddr) are required"))
 	}
 	if o.MirrorDir != "" {
-		if why := collect.ValidBase(o.MirrorBase); why != "" {
+		if why := mirror.ValidBase(o.MirrorBase); why != "" {
 			errs = append(errs, fmt.Errorf("--mirror-run-log-base (MirrorBase) %q: %s", o.MirrorBase, why))
 		}
 	}

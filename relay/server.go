@@ -32,6 +32,8 @@ import (
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/relay/api"
 	"github.com/paperclipai/clipjob/relay/collect"
+	"github.com/paperclipai/clipjob/relay/mirror"
+	"github.com/paperclipai/clipjob/relay/redact"
 	"github.com/paperclipai/clipjob/relay/replicas"
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
@@ -46,13 +48,13 @@ func Serve(ctx context.Context, o Options) error {
 		return fmt.Errorf("relay options: %w", err)
 	}
 	registerMetrics()
-	redact, err := collect.NewRedactor(o.RedactPatterns, o.RedactValues)
+	redactor, err := redact.New(o.RedactPatterns, o.RedactValues)
 	if err != nil {
 		return fmt.Errorf("redaction patterns: %w", err)
 	}
-	var values *collect.ValuesFile
+	var values *redact.ValuesFile
 	if o.RedactValuesFile != "" {
-		values = &collect.ValuesFile{Path: o.RedactValuesFile, Redactor: redact, Static: o.RedactValues,
+		values = &redact.ValuesFile{Path: o.RedactValuesFile, Redactor: redactor, Static: o.RedactValues,
 			Interval: o.RedactValuesInterval, Log: o.Log.WithName("redact")}
 		if err := values.Load(); err != nil {
 			return err
@@ -93,8 +95,8 @@ func Serve(ctx context.Context, o Options) error {
 	collectCtx, stopCollecting := context.WithCancel(context.WithoutCancel(ctx))
 	svc := &service{opts: o, store: store, client: client, authClient: authClient, cache: mgr.GetCache(), log: o.Log,
 		collectCtx: collectCtx, stopCollecting: stopCollecting}
-	svc.coll = &collect.Collector{Store: store, Source: collect.APILogSource{Client: logs}, Redact: redact, Follow: o.Follow,
-		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Mirror: &collect.Mirror{Dir: o.MirrorDir, Base: o.MirrorBase, Store: store},
+	svc.coll = &collect.Collector{Store: store, Source: collect.APILogSource{Client: logs}, Redact: redactor, Follow: o.Follow,
+		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Mirror: &mirror.Mirror{Dir: o.MirrorDir, Base: o.MirrorBase, Store: store},
 		Pods: svc.pod, JobFailure: jobFailure(client)}
 	svc.coll.Start(collectCtx)
 	if err := svc.divideRuns(mgr, store); err != nil {

@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/relay/mirror"
+	"github.com/paperclipai/clipjob/relay/redact"
 	"github.com/paperclipai/clipjob/relay/result"
 	"github.com/paperclipai/clipjob/relay/store"
 )
@@ -33,7 +35,7 @@ type JobFailure func(ctx context.Context, namespace, name string) (string, error
 type Collector struct {
 	Store  store.Backend
 	Source LogSource
-	Redact *Redactor
+	Redact *redact.Redactor
 	Pods   PodLookup
 	// JobFailure, when set, marks a run that ended unsuccessfully as
 	// timed out when its Job failed with DeadlineExceeded.
@@ -42,7 +44,7 @@ type Collector struct {
 	// MaxStreams bounds the log streams open at once. Default 200.
 	MaxStreams int
 	// Mirror, when set, keeps each run's NDJSON file on the shared volume.
-	Mirror *Mirror
+	Mirror *mirror.Mirror
 	// Owns, when set, says whether this relay collects the run with the
 	// given id (the pod's run-id label): several relays sharing a store
 	// divide the runs. Nil: every run. See Rebalance.
@@ -539,7 +541,7 @@ func (c *Collector) finish(run string, gone bool) error {
 
 func (c *Collector) mirror(run string) {
 	err := c.Mirror.Sync(run)
-	if errors.Is(err, errMirrorLocked) {
+	if errors.Is(err, mirror.ErrLocked) {
 		// Someone held the file's lock: the next commit's sync catches
 		// it up, and for a run that has no next commit (it finished) one
 		// in a while does, without holding up the caller.
@@ -548,10 +550,6 @@ func (c *Collector) mirror(run string) {
 		return
 	}
 	if err != nil {
-		var unsafe *UnsafePathError
-		if errors.As(err, &unsafe) {
-			mirrorRefused.Inc()
-		}
 		c.Log.Error(err, "mirroring the run's NDJSON file", "run", run)
 	}
 }
@@ -561,10 +559,10 @@ func (c *Collector) mirror(run string) {
 func (c *Collector) retryMirror(run string) {
 	c.later("mirror/"+run, 3*time.Second, 10, func() bool {
 		err := c.Mirror.Sync(run)
-		if err != nil && !errors.Is(err, errMirrorLocked) {
+		if err != nil && !errors.Is(err, mirror.ErrLocked) {
 			c.Log.Error(err, "mirroring the run's NDJSON file", "run", run)
 		}
-		return !errors.Is(err, errMirrorLocked)
+		return !errors.Is(err, mirror.ErrLocked)
 	}, func() {
 		c.Log.Info("gave up mirroring the run's NDJSON file: it stayed locked by another process; its log is in the store", "run", run)
 	})

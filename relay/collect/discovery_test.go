@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/testing/jobs"
@@ -104,6 +105,22 @@ func newCollectorOn(t *testing.T, s store.Backend, logs *podLogs, cache *podCach
 	t.Cleanup(func() { cancel(); c.Stop() })
 	c.Start(ctx)
 	return c
+}
+
+// waitFor polls ok until it holds, failing with msg if it does not.
+func waitFor(t *testing.T, ok func() bool, msg string) {
+	t.Helper()
+	if !eventually(ok) {
+		t.Fatal(msg)
+	}
+}
+
+// eventually polls ok until it holds, for a minute at most: a bound far
+// above any stall of a loaded machine, reached only when the condition
+// never comes.
+func eventually(ok func() bool) bool {
+	return wait.PollUntilContextTimeout(context.Background(), 5*time.Millisecond, time.Minute, true,
+		func(context.Context) (bool, error) { return ok(), nil }) == nil
 }
 
 func waitDone(t *testing.T, s *store.Store) *store.Run {

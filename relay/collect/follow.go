@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/paperclipai/clipjob/relay/redact"
 	"github.com/paperclipai/clipjob/relay/store"
 )
 
@@ -143,7 +144,7 @@ type follower struct {
 	ref    StreamRef
 	src    LogSource
 	store  store.Backend
-	redact *Redactor
+	redact *redact.Redactor
 	opts   FollowOptions
 	state  func() containerState
 	slots  chan struct{} // bounds open streams

@@ -1,4 +1,7 @@
-package collect
+// Package mirror keeps each run's agent output as NDJSON on the shared
+// volume, where Paperclip's Claude adapter reads it, derived from the
+// store exactly once (see Mirror).
+package mirror
 
 import (
 	"bufio"
@@ -232,8 +235,8 @@ func (m *Mirror) lock(run string) func() {
 // stored, and the next commit's sync catches the file up.
 const mirrorLockWait = 200 * time.Millisecond
 
-// errMirrorLocked: someone held the mirror file's lock past mirrorLockWait.
-var errMirrorLocked = errors.New("locked by another process past " + mirrorLockWait.String() + " (an agent holding flock on it?): not mirrored this time; the store has every line")
+// ErrLocked: someone held the mirror file's lock past mirrorLockWait.
+var ErrLocked = errors.New("locked by another process past " + mirrorLockWait.String() + " (an agent holding flock on it?): not mirrored this time; the store has every line")
 
 // lockFile takes f's exclusive lock, waiting at most mirrorLockWait. A
 // volume without locks (NFS without lockd, some FUSE) is no error: this
@@ -248,7 +251,7 @@ func lockFile(f *os.File) error {
 		case !errors.Is(err, unix.EWOULDBLOCK):
 			return err
 		case time.Now().After(deadline):
-			return errMirrorLocked
+			return ErrLocked
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -256,11 +259,21 @@ func lockFile(f *os.File) error {
 
 // Sync appends what the store has of run and the file does not. Only the
 // agent (first app) container's lines are mirrored, as the adapter's tee
-// captured only the agent's output.
+// captured only the agent's output. A path an agent planted something on
+// is refused (an *UnsafePathError), and counted.
 func (m *Mirror) Sync(run string) error {
 	if m == nil || m.Dir == "" {
 		return nil
 	}
+	err := m.sync(run)
+	var unsafe *UnsafePathError
+	if errors.As(err, &unsafe) {
+		refused.Inc()
+	}
+	return err
+}
+
+func (m *Mirror) sync(run string) error {
 	defer m.lock(run)()
 	r, err := m.Store.Run(run)
 	if err != nil || r == nil || r.Agent == "" {

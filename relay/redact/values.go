@@ -1,4 +1,4 @@
-package collect
+package redact
 
 import (
 	"bufio"

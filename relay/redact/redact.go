@@ -1,4 +1,7 @@
-package collect
+// Package redact removes secrets from log lines before they are stored:
+// known token shapes, patterns the operator adds, and literal values,
+// which a ValuesFile keeps those of a mounted Secret.
+package redact
 
 import (
 	"bytes"
@@ -89,10 +92,10 @@ type Redactor struct {
 	literals atomic.Pointer[[][]byte]
 }
 
-// NewRedactor compiles the default patterns, extra patterns and literal
+// New compiles the default patterns, extra patterns and literal
 // secret values (values shorter than 6 bytes are ignored: redacting "true"
 // or "1" would shred every line).
-func NewRedactor(extraPatterns, literals []string) (*Redactor, error) {
+func New(extraPatterns, literals []string) (*Redactor, error) {
 	r := &Redactor{}
 	for _, p := range defaultPatterns {
 		r.patterns = append(r.patterns, pattern{re: regexp.MustCompile(p.expr), guard: []byte(p.guard), fold: p.fold})

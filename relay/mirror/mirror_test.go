@@ -1,4 +1,4 @@
-package collect
+package mirror
 
 import (
 	"errors"
@@ -288,8 +288,8 @@ func TestMirrorGivesUpOnALockHeldByAnother(t *testing.T) {
 	go func() { done <- m.Sync("run-1") }()
 	select {
 	case err := <-done:
-		if !errors.Is(err, errMirrorLocked) {
-			t.Errorf("sync of a file another holds locked: %v, want %v", err, errMirrorLocked)
+		if !errors.Is(err, ErrLocked) {
+			t.Errorf("sync of a file another holds locked: %v, want %v", err, ErrLocked)
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("the sync waited on the lock another holds")
