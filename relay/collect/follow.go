@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
 
 	"github.com/paperclipai/clipjob/relay/redact"
 	"github.com/paperclipai/clipjob/relay/store"
@@ -151,6 +152,7 @@ type follower struct {
 	// budget bounds the lines every stream holds together (nil: no bound).
 	budget *budget
 	log    logr.Logger
+	clock  clock.WithTicker
 	// committed, when set, runs after each commit (the NDJSON mirror).
 	committed func()
 	// stored: the current session has committed lines.
@@ -185,7 +187,7 @@ func (f *follower) run(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(backoff):
+			case <-f.clock.After(backoff):
 			}
 			backoff = min(backoff*2, f.opts.BackoffMax)
 			continue
@@ -228,8 +230,8 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	q := readLines(rc, f.opts.MaxLineBytes, f.opts.BatchBytes, acct, stop)
 
 	b := &batch{f: f, res: newResume(cur), from: cur, acct: acct}
-	started := time.Now()
-	tick := time.NewTicker(f.opts.BatchWait)
+	started := f.clock.Now()
+	tick := f.clock.NewTicker(f.opts.BatchWait)
 	defer tick.Stop()
 	for {
 		select {
@@ -264,7 +266,7 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 					return false, err
 				}
 			}
-		case <-tick.C:
+		case <-tick.C():
 			if err := b.flush(len(q.lines) == 0); err != nil {
 				return false, err
 			}
@@ -458,9 +460,9 @@ func (f *follower) drained(queued int, lastLine, started time.Time) bool {
 	if queued > 0 {
 		return false
 	}
-	quiet := time.Since(lastLine) >= f.opts.DrainIdle
+	quiet := f.clock.Since(lastLine) >= f.opts.DrainIdle
 	if lastLine.IsZero() {
-		quiet = time.Since(started) >= f.opts.DrainMax
+		quiet = f.clock.Since(started) >= f.opts.DrainMax
 	}
 	if !quiet {
 		return false
@@ -496,7 +498,7 @@ type batch struct {
 // add takes one raw line, skipping what the store already has, and
 // commits when the batch is full.
 func (b *batch) add(raw []byte) error {
-	b.lastLine = time.Now()
+	b.lastLine = b.f.clock.Now()
 	ts, msg, err := splitTimestamp(trimNewline(raw))
 	if err != nil {
 		b.f.log.V(1).Info("skipping a line without timestamp", "stream", b.f.ref.Key())
@@ -524,7 +526,7 @@ func (b *batch) flush(caughtUp bool) error {
 		b.giveBack(caughtUp)
 		return nil
 	}
-	now := time.Now()
+	now := b.f.clock.Now()
 	if _, err := b.f.store.AppendAfter(b.f.ref.Run, b.f.ref.Key(), b.from, b.res.cur, b.lines, now); err != nil {
 		return err
 	}
@@ -542,7 +544,7 @@ func (b *batch) flush(caughtUp bool) error {
 	b.giveBack(caughtUp)
 	// Time spent committing is not idle time: lines may have queued up
 	// behind a slow fsync.
-	b.lastLine = time.Now()
+	b.lastLine = b.f.clock.Now()
 	if b.f.committed != nil {
 		b.f.committed()
 	}

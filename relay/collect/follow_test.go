@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/utils/clock"
 
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/storetest"
@@ -149,7 +150,7 @@ func (f *fakeLog) state() containerState {
 func newFollower(_ testing.TB, s *store.Store, src *fakeLog) *follower {
 	return &follower{
 		ref: StreamRef{Run: "run-1", Namespace: "ns", Pod: "p", PodUID: "uid", Container: "agent", ContainerID: "c1"},
-		src: src, store: s, state: src.state, slots: make(chan struct{}, 4), log: logr.Discard(),
+		src: src, store: s, state: src.state, slots: make(chan struct{}, 4), log: logr.Discard(), clock: clock.RealClock{},
 		// DrainMax as in production: a stream that has sent nothing yet is
 		// not drained because the machine is slow to deliver its first line.
 		opts: FollowOptions{BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond, DrainIdle: 5 * time.Second, DrainMax: time.Minute,
