@@ -17,17 +17,6 @@ import (
 	"github.com/paperclipai/clipjob/relay/store/postgres"
 )
 
-// pinger is a store on a server, which can be out of reach (PostgreSQL).
-type pinger interface {
-	Ping(ctx context.Context) error
-}
-
-// sharedStore is a store several relays share, which keeps their table of
-// replicas (PostgreSQL).
-type sharedStore interface {
-	Replicas() *postgres.ReplicaTable
-}
-
 // divideRuns, for a store several relays share, makes this relay a
 // member in the store's table of replicas (package replicas): it collects
 // only the runs it owns, hands them over when the members change, stops
@@ -37,17 +26,13 @@ func (s *service) divideRuns(mgr manager.Manager, st store.Backend) error {
 	if s.opts.Store != StorePostgres {
 		return nil
 	}
-	p, ok := st.(pinger)
-	if !ok {
-		return fmt.Errorf("the %s store cannot say whether it answers", s.opts.Store)
-	}
-	k, ok := st.(sharedStore)
+	pg, ok := st.(*postgres.Store)
 	if !ok {
 		return fmt.Errorf("the %s store keeps no table of the relays sharing it", s.opts.Store)
 	}
 	replicas.RegisterMetrics()
 	o := s.opts.Replicas
-	health := &reachable{what: "the store", ping: p.Ping, interval: o.RenewInterval, log: s.log.WithName("store")}
+	health := &reachable{what: "the store", ping: pg.Ping, interval: o.RenewInterval, log: s.log.WithName("store")}
 	// The runs' logs come through the API server: a replica cut off from
 	// it but not from the store would keep its row, and its runs, while
 	// it can follow none of them.
@@ -56,7 +41,7 @@ func (s *service) divideRuns(mgr manager.Manager, st store.Backend) error {
 			return s.client.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Error()
 		}}
 	s.rebalance = make(chan struct{}, 1)
-	s.members = &replicas.Members{Table: k.Replicas(), Name: o.Identity,
+	s.members = &replicas.Members{Table: pg.Replicas(), Name: o.Identity,
 		LeaseDuration: o.LeaseDuration, RenewInterval: o.RenewInterval,
 		Healthy:  func() error { return errors.Join(health.err(), api.err()) },
 		OnChange: s.kickRebalance, Log: s.log.WithName("replicas")}

@@ -93,7 +93,7 @@ func (a *API) run(w http.ResponseWriter, r *http.Request) (*store.Run, *authnv1.
 	var run *store.Run
 	var err error
 	if keyable(id) && keyable(job) {
-		run, err = a.Store.RunOfJob(id, job)
+		run, err = store.RunOfJob(a.Store, id, job)
 	}
 	if err != nil {
 		fail(w, http.StatusInternalServerError, "reading run %s: %v", id, err)

@@ -556,11 +556,11 @@ func (p pickyStore) RunsWhere(f store.Filter) ([]store.Summary, error) {
 	return p.Store.RunsWhere(f)
 }
 
-func (p pickyStore) RunOfJob(id, job string) (*store.Run, error) {
-	if !sqlText(id + job) {
+func (p pickyStore) Run(id string) (*store.Run, error) {
+	if !sqlText(id) {
 		return nil, errors.New(`ERROR: invalid byte sequence for encoding "UTF8" (SQLSTATE 22021)`)
 	}
-	return p.Store.RunOfJob(id, job)
+	return p.Store.Run(id)
 }
 
 // TestAPIBytesNoRunHasMatchNothing: a filter or run id that is not UTF-8,

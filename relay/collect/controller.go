@@ -124,9 +124,7 @@ type podStreams struct {
 // Start starts the queues' workers; followers live until ctx ends.
 func (c *Collector) Start(ctx context.Context) {
 	c.Follow.setDefaults()
-	if c.MaxStreams <= 0 {
-		c.MaxStreams = 200
-	}
+	orDefault(&c.MaxStreams, 200)
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}
 	}

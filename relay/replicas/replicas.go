@@ -126,13 +126,6 @@ func Pick(ids []string, key string) string {
 	return best
 }
 
-// ID is this replica's id in the table ("" before Start).
-func (m *Members) ID() string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.id
-}
-
 // Status is this replica's membership: whether it collects, the live
 // members it sees, and why it is not a member.
 func (m *Members) Status() (member bool, live []Member, why string) {

@@ -28,9 +28,6 @@ type Backend interface {
 	UpdateRun(id string, fn func(*Run)) (*Run, error)
 	// Run returns a run's record, or nil if the relay never saw it.
 	Run(id string) (*Run, error)
-	// RunOfJob is run id's record, or with jobUID that Job's run (see
-	// RunOfJobIn).
-	RunOfJob(id, jobUID string) (*Run, error)
 	// Runs returns the summaries of the runs keep accepts (all when keep is
 	// nil), newest first.
 	Runs(keep func(*Summary) bool) ([]Summary, error)
@@ -106,21 +103,21 @@ func (e *CursorConflict) Error() string {
 // Is makes errors.Is(err, ErrCursorConflict) true.
 func (e *CursorConflict) Is(target error) bool { return target == ErrCursorConflict }
 
-// RunOfJobIn is run id's record, or with jobUID that Job's run: kept under
-// RunKey when another Job took the id first (once there, it stays there),
-// else the id's record if it is that Job's or bound to none (from before
-// runs were bound); nil if neither. get reads one record.
-func RunOfJobIn(get func(id string) (*Run, error), id, jobUID string) (*Run, error) {
+// RunOfJob is run id's record in b, or with jobUID that Job's run: kept
+// under RunKey when another Job took the id first (once there, it stays
+// there), else the id's record if it is that Job's or bound to none (from
+// before runs were bound); nil if neither.
+func RunOfJob(b Backend, id, jobUID string) (*Run, error) {
 	if jobUID == "" {
-		return get(id)
+		return b.Run(id)
 	}
 	if !ValidJobUID(jobUID) {
 		return nil, nil
 	}
-	if apart, err := get(RunKey(id, jobUID)); err != nil || apart != nil {
+	if apart, err := b.Run(RunKey(id, jobUID)); err != nil || apart != nil {
 		return apart, err
 	}
-	run, err := get(id)
+	run, err := b.Run(id)
 	if err != nil || run == nil || (run.JobUID != "" && run.JobUID != jobUID) {
 		return nil, err
 	}

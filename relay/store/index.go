@@ -9,20 +9,16 @@ import (
 )
 
 // runIndex holds a summary of every run's record (what lists filter, sort
-// and retain by), beside the runs bucket, so listing runs decodes nothing:
-// GET /v1/runs decoded every record, 125 ms over 10,000 runs
-// (docs/benchmarks.md). Only the summary: a run's result is what its agent
-// printed, and a hostile agent can make it megabytes
-// (TestHostileResultsArePinnedInTheHeapByTheIndex); whole records stay in
-// the bucket and are read when asked for. Transactions read records from
-// the bucket, never from here, so a transaction that rolls back and is
-// retried (bbolt's Batch) computes from what is committed.
+// and retain by) in memory, so listing runs decodes nothing. Only the
+// summary: a run's result is its agent's, and can be megabytes
+// (TestHostileResultsArePinnedInTheHeapByTheIndex). Transactions read the
+// bucket, never this, so a retried one computes from what is committed.
 //
-// A summary enters the index from its transaction's commit handler. bbolt
-// runs those after the writer lock is released, so two transactions'
-// handlers can run out of order: each entry keeps the transaction id
-// that wrote it, and an older write (or one of a deleted run, kept as a
-// tombstone for a while) never replaces a newer one.
+// A summary enters the index from its transaction's commit handler, which
+// bbolt runs after releasing the writer lock, so handlers can run out of
+// order: each entry keeps its transaction id, and an older write (or one
+// of a deleted run, kept as a tombstone for a while) never replaces a
+// newer one.
 type runIndex struct {
 	mu         sync.RWMutex
 	byID       map[string]indexed
@@ -34,9 +30,7 @@ type indexed struct {
 	txid int
 }
 
-// Summary is the part of a run's record the index keeps: what GET /v1/runs
-// filters and sorts by, what retention decides by, what names the run's
-// mirror file, and the pod a restarted relay checks unfinished runs by.
+// Summary is the part of a run's record lists and retention read.
 type Summary struct {
 	ID        string    `json:"id"`
 	Namespace string    `json:"namespace"`
@@ -51,8 +45,7 @@ type Summary struct {
 	SeenAt    time.Time `json:"seenAt"`
 }
 
-// summaryOf is the summary of a record being written: copied, not
-// decoded (Append writes the run's record with every committed batch).
+// summaryOf is the summary of a record being written.
 func summaryOf(r *Run) Summary {
 	return Summary{ID: r.ID, Namespace: r.Namespace, Pod: r.Pod, PodUID: r.PodUID, Agent: r.Agent, Company: r.Company,
 		Phase: r.Phase, Done: r.Done, LastSeq: r.LastSeq, Bytes: r.Bytes, SeenAt: r.SeenAt}

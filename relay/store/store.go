@@ -21,11 +21,8 @@ import (
 )
 
 // Why bbolt: one file on the relay's volume, pure Go, crash-safe without
-// recovery (a transaction that did not commit is simply not there), and
-// ordered keys, so "lines of run R after sequence N" is a range scan. Lines
-// and the cursor that says they are stored commit in one transaction, which
-// is what makes a restart exactly-once. Freed pages are reused, so
-// retention keeps the file bounded without compaction.
+// recovery, and ordered keys, so "lines of run R after sequence N" is a
+// range scan. Freed pages are reused, so retention bounds the file.
 
 var (
 	bucketRuns    = []byte("runs")
@@ -146,11 +143,8 @@ func seqKey(seq uint64) []byte {
 	return k
 }
 
-// Append stores lines of one container instance (stream) of run, with the
-// cursor after them, in one transaction, and returns the run's last
-// sequence number, whatever cursor the stream had: for a writer that
-// alone writes the stream (tests, tools). Concurrent appends are batched
-// into few fsyncs.
+// Append is AppendAfter whatever cursor the stream had: for a writer that
+// alone writes the stream (tests, tools).
 func (s *Store) Append(run, stream string, cur Cursor, lines []Line, now time.Time) (uint64, error) {
 	return s.append(run, stream, nil, cur, lines, now)
 }
@@ -186,9 +180,7 @@ func (s *Store) append(run, stream string, prev *Cursor, cur Cursor, lines []Lin
 		if err != nil {
 			return err
 		}
-		// Sequence keys only ever grow: fill pages whole instead of bbolt's
-		// default half, which left the store twice the size of its lines
-		// (1.2 GiB for 1.2 million 300-byte lines; docs/benchmarks.md).
+		// Sequence keys only ever grow: fill pages whole, not half.
 		lb.FillPercent = 1.0
 		for i := range lines {
 			r.LastSeq++
@@ -263,11 +255,9 @@ func (s *Store) UpdateRun(id string, fn func(*Run)) (*Run, error) {
 }
 
 // RunKey is where the run of Job jobUID is kept when another Job took its
-// run id first (the collector binds a run id to the first Job it sees
-// carrying it). "@" is in no label value and in no UID, so no run id is
-// one and no two are alike. jobUID must be one (ValidJobUID): an owner
-// reference's UID is not checked by the API server, and the key names a
-// mirror file.
+// run id first. "@" is in no label value and no UID, so no two keys are
+// alike. jobUID must be a UID (ValidJobUID): the API server does not check
+// an owner reference's, and the key names a mirror file.
 func RunKey(run, jobUID string) string { return run + "@" + jobUID }
 
 var uidPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
@@ -275,12 +265,6 @@ var uidPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-
 // ValidJobUID says whether uid has the shape of the UIDs the API server
 // gives objects.
 func ValidJobUID(uid string) bool { return uidPattern.MatchString(uid) }
-
-// RunOfJob is run id's record, or with jobUID that Job's run (see
-// RunOfJobIn).
-func (s *Store) RunOfJob(id, jobUID string) (*Run, error) {
-	return RunOfJobIn(s.Run, id, jobUID)
-}
 
 // Run returns a run's record, or nil if the relay never saw it.
 func (s *Store) Run(id string) (*Run, error) {
@@ -305,8 +289,7 @@ func (s *Store) Runs(keep func(*Summary) bool) ([]Summary, error) {
 // RunsWhere implements Backend from the index in memory.
 func (s *Store) RunsWhere(f Filter) ([]Summary, error) { return s.Runs(f.Match) }
 
-// PageBytes bounds the text one Lines call returns (at least one line):
-// a page of long lines must not hold a response's worth of memory.
+// PageBytes bounds the text one Lines call returns (at least one line).
 const PageBytes = 4 << 20
 
 // MaxSeq bounds sequence numbers: no line's is at or above it (PostgreSQL
@@ -317,14 +300,18 @@ const MaxSeq = math.MaxInt64
 // order: up to limit of them (limit <= 0: no count bound) and about
 // PageBytes of text. Page on with the last line's Seq until none come.
 func (s *Store) Lines(run string, after uint64, limit int) ([]Line, error) {
-	raw, err := s.RawLines(run, after, limit)
+	return DecodeLines(s.RawLines(run, after, limit))
+}
+
+// DecodeLines decodes what RawLines returned.
+func DecodeLines(raw []RawLine, err error) ([]Line, error) {
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Line, len(raw))
 	for i, r := range raw {
 		if err := json.Unmarshal(r.JSON, &out[i]); err != nil {
-			return nil, fmt.Errorf("run %s line %d: %w", run, r.Seq, err)
+			return nil, fmt.Errorf("line %d: %w", r.Seq, err)
 		}
 	}
 	return out, nil
@@ -336,10 +323,8 @@ type RawLine struct {
 	JSON []byte
 }
 
-// RawLines is Lines without decoding: what a log stream sends is the
-// stored JSON, and decoding then encoding every line again was a third of
-// the relay's CPU with 200 clients following (docs/benchmarks.md). Pages
-// are bounded by the stored bytes.
+// RawLines is Lines without decoding: a log stream sends the stored JSON
+// as it is. Pages are bounded by the stored bytes.
 func (s *Store) RawLines(run string, after uint64, limit int) ([]RawLine, error) {
 	if after >= MaxSeq {
 		return nil, nil // past every line (and after+1 would wrap to the first)

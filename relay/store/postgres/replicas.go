@@ -109,16 +109,3 @@ func (t *ReplicaTable) query(ctx context.Context, q string, args ...any) (pgx.Ro
 	}
 	return rows, err
 }
-
-// ReadReplicas reads the rows of the relays of schema through q, newest
-// renewal last: for tools and tests that work out
-// which replica collects a run (relay/replicas picks over the live ids).
-func ReadReplicas(ctx context.Context, q interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}, schema string) ([]store.Replica, error) {
-	rows, err := q.Query(ctx, `SELECT id, name FROM `+pgx.Identifier{schema}.Sanitize()+`.replicas ORDER BY renewed_at`)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[store.Replica])
-}
