@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"net/http"
 	"sync"
 	"time"
@@ -141,31 +142,27 @@ func (h *reachable) err() error {
 
 // Start implements manager.Runnable.
 func (h *reachable) Start(ctx context.Context) error {
-	t := time.NewTicker(h.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := h.ping(pctx)
-		cancel()
-		if ctx.Err() != nil {
-			return nil
-		}
-		h.mu.Lock()
-		was := h.fails >= 2
-		if err != nil {
-			h.fails, h.last = h.fails+1, err
-		} else {
-			h.fails, h.last = 0, nil
-		}
-		now := h.fails >= 2
-		h.mu.Unlock()
-		if was != now {
-			h.log.Info("reachable", "server", h.what, "reachable", !now, "err", err)
-		}
+	wait.UntilWithContext(ctx, h.check, h.interval)
+	return nil
+}
+
+func (h *reachable) check(ctx context.Context) {
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err := h.ping(pctx)
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	h.mu.Lock()
+	was := h.fails >= 2
+	if err != nil {
+		h.fails, h.last = h.fails+1, err
+	} else {
+		h.fails, h.last = 0, nil
+	}
+	now := h.fails >= 2
+	h.mu.Unlock()
+	if was != now {
+		h.log.Info("reachable", "server", h.what, "reachable", !now, "err", err)
 	}
 }

@@ -18,19 +18,9 @@ import (
 	"github.com/paperclipai/clipjob/relay/store"
 )
 
-// API serves runs and their logs.
-//
-//	GET /v1/runs?agent=&company=&phase=   runs the caller may read, newest first
-//	GET /v1/runs/{run}                     one run: status and result
-//	    ?job=<uid> (here and on /log)          the run of that Job, which the
-//	                                           collector keeps apart when
-//	                                           another Job took the id first
-//	GET /v1/runs/{run}/log?after=N&follow=true
-//	    Accept: text/event-stream      SSE: "id: <seq>" per line, keepalive
-//	                                   comments, a final "end" event;
-//	                                   Last-Event-ID resumes
-//	    Accept: application/x-ndjson   the same events as JSON lines
-//	    otherwise                      the lines as plain text, not following
+// API serves runs and their logs (docs/relay.md, "The HTTP API"):
+// GET /v1/runs, /v1/runs/{run} and /v1/runs/{run}/log as SSE, NDJSON or
+// plain text.
 type API struct {
 	Store store.Backend
 	Auth  Authorizer

@@ -19,11 +19,8 @@ const Redacted = "[REDACTED]"
 // string boundary or escape, and replacing it leaves a JSON line valid.
 //
 // Each names a guard: a literal every match contains (ASCII case folded
-// when fold). A line without it skips the regexp, which matters for the
-// patterns with no literal prefix: the regexp engine tries them at every
-// offset, and a long run of letters and digits (a hash, base64, minified
-// code) cost 3x a normal line's redaction, most of the relay's CPU under
-// load (docs/benchmarks.md).
+// when fold). A line without it skips the regexp, which for patterns
+// without a literal prefix would try every offset of the line.
 var defaultPatterns = []struct {
 	expr  string
 	guard string

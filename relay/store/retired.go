@@ -10,16 +10,10 @@ import (
 var bucketRetired = []byte("retired")
 
 // Retired is what is kept of a run retention deleted while its pods may
-// remain (a Job without ttlSecondsAfterFinished keeps them for good): so
-// that no relay collects those pods again (after a restart, or taking the
-// run over from another replica) and rewrites a log and a mirror that
-// retention removed. It is keyed by the run's namespace and Job, and
-// forgotten once no pod of that Job remains (see the relay's sweep).
-//
-// The namespace is part of the key: a pod names its controller itself,
-// so a pod in a namespace clipjob's webhook does not cover may claim
-// another namespace's Job UID; its run, retired, must not retire that
-// Job's (a hostile review).
+// remain, so that no relay collects those pods again and rewrites what
+// retention removed. It is keyed by the run's namespace and Job (a pod
+// names its controller itself, so one elsewhere may claim another
+// namespace's Job UID), and forgotten once no pod of that Job remains.
 type Retired struct {
 	JobUID string `json:"jobUid"`
 	// Namespace is the Job's (its pods'): a relay watching other
