@@ -11,9 +11,9 @@
 //     exactly-once resume;
 //   - redact removes secrets from lines before they are stored;
 //   - mirror keeps each run's NDJSON file on the shared volume;
-//   - store keeps runs, lines and each stream's cursor in bbolt, or
-//     PostgreSQL (store/postgres), where replicas divide the runs
-//     (replicas);
+//   - store says what a store keeps; store/bolt keeps runs, lines and
+//     each stream's cursor in bbolt, store/postgres in PostgreSQL, where
+//     replicas divide the runs (replicas);
 //   - result reads the run's result from its lines;
 //   - api serves runs and logs (JSON, SSE, NDJSON) behind TokenReview and
 //     SubjectAccessReview.

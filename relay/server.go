@@ -36,6 +36,7 @@ import (
 	"github.com/paperclipai/clipjob/relay/redact"
 	"github.com/paperclipai/clipjob/relay/replicas"
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/bolt"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
 )
 
@@ -155,7 +156,7 @@ func openStore(ctx context.Context, o Options) (store.Backend, error) {
 		}
 		return s, nil
 	}
-	s, err := store.OpenStore(o.DataDir)
+	s, err := bolt.Open(o.DataDir)
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/bolt"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
 	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
 )
@@ -84,7 +85,7 @@ func TestServeOpensTheStoreItIsTold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := s.(*store.Store); !ok {
+	if _, ok := s.(*bolt.Store); !ok {
 		t.Errorf("default store %T, want bbolt's", s)
 	}
 	s.Close()

@@ -23,6 +23,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/bolt"
 	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
 
@@ -43,7 +44,7 @@ func (tokenAuth) Allowed(_ context.Context, u *authnv1.UserInfo, ns string) (boo
 	return u.Username == "reader" && ns == "paperclip", nil
 }
 
-func apiFixture(t *testing.T) (*store.Store, *httptest.Server) {
+func apiFixture(t *testing.T) (*bolt.Store, *httptest.Server) {
 	s, _ := storetest.Open(t)
 	for _, run := range []struct{ id, ns, agent string }{{"run-1", "paperclip", "agent-a"}, {"run-2", "paperclip", "agent-b"}, {"run-x", "other", "agent-a"}} {
 		_, _ = s.UpdateRun(run.id, func(r *store.Run) { r.Namespace, r.Agent, r.Phase = run.ns, run.agent, "Running" })
@@ -545,7 +546,7 @@ func TestAPIFindsAJobsRunByItsUID(t *testing.T) {
 
 // pickyStore refuses, as PostgreSQL does, a query holding bytes that are
 // not UTF-8 or a NUL.
-type pickyStore struct{ *store.Store }
+type pickyStore struct{ *bolt.Store }
 
 func sqlText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
@@ -594,7 +595,7 @@ func TestAPIBytesNoRunHasMatchNothing(t *testing.T) {
 // progressStore counts the record reads and progress reads of a store
 // that can say how far a run is without its record (as PostgreSQL's).
 type progressStore struct {
-	*store.Store
+	*bolt.Store
 	runs, progresses atomic.Int64
 }
 

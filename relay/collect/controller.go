@@ -31,13 +31,10 @@ type PodLookup func(namespace, name string) *corev1.Pod
 type JobFailure func(ctx context.Context, namespace, name string) (string, error)
 
 // Collector is a controller: pod events (OnPod, OnPodDeleted) and the
-// ends of its followers put the pod in a work queue, and a reconcile per
-// pod records its run, follows its containers and finishes the run once
-// every stream is drained. The store is read and written on the queue's
-// workers, never on the informer's goroutine, and a reconcile that fails
-// (the store down or read only) is tried again through the queue's rate
-// limiter. It has no informer of its own (see Serve), so tests call
-// OnPod directly.
+// ends of its followers queue the pod, and a reconcile per pod, on the
+// queue's workers, records its run, follows its containers and finishes
+// the run once every stream is drained. A reconcile that fails (the store
+// down or read only) is tried again through the queue's rate limiter.
 type Collector struct {
 	Store  store.Backend
 	Source LogSource
@@ -79,17 +76,14 @@ type Collector struct {
 	pods    map[types.UID]*podStreams // the pods recorded and not gone
 }
 
-// item is what the queues hold: a pod (its events and its streams' ends),
-// or a run (its Job to read, its mirror to sync).
+// item is what the queues hold: a pod, or a run (its Job to read, its
+// mirror to sync).
 type item struct {
-	kind      itemKind
-	namespace string
-	name      string
-	uid       types.UID
-	// run is a pod's run-id label, or the key a run is kept under.
-	run string
-	// job is a pod's controlling Job's UID ("" for none).
-	job types.UID
+	kind            itemKind
+	namespace, name string
+	uid             types.UID
+	run             string    // a pod's run-id label, or a run's key
+	job             types.UID // a pod's controlling Job's UID
 }
 
 type itemKind uint8
@@ -100,14 +94,14 @@ const (
 	mirrorItem          // sync a run's mirror again
 )
 
-// Attempts before the queue gives up on a run's item; a pod's is tried
-// until it succeeds or the pod is gone.
+// Attempts before the queue gives up on a run's item; a pod is tried
+// until it succeeds or is gone.
 const (
 	jobAttempts    = 8
 	mirrorAttempts = 10
 )
 
-// errNotYet: a reconcile to try again later that failed at nothing.
+// errNotYet: a reconcile to try again later, which nothing failed.
 var errNotYet = errors.New("not yet")
 
 // podStreams are the streams of one pod this relay recorded.
@@ -153,8 +147,7 @@ func (c *Collector) Start(ctx context.Context) {
 }
 
 // Stop starts no more followers and waits until the workers and every
-// follower have returned (after ctx ended), so a shutdown has flushed
-// everything.
+// follower have returned (after ctx ended): everything read is flushed.
 func (c *Collector) Stop() {
 	c.mu.Lock()
 	c.stopped = true
@@ -259,11 +252,9 @@ func (c *Collector) reconcile(it item) error {
 // syncPod records a pod in its run, follows its containers and finishes
 // the run once the pod ended and every stream is drained. Only a pod that
 // a Job controls is part of a run, and only of the run bound to that Job
-// and namespace when first seen: the run id is a label anyone creating
-// Jobs can copy. The pods of another Job carrying the same id are a run
-// of their own, kept under store.RunKey(id, their Job's UID): nothing is
-// dropped, and a client that knows its Job finds its run whoever took the
-// id first.
+// and namespace when first seen: anyone creating Jobs can copy a run id.
+// Another Job's pods carrying it are a run of their own, kept under
+// store.RunKey(id, their Job's UID).
 func (c *Collector) syncPod(pod *corev1.Pod) error {
 	run := pod.Labels[contract.LabelRunID]
 	job := metav1.GetControllerOf(pod)
@@ -353,10 +344,7 @@ func (c *Collector) forget(uid types.UID) {
 }
 
 // streaming says whether this relay still follows a stream of the pod:
-// its run is not finished, so no retired run's (retention takes finished
-// runs only), and its updates need no look at the store for one. A pod
-// whose streams all drained is remembered until it is gone, and may be a
-// retired run's by then.
+// then its run is not finished, so not retired.
 func (c *Collector) streaming(uid types.UID) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -371,9 +359,7 @@ func (c *Collector) streaming(uid types.UID) bool {
 }
 
 // retired says whether pod is one of a run retention deleted while its
-// pods remain, which is then left alone: collected again (after a
-// restart, or by the replica taking the run over), it would come back
-// whole, its mirror rewritten.
+// pods remain: collected again, it would come back whole.
 func (c *Collector) retired(pod *corev1.Pod, jobUID types.UID) (bool, error) {
 	r, err := c.Store.RetiredRun(pod.Namespace, string(jobUID))
 	if err != nil || !r.Covers(pod.CreationTimestamp.Time) {
@@ -386,8 +372,7 @@ func (c *Collector) retired(pod *corev1.Pod, jobUID types.UID) (bool, error) {
 
 // ForgetRetired forgets the retired runs (store.Retired) of Jobs in the
 // namespaces watched (nil: all) none of whose pods remain; pods are every
-// pod the relay's synced cache holds. A pod of such a Job created after
-// this is a new attempt of its run, which is collected anyway.
+// pod the relay's synced cache holds.
 func (c *Collector) ForgetRetired(pods []corev1.Pod, watched func(namespace string) bool) (int, error) {
 	retired, err := c.Store.RetiredRuns()
 	if err != nil || len(retired) == 0 {
@@ -532,13 +517,11 @@ func (c *Collector) follow(ref StreamRef) {
 }
 
 // Rebalance applies a change of the runs this relay owns (Owns): the
-// followers of pods whose run it no longer owns stop (what they read is
-// committed, from the cursor they started from, so a relay that took the
-// run over meanwhile loses nothing to them and gets nothing twice), and
-// the pods of runs it now owns are queued, to be followed from their
-// stored cursors. pods are every agent pod there is (the informer's
-// cache). Call Reconcile after it to finish the runs it now owns whose pod
-// is gone.
+// followers of runs it no longer owns stop (their commits are refused
+// where the new owner moved the cursor), and pods, every agent pod in the
+// informer's cache, are queued, so that the runs it now owns are followed
+// from their stored cursors. Call Reconcile after it to finish the runs it
+// now owns whose pod is gone.
 func (c *Collector) Rebalance(pods []*corev1.Pod) {
 	c.mu.Lock()
 	for uid, ps := range c.pods {
@@ -711,8 +694,8 @@ func runID(key string) string {
 }
 
 // timedOut marks the run's result timed out if its Job failed with
-// DeadlineExceeded. The Job controller deletes the pods before it records
-// the condition, so a Job without it yet is read again (errNotYet).
+// DeadlineExceeded; the Job controller deletes the pods before it records
+// that, so a Job without it yet is read again (errNotYet).
 func (c *Collector) timedOut(run string) error {
 	rec, err := c.Store.Run(run)
 	if err != nil || rec == nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/testing/jobs"
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/bolt"
 	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
 
@@ -87,7 +88,7 @@ func agentPod(name, uid string, created time.Time) *corev1.Pod {
 	return p
 }
 
-func newCollector(t *testing.T) (*Collector, *podLogs, *podCache, *store.Store) {
+func newCollector(t *testing.T) (*Collector, *podLogs, *podCache, *bolt.Store) {
 	s, _ := storetest.Open(t)
 	logs, cache := &podLogs{logs: map[string]*fakeLog{}}, &podCache{pods: map[string]*corev1.Pod{}}
 	return newCollectorOn(t, s, logs, cache), logs, cache, s
@@ -138,14 +139,14 @@ func syncPod(t *testing.T, c *Collector, pod *corev1.Pod) {
 	}
 }
 
-func waitDone(t *testing.T, s *store.Store) *store.Run {
+func waitDone(t *testing.T, s *bolt.Store) *store.Run {
 	t.Helper()
 	var r *store.Run
 	waitFor(t, func() bool { r, _ = s.Run("run-1"); return r != nil && r.Done }, "run not finished")
 	return r
 }
 
-func storedText(t *testing.T, s *store.Store) string {
+func storedText(t *testing.T, s *bolt.Store) string {
 	lines, _ := s.Lines("run-1", 0, 0)
 	var out []string
 	for _, l := range lines {
@@ -403,7 +404,7 @@ func TestPodWithAMalformedOwnerUIDIsNotKeptApart(t *testing.T) {
 // refusingStore refuses its first refusals record writes, as a store
 // that is down or read only does.
 type refusingStore struct {
-	*store.Store
+	*bolt.Store
 	refusals atomic.Int32
 }
 

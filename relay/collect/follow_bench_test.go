@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/paperclipai/clipjob/relay/redact"
-	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/bolt"
 )
 
 // BenchmarkFollowLines is the relay's line loop end to end: read a
@@ -20,7 +20,7 @@ func BenchmarkFollowLines(b *testing.B) {
 	redactor, _ := redact.New(nil, []string{"some-configured-secret-value"})
 	b.ReportAllocs()
 	for b.Loop() {
-		s, err := store.OpenStore(b.TempDir())
+		s, err := bolt.Open(b.TempDir())
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -49,7 +49,7 @@ func BenchmarkFollowManyStreams(b *testing.B) {
 	redactor, _ := redact.New(nil, []string{"some-configured-secret-value"})
 	b.ReportAllocs()
 	for b.Loop() {
-		s, err := store.OpenStore(b.TempDir())
+		s, err := bolt.Open(b.TempDir())
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/bolt"
 )
 
 // finishedPod is a pod of runJob that wrote line and succeeded.
@@ -28,7 +29,7 @@ func finishedPod(logs *podLogs, cache *podCache, name string, created time.Time,
 // index, which a commit updates just after the record a reader of Run
 // (waitDone) sees, so a Retain right after waitDone could find the run
 // still going.
-func waitIndexedDone(t *testing.T, s *store.Store, run string) {
+func waitIndexedDone(t *testing.T, s *bolt.Store, run string) {
 	t.Helper()
 	waitFor(t, func() bool {
 		sums, _ := s.Runs(func(r *store.Summary) bool { return r.ID == run && r.Done })

@@ -7,19 +7,16 @@ import (
 	"time"
 )
 
-// Backend is what the relay needs of a store: Store (bbolt, one file on
-// the relay's volume, the default) and the PostgreSQL store (package
-// postgres, for several replicas) implement it, and the conformance suite
-// in storetest holds both to the same behaviour.
+// Backend is what the relay needs of a store: Store (bbolt, the default)
+// and package postgres implement it, held to the same behaviour by
+// storetest's conformance suite.
 type Backend interface {
 	// AppendAfter stores lines of one container instance (stream) of run
 	// with the stream's cursor after them, in one transaction, and returns
 	// the run's last sequence number. It commits only if the stream's
-	// stored cursor is still prev, the cursor the writer started from;
-	// otherwise it stores nothing and returns a *CursorConflict. Two
-	// writers of one stream (a retried commit whose outcome was lost, two
-	// replicas that both believe they own the stream) thus never store a
-	// line twice: the loser re-reads the cursor and resumes from it.
+	// stored cursor is still prev, the one the writer started from, else
+	// returns a *CursorConflict: two writers of one stream never store a
+	// line twice.
 	AppendAfter(run, stream string, prev, cur Cursor, lines []Line, now time.Time) (uint64, error)
 	// Cursor returns how far a stream of run is stored (zero: nothing yet).
 	Cursor(run, stream string) (Cursor, error)
@@ -31,9 +28,7 @@ type Backend interface {
 	// Runs returns the summaries of the runs keep accepts (all when keep is
 	// nil), newest first.
 	Runs(keep func(*Summary) bool) ([]Summary, error)
-	// RunsWhere returns the summaries of the runs f selects, newest first:
-	// what Runs(f.Match) returns, selected where the runs are kept (a
-	// store on a server sends only those).
+	// RunsWhere is Runs(f.Match), selected where the runs are kept.
 	RunsWhere(f Filter) ([]Summary, error)
 	// Lines returns the lines of run with sequence numbers above after, in
 	// order: up to limit of them (limit <= 0: no count bound) and about
@@ -42,9 +37,8 @@ type Backend interface {
 	// RawLines is Lines as stored: each line's JSON, undecoded.
 	RawLines(run string, after uint64, limit int) ([]RawLine, error)
 	// Changed returns a channel closed at the run's next change (lines or
-	// record) committed through this store or, where relays share the
-	// store, by another relay. Take it before reading, then wait on it, to
-	// miss nothing.
+	// record), by this relay or another sharing the store. Take it before
+	// reading, then wait on it, to miss nothing.
 	Changed(run string) <-chan struct{}
 	// Retain deletes finished runs older than maxAge (by last activity),
 	// then the oldest finished runs until the stored line bytes are under
@@ -85,10 +79,9 @@ func (f Filter) Match(s *Summary) bool {
 // ErrCursorConflict is what a *CursorConflict matches with errors.Is.
 var ErrCursorConflict = errors.New("the stream's stored cursor moved")
 
-// CursorConflict is AppendAfter refusing a write: the stream's stored
-// cursor is not the one the writer started from, so another writer (or an
-// earlier attempt of this one) stored lines in between. Nothing of the
-// refused write is stored; resume from Stored.
+// CursorConflict is AppendAfter refusing a write: another writer (or an
+// earlier attempt of this one) stored lines since the writer's cursor.
+// Nothing of the refused write is stored; resume from Stored.
 type CursorConflict struct {
 	Run, Stream string
 	// Prev is the cursor the writer started from; Stored is the store's.

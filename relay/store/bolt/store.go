@@ -1,4 +1,6 @@
-package store
+// Package bolt keeps the relay's runs and lines in one bbolt file on the
+// relay's volume: the default store.Backend, for one relay.
+package bolt
 
 import (
 	"bytes"
@@ -6,18 +8,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"sync"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
+	bbolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
-	"github.com/paperclipai/clipjob/relay/result"
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // Why bbolt: one file on the relay's volume, pure Go, crash-safe without
@@ -26,83 +26,36 @@ import (
 
 var (
 	bucketRuns    = []byte("runs")
-	bucketLines   = []byte("lines") // one nested bucket per run: seq -> Line
+	bucketLines   = []byte("lines") // one nested bucket per run: seq -> store.Line
 	bucketCursors = []byte("cursors")
 )
 
-// Run is what the relay knows of one agent run.
-type Run struct {
-	ID        string `json:"id"`
-	Namespace string `json:"namespace"`
-	Job       string `json:"job,omitempty"`
-	// JobUID is the Job that controls the run's pods. A run is bound to
-	// its namespace and this Job when first seen: a pod of another Job or
-	// namespace that copies the run id is not part of it.
-	JobUID string `json:"jobUid,omitempty"`
-	Pod    string `json:"pod,omitempty"`
-	PodUID string `json:"podUid,omitempty"`
-	// PodCreated orders the pods of a run a Job retried: the record
-	// describes the newest.
-	PodCreated *time.Time `json:"podCreated,omitempty"`
-	Agent      string     `json:"agent,omitempty"`
-	Company    string     `json:"company,omitempty"`
-	Task       string     `json:"task,omitempty"`
-	Session    string     `json:"session,omitempty"`
-	Adapter    string     `json:"adapter,omitempty"`
-	Containers []string   `json:"containers,omitempty"`
-	// MainContainer is the agent's (first app) container.
-	MainContainer string `json:"mainContainer,omitempty"`
-	// Phase is the pod's: Pending, Running, Succeeded, Failed, or Unknown
-	// (the pod vanished before it was seen to end).
-	Phase      string     `json:"phase"`
-	StartedAt  *time.Time `json:"startedAt,omitempty"`
-	FinishedAt *time.Time `json:"finishedAt,omitempty"`
-	// ExitCode and Reason are the agent (first) container's termination.
-	ExitCode *int32 `json:"exitCode,omitempty"`
-	Reason   string `json:"reason,omitempty"`
-	// Done: the run ended and every stream was drained; its log is final.
-	Done    bool           `json:"done"`
-	LastSeq uint64         `json:"lastSeq"`
-	Bytes   int64          `json:"bytes"`
-	Result  *result.Result `json:"result,omitempty"`
-	// SeenAt is when the relay last stored anything for the run.
-	SeenAt time.Time `json:"seenAt"`
-}
-
-// Line is one stored log line.
-type Line struct {
-	Seq       uint64    `json:"seq"`
-	TS        time.Time `json:"ts"`
-	Container string    `json:"container"`
-	Line      string    `json:"line"`
-}
-
 // Store is the relay's embedded store, the default Backend.
 type Store struct {
-	db      *bolt.DB
+	db      *bbolt.DB
 	index   runIndex
-	changes Changes
+	changes store.Changes
 	// stopReleasing and released end releaseEvery (mapping.go).
 	stopReleasing chan struct{}
 	released      chan struct{}
 	closeOnce     sync.Once
 }
 
-var _ Backend = (*Store)(nil)
+var _ store.Backend = (*Store)(nil)
 
-// OpenStore opens (or creates) the store in dir.
-func OpenStore(dir string) (*Store, error) {
+// Open opens (or creates) the store in dir.
+func Open(dir string) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, err
 	}
-	db, err := bolt.Open(filepath.Join(dir, "relay.db"), 0o640, &bolt.Options{Timeout: 5 * time.Second})
+	db, err := bbolt.Open(filepath.Join(dir, "relay.db"), 0o640, &bbolt.Options{Timeout: 5 * time.Second})
 	if err != nil {
 		return nil, fmt.Errorf("opening store in %s: %w", dir, err)
 	}
 	// Concurrent appends of many streams share one commit (and fsync); a
 	// lone stream waits at most this long for company.
 	db.MaxBatchDelay = 2 * time.Millisecond
-	err = db.Update(func(tx *bolt.Tx) error {
+	err = db.Update(func(tx *bbolt.Tx) error {
 		for _, b := range [][]byte{bucketRuns, bucketLines, bucketCursors} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
@@ -133,7 +86,7 @@ func (s *Store) Close() error {
 // Size is the store file's size in bytes.
 func (s *Store) Size() int64 {
 	var n int64
-	_ = s.db.View(func(tx *bolt.Tx) error { n = tx.Size(); return nil })
+	_ = s.db.View(func(tx *bbolt.Tx) error { n = tx.Size(); return nil })
 	return n
 }
 
@@ -145,19 +98,19 @@ func seqKey(seq uint64) []byte {
 
 // Append is AppendAfter whatever cursor the stream had: for a writer that
 // alone writes the stream (tests, tools).
-func (s *Store) Append(run, stream string, cur Cursor, lines []Line, now time.Time) (uint64, error) {
+func (s *Store) Append(run, stream string, cur store.Cursor, lines []store.Line, now time.Time) (uint64, error) {
 	return s.append(run, stream, nil, cur, lines, now)
 }
 
 // AppendAfter implements Backend: Append, committed only if the stream's
 // stored cursor is prev.
-func (s *Store) AppendAfter(run, stream string, prev, cur Cursor, lines []Line, now time.Time) (uint64, error) {
+func (s *Store) AppendAfter(run, stream string, prev, cur store.Cursor, lines []store.Line, now time.Time) (uint64, error) {
 	return s.append(run, stream, &prev, cur, lines, now)
 }
 
-func (s *Store) append(run, stream string, prev *Cursor, cur Cursor, lines []Line, now time.Time) (uint64, error) {
+func (s *Store) append(run, stream string, prev *store.Cursor, cur store.Cursor, lines []store.Line, now time.Time) (uint64, error) {
 	var last uint64
-	err := s.db.Batch(func(tx *bolt.Tx) error {
+	err := s.db.Batch(func(tx *bbolt.Tx) error {
 		if prev != nil {
 			// Checked first, in the transaction that writes: the cursor
 			// cannot move between the check and the commit.
@@ -166,7 +119,7 @@ func (s *Store) append(run, stream string, prev *Cursor, cur Cursor, lines []Lin
 				return err
 			}
 			if stored != *prev {
-				return &CursorConflict{Run: run, Stream: stream, Prev: *prev, Stored: stored}
+				return &store.CursorConflict{Run: run, Stream: stream, Prev: *prev, Stored: stored}
 			}
 		}
 		r, err := getRun(tx, run)
@@ -174,7 +127,7 @@ func (s *Store) append(run, stream string, prev *Cursor, cur Cursor, lines []Lin
 			return err
 		}
 		if r == nil {
-			r = &Run{ID: run, Phase: "Unknown"}
+			r = &store.Run{ID: run, Phase: "Unknown"}
 		}
 		lb, err := tx.Bucket(bucketLines).CreateBucketIfNotExists([]byte(run))
 		if err != nil {
@@ -213,9 +166,9 @@ func (s *Store) append(run, stream string, prev *Cursor, cur Cursor, lines []Lin
 func cursorKey(run, stream string) []byte { return []byte(run + "\x00" + stream) }
 
 // Cursor returns how far a stream of run is stored (zero: nothing yet).
-func (s *Store) Cursor(run, stream string) (Cursor, error) {
-	var c Cursor
-	err := s.db.View(func(tx *bolt.Tx) error {
+func (s *Store) Cursor(run, stream string) (store.Cursor, error) {
+	var c store.Cursor
+	err := s.db.View(func(tx *bbolt.Tx) error {
 		var err error
 		c, err = getCursor(tx, run, stream)
 		return err
@@ -223,8 +176,8 @@ func (s *Store) Cursor(run, stream string) (Cursor, error) {
 	return c, err
 }
 
-func getCursor(tx *bolt.Tx, run, stream string) (Cursor, error) {
-	var c Cursor
+func getCursor(tx *bbolt.Tx, run, stream string) (store.Cursor, error) {
+	var c store.Cursor
 	if v := tx.Bucket(bucketCursors).Get(cursorKey(run, stream)); v != nil {
 		return c, json.Unmarshal(v, &c)
 	}
@@ -232,9 +185,9 @@ func getCursor(tx *bolt.Tx, run, stream string) (Cursor, error) {
 }
 
 // UpdateRun applies fn to the run's record, creating it if needed.
-func (s *Store) UpdateRun(id string, fn func(*Run)) (*Run, error) {
-	var out *Run
-	err := s.db.Batch(func(tx *bolt.Tx) error {
+func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
+	var out *store.Run
+	err := s.db.Batch(func(tx *bbolt.Tx) error {
 		r, err := getRun(tx, id)
 		if err != nil {
 			return err
@@ -242,7 +195,7 @@ func (s *Store) UpdateRun(id string, fn func(*Run)) (*Run, error) {
 		if r == nil {
 			// Seen now, though nothing is stored yet: retention counts from
 			// here for a run that never writes a line.
-			r = &Run{ID: id, Phase: "Pending", SeenAt: time.Now()}
+			r = &store.Run{ID: id, Phase: "Pending", SeenAt: time.Now()}
 		}
 		fn(r)
 		out = r
@@ -254,22 +207,10 @@ func (s *Store) UpdateRun(id string, fn func(*Run)) (*Run, error) {
 	return out, err
 }
 
-// RunKey is where the run of Job jobUID is kept when another Job took its
-// run id first. "@" is in no label value and no UID, so no two keys are
-// alike. jobUID must be a UID (ValidJobUID): the API server does not check
-// an owner reference's, and the key names a mirror file.
-func RunKey(run, jobUID string) string { return run + "@" + jobUID }
-
-var uidPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
-
-// ValidJobUID says whether uid has the shape of the UIDs the API server
-// gives objects.
-func ValidJobUID(uid string) bool { return uidPattern.MatchString(uid) }
-
 // Run returns a run's record, or nil if the relay never saw it.
-func (s *Store) Run(id string) (*Run, error) {
-	var r *Run
-	err := s.db.View(func(tx *bolt.Tx) error {
+func (s *Store) Run(id string) (*store.Run, error) {
+	var r *store.Run
+	err := s.db.View(func(tx *bbolt.Tx) error {
 		var err error
 		r, err = getRun(tx, id)
 		return err
@@ -280,67 +221,40 @@ func (s *Store) Run(id string) (*Run, error) {
 // Runs returns the summaries of the runs keep accepts, newest first, from
 // the index (see runIndex): committed records, decoded once. Read a run
 // whole with Run.
-func (s *Store) Runs(keep func(*Summary) bool) ([]Summary, error) {
+func (s *Store) Runs(keep func(*store.Summary) bool) ([]store.Summary, error) {
 	out := s.index.runs(keep)
 	sort.Slice(out, func(i, j int) bool { return out[i].SeenAt.After(out[j].SeenAt) })
 	return out, nil
 }
 
 // RunsWhere implements Backend from the index in memory.
-func (s *Store) RunsWhere(f Filter) ([]Summary, error) { return s.Runs(f.Match) }
-
-// PageBytes bounds the text one Lines call returns (at least one line).
-const PageBytes = 4 << 20
-
-// MaxSeq bounds sequence numbers: no line's is at or above it (PostgreSQL
-// keeps them in a bigint), so nothing is after a cursor there.
-const MaxSeq = math.MaxInt64
+func (s *Store) RunsWhere(f store.Filter) ([]store.Summary, error) { return s.Runs(f.Match) }
 
 // Lines returns the lines of run with sequence numbers above after, in
 // order: up to limit of them (limit <= 0: no count bound) and about
-// PageBytes of text. Page on with the last line's Seq until none come.
-func (s *Store) Lines(run string, after uint64, limit int) ([]Line, error) {
-	return DecodeLines(s.RawLines(run, after, limit))
-}
-
-// DecodeLines decodes what RawLines returned.
-func DecodeLines(raw []RawLine, err error) ([]Line, error) {
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Line, len(raw))
-	for i, r := range raw {
-		if err := json.Unmarshal(r.JSON, &out[i]); err != nil {
-			return nil, fmt.Errorf("line %d: %w", r.Seq, err)
-		}
-	}
-	return out, nil
-}
-
-// RawLine is a stored line as the store keeps it: the JSON of a Line.
-type RawLine struct {
-	Seq  uint64
-	JSON []byte
+// store.PageBytes of text. Page on with the last line's Seq until none come.
+func (s *Store) Lines(run string, after uint64, limit int) ([]store.Line, error) {
+	return store.DecodeLines(s.RawLines(run, after, limit))
 }
 
 // RawLines is Lines without decoding: a log stream sends the stored JSON
 // as it is. Pages are bounded by the stored bytes.
-func (s *Store) RawLines(run string, after uint64, limit int) ([]RawLine, error) {
-	if after >= MaxSeq {
+func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, error) {
+	if after >= store.MaxSeq {
 		return nil, nil // past every line (and after+1 would wrap to the first)
 	}
-	var out []RawLine
+	var out []store.RawLine
 	size := 0
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketLines).Bucket([]byte(run))
 		if b == nil {
 			return nil
 		}
 		c := b.Cursor()
 		for k, v := c.Seek(seqKey(after + 1)); k != nil; k, v = c.Next() {
-			out = append(out, RawLine{Seq: binary.BigEndian.Uint64(k), JSON: bytes.Clone(v)})
+			out = append(out, store.RawLine{Seq: binary.BigEndian.Uint64(k), JSON: bytes.Clone(v)})
 			size += len(v)
-			if (limit > 0 && len(out) >= limit) || size >= PageBytes {
+			if (limit > 0 && len(out) >= limit) || size >= store.PageBytes {
 				break
 			}
 		}
@@ -358,28 +272,28 @@ func (s *Store) notify(run string) { s.changes.Notify(run) }
 // Retain deletes finished runs older than maxAge (by last activity), then
 // the oldest finished runs until the stored line bytes are under maxBytes,
 // and returns them. Zero disables a limit. Running runs are never deleted.
-func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]Run, error) {
+func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]store.Run, error) {
 	runs, err := s.Runs(nil)
 	if err != nil {
 		return nil, err
 	}
 	var drop []string
-	var dropped []Run
-	for _, r := range Retirees(runs, maxAge, maxBytes, now) {
+	var dropped []store.Run
+	for _, r := range store.Retirees(runs, maxAge, maxBytes, now) {
 		drop = append(drop, r.ID)
 		dropped = append(dropped, r.Run())
 	}
 	if len(drop) == 0 {
 		return nil, nil
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *bbolt.Tx) error {
 		txid := tx.ID()
 		tx.OnCommit(func() { s.index.remove(drop, txid) })
 		for _, id := range drop {
 			// A record that does not decode is retired all the same, with
 			// no Retired kept: it must not hold retention up for good.
 			if r, err := getRun(tx, id); err == nil {
-				if t := RetiredOf(r, now); t != nil {
+				if t := store.RetiredOf(r, now); t != nil {
 					if err := putRetired(tx, t); err != nil {
 						return err
 					}
@@ -415,12 +329,12 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]R
 	return dropped, nil
 }
 
-func getRun(tx *bolt.Tx, id string) (*Run, error) {
+func getRun(tx *bbolt.Tx, id string) (*store.Run, error) {
 	v := tx.Bucket(bucketRuns).Get([]byte(id))
 	if v == nil {
 		return nil, nil
 	}
-	var r Run
+	var r store.Run
 	if err := json.Unmarshal(v, &r); err != nil {
 		return nil, fmt.Errorf("run %s: %w", id, err)
 	}
@@ -429,7 +343,7 @@ func getRun(tx *bolt.Tx, id string) (*Run, error) {
 
 // putRun writes a run's record; the index learns it when, and only if,
 // the transaction commits.
-func (s *Store) putRun(tx *bolt.Tx, r *Run) error {
+func (s *Store) putRun(tx *bbolt.Tx, r *store.Run) error {
 	v, err := json.Marshal(r)
 	if err != nil {
 		return err

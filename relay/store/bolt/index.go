@@ -1,11 +1,13 @@
-package store
+package bolt
 
 import (
 	"encoding/json"
 	"sync"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
+	bbolt "go.etcd.io/bbolt"
+
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // runIndex holds a summary of every run's record (what lists filter, sort
@@ -26,35 +28,14 @@ type runIndex struct {
 }
 
 type indexed struct {
-	run  Summary
+	run  store.Summary
 	txid int
 }
 
-// Summary is the part of a run's record lists and retention read.
-type Summary struct {
-	ID        string    `json:"id"`
-	Namespace string    `json:"namespace"`
-	Pod       string    `json:"pod,omitempty"`
-	PodUID    string    `json:"podUid,omitempty"`
-	Agent     string    `json:"agent,omitempty"`
-	Company   string    `json:"company,omitempty"`
-	Phase     string    `json:"phase"`
-	Done      bool      `json:"done"`
-	LastSeq   uint64    `json:"lastSeq"`
-	Bytes     int64     `json:"bytes"`
-	SeenAt    time.Time `json:"seenAt"`
-}
-
 // summaryOf is the summary of a record being written.
-func summaryOf(r *Run) Summary {
-	return Summary{ID: r.ID, Namespace: r.Namespace, Pod: r.Pod, PodUID: r.PodUID, Agent: r.Agent, Company: r.Company,
+func summaryOf(r *store.Run) store.Summary {
+	return store.Summary{ID: r.ID, Namespace: r.Namespace, Pod: r.Pod, PodUID: r.PodUID, Agent: r.Agent, Company: r.Company,
 		Phase: r.Phase, Done: r.Done, LastSeq: r.LastSeq, Bytes: r.Bytes, SeenAt: r.SeenAt}
-}
-
-// Run is the summary as a Run record with only those fields set.
-func (s Summary) Run() Run {
-	return Run{ID: s.ID, Namespace: s.Namespace, Pod: s.Pod, PodUID: s.PodUID, Agent: s.Agent, Company: s.Company, Phase: s.Phase,
-		Done: s.Done, LastSeq: s.LastSeq, Bytes: s.Bytes, SeenAt: s.SeenAt}
 }
 
 type tombstone struct {
@@ -65,12 +46,12 @@ type tombstone struct {
 // tombstoneTTL outlasts any commit handler still in flight by far.
 const tombstoneTTL = time.Minute
 
-func (x *runIndex) load(db *bolt.DB) error {
+func (x *runIndex) load(db *bbolt.DB) error {
 	x.byID, x.tombstones = map[string]indexed{}, map[string]tombstone{}
-	return db.View(func(tx *bolt.Tx) error {
+	return db.View(func(tx *bbolt.Tx) error {
 		txid := tx.ID()
 		return tx.Bucket(bucketRuns).ForEach(func(k, v []byte) error {
-			var r Summary
+			var r store.Summary
 			if err := json.Unmarshal(v, &r); err != nil {
 				return err
 			}
@@ -81,7 +62,7 @@ func (x *runIndex) load(db *bolt.DB) error {
 }
 
 // put records what transaction txid committed for run r.ID.
-func (x *runIndex) put(r Summary, txid int) {
+func (x *runIndex) put(r store.Summary, txid int) {
 	id := r.ID
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -114,10 +95,10 @@ func (x *runIndex) remove(ids []string, txid int) {
 }
 
 // runs returns the summaries keep accepts (all when keep is nil).
-func (x *runIndex) runs(keep func(*Summary) bool) []Summary {
+func (x *runIndex) runs(keep func(*store.Summary) bool) []store.Summary {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	var out []Summary
+	var out []store.Summary
 	for _, e := range x.byID {
 		if keep == nil || keep(&e.run) {
 			out = append(out, e.run)

@@ -1,9 +1,9 @@
-package store
+package bolt
 
 import (
 	"time"
 
-	bolt "go.etcd.io/bbolt"
+	bbolt "go.etcd.io/bbolt"
 )
 
 // releaseInterval is how often the store lets go of the pages of its file
@@ -36,7 +36,7 @@ func (s *Store) releaseEvery(interval time.Duration, stop <-chan struct{}, done 
 // a read transaction: bbolt maps the file again (elsewhere, as it grows)
 // only once no transaction is open, so the range is the mapping's.
 func (s *Store) releaseMapped() error {
-	return s.db.View(func(tx *bolt.Tx) error {
+	return s.db.View(func(tx *bbolt.Tx) error {
 		return dontNeed(s.db.Info().Data, uintptr(tx.Size()))
 	})
 }
