@@ -67,6 +67,12 @@ func (c *podCache) set(p *corev1.Pod) {
 	c.pods[p.Name] = p.DeepCopy()
 }
 
+func (c *podCache) delete(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.pods, name)
+}
+
 func (c *podCache) get(_, name string) *corev1.Pod {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -217,6 +223,41 @@ func TestCollectorRetriedPodContinuesRun(t *testing.T) {
 	syncPod(t, c, first)
 	if r, _ := s.Run("run-1"); r.PodUID != "uid-2" || !r.Done {
 		t.Errorf("older pod's event changed the record: %+v", r)
+	}
+}
+
+// TestAnOlderPodsDeletionDoesNotFinishTheRun: a Job retried, and its
+// first pod is deleted while the second runs. The deletion finishes the
+// run only if the deleted pod is the run's newest: the run goes on, and
+// is finished by its own pod's end, with that pod's lines and result.
+func TestAnOlderPodsDeletionDoesNotFinishTheRun(t *testing.T) {
+	c, logs, cache, s := newCollector(t)
+	first := finishedPod(logs, cache, "p1", time.Now().Truncate(time.Second), "attempt 1")
+	syncPod(t, c, first)
+	waitDone(t, s)
+	second := agentPod("p2", "uid-p2", first.CreationTimestamp.Add(time.Minute))
+	second.Spec.InitContainers = nil
+	second.Status.Phase = corev1.PodRunning
+	second.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "agent", ContainerID: "c-p2",
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+	cache.set(second)
+	syncPod(t, c, second)
+	cache.delete("p1")
+	syncPod(t, c, first) // its deletion, as the worker sees it
+	if r, _ := s.Run("run-1"); r == nil || r.Done || r.PodUID != "uid-p2" {
+		t.Fatalf("the older pod's deletion changed the run: %+v", r)
+	}
+	logs.get("p2", "agent").write(at(5), `{"type":"result","subtype":"success","result":"second","session_id":"s2"}`)
+	waitFor(t, func() bool { return strings.Contains(storedText(t, s), "second") }, "the second pod's line was not stored")
+	final := second.DeepCopy()
+	final.Status.Phase = corev1.PodSucceeded
+	final.Status.ContainerStatuses = []corev1.ContainerStatus{terminated("agent", "c-p2")}
+	cache.set(final)
+	logs.end("p2", "agent")
+	c.OnPod(final)
+	r := waitDone(t, s)
+	if r.Result == nil || r.Result.Text != "second" || r.Phase != "Succeeded" {
+		t.Errorf("the run finished with %+v, phase %s: want the second pod's end", r.Result, r.Phase)
 	}
 }
 
