@@ -105,8 +105,7 @@ func (a *API) run(w http.ResponseWriter, r *http.Request) (*store.Run, *authnv1.
 
 // keyable says whether a run id or filter value could match a stored
 // run: labels and phases are valid UTF-8 without NUL, and PostgreSQL
-// refuses other bytes in a query (a 500 carrying its message, found by a
-// hostile review) where bbolt simply matched nothing.
+// refuses other bytes in a query, where bbolt matches nothing.
 func keyable(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
 func (a *API) listRuns(w http.ResponseWriter, r *http.Request) {
@@ -163,9 +162,7 @@ func (a *API) listRuns(w http.ResponseWriter, r *http.Request) {
 }
 
 // DefaultListLimit bounds GET /v1/runs unless the caller asks for more:
-// listing every one of 10,000 stored runs is 6 MB of JSON and took 190 ms
-// through the relay, the newest 500 56 ms (docs/benchmarks.md); a client
-// wants one agent's runs, or the newest few.
+// a client wants one agent's runs, or the newest few, not megabytes.
 const (
 	DefaultListLimit = 100
 	MaxListLimit     = 10000
@@ -301,10 +298,8 @@ func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after 
 }
 
 // progresser is a store that reads how far a run is without its whole
-// record (PostgreSQL: two columns, where the record is a JSON document to
-// fetch and decode). A follower asks after every wake-up: at 1,000 runs
-// followed, reading and decoding the record was a fifth of a replica's
-// CPU in the steady phase (docs/benchmarks.md).
+// record (PostgreSQL: two columns, not a JSON document to decode), which
+// a follower asks after every wake-up.
 type progresser interface {
 	Progress(run string) (lastSeq uint64, done, found bool, err error)
 }

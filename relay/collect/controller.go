@@ -94,20 +94,26 @@ const (
 	mirrorItem          // sync a run's mirror again
 )
 
-// Attempts before the queue gives up on a run's item; a pod is tried
-// until it succeeds or is gone.
-const (
-	jobAttempts    = 8
-	mirrorAttempts = 10
-)
+// retries bound the attempts at a run's item, and say what giving up
+// leaves; a pod is tried until it succeeds or is gone.
+var retries = map[itemKind]struct {
+	attempts int
+	gaveUp   string
+}{
+	jobItem:    {8, "its Job never said why it failed"},
+	mirrorItem: {10, "its NDJSON mirror file stayed locked by another process; its log is in the store"},
+}
+
+// workers reconcile pods at once: each waits on the store, and a takeover
+// queues every pod of the runs taken.
+const workers = 4
 
 // errNotYet: a reconcile to try again later, which nothing failed.
 var errNotYet = errors.New("not yet")
 
 // podStreams are the streams of one pod this relay recorded.
 type podStreams struct {
-	item item   // the pod's, for the ends of its followers
-	key  string // the key its run is kept under
+	item item // the pod's, for the ends of its followers
 	// ctx ends the pod's followers when another relay takes its run over.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -135,7 +141,7 @@ func (c *Collector) Start(ctx context.Context) {
 			workqueue.TypedRateLimitingQueueConfig[item]{Name: name, Clock: c.Clock})
 	}
 	c.queue, c.mirrors = newQueue("relay-pods"), newQueue("relay-mirrors")
-	for range 4 {
+	for range workers {
 		c.workers.Go(func() { c.work(c.queue) })
 	}
 	c.workers.Go(func() { c.work(c.mirrors) })
@@ -200,13 +206,12 @@ func (c *Collector) work(q workqueue.TypedRateLimitingInterface[item]) {
 			continue
 		}
 		err := c.reconcile(it)
-		attempts := map[itemKind]int{jobItem: jobAttempts, mirrorItem: mirrorAttempts}[it.kind]
-		switch {
+		switch r := retries[it.kind]; {
 		case err == nil:
 			q.Forget(it)
-		case attempts > 0 && q.NumRequeues(it)+1 >= attempts:
+		case r.attempts > 0 && q.NumRequeues(it)+1 >= r.attempts:
 			q.Forget(it)
-			c.gaveUp(it, err)
+			c.Log.Info("gave up on the run: "+r.gaveUp, "run", it.run, "last", err.Error())
 		default:
 			if !errors.Is(err, errNotYet) {
 				c.Log.Error(err, "reconciling; trying again", "run", it.run, "pod", it.namespace+"/"+it.name)
@@ -214,16 +219,6 @@ func (c *Collector) work(q workqueue.TypedRateLimitingInterface[item]) {
 			q.AddRateLimited(it)
 		}
 		q.Done(it)
-	}
-}
-
-func (c *Collector) gaveUp(it item, err error) {
-	if it.kind == mirrorItem {
-		c.Log.Info("gave up mirroring the run's NDJSON file: it stayed locked by another process; its log is in the store", "run", it.run)
-		return
-	}
-	if !errors.Is(err, errNotYet) {
-		c.Log.Error(err, "gave up reading whether the run's Job timed out", "run", it.run)
 	}
 }
 
@@ -279,7 +274,7 @@ func (c *Collector) syncPod(pod *corev1.Pod) error {
 		return nil // collected completely before (e.g. before a relay restart)
 	}
 	it, _ := c.itemOf(pod)
-	if !c.track(it, key) {
+	if !c.track(it) {
 		return nil // stopping
 	}
 	if rec.LastSeq == 0 {
@@ -318,9 +313,9 @@ func (c *Collector) podGone(it item) error {
 	return nil
 }
 
-// track remembers the pod recorded under key, for its followers and its
-// deletion; false once the collector stops.
-func (c *Collector) track(it item, key string) bool {
+// track remembers the pod, for its followers and its deletion; false once
+// the collector stops.
+func (c *Collector) track(it item) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stopped {
@@ -328,7 +323,7 @@ func (c *Collector) track(it item, key string) bool {
 	}
 	if c.pods[it.uid] == nil {
 		ctx, cancel := context.WithCancel(c.ctx)
-		c.pods[it.uid] = &podStreams{item: it, key: key, ctx: ctx, cancel: cancel, following: map[string]bool{}}
+		c.pods[it.uid] = &podStreams{item: it, ctx: ctx, cancel: cancel, following: map[string]bool{}}
 	}
 	return true
 }
