@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 	authnv1 "k8s.io/api/authentication/v1"
+	"k8s.io/utils/clock"
 
 	"github.com/paperclipai/clipjob/relay/result"
 	"github.com/paperclipai/clipjob/relay/store"
@@ -30,6 +31,8 @@ type API struct {
 	// still read the run (decisions are cached for 30s). Default 1m.
 	Reauthorize time.Duration
 	Log         logr.Logger
+	// Clock times keepalives and reauthorization. Default the real clock.
+	Clock clock.WithTicker
 }
 
 // Handler returns the API's routes.
@@ -231,12 +234,13 @@ func (a *API) getLog(w http.ResponseWriter, r *http.Request) {
 	if every <= 0 {
 		every = time.Minute
 	}
-	checked := time.Now()
+	clk := a.clock()
+	checked := clk.Now()
 	allowed := func(ctx context.Context) bool {
-		if time.Since(checked) < every {
+		if clk.Since(checked) < every {
 			return true
 		}
-		checked = time.Now()
+		checked = clk.Now()
 		ok, err := a.Auth.Allowed(ctx, user, run.Namespace)
 		return err == nil && ok
 	}
@@ -289,12 +293,19 @@ func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after 
 		case <-ctx.Done():
 			return
 		case <-changed:
-		case <-time.After(keepalive):
+		case <-a.clock().After(keepalive):
 			if ew.keepalive() != nil {
 				return
 			}
 		}
 	}
+}
+
+func (a *API) clock() clock.WithTicker {
+	if a.Clock == nil {
+		return clock.RealClock{}
+	}
+	return a.Clock
 }
 
 // progresser is a store that reads how far a run is without its whole
