@@ -172,7 +172,7 @@ func (c *Collector) owns(run string) bool { return c.Owns == nil || c.Owns(run) 
 // OnPod handles a pod added or updated: it queues the pod if it carries a
 // run id this relay collects.
 func (c *Collector) OnPod(pod *corev1.Pod) {
-	if it, ok := c.itemOf(pod); ok {
+	if it := podItemOf(pod); it.run != "" && c.owns(it.run) {
 		c.queue.Add(it)
 	}
 }
@@ -181,16 +181,12 @@ func (c *Collector) OnPod(pod *corev1.Pod) {
 // followers read what they can, and finishes the run then.
 func (c *Collector) OnPodDeleted(pod *corev1.Pod) { c.OnPod(pod) }
 
-func (c *Collector) itemOf(pod *corev1.Pod) (item, bool) {
-	run := pod.Labels[contract.LabelRunID]
-	if run == "" || !c.owns(run) {
-		return item{}, false
-	}
-	it := item{kind: podItem, namespace: pod.Namespace, name: pod.Name, uid: pod.UID, run: run}
+func podItemOf(pod *corev1.Pod) item {
+	it := item{kind: podItem, namespace: pod.Namespace, name: pod.Name, uid: pod.UID, run: pod.Labels[contract.LabelRunID]}
 	if job := metav1.GetControllerOf(pod); job != nil {
 		it.job = job.UID
 	}
-	return it, true
+	return it
 }
 
 // work reconciles q's items until q shuts down. A failed one is queued
@@ -273,8 +269,7 @@ func (c *Collector) syncPod(pod *corev1.Pod) error {
 	if rec.Done && rec.PodUID == string(pod.UID) {
 		return nil // collected completely before (e.g. before a relay restart)
 	}
-	it, _ := c.itemOf(pod)
-	if !c.track(it) {
+	if !c.track(podItemOf(pod)) {
 		return nil // stopping
 	}
 	if rec.LastSeq == 0 {

@@ -138,10 +138,8 @@ func eventually(ok func() bool) bool {
 // of the queue does.
 func syncPod(t *testing.T, c *Collector, pod *corev1.Pod) {
 	t.Helper()
-	if it, ok := c.itemOf(pod); ok {
-		if err := c.reconcile(it); err != nil {
-			t.Fatal(err)
-		}
+	if err := c.reconcile(podItemOf(pod)); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -477,7 +475,7 @@ func TestCollectorTriesARefusedRecordAgain(t *testing.T) {
 	cache.set(pod)
 	logs.get("p1", "agent").write(at(1), `{"type":"assistant","n":1}`)
 	c.OnPod(pod)
-	it, _ := c.itemOf(pod)
+	it := podItemOf(pod)
 	waitFor(t, func() bool { return c.queue.NumRequeues(it) == 1 }, "the refused pod was not queued again")
 	if n := refusing.refusals.Load(); n != 1 {
 		t.Fatalf("the store was asked %d times before the clock moved, want once", 2-n)
