@@ -4,6 +4,7 @@ import (
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // releaseInterval is how often the store lets go of the pages of its file
@@ -20,16 +21,7 @@ const releaseInterval = 250 * time.Millisecond
 // the same page.
 func (s *Store) releaseEvery(interval time.Duration, stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-			_ = s.releaseMapped()
-		}
-	}
+	wait.Until(func() { _ = s.releaseMapped() }, interval, stop)
 }
 
 // releaseMapped releases the pages of the file mapped so far. It runs in
