@@ -279,7 +279,7 @@ func (s *service) Start(ctx context.Context) error {
 		go s.rebalanceUntil(s.collectCtx)
 	}
 
-	api, serveErr, err := s.serveAPI(s.collectCtx)
+	stopAPI, serveErr, err := s.serveAPI(s.collectCtx)
 	if err != nil {
 		return err
 	}
@@ -287,7 +287,7 @@ func (s *service) Start(ctx context.Context) error {
 
 	s.log.Info("stopping: closing streams and flushing the store")
 	s.listening.Store(false)
-	api.stop(s.opts.ShutdownTimeout)
+	stopAPI(s.opts.ShutdownTimeout)
 	s.stopCollecting()
 	s.coll.Stop()
 	return runErr
@@ -358,25 +358,10 @@ func (s *service) forgetRetired(ctx context.Context) {
 	}
 }
 
-// apiServer is the running HTTP API.
-type apiServer struct {
-	srv *http.Server
-	// cancel ends the responses that follow a run, which would otherwise
-	// hold Shutdown for its whole timeout.
-	cancel context.CancelFunc
-}
-
-func (a *apiServer) stop(timeout time.Duration) {
-	a.cancel()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	_ = a.srv.Shutdown(ctx)
-}
-
 // serveAPI listens on APIAddr (TLS with a reloading certificate when
 // CertDir is set) and serves until stopped; a serving failure arrives on
 // the channel.
-func (s *service) serveAPI(ctx context.Context) (*apiServer, <-chan error, error) {
+func (s *service) serveAPI(ctx context.Context) (stop func(timeout time.Duration), _ <-chan error, _ error) {
 	if len(s.opts.TokenAudiences) == 0 {
 		s.log.Info("WARNING: accepting callers' tokens for the API server's audience: a token sent to the relay works against the API server too; set --token-audience")
 	}
@@ -406,7 +391,12 @@ func (s *service) serveAPI(ctx context.Context) (*apiServer, <-chan error, error
 			errc <- err
 		}
 	}()
-	return &apiServer{srv: srv, cancel: cancel}, errc, nil
+	return func(timeout time.Duration) {
+		cancel() // the responses that follow a run would hold Shutdown for its whole timeout
+		ctx, done := context.WithTimeout(context.Background(), timeout)
+		defer done()
+		_ = srv.Shutdown(ctx)
+	}, errc, nil
 }
 
 // jobFailure reads a Job's Failed condition reason live.

@@ -54,14 +54,14 @@ func TestAPIReadyOnlyWhenListening(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	api, _, err := s.serveAPI(ctx)
+	stopAPI, _, err := s.serveAPI(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := s.apiReady(nil); err != nil {
 		t.Fatalf("not ready while listening: %v", err)
 	}
-	api.stop(time.Second)
+	stopAPI(time.Second)
 
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
