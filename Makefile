@@ -92,8 +92,8 @@ fuzz: ## Fuzz every decoder for FUZZTIME each
 	$(GOTEST) -run XXX -fuzz '^FuzzMatchGlob$$' -fuzztime $(FUZZTIME) ./config/
 	$(GOTEST) -run XXX -fuzz '^FuzzRead$$' -fuzztime $(FUZZTIME) ./internal/manifest/
 	$(GOTEST) -run XXX -fuzz '^FuzzLineDecoding$$' -fuzztime $(FUZZTIME) ./relay/collect/
-	$(GOTEST) -run XXX -fuzz '^FuzzRedactKeepsJSONValid$$' -fuzztime $(FUZZTIME) ./relay/collect/
-	$(GOTEST) -run XXX -fuzz '^FuzzRedactGuardsMissNothing$$' -fuzztime $(FUZZTIME) ./relay/collect/
+	$(GOTEST) -run XXX -fuzz '^FuzzRedactKeepsJSONValid$$' -fuzztime $(FUZZTIME) ./relay/redact/
+	$(GOTEST) -run XXX -fuzz '^FuzzRedactGuardsMissNothing$$' -fuzztime $(FUZZTIME) ./relay/redact/
 
 golden: ## Rewrite golden files and the manual's generated reference blocks after an intended change (review the diff!)
 	REFRESH_GOLDEN=true $(GOTEST) ./templates/ ./config/ ./cmd/clipjob/app/ ./cmd/clipjob-webhook/app/ ./cmd/clipjob-relay/app/

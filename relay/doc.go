@@ -6,10 +6,14 @@
 //
 // One room per job, from the wire inward:
 //
-//   - collect finds agent pods (labeled paperclip.io/run-id), follows one
-//     stream per container instance with exactly-once resume, redacts
-//     secrets, and keeps the NDJSON mirror on the shared volume;
-//   - store keeps runs, lines and each stream's cursor in bbolt;
+//   - collect finds agent pods (labeled paperclip.io/run-id) through a
+//     work queue and follows one stream per container instance with
+//     exactly-once resume;
+//   - redact removes secrets from lines before they are stored;
+//   - mirror keeps each run's NDJSON file on the shared volume;
+//   - store says what a store keeps; store/bolt keeps runs, lines and
+//     each stream's cursor in bbolt, store/postgres in PostgreSQL, where
+//     replicas divide the runs (replicas);
 //   - result reads the run's result from its lines;
 //   - api serves runs and logs (JSON, SSE, NDJSON) behind TokenReview and
 //     SubjectAccessReview.

@@ -12,37 +12,24 @@ import (
 )
 
 // The HTTP/2 settings of the log streams' connections to the API server.
-// client-go's transport leaves Go's: a 4 MiB receive window per stream,
-// so each followed log could hold 4 MiB the relay had not read yet, which
-// it does whenever commits fall behind (a flood, a slow fsync), and
-// frames of up to 1 MiB. 32 KiB, half of HTTP/2's own initial window,
-// is 16 MiB for 500 streams at most, and still carries megabytes a
-// second a stream at a millisecond's round trip (an agent writes
-// kilobytes): the rest of a burst waits in the kubelet's log file, read
-// when the relay has room.
-//
-// A connection's window bounds what all its streams hold together: Go's
-// is 1 GiB, so hundreds of streams the relay is behind on (a flood, where
-// readers wait for the collector's budget of lines) each filled their
-// own, 16 MiB at 500 streams. With 1 MiB a connection (the API server
-// carries hundreds of streams on one), what the relay has not read is
-// bounded by its connections, not its streams, and the rest waits in the
-// log files. The window comes back as the relay reads any of them, and a
-// stream holding lines commits them without reading more, so a stream
-// whose data sits unread cannot keep the others from theirs for good.
+// Go's defaults (a 4 MiB window per stream, 1 GiB per connection) let
+// each followed log hold megabytes the relay has not read whenever its
+// commits fall behind. 32 KiB a stream still carries megabytes a second,
+// and 1 MiB a connection bounds what the relay has not read by its
+// connections, not its streams: the rest waits in the kubelets' log
+// files. A stream holding lines commits them without reading more, so
+// one whose data sits unread cannot keep the others' window for good.
 const (
 	logStreamWindow    = 32 << 10
 	logConnWindow      = 1 << 20
 	logStreamFrameSize = 16 << 10
 )
 
-// logClient is a client for the log streams only: its own connections to
-// the API server, with HTTP/2 windows sized for hundreds of streams
-// (logStreamWindow). Authentication, TLS and the rate limit are rc's, as
-// client-go builds them (client certificate files are re-read at each
-// handshake); the rest of the relay keeps client-go's shared transport.
-// Unlike that one, it does not swap in a CA file rotated while the relay
-// runs (client-go's ClientsAllowCARotation): the relay's next start does.
+// logClient is a client for the log streams only, with HTTP/2 windows
+// sized for hundreds of streams. Authentication, TLS and the rate limit
+// are rc's, as client-go builds them; unlike client-go's shared
+// transport, it does not swap in a CA file rotated while the relay runs
+// (the relay's next start does).
 func logClient(rc *rest.Config) (kubernetes.Interface, error) {
 	tc, err := rc.TransportConfig()
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/paperclipai/clipjob/relay/collect"
+	"github.com/paperclipai/clipjob/relay/mirror"
+	"github.com/paperclipai/clipjob/relay/redact"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
 )
 
@@ -25,5 +27,7 @@ func registerMetrics() {
 		metrics.Registry.MustRegister(storeSize, runsRetired)
 		metrics.Registry.MustRegister(postgres.Collectors()...)
 		collect.RegisterMetrics()
+		metrics.Registry.MustRegister(mirror.Collectors()...)
+		metrics.Registry.MustRegister(redact.Collectors()...)
 	})
 }

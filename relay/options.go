@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/paperclipai/clipjob/relay/collect"
+	"github.com/paperclipai/clipjob/relay/mirror"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
 )
 
@@ -18,34 +19,30 @@ import (
 // command's flags start from it, so a default is written once.
 type Options struct {
 	// Store is where runs and lines are kept: StoreBolt (a file in
-	// DataDir, one relay; also when empty) or StorePostgres (a PostgreSQL
-	// server).
+	// DataDir, one relay; also when empty) or StorePostgres.
 	Store string
 	// DataDir holds the bbolt store (a volume that outlives the pod).
 	DataDir string
 	// PostgresURLFile holds the PostgreSQL connection string (a mounted
-	// Secret's key); empty: the environment variable PostgresURLEnv. Never
-	// a flag's value, which any process on the node can read.
+	// Secret's key); empty: the environment variable PostgresURLEnv, never
+	// a flag, which any process on the node can read.
 	PostgresURLFile string
 	// PostgresSchema holds the relay's tables on the PostgreSQL server,
 	// created and migrated at start.
 	PostgresSchema string
-	// Replicas divide the runs among relays sharing a PostgreSQL store;
-	// with bbolt, one relay collects every run and this is unused.
+	// Replicas divide the runs among relays sharing a PostgreSQL store.
 	Replicas ReplicaOptions
 	// Namespaces to collect agent pods from; empty means all.
 	Namespaces []string
 	// APIAddr serves the HTTP API.
 	APIAddr string
 	// CertDir holds tls.crt and tls.key for the API, reloaded when they
-	// change. Callers send bearer tokens, so serve TLS anywhere but
-	// loopback. Empty means plain HTTP.
+	// change; empty: plain HTTP (callers send tokens: loopback only).
 	CertDir string
 	// MetricsAddr serves /metrics ("0" disables); ProbeAddr /healthz and
 	// /readyz.
 	MetricsAddr, ProbeAddr string
-	// PprofAddr serves net/http/pprof for profiling under load; "" (the
-	// default) disables it.
+	// PprofAddr serves net/http/pprof; "" (the default) disables it.
 	PprofAddr string
 	// MaxStreams bounds open log streams.
 	MaxStreams int
@@ -59,40 +56,34 @@ type Options struct {
 	// when the relay stops.
 	ShutdownTimeout time.Duration
 	// RedactPatterns (regular expressions) and RedactValues (literal
-	// secrets) are removed from lines before storage, besides the built-in
-	// token patterns.
+	// secrets) are removed from lines before storage, besides token shapes.
 	RedactPatterns, RedactValues []string
 	// RedactValuesFile holds more secret values, one per line (e.g. a
 	// mounted Secret). It must be readable at start, and is re-read every
 	// RedactValuesInterval: a change applies to lines stored after it.
 	RedactValuesFile     string
 	RedactValuesInterval time.Duration
-	// MirrorDir, when set, is the shared volume's data directory: each
-	// run's agent output is kept as run-logs/<company>/<agent>/<run>.pod.ndjson
-	// there, where Paperclip's Claude adapter reads it. Empty: off.
+	// MirrorDir, when set, is the shared volume's data directory, where
+	// each run's agent output is mirrored as NDJSON (package mirror).
 	MirrorDir string
 	// MirrorBase is the run-log directory under MirrorDir, Paperclip's
 	// RUN_LOG_BASE_PATH relative to the volume. Default "run-logs".
 	MirrorBase string
 	// TokenAudiences a caller's token must be for. Default
-	// DefaultTokenAudience: a token made for the relay is useless against
-	// the API server, so neither the relay nor anyone who reads its
-	// traffic can replay it there. Empty accepts the API server's.
+	// DefaultTokenAudience, so that a token sent to the relay cannot be
+	// replayed against the API server. Empty accepts the API server's.
 	TokenAudiences []string
 	// RestConfig reaches the API server. Required.
 	RestConfig *rest.Config
 	Log        logr.Logger
 }
 
-// ReplicaOptions configure the membership of relays sharing a store (see
-// package replicas): each keeps a row in the store's table of replicas,
-// renewed every RenewInterval, and a replica whose row was not renewed
-// for LeaseDuration, by the server's clock, has its runs taken over.
+// ReplicaOptions configure the membership of relays sharing a store
+// (package replicas): a replica whose row was not renewed for
+// LeaseDuration, by the server's clock, has its runs taken over.
 type ReplicaOptions struct {
-	// Identity is this replica's name in the table and its log, for
-	// people. Default: the host name (the pod's name).
-	Identity string
-	// LeaseDuration and RenewInterval: see above.
+	// Identity is this replica's name for people. Default the host name.
+	Identity                     string
 	LeaseDuration, RenewInterval time.Duration
 }
 
@@ -157,7 +148,7 @@ func (o *Options) validate() error {
 		errs = append(errs, errors.New("--api-address and --health-probe-bind-address (APIAddr, ProbeAddr) are required"))
 	}
 	if o.MirrorDir != "" {
-		if why := collect.ValidBase(o.MirrorBase); why != "" {
+		if why := mirror.ValidBase(o.MirrorBase); why != "" {
 			errs = append(errs, fmt.Errorf("--mirror-run-log-base (MirrorBase) %q: %s", o.MirrorBase, why))
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"net/http"
 	"sync"
 	"time"
@@ -17,17 +18,6 @@ import (
 	"github.com/paperclipai/clipjob/relay/store/postgres"
 )
 
-// pinger is a store on a server, which can be out of reach (PostgreSQL).
-type pinger interface {
-	Ping(ctx context.Context) error
-}
-
-// sharedStore is a store several relays share, which keeps their table of
-// replicas (PostgreSQL).
-type sharedStore interface {
-	Replicas() *postgres.ReplicaTable
-}
-
 // divideRuns, for a store several relays share, makes this relay a
 // member in the store's table of replicas (package replicas): it collects
 // only the runs it owns, hands them over when the members change, stops
@@ -37,17 +27,13 @@ func (s *service) divideRuns(mgr manager.Manager, st store.Backend) error {
 	if s.opts.Store != StorePostgres {
 		return nil
 	}
-	p, ok := st.(pinger)
-	if !ok {
-		return fmt.Errorf("the %s store cannot say whether it answers", s.opts.Store)
-	}
-	k, ok := st.(sharedStore)
+	pg, ok := st.(*postgres.Store)
 	if !ok {
 		return fmt.Errorf("the %s store keeps no table of the relays sharing it", s.opts.Store)
 	}
 	replicas.RegisterMetrics()
 	o := s.opts.Replicas
-	health := &reachable{what: "the store", ping: p.Ping, interval: o.RenewInterval, log: s.log.WithName("store")}
+	health := &reachable{what: "the store", ping: pg.Ping, interval: o.RenewInterval, log: s.log.WithName("store")}
 	// The runs' logs come through the API server: a replica cut off from
 	// it but not from the store would keep its row, and its runs, while
 	// it can follow none of them.
@@ -56,7 +42,7 @@ func (s *service) divideRuns(mgr manager.Manager, st store.Backend) error {
 			return s.client.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Error()
 		}}
 	s.rebalance = make(chan struct{}, 1)
-	s.members = &replicas.Members{Table: k.Replicas(), Name: o.Identity,
+	s.members = &replicas.Members{Table: pg.Replicas(), Name: o.Identity,
 		LeaseDuration: o.LeaseDuration, RenewInterval: o.RenewInterval,
 		Healthy:  func() error { return errors.Join(health.err(), api.err()) },
 		OnChange: s.kickRebalance, Log: s.log.WithName("replicas")}
@@ -156,31 +142,27 @@ func (h *reachable) err() error {
 
 // Start implements manager.Runnable.
 func (h *reachable) Start(ctx context.Context) error {
-	t := time.NewTicker(h.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := h.ping(pctx)
-		cancel()
-		if ctx.Err() != nil {
-			return nil
-		}
-		h.mu.Lock()
-		was := h.fails >= 2
-		if err != nil {
-			h.fails, h.last = h.fails+1, err
-		} else {
-			h.fails, h.last = 0, nil
-		}
-		now := h.fails >= 2
-		h.mu.Unlock()
-		if was != now {
-			h.log.Info("reachable", "server", h.what, "reachable", !now, "err", err)
-		}
+	wait.UntilWithContext(ctx, h.check, h.interval)
+	return nil
+}
+
+func (h *reachable) check(ctx context.Context) {
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err := h.ping(pctx)
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	h.mu.Lock()
+	was := h.fails >= 2
+	if err != nil {
+		h.fails, h.last = h.fails+1, err
+	} else {
+		h.fails, h.last = 0, nil
+	}
+	now := h.fails >= 2
+	h.mu.Unlock()
+	if was != now {
+		h.log.Info("reachable", "server", h.what, "reachable", !now, "err", err)
 	}
 }

@@ -32,8 +32,11 @@ import (
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/relay/api"
 	"github.com/paperclipai/clipjob/relay/collect"
+	"github.com/paperclipai/clipjob/relay/mirror"
+	"github.com/paperclipai/clipjob/relay/redact"
 	"github.com/paperclipai/clipjob/relay/replicas"
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/bolt"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
 )
 
@@ -46,13 +49,13 @@ func Serve(ctx context.Context, o Options) error {
 		return fmt.Errorf("relay options: %w", err)
 	}
 	registerMetrics()
-	redact, err := collect.NewRedactor(o.RedactPatterns, o.RedactValues)
+	redactor, err := redact.New(o.RedactPatterns, o.RedactValues)
 	if err != nil {
 		return fmt.Errorf("redaction patterns: %w", err)
 	}
-	var values *collect.ValuesFile
+	var values *redact.ValuesFile
 	if o.RedactValuesFile != "" {
-		values = &collect.ValuesFile{Path: o.RedactValuesFile, Redactor: redact, Static: o.RedactValues,
+		values = &redact.ValuesFile{Path: o.RedactValuesFile, Redactor: redactor, Static: o.RedactValues,
 			Interval: o.RedactValuesInterval, Log: o.Log.WithName("redact")}
 		if err := values.Load(); err != nil {
 			return err
@@ -93,8 +96,8 @@ func Serve(ctx context.Context, o Options) error {
 	collectCtx, stopCollecting := context.WithCancel(context.WithoutCancel(ctx))
 	svc := &service{opts: o, store: store, client: client, authClient: authClient, cache: mgr.GetCache(), log: o.Log,
 		collectCtx: collectCtx, stopCollecting: stopCollecting}
-	svc.coll = &collect.Collector{Store: store, Source: collect.APILogSource{Client: logs}, Redact: redact, Follow: o.Follow,
-		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Mirror: &collect.Mirror{Dir: o.MirrorDir, Base: o.MirrorBase, Store: store},
+	svc.coll = &collect.Collector{Store: store, Source: collect.APILogSource{Client: logs}, Redact: redactor, Follow: o.Follow,
+		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Mirror: &mirror.Mirror{Dir: o.MirrorDir, Base: o.MirrorBase, Store: store},
 		Pods: svc.pod, JobFailure: jobFailure(client)}
 	svc.coll.Start(collectCtx)
 	if err := svc.divideRuns(mgr, store); err != nil {
@@ -153,7 +156,7 @@ func openStore(ctx context.Context, o Options) (store.Backend, error) {
 		}
 		return s, nil
 	}
-	s, err := store.OpenStore(o.DataDir)
+	s, err := bolt.Open(o.DataDir)
 	if err != nil {
 		return nil, err
 	}
@@ -276,7 +279,7 @@ func (s *service) Start(ctx context.Context) error {
 		go s.rebalanceUntil(s.collectCtx)
 	}
 
-	api, serveErr, err := s.serveAPI(s.collectCtx)
+	stopAPI, serveErr, err := s.serveAPI(s.collectCtx)
 	if err != nil {
 		return err
 	}
@@ -284,7 +287,7 @@ func (s *service) Start(ctx context.Context) error {
 
 	s.log.Info("stopping: closing streams and flushing the store")
 	s.listening.Store(false)
-	api.stop(s.opts.ShutdownTimeout)
+	stopAPI(s.opts.ShutdownTimeout)
 	s.stopCollecting()
 	s.coll.Stop()
 	return runErr
@@ -355,25 +358,10 @@ func (s *service) forgetRetired(ctx context.Context) {
 	}
 }
 
-// apiServer is the running HTTP API.
-type apiServer struct {
-	srv *http.Server
-	// cancel ends the responses that follow a run, which would otherwise
-	// hold Shutdown for its whole timeout.
-	cancel context.CancelFunc
-}
-
-func (a *apiServer) stop(timeout time.Duration) {
-	a.cancel()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	_ = a.srv.Shutdown(ctx)
-}
-
 // serveAPI listens on APIAddr (TLS with a reloading certificate when
 // CertDir is set) and serves until stopped; a serving failure arrives on
 // the channel.
-func (s *service) serveAPI(ctx context.Context) (*apiServer, <-chan error, error) {
+func (s *service) serveAPI(ctx context.Context) (stop func(timeout time.Duration), _ <-chan error, _ error) {
 	if len(s.opts.TokenAudiences) == 0 {
 		s.log.Info("WARNING: accepting callers' tokens for the API server's audience: a token sent to the relay works against the API server too; set --token-audience")
 	}
@@ -403,7 +391,12 @@ func (s *service) serveAPI(ctx context.Context) (*apiServer, <-chan error, error
 			errc <- err
 		}
 	}()
-	return &apiServer{srv: srv, cancel: cancel}, errc, nil
+	return func(timeout time.Duration) {
+		cancel() // the responses that follow a run would hold Shutdown for its whole timeout
+		ctx, done := context.WithTimeout(context.Background(), timeout)
+		defer done()
+		_ = srv.Shutdown(ctx)
+	}, errc, nil
 }
 
 // jobFailure reads a Job's Failed condition reason live.

@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/bolt"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
 	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
 )
@@ -53,14 +54,14 @@ func TestAPIReadyOnlyWhenListening(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	api, _, err := s.serveAPI(ctx)
+	stopAPI, _, err := s.serveAPI(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := s.apiReady(nil); err != nil {
 		t.Fatalf("not ready while listening: %v", err)
 	}
-	api.stop(time.Second)
+	stopAPI(time.Second)
 
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -84,7 +85,7 @@ func TestServeOpensTheStoreItIsTold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := s.(*store.Store); !ok {
+	if _, ok := s.(*bolt.Store); !ok {
 		t.Errorf("default store %T, want bbolt's", s)
 	}
 	s.Close()

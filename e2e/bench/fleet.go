@@ -24,7 +24,6 @@ import (
 	"github.com/paperclipai/clipjob/e2e/harness"
 	"github.com/paperclipai/clipjob/relay"
 	"github.com/paperclipai/clipjob/relay/replicas"
-	"github.com/paperclipai/clipjob/relay/store/postgres"
 	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
 )
 
@@ -188,7 +187,7 @@ func fleetOnPostgres(ctx context.Context, c *cluster.Cluster, cs kubernetes.Inte
 	defer deleteRuns(context.WithoutCancel(ctx), cs, name)
 	victimRuns := map[int]bool{}
 	own := make([]bool, n) // run i's client is on the replica that collects it
-	members, err := postgres.ReadReplicas(ctx, db, fleetSchema)
+	members, err := harness.ReadReplicas(ctx, db, fleetSchema)
 	if err != nil {
 		return res, fmt.Errorf("the relays' table of replicas: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/paperclipai/clipjob/relay/result"
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/bolt"
 )
 
 // listRunsTarget is the bound on GET /v1/runs over 10,000 runs.
@@ -24,7 +25,7 @@ type listTiming struct {
 // addFinishedRuns writes n finished runs with results into the store in
 // dataDir (the relay stopped), as months of agent runs leave it.
 func addFinishedRuns(dataDir string, n int) error {
-	s, err := store.OpenStore(dataDir)
+	s, err := bolt.Open(dataDir)
 	if err != nil {
 		return err
 	}

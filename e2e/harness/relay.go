@@ -12,7 +12,7 @@ import (
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/relay"
 	"github.com/paperclipai/clipjob/relay/replicas"
-	"github.com/paperclipai/clipjob/relay/store/postgres"
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // Relay is a running clipjob-relay.
@@ -136,7 +136,7 @@ func ReplicaIDs(ctx context.Context, conn, schema string) (map[string]string, er
 		return nil, err
 	}
 	defer db.Close(context.WithoutCancel(ctx))
-	ms, err := postgres.ReadReplicas(ctx, db, schema)
+	ms, err := ReadReplicas(ctx, db, schema)
 	if err != nil {
 		return nil, fmt.Errorf("the relays' table of replicas in schema %s: %w", schema, err)
 	}
@@ -145,6 +145,19 @@ func ReplicaIDs(ctx context.Context, conn, schema string) (map[string]string, er
 		ids[m.Name] = m.ID
 	}
 	return ids, nil
+}
+
+// ReadReplicas reads the rows of the relays of schema through q, newest
+// renewal last, to work out which replica collects a run (relay/replicas
+// picks over the live ids).
+func ReadReplicas(ctx context.Context, q interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, schema string) ([]store.Replica, error) {
+	rows, err := q.Query(ctx, `SELECT id, name FROM `+pgx.Identifier{schema}.Sanitize()+`.replicas ORDER BY renewed_at`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[store.Replica])
 }
 
 // RunCollector names the relay of schema on the PostgreSQL at conn that

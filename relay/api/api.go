@@ -13,24 +13,15 @@ import (
 
 	"github.com/go-logr/logr"
 	authnv1 "k8s.io/api/authentication/v1"
+	"k8s.io/utils/clock"
 
 	"github.com/paperclipai/clipjob/relay/result"
 	"github.com/paperclipai/clipjob/relay/store"
 )
 
-// API serves runs and their logs.
-//
-//	GET /v1/runs?agent=&company=&phase=   runs the caller may read, newest first
-//	GET /v1/runs/{run}                     one run: status and result
-//	    ?job=<uid> (here and on /log)          the run of that Job, which the
-//	                                           collector keeps apart when
-//	                                           another Job took the id first
-//	GET /v1/runs/{run}/log?after=N&follow=true
-//	    Accept: text/event-stream      SSE: "id: <seq>" per line, keepalive
-//	                                   comments, a final "end" event;
-//	                                   Last-Event-ID resumes
-//	    Accept: application/x-ndjson   the same events as JSON lines
-//	    otherwise                      the lines as plain text, not following
+// API serves runs and their logs (docs/relay.md, "The HTTP API"):
+// GET /v1/runs, /v1/runs/{run} and /v1/runs/{run}/log as SSE, NDJSON or
+// plain text.
 type API struct {
 	Store store.Backend
 	Auth  Authorizer
@@ -40,6 +31,8 @@ type API struct {
 	// still read the run (decisions are cached for 30s). Default 1m.
 	Reauthorize time.Duration
 	Log         logr.Logger
+	// Clock times keepalives and reauthorization. Default the real clock.
+	Clock clock.WithTicker
 }
 
 // Handler returns the API's routes.
@@ -93,7 +86,7 @@ func (a *API) run(w http.ResponseWriter, r *http.Request) (*store.Run, *authnv1.
 	var run *store.Run
 	var err error
 	if keyable(id) && keyable(job) {
-		run, err = a.Store.RunOfJob(id, job)
+		run, err = store.RunOfJob(a.Store, id, job)
 	}
 	if err != nil {
 		fail(w, http.StatusInternalServerError, "reading run %s: %v", id, err)
@@ -115,8 +108,7 @@ func (a *API) run(w http.ResponseWriter, r *http.Request) (*store.Run, *authnv1.
 
 // keyable says whether a run id or filter value could match a stored
 // run: labels and phases are valid UTF-8 without NUL, and PostgreSQL
-// refuses other bytes in a query (a 500 carrying its message, found by a
-// hostile review) where bbolt simply matched nothing.
+// refuses other bytes in a query, where bbolt matches nothing.
 func keyable(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
 func (a *API) listRuns(w http.ResponseWriter, r *http.Request) {
@@ -173,9 +165,7 @@ func (a *API) listRuns(w http.ResponseWriter, r *http.Request) {
 }
 
 // DefaultListLimit bounds GET /v1/runs unless the caller asks for more:
-// listing every one of 10,000 stored runs is 6 MB of JSON and took 190 ms
-// through the relay, the newest 500 56 ms (docs/benchmarks.md); a client
-// wants one agent's runs, or the newest few.
+// a client wants one agent's runs, or the newest few, not megabytes.
 const (
 	DefaultListLimit = 100
 	MaxListLimit     = 10000
@@ -244,12 +234,13 @@ func (a *API) getLog(w http.ResponseWriter, r *http.Request) {
 	if every <= 0 {
 		every = time.Minute
 	}
-	checked := time.Now()
+	clk := a.clock()
+	checked := clk.Now()
 	allowed := func(ctx context.Context) bool {
-		if time.Since(checked) < every {
+		if clk.Since(checked) < every {
 			return true
 		}
-		checked = time.Now()
+		checked = clk.Now()
 		ok, err := a.Auth.Allowed(ctx, user, run.Namespace)
 		return err == nil && ok
 	}
@@ -302,7 +293,7 @@ func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after 
 		case <-ctx.Done():
 			return
 		case <-changed:
-		case <-time.After(keepalive):
+		case <-a.clock().After(keepalive):
 			if ew.keepalive() != nil {
 				return
 			}
@@ -310,11 +301,16 @@ func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after 
 	}
 }
 
+func (a *API) clock() clock.WithTicker {
+	if a.Clock == nil {
+		return clock.RealClock{}
+	}
+	return a.Clock
+}
+
 // progresser is a store that reads how far a run is without its whole
-// record (PostgreSQL: two columns, where the record is a JSON document to
-// fetch and decode). A follower asks after every wake-up: at 1,000 runs
-// followed, reading and decoding the record was a fifth of a replica's
-// CPU in the steady phase (docs/benchmarks.md).
+// record (PostgreSQL: two columns, not a JSON document to decode), which
+// a follower asks after every wake-up.
 type progresser interface {
 	Progress(run string) (lastSeq uint64, done, found bool, err error)
 }

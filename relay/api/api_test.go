@@ -18,11 +18,13 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/bolt"
 	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
 
@@ -43,7 +45,7 @@ func (tokenAuth) Allowed(_ context.Context, u *authnv1.UserInfo, ns string) (boo
 	return u.Username == "reader" && ns == "paperclip", nil
 }
 
-func apiFixture(t *testing.T) (*store.Store, *httptest.Server) {
+func apiFixture(t *testing.T) (*bolt.Store, *httptest.Server) {
 	s, _ := storetest.Open(t)
 	for _, run := range []struct{ id, ns, agent string }{{"run-1", "paperclip", "agent-a"}, {"run-2", "paperclip", "agent-b"}, {"run-x", "other", "agent-a"}} {
 		_, _ = s.UpdateRun(run.id, func(r *store.Run) { r.Namespace, r.Agent, r.Phase = run.ns, run.agent, "Running" })
@@ -405,37 +407,41 @@ func TestAPIPagesByBytes(t *testing.T) {
 	}
 }
 
-// TestFollowEndsWhenAccessIsRevoked: a following response checks again
-// that its caller may read the run, and ends once it may not.
+// TestFollowEndsWhenAccessIsRevoked: a following response checks again,
+// each time Reauthorize passed on the API's clock, that its caller may
+// read the run: granted, the stream goes on; refused, it ends.
 func TestFollowEndsWhenAccessIsRevoked(t *testing.T) {
 	s, _ := storetest.Open(t)
 	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Namespace, r.Phase = "paperclip", "Running" })
 	_, _ = s.Append("run-1", "st", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "one"), time.Now())
 	auth := &revocable{}
-	api := &API{Store: s, Auth: auth, Keepalive: 20 * time.Millisecond, Reauthorize: 10 * time.Millisecond}
+	clk := clocktesting.NewFakeClock(time.Now())
+	api := &API{Store: s, Auth: auth, Keepalive: time.Minute, Reauthorize: time.Minute, Clock: clk}
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(srv.Close)
 	resp := get(t, srv.URL+"/v1/runs/run-1/log", "reader", "application/x-ndjson")
 	done := make(chan struct{})
 	go func() { _, _ = io.Copy(io.Discard, resp.Body); close(done) }()
-	// The request's own check, then three while following: granted each
-	// time, the stream goes on.
-	for deadline := time.Now().Add(time.Minute); auth.asked.Load() < 4; time.Sleep(time.Millisecond) {
+	following := func(checks int32) {
+		t.Helper()
+		err := wait.PollUntilContextTimeout(context.Background(), time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+			return clk.HasWaiters() && auth.asked.Load() == checks, nil
+		})
 		select {
 		case <-done:
 			t.Fatalf("the stream ended while access was granted (after %d checks)", auth.asked.Load())
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a following response checked access %d times in a minute, with Reauthorize 10ms", auth.asked.Load())
+		if err != nil {
+			t.Fatalf("not following after %d checks of access: %d checks", checks, auth.asked.Load())
 		}
 	}
-	select {
-	case <-done:
-		t.Fatal("the stream ended while access was granted")
-	default:
-	}
+	following(1) // the request's own check
+	clk.Step(time.Minute)
+	following(2) // checked again, granted
 	auth.revoked.Store(true)
+	following(2) // nothing checks before the clock moves
+	clk.Step(time.Minute)
 	select {
 	case <-done:
 	case <-time.After(time.Minute):
@@ -545,7 +551,7 @@ func TestAPIFindsAJobsRunByItsUID(t *testing.T) {
 
 // pickyStore refuses, as PostgreSQL does, a query holding bytes that are
 // not UTF-8 or a NUL.
-type pickyStore struct{ *store.Store }
+type pickyStore struct{ *bolt.Store }
 
 func sqlText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
@@ -556,11 +562,11 @@ func (p pickyStore) RunsWhere(f store.Filter) ([]store.Summary, error) {
 	return p.Store.RunsWhere(f)
 }
 
-func (p pickyStore) RunOfJob(id, job string) (*store.Run, error) {
-	if !sqlText(id + job) {
+func (p pickyStore) Run(id string) (*store.Run, error) {
+	if !sqlText(id) {
 		return nil, errors.New(`ERROR: invalid byte sequence for encoding "UTF8" (SQLSTATE 22021)`)
 	}
-	return p.Store.RunOfJob(id, job)
+	return p.Store.Run(id)
 }
 
 // TestAPIBytesNoRunHasMatchNothing: a filter or run id that is not UTF-8,
@@ -594,7 +600,7 @@ func TestAPIBytesNoRunHasMatchNothing(t *testing.T) {
 // progressStore counts the record reads and progress reads of a store
 // that can say how far a run is without its record (as PostgreSQL's).
 type progressStore struct {
-	*store.Store
+	*bolt.Store
 	runs, progresses atomic.Int64
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/paperclipai/clipjob/relay/result"
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/bolt"
 	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
 
@@ -62,7 +63,7 @@ func BenchmarkListRuns(b *testing.B) {
 
 // put stores one finished (or, one in a thousand, running) run with a
 // result, as the relay keeps them.
-func put(b *testing.B, s *store.Store, i int) {
+func put(b *testing.B, s *bolt.Store, i int) {
 	cost := 0.42
 	id := fmt.Sprintf("run-%05d", i)
 	phase := "Succeeded"

@@ -3,29 +3,21 @@ package collect
 import "sync"
 
 // budget bounds the bytes of lines that all the streams of a collector
-// hold at once between reading them and their commit: the lines a
-// stream's reader queued and those in its batch. Each stream bounds its
-// own too (BatchBytes), but 500 streams behind a flood each filled
-// theirs, and 16 MiB of lines sat in memory at once with as much again
-// in their HTTP/2 windows (docs/benchmarks.md). A reader that finds the
-// budget spent waits, and its data waits unread in its HTTP/2 window and
-// the kubelet's log file.
+// hold at once between reading them and their commit (each stream's own
+// bound, BatchBytes, times hundreds of streams in a flood is too much). A
+// reader that finds it spent waits, its data unread in its HTTP/2 window
+// and the kubelet's log file.
 //
 // A stream takes the budget a unit (BatchBytes) at a time and spends it
-// line by line, so a stream that waited reads and commits a batch's
-// worth, not a line: granted line by line in turn, 500 streams committed
-// a line each and the relay's CPU doubled. Its commits give back what
-// their lines took; what it took and did not spend it gives back when it
-// waits again, and when it has caught up (nothing queued behind a commit:
-// a quiet stream's line must not keep a unit from the others until its
-// next tick, which doubled the bench's median latency).
+// line by line, so a stream that waited commits a batch's worth, not a
+// line at a time. Commits give back what their lines took; the unspent
+// rest goes back when the stream waits again or has caught up, so a quiet
+// stream keeps no unit from the others.
 //
-// Progress: waiters are granted in the order they came, each when its
-// unit fits, or when no stream holds anything (a line longer than the
-// budget). Every stream holding bytes gives them back without reading
-// more: its lines are committed when its queue runs dry or at its next
-// tick, and a stream with nothing queued gives back the rest then. So
-// the first waiter is granted in time, and each after it.
+// Progress: waiters are granted in order, each when its unit fits or when
+// no stream holds anything (a line longer than the budget). A stream
+// holding bytes commits them without reading more, so the first waiter
+// is granted in time, and each after it.
 type budget struct {
 	mu      sync.Mutex
 	limit   int64
@@ -173,11 +165,4 @@ func (b *budget) grantLocked() {
 		clear(b.waiters[:granted])
 		b.waiters = b.waiters[granted:]
 	}
-}
-
-// inUse is the bytes held by every stream.
-func (b *budget) inUse() int64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.used
 }

@@ -209,3 +209,10 @@ func TestACaughtUpStreamKeepsNoBudget(t *testing.T) {
 		waitFor(t, func() bool { return b.inUse() == 0 }, "the stream kept budget after its commit")
 	}
 }
+
+// inUse is the bytes held by every stream.
+func (b *budget) inUse() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used
+}

@@ -15,7 +15,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
 
+	"github.com/paperclipai/clipjob/relay/redact"
 	"github.com/paperclipai/clipjob/relay/store"
 )
 
@@ -58,29 +60,21 @@ type FollowOptions struct {
 	// BackoffMin and BackoffMax bound the wait between failed attempts.
 	// Default 200ms and 30s.
 	BackoffMin, BackoffMax time.Duration
-	// DrainIdle: once the container has terminated, the stream is done
-	// after this long without a new line (a kubelet ends the stream itself
-	// at EOF; some servers keep it open). Default 3s. DrainMax is how long
-	// to wait for a terminated container's stream to send anything at all
-	// (a kubelet may scan a large file for SinceTime). Default 30s.
+	// DrainIdle: a terminated container's stream that some server keeps
+	// open is done after this long without a line. Default 3s. DrainMax:
+	// how long such a stream may send nothing at all (a kubelet may scan
+	// a large file for SinceTime). Default 30s.
 	DrainIdle, DrainMax time.Duration
 	// BatchLines and BatchWait bound how long lines wait to be committed
-	// while more keep coming (a stream the follower has caught up with
-	// commits at once). Default 256 lines, 100ms.
+	// while more keep coming. Default 256 lines, 100ms.
 	BatchLines int
 	BatchWait  time.Duration
 	// BatchBytes bounds the bytes of a batch, and of the lines read ahead
-	// of it: a batch is committed once it holds this much, and a stream
-	// reads on only while what it queued is under it (a line longer than
-	// this is committed alone). Without it 256 long lines made a batch of
-	// 256 MiB. Default 16 KiB, about 50 agent events: with 500 streams
-	// behind a slow commit that is 8 MiB in batches and as much queued (for
-	// a follower built without defaults, 0 is no bound).
+	// of it (a longer line is committed alone), so that long lines make
+	// no huge batch. Default 16 KiB, about 50 agent events.
 	BatchBytes int
 	// BudgetBytes bounds the bytes of lines all of a collector's streams
-	// hold at once, read and not yet committed (see budget): a flood
-	// fills every stream's BatchBytes at once otherwise. Streams take it
-	// BatchBytes at a time, in turn. Default 2 MiB.
+	// hold at once, read and not yet committed (see budget). Default 2 MiB.
 	BudgetBytes int
 }
 
@@ -103,28 +97,19 @@ func DefaultFollowOptions() FollowOptions {
 // setDefaults fills what is unset from DefaultFollowOptions.
 func (o *FollowOptions) setDefaults() {
 	d := DefaultFollowOptions()
-	def := func(v *time.Duration, dv time.Duration) {
-		if *v <= 0 {
-			*v = dv
-		}
+	for _, f := range [][2]*time.Duration{{&o.MaxStreamLifetime, &d.MaxStreamLifetime}, {&o.BackoffMin, &d.BackoffMin},
+		{&o.BackoffMax, &d.BackoffMax}, {&o.DrainIdle, &d.DrainIdle}, {&o.DrainMax, &d.DrainMax}, {&o.BatchWait, &d.BatchWait}} {
+		orDefault(f[0], *f[1])
 	}
-	def(&o.MaxStreamLifetime, d.MaxStreamLifetime)
-	def(&o.BackoffMin, d.BackoffMin)
-	def(&o.BackoffMax, d.BackoffMax)
-	def(&o.DrainIdle, d.DrainIdle)
-	def(&o.DrainMax, d.DrainMax)
-	def(&o.BatchWait, d.BatchWait)
-	if o.BatchLines <= 0 {
-		o.BatchLines = d.BatchLines
+	for _, f := range [][2]*int{{&o.BatchLines, &d.BatchLines}, {&o.BatchBytes, &d.BatchBytes}, {&o.BudgetBytes, &d.BudgetBytes}, {&o.MaxLineBytes, &d.MaxLineBytes}} {
+		orDefault(f[0], *f[1])
 	}
-	if o.BatchBytes <= 0 {
-		o.BatchBytes = d.BatchBytes
-	}
-	if o.BudgetBytes <= 0 {
-		o.BudgetBytes = d.BudgetBytes
-	}
-	if o.MaxLineBytes <= 0 {
-		o.MaxLineBytes = d.MaxLineBytes
+}
+
+// orDefault sets *v to d unless it is positive.
+func orDefault[T int | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
 	}
 }
 
@@ -143,13 +128,14 @@ type follower struct {
 	ref    StreamRef
 	src    LogSource
 	store  store.Backend
-	redact *Redactor
+	redact *redact.Redactor
 	opts   FollowOptions
 	state  func() containerState
 	slots  chan struct{} // bounds open streams
 	// budget bounds the lines every stream holds together (nil: no bound).
 	budget *budget
 	log    logr.Logger
+	clock  clock.WithTicker
 	// committed, when set, runs after each commit (the NDJSON mirror).
 	committed func()
 	// stored: the current session has committed lines.
@@ -166,11 +152,9 @@ func (f *follower) run(ctx context.Context) {
 		}
 		st := f.state()
 		if err != nil && f.stored {
-			// The stream delivered before it broke: a cut (a proxy, the
-			// kubelet, a server's limit), not a failing source. Reconnect
-			// from the cursor soon: the backoff is for sources that fail
-			// again and again. Growing it across cuts left streams idle
-			// for its 30 s maximum while their agents wrote on.
+			// The stream delivered before it broke: a cut, not a failing
+			// source. Reconnect soon: the backoff is for sources that
+			// fail again and again, not for streams cut now and then.
 			backoff = f.opts.BackoffMin
 		}
 		f.stored = false
@@ -184,7 +168,7 @@ func (f *follower) run(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(backoff):
+			case <-f.clock.After(backoff):
 			}
 			backoff = min(backoff*2, f.opts.BackoffMax)
 			continue
@@ -208,10 +192,8 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	sctx, cancel := context.WithTimeout(ctx, f.opts.MaxStreamLifetime)
 	defer cancel()
 	// A stream opened once the container had ended reads its whole last
-	// file; one it was following when it ended may not have: the kubelet
-	// stops at the EOF of whichever file it was reading, and under a fast
-	// writer that can be a rotated one, the rest (the result with it) in
-	// the newest file.
+	// file; one following it when it ended stops at the EOF of the file
+	// the kubelet was reading, perhaps a rotated one (see streamEnded).
 	endedAtOpen := f.state().ended
 	rc, err := f.src.Stream(sctx, f.ref.Namespace, f.ref.Pod, f.ref.Container, cur.SinceTime(), f.state().replaced)
 	if err != nil {
@@ -227,8 +209,8 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	q := readLines(rc, f.opts.MaxLineBytes, f.opts.BatchBytes, acct, stop)
 
 	b := &batch{f: f, res: newResume(cur), from: cur, acct: acct}
-	started := time.Now()
-	tick := time.NewTicker(f.opts.BatchWait)
+	started := f.clock.Now()
+	tick := f.clock.NewTicker(f.opts.BatchWait)
 	defer tick.Stop()
 	for {
 		select {
@@ -253,17 +235,15 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 			if err := b.add(line); err != nil {
 				return false, err
 			}
-			// Caught up with the stream: commit now instead of at the
-			// next tick, which added up to BatchWait to every line's way
-			// to a reader. Lines that arrive meanwhile queue up and go
-			// in the next commit, so a busy stream still commits them
-			// together (the store joins concurrent commits too).
+			// Caught up: commit now rather than at the next tick, which
+			// would delay every line. A busy stream's lines queue up
+			// meanwhile and still commit together.
 			if len(q.lines) == 0 {
 				if err := b.flush(true); err != nil {
 					return false, err
 				}
 			}
-		case <-tick.C:
+		case <-tick.C():
 			if err := b.flush(len(q.lines) == 0); err != nil {
 				return false, err
 			}
@@ -271,11 +251,8 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 				if endedAtOpen {
 					return true, nil
 				}
-				// Quiet after the end, but opened while the container
-				// ran: the kubelet may be following a rotated file that
-				// will not grow, the rest of the log in the newest one.
-				// Read it once more from the cursor, as a stream that
-				// ended at EOF is.
+				// Opened while the container ran: the kubelet may be on a
+				// rotated file; read once more from the cursor.
 				reconnects.WithLabelValues("final").Inc()
 				return false, nil
 			}
@@ -299,11 +276,9 @@ func (f *follower) takeSlot(ctx context.Context) bool {
 	}
 }
 
-// readBufferBytes is each stream's read buffer. A stream holds it as long
-// as it is open, idle or not, so it is small: a line longer than it is
-// gathered in a slice of its own (up to MaxLineBytes, see readLine),
-// which goes once the line is committed. At 64 KiB, 500 streams held
-// 33 MB in buffers that were mostly empty (docs/benchmarks.md).
+// readBufferBytes is each stream's read buffer, held while the stream is
+// open, idle or not, so it is small: a longer line is gathered in a slice
+// of its own (readLine), which goes once the line is committed.
 const readBufferBytes = 4 << 10
 
 // lineQueue hands the lines a stream's reader read to its follower: at
@@ -312,9 +287,7 @@ const readBufferBytes = 4 << 10
 type lineQueue struct {
 	// lines are whole lines, newline included. The reader closes it after
 	// an error, which it sets in err first, with fragment: what came after
-	// the last newline, the last line of a finished container's log,
-	// which may have none. (The error is not sent as a line: a channel of
-	// lines and errors took 4 KB a stream, 2 MB at 500.)
+	// the last newline (a finished container's last line may have none).
 	lines    chan []byte
 	err      error
 	fragment []byte
@@ -333,13 +306,11 @@ func (q *lineQueue) taken(line []byte) {
 }
 
 // readLines reads whole lines from rc until an error, which it leaves in
-// the queue with the fragment before it, and closes the queue. A fragment is a line cut in the middle,
-// which the resume reads whole (its timestamp has not been counted) —
-// unless the stream was a finished container's last: then it is its last
-// line, written without a newline, and the follower keeps it. It reads
-// on only while the queue has room and the budget allows (see lineQueue):
-// what it does not read waits in the stream's HTTP/2 window, and the rest
-// in the log file.
+// the queue with the fragment before it, and closes the queue. A fragment
+// is a line cut short, read whole by the resume, unless it is a finished
+// container's last line, written without a newline. It reads on only
+// while the queue has room and the budget allows: the rest waits in the
+// stream's HTTP/2 window and the log file.
 func readLines(rc io.Reader, maxLine, maxQueued int, acct *budgetAccount, stop <-chan struct{}) *lineQueue {
 	q := &lineQueue{lines: make(chan []byte, 64), room: make(chan struct{}, 1), maxBytes: math.MaxInt64}
 	if maxQueued > 0 {
@@ -350,8 +321,7 @@ func readLines(rc io.Reader, maxLine, maxQueued int, acct *budgetAccount, stop <
 		send := func(line []byte) bool {
 			n := int64(len(line))
 			for {
-				// A line longer than the bound goes once the queue is
-				// empty.
+				// A line longer than the bound goes once the queue is empty.
 				if queued := q.queued.Load(); queued == 0 || queued+n <= q.maxBytes {
 					break
 				}
@@ -392,9 +362,8 @@ func readLines(rc io.Reader, maxLine, maxQueued int, acct *budgetAccount, stop <
 const TruncatedMarker = " [clipjob: line truncated]"
 
 // readLine reads one line, newline included, keeping at most max bytes of
-// it (max <= 0: no bound): the rest is read and dropped, and the kept part
-// ends with TruncatedMarker. A container printing one enormous line costs
-// max bytes, not the line.
+// it (max <= 0: no bound) and ending what it kept with TruncatedMarker: an
+// enormous line costs max bytes, not the line.
 func readLine(br *bufio.Reader, max int) ([]byte, error) {
 	if max <= 0 {
 		max = math.MaxInt
@@ -449,17 +418,15 @@ func (f *follower) streamEnded(ctx, sctx context.Context, err error, endedAtOpen
 // drained reports whether a stream the server keeps open after its
 // container ended has said all it will: nothing queued, and quiet for
 // DrainIdle since the last line, or silent for DrainMax from the start.
-//
-// The pod is read last: every stream asks on every batch tick, and a read
-// from the cache copies the pod (15% of the relay's CPU with 200 streams
-// when it was read first).
+// The pod is read last: a read from the cache copies it, and every stream
+// asks on every tick.
 func (f *follower) drained(queued int, lastLine, started time.Time) bool {
 	if queued > 0 {
 		return false
 	}
-	quiet := time.Since(lastLine) >= f.opts.DrainIdle
+	quiet := f.clock.Since(lastLine) >= f.opts.DrainIdle
 	if lastLine.IsZero() {
-		quiet = time.Since(started) >= f.opts.DrainMax
+		quiet = f.clock.Since(started) >= f.opts.DrainMax
 	}
 	if !quiet {
 		return false
@@ -473,18 +440,16 @@ type batch struct {
 	f   *follower
 	res *resume
 	// lines is taken from linesPool at the first line of a batch and
-	// given back, cleared, after its commit: an idle stream holds no line
-	// and no slice. Kept between commits, 500 streams held their last
-	// batch's lines, 42 MB after a flood (docs/benchmarks.md).
+	// given back, cleared, after its commit: an idle stream holds none.
 	lines []store.Line
-	// from is the stream's cursor in the store as this session last saw
-	// it: a commit is refused (store.CursorConflict) if another writer
-	// moved it since, and the session ends to resume from the store's.
+	// from is the stream's stored cursor as this session last saw it: a
+	// commit is refused (store.CursorConflict) if another writer moved it
+	// since, and the session ends to resume from the store's.
 	from store.Cursor
 	// bytes are the bytes of lines.
 	bytes int
-	// held is what the lines taken since the last commit, stored or
-	// skipped, took from the budget: given back once they are committed.
+	// held is what the lines taken since the last commit took from the
+	// budget, given back once they are committed.
 	held int64
 	acct *budgetAccount
 	// lastLine is when the stream last sent a line or a commit ended;
@@ -495,7 +460,7 @@ type batch struct {
 // add takes one raw line, skipping what the store already has, and
 // commits when the batch is full.
 func (b *batch) add(raw []byte) error {
-	b.lastLine = time.Now()
+	b.lastLine = b.f.clock.Now()
 	ts, msg, err := splitTimestamp(trimNewline(raw))
 	if err != nil {
 		b.f.log.V(1).Info("skipping a line without timestamp", "stream", b.f.ref.Key())
@@ -523,7 +488,7 @@ func (b *batch) flush(caughtUp bool) error {
 		b.giveBack(caughtUp)
 		return nil
 	}
-	now := time.Now()
+	now := b.f.clock.Now()
 	if _, err := b.f.store.AppendAfter(b.f.ref.Run, b.f.ref.Key(), b.from, b.res.cur, b.lines, now); err != nil {
 		return err
 	}
@@ -539,9 +504,8 @@ func (b *batch) flush(caughtUp bool) error {
 	putLines(b.lines)
 	b.lines, b.bytes = nil, 0
 	b.giveBack(caughtUp)
-	// Time spent committing is not idle time: lines may have queued up
-	// behind a slow fsync.
-	b.lastLine = time.Now()
+	// Time spent committing is not idle: lines may have queued behind it.
+	b.lastLine = b.f.clock.Now()
 	if b.f.committed != nil {
 		b.f.committed()
 	}
@@ -565,13 +529,11 @@ func trimNewline(b []byte) []byte {
 	return b
 }
 
-// linesPool holds the slices batches gather their lines in, shared by
-// every stream: only the streams with lines waiting for a commit hold one.
+// linesPool holds the slices batches gather their lines in: only the
+// streams with lines waiting for a commit hold one.
 var linesPool sync.Pool
 
-// getLines returns an empty slice; a batch grows it as it needs (most
-// commit far fewer than BatchLines lines: a follower that caught up
-// commits at once).
+// getLines returns an empty slice, which a batch grows as it needs.
 func getLines() []store.Line {
 	if p, ok := linesPool.Get().(*[]store.Line); ok {
 		return (*p)[:0]

@@ -8,7 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/redact"
+	"github.com/paperclipai/clipjob/relay/store/bolt"
 )
 
 // BenchmarkFollowLines is the relay's line loop end to end: read a
@@ -16,15 +17,15 @@ import (
 func BenchmarkFollowLines(b *testing.B) {
 	const n = 20000
 	src := endedLog(n, `{"type":"assistant","n":%d,"text":"token sk-ant-api03-AAAAAAAAAAAAAAAAAAAAAA and more text to make a realistic line"}`)
-	redact, _ := NewRedactor(nil, []string{"some-configured-secret-value"})
+	redactor, _ := redact.New(nil, []string{"some-configured-secret-value"})
 	b.ReportAllocs()
 	for b.Loop() {
-		s, err := store.OpenStore(b.TempDir())
+		s, err := bolt.Open(b.TempDir())
 		if err != nil {
 			b.Fatal(err)
 		}
 		f := newFollower(nil, s, src)
-		f.redact = redact
+		f.redact = redactor
 		f.opts.BatchLines = 256
 		f.run(context.Background())
 		if r, _ := s.Run("run-1"); r.LastSeq != n {
@@ -45,10 +46,10 @@ func BenchmarkFollowManyStreams(b *testing.B) {
 	for i := range srcs {
 		srcs[i] = endedLog(n, `{"type":"assistant","n":%d,"text":"`+strings.Repeat("a1B2c3D4e5", 25)+`"}`)
 	}
-	redact, _ := NewRedactor(nil, []string{"some-configured-secret-value"})
+	redactor, _ := redact.New(nil, []string{"some-configured-secret-value"})
 	b.ReportAllocs()
 	for b.Loop() {
-		s, err := store.OpenStore(b.TempDir())
+		s, err := bolt.Open(b.TempDir())
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -56,7 +57,7 @@ func BenchmarkFollowManyStreams(b *testing.B) {
 		for i, src := range srcs {
 			f := newFollower(nil, s, src)
 			f.ref.Run = fmt.Sprintf("run-%d", i)
-			f.redact, f.slots = redact, make(chan struct{}, 1)
+			f.redact, f.slots = redactor, make(chan struct{}, 1)
 			f.opts.BatchLines, f.opts.BatchWait = 256, 100*time.Millisecond
 			wg.Go(func() { f.run(context.Background()) })
 		}

@@ -15,8 +15,9 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/utils/clock"
 
-	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/bolt"
 	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
 
@@ -146,10 +147,10 @@ func (f *fakeLog) state() containerState {
 // newFollower's DrainIdle is far above any stall of a loaded test machine:
 // the fake's streams end with EOF, so it costs nothing unless a test leaves
 // a stream open, and then the test sets its own.
-func newFollower(_ testing.TB, s *store.Store, src *fakeLog) *follower {
+func newFollower(_ testing.TB, s *bolt.Store, src *fakeLog) *follower {
 	return &follower{
 		ref: StreamRef{Run: "run-1", Namespace: "ns", Pod: "p", PodUID: "uid", Container: "agent", ContainerID: "c1"},
-		src: src, store: s, state: src.state, slots: make(chan struct{}, 4), log: logr.Discard(),
+		src: src, store: s, state: src.state, slots: make(chan struct{}, 4), log: logr.Discard(), clock: clock.RealClock{},
 		// DrainMax as in production: a stream that has sent nothing yet is
 		// not drained because the machine is slow to deliver its first line.
 		opts: FollowOptions{BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond, DrainIdle: 5 * time.Second, DrainMax: time.Minute,
@@ -165,7 +166,7 @@ func writeBurst(src *fakeLog, from, n int) {
 	}
 }
 
-func assertExactlyOnce(t *testing.T, s *store.Store, n int) {
+func assertExactlyOnce(t *testing.T, s *bolt.Store, n int) {
 	t.Helper()
 	got, err := s.Lines("run-1", 0, 0)
 	if err != nil {

@@ -26,10 +26,6 @@ var (
 		Help:    "From a line's timestamp to its commit in the store.",
 		Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300},
 	})
-	mirrorRefused = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "clipjob_relay_mirror_refused_total",
-		Help: "Mirror writes refused because the path on the shared volume was a symlink, hard link or other non-regular file.",
-	})
 	linesTruncated = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "clipjob_relay_lines_truncated_total",
 		Help: "Log lines longer than --max-line-bytes, stored cut and marked.",
@@ -42,10 +38,6 @@ var (
 		Name: "clipjob_relay_pods_kept_apart_total",
 		Help: "Pod events of a Job whose run id another Job took first, by reason (namespace or job): kept as a run of their own, under id@jobUID.",
 	}, []string{"reason"})
-	valuesReloads = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "clipjob_relay_redact_values_reloads_total",
-		Help: "Reads of --redact-values-file after the start that changed the values (applied) or failed (error: the values before stay in force).",
-	}, []string{"result"})
 	reconnects = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "clipjob_relay_reconnects_total",
 		Help: "Log stream reconnects by cause (error, eof before the container ended, lifetime: proactive).",
@@ -58,6 +50,6 @@ var registerOnce sync.Once
 // registry, which the manager serves on /metrics.
 func RegisterMetrics() {
 	registerOnce.Do(func() {
-		metrics.Registry.MustRegister(streamsOpen, streamLimitWaits, linesStored, bytesStored, storeLag, reconnects, mirrorRefused, podsIgnored, podsKeptApart, linesTruncated, valuesReloads)
+		metrics.Registry.MustRegister(streamsOpen, streamLimitWaits, linesStored, bytesStored, storeLag, reconnects, podsIgnored, podsKeptApart, linesTruncated)
 	})
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/bolt"
 )
 
 // finishedPod is a pod of runJob that wrote line and succeeded.
@@ -24,6 +25,18 @@ func finishedPod(logs *podLogs, cache *podCache, name string, created time.Time,
 	return p
 }
 
+// waitIndexedDone waits until retention sees run done: it reads the run
+// index, which a commit updates just after the record a reader of Run
+// (waitDone) sees, so a Retain right after waitDone could find the run
+// still going.
+func waitIndexedDone(t *testing.T, s *bolt.Store, run string) {
+	t.Helper()
+	waitFor(t, func() bool {
+		sums, _ := s.Runs(func(r *store.Summary) bool { return r.ID == run && r.Done })
+		return len(sums) == 1
+	}, run+" was not collected")
+}
+
 // TestARunRetentionDeletedIsNotCollectedAgain: retention deletes a
 // finished run whose pod remains (a Job kept without a TTL). A relay
 // restarted, or the replica taking the run over, sees that pod again: it
@@ -36,21 +49,21 @@ func TestARunRetentionDeletedIsNotCollectedAgain(t *testing.T) {
 	created := time.Now().Truncate(time.Second)
 	first := finishedPod(logs, cache, "p1", created, "attempt 1")
 	c.OnPod(first)
-	waitDone(t, s)
+	waitIndexedDone(t, s, "run-1")
 	if gone, err := s.Retain(0, 1, time.Now()); err != nil || len(gone) != 1 {
 		t.Fatalf("retention deleted %v (%v), want run-1", gone, err)
 	}
 
 	// The relay that collected it sees the pod change (its streams all
 	// drained, the pod remembered until it is gone): no run comes back.
-	c.OnPod(first)
+	syncPod(t, c, first)
 	if r, err := s.Run("run-1"); r != nil || err != nil {
 		t.Fatalf("an update of the retired run's pod, to the relay that collected it, brought the run back: %+v (%v)", r, err)
 	}
 
 	restarted := newCollectorOn(t, s, logs, cache)
 	ignored := testutil.ToFloat64(podsIgnored.WithLabelValues("retired"))
-	restarted.OnPod(first)
+	syncPod(t, restarted, first)
 	if r, err := s.Run("run-1"); r != nil || err != nil {
 		t.Fatalf("the retired run's pod, seen again, brought the run back: %+v (%v)", r, err)
 	}
@@ -65,7 +78,7 @@ func TestARunRetentionDeletedIsNotCollectedAgain(t *testing.T) {
 	if got := storedText(t, s); got != "attempt 2" {
 		t.Errorf("a later attempt of the retired run's Job stored %q, want its own line", got)
 	}
-	restarted.OnPod(first) // the older pod still does not take the record back
+	syncPod(t, restarted, first) // the older pod still does not take the record back
 	if r, _ := s.Run("run-1"); r == nil || r.PodUID != "uid-p2" || strings.Contains(storedText(t, s), "attempt 1") {
 		t.Errorf("the retired attempt's pod changed the run: %+v, lines %q", r, storedText(t, s))
 	}
@@ -95,13 +108,7 @@ func TestARunRetiredElsewhereDoesNotRetireAJobsRun(t *testing.T) {
 	forged.Namespace, forged.Labels[contract.LabelRunID] = "elsewhere", "run-forged"
 	cache.set(forged)
 	c.OnPod(forged)
-	// Done and its line stored (the pod's end can be recorded first), as
-	// retention sees it: the summaries it reads are updated just after
-	// the record's commit.
-	waitFor(t, func() bool {
-		sums, _ := s.Runs(func(r *store.Summary) bool { return r.ID == "run-forged" })
-		return len(sums) == 1 && sums[0].Done && sums[0].Bytes > 0
-	}, "the forged run was not collected")
+	waitIndexedDone(t, s, "run-forged")
 	if gone, err := s.Retain(0, 1, time.Now()); err != nil || len(gone) != 1 {
 		t.Fatalf("retention deleted %v (%v), want the forged run", gone, err)
 	}

@@ -1,26 +1,19 @@
 // Package replicas decides which relay replica collects which run when
 // several relays share one PostgreSQL store.
 //
-// The database decides who is a member: each replica keeps a row in the
-// store's table of replicas (Table), renewed every RenewInterval to live
-// until the server's now() plus LeaseDuration, and the live replicas are
-// the rows whose time is still ahead of the server's now(). Only the
-// server's clock is read, by every replica alike, so no two clocks are
-// compared, and only the relays, which hold the store's credentials, can
-// write a row: nothing in Kubernetes takes part. A run belongs to the live
-// replica that rendezvous hashing (highest random weight) of its run id
-// picks among the members' ids, so all the pods of a run, and the runs
-// kept apart under the same id, are collected by one replica.
+// Each replica keeps a row in the store's table of replicas (Table),
+// renewed every RenewInterval to live until the server's now() plus
+// LeaseDuration; the live replicas are the rows still ahead of the
+// server's now(), so no two relays' clocks are compared, and only the
+// relays can write a row. A run belongs to the live replica that
+// rendezvous hashing of its run id picks among the members' ids, so all
+// the pods of a run, and the runs kept apart under its id, go to one.
+// Why this design: docs/design/2026-11-28-relay-ownership.md.
 //
-// Why rows renewed on the server's clock, not an advisory lock per
-// replica or a row per run (docs/design/2026-11-28-relay-ownership.md):
-// a session's advisory lock outlives a replica frozen with its connection
-// open, and a row per run makes the writes grow with runs, not replicas.
-// What no design promises is that two replicas never both believe they
-// own a run — for the moments their views of the members differ, or a
-// thawed replica has not yet seen that it lapsed — and the store makes
-// that harmless: a commit is refused unless the stream's stored cursor is
-// the one its writer started from, so each line is stored once.
+// Two replicas may both believe for a moment that they own a run (their
+// views differ, or one thawed and has not seen it lapsed); the store
+// makes that harmless: a commit is refused unless the stream's stored
+// cursor is the one its writer started from.
 package replicas
 
 import (
@@ -124,13 +117,6 @@ func Pick(ids []string, key string) string {
 		}
 	}
 	return best
-}
-
-// ID is this replica's id in the table ("" before Start).
-func (m *Members) ID() string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.id
 }
 
 // Status is this replica's membership: whether it collects, the live

@@ -7,19 +7,16 @@ import (
 	"time"
 )
 
-// Backend is what the relay needs of a store: Store (bbolt, one file on
-// the relay's volume, the default) and the PostgreSQL store (package
-// postgres, for several replicas) implement it, and the conformance suite
-// in storetest holds both to the same behaviour.
+// Backend is what the relay needs of a store: Store (bbolt, the default)
+// and package postgres implement it, held to the same behaviour by
+// storetest's conformance suite.
 type Backend interface {
 	// AppendAfter stores lines of one container instance (stream) of run
 	// with the stream's cursor after them, in one transaction, and returns
 	// the run's last sequence number. It commits only if the stream's
-	// stored cursor is still prev, the cursor the writer started from;
-	// otherwise it stores nothing and returns a *CursorConflict. Two
-	// writers of one stream (a retried commit whose outcome was lost, two
-	// replicas that both believe they own the stream) thus never store a
-	// line twice: the loser re-reads the cursor and resumes from it.
+	// stored cursor is still prev, the one the writer started from, else
+	// returns a *CursorConflict: two writers of one stream never store a
+	// line twice.
 	AppendAfter(run, stream string, prev, cur Cursor, lines []Line, now time.Time) (uint64, error)
 	// Cursor returns how far a stream of run is stored (zero: nothing yet).
 	Cursor(run, stream string) (Cursor, error)
@@ -28,15 +25,10 @@ type Backend interface {
 	UpdateRun(id string, fn func(*Run)) (*Run, error)
 	// Run returns a run's record, or nil if the relay never saw it.
 	Run(id string) (*Run, error)
-	// RunOfJob is run id's record, or with jobUID that Job's run (see
-	// RunOfJobIn).
-	RunOfJob(id, jobUID string) (*Run, error)
 	// Runs returns the summaries of the runs keep accepts (all when keep is
 	// nil), newest first.
 	Runs(keep func(*Summary) bool) ([]Summary, error)
-	// RunsWhere returns the summaries of the runs f selects, newest first:
-	// what Runs(f.Match) returns, selected where the runs are kept (a
-	// store on a server sends only those).
+	// RunsWhere is Runs(f.Match), selected where the runs are kept.
 	RunsWhere(f Filter) ([]Summary, error)
 	// Lines returns the lines of run with sequence numbers above after, in
 	// order: up to limit of them (limit <= 0: no count bound) and about
@@ -45,9 +37,8 @@ type Backend interface {
 	// RawLines is Lines as stored: each line's JSON, undecoded.
 	RawLines(run string, after uint64, limit int) ([]RawLine, error)
 	// Changed returns a channel closed at the run's next change (lines or
-	// record) committed through this store or, where relays share the
-	// store, by another relay. Take it before reading, then wait on it, to
-	// miss nothing.
+	// record), by this relay or another sharing the store. Take it before
+	// reading, then wait on it, to miss nothing.
 	Changed(run string) <-chan struct{}
 	// Retain deletes finished runs older than maxAge (by last activity),
 	// then the oldest finished runs until the stored line bytes are under
@@ -88,10 +79,9 @@ func (f Filter) Match(s *Summary) bool {
 // ErrCursorConflict is what a *CursorConflict matches with errors.Is.
 var ErrCursorConflict = errors.New("the stream's stored cursor moved")
 
-// CursorConflict is AppendAfter refusing a write: the stream's stored
-// cursor is not the one the writer started from, so another writer (or an
-// earlier attempt of this one) stored lines in between. Nothing of the
-// refused write is stored; resume from Stored.
+// CursorConflict is AppendAfter refusing a write: another writer (or an
+// earlier attempt of this one) stored lines since the writer's cursor.
+// Nothing of the refused write is stored; resume from Stored.
 type CursorConflict struct {
 	Run, Stream string
 	// Prev is the cursor the writer started from; Stored is the store's.
@@ -106,21 +96,21 @@ func (e *CursorConflict) Error() string {
 // Is makes errors.Is(err, ErrCursorConflict) true.
 func (e *CursorConflict) Is(target error) bool { return target == ErrCursorConflict }
 
-// RunOfJobIn is run id's record, or with jobUID that Job's run: kept under
-// RunKey when another Job took the id first (once there, it stays there),
-// else the id's record if it is that Job's or bound to none (from before
-// runs were bound); nil if neither. get reads one record.
-func RunOfJobIn(get func(id string) (*Run, error), id, jobUID string) (*Run, error) {
+// RunOfJob is run id's record in b, or with jobUID that Job's run: kept
+// under RunKey when another Job took the id first (once there, it stays
+// there), else the id's record if it is that Job's or bound to none (from
+// before runs were bound); nil if neither.
+func RunOfJob(b Backend, id, jobUID string) (*Run, error) {
 	if jobUID == "" {
-		return get(id)
+		return b.Run(id)
 	}
 	if !ValidJobUID(jobUID) {
 		return nil, nil
 	}
-	if apart, err := get(RunKey(id, jobUID)); err != nil || apart != nil {
+	if apart, err := b.Run(RunKey(id, jobUID)); err != nil || apart != nil {
 		return apart, err
 	}
-	run, err := get(id)
+	run, err := b.Run(id)
 	if err != nil || run == nil || (run.JobUID != "" && run.JobUID != jobUID) {
 		return nil, err
 	}

@@ -1,7 +1,10 @@
-// Package store keeps the relay's runs and their log lines in one bbolt
-// file on the relay's volume: run records, lines under a dense per-run
-// sequence, each container stream's Cursor (how far it is stored, exact to
-// the line), the mirror's progress, and retention. A line and its
-// stream's cursor commit in one transaction, which is what makes a resume
-// after any crash lose and repeat nothing.
+// Package store is what the relay needs of a store (Backend) and what
+// every store keeps: run records, lines under a dense per-run sequence,
+// each container stream's Cursor (how far it is stored, exact to the
+// line), the mirror's progress, and what retention keeps of retired runs.
+// A line and its stream's cursor commit in one transaction, and a commit
+// only from the cursor its writer read (CursorConflict), which is what
+// makes a resume after any crash, or two writers of one stream, lose and
+// repeat nothing. The stores sit beside it: bolt (one file, the default)
+// and postgres (several replicas).
 package store

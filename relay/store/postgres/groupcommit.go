@@ -18,15 +18,12 @@ import (
 )
 
 // Group commit. A followed stream that has caught up commits each line as
-// it comes, and at 1,000 runs the fleet bench spent three times the CPU per
-// line of the flood's batches on those one-line transactions, on the relays
-// and on PostgreSQL alike (docs/benchmarks.md). So appends that arrive
-// while others commit wait and then commit together: one transaction, one
-// WAL flush and five round trips for the whole group, each append still
-// checked against its own stream's cursor. There is no timer: an append
-// that finds a flight free commits at once, so a quiet relay's latency is
-// one transaction, and a busy one's groups grow with the load (as
-// PostgreSQL's own commit_delay and bbolt's Batch do, without the delay).
+// it comes, and one-line transactions cost three times the CPU per line.
+// So appends that arrive while others commit wait and then commit
+// together: one transaction and one WAL flush for the group, each append
+// still checked against its own stream's cursor. There is no timer: an
+// append that finds a flight free commits at once, and a busy relay's
+// groups grow with the load.
 
 // appendSQL is the statements of an append, named for the store's schema
 // once (Open), not on every append of every group.
@@ -73,10 +70,9 @@ type committer struct {
 	pending []*appendReq
 	flights int
 	// alone holds the streams whose last append failed on its own data
-	// (appendDataError): each commits on its own, on its caller's
-	// goroutine (AppendAfter), until one commits, so that it does not fail
-	// every group it joins nor hold a flight. A stream has one append at
-	// a time, so none of its appends is pending once it is marked.
+	// (appendDataError): each commits on its caller's goroutine until one
+	// commits, so that it neither fails every group it joins nor holds a
+	// flight.
 	alone map[streamKey]bool
 }
 
@@ -177,10 +173,9 @@ func (s *Store) AppendAfter(run, stream string, prev, cur store.Cursor, lines []
 	r := &appendReq{run: run, stream: stream, prev: prev, cur: cur, lines: lines, now: now, done: make(chan struct{})}
 	switch alone, fly := s.commits.enqueue(r, s.opts.CommitFlights); {
 	case alone:
-		// On the caller's goroutine, no flight's: a stream whose run's row
-		// another holds locked (a replica frozen mid-commit) waits out
-		// its lock_timeout on every attempt, and in a flight kept the
-		// other streams' appends waiting with it (a hostile review).
+		// On the caller's goroutine: a stream whose run's row another
+		// holds locked waits out its lock_timeout, and must not keep a
+		// flight's other appends waiting with it.
 		s.commitGroup([]*appendReq{r})
 	case fly:
 		go s.fly()
@@ -202,13 +197,10 @@ func (s *Store) fly() {
 
 // commitGroup commits group and answers each of its appends. If the
 // transaction fails on one append's data, each append is tried again
-// alone, so that that failure is the append's own, and its stream then
+// alone, so that the failure is that append's own, and its stream then
 // commits alone until it commits. Any other failure (a timeout, a lost
-// connection, a deadlock) is every append's at once, and their followers
-// go on from the stored cursors: tried again one by one, each with the
-// whole Timeout, a row another held locked kept every other run's
-// appends waiting for as many timeouts as the group had appends (a
-// hostile review).
+// connection) is every append's at once, and their followers go on from
+// the stored cursors, rather than each waiting out another timeout.
 func (s *Store) commitGroup(group []*appendReq) {
 	err := s.appendGroup(group)
 	if err != nil && len(group) > 1 && appendDataError(err) {

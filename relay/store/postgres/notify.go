@@ -14,11 +14,9 @@ import (
 // what another relay committed, not only for this one's writes.
 //
 // The notifications are sent after the commits, coalesced, by one sender
-// per Store: a NOTIFY in each append's transaction serializes every
-// commit on the server's notification queue lock (16 streams appending
-// at once lost a quarter of their throughput). A relay that dies between
-// a commit and its notification leaves the other relays' readers to find
-// the lines at their next wake (the API's keepalive re-reads).
+// per Store: a NOTIFY inside each commit would serialize every commit on
+// the server's notification lock. A relay that dies between a commit and
+// its notification leaves the others' readers to their next keepalive.
 
 // payloadBytes bounds one notification's payload (the server's limit is
 // 8000 bytes); run ids are separated by newlines, which no run id holds.

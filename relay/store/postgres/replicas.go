@@ -8,12 +8,10 @@ import (
 	"github.com/paperclipai/clipjob/relay/store"
 )
 
-// ReplicaTable is the schema's table of live relays (migration
-// 0005_replicas), on a connection of its own: a renewal never waits for
-// the pool's connections, which a flood of commits may hold all of.
-// Every time in it is the server's (now()), so no two relays' clocks are
-// ever compared. Not safe for concurrent use: one replica's membership
-// renews from one goroutine.
+// ReplicaTable is the schema's table of live relays, on a connection of
+// its own: a renewal never waits for the pool, which a flood of commits
+// may hold. Every time in it is the server's now(). Not safe for
+// concurrent use: one replica's membership renews from one goroutine.
 type ReplicaTable struct {
 	s    *Store
 	conn *pgx.Conn // nil until connected, and again after an error
@@ -26,12 +24,9 @@ func (s *Store) Replicas() *ReplicaTable { return &ReplicaTable{s: s} }
 
 // Renew writes this relay's row live for ttl from the server's now() and
 // returns every live member, this one included. A row counts for at most
-// ttl after its renewal, whatever time it was written to live until: one
-// renewed with a longer duration (a relay started with another
-// --lease-duration, then killed) lapses like the others. It also deletes
-// the rows of relays gone for another ttl (killed before they could
-// leave), each by one relay only (SKIP LOCKED: two never wait on each
-// other).
+// ttl after its renewal, whatever it was written to live until (a relay
+// with a longer --lease-duration). It also deletes the rows of relays
+// gone for another ttl, each by one relay only (SKIP LOCKED).
 func (t *ReplicaTable) Renew(ctx context.Context, id, name string, ttl time.Duration) ([]store.Replica, error) {
 	rows, err := t.query(ctx, `WITH renewed AS (
 			INSERT INTO {schema}.replicas (id, name, renewed_at, expires_at) VALUES ($1, $2, now(), now() + $3 * interval '1 microsecond')
@@ -108,17 +103,4 @@ func (t *ReplicaTable) query(ctx context.Context, q string, args ...any) (pgx.Ro
 		t.Close()
 	}
 	return rows, err
-}
-
-// ReadReplicas reads the rows of the relays of schema through q, newest
-// renewal last: for tools and tests that work out
-// which replica collects a run (relay/replicas picks over the live ids).
-func ReadReplicas(ctx context.Context, q interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}, schema string) ([]store.Replica, error) {
-	rows, err := q.Query(ctx, `SELECT id, name FROM `+pgx.Identifier{schema}.Sanitize()+`.replicas ORDER BY renewed_at`)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[store.Replica])
 }

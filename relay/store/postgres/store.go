@@ -53,15 +53,11 @@ type Options struct {
 	// MaxGroup is the most appends one transaction commits. Default 256.
 	MaxGroup int
 	// LockTimeout bounds how long a statement waits for a row another
-	// transaction holds (PostgreSQL's lock_timeout), and IdleInTransaction
-	// how long the server keeps a transaction whose client went quiet
-	// (idle_in_transaction_session_timeout). A replica frozen mid-commit
-	// (SIGSTOP, a paused VM, a node cut off with its connection open)
-	// held its runs' rows until its connection died, hours on a lost
-	// node, and the replicas that took its runs over could not write
-	// them (a hostile review); now its transaction ends within
-	// IdleInTransaction. Defaults 5s and 10s, unless the connection
-	// string sets them.
+	// transaction holds (lock_timeout), and IdleInTransaction how long the
+	// server keeps a transaction whose client went quiet
+	// (idle_in_transaction_session_timeout): a replica frozen mid-commit
+	// must not hold its runs' rows from the replicas that took them over.
+	// Defaults 5s and 10s, unless the connection string sets them.
 	LockTimeout, IdleInTransaction time.Duration
 }
 
@@ -93,24 +89,12 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	if o.Schema == "" {
 		o.Schema = DefaultSchema
 	}
-	if o.RetainBatch <= 0 {
-		o.RetainBatch = 5000
-	}
-	if o.Timeout <= 0 {
-		o.Timeout = 30 * time.Second
-	}
-	if o.CommitFlights <= 0 {
-		o.CommitFlights = 2
-	}
-	if o.MaxGroup <= 0 {
-		o.MaxGroup = 256
-	}
-	if o.LockTimeout <= 0 {
-		o.LockTimeout = 5 * time.Second
-	}
-	if o.IdleInTransaction <= 0 {
-		o.IdleInTransaction = 10 * time.Second
-	}
+	orDefault(&o.Timeout, 30*time.Second)
+	orDefault(&o.LockTimeout, 5*time.Second)
+	orDefault(&o.IdleInTransaction, 10*time.Second)
+	orDefault(&o.RetainBatch, 5000)
+	orDefault(&o.CommitFlights, 2)
+	orDefault(&o.MaxGroup, 256)
 	if o.ConnString == "" {
 		return nil, errors.New("postgres store: no connection string")
 	}
@@ -142,6 +126,13 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 		return nil, fmt.Errorf("postgres store: listening for other relays' changes: %w", err)
 	}
 	return s, nil
+}
+
+// orDefault sets *v to d unless it is positive.
+func orDefault[T int | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
+	}
 }
 
 // maxIdentifier is the longest name PostgreSQL keeps whole (NAMEDATALEN-1).
@@ -300,11 +291,6 @@ func (s *Store) Progress(run string) (lastSeq uint64, done, found bool, err erro
 	return uint64(seq), done, err == nil, err
 }
 
-// RunOfJob implements store.Backend.
-func (s *Store) RunOfJob(id, jobUID string) (*store.Run, error) {
-	return store.RunOfJobIn(s.Run, id, jobUID)
-}
-
 // Runs implements store.Backend from the summary columns: no record is
 // read or decoded.
 func (s *Store) Runs(keep func(*store.Summary) bool) ([]store.Summary, error) {
@@ -360,10 +346,8 @@ func (s *Store) runs(where string, args []any, keep func(*store.Summary) bool) (
 }
 
 // pageRows bounds the lines one query reads; a page is then cut at
-// store.PageBytes by the lines' sizes. The lines past the cut are never
-// read whole: their data stays a TOAST pointer until it is sent, and it
-// is not sent (a 4-line page of a run of 200 incompressible 1 MiB lines
-// took 23 ms).
+// store.PageBytes by the lines' sizes, so the lines past the cut are
+// never read whole (their data stays a TOAST pointer).
 const pageRows = 1000
 
 // RawLines implements store.Backend.
@@ -412,17 +396,7 @@ func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, 
 
 // Lines implements store.Backend.
 func (s *Store) Lines(run string, after uint64, limit int) ([]store.Line, error) {
-	raw, err := s.RawLines(run, after, limit)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]store.Line, len(raw))
-	for i, r := range raw {
-		if err := json.Unmarshal(r.JSON, &out[i]); err != nil {
-			return nil, fmt.Errorf("run %s line %d: %w", run, r.Seq, err)
-		}
-	}
-	return out, nil
+	return store.DecodeLines(s.RawLines(run, after, limit))
 }
 
 // Changed implements store.Backend: changes committed by any relay on the
@@ -644,11 +618,9 @@ func (s *Store) Size() int64 {
 	return n
 }
 
-// Ping says whether the server answers and takes writes, within ctx. A
-// server that answers but refuses every write (a standby after a
-// failover, default_transaction_read_only set) stores no line either: a
-// ping alone left such replicas ready and collecting nothing (a hostile
-// review).
+// Ping says whether the server answers and takes writes, within ctx: a
+// standby, or a database with default_transaction_read_only, stores no
+// line either.
 func (s *Store) Ping(ctx context.Context) error {
 	var readOnly string
 	if err := s.pool.QueryRow(ctx, `SELECT current_setting('transaction_read_only')`).Scan(&readOnly); err != nil {

@@ -384,17 +384,17 @@ func aRunsResult(t *testing.T, b Backend) {
 	if got.ExitCode == nil || *got.ExitCode != 1 || !got.StartedAt.Equal(started) || got.JobUID != job {
 		t.Errorf("record %+v", got)
 	}
-	if r, _ := s.RunOfJob("run-1", job); r == nil || r.ID != "run-1" {
+	if r, _ := store.RunOfJob(s, "run-1", job); r == nil || r.ID != "run-1" {
 		t.Errorf("RunOfJob of the run's own Job: %+v", r)
 	}
 	other := "1c8f8d3b-2a6e-4d2f-8b4f-7e3a9c0d1b22"
-	if r, _ := s.RunOfJob("run-1", other); r != nil {
+	if r, _ := store.RunOfJob(s, "run-1", other); r != nil {
 		t.Errorf("RunOfJob of another Job found %s", r.ID)
 	}
 	if _, err := s.UpdateRun(store.RunKey("run-1", other), func(r *store.Run) { r.JobUID = other }); err != nil {
 		t.Fatal(err)
 	}
-	if r, _ := s.RunOfJob("run-1", other); r == nil || r.ID != store.RunKey("run-1", other) {
+	if r, _ := store.RunOfJob(s, "run-1", other); r == nil || r.ID != store.RunKey("run-1", other) {
 		t.Errorf("RunOfJob of the Job kept apart: %+v", r)
 	}
 }

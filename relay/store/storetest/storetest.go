@@ -6,14 +6,15 @@ import (
 	"time"
 
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/bolt"
 )
 
 // Open opens a store in a temporary directory, closed when t ends, and
 // returns it with its directory.
-func Open(t testing.TB) (*store.Store, string) {
+func Open(t testing.TB) (*bolt.Store, string) {
 	t.Helper()
 	dir := t.TempDir()
-	s, err := store.OpenStore(dir)
+	s, err := bolt.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}

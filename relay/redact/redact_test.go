@@ -1,4 +1,4 @@
-package collect
+package redact
 
 import (
 	"bytes"
@@ -8,7 +8,7 @@ import (
 )
 
 func TestRedact(t *testing.T) {
-	r, err := NewRedactor([]string{`internal-[0-9]{6}`}, []string{`p@ss"word\with-quote`, "short", "hunter2-secret"})
+	r, err := New([]string{`internal-[0-9]{6}`}, []string{`p@ss"word\with-quote`, "short", "hunter2-secret"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,13 +41,13 @@ func TestRedact(t *testing.T) {
 			t.Errorf("redacting %s broke the JSON: %s", tt.in, got)
 		}
 	}
-	if _, err := NewRedactor([]string{"("}, nil); err == nil {
+	if _, err := New([]string{"("}, nil); err == nil {
 		t.Error("a bad pattern was accepted")
 	}
 }
 
 func FuzzRedactKeepsJSONValid(f *testing.F) {
-	r, _ := NewRedactor(nil, []string{`se"cr\et-value`, "another-secret"})
+	r, _ := New(nil, []string{`se"cr\et-value`, "another-secret"})
 	f.Add(`{"a":"sk-ant-AAAAAAAAAAAAAAAAAAAAAA","b":"se\"cr\\et-value"}`)
 	f.Add(`{"x":["another-secret",1,{"y":"Bearer aaaaaaaaaaaaaaaaaaaaa"}]}`)
 	f.Fuzz(func(t *testing.T, s string) {
@@ -64,7 +64,7 @@ func FuzzRedactKeepsJSONValid(f *testing.F) {
 // redacted the same. Seeds hold a token of every default pattern, in
 // upper and mixed case where the pattern folds case.
 func FuzzRedactGuardsMissNothing(f *testing.F) {
-	r, _ := NewRedactor(nil, nil)
+	r, _ := New(nil, nil)
 	unguarded := func(line []byte) []byte {
 		for _, p := range r.patterns {
 			if p.re.Match(line) {

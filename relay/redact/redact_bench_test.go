@@ -1,4 +1,4 @@
-package collect
+package redact
 
 import (
 	"strings"
@@ -8,7 +8,7 @@ import (
 // BenchmarkRedact is redaction on the line loop: most agent lines hold no
 // secret; some do.
 func BenchmarkRedact(b *testing.B) {
-	r, _ := NewRedactor(nil, []string{"some-configured-secret-value"})
+	r, _ := New(nil, []string{"some-configured-secret-value"})
 	for _, c := range []struct{ name, line string }{
 		{"clean", `{"type":"assistant","message":{"id":"msg_01","content":[{"type":"text","text":"I will run the tests in pkg/foo and then look at the failing assertion in bar_test.go"}]}}`},
 		// A tool result with a long unbroken run of letters and digits (a

@@ -1,4 +1,4 @@
-package store
+package bolt
 
 import (
 	"bufio"
@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // What a reader touched of the store's mapping stays in the relay's
@@ -18,11 +20,11 @@ func TestStoreReleasesTheMappedPagesItRead(t *testing.T) {
 	s, dir := openTestStore(t)
 	text := strings.Repeat("x", 300)
 	for batch := range 100 {
-		ls := make([]Line, 1000)
+		ls := make([]store.Line, 1000)
 		for i := range ls {
-			ls[i] = Line{TS: at(batch*1000 + i), Container: "agent", Line: text}
+			ls[i] = store.Line{TS: at(batch*1000 + i), Container: "agent", Line: text}
 		}
-		if _, err := s.Append("run-1", "st", Cursor{TS: int64(batch + 1), Count: 1}, ls, time.Now()); err != nil {
+		if _, err := s.Append("run-1", "st", store.Cursor{TS: int64(batch + 1), Count: 1}, ls, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 	}

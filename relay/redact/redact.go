@@ -1,4 +1,7 @@
-package collect
+// Package redact removes secrets from log lines before they are stored:
+// known token shapes, patterns the operator adds, and literal values,
+// which a ValuesFile keeps those of a mounted Secret.
+package redact
 
 import (
 	"bytes"
@@ -16,11 +19,8 @@ const Redacted = "[REDACTED]"
 // string boundary or escape, and replacing it leaves a JSON line valid.
 //
 // Each names a guard: a literal every match contains (ASCII case folded
-// when fold). A line without it skips the regexp, which matters for the
-// patterns with no literal prefix: the regexp engine tries them at every
-// offset, and a long run of letters and digits (a hash, base64, minified
-// code) cost 3x a normal line's redaction, most of the relay's CPU under
-// load (docs/benchmarks.md).
+// when fold). A line without it skips the regexp, which for patterns
+// without a literal prefix would try every offset of the line.
 var defaultPatterns = []struct {
 	expr  string
 	guard string
@@ -89,10 +89,10 @@ type Redactor struct {
 	literals atomic.Pointer[[][]byte]
 }
 
-// NewRedactor compiles the default patterns, extra patterns and literal
+// New compiles the default patterns, extra patterns and literal
 // secret values (values shorter than 6 bytes are ignored: redacting "true"
 // or "1" would shred every line).
-func NewRedactor(extraPatterns, literals []string) (*Redactor, error) {
+func New(extraPatterns, literals []string) (*Redactor, error) {
 	r := &Redactor{}
 	for _, p := range defaultPatterns {
 		r.patterns = append(r.patterns, pattern{re: regexp.MustCompile(p.expr), guard: []byte(p.guard), fold: p.fold})
@@ -143,8 +143,7 @@ func (r *Redactor) Redact(line []byte) []byte {
 	}
 	for _, p := range r.patterns {
 		// Most lines hold no secret: Match does not allocate, ReplaceAll
-		// always copies. (One alternation of all patterns measured 3x
-		// slower: too large for the backtracking engine.)
+		// always copies.
 		if p.mayMatch(out) && p.re.Match(out) {
 			out = p.re.ReplaceAll(out, []byte(Redacted))
 		}

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package store
+package bolt
 
 // dontNeed: elsewhere the mapping stays as bbolt left it.
 func dontNeed(addr, n uintptr) error { return nil }

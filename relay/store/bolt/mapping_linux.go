@@ -1,4 +1,4 @@
-package store
+package bolt
 
 import "golang.org/x/sys/unix"
 

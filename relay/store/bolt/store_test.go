@@ -1,16 +1,22 @@
-package store
+package bolt
 
 import (
 	"fmt"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/paperclipai/clipjob/relay/store"
 )
+
+var t0 = time.Date(2026, 11, 21, 10, 0, 5, 0, time.UTC)
+
+func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 
 func openTestStore(t *testing.T) (*Store, string) {
 	t.Helper()
 	dir := t.TempDir()
-	s, err := OpenStore(dir)
+	s, err := Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -18,10 +24,10 @@ func openTestStore(t *testing.T) (*Store, string) {
 	return s, dir
 }
 
-func lines(container string, texts ...string) []Line {
-	var out []Line
+func lines(container string, texts ...string) []store.Line {
+	var out []store.Line
 	for i, x := range texts {
-		out = append(out, Line{TS: at(i), Container: container, Line: x})
+		out = append(out, store.Line{TS: at(i), Container: container, Line: x})
 	}
 	return out
 }
@@ -29,10 +35,10 @@ func lines(container string, texts ...string) []Line {
 func TestAppendAssignsSequenceAcrossStreams(t *testing.T) {
 	s, _ := openTestStore(t)
 	now := time.Now()
-	if _, err := s.Append("run-1", "pod/a/1", Cursor{TS: 5, Count: 1}, lines("a", "a1", "a2"), now); err != nil {
+	if _, err := s.Append("run-1", "pod/a/1", store.Cursor{TS: 5, Count: 1}, lines("a", "a1", "a2"), now); err != nil {
 		t.Fatal(err)
 	}
-	last, err := s.Append("run-1", "pod/b/1", Cursor{TS: 7, Count: 2}, lines("b", "b1"), now)
+	last, err := s.Append("run-1", "pod/b/1", store.Cursor{TS: 7, Count: 2}, lines("b", "b1"), now)
 	if err != nil || last != 3 {
 		t.Fatalf("last seq %d (%v), want 3", last, err)
 	}
@@ -40,7 +46,7 @@ func TestAppendAssignsSequenceAcrossStreams(t *testing.T) {
 	if len(got) != 2 || got[0].Seq != 2 || got[0].Line != "a2" || got[1].Seq != 3 || got[1].Container != "b" {
 		t.Errorf("lines after 1: %+v", got)
 	}
-	if c, _ := s.Cursor("run-1", "pod/b/1"); c != (Cursor{TS: 7, Count: 2}) {
+	if c, _ := s.Cursor("run-1", "pod/b/1"); c != (store.Cursor{TS: 7, Count: 2}) {
 		t.Errorf("cursor %+v", c)
 	}
 	r, _ := s.Run("run-1")
@@ -57,11 +63,11 @@ func TestAppendAssignsSequenceAcrossStreams(t *testing.T) {
 
 func TestStoreSurvivesReopen(t *testing.T) {
 	s, dir := openTestStore(t)
-	if _, err := s.Append("run-1", "st", Cursor{TS: 9, Count: 1}, lines("c", "x", "y"), time.Now()); err != nil {
+	if _, err := s.Append("run-1", "st", store.Cursor{TS: 9, Count: 1}, lines("c", "x", "y"), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
-	s2, err := OpenStore(dir)
+	s2, err := Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +88,7 @@ func TestConcurrentAppendsKeepSequenceDense(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 25; i++ {
-				if _, err := s.Append("run-1", fmt.Sprintf("s%d", w), Cursor{TS: int64(i + 1), Count: 1}, lines("c", "l"), time.Now()); err != nil {
+				if _, err := s.Append("run-1", fmt.Sprintf("s%d", w), store.Cursor{TS: int64(i + 1), Count: 1}, lines("c", "l"), time.Now()); err != nil {
 					t.Error(err)
 				}
 			}
@@ -108,14 +114,14 @@ func TestChangedFiresOnAppendAndUpdate(t *testing.T) {
 		t.Fatal("fired before any change")
 	default:
 	}
-	_, _ = s.Append("run-1", "st", Cursor{TS: 1, Count: 1}, lines("c", "x"), time.Now())
+	_, _ = s.Append("run-1", "st", store.Cursor{TS: 1, Count: 1}, lines("c", "x"), time.Now())
 	select {
 	case <-ch:
 	case <-time.After(time.Second):
 		t.Fatal("append did not signal")
 	}
 	ch = s.Changed("run-1")
-	_, _ = s.UpdateRun("run-1", func(r *Run) { r.Phase = "Running" })
+	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Phase = "Running" })
 	select {
 	case <-ch:
 	case <-time.After(time.Second):
@@ -128,8 +134,8 @@ func TestRetain(t *testing.T) {
 	now := time.Now()
 	old := now.Add(-48 * time.Hour)
 	mk := func(id string, seen time.Time, done bool, n int) {
-		_, _ = s.Append(id, id, Cursor{TS: 1, Count: 1}, lines("c", make([]string, n)...), seen)
-		_, _ = s.UpdateRun(id, func(r *Run) { r.Done = done; r.SeenAt = seen; r.Bytes = int64(n * 100) })
+		_, _ = s.Append(id, id, store.Cursor{TS: 1, Count: 1}, lines("c", make([]string, n)...), seen)
+		_, _ = s.UpdateRun(id, func(r *store.Run) { r.Done = done; r.SeenAt = seen; r.Bytes = int64(n * 100) })
 	}
 	mk("old-done", old, true, 1)
 	mk("old-running", old, false, 1)

@@ -1,4 +1,4 @@
-package collect
+package mirror
 
 import (
 	"errors"
@@ -12,10 +12,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/bolt"
 	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
 
-func mirrorFixture(t *testing.T) (*store.Store, *Mirror) {
+func mirrorFixture(t *testing.T) (*bolt.Store, *Mirror) {
 	s, _ := storetest.Open(t)
 	_, _ = s.UpdateRun("run-1", func(r *store.Run) {
 		r.Namespace, r.Agent, r.Company, r.MainContainer = "ns", "agent-a", "acme", "agent"
@@ -288,8 +289,8 @@ func TestMirrorGivesUpOnALockHeldByAnother(t *testing.T) {
 	go func() { done <- m.Sync("run-1") }()
 	select {
 	case err := <-done:
-		if !errors.Is(err, errMirrorLocked) {
-			t.Errorf("sync of a file another holds locked: %v, want %v", err, errMirrorLocked)
+		if !errors.Is(err, ErrLocked) {
+			t.Errorf("sync of a file another holds locked: %v, want %v", err, ErrLocked)
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("the sync waited on the lock another holds")
@@ -331,7 +332,7 @@ func TestMirrorsOfTwoStoresOnOneVolumeNeverCutTheFileBack(t *testing.T) {
 		}
 		size = st.Size()
 	}
-	appendTo := func(s *store.Store, from, to int) {
+	appendTo := func(s *bolt.Store, from, to int) {
 		var texts []string
 		for i := from; i <= to; i++ {
 			texts = append(texts, fmt.Sprintf(`{"n":%d}`, i))
@@ -341,7 +342,7 @@ func TestMirrorsOfTwoStoresOnOneVolumeNeverCutTheFileBack(t *testing.T) {
 	// A runs ahead, then B, then A again; each syncs after its commits.
 	steps := []struct {
 		m        *Mirror
-		s        *store.Store
+		s        *bolt.Store
 		from, to int
 	}{{ma, sa, 1, 5}, {mb, sb, 1, 2}, {mb, sb, 3, 4}, {ma, sa, 6, 7}, {mb, sb, 5, 9}, {ma, sa, 8, 8}, {ma, sa, 9, 12}, {mb, sb, 10, 12}}
 	for i, st := range steps {
@@ -359,7 +360,7 @@ func TestMirrorsOfTwoStoresOnOneVolumeNeverCutTheFileBack(t *testing.T) {
 	if got := readMirror(t, ma); got != want.String() {
 		t.Errorf("the file holds %q, want every line once", got)
 	}
-	for _, s := range []*store.Store{sa, sb} {
+	for _, s := range []*bolt.Store{sa, sb} {
 		if st, _ := s.MirrorState("run-1"); st.Size != int64(want.Len()) || st.Seq == 0 {
 			t.Errorf("a store's record of the file: %+v, want all %d bytes", st, want.Len())
 		}

@@ -1,4 +1,7 @@
-package collect
+// Package mirror keeps each run's agent output as NDJSON on the shared
+// volume, where Paperclip's Claude adapter reads it, derived from the
+// store exactly once (see Mirror).
+package mirror
 
 import (
 	"bufio"
@@ -15,25 +18,23 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/utils/clock"
 
 	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // Mirror writes each run's agent output as NDJSON on the shared volume, in
 // the layout Paperclip's Claude adapter reads:
-// <Dir>/<Base>/<company>/<agent>/<run>.pod.ndjson. Readers that tail
-// that file keep working. The file appears as soon as the run's pod is
-// seen (adapters give up on a file that does not appear), and when the run
-// ends <run>.pod.ndjson.done is written beside it with the end (phase,
-// exit code, reason, last sequence), so a reader knows the file is
-// complete; after that the mirror never touches either again, so a reader
-// may remove them. Both go when the store's retention drops the run.
+// <Dir>/<Base>/<company>/<agent>/<run>.pod.ndjson. The file appears as
+// soon as the run's pod is seen (adapters give up on a file that does not
+// appear); when the run ends, <run>.pod.ndjson.done beside it holds the
+// end, and the mirror never touches either again, so a reader may remove
+// them. Both go when retention drops the run.
 //
-// The file is derived from the store, exactly once: after each sync the
-// store records (last mirrored sequence, file size) together; a sync first
-// cuts the file back to the recorded size, dropping whatever a crash left
-// after the last record, then appends from the recorded sequence. Syncs of
-// one run by relays sharing the store and the volume take turns on a lock
+// The file is derived from the store exactly once: after each sync the
+// store records the last mirrored sequence and the file's size together,
+// and a sync goes on from that record (adopt: keeping what a crash wrote
+// after it). Relays sharing the store and the volume take turns on a lock
 // on the file (flock), each reading the record under it.
 type Mirror struct {
 	Dir string
@@ -41,6 +42,8 @@ type Mirror struct {
 	// RUN_LOG_BASE_PATH relative to the volume). Default "run-logs".
 	Base  string
 	Store store.Backend
+	// Clock times the wait for a file's lock. Default the real clock.
+	Clock clock.Clock
 
 	mu     sync.Mutex
 	perRun map[string]*sync.Mutex
@@ -56,9 +59,9 @@ const (
 	doneSuffix = ".pod.ndjson.done"
 )
 
-// mirrorPath is the run's file's path under Dir, one element per component. Label
-// values cannot hold a path separator or be "..": safe as names; Base is
-// the operator's, checked when the relay starts.
+// mirrorPath is the run's file's path under Dir, one element per
+// component. Label values cannot hold a separator or be "..": safe as
+// names; Base is the operator's, checked when the relay starts.
 func (m *Mirror) mirrorPath(r *store.Run) []string {
 	company := r.Company
 	if company == "" {
@@ -85,9 +88,8 @@ func ValidBase(base string) string {
 }
 
 // UnsafePathError refuses a mirror path that is not plain directories and
-// a regular file: Dir is on the volume agents write to, and a symlink (or
-// hard link, or FIFO) planted on the path would make the relay truncate
-// and write a file it was never meant to touch.
+// a regular file: agents write to the volume too, and a symlink, hard link
+// or FIFO planted on the path would make the relay write another file.
 type UnsafePathError struct {
 	Path   string
 	Reason string
@@ -224,22 +226,24 @@ func (m *Mirror) lock(run string) func() {
 }
 
 // mirrorLockWait bounds how long a sync waits for the mirror file's lock.
-// Another relay holds it for one append (milliseconds); anything longer
-// is someone else: every agent can open every mirror file, and flock
-// locks a file opened for reading too. Waiting on it ran in the
-// follower's commit path, so an agent holding the lock stopped the run's
-// collection (a hostile review): now the sync gives up, the lines stay
-// stored, and the next commit's sync catches the file up.
+// Another relay holds it for one append; anything longer is someone else
+// (any agent can open the file, and flock locks one opened for reading),
+// and a sync runs in a follower's commit path: it gives up, and a later
+// sync catches the file up.
 const mirrorLockWait = 200 * time.Millisecond
 
-// errMirrorLocked: someone held the mirror file's lock past mirrorLockWait.
-var errMirrorLocked = errors.New("locked by another process past " + mirrorLockWait.String() + " (an agent holding flock on it?): not mirrored this time; the store has every line")
+// ErrLocked: someone held the mirror file's lock past mirrorLockWait.
+var ErrLocked = errors.New("locked by another process past " + mirrorLockWait.String() + " (an agent holding flock on it?): not mirrored this time; the store has every line")
 
 // lockFile takes f's exclusive lock, waiting at most mirrorLockWait. A
 // volume without locks (NFS without lockd, some FUSE) is no error: this
 // relay's own syncs of a run are one at a time anyway.
-func lockFile(f *os.File) error {
-	deadline := time.Now().Add(mirrorLockWait)
+func (m *Mirror) lockFile(f *os.File) error {
+	clk := m.Clock
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	deadline := clk.Now().Add(mirrorLockWait)
 	for {
 		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		switch {
@@ -247,20 +251,30 @@ func lockFile(f *os.File) error {
 			return nil
 		case !errors.Is(err, unix.EWOULDBLOCK):
 			return err
-		case time.Now().After(deadline):
-			return errMirrorLocked
+		case clk.Now().After(deadline):
+			return ErrLocked
 		}
-		time.Sleep(10 * time.Millisecond)
+		clk.Sleep(10 * time.Millisecond)
 	}
 }
 
 // Sync appends what the store has of run and the file does not. Only the
 // agent (first app) container's lines are mirrored, as the adapter's tee
-// captured only the agent's output.
+// captured only the agent's output. A path an agent planted something on
+// is refused (an *UnsafePathError), and counted.
 func (m *Mirror) Sync(run string) error {
 	if m == nil || m.Dir == "" {
 		return nil
 	}
+	err := m.sync(run)
+	var unsafe *UnsafePathError
+	if errors.As(err, &unsafe) {
+		refused.Inc()
+	}
+	return err
+}
+
+func (m *Mirror) sync(run string) error {
 	defer m.lock(run)()
 	r, err := m.Store.Run(run)
 	if err != nil || r == nil || r.Agent == "" {
@@ -286,13 +300,10 @@ func (m *Mirror) Sync(run string) error {
 		return err
 	}
 	defer f.Close()
-	// Relay replicas that both own the run for a moment both sync it: one
-	// at a time (a lock on the file, released when it closes), each from
-	// what the other recorded, so the file is never cut back under a
-	// reader and holds each line once. This relay's own syncs of the run
-	// are already one at a time; on a volume without locks, so are only
-	// those.
-	if err := lockFile(f); err != nil {
+	// Replicas that both own the run for a moment sync it one at a time
+	// (a lock on the file, released when it closes), each from what the
+	// other recorded, so the file is never cut back under a reader.
+	if err := m.lockFile(f); err != nil {
 		return &os.PathError{Op: "lock", Path: path, Err: err}
 	}
 	if r, err = m.Store.Run(run); err != nil || r == nil {
@@ -387,16 +398,13 @@ func (m *Mirror) Sync(run string) error {
 	return m.Store.SetMirrorState(run, st)
 }
 
-// adopt reads what the file holds past the recorded size, end, and keeps
-// what the store would write there: lines this relay wrote before it
-// could record them (a crash between the write and the record), or that a
-// relay of another store wrote (a bbolt relay beside replicas on
-// PostgreSQL, during an upgrade: the two recorded sizes each lagged the
-// other's writes, and each sync cut the file back under its readers; a
-// hostile review). It returns the state after the kept lines. The file is
-// cut back (by the caller, to the returned size) only from where its bytes
-// differ from the store's: a line a crash cut short. ahead says the file
-// holds more than the store has yet: those bytes are left alone.
+// adopt reads what the file holds past the recorded size, up to end, and
+// keeps what the store would write there: lines written before a crash
+// could record them, or by a relay of another store on the same volume
+// (during a move from bbolt to PostgreSQL). It returns the state after
+// the kept lines; the caller cuts the file back to it, from where its
+// bytes differ from the store's. ahead: the file holds more than the
+// store has yet, left alone.
 func (m *Mirror) adopt(f *os.File, run string, r *store.Run, st store.MirrorState, end int64) (_ store.MirrorState, ahead bool, err error) {
 	in := bufio.NewReader(io.NewSectionReader(f, st.Size, end-st.Size))
 	var got []byte
@@ -407,10 +415,9 @@ func (m *Mirror) adopt(f *os.File, run string, r *store.Run, st store.MirrorStat
 		}
 		if len(lines) == 0 {
 			// Whole lines left are another store's, ahead of this one; a
-			// line without its newline is a write a crash cut short (every
-			// line is written whole, under the file's lock): cut back. The
-			// newline is looked for so far only: an agent can write a
-			// line of any length to the file.
+			// line without its newline is a write a crash cut short: cut
+			// back. The newline is looked for so far only: an agent can
+			// write a line of any length to the file.
 			ahead, err := hasNewline(io.LimitReader(in, maxAheadScan))
 			return st, ahead, err
 		}

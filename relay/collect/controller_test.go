@@ -15,10 +15,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/testing/jobs"
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/bolt"
 	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
 
@@ -64,6 +67,12 @@ func (c *podCache) set(p *corev1.Pod) {
 	c.pods[p.Name] = p.DeepCopy()
 }
 
+func (c *podCache) delete(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.pods, name)
+}
+
 func (c *podCache) get(_, name string) *corev1.Pod {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -85,7 +94,7 @@ func agentPod(name, uid string, created time.Time) *corev1.Pod {
 	return p
 }
 
-func newCollector(t *testing.T) (*Collector, *podLogs, *podCache, *store.Store) {
+func newCollector(t *testing.T) (*Collector, *podLogs, *podCache, *bolt.Store) {
 	s, _ := storetest.Open(t)
 	logs, cache := &podLogs{logs: map[string]*fakeLog{}}, &podCache{pods: map[string]*corev1.Pod{}}
 	return newCollectorOn(t, s, logs, cache), logs, cache, s
@@ -93,27 +102,55 @@ func newCollector(t *testing.T) (*Collector, *podLogs, *podCache, *store.Store) 
 
 // newCollectorOn is a collector of its own (a relay restarted, or another
 // replica) on s, the logs and the pods.
-func newCollectorOn(t *testing.T, s store.Backend, logs *podLogs, cache *podCache) *Collector {
+func newCollectorOn(t *testing.T, s store.Backend, logs *podLogs, cache *podCache, opts ...func(*Collector)) *Collector {
 	// The fake logs of exited containers end (podLogs.end), so no stream
 	// here waits for the drain: its times are far above any stall of a
 	// loaded machine, and the streams of finished containers cannot be
 	// cut short by a slow one.
 	c := &Collector{Store: s, Source: logs, Pods: cache.get, Log: logr.Discard(),
 		Follow: FollowOptions{DrainIdle: 5 * time.Second, DrainMax: time.Minute, BatchWait: 5 * time.Millisecond, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond}}
+	for _, o := range opts {
+		o(c)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); c.Stop() })
 	c.Start(ctx)
 	return c
 }
 
-func waitDone(t *testing.T, s *store.Store) *store.Run {
+// waitFor polls ok until it holds, failing with msg if it does not.
+func waitFor(t *testing.T, ok func() bool, msg string) {
+	t.Helper()
+	if !eventually(ok) {
+		t.Fatal(msg)
+	}
+}
+
+// eventually polls ok until it holds, for a minute at most: a bound far
+// above any stall of a loaded machine, reached only when the condition
+// never comes.
+func eventually(ok func() bool) bool {
+	return wait.PollUntilContextTimeout(context.Background(), 5*time.Millisecond, time.Minute, true,
+		func(context.Context) (bool, error) { return ok(), nil }) == nil
+}
+
+// syncPod reconciles pod at once, on the test's goroutine, as a worker
+// of the queue does.
+func syncPod(t *testing.T, c *Collector, pod *corev1.Pod) {
+	t.Helper()
+	if err := c.reconcile(podItemOf(pod)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitDone(t *testing.T, s *bolt.Store) *store.Run {
 	t.Helper()
 	var r *store.Run
 	waitFor(t, func() bool { r, _ = s.Run("run-1"); return r != nil && r.Done }, "run not finished")
 	return r
 }
 
-func storedText(t *testing.T, s *store.Store) string {
+func storedText(t *testing.T, s *bolt.Store) string {
 	lines, _ := s.Lines("run-1", 0, 0)
 	var out []string
 	for _, l := range lines {
@@ -172,7 +209,7 @@ func TestCollectorRetriedPodContinuesRun(t *testing.T) {
 	cache.set(second)
 	logs.get("p2", "agent").write(at(5), "attempt 2")
 	logs.end("p2", "agent")
-	c.OnPod(second)
+	syncPod(t, c, second)
 	r := waitDone(t, s) // the retry took the record back from done at once
 	if got := storedText(t, s); got != "attempt 1,attempt 2" {
 		t.Fatalf("lines %q", got)
@@ -181,9 +218,44 @@ func TestCollectorRetriedPodContinuesRun(t *testing.T) {
 		t.Errorf("record describes %s %s, want the newest pod", r.PodUID, r.Phase)
 	}
 	// A late event of the older pod does not take the record back.
-	c.OnPod(first)
+	syncPod(t, c, first)
 	if r, _ := s.Run("run-1"); r.PodUID != "uid-2" || !r.Done {
 		t.Errorf("older pod's event changed the record: %+v", r)
+	}
+}
+
+// TestAnOlderPodsDeletionDoesNotFinishTheRun: a Job retried, and its
+// first pod is deleted while the second runs. The deletion finishes the
+// run only if the deleted pod is the run's newest: the run goes on, and
+// is finished by its own pod's end, with that pod's lines and result.
+func TestAnOlderPodsDeletionDoesNotFinishTheRun(t *testing.T) {
+	c, logs, cache, s := newCollector(t)
+	first := finishedPod(logs, cache, "p1", time.Now().Truncate(time.Second), "attempt 1")
+	syncPod(t, c, first)
+	waitDone(t, s)
+	second := agentPod("p2", "uid-p2", first.CreationTimestamp.Add(time.Minute))
+	second.Spec.InitContainers = nil
+	second.Status.Phase = corev1.PodRunning
+	second.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "agent", ContainerID: "c-p2",
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+	cache.set(second)
+	syncPod(t, c, second)
+	cache.delete("p1")
+	syncPod(t, c, first) // its deletion, as the worker sees it
+	if r, _ := s.Run("run-1"); r == nil || r.Done || r.PodUID != "uid-p2" {
+		t.Fatalf("the older pod's deletion changed the run: %+v", r)
+	}
+	logs.get("p2", "agent").write(at(5), `{"type":"result","subtype":"success","result":"second","session_id":"s2"}`)
+	waitFor(t, func() bool { return strings.Contains(storedText(t, s), "second") }, "the second pod's line was not stored")
+	final := second.DeepCopy()
+	final.Status.Phase = corev1.PodSucceeded
+	final.Status.ContainerStatuses = []corev1.ContainerStatus{terminated("agent", "c-p2")}
+	cache.set(final)
+	logs.end("p2", "agent")
+	c.OnPod(final)
+	r := waitDone(t, s)
+	if r.Result == nil || r.Result.Text != "second" || r.Phase != "Succeeded" {
+		t.Errorf("the run finished with %+v, phase %s: want the second pod's end", r.Result, r.Phase)
 	}
 }
 
@@ -225,7 +297,7 @@ func TestCollectorKeepsOtherJobsApart(t *testing.T) {
 	real.Spec.InitContainers = nil
 	cache.set(real)
 	logs.get("p1", "agent").write(at(0), "the agent's line")
-	c.OnPod(real)
+	syncPod(t, c, real) // first: the run id is bound to its Job
 
 	otherJob := jobs.MakeJob("job-x", "ns").Agent("a").Run("run-1").UID("6f1c2f1e-0000-4000-8000-00000000000a").Obj()
 	intruders := map[string]*corev1.Pod{
@@ -294,7 +366,7 @@ func TestCollectorKeepsOtherJobsApart(t *testing.T) {
 	late := jobs.MakePod("late", "ns").OwnedBy(otherJob).Obj()
 	late.Spec.Containers = []corev1.Container{{Name: "agent"}}
 	cache.set(late)
-	c.OnPod(late)
+	syncPod(t, c, late)
 	if r, _ := s.Run("run-1"); !r.Done || r.PodUID != "uid-1" {
 		t.Errorf("a finished run was reopened: %+v", r)
 	}
@@ -313,8 +385,7 @@ func TestKeptApartRunStaysApart(t *testing.T) {
 	bait.Status.ContainerStatuses = []corev1.ContainerStatus{terminated("agent", "c-bait")}
 	logs.end("bait-pod", "agent")
 	cache.set(bait)
-	c.OnPod(bait)
-	c.OnPodDeleted(bait)
+	syncPod(t, c, bait) // first: the bait takes the run id
 
 	real := agentPod("p1", "uid-1", time.Now())
 	real.Status.Phase = corev1.PodRunning
@@ -327,16 +398,11 @@ func TestKeptApartRunStaysApart(t *testing.T) {
 	logs.get("p1", "agent").write(at(0), "the agent's line")
 	c.OnPod(real)
 	waitFor(t, func() bool { r, _ := s.Run(key); return r != nil && r.LastSeq == 1 }, "the real run was not kept apart with its line")
-	// Retention reads the run index, which a commit updates just after
-	// the record a reader of Run sees: wait on what Retain will read.
-	waitFor(t, func() bool {
-		done, _ := s.Runs(func(r *store.Summary) bool { return r.ID == "run-1" && r.Done })
-		return len(done) == 1
-	}, "the bait's run did not finish")
+	waitIndexedDone(t, s, "run-1") // the bait's
 	if dropped, err := s.Retain(time.Nanosecond, 0, time.Now().Add(time.Hour)); err != nil || len(dropped) != 1 || dropped[0].ID != "run-1" {
 		t.Fatalf("retention dropped %+v (%v), want the bait's finished run only", dropped, err)
 	}
-	c.OnPod(real) // a later update of the real pod
+	syncPod(t, c, real) // a later update of the real pod
 	if r, _ := s.Run("run-1"); r != nil {
 		t.Errorf("the bare id was bound anew: %+v; the run must stay under %s", r, key)
 	}
@@ -357,12 +423,12 @@ func TestPodWithAMalformedOwnerUIDIsNotKeptApart(t *testing.T) {
 	first := jobs.MakePod("first", "ns").OwnedBy(jobs.MakeJob("j1", "ns").Run("run-1").UID("0b7a9c1d-0000-4000-8000-000000000011").Obj()).Obj()
 	first.Spec.Containers = []corev1.Container{{Name: "agent"}}
 	cache.set(first)
-	c.OnPod(first)
+	syncPod(t, c, first)
 	forged := jobs.MakePod("forged", "kube-system").OwnedBy(jobs.MakeJob("j2", "kube-system").Run("run-1").UID("x/../../pwned").Obj()).Obj()
 	forged.Spec.Containers = []corev1.Container{{Name: "agent"}}
 	cache.set(forged)
 	before := testutil.ToFloat64(podsIgnored.WithLabelValues("job-uid"))
-	c.OnPod(forged)
+	syncPod(t, c, forged)
 	if testutil.ToFloat64(podsIgnored.WithLabelValues("job-uid")) <= before {
 		t.Error("the pod was not counted as ignored")
 	}
@@ -377,7 +443,7 @@ func TestPodWithAMalformedOwnerUIDIsNotKeptApart(t *testing.T) {
 // refusingStore refuses its first refusals record writes, as a store
 // that is down or read only does.
 type refusingStore struct {
-	*store.Store
+	*bolt.Store
 	refusals atomic.Int32
 }
 
@@ -391,15 +457,17 @@ func (r *refusingStore) UpdateRun(run string, f func(*store.Run)) (*store.Run, e
 // TestCollectorTriesARefusedRecordAgain: the store refuses to record a
 // run when its pod is first seen, and the pod does not change again
 // (found by a hostile review: it was collected only at its pod's next
-// event, which may be its end). The collector tries again by itself, and
-// the run's lines are stored.
+// event, which may be its end). The work queue tries the pod again after
+// its rate limiter's delay, on the collector's clock: not before the
+// clock moves, and by itself once it has, until the run's lines are
+// stored.
 func TestCollectorTriesARefusedRecordAgain(t *testing.T) {
-	defer func(d time.Duration) { recordRetry = d }(recordRetry)
-	recordRetry = 10 * time.Millisecond
-	c, logs, cache, s := newCollector(t)
+	s, _ := storetest.Open(t)
 	refusing := &refusingStore{Store: s}
 	refusing.refusals.Store(2)
-	c.Store = refusing
+	logs, cache := &podLogs{logs: map[string]*fakeLog{}}, &podCache{pods: map[string]*corev1.Pod{}}
+	clk := clocktesting.NewFakeClock(time.Now())
+	c := newCollectorOn(t, refusing, logs, cache, func(c *Collector) { c.Clock = clk })
 	pod := agentPod("p1", "uid-1", time.Now())
 	pod.Status.Phase = corev1.PodRunning
 	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "agent", ContainerID: "c-agent",
@@ -407,8 +475,19 @@ func TestCollectorTriesARefusedRecordAgain(t *testing.T) {
 	cache.set(pod)
 	logs.get("p1", "agent").write(at(1), `{"type":"assistant","n":1}`)
 	c.OnPod(pod)
-	waitFor(t, func() bool { return strings.Contains(storedText(t, s), `"n":1`) }, "the run was never recorded after the store refused it")
+	it := podItemOf(pod)
+	waitFor(t, func() bool { return c.queue.NumRequeues(it) == 1 }, "the refused pod was not queued again")
+	if n := refusing.refusals.Load(); n != 1 {
+		t.Fatalf("the store was asked %d times before the clock moved, want once", 2-n)
+	}
+	waitFor(t, func() bool {
+		clk.Step(c.Retry.Min)
+		return strings.Contains(storedText(t, s), `"n":1`)
+	}, "the run was never recorded after the store refused it")
 	if n := refusing.refusals.Load(); n > -1 {
 		t.Errorf("the store was asked %d times, want the refused two and more", 2-n)
+	}
+	if n := c.queue.NumRequeues(it); n != 0 {
+		t.Errorf("the pod's failures counted %d after it was recorded, want them forgotten", n)
 	}
 }

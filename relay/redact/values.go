@@ -1,10 +1,11 @@
-package collect
+package redact
 
 import (
 	"bufio"
 	"bytes"
 	"context"
 	"fmt"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"os"
 	"path/filepath"
 	"slices"
@@ -61,15 +62,8 @@ func (v *ValuesFile) Start(ctx context.Context) error {
 	if interval <= 0 {
 		interval = 30 * time.Second
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
 	failing := false
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	wait.UntilWithContext(ctx, func(context.Context) {
 		data, err := readValuesFile(v.Path)
 		switch {
 		case err != nil:
@@ -86,7 +80,8 @@ func (v *ValuesFile) Start(ctx context.Context) error {
 		default:
 			failing = false
 		}
-	}
+	}, interval)
+	return nil
 }
 
 // NeedLeaderElection: every relay replica redacts its own lines.

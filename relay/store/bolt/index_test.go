@@ -1,4 +1,4 @@
-package store
+package bolt
 
 import (
 	"encoding/json"
@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // The index lists what is committed: after appends and updates from many
@@ -18,10 +20,10 @@ func TestRunsIndexAgreesWithTheBucket(t *testing.T) {
 		wg.Go(func() {
 			run := fmt.Sprintf("run-%02d", i)
 			for j := range 5 {
-				if _, err := s.Append(run, "pod/a/1", Cursor{TS: int64(j + 1), Count: 1}, lines("a", "x"), time.Now()); err != nil {
+				if _, err := s.Append(run, "pod/a/1", store.Cursor{TS: int64(j + 1), Count: 1}, lines("a", "x"), time.Now()); err != nil {
 					t.Error(err)
 				}
-				if _, err := s.UpdateRun(run, func(r *Run) { r.Agent, r.Phase, r.Done = "agent", "Succeeded", j == 4 }); err != nil {
+				if _, err := s.UpdateRun(run, func(r *store.Run) { r.Agent, r.Phase, r.Done = "agent", "Succeeded", j == 4 }); err != nil {
 					t.Error(err)
 				}
 			}
@@ -31,12 +33,12 @@ func TestRunsIndexAgreesWithTheBucket(t *testing.T) {
 	if _, err := s.Retain(0, 1, time.Now()); err != nil { // drops every done run but the last within 1 byte: all
 		t.Fatal(err)
 	}
-	if _, err := s.UpdateRun("run-new", func(r *Run) { r.Phase = "Running" }); err != nil {
+	if _, err := s.UpdateRun("run-new", func(r *store.Run) { r.Phase = "Running" }); err != nil {
 		t.Fatal(err)
 	}
 	assertIndexMatchesBucket(t, s)
 	s.Close()
-	reopened, err := OpenStore(dir)
+	reopened, err := Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,9 +49,9 @@ func TestRunsIndexAgreesWithTheBucket(t *testing.T) {
 func assertIndexMatchesBucket(t *testing.T, s *Store) {
 	t.Helper()
 	// The bucket's record, cut down to what the index keeps.
-	summary := func(r *Run) string {
+	summary := func(r *store.Run) string {
 		full, _ := json.Marshal(r)
-		var sum Summary
+		var sum store.Summary
 		_ = json.Unmarshal(full, &sum)
 		b, _ := json.Marshal(sum)
 		return string(b)
@@ -87,7 +89,7 @@ func assertIndexMatchesBucket(t *testing.T, s *Store) {
 func TestRunIndexKeepsTheNewestTransaction(t *testing.T) {
 	var x runIndex
 	x.byID, x.tombstones = map[string]indexed{}, map[string]tombstone{}
-	rec := func(phase string) Summary { return Summary{ID: "r", Phase: phase} }
+	rec := func(phase string) store.Summary { return store.Summary{ID: "r", Phase: phase} }
 	phase := func() string {
 		runs := x.runs(nil)
 		if len(runs) == 0 {

@@ -1,4 +1,4 @@
-package store
+package bolt
 
 import (
 	"fmt"
@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // The store holds lines at close to their size: appends fill pages
@@ -18,11 +20,11 @@ func TestStoreSizeStaysNearItsLines(t *testing.T) {
 	var stored int64
 	for run := range 4 {
 		for batch := range 50 {
-			ls := make([]Line, 100)
+			ls := make([]store.Line, 100)
 			for i := range ls {
-				ls[i] = Line{TS: at(batch*100 + i), Container: "agent", Line: text}
+				ls[i] = store.Line{TS: at(batch*100 + i), Container: "agent", Line: text}
 			}
-			if _, err := s.Append(fmt.Sprintf("run-%d", run), "st", Cursor{TS: int64(batch + 1), Count: 1}, ls, time.Now()); err != nil {
+			if _, err := s.Append(fmt.Sprintf("run-%d", run), "st", store.Cursor{TS: int64(batch + 1), Count: 1}, ls, time.Now()); err != nil {
 				t.Fatal(err)
 			}
 		}

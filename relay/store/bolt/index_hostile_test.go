@@ -1,4 +1,4 @@
-package store
+package bolt
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/paperclipai/clipjob/relay/result"
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 func heapAfterGC() uint64 {
@@ -22,9 +23,9 @@ func heapAfterGC() uint64 {
 // too), each up to --max-line-bytes (1 MiB). Before the index, a finished
 // run's record lived in the bbolt file (mmap, page cache) and was decoded
 // only when asked for. The index decodes every record into the Go heap at
-// commit and at OpenStore, and keeps it for the run's whole retention
+// commit and at Open, and keeps it for the run's whole retention
 // (168h by default): a few hundred such runs exceed the relay's 1 GiB
-// limit, and because OpenStore loads every record before retention ever
+// limit, and because Open loads every record before retention ever
 // runs, the relay then OOMs at every start (a crash loop retention cannot
 // end).
 func TestHostileResultsArePinnedInTheHeapByTheIndex(t *testing.T) {
@@ -44,12 +45,12 @@ func TestHostileResultsArePinnedInTheHeapByTheIndex(t *testing.T) {
 
 	dir := t.TempDir()
 	before := heapAfterGC()
-	s, err := OpenStore(dir)
+	s, err := Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range runs {
-		if _, err := s.UpdateRun(fmt.Sprintf("run-%02d", i), func(r *Run) {
+		if _, err := s.UpdateRun(fmt.Sprintf("run-%02d", i), func(r *store.Run) {
 			r.Namespace, r.Agent, r.Phase, r.Done = "tenant", "a", "Failed", true
 			r.Result = res
 		}); err != nil {
@@ -62,13 +63,13 @@ func TestHostileResultsArePinnedInTheHeapByTheIndex(t *testing.T) {
 	s.Close()
 	afterClose := int64(heapAfterGC()) - int64(before)
 
-	reopened, err := OpenStore(dir)
+	reopened, err := Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer reopened.Close()
 	atOpen := int64(heapAfterGC()) - int64(before)
-	t.Logf("%d finished runs: heap held by an open store %d MiB, after Close %d MiB, after OpenStore (before any retention) %d MiB",
+	t.Logf("%d finished runs: heap held by an open store %d MiB, after Close %d MiB, after Open (before any retention) %d MiB",
 		runs, resident>>20, afterClose>>20, atOpen>>20)
 	if resident > maxResident || atOpen > maxResident {
 		t.Errorf("finished runs' records pin %d MiB (%d MiB after a restart) of heap for their retention: %.1f MiB per hostile run; the relay's 1 GiB limit falls to ~%d such runs",

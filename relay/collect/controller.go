@@ -7,14 +7,17 @@ import (
 	"sync"
 	"time"
 
-	batchv1 "k8s.io/api/batch/v1"
-
 	"github.com/go-logr/logr"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 
 	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/relay/mirror"
+	"github.com/paperclipai/clipjob/relay/redact"
 	"github.com/paperclipai/clipjob/relay/result"
 	"github.com/paperclipai/clipjob/relay/store"
 )
@@ -27,13 +30,15 @@ type PodLookup func(namespace, name string) *corev1.Pod
 // from one killed otherwise, which its pod alone does not.
 type JobFailure func(ctx context.Context, namespace, name string) (string, error)
 
-// Collector turns pod events into followers and run records. It is driven
-// by an informer (see Serve) but has no informer of its own, so tests call
-// OnPod directly.
+// Collector is a controller: pod events (OnPod, OnPodDeleted) and the
+// ends of its followers queue the pod, and a reconcile per pod, on the
+// queue's workers, records its run, follows its containers and finishes
+// the run once every stream is drained. A reconcile that fails (the store
+// down or read only) is tried again through the queue's rate limiter.
 type Collector struct {
 	Store  store.Backend
 	Source LogSource
-	Redact *Redactor
+	Redact *redact.Redactor
 	Pods   PodLookup
 	// JobFailure, when set, marks a run that ended unsuccessfully as
 	// timed out when its Job failed with DeadlineExceeded.
@@ -42,96 +47,73 @@ type Collector struct {
 	// MaxStreams bounds the log streams open at once. Default 200.
 	MaxStreams int
 	// Mirror, when set, keeps each run's NDJSON file on the shared volume.
-	Mirror *Mirror
+	Mirror *mirror.Mirror
 	// Owns, when set, says whether this relay collects the run with the
 	// given id (the pod's run-id label): several relays sharing a store
 	// divide the runs. Nil: every run. See Rebalance.
 	Owns func(run string) bool
 	Log  logr.Logger
+	// Clock times the queue's retries and the followers' batches, drains
+	// and backoff. Default the real clock.
+	Clock clock.WithTicker
+	// Retry bounds the delay before a failed reconcile is tried again: it
+	// grows from Retry.Min, doubling, up to Retry.Max. Default 100ms, 3s.
+	Retry struct{ Min, Max time.Duration }
 
 	ctx   context.Context
 	slots chan struct{}
 	// budget bounds the lines all followers hold (Follow.BudgetBytes).
 	budget *budget
-	wg     sync.WaitGroup
+	// queue holds pods and runs' Jobs to reconcile; mirrors holds runs
+	// whose mirror file another process held locked, apart, so that a
+	// wait on such a lock never holds up a pod.
+	queue, mirrors workqueue.TypedRateLimitingInterface[item]
+	workers        sync.WaitGroup
+	wg             sync.WaitGroup // followers
 
 	mu      sync.Mutex
 	stopped bool
-	pods    map[types.UID]*podStreams // the pods followed
-	// retrying: what a background retry (later) waits to try again.
-	retrying map[string]bool
+	pods    map[types.UID]*podStreams // the pods recorded and not gone
 }
 
-// recordRetry is how long OnPod waits to try a pod again whose run record
-// it could not write (the store refused: down, read only).
-var recordRetry = 3 * time.Second
-
-// retryPod offers pod to OnPod again after recordRetry, as the cache has
-// it then: a run whose record could not be written is not left
-// uncollected until its pod next changes, which may be its end (a
-// hostile review).
-func (c *Collector) retryPod(pod *corev1.Pod) {
-	c.later("pod/"+string(pod.UID), recordRetry, 1, func() bool {
-		if p := c.Pods(pod.Namespace, pod.Name); p != nil && p.UID == pod.UID {
-			c.OnPod(p)
-		}
-		return true
-	}, nil)
+// item is what the queues hold: a pod, or a run (its Job to read, its
+// mirror to sync).
+type item struct {
+	kind            itemKind
+	namespace, name string
+	uid             types.UID
+	run             string    // a pod's run-id label, or a run's key
+	job             types.UID // a pod's controlling Job's UID
 }
 
-// later runs try in the background after delay, and again after each
-// delay while it returns false, at most attempts times, then gaveUp (if
-// set). One per key at a time: a call while one waits does nothing (a
-// run whose mirror stays locked asks at every commit). It ends with the
-// collector, which waits for it.
-func (c *Collector) later(key string, delay time.Duration, attempts int, try func() bool, gaveUp func()) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.stopped || c.ctx == nil || c.retrying[key] {
-		return
-	}
-	if c.retrying == nil {
-		c.retrying = map[string]bool{}
-	}
-	c.retrying[key] = true
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
-		for attempt := 1; ; attempt++ {
-			select {
-			case <-c.ctx.Done():
-			case <-time.After(delay):
-			}
-			// The key is free while try runs: what try starts (OnPod)
-			// may ask for a retry of its own.
-			c.mu.Lock()
-			delete(c.retrying, key)
-			c.mu.Unlock()
-			if c.ctx.Err() != nil || try() {
-				return
-			}
-			if attempt == attempts {
-				if gaveUp != nil {
-					gaveUp()
-				}
-				return
-			}
-			c.mu.Lock()
-			taken := c.retrying[key] || c.stopped // another retry goes on, or none may
-			if !taken {
-				c.retrying[key] = true
-			}
-			c.mu.Unlock()
-			if taken {
-				return
-			}
-		}
-	}()
+type itemKind uint8
+
+const (
+	podItem    itemKind = iota
+	jobItem             // read the Job of a run that ended unsuccessfully
+	mirrorItem          // sync a run's mirror again
+)
+
+// retries bound the attempts at a run's item, and say what giving up
+// leaves; a pod is tried until it succeeds or is gone.
+var retries = map[itemKind]struct {
+	attempts int
+	gaveUp   string
+}{
+	jobItem:    {8, "its Job never said why it failed"},
+	mirrorItem: {10, "its NDJSON mirror file stayed locked by another process; its log is in the store"},
 }
 
-// podStreams are the streams of one pod this relay follows.
+// workers reconcile pods at once: each waits on the store, and a takeover
+// queues every pod of the runs taken.
+const workers = 4
+
+// errNotYet: a reconcile to try again later, which nothing failed.
+var errNotYet = errors.New("not yet")
+
+// podStreams are the streams of one pod this relay recorded.
 type podStreams struct {
-	run string // the pod's run-id label, what ownership is decided by
+	item item // the pod's, for the ends of its followers
 	// ctx ends the pod's followers when another relay takes its run over.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -139,75 +121,221 @@ type podStreams struct {
 	following map[string]bool
 }
 
-// Start prepares the collector; followers live until ctx ends.
+// Start starts the queues' workers; followers live until ctx ends.
 func (c *Collector) Start(ctx context.Context) {
 	c.Follow.setDefaults()
-	if c.MaxStreams <= 0 {
-		c.MaxStreams = 200
+	orDefault(&c.MaxStreams, 200)
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
+	}
+	if c.Retry.Min <= 0 || c.Retry.Max <= 0 {
+		c.Retry.Min, c.Retry.Max = 100*time.Millisecond, 3*time.Second
 	}
 	c.ctx = ctx
 	c.slots = make(chan struct{}, c.MaxStreams)
 	c.budget = newBudget(int64(c.Follow.BudgetBytes), int64(c.Follow.BatchBytes))
 	c.pods = map[types.UID]*podStreams{}
+	newQueue := func(name string) workqueue.TypedRateLimitingInterface[item] {
+		return workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[item](c.Retry.Min, c.Retry.Max),
+			workqueue.TypedRateLimitingQueueConfig[item]{Name: name, Clock: c.Clock})
+	}
+	c.queue, c.mirrors = newQueue("relay-pods"), newQueue("relay-mirrors")
+	for range workers {
+		c.workers.Go(func() { c.work(c.queue) })
+	}
+	c.workers.Go(func() { c.work(c.mirrors) })
+	go func() {
+		<-ctx.Done()
+		c.queue.ShutDown()
+		c.mirrors.ShutDown()
+	}()
+}
+
+// Stop starts no more followers and waits until the workers and every
+// follower have returned (after ctx ended): everything read is flushed.
+func (c *Collector) Stop() {
+	c.mu.Lock()
+	c.stopped = true
+	c.mu.Unlock()
+	if c.queue != nil {
+		c.queue.ShutDown()
+		c.mirrors.ShutDown()
+	}
+	c.workers.Wait()
+	c.wg.Wait()
 }
 
 // owns says whether this relay collects run.
 func (c *Collector) owns(run string) bool { return c.Owns == nil || c.Owns(run) }
 
-// Stop starts no more followers and waits until every follower has
-// returned (after ctx ended), so a shutdown has flushed everything.
-func (c *Collector) Stop() {
-	c.mu.Lock()
-	c.stopped = true
-	c.mu.Unlock()
-	c.wg.Wait()
+// OnPod handles a pod added or updated: it queues the pod if it carries a
+// run id this relay collects.
+func (c *Collector) OnPod(pod *corev1.Pod) {
+	if it := podItemOf(pod); it.run != "" && c.owns(it.run) {
+		c.queue.Add(it)
+	}
 }
 
-// OnPod handles a pod added or updated. Only a pod that a Job controls
-// is part of a run, and only of the run bound to that Job and namespace
-// when first seen: the run id is a label anyone creating Jobs can copy.
-// The pods of another Job carrying the same id are a run of their own,
-// kept under store.RunKey(id, their Job's UID): nothing is dropped, and a
-// client that knows its Job finds its run whoever took the id first.
-func (c *Collector) OnPod(pod *corev1.Pod) {
-	run := pod.Labels[contract.LabelRunID]
-	if run == "" || !c.owns(run) {
-		return
+// OnPodDeleted handles a pod that is gone: its reconcile lets its
+// followers read what they can, and finishes the run then.
+func (c *Collector) OnPodDeleted(pod *corev1.Pod) { c.OnPod(pod) }
+
+func podItemOf(pod *corev1.Pod) item {
+	it := item{kind: podItem, namespace: pod.Namespace, name: pod.Name, uid: pod.UID, run: pod.Labels[contract.LabelRunID]}
+	if job := metav1.GetControllerOf(pod); job != nil {
+		it.job = job.UID
 	}
+	return it
+}
+
+// work reconciles q's items until q shuts down. A failed one is queued
+// again after its rate limiter's delay, a run's at most a few times.
+func (c *Collector) work(q workqueue.TypedRateLimitingInterface[item]) {
+	for {
+		it, shutdown := q.Get()
+		if shutdown {
+			return
+		}
+		if c.ctx.Err() != nil { // stopping: what is left is the next start's
+			q.Done(it)
+			continue
+		}
+		err := c.reconcile(it)
+		switch r := retries[it.kind]; {
+		case err == nil:
+			q.Forget(it)
+		case r.attempts > 0 && q.NumRequeues(it)+1 >= r.attempts:
+			q.Forget(it)
+			c.Log.Info("gave up on the run: "+r.gaveUp, "run", it.run, "last", err.Error())
+		default:
+			if !errors.Is(err, errNotYet) {
+				c.Log.Error(err, "reconciling; trying again", "run", it.run, "pod", it.namespace+"/"+it.name)
+			}
+			q.AddRateLimited(it)
+		}
+		q.Done(it)
+	}
+}
+
+func (c *Collector) reconcile(it item) error {
+	switch it.kind {
+	case jobItem:
+		return c.timedOut(it.run)
+	case mirrorItem:
+		if err := c.Mirror.Sync(it.run); err != nil && !errors.Is(err, mirror.ErrLocked) {
+			c.Log.Error(err, "mirroring the run's NDJSON file", "run", it.run)
+		} else if err != nil {
+			return errNotYet
+		}
+		return nil
+	}
+	if !c.owns(it.run) {
+		return nil // another relay's since it was queued (Rebalance forgot its streams)
+	}
+	pod := c.Pods(it.namespace, it.name)
+	if pod == nil || pod.UID != it.uid {
+		return c.podGone(it)
+	}
+	return c.syncPod(pod)
+}
+
+// syncPod records a pod in its run, follows its containers and finishes
+// the run once the pod ended and every stream is drained. Only a pod that
+// a Job controls is part of a run, and only of the run bound to that Job
+// and namespace when first seen: anyone creating Jobs can copy a run id.
+// Another Job's pods carrying it are a run of their own, kept under
+// store.RunKey(id, their Job's UID).
+func (c *Collector) syncPod(pod *corev1.Pod) error {
+	run := pod.Labels[contract.LabelRunID]
 	job := metav1.GetControllerOf(pod)
 	if job == nil || job.Kind != "Job" || !strings.HasPrefix(job.APIVersion, "batch/") {
 		c.ignore(pod, run, "no-job", "not controlled by a Job")
-		return
+		return nil
 	}
-	if !c.following(pod.UID) && c.retired(pod, job.UID) {
-		return
+	if !c.streaming(pod.UID) {
+		if retired, err := c.retired(pod, job.UID); err != nil || retired {
+			return err
+		}
 	}
 	rec, key, err := c.recordPod(pod, run, job.UID)
 	if errors.Is(err, errUnkeyable) {
 		c.ignore(pod, run, "job-uid", "the run id belongs to another Job, and this one's UID cannot key a run")
-		return
+		return nil
 	}
 	if err != nil {
-		c.Log.Error(err, "recording run; trying again", "run", key, "in", recordRetry)
-		c.retryPod(pod)
-		return
+		return err
 	}
 	if rec.Done && rec.PodUID == string(pod.UID) {
-		return // collected completely before (e.g. before a relay restart)
+		return nil // collected completely before (e.g. before a relay restart)
+	}
+	if !c.track(podItemOf(pod)) {
+		return nil // stopping
 	}
 	if rec.LastSeq == 0 {
-		c.mirror(key) // the file exists from the start: readers wait for it, not long
+		c.syncMirror(key) // the file exists from the start: readers wait for it, not long
 	}
 	c.followAll(pod, key)
-	c.maybeFinish(pod.Namespace, pod.Name, pod.UID, key)
+	if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed || c.streaming(pod.UID) {
+		return nil // its followers' ends bring it back
+	}
+	return c.finish(key, false)
 }
 
-// following says whether this relay still follows a stream of the pod:
-// its run is not finished, so no retired run's (retention takes finished
-// runs only), and its updates need no look at the store for one. A pod
-// whose streams all drained is remembered until it is gone, and may be a
-// retired run's by then.
-func (c *Collector) following(uid types.UID) bool {
+// podGone finishes the run of a pod that is gone once its followers have
+// read what they could; the deletion of a pod that is not part of the
+// run, or not the run's newest, changes nothing.
+func (c *Collector) podGone(it item) error {
+	if c.streaming(it.uid) {
+		return nil // its followers see it gone, and their ends bring it back
+	}
+	keys := []string{it.run}
+	if store.ValidJobUID(string(it.job)) {
+		keys = append(keys, store.RunKey(it.run, string(it.job)))
+	}
+	for _, key := range keys {
+		r, err := c.Store.Run(key)
+		if err != nil {
+			return err
+		}
+		if r != nil && !r.Done && r.PodUID == string(it.uid) && bound(r, it.namespace, it.job) == "" {
+			if err := c.finish(key, true); err != nil {
+				return err
+			}
+		}
+	}
+	c.forget(it.uid)
+	return nil
+}
+
+// track remembers the pod, for its followers and its deletion; false once
+// the collector stops.
+func (c *Collector) track(it item) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return false
+	}
+	if c.pods[it.uid] == nil {
+		ctx, cancel := context.WithCancel(c.ctx)
+		c.pods[it.uid] = &podStreams{item: it, ctx: ctx, cancel: cancel, following: map[string]bool{}}
+	}
+	return true
+}
+
+// forget ends what is left of a pod's followers and forgets it.
+func (c *Collector) forget(uid types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ps := c.pods[uid]; ps != nil {
+		ps.cancel()
+		delete(c.pods, uid)
+	}
+}
+
+// streaming says whether this relay still follows a stream of the pod:
+// then its run is not finished, so not retired.
+func (c *Collector) streaming(uid types.UID) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if ps := c.pods[uid]; ps != nil {
@@ -221,28 +349,20 @@ func (c *Collector) following(uid types.UID) bool {
 }
 
 // retired says whether pod is one of a run retention deleted while its
-// pods remain, which is then left alone: collected again (after a
-// restart, or by the replica taking the run over), it would come back
-// whole, its mirror rewritten. A store that cannot say is asked again.
-func (c *Collector) retired(pod *corev1.Pod, jobUID types.UID) bool {
+// pods remain: collected again, it would come back whole.
+func (c *Collector) retired(pod *corev1.Pod, jobUID types.UID) (bool, error) {
 	r, err := c.Store.RetiredRun(pod.Namespace, string(jobUID))
-	if err != nil {
-		c.Log.Error(err, "reading whether retention deleted the run; trying again", "pod", pod.Namespace+"/"+pod.Name, "in", recordRetry)
-		c.retryPod(pod)
-		return true
-	}
-	if !r.Covers(pod.CreationTimestamp.Time) {
-		return false
+	if err != nil || !r.Covers(pod.CreationTimestamp.Time) {
+		return false, err
 	}
 	podsIgnored.WithLabelValues("retired").Inc()
 	c.Log.V(1).Info("ignoring pod: retention deleted its run", "pod", pod.Namespace+"/"+pod.Name, "run", r.Run)
-	return true
+	return true, nil
 }
 
 // ForgetRetired forgets the retired runs (store.Retired) of Jobs in the
 // namespaces watched (nil: all) none of whose pods remain; pods are every
-// pod the relay's synced cache holds. A pod of such a Job created after
-// this is a new attempt of its run, which is collected anyway.
+// pod the relay's synced cache holds.
 func (c *Collector) ForgetRetired(pods []corev1.Pod, watched func(namespace string) bool) (int, error) {
 	retired, err := c.Store.RetiredRuns()
 	if err != nil || len(retired) == 0 {
@@ -285,7 +405,7 @@ func (c *Collector) recordPod(pod *corev1.Pod, run string, jobUID types.UID) (*s
 			r.Done, r.ExitCode, r.Reason, r.FinishedAt, r.Result = false, nil, "", nil, nil
 		}
 		r.JobUID = string(jobUID)
-		describe(r, pod)
+		c.describe(r, pod)
 	}
 	// Once kept apart, a Job's run stays there, even if the record of the
 	// run id goes (retention) and the id could be bound anew.
@@ -336,26 +456,6 @@ func (c *Collector) ignore(pod *corev1.Pod, run, reason, why string) {
 	c.Log.Info("ignoring pod: "+why, "pod", pod.Namespace+"/"+pod.Name, "run", run)
 }
 
-// OnPodDeleted handles a pod that is gone: its followers end once they
-// have read what they can, and the run is finished then. The deletion of
-// a pod that is not part of the run changes nothing.
-func (c *Collector) OnPodDeleted(pod *corev1.Pod) {
-	run := pod.Labels[contract.LabelRunID]
-	job := metav1.GetControllerOf(pod)
-	if run == "" || job == nil || !c.owns(run) {
-		return
-	}
-	keys := []string{run}
-	if store.ValidJobUID(string(job.UID)) {
-		keys = append(keys, store.RunKey(run, string(job.UID)))
-	}
-	for _, key := range keys {
-		if r, err := c.Store.Run(key); err == nil && r != nil && bound(r, pod.Namespace, job.UID) == "" {
-			c.maybeFinish(pod.Namespace, pod.Name, pod.UID, key)
-		}
-	}
-}
-
 // followAll starts a follower for every container instance of the pod
 // that has a log: running or terminated, and instances a restart replaced.
 func (c *Collector) followAll(pod *corev1.Pod, run string) {
@@ -369,34 +469,30 @@ func (c *Collector) followAll(pod *corev1.Pod, run string) {
 				continue
 			}
 			c.follow(StreamRef{Run: run, Namespace: pod.Namespace, Pod: pod.Name, PodUID: string(pod.UID),
-				Container: st.Name, ContainerID: id}, pod.Labels[contract.LabelRunID])
+				Container: st.Name, ContainerID: id})
 		}
 	}
 }
 
-func (c *Collector) follow(ref StreamRef, run string) {
+func (c *Collector) follow(ref StreamRef) {
 	key := ref.Key()
-	uid := types.UID(ref.PodUID)
 	c.mu.Lock()
-	ps := c.pods[uid]
-	if c.stopped || (ps != nil && ps.seen(key)) {
+	ps := c.pods[types.UID(ref.PodUID)]
+	if c.stopped || ps == nil {
 		c.mu.Unlock()
 		return
 	}
-	if ps == nil {
-		ctx, cancel := context.WithCancel(c.ctx)
-		ps = &podStreams{run: run, ctx: ctx, cancel: cancel, following: map[string]bool{}}
-		c.pods[uid] = ps
+	if _, seen := ps.following[key]; seen {
+		c.mu.Unlock()
+		return
 	}
 	ps.following[key] = true
 	c.mu.Unlock()
 
 	f := &follower{ref: ref, src: c.Source, store: c.Store, redact: c.Redact, opts: c.Follow, slots: c.slots, budget: c.budget,
-		log: c.Log, state: func() containerState { return c.containerState(ref) }, committed: func() { c.mirror(ref.Run) }}
+		log: c.Log, clock: c.Clock, state: func() containerState { return c.containerState(ref) }, committed: func() { c.syncMirror(ref.Run) }}
 	c.Log.V(1).Info("following", "run", ref.Run, "pod", ref.Namespace+"/"+ref.Pod, "container", ref.Container)
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
+	c.wg.Go(func() {
 		f.run(ps.ctx)
 		if ps.ctx.Err() != nil {
 			// Shutting down (not drained: resumed after a restart), or
@@ -404,31 +500,22 @@ func (c *Collector) follow(ref StreamRef, run string) {
 			return
 		}
 		c.mu.Lock()
-		if c.pods[uid] == ps {
-			ps.following[key] = false
-		}
+		ps.following[key] = false
 		c.mu.Unlock()
-		c.maybeFinish(ref.Namespace, ref.Pod, uid, ref.Run)
-	}()
-}
-
-// seen says whether the stream is or was followed.
-func (ps *podStreams) seen(key string) bool {
-	_, ok := ps.following[key]
-	return ok
+		c.queue.Add(ps.item)
+	})
 }
 
 // Rebalance applies a change of the runs this relay owns (Owns): the
-// followers of pods whose run it no longer owns stop (what they read is
-// committed, from the cursor they started from, so a relay that took the
-// run over meanwhile loses nothing to them and gets nothing twice), and
-// the pods of runs it now owns are followed from their stored cursors.
-// pods are every agent pod there is (the informer's cache). Call
-// Reconcile after it to finish the runs it now owns whose pod is gone.
+// followers of runs it no longer owns stop (their commits are refused
+// where the new owner moved the cursor), and pods, every agent pod in the
+// informer's cache, are queued, so that the runs it now owns are followed
+// from their stored cursors. Call Reconcile after it to finish the runs it
+// now owns whose pod is gone.
 func (c *Collector) Rebalance(pods []*corev1.Pod) {
 	c.mu.Lock()
 	for uid, ps := range c.pods {
-		if !c.owns(ps.run) {
+		if !c.owns(ps.item.run) {
 			ps.cancel()
 			delete(c.pods, uid)
 		}
@@ -454,39 +541,8 @@ func (c *Collector) containerState(ref StreamRef) containerState {
 	return containerState{ended: finished}
 }
 
-// maybeFinish marks the run done once its pod has ended (or is gone) and
-// every stream is drained, and parses its result from the stored lines.
-func (c *Collector) maybeFinish(ns, name string, uid types.UID, run string) {
-	pod := c.Pods(ns, name)
-	gone := pod == nil || pod.UID != uid
-	if !gone && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
-		return
-	}
-	if !gone {
-		// The cache can show the pod finished before this collector saw
-		// every container start: follow what is not followed yet first.
-		c.followAll(pod, run)
-	}
-	c.mu.Lock()
-	if ps := c.pods[uid]; ps != nil {
-		for _, following := range ps.following {
-			if following {
-				c.mu.Unlock()
-				return
-			}
-		}
-		if gone {
-			// Nothing more can come from this pod: forget its streams.
-			ps.cancel()
-			delete(c.pods, uid)
-		}
-	}
-	c.mu.Unlock()
-	if err := c.finish(run, gone); err != nil {
-		c.Log.Error(err, "finishing run", "run", run)
-	}
-}
-
+// finish marks the run done and parses its result from the stored lines;
+// gone: its pod vanished before it was seen to end.
 func (c *Collector) finish(run string, gone bool) error {
 	// Every stream's end and the pod's deletion each come here; the log is
 	// read and parsed once.
@@ -526,52 +582,32 @@ func (c *Collector) finish(run string, gone bool) error {
 		r.Result = p.Result(term)
 		r.Done = true
 	})
-	if err == nil {
-		c.mirror(run)
-		c.Log.Info("run collected", "run", run, "phase", rec.Phase, "lines", rec.LastSeq)
-		if c.JobFailure != nil && rec.Result != nil && rec.Result.Outcome != "" && rec.Result.Outcome != "succeeded" {
-			c.wg.Add(1)
-			go c.timedOut(rec)
-		}
+	if err != nil {
+		return err
 	}
-	return err
+	c.syncMirror(run)
+	c.Log.Info("run collected", "run", run, "phase", rec.Phase, "lines", rec.LastSeq)
+	if c.JobFailure != nil && rec.Result != nil && rec.Result.Outcome != "" && rec.Result.Outcome != "succeeded" {
+		c.queue.Add(item{kind: jobItem, run: run})
+	}
+	return nil
 }
 
-func (c *Collector) mirror(run string) {
+// syncMirror syncs the run's mirror. A file someone else holds locked is
+// left to the next commit's sync and, for a run that has no next commit
+// (it finished), to the mirrors' queue, without holding up the caller.
+func (c *Collector) syncMirror(run string) {
 	err := c.Mirror.Sync(run)
-	if errors.Is(err, errMirrorLocked) {
-		// Someone held the file's lock: the next commit's sync catches
-		// it up, and for a run that has no next commit (it finished) one
-		// in a while does, without holding up the caller.
+	if errors.Is(err, mirror.ErrLocked) {
 		c.Log.Info("the run's NDJSON mirror file is locked by another process; trying again later", "run", run)
-		c.retryMirror(run)
-		return
-	}
-	if err != nil {
-		var unsafe *UnsafePathError
-		if errors.As(err, &unsafe) {
-			mirrorRefused.Inc()
-		}
+		c.mirrors.AddRateLimited(item{kind: mirrorItem, run: run})
+	} else if err != nil {
 		c.Log.Error(err, "mirroring the run's NDJSON file", "run", run)
 	}
 }
 
-// retryMirror syncs run's mirror again in the background, every few
-// seconds while its file stays locked, ten times at most.
-func (c *Collector) retryMirror(run string) {
-	c.later("mirror/"+run, 3*time.Second, 10, func() bool {
-		err := c.Mirror.Sync(run)
-		if err != nil && !errors.Is(err, errMirrorLocked) {
-			c.Log.Error(err, "mirroring the run's NDJSON file", "run", run)
-		}
-		return !errors.Is(err, errMirrorLocked)
-	}, func() {
-		c.Log.Info("gave up mirroring the run's NDJSON file: it stayed locked by another process; its log is in the store", "run", run)
-	})
-}
-
 // describe copies what the pod says about its run into the record.
-func describe(r *store.Run, pod *corev1.Pod) {
+func (c *Collector) describe(r *store.Run, pod *corev1.Pod) {
 	l := pod.Labels
 	r.Namespace, r.Pod, r.PodUID = pod.Namespace, pod.Name, string(pod.UID)
 	created := pod.CreationTimestamp.Time
@@ -604,7 +640,7 @@ func describe(r *store.Run, pod *corev1.Pod) {
 			r.ExitCode, r.Reason = &code, term.Reason
 			f := term.FinishedAt.Time
 			if f.IsZero() {
-				f = time.Now()
+				f = c.Clock.Now()
 			}
 			r.FinishedAt = &f
 		}
@@ -648,29 +684,26 @@ func runID(key string) string {
 }
 
 // timedOut marks the run's result timed out if its Job failed with
-// DeadlineExceeded. The Job controller deletes the pods before it records
-// the condition, so the Job is read a few times, off the informer's path.
-func (c *Collector) timedOut(rec *store.Run) {
-	defer c.wg.Done()
-	for attempt := 0; attempt < 5; attempt++ {
-		reason, err := c.JobFailure(c.ctx, rec.Namespace, rec.Job)
-		if err == nil && reason == string(batchv1.JobReasonDeadlineExceeded) {
-			if _, err := c.Store.UpdateRun(rec.ID, func(r *store.Run) {
-				if r.Result != nil {
-					r.Result.Outcome = result.OutcomeTimedOut
-				}
-			}); err != nil {
-				c.Log.Error(err, "marking a run timed out", "run", rec.ID)
-			}
-			return
-		}
-		if err == nil && reason != "" {
-			return // failed for another reason
-		}
-		select {
-		case <-c.ctx.Done():
-			return
-		case <-time.After(time.Second):
-		}
+// DeadlineExceeded; the Job controller deletes the pods before it records
+// that, so a Job without it yet is read again (errNotYet).
+func (c *Collector) timedOut(run string) error {
+	rec, err := c.Store.Run(run)
+	if err != nil || rec == nil {
+		return err
 	}
+	reason, err := c.JobFailure(c.ctx, rec.Namespace, rec.Job)
+	switch {
+	case err != nil:
+		return err
+	case reason == "":
+		return errNotYet
+	case reason != string(batchv1.JobReasonDeadlineExceeded):
+		return nil // failed for another reason
+	}
+	_, err = c.Store.UpdateRun(run, func(r *store.Run) {
+		if r.Result != nil {
+			r.Result.Outcome = result.OutcomeTimedOut
+		}
+	})
+	return err
 }

@@ -1,4 +1,4 @@
-package collect
+package mirror
 
 import (
 	"errors"
@@ -47,7 +47,7 @@ func TestTwoRelaysMirrorARunOnce(t *testing.T) {
 				// Given up on the other's lock (mirrorLockWait; two syncs
 				// back to back can keep it from each other): skipped, as
 				// a follower does, and caught up by the next.
-				if err := m.Sync("run-1"); err != nil && !errors.Is(err, errMirrorLocked) {
+				if err := m.Sync("run-1"); err != nil && !errors.Is(err, ErrLocked) {
 					t.Error(err)
 					return
 				}

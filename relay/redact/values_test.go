@@ -1,4 +1,4 @@
-package collect
+package redact
 
 import (
 	"context"
@@ -32,7 +32,7 @@ func TestValuesFileReloads(t *testing.T) {
 		}
 	}
 	write("old-secret-1\n\n  padded-secret  \n")
-	r, err := NewRedactor(nil, nil)
+	r, err := New(nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestValuesFileReloads(t *testing.T) {
 }
 
 func TestValuesFileLoadNamesTheProblem(t *testing.T) {
-	r, _ := NewRedactor(nil, nil)
+	r, _ := New(nil, nil)
 	err := (&ValuesFile{Path: filepath.Join(t.TempDir(), "none"), Redactor: r}).Load()
 	if err == nil || !strings.Contains(err.Error(), "redaction values") || !strings.Contains(err.Error(), "none") {
 		t.Errorf("Load: %v", err)
@@ -134,7 +134,7 @@ func TestValuesFileReadsAMountedSecret(t *testing.T) {
 	if err := os.Symlink(filepath.Base(data), filepath.Join(dir, "..data")); err != nil {
 		t.Fatal(err)
 	}
-	r, _ := NewRedactor(nil, nil)
+	r, _ := New(nil, nil)
 	if err := (&ValuesFile{Path: dir, Redactor: r}).Load(); err != nil {
 		t.Fatal(err)
 	}

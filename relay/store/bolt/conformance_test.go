@@ -1,9 +1,10 @@
-package store_test
+package bolt_test
 
 import (
 	"testing"
 
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/bolt"
 	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
 
@@ -13,7 +14,7 @@ func TestBoltConformance(t *testing.T) {
 	storetest.Conformance(t, storetest.Backend{Open: func(t *testing.T) (store.Backend, func() store.Backend) {
 		dir := t.TempDir()
 		open := func() store.Backend {
-			s, err := store.OpenStore(dir)
+			s, err := bolt.Open(dir)
 			if err != nil {
 				t.Fatal(err)
 			}

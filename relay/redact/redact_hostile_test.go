@@ -1,4 +1,4 @@
-package collect
+package redact
 
 import (
 	"bytes"
@@ -61,7 +61,7 @@ func TestHostileGuardedRedactionEqualsUnguarded(t *testing.T) {
 		"\t", "é", "\u00a0", "s3cr3t-value", "\"s3cr3t-value\"",
 	}
 	lits := []string{"s3cr3t-value", "A\"quoted\\val"}
-	r, err := NewRedactor(nil, lits)
+	r, err := New(nil, lits)
 	if err != nil {
 		t.Fatal(err)
 	}

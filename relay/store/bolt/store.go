@@ -1,0 +1,357 @@
+// Package bolt keeps the relay's runs and lines in one bbolt file on the
+// relay's volume: the default store.Backend, for one relay.
+package bolt
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/paperclipai/clipjob/relay/store"
+)
+
+// Why bbolt: one file on the relay's volume, pure Go, crash-safe without
+// recovery, and ordered keys, so "lines of run R after sequence N" is a
+// range scan. Freed pages are reused, so retention bounds the file.
+
+var (
+	bucketRuns    = []byte("runs")
+	bucketLines   = []byte("lines") // one nested bucket per run: seq -> store.Line
+	bucketCursors = []byte("cursors")
+)
+
+// Store is the relay's embedded store, the default Backend.
+type Store struct {
+	db      *bbolt.DB
+	index   runIndex
+	changes store.Changes
+	// stopReleasing and released end releaseEvery (mapping.go).
+	stopReleasing chan struct{}
+	released      chan struct{}
+	closeOnce     sync.Once
+}
+
+var _ store.Backend = (*Store)(nil)
+
+// Open opens (or creates) the store in dir.
+func Open(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, err
+	}
+	db, err := bbolt.Open(filepath.Join(dir, "relay.db"), 0o640, &bbolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("opening store in %s: %w", dir, err)
+	}
+	// Concurrent appends of many streams share one commit (and fsync); a
+	// lone stream waits at most this long for company.
+	db.MaxBatchDelay = 2 * time.Millisecond
+	err = db.Update(func(tx *bbolt.Tx) error {
+		for _, b := range [][]byte{bucketRuns, bucketLines, bucketCursors} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	st := &Store{db: db}
+	if err := st.index.load(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("reading the runs of the store in %s: %w", dir, err)
+	}
+	st.stopReleasing, st.released = make(chan struct{}), make(chan struct{})
+	go st.releaseEvery(releaseInterval, st.stopReleasing, st.released)
+	return st, nil
+}
+
+// Close flushes and closes the store.
+func (s *Store) Close() error {
+	s.stopReleasingMapped()
+	return s.db.Close()
+}
+
+// Size is the store file's size in bytes.
+func (s *Store) Size() int64 {
+	var n int64
+	_ = s.db.View(func(tx *bbolt.Tx) error { n = tx.Size(); return nil })
+	return n
+}
+
+func seqKey(seq uint64) []byte {
+	k := make([]byte, 8)
+	binary.BigEndian.PutUint64(k, seq)
+	return k
+}
+
+// Append is AppendAfter whatever cursor the stream had: for a writer that
+// alone writes the stream (tests, tools).
+func (s *Store) Append(run, stream string, cur store.Cursor, lines []store.Line, now time.Time) (uint64, error) {
+	return s.append(run, stream, nil, cur, lines, now)
+}
+
+// AppendAfter implements Backend: Append, committed only if the stream's
+// stored cursor is prev.
+func (s *Store) AppendAfter(run, stream string, prev, cur store.Cursor, lines []store.Line, now time.Time) (uint64, error) {
+	return s.append(run, stream, &prev, cur, lines, now)
+}
+
+func (s *Store) append(run, stream string, prev *store.Cursor, cur store.Cursor, lines []store.Line, now time.Time) (uint64, error) {
+	var last uint64
+	err := s.db.Batch(func(tx *bbolt.Tx) error {
+		if prev != nil {
+			// Checked first, in the transaction that writes: the cursor
+			// cannot move between the check and the commit.
+			stored, err := getCursor(tx, run, stream)
+			if err != nil {
+				return err
+			}
+			if stored != *prev {
+				return &store.CursorConflict{Run: run, Stream: stream, Prev: *prev, Stored: stored}
+			}
+		}
+		r, err := getRun(tx, run)
+		if err != nil {
+			return err
+		}
+		if r == nil {
+			r = &store.Run{ID: run, Phase: "Unknown"}
+		}
+		lb, err := tx.Bucket(bucketLines).CreateBucketIfNotExists([]byte(run))
+		if err != nil {
+			return err
+		}
+		// Sequence keys only ever grow: fill pages whole, not half.
+		lb.FillPercent = 1.0
+		for i := range lines {
+			r.LastSeq++
+			lines[i].Seq = r.LastSeq
+			v, err := json.Marshal(&lines[i])
+			if err != nil {
+				return err
+			}
+			if err := lb.Put(seqKey(r.LastSeq), v); err != nil {
+				return err
+			}
+			r.Bytes += int64(len(lines[i].Line))
+		}
+		r.SeenAt = now
+		c, _ := json.Marshal(cur)
+		if err := tx.Bucket(bucketCursors).Put(cursorKey(run, stream), c); err != nil {
+			return err
+		}
+		last = r.LastSeq
+		return s.putRun(tx, r)
+	})
+	if err == nil {
+		s.notify(run)
+	}
+	return last, err
+}
+
+// cursorKey keeps a run's cursors together, so retention removes them
+// with the run.
+func cursorKey(run, stream string) []byte { return []byte(run + "\x00" + stream) }
+
+// Cursor returns how far a stream of run is stored (zero: nothing yet).
+func (s *Store) Cursor(run, stream string) (store.Cursor, error) {
+	var c store.Cursor
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		var err error
+		c, err = getCursor(tx, run, stream)
+		return err
+	})
+	return c, err
+}
+
+func getCursor(tx *bbolt.Tx, run, stream string) (store.Cursor, error) {
+	var c store.Cursor
+	if v := tx.Bucket(bucketCursors).Get(cursorKey(run, stream)); v != nil {
+		return c, json.Unmarshal(v, &c)
+	}
+	return c, nil
+}
+
+// UpdateRun applies fn to the run's record, creating it if needed.
+func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
+	var out *store.Run
+	err := s.db.Batch(func(tx *bbolt.Tx) error {
+		r, err := getRun(tx, id)
+		if err != nil {
+			return err
+		}
+		if r == nil {
+			// Seen now, though nothing is stored yet: retention counts from
+			// here for a run that never writes a line.
+			r = &store.Run{ID: id, Phase: "Pending", SeenAt: time.Now()}
+		}
+		fn(r)
+		out = r
+		return s.putRun(tx, r)
+	})
+	if err == nil {
+		s.notify(id)
+	}
+	return out, err
+}
+
+// Run returns a run's record, or nil if the relay never saw it.
+func (s *Store) Run(id string) (*store.Run, error) {
+	var r *store.Run
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		var err error
+		r, err = getRun(tx, id)
+		return err
+	})
+	return r, err
+}
+
+// Runs returns the summaries of the runs keep accepts, newest first, from
+// the index (see runIndex): committed records, decoded once. Read a run
+// whole with Run.
+func (s *Store) Runs(keep func(*store.Summary) bool) ([]store.Summary, error) {
+	out := s.index.runs(keep)
+	sort.Slice(out, func(i, j int) bool { return out[i].SeenAt.After(out[j].SeenAt) })
+	return out, nil
+}
+
+// RunsWhere implements Backend from the index in memory.
+func (s *Store) RunsWhere(f store.Filter) ([]store.Summary, error) { return s.Runs(f.Match) }
+
+// Lines returns the lines of run with sequence numbers above after, in
+// order: up to limit of them (limit <= 0: no count bound) and about
+// store.PageBytes of text. Page on with the last line's Seq until none come.
+func (s *Store) Lines(run string, after uint64, limit int) ([]store.Line, error) {
+	return store.DecodeLines(s.RawLines(run, after, limit))
+}
+
+// RawLines is Lines without decoding: a log stream sends the stored JSON
+// as it is. Pages are bounded by the stored bytes.
+func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, error) {
+	if after >= store.MaxSeq {
+		return nil, nil // past every line (and after+1 would wrap to the first)
+	}
+	var out []store.RawLine
+	size := 0
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		b := tx.Bucket(bucketLines).Bucket([]byte(run))
+		if b == nil {
+			return nil
+		}
+		c := b.Cursor()
+		for k, v := c.Seek(seqKey(after + 1)); k != nil; k, v = c.Next() {
+			out = append(out, store.RawLine{Seq: binary.BigEndian.Uint64(k), JSON: bytes.Clone(v)})
+			size += len(v)
+			if (limit > 0 && len(out) >= limit) || size >= store.PageBytes {
+				break
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Changed returns a channel closed at the run's next change (lines or
+// record). Take it before reading, then wait on it, to miss nothing.
+func (s *Store) Changed(run string) <-chan struct{} { return s.changes.Changed(run) }
+
+func (s *Store) notify(run string) { s.changes.Notify(run) }
+
+// Retain deletes finished runs older than maxAge (by last activity), then
+// the oldest finished runs until the stored line bytes are under maxBytes,
+// and returns them. Zero disables a limit. Running runs are never deleted.
+func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]store.Run, error) {
+	runs, err := s.Runs(nil)
+	if err != nil {
+		return nil, err
+	}
+	var drop []string
+	var dropped []store.Run
+	for _, r := range store.Retirees(runs, maxAge, maxBytes, now) {
+		drop = append(drop, r.ID)
+		dropped = append(dropped, r.Run())
+	}
+	if len(drop) == 0 {
+		return nil, nil
+	}
+	err = s.db.Update(func(tx *bbolt.Tx) error {
+		txid := tx.ID()
+		tx.OnCommit(func() { s.index.remove(drop, txid) })
+		for _, id := range drop {
+			// A record that does not decode is retired all the same, with
+			// no Retired kept: it must not hold retention up for good.
+			if r, err := getRun(tx, id); err == nil {
+				if t := store.RetiredOf(r, now); t != nil {
+					if err := putRetired(tx, t); err != nil {
+						return err
+					}
+				}
+			}
+			if err := tx.Bucket(bucketRuns).Delete([]byte(id)); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketLines).DeleteBucket([]byte(id)); err != nil && !errors.Is(err, berrors.ErrBucketNotFound) {
+				return err
+			}
+			if b := tx.Bucket(bucketMirror); b != nil {
+				if err := b.Delete([]byte(id)); err != nil {
+					return err
+				}
+			}
+			c := tx.Bucket(bucketCursors).Cursor()
+			prefix := cursorKey(id, "")
+			for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Seek(prefix) {
+				if err := c.Delete(); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		s.changes.Notify(drop...) // followers of a deleted run re-read and find it gone
+	}
+	if err != nil {
+		return nil, err
+	}
+	return dropped, nil
+}
+
+func getRun(tx *bbolt.Tx, id string) (*store.Run, error) {
+	v := tx.Bucket(bucketRuns).Get([]byte(id))
+	if v == nil {
+		return nil, nil
+	}
+	var r store.Run
+	if err := json.Unmarshal(v, &r); err != nil {
+		return nil, fmt.Errorf("run %s: %w", id, err)
+	}
+	return &r, nil
+}
+
+// putRun writes a run's record; the index learns it when, and only if,
+// the transaction commits.
+func (s *Store) putRun(tx *bbolt.Tx, r *store.Run) error {
+	v, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	sum, txid := summaryOf(r), tx.ID()
+	if err := tx.Bucket(bucketRuns).Put([]byte(r.ID), v); err != nil {
+		return err
+	}
+	tx.OnCommit(func() { s.index.put(sum, txid) })
+	return nil
+}
