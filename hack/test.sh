@@ -3,7 +3,9 @@
 # time went (docs/development.md, "Tiers").
 #
 #   setup        what the tests need, installed or built once and cached
-#                outside the repository (the first run pays for it)
+#                outside the repository (the first run pays for it; the
+#                Kubernetes binaries and cert-manager build in the
+#                background while the tiers that need neither run)
 #   lint         gofmt and go vet
 #   unit         every package but the two end-to-end tiers: pure core,
 #                golden files, fuzz seeds, the relay's stores
@@ -62,17 +64,13 @@ if [ "${CLIPJOB_E2E_NODE:-}" = kwok ] && want realnode; then
   summary+=("$(printf '  %-34s %6s    skipped: CLIPJOB_E2E_NODE=kwok asks for no real node' "real node" "-")")
 fi
 
-kube_bin=""
-if want setup || want integration || want realnode; then
-  step "setup: Kubernetes binaries" bash hack/kube-binaries.sh >/dev/null
-  kube_bin=$(bash hack/kube-binaries.sh 2>/dev/null)
-fi
 if want setup; then
   step "setup: real node packages" bash hack/node-packages.sh
   step "setup: PostgreSQL server" bash hack/postgres-packages.sh
   step "setup: Chromium" bash hack/chromium-packages.sh >/dev/null
   step "setup: Paperclip and Node.js 24" bash hack/paperclip/install.sh >/dev/null
 fi
+setup_end=${#summary[@]}
 # The adapter's install and build first: its npm ci replaces node_modules
 # and its build dist/, which the end-to-end tiers run. Its tests run once
 # the real-node tier has started.
@@ -82,24 +80,49 @@ if want adapter; then
   adapter_build() { npm_adapter ci --no-audit --no-fund && npm_adapter run build; }
   step "adapter: npm ci, build" adapter_build
 fi
+
 # The real-node tier waits on real containers far more than it computes:
 # it runs beside lint, unit and integration (REALNODE_APART=1 runs it
 # after them), its output kept until they are done.
-realnode_log=$(mktemp)
-realnode_pid=""
-if want realnode; then
-  realnode() {
-    local how="beside the others"
-    [ -n "${REALNODE_APART:-}" ] && how="after the others"
-    step "real node ($how)" env KUBE_BIN_DIR="$kube_bin" \
-      $GO test -count=1 -timeout 40m -p 1 -parallel "$REALNODE_PARALLEL" $GOTESTFLAGS ./e2e/cluster/ ./e2e/realnode/
-    printf '%s\n' "${summary[-1]}" > "$realnode_log.summary"
+realnode() {
+  local how="beside the others" kube_bin
+  [ -n "${REALNODE_APART:-}" ] && how="after the others"
+  kube_bin=$(bash hack/kube-binaries.sh 2>/dev/null)
+  step "real node ($how)" env KUBE_BIN_DIR="$kube_bin" \
+    $GO test -count=1 -timeout 40m -p 1 -parallel "$REALNODE_PARALLEL" $GOTESTFLAGS ./e2e/cluster/ ./e2e/realnode/
+}
+# In the background: the Kubernetes binaries, which a first run builds
+# from the Go module proxy (many minutes of both cores), then cert-manager
+# (the real-node tier's alone), then that tier. Meanwhile the tiers that
+# need no Kubernetes (the adapter's tests, lint, unit) run in front; the
+# integration tier waits for the binaries. With warm caches the builds
+# take no time and the real-node tier starts at once.
+bg=$(mktemp)
+bg_pid=""
+if want setup || want integration || want realnode; then
+  background() {
+    summary=()
+    step "setup: Kubernetes binaries" bash hack/kube-binaries.sh >/dev/null
+    printf '%s\n' "${summary[-1]}" > "$bg.kube"
+    if want setup && want realnode; then
+      step "setup: cert-manager" bash hack/cert-manager/build.sh >/dev/null
+    fi
+    if want realnode && [ -z "${REALNODE_APART:-}" ]; then
+      realnode > "$bg.realnode" 2>&1
+    fi
+    printf '%s\n' "${summary[@]}" > "$bg.summary"
   }
-  if [ -z "${REALNODE_APART:-}" ]; then
-    realnode > "$realnode_log" 2>&1 &
-    realnode_pid=$!
-  fi
+  background &
+  bg_pid=$!
 fi
+# kube_binaries waits for the background's build, and prints the
+# binaries' directory, or fails if the build did.
+kube_binaries() {
+  while [ ! -e "$bg.kube" ] && kill -0 "$bg_pid" 2>/dev/null; do sleep 1; done
+  grep -q FAILED "$bg.kube" 2>/dev/null && return 1
+  bash hack/kube-binaries.sh 2>/dev/null
+}
+
 if want adapter; then
   step "adapter: tests" npm_adapter run test:built
 fi
@@ -112,21 +135,30 @@ if want unit; then
   step "unit" $GO test -count=1 $GOTESTFLAGS $($GO list ./... | grep -v -e '/e2e/integration$' -e '/e2e/realnode$' -e '/e2e/cluster$')
 fi
 if want integration; then
-  step "integration (kwok, in parallel)" env KUBE_BIN_DIR="$kube_bin" \
-    $GO test -count=1 -timeout 40m -parallel "$INTEGRATION_PARALLEL" $GOTESTFLAGS ./e2e/integration/
-fi
-if want realnode; then
-  if [ -n "$realnode_pid" ]; then
-    wait "$realnode_pid"
-    cat "$realnode_log"
-    line=$(cat "$realnode_log.summary" 2>/dev/null || echo "  real node                          ?      FAILED (no result)")
-    summary+=("$line")
-    [[ "$line" == *FAILED* ]] && failed+=("real node")
+  if kube_bin=$(kube_binaries); then
+    step "integration (kwok, in parallel)" env KUBE_BIN_DIR="$kube_bin" \
+      $GO test -count=1 -timeout 40m -parallel "$INTEGRATION_PARALLEL" $GOTESTFLAGS ./e2e/integration/
   else
-    realnode
+    summary+=("$(printf '  %-34s %6s    not run: the Kubernetes binaries did not build' "integration (kwok, in parallel)" "-")")
+    failed+=("integration")
   fi
-  rm -f "$realnode_log" "$realnode_log.summary"
 fi
+if [ -n "$bg_pid" ]; then
+  wait "$bg_pid"
+  [ -e "$bg.realnode" ] && cat "$bg.realnode"
+  # The background's setup lines go with the setup's, the tier's last.
+  mapfile -t lines < <(cat "$bg.summary" 2>/dev/null || echo "  setup: Kubernetes binaries             ?      FAILED (no result)")
+  setup_lines=() tier_lines=()
+  for line in "${lines[@]}"; do
+    [[ "$line" == *FAILED* ]] && failed+=("$(sed -E 's/^ +//; s/ {2,}.*//' <<<"$line")")
+    if [[ "$line" == "  setup:"* ]]; then setup_lines+=("$line"); else tier_lines+=("$line"); fi
+  done
+  summary=("${summary[@]:0:setup_end}" "${setup_lines[@]}" "${summary[@]:setup_end}" "${tier_lines[@]}")
+fi
+if want realnode && [ -n "${REALNODE_APART:-}" ]; then
+  realnode
+fi
+rm -f "$bg" "$bg.kube" "$bg.realnode" "$bg.summary"
 
 total=$(awk -v a="$start_all" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", b - a }')
 echo
