@@ -29,10 +29,19 @@ func splitTimestamp(line []byte) (time.Time, []byte, error) {
 // resume decides, line by line, which lines of a stream started at
 // SinceTime are new. One resume serves one stream session.
 type resume struct {
-	stored store.Cursor // what the store had when the session started
+	stored store.Cursor // what the session skips: the store's cursor when it started
 	seenAt int          // lines seen in this session with timestamp stored.TS
 	cur    store.Cursor // the cursor after every accepted line
+	newest int64        // the newest timestamp the session has read
 }
+
+// replayGap: a line this much older than the newest the stream has given
+// means the kubelet is serving a file again from its start. It does so
+// when it renames a rotated log back because the runtime could not reopen
+// it (a container that exits as its log is rotated): its follow sees the
+// name come back and reads the file anew. A runtime's stdout and stderr
+// lines reach the file out of order by far less than this.
+const replayGap = int64(time.Second)
 
 func newResume(c store.Cursor) *resume { return &resume{stored: c, cur: c} }
 
@@ -43,6 +52,14 @@ func newResume(c store.Cursor) *resume { return &resume{stored: c, cur: c} }
 // make a resume store the newer one again.
 func (r *resume) accept(ts time.Time) bool {
 	n := ts.UnixNano()
+	if r.newest-n > replayGap {
+		// Served again: skip what this session has accepted too, as a
+		// reconnect from its cursor would. (Counting lines at the
+		// cursor's timestamp from the session's start took a line served
+		// twice for two lines, and stored it twice.)
+		r.stored, r.seenAt, r.newest = r.cur, 0, n
+	}
+	r.newest = max(r.newest, n)
 	switch {
 	case n < r.stored.TS:
 		return false

@@ -98,3 +98,36 @@ func TestResumeWithOutOfOrderTimestamps(t *testing.T) {
 		t.Errorf("resume accepted %v, want only the 4th line", acc)
 	}
 }
+
+// TestResumeSkipsAFileTheKubeletServesAgain: a kubelet that renames a
+// rotated log back (the runtime could not reopen it: the container was
+// exiting) serves the file again from its start within the same stream.
+// Lines the session stored, the one at its cursor's timestamp among them,
+// are stored once.
+func TestResumeSkipsAFileTheKubeletServesAgain(t *testing.T) {
+	log := []time.Time{at(100), at(200), at(300), at(15000), at(15000), at(15100)}
+	for stop := 0; stop < len(log); stop++ {
+		t.Run(fmt.Sprintf("stored %d lines", stop), func(t *testing.T) {
+			_, cur := session(store.Cursor{}, log[:stop])
+			// The session reads from the cursor's second (as the API
+			// serves it), then the whole file again, then a line written
+			// after.
+			var again []time.Time
+			for _, x := range log {
+				if !x.Before(cur.SinceTime()) {
+					again = append(again, x)
+				}
+			}
+			again = append(append(again, log...), at(16000))
+			acc, _ := session(cur, again)
+			var got []time.Time
+			for _, i := range acc {
+				got = append(got, again[i])
+			}
+			want := append(append([]time.Time{}, log[stop:]...), at(16000))
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("accepted %v, want %v", got, want)
+			}
+		})
+	}
+}
