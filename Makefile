@@ -17,7 +17,7 @@ BENCH_RUNS   ?= 200,500
 BENCH_FLEET_RUNS ?= 1000
 BENCH_COUNT  ?= 3
 
-.PHONY: all build image image-docker test adapter unit integration realnode e2e e2e-kind controlplane demo bench kube-binaries node-packages postgres-packages chromium paperclip fuzz golden dashboard-screenshots chart-docs lint fmt vet clean
+.PHONY: all build image image-docker paperclip-image test adapter unit integration realnode e2e e2e-kind controlplane demo bench kube-binaries node-packages postgres-packages chromium paperclip fuzz golden dashboard-screenshots chart-docs lint fmt vet clean
 
 # The image the chart runs, tagged with the chart's appVersion.
 IMAGE     ?= ghcr.io/paperclipai/clipjob:$(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/clipjob/Chart.yaml)
@@ -33,6 +33,9 @@ image: ## Build the container image with no registry or engine: $(BIN)/clipjob-i
 
 image-docker: ## The same image with a Docker engine and registries (the Dockerfile)
 	docker build -t $(IMAGE) .
+
+paperclip-image: paperclip ## A Paperclip image with clipjob's adapter registered and the fake agent as the agents' CLIs, no registry or engine: $(BIN)/paperclip-image.tar (docs/paperclip.md)
+	bash hack/paperclip/image.sh $(BIN)/paperclip-image.tar
 
 kube-binaries: ## Build (first time only) etcd, kube-apiserver, controller-manager, scheduler, kubelet, kube-proxy, kwok
 	@bash hack/kube-binaries.sh >/dev/null

@@ -1,6 +1,7 @@
 package decide_test
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/paperclipai/clipjob/cmd/clipjob/app"
 	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/decide"
 	"github.com/paperclipai/clipjob/internal/testing/golden"
@@ -108,6 +110,39 @@ func TestThePluginsSettingsOneByOne(t *testing.T) {
 	}
 	if !slices.ContainsFunc(v.Warnings, func(w string) bool { return strings.Contains(w, "does not exist yet") }) {
 		t.Errorf("a Secret admitted before it exists is not warned about: %v", v.Warnings)
+	}
+}
+
+// TestThePluginsEnvSecretOffline: under the plugin's documented config
+// (createdAfterJob), the cluster admits its Job before its env Secret
+// exists, with a warning. `clipjob check` not given that Secret must say
+// so — the webhook's own warning — and not advise the setting the config
+// already has.
+func TestThePluginsEnvSecretOffline(t *testing.T) {
+	f := fixture{jobFile: realFile("plugin-job.json"), cfgFile: realFile("config-plugin.yaml"),
+		srcFile: realFile("source.yaml"), objects: []string{realFile("objects.yaml")}}
+	web := throughWebhook(t, f)
+	var notYet string
+	for _, w := range web.Warnings {
+		if strings.Contains(w, "does not exist yet") {
+			notYet = w
+		}
+	}
+	if web.Outcome != "allowed" || notYet == "" {
+		t.Fatalf("the webhook, the env Secret missing: %s %q, warnings %q; want allowed with a warning that it does not exist yet", web.Outcome, web.Message, web.Warnings)
+	}
+	// Without --objects-complete the Secret is a fact not given.
+	var stdout, stderr bytes.Buffer
+	code := app.Main([]string{"check", "-f", f.jobFile, "--source", f.srcFile, "--objects", f.objects[0], "--config", f.cfgFile}, nil, &stdout, &stderr)
+	out := stdout.String()
+	if code != 3 || !strings.Contains(out, "undecided: Secret paperclip-co-1/pc-01jd8xacc0plugin0000000000-env was not given") {
+		t.Fatalf("clipjob check exit %d: %s%s; want exit 3, the env Secret undecided", code, out, stderr.String())
+	}
+	if want := "without it the cluster admits the Job with a warning (" + notYet + ")"; !strings.Contains(out, want) {
+		t.Errorf("clipjob check said:\n%s\nwant it to say %q, as the webhook does", out, want)
+	}
+	if strings.Contains(out, "refuses") || strings.Contains(out, "set policy.secrets.createdAfterJob") {
+		t.Errorf("clipjob check says the cluster refuses the Job, or advises the setting the config has:\n%s", out)
 	}
 }
 

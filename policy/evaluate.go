@@ -141,12 +141,22 @@ func (e *FactUnknown) Error() string { return e.Fact + " was not given (" + e.Gi
 type Undecided struct {
 	Fact, Give string
 	// WithoutIt is what the cluster answers when the object does not
-	// exist; WithIt what the object must be for the rule to pass.
+	// exist: its refusal, or with AdmittedWithout the warning it admits
+	// the Job with. WithIt is what the object must be for the rule to
+	// pass.
 	WithoutIt, WithIt string
+	// AdmittedWithout: the object's absence is allowed (a Secret the
+	// config lets come after its Job), so an offline answer must not
+	// advise a setting the config already has.
+	AdmittedWithout bool
 }
 
 func (u Undecided) String() string {
-	return fmt.Sprintf("%s was not given (%s): without it the cluster refuses the Job (%s); with it, %s", u.Fact, u.Give, u.WithoutIt, u.WithIt)
+	without := "refuses the Job"
+	if u.AdmittedWithout {
+		without = "admits the Job with a warning"
+	}
+	return fmt.Sprintf("%s was not given (%s): without it the cluster %s (%s); with it, %s", u.Fact, u.Give, without, u.WithoutIt, u.WithIt)
 }
 
 // Decision is the verdict of Evaluate.
@@ -303,14 +313,24 @@ func checkRunSecret(in Input) (field.ErrorList, []string, []Undecided) {
 			}
 			return field.NotFound(r.path, missing)
 		}
+		// A Secret named for its Job may come after it under
+		// createdAfterJob: then its absence is a warning, offline too.
+		comesAfter := sp.CreatedAfterJob && contract.NamedForJob(job.Name, r.name)
+		notYet := func() string {
+			return fmt.Sprintf("Secret %s does not exist yet (policy.secrets.createdAfterJob): the pod waits for it, and reads whatever is created under that name", r.name)
+		}
 		meta, err := in.SecretMeta(job.Namespace, r.name)
 		var unknown *FactUnknown
 		switch {
 		case errors.As(err, &unknown):
-			undecided = append(undecided, Undecided{Fact: unknown.Fact, Give: unknown.Give, WithoutIt: notFound().Error(),
-				WithIt: fmt.Sprintf("allowed when it is %s (or, named %s-<word>, labeled %s=%s)", labelIt, job.Name, contract.LabelRunID, run)})
-		case apierrors.IsNotFound(err) && sp.CreatedAfterJob && contract.NamedForJob(job.Name, r.name):
-			warnings = append(warnings, fmt.Sprintf("Secret %s does not exist yet (policy.secrets.createdAfterJob): the pod waits for it, and reads whatever is created under that name", r.name))
+			u := Undecided{Fact: unknown.Fact, Give: unknown.Give, WithoutIt: notFound().Error(),
+				WithIt: fmt.Sprintf("allowed when it is %s (or, named %s-<word>, labeled %s=%s)", labelIt, job.Name, contract.LabelRunID, run)}
+			if comesAfter {
+				u.WithoutIt, u.AdmittedWithout = notYet(), true
+			}
+			undecided = append(undecided, u)
+		case apierrors.IsNotFound(err) && comesAfter:
+			warnings = append(warnings, notYet())
 		case apierrors.IsNotFound(err):
 			errs = append(errs, notFound())
 		case err != nil:

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/testing/jobs"
@@ -14,6 +15,14 @@ func TestEvaluatePod(t *testing.T) {
 	job := jobs.MakeJob("run-1", "paperclip").Agent("a").Obj()
 	owned := jobs.MakePod("run-1-x", "paperclip").OwnedBy(job).Obj()
 	bare := jobs.MakePod("bare", "paperclip").Label(contract.LabelAgentID, "a").Obj()
+	// The pod agent-sandbox's controller makes for a Sandbox of Paperclip's
+	// Kubernetes plugin (its default backend): the plugin's labels, owned
+	// by the Sandbox, not by a Job (docs/paperclip.md).
+	sandboxPod := jobs.MakePod("pc-01jd8xacc0sandbox00000000", "paperclip-co-1").Label(contract.LabelRunID, "run-1").
+		Label(contract.LabelAgentID, "run-1").Label("paperclip.io/role", "agent").Obj()
+	isController := true
+	sandboxPod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "agents.x-k8s.io/v1beta1", Kind: "Sandbox",
+		Name: sandboxPod.Name, UID: "7d3c1a52-0000-4000-8000-000000000001", Controller: &isController}}
 	for _, tc := range []struct {
 		name string
 		in   PodInput
@@ -22,6 +31,8 @@ func TestEvaluatePod(t *testing.T) {
 		{name: "the Job controller's pod", in: PodInput{Pod: owned, Creator: "system:serviceaccount:kube-system:job-controller"}},
 		{name: "the controller manager's own identity", in: PodInput{Pod: owned, Creator: "system:kube-controller-manager"}},
 		{name: "a bare pod", in: PodInput{Pod: bare, Creator: "system:serviceaccount:kube-system:job-controller"}, want: "metadata.ownerReferences: Forbidden: a pod labeled paperclip.io/ is an agent pod"},
+		{name: "the pod of the plugin's Sandbox", in: PodInput{Pod: sandboxPod, Creator: "system:serviceaccount:agent-sandbox-system:agent-sandbox-controller"},
+			want: "metadata.ownerReferences: Forbidden: a pod labeled paperclip.io/ is an agent pod"},
 		{name: "an owner reference written by hand", in: PodInput{Pod: owned, Creator: "paperclip-adapter"}, want: `not by "paperclip-adapter"`},
 		{name: "kubectl debug", in: PodInput{Pod: owned, Creator: "kubernetes-admin", Subresource: "ephemeralcontainers"}, want: "spec.ephemeralContainers: Forbidden"},
 		{name: "another subresource", in: PodInput{Pod: owned, Creator: "kubelet", Subresource: "status"}},

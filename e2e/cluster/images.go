@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
@@ -20,16 +19,6 @@ const (
 	PauseImage     = "docker.io/local/pause:1"
 	FakeAgentImage = "docker.io/local/fake-agent:1"
 )
-
-// agentCLIs are the commands the built-in profiles run: each is the fake
-// agent in FakeAgentImage.
-var agentCLIs = []string{"claude", "opencode", "codex", "gemini", "cursor-agent", "pi"}
-
-// shellTools are the busybox applets the profiles' `sh -c` commands use,
-// and those a hostile agent reaches for in a test's own command (links on
-// the shared volume, connections out).
-var shellTools = []string{"sh", "cat", "env", "id", "ls", "mkdir", "rm", "sleep", "stat", "touch", "wc", "head", "tail",
-	"ln", "cp", "mv", "chmod", "grep", "readlink", "find", "echo", "printf", "nc", "wget", "ps", "kill", "mount", "df"}
 
 // imageRecipe builds one test image's spec from binaries it compiles.
 type imageRecipe struct {
@@ -61,26 +50,9 @@ func fakeAgentSpec(dir string) (ociimage.Spec, error) {
 	if err != nil {
 		return ociimage.Spec{}, fmt.Errorf("the fake agent image needs a static busybox (Debian's busybox-static): %w", err)
 	}
-	if f, err := elf.Open(busybox); err == nil {
-		interp := f.Section(".interp")
-		f.Close()
-		if interp != nil {
-			return ociimage.Spec{}, fmt.Errorf("%s is dynamically linked; install Debian's busybox-static (hack/node-packages.sh)", busybox)
-		}
-	}
-	s := ociimage.Spec{Tag: FakeAgentImage, Env: []string{"PATH=/usr/local/bin:/bin"},
-		Entrypoint: []string{"/usr/local/bin/claude"},
-		Files: []ociimage.File{
-			{Path: "/bin/busybox", Source: busybox},
-			{Path: "/usr/local/bin/fakeagent", Source: agent},
-		}}
-	for _, t := range shellTools {
-		s.Files = append(s.Files, ociimage.File{Path: "/bin/" + t, Link: "busybox"})
-	}
-	for _, cli := range agentCLIs {
-		s.Files = append(s.Files, ociimage.File{Path: "/usr/local/bin/" + cli, Link: "fakeagent"})
-	}
-	return s, nil
+	files, err := ociimage.FakeAgentFiles(agent, busybox)
+	return ociimage.Spec{Tag: FakeAgentImage, Env: []string{"PATH=/usr/local/bin:/bin"},
+		Entrypoint: []string{"/usr/local/bin/claude"}, Files: files}, err
 }
 
 // goBuild compiles a main package of this module, statically, into dir.

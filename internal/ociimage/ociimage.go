@@ -3,6 +3,7 @@ package ociimage
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"fmt"
 	"io"
 	"os"
@@ -24,12 +25,18 @@ type File struct {
 	// Path is absolute in the image, e.g. /usr/local/bin/clipjob-webhook.
 	Path string
 	// Source is a file on the host whose content is copied; or Data is the
-	// content; or Link makes a symbolic link to that target.
+	// content; or Link makes a symbolic link to that target; or Dir makes
+	// a directory (one that must exist with its own mode or owner: parent
+	// directories are otherwise made 0755, root's).
 	Source string
 	Data   []byte
 	Link   string
-	// Mode is the permission bits (default 0o755 for Source, 0o644 for Data).
+	Dir    bool
+	// Mode is the permission bits (default 0o755 for Source and Dir, 0o644
+	// for Data), with the sticky bit (os.ModeSticky's 01000) for /tmp.
 	Mode int64
+	// UID and GID own it (default root).
+	UID, GID int
 }
 
 // Spec is an image: its files and how it runs.
@@ -51,13 +58,19 @@ var epoch = time.Unix(0, 0).UTC()
 // Build assembles the image: one layer holding the files (and their parent
 // directories), a config for linux on this machine's architecture.
 func Build(s Spec) (v1.Image, error) {
-	layerTar, err := layerBytes(s.Files)
-	if err != nil {
+	var layerTar bytes.Buffer
+	if err := writeLayer(&layerTar, s.Files); err != nil {
 		return nil, err
 	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(layerTar)), nil
+	return withLayer(s, func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(layerTar.Bytes())), nil
 	})
+}
+
+// withLayer is the image of s with the layer opener gives (a tar stream,
+// or one gzip-compressed, which is then used as it is).
+func withLayer(s Spec, opener tarball.Opener) (v1.Image, error) {
+	layer, err := tarball.LayerFromOpener(opener)
 	if err != nil {
 		return nil, err
 	}
@@ -82,13 +95,20 @@ func Build(s Spec) (v1.Image, error) {
 }
 
 // WriteArchive builds the image and writes it, tagged s.Tag, as a
-// docker-archive tarball at path.
+// docker-archive tarball at path. The layer is compressed once, into a
+// file beside path, not held in memory: an image with a Node.js install
+// in it is over a gigabyte.
 func WriteArchive(path string, s Spec) error {
 	ref, err := name.NewTag(s.Tag)
 	if err != nil {
 		return fmt.Errorf("image tag %q: %w", s.Tag, err)
 	}
-	img, err := Build(s)
+	layerFile := path + ".layer.gz"
+	defer os.Remove(layerFile)
+	if err := writeCompressedLayer(layerFile, s.Files); err != nil {
+		return err
+	}
+	img, err := withLayer(s, func() (io.ReadCloser, error) { return os.Open(layerFile) })
 	if err != nil {
 		return err
 	}
@@ -97,6 +117,29 @@ func WriteArchive(path string, s Spec) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// writeCompressedLayer writes the layer of files to path, gzip-compressed
+// at the fastest level (the same files make the same bytes).
+func writeCompressedLayer(path string, files []File) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	zw, err := gzip.NewWriterLevel(f, gzip.BestSpeed)
+	if err != nil {
+		f.Close()
+		return err
+	}
+	if err := writeLayer(zw, files); err != nil {
+		f.Close()
+		return err
+	}
+	if err := zw.Close(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // Paths lists the files and directories of an image, flattened over its
@@ -134,13 +177,13 @@ func Paths(img v1.Image) ([]string, error) {
 	return out, nil
 }
 
-// layerBytes writes the files as a tar stream in path order, each parent
-// directory once before its children, owned by root.
-func layerBytes(files []File) ([]byte, error) {
+// writeLayer writes the files to w as a tar stream in path order, each
+// parent directory once before its children (made 0755, root's, unless
+// listed as a Dir).
+func writeLayer(w io.Writer, files []File) error {
 	sorted := append([]File(nil), files...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Path < sorted[j].Path })
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
+	tw := tar.NewWriter(w)
 	dirs := map[string]bool{}
 	var addDir func(string) error
 	addDir = func(d string) error {
@@ -156,18 +199,24 @@ func layerBytes(files []File) ([]byte, error) {
 	seen := map[string]bool{}
 	for _, f := range sorted {
 		if !path.IsAbs(f.Path) || path.Clean(f.Path) != f.Path {
-			return nil, fmt.Errorf("image file %q: want a clean absolute path", f.Path)
+			return fmt.Errorf("image file %q: want a clean absolute path", f.Path)
 		}
 		if seen[f.Path] {
-			return nil, fmt.Errorf("image file %q listed twice", f.Path)
+			return fmt.Errorf("image file %q listed twice", f.Path)
 		}
 		seen[f.Path] = true
 		if err := addDir(path.Dir(f.Path)); err != nil {
-			return nil, err
+			return err
 		}
-		h := &tar.Header{Name: strings.TrimPrefix(f.Path, "/"), ModTime: epoch, Mode: f.Mode, Format: tar.FormatPAX}
+		h := &tar.Header{Name: strings.TrimPrefix(f.Path, "/"), ModTime: epoch, Mode: f.Mode, Uid: f.UID, Gid: f.GID, Format: tar.FormatPAX}
 		var data []byte
 		switch {
+		case f.Dir:
+			dirs[f.Path] = true
+			h.Typeflag, h.Name = tar.TypeDir, h.Name+"/"
+			if h.Mode == 0 {
+				h.Mode = 0o755
+			}
 		case f.Link != "":
 			h.Typeflag, h.Linkname = tar.TypeSymlink, f.Link
 			if h.Mode == 0 {
@@ -176,7 +225,7 @@ func layerBytes(files []File) ([]byte, error) {
 		case f.Source != "":
 			b, err := os.ReadFile(f.Source)
 			if err != nil {
-				return nil, fmt.Errorf("image file %s: %w", f.Path, err)
+				return fmt.Errorf("image file %s: %w", f.Path, err)
 			}
 			data = b
 			if h.Mode == 0 {
@@ -188,18 +237,15 @@ func layerBytes(files []File) ([]byte, error) {
 				h.Mode = 0o644
 			}
 		}
-		if h.Typeflag != tar.TypeSymlink {
+		if h.Typeflag != tar.TypeSymlink && h.Typeflag != tar.TypeDir {
 			h.Typeflag, h.Size = tar.TypeReg, int64(len(data))
 		}
 		if err := tw.WriteHeader(h); err != nil {
-			return nil, err
+			return err
 		}
 		if _, err := tw.Write(data); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
+	return tw.Close()
 }
