@@ -3,7 +3,6 @@ package collect
 import (
 	"bytes"
 	"errors"
-	"slices"
 	"time"
 
 	"github.com/paperclipai/clipjob/relay/store"
@@ -34,42 +33,21 @@ type resume struct {
 	seenAt int          // lines seen in this session with timestamp stored.TS
 	cur    store.Cursor // the cursor after every accepted line
 	newest int64        // the newest timestamp the session has read
-	recent []int64      // the timestamps of the last recentLines lines read, a ring
-	next   int          // where the ring writes next
 }
 
-// recentLines is how many of a session's last timestamps it keeps to tell
-// a file the kubelet serves again from a runtime's out-of-order lines. The
-// kubelet serves a file again from its start within the same stream when
-// it renames a rotated log back because the runtime could not reopen it
-// (a container that is exiting, a runtime too busy to answer): its follow
-// sees the name come back and reads the file anew. The stream then goes
-// back to a line it gave already, or further back than its last
-// recentLines lines; a runtime's stdout and stderr lines reach the file
-// out of order by far less, and never repeat a timestamp. 8 KiB a stream.
-const recentLines = 1024
-
-// servedAgain says whether a line stamped n, read after one stamped
-// newer, starts a file the stream gives again.
-func (r *resume) servedAgain(n int64) bool {
-	if n >= r.newest || len(r.recent) == 0 {
-		return false
-	}
-	oldest := r.recent[0]
-	if len(r.recent) == recentLines {
-		oldest = r.recent[r.next]
-	}
-	return n < oldest || slices.Contains(r.recent, n)
-}
-
-func (r *resume) remember(n int64) {
-	if len(r.recent) < recentLines {
-		r.recent = append(r.recent, n)
-		return
-	}
-	r.recent[r.next] = n
-	r.next = (r.next + 1) % recentLines
-}
+// replayGap: a line this much older than the newest the stream has given
+// means the kubelet is serving a file again from its start. It does so
+// when it renames a rotated log back because the runtime could not reopen
+// it (a container that exits as its log is rotated, a runtime too busy to
+// answer): its follow sees the name come back and reads the file anew. A
+// runtime's stdout and stderr lines reach the file out of order by far
+// less than this. A file served again whose lines all lie within the gap
+// (a flood's rotated file spans milliseconds), or that starts at the
+// cursor, is not told apart: its lines are stored twice
+// (docs/security.md). Telling those apart needs the lines' content, not
+// only their timestamps; a rule on timestamps alone that tried dropped
+// lines never stored (a runtime's out-of-order lines).
+const replayGap = int64(time.Second)
 
 func newResume(c store.Cursor) *resume { return &resume{stored: c, cur: c} }
 
@@ -80,14 +58,14 @@ func newResume(c store.Cursor) *resume { return &resume{stored: c, cur: c} }
 // make a resume store the newer one again.
 func (r *resume) accept(ts time.Time) bool {
 	n := ts.UnixNano()
-	if r.servedAgain(n) {
-		// Skip what this session accepted too, as a reconnect from its
-		// cursor would. (Counting lines at the cursor's timestamp from
-		// the session's start took a line served twice for two lines.)
+	if r.newest-n > replayGap {
+		// Served again: skip what this session has accepted too, as a
+		// reconnect from its cursor would. (Counting lines at the
+		// cursor's timestamp from the session's start took a line served
+		// twice for two lines, and stored it twice.)
 		r.stored, r.seenAt, r.newest = r.cur, 0, n
 	}
 	r.newest = max(r.newest, n)
-	r.remember(n)
 	switch {
 	case n < r.stored.TS:
 		return false

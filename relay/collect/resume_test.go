@@ -100,48 +100,52 @@ func TestResumeWithOutOfOrderTimestamps(t *testing.T) {
 }
 
 // TestResumeSkipsAFileTheKubeletServesAgain: a kubelet that renames a
-// rotated log back (the runtime could not reopen it) serves the file again
-// from its start within the same stream. Lines the session stored, the one
-// at its cursor's timestamp among them, are stored once: for a file of
-// seconds, and for a flood's file of milliseconds, shorter and longer than
-// the lines the session remembers.
+// rotated log back (the runtime could not reopen it: the container was
+// exiting) serves the file again from its start within the same stream.
+// Lines the session stored, the one at its cursor's timestamp among them,
+// are stored once.
 func TestResumeSkipsAFileTheKubeletServesAgain(t *testing.T) {
-	dense := func(n int) []time.Time {
-		var log []time.Time
-		for i := range n {
-			log = append(log, t0.Add(time.Duration(i)*10*time.Microsecond))
-		}
-		return log
+	log := []time.Time{at(100), at(200), at(300), at(15000), at(15000), at(15100)}
+	for stop := 0; stop < len(log); stop++ {
+		t.Run(fmt.Sprintf("stored %d lines", stop), func(t *testing.T) {
+			_, cur := session(store.Cursor{}, log[:stop])
+			// The session reads from the cursor's second (as the API
+			// serves it), then the whole file again, then a line written
+			// after.
+			var again []time.Time
+			for _, x := range log {
+				if !x.Before(cur.SinceTime()) {
+					again = append(again, x)
+				}
+			}
+			again = append(append(again, log...), at(16000))
+			acc, _ := session(cur, again)
+			var got []time.Time
+			for _, i := range acc {
+				got = append(got, again[i])
+			}
+			want := append(append([]time.Time{}, log[stop:]...), at(16000))
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("accepted %v, want %v", got, want)
+			}
+		})
 	}
-	for name, log := range map[string][]time.Time{
-		"seconds":                      {at(100), at(200), at(300), at(15000), at(15000), at(15100)},
-		"milliseconds":                 dense(300),
-		"more lines than it remembers": dense(3 * recentLines),
-	} {
-		for _, stop := range []int{0, 1, len(log) / 2, len(log) - 1} {
-			t.Run(fmt.Sprintf("%s, %d stored", name, stop), func(t *testing.T) {
-				_, cur := session(store.Cursor{}, log[:stop])
-				// The session reads from the cursor's second (as the API
-				// serves it), the whole file again, then a line written
-				// after.
-				var again []time.Time
-				for _, x := range log {
-					if !x.Before(cur.SinceTime()) {
-						again = append(again, x)
-					}
-				}
-				after := log[len(log)-1].Add(time.Second)
-				again = append(append(again, log...), after)
-				acc, _ := session(cur, again)
-				var got []time.Time
-				for _, i := range acc {
-					got = append(got, again[i])
-				}
-				want := append(append([]time.Time{}, log[stop:]...), after)
-				if fmt.Sprint(got) != fmt.Sprint(want) {
-					t.Errorf("accepted %d lines, want %d: the file served again stored twice", len(got), len(want))
-				}
-			})
-		}
+}
+
+// TestResumeKeepsLinesOutOfOrder: what tells a file served again apart
+// must not take a runtime's out-of-order lines for one: a second line
+// stamped before the first, and a line stamped 11 ms late behind a flood
+// of 2,000 lines, are both stored.
+func TestResumeKeepsLinesOutOfOrder(t *testing.T) {
+	if acc, _ := session(store.Cursor{}, []time.Time{at(300), at(200), at(400)}); len(acc) != 3 {
+		t.Errorf("a second line stamped before the first: accepted %v of 3", acc)
+	}
+	var flood []time.Time
+	for i := range 2000 {
+		flood = append(flood, t0.Add(time.Duration(i)*10*time.Microsecond))
+	}
+	late := append(flood, flood[len(flood)-1].Add(-11*time.Millisecond))
+	if acc, _ := session(store.Cursor{}, late); len(acc) != len(late) {
+		t.Errorf("a line 11 ms late behind a flood: accepted %d of %d", len(acc), len(late))
 	}
 }
