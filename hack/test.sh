@@ -30,7 +30,7 @@ INTEGRATION_PARALLEL=${INTEGRATION_PARALLEL:-8}
 # The real-node tier's parallel tests (after its serial chart installs):
 # each waits on real containers and the Paperclip server, so more than the
 # two cores' worth run at once (Go's default is GOMAXPROCS).
-REALNODE_PARALLEL=${REALNODE_PARALLEL:-6}
+REALNODE_PARALLEL=${REALNODE_PARALLEL:-4}
 GOTESTFLAGS=${GOTESTFLAGS:-}
 
 summary=()

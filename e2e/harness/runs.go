@@ -225,7 +225,14 @@ func (in *Install) WriteConfig(ctx context.Context, t testing.TB, content string
 func (w *Webhook) WriteConfig(ctx context.Context, t testing.TB, content string, applied bool) Configz {
 	t.Helper()
 	before := w.Configz(t)
-	if err := os.WriteFile(w.ConfigFile, []byte(content), 0o644); err != nil {
+	// Whole or not at all, as the kubelet updates a ConfigMap's files: a
+	// poll between a truncate and a write read an empty file, and its
+	// refusal was taken for the one the test asked for.
+	tmp := w.ConfigFile + ".next"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, w.ConfigFile); err != nil {
 		t.Fatal(err)
 	}
 	var z Configz
