@@ -306,9 +306,11 @@ describe("execute", () => {
     relay.addRun({ id: rec.ctx.runId, agent: rec.ctx.agent.id, job: "pc-pending", phase: "Pending" });
     kube.jobs.set("pc-pending", ours({ metadata: { name: "pc-pending" } }));
     // It starts once the adapter follows it (a timer raced a slow machine:
-    // a run already finished is not this run's active one).
+    // a run already finished is not this run's active one). The relay
+    // serves the whole file: only this test's log requests count.
+    const requestsBefore = relay.logRequests.length;
     const started = setInterval(() => {
-      if (relay.logRequests.length === 0) return;
+      if (relay.logRequests.length === requestsBefore) return;
       clearInterval(started);
       relay.finish(rec.ctx.runId, { phase: "Succeeded", exitCode: 0, result: { outcome: "succeeded", text: "late start" } });
     }, 5);
