@@ -632,9 +632,7 @@ func TestPaperclipRunsOfOneAgentAtOnce(t *testing.T) {
 	t.Parallel() // a company of its own on the shared server
 	pc := thePaperclip(t)
 	ctx, company := paperclipOnTheRealNode(t, pc, 10*time.Minute, "Concurrent Co")
-	// The first run lasts long enough for the second's wake to reach
-	// the adapter while it runs, on a busy machine too (6 s was not).
-	agent := newAgent(ctx, t, pc, company.ID, "Twice", "claude_k8s", map[string]any{"promptTemplate": "lines=3 sleep=30"}, nil)
+	agent := newAgent(ctx, t, pc, company.ID, "Twice", "claude_k8s", map[string]any{"promptTemplate": "lines=3 sleep=6"}, nil)
 	first := wake(ctx, t, pc, agent.ID, "e2e: first")
 	waitAgentJobs(ctx, t, agent.ID, 1) // the first run holds the agent
 	second := wake(ctx, t, pc, agent.ID, "e2e: second, while the first runs")
