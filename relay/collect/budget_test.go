@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paperclipai/clipjob/internal/testing/poll"
+
 	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
 
@@ -82,7 +84,7 @@ func TestBudgetGrantsUnitsInOrder(t *testing.T) {
 // waitQueued waits until n takes wait.
 func waitQueued(t *testing.T, b *budget, n int) {
 	t.Helper()
-	waitFor(t, func() bool {
+	poll.WaitFor(t, func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		return len(b.waiters) == n
@@ -120,9 +122,9 @@ func TestStreamsTogetherHoldTheBudget(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, func() bool { return held.waiting.Load() }, "no commit")
+	poll.WaitFor(t, func() bool { return held.waiting.Load() }, "no commit")
 	var last int64 = -1
-	waitFor(t, func() bool {
+	poll.WaitFor(t, func() bool {
 		n := read()
 		time.Sleep(200 * time.Millisecond)
 		stable := n == last
@@ -138,7 +140,7 @@ func TestStreamsTogetherHoldTheBudget(t *testing.T) {
 		t.Errorf("the streams hold %d bytes of the budget; want at most %d", got, budgetBytes)
 	}
 	close(held.release)
-	waitFor(t, func() bool { return held.commits.Load() >= 10*streams }, "commits did not resume")
+	poll.WaitFor(t, func() bool { return held.commits.Load() >= 10*streams }, "commits did not resume")
 }
 
 // A budget smaller than a line still lets every stream through, a line
@@ -202,11 +204,11 @@ func TestACaughtUpStreamKeepsNoBudget(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	for i := range 3 {
 		src.write(t0.Add(time.Duration(i)*time.Second), fmt.Sprintf(`{"n":%d}`, i))
-		waitFor(t, func() bool {
+		poll.WaitFor(t, func() bool {
 			r, _ := s.Run("run-1")
 			return r != nil && r.LastSeq == uint64(i+1)
 		}, "line not stored")
-		waitFor(t, func() bool { return b.inUse() == 0 }, "the stream kept budget after its commit")
+		poll.WaitFor(t, func() bool { return b.inUse() == 0 }, "the stream kept budget after its commit")
 	}
 }
 

@@ -10,12 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paperclipai/clipjob/internal/testing/poll"
+
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/paperclipai/clipjob/contract"
@@ -118,22 +119,6 @@ func newCollectorOn(t *testing.T, s store.Backend, logs *podLogs, cache *podCach
 	return c
 }
 
-// waitFor polls ok until it holds, failing with msg if it does not.
-func waitFor(t *testing.T, ok func() bool, msg string) {
-	t.Helper()
-	if !eventually(ok) {
-		t.Fatal(msg)
-	}
-}
-
-// eventually polls ok until it holds, for a minute at most: a bound far
-// above any stall of a loaded machine, reached only when the condition
-// never comes.
-func eventually(ok func() bool) bool {
-	return wait.PollUntilContextTimeout(context.Background(), 5*time.Millisecond, time.Minute, true,
-		func(context.Context) (bool, error) { return ok(), nil }) == nil
-}
-
 // syncPod reconciles pod at once, on the test's goroutine, as a worker
 // of the queue does.
 func syncPod(t *testing.T, c *Collector, pod *corev1.Pod) {
@@ -146,7 +131,7 @@ func syncPod(t *testing.T, c *Collector, pod *corev1.Pod) {
 func waitDone(t *testing.T, s *bolt.Store) *store.Run {
 	t.Helper()
 	var r *store.Run
-	waitFor(t, func() bool { r, _ = s.Run("run-1"); return r != nil && r.Done }, "run not finished")
+	poll.WaitFor(t, func() bool { r, _ = s.Run("run-1"); return r != nil && r.Done }, "run not finished")
 	return r
 }
 
@@ -246,7 +231,7 @@ func TestAnOlderPodsDeletionDoesNotFinishTheRun(t *testing.T) {
 		t.Fatalf("the older pod's deletion changed the run: %+v", r)
 	}
 	logs.get("p2", "agent").write(at(5), `{"type":"result","subtype":"success","result":"second","session_id":"s2"}`)
-	waitFor(t, func() bool { return strings.Contains(storedText(t, s), "second") }, "the second pod's line was not stored")
+	poll.WaitFor(t, func() bool { return strings.Contains(storedText(t, s), "second") }, "the second pod's line was not stored")
 	final := second.DeepCopy()
 	final.Status.Phase = corev1.PodSucceeded
 	final.Status.ContainerStatuses = []corev1.ContainerStatus{terminated("agent", "c-p2")}
@@ -323,7 +308,7 @@ func TestCollectorKeepsOtherJobsApart(t *testing.T) {
 	for name, p := range intruders {
 		if owner := metav1.GetControllerOf(p); owner != nil {
 			key := store.RunKey("run-1", string(owner.UID))
-			if !eventually(func() bool { r, _ := s.Run(key); return r != nil && r.Done }) {
+			if !poll.Eventually(func() bool { r, _ := s.Run(key); return r != nil && r.Done }) {
 				t.Errorf("%s: its own run %s was never collected", name, key)
 			}
 		}
@@ -397,7 +382,7 @@ func TestKeptApartRunStaysApart(t *testing.T) {
 	cache.set(real)
 	logs.get("p1", "agent").write(at(0), "the agent's line")
 	c.OnPod(real)
-	waitFor(t, func() bool { r, _ := s.Run(key); return r != nil && r.LastSeq == 1 }, "the real run was not kept apart with its line")
+	poll.WaitFor(t, func() bool { r, _ := s.Run(key); return r != nil && r.LastSeq == 1 }, "the real run was not kept apart with its line")
 	waitIndexedDone(t, s, "run-1") // the bait's
 	if dropped, err := s.Retain(time.Nanosecond, 0, time.Now().Add(time.Hour)); err != nil || len(dropped) != 1 || dropped[0].ID != "run-1" {
 		t.Fatalf("retention dropped %+v (%v), want the bait's finished run only", dropped, err)
@@ -412,7 +397,7 @@ func TestKeptApartRunStaysApart(t *testing.T) {
 	logs.end("p1", "agent")
 	c.OnPod(real)
 	c.OnPodDeleted(real)
-	waitFor(t, func() bool { r, _ := s.Run(key); return r != nil && r.Done }, "the run kept apart was not finished by its pod")
+	poll.WaitFor(t, func() bool { r, _ := s.Run(key); return r != nil && r.Done }, "the run kept apart was not finished by its pod")
 }
 
 // TestPodWithAMalformedOwnerUIDIsNotKeptApart: the API server does not
@@ -476,11 +461,11 @@ func TestCollectorTriesARefusedRecordAgain(t *testing.T) {
 	logs.get("p1", "agent").write(at(1), `{"type":"assistant","n":1}`)
 	c.OnPod(pod)
 	it := podItemOf(pod)
-	waitFor(t, func() bool { return c.queue.NumRequeues(it) == 1 }, "the refused pod was not queued again")
+	poll.WaitFor(t, func() bool { return c.queue.NumRequeues(it) == 1 }, "the refused pod was not queued again")
 	if n := refusing.refusals.Load(); n != 1 {
 		t.Fatalf("the store was asked %d times before the clock moved, want once", 2-n)
 	}
-	waitFor(t, func() bool {
+	poll.WaitFor(t, func() bool {
 		clk.Step(c.Retry.Min)
 		return strings.Contains(storedText(t, s), `"n":1`)
 	}, "the run was never recorded after the store refused it")

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paperclipai/clipjob/internal/testing/poll"
+
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -556,7 +558,7 @@ func TestFollowerReadsThePodOnlyWhenQuiet(t *testing.T) {
 		// Stored at a batch tick (a batch holds 7): each line is followed
 		// by at least one tick, which a stream reading its pod on every
 		// tick would spend on the pod.
-		waitFor(t, func() bool { got, _ := s.Lines("run-1", uint64(i), 0); return len(got) > 0 }, fmt.Sprintf("line %d was never stored", i))
+		poll.WaitFor(t, func() bool { got, _ := s.Lines("run-1", uint64(i), 0); return len(got) > 0 }, fmt.Sprintf("line %d was never stored", i))
 	}
 	cancel()
 	<-done
@@ -640,5 +642,5 @@ func TestFollowerCommitsOnceCaughtUp(t *testing.T) {
 	go func() { f.run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
 	src.write(at(0), `{"n":0}`)
-	waitFor(t, func() bool { r, _ := s.Run("run-1"); return r != nil && r.LastSeq == 1 }, "the line was not committed before the batch tick")
+	poll.WaitFor(t, func() bool { r, _ := s.Run("run-1"); return r != nil && r.LastSeq == 1 }, "the line was not committed before the batch tick")
 }

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paperclipai/clipjob/internal/testing/poll"
+
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
@@ -50,7 +52,7 @@ func TestQuietStreamsHoldLittleMemory(t *testing.T) {
 	}
 	for i := range srcs {
 		run := fmt.Sprintf("run-%d", i)
-		waitFor(t, func() bool {
+		poll.WaitFor(t, func() bool {
 			r, _ := s.Run(run)
 			return r != nil && r.LastSeq == lines
 		}, run+" not stored")
@@ -93,9 +95,9 @@ func TestLongLinesAreBatchedByBytes(t *testing.T) {
 
 	// The first commit waits: the stream reads until its batch and its
 	// queue are full, then stops.
-	waitFor(t, func() bool { return held.waiting.Load() }, "no commit")
+	poll.WaitFor(t, func() bool { return held.waiting.Load() }, "no commit")
 	var last int64 = -1
-	waitFor(t, func() bool {
+	poll.WaitFor(t, func() bool {
 		n := src.read.Load()
 		time.Sleep(100 * time.Millisecond)
 		stable := n == last
@@ -108,7 +110,7 @@ func TestLongLinesAreBatchedByBytes(t *testing.T) {
 		t.Errorf("with its commit stalled, the stream read %d bytes ahead; want at most %d", last, limit)
 	}
 	close(held.release)
-	waitFor(t, func() bool { return held.commits.Load() >= 10 }, "commits did not resume")
+	poll.WaitFor(t, func() bool { return held.commits.Load() >= 10 }, "commits did not resume")
 	if max := held.maxBytes.Load(); max > batchBytes+lineBytes+1024 {
 		t.Errorf("a commit held %d bytes of lines; want at most %d and a line", max, batchBytes)
 	}

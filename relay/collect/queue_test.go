@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paperclipai/clipjob/internal/testing/poll"
+
 	corev1 "k8s.io/api/core/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -50,11 +52,11 @@ func TestATimedOutRunIsMarkedOnceItsJobSaysSo(t *testing.T) {
 	logs.end("p1", "agent")
 	c.OnPod(pod)
 	job := item{kind: jobItem, run: "run-1"}
-	waitFor(t, func() bool { return c.queue.NumRequeues(job) == 1 }, "the Job was not read again")
+	poll.WaitFor(t, func() bool { return c.queue.NumRequeues(job) == 1 }, "the Job was not read again")
 	if r, _ := s.Run("run-1"); r.Result == nil || r.Result.Outcome == result.OutcomeTimedOut || reads.Load() != 1 {
 		t.Fatalf("before the clock moved: outcome %+v after %d reads of the Job, want one read and not timed out", r.Result, reads.Load())
 	}
-	waitFor(t, func() bool {
+	poll.WaitFor(t, func() bool {
 		clk.Step(c.Retry.Max)
 		r, _ := s.Run("run-1")
 		return r.Result.Outcome == result.OutcomeTimedOut
@@ -98,7 +100,7 @@ func TestALockedMirrorIsSyncedAgainByTheQueue(t *testing.T) {
 	if got := file(); got != "{\"n\":1}\n" {
 		t.Fatalf("the mirror was synced before the clock moved: %q", got)
 	}
-	waitFor(t, func() bool { clk.Step(c.Retry.Min); return strings.Count(file(), "\n") == 2 }, "the mirror was never synced again")
+	poll.WaitFor(t, func() bool { clk.Step(c.Retry.Min); return strings.Count(file(), "\n") == 2 }, "the mirror was never synced again")
 	if got := file(); got != "{\"n\":1}\n{\"n\":2}\n" {
 		t.Errorf("mirror after the retry: %q", got)
 	}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paperclipai/clipjob/internal/testing/poll"
+
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
@@ -70,7 +72,7 @@ func TestTwoFollowersOfOneStreamStoreEachLineOnce(t *testing.T) {
 			}
 			// Both have read the (empty) cursor and opened their streams
 			// before the first line: their first commits both start from it.
-			waitFor(t, func() bool { src.mu.Lock(); defer src.mu.Unlock(); return src.sessions >= 2 }, "the followers did not open their streams")
+			poll.WaitFor(t, func() bool { src.mu.Lock(); defer src.mu.Unlock(); return src.sessions >= 2 }, "the followers did not open their streams")
 			const n = 400
 			for i := 0; i < n; i += 40 {
 				writeBurst(src, i, 40)
@@ -114,12 +116,12 @@ func TestFollowerSurvivesAPostgresRestart(t *testing.T) {
 	go func() { f.run(context.Background()); close(done) }()
 
 	written, stop := writeOn(src, 9)
-	waitFor(t, func() bool { return lastSeq(s) >= 200 }, "the follower stored nothing before the restart")
+	poll.WaitFor(t, func() bool { return lastSeq(s) >= 200 }, "the follower stored nothing before the restart")
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
 	after := written.Load()
-	waitFor(t, func() bool { return lastSeq(s) >= uint64(after)+200 }, "the follower stored nothing after the restart")
+	poll.WaitFor(t, func() bool { return lastSeq(s) >= uint64(after)+200 }, "the follower stored nothing after the restart")
 	stop()
 	src.end()
 	select {
@@ -232,7 +234,7 @@ func TestRunsHandedOverBetweenRelaysStoreEachLineOnce(t *testing.T) {
 	written, stop := writeOn(agent, 6)
 	for i, next := range []string{"b", "both", "a", "both", "b", "a"} {
 		at := lastSeq(s)
-		waitFor(t, func() bool { return lastSeq(s) >= at+100 }, fmt.Sprintf("handover %d: nothing stored", i))
+		poll.WaitFor(t, func() bool { return lastSeq(s) >= at+100 }, fmt.Sprintf("handover %d: nothing stored", i))
 		owner.Store(next)
 		for _, c := range []*Collector{a, b} {
 			c.Rebalance([]*corev1.Pod{pod})
@@ -247,7 +249,7 @@ func TestRunsHandedOverBetweenRelaysStoreEachLineOnce(t *testing.T) {
 	for _, c := range []*Collector{a, b} {
 		c.OnPod(final)
 	}
-	waitFor(t, func() bool { r, _ := s.Run("run-1"); return r != nil && r.Done }, "the run was not finished")
+	poll.WaitFor(t, func() bool { r, _ := s.Run("run-1"); return r != nil && r.Done }, "the run was not finished")
 	t.Logf("%d stream sessions", agent.sessions)
 	storedEachOnce(t, s, int(written.Load()))
 }

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paperclipai/clipjob/internal/testing/poll"
+
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 
@@ -31,7 +33,7 @@ func finishedPod(logs *podLogs, cache *podCache, name string, created time.Time,
 // still going.
 func waitIndexedDone(t *testing.T, s *bolt.Store, run string) {
 	t.Helper()
-	waitFor(t, func() bool {
+	poll.WaitFor(t, func() bool {
 		sums, _ := s.Runs(func(r *store.Summary) bool { return r.ID == run && r.Done })
 		return len(sums) == 1
 	}, run+" was not collected")

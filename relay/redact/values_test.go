@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paperclipai/clipjob/internal/testing/poll"
+
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"k8s.io/apimachinery/pkg/util/wait"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -54,7 +55,7 @@ func TestValuesFileReloads(t *testing.T) {
 	defer func() { cancel(); <-done }()
 
 	write("new-secret-2\n")
-	waitFor(t, func() bool { return redacted("new-secret-2") }, "the rotated value was never redacted")
+	poll.WaitFor(t, func() bool { return redacted("new-secret-2") }, "the rotated value was never redacted")
 	if !redacted("old-secret-1") {
 		t.Error("a value rotated out is no longer redacted at once; the old key may still be valid and printed")
 	}
@@ -66,13 +67,13 @@ func TestValuesFileReloads(t *testing.T) {
 	// through the next change; after it, it is dropped at the next.
 	clk.SetTime(clk.Now().Add(23 * time.Hour))
 	write("new-secret-2\nthird-secret-3\n")
-	waitFor(t, func() bool { return redacted("third-secret-3") }, "a value added later was never redacted")
+	poll.WaitFor(t, func() bool { return redacted("third-secret-3") }, "a value added later was never redacted")
 	if !redacted("old-secret-1") {
 		t.Error("a value rotated out 23 hours ago is no longer redacted")
 	}
 	clk.SetTime(clk.Now().Add(2 * time.Hour))
 	write("new-secret-2\nthird-secret-3\nfourth-secret-4\n")
-	waitFor(t, func() bool { return redacted("fourth-secret-4") }, "a value added later was never redacted")
+	poll.WaitFor(t, func() bool { return redacted("fourth-secret-4") }, "a value added later was never redacted")
 	if redacted("old-secret-1") {
 		t.Error("a value removed long ago is still redacted")
 	}
@@ -82,7 +83,7 @@ func TestValuesFileReloads(t *testing.T) {
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return failed() >= before+3 }, "the reloader never tried to read the missing file")
+	poll.WaitFor(t, func() bool { return failed() >= before+3 }, "the reloader never tried to read the missing file")
 	if !redacted("new-secret-2") {
 		t.Error("an unreadable file dropped the values in force")
 	}
@@ -97,22 +98,6 @@ func TestValuesFileLoadNamesTheProblem(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "redaction values") || !strings.Contains(err.Error(), "none") {
 		t.Errorf("Load: %v", err)
 	}
-}
-
-// waitFor polls ok until it holds, failing with msg if it does not.
-func waitFor(t *testing.T, ok func() bool, msg string) {
-	t.Helper()
-	if !eventually(ok) {
-		t.Fatal(msg)
-	}
-}
-
-// eventually polls ok until it holds, for a minute at most: a bound far
-// above any stall of a loaded machine, reached only when the condition
-// never comes.
-func eventually(ok func() bool) bool {
-	return wait.PollUntilContextTimeout(context.Background(), 5*time.Millisecond, time.Minute, true,
-		func(context.Context) (bool, error) { return ok(), nil }) == nil
 }
 
 // A mounted Secret is a directory: a file per key, each a symlink into the
