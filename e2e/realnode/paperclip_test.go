@@ -632,7 +632,13 @@ func TestPaperclipRunsOfOneAgentAtOnce(t *testing.T) {
 	t.Parallel() // a company of its own on the shared server
 	pc := thePaperclip(t)
 	ctx, company := paperclipOnTheRealNode(t, pc, 10*time.Minute, "Concurrent Co")
-	agent := newAgent(ctx, t, pc, company.ID, "Twice", "claude_k8s", map[string]any{"promptTemplate": "lines=3 sleep=6"}, nil)
+	// The first run holds the agent until the test has seen the second
+	// refused, then ends well before Paperclip retries the second (30 s
+	// later): on a busy machine a fixed sleep either ends too soon or
+	// outlasts the retry.
+	const endFirst = "end-the-first-run"
+	agent := newAgent(ctx, t, pc, company.ID, "Twice", "claude_k8s", map[string]any{
+		"promptTemplate": "lines=3 sleep=300 until=" + instanceRoot + "workspaces/{{agent.id}}/" + endFirst}, nil)
 	first := wake(ctx, t, pc, agent.ID, "e2e: first")
 	waitAgentJobs(ctx, t, agent.ID, 1) // the first run holds the agent
 	second := wake(ctx, t, pc, agent.ID, "e2e: second, while the first runs")
@@ -640,6 +646,9 @@ func TestPaperclipRunsOfOneAgentAtOnce(t *testing.T) {
 	refused := waitRunEnds(ctx, t, pc, second.ID)
 	if refused.Status != "failed" || refused.ErrorCode != "k8s_concurrent_run_blocked" {
 		t.Fatalf("the second run: %+v, want failed with k8s_concurrent_run_blocked\n%s", refused, runLogText(ctx, pc, second.ID))
+	}
+	if err := os.WriteFile(filepath.Join(suite.in.SharedDir(), "instances", "default", "workspaces", agent.ID, endFirst), nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
 	if costOf(refused) != 0 {
 		t.Errorf("the refused run was billed %v: another run's cost", refused.UsageJSON)

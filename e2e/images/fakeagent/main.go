@@ -32,6 +32,9 @@
 //	         restarted one (restartPolicy OnFailure) runs to the end. It
 //	         remembers through /tmp, which outlives a container restart.
 //	sleep    seconds to wait before the result (a run to cancel, or delete)
+//	until    a file: the sleep ends early once it exists (a test ends the
+//	         run when it has seen what it waits for, however busy the
+//	         machine)
 //	exit     the exit code (default 0); non-zero writes an error result
 //	result   0: no result event (a run that is cut short)
 //
@@ -63,7 +66,7 @@ type script struct {
 	lines, burst, bigLines, bigSize, exit, pad int
 	rate                                       float64
 	probe, result, failOnce                    bool
-	write, read, leak, connect, attack         string
+	write, read, leak, connect, attack, until  string
 	sleep, wait                                time.Duration
 }
 
@@ -106,6 +109,8 @@ func parseScript(prompt string) (script, error) {
 			s.leak = v
 		case "connect":
 			s.connect = v
+		case "until":
+			s.until = v
 		case "sleep", "wait":
 			var secs float64
 			secs, err = strconv.ParseFloat(v, 64)
@@ -121,6 +126,18 @@ func parseScript(prompt string) (script, error) {
 		}
 	}
 	return s, nil
+}
+
+// sleepUntil waits d, or less once the file until names exists.
+func sleepUntil(d time.Duration, until string) {
+	deadline := time.Now().Add(d)
+	for until != "" && time.Now().Before(deadline) {
+		if _, err := os.Stat(until); err == nil {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(time.Until(deadline))
 }
 
 // flagValue is the value after flag in args ("" if absent).
@@ -250,7 +267,7 @@ func main() {
 		overhead := len(mustJSON(f.text(text)))
 		emit(f.text(text + strings.Repeat("x", max(0, s.bigSize-overhead))))
 	}
-	time.Sleep(s.sleep)
+	sleepUntil(s.sleep, s.until)
 	if s.result {
 		emit(f.result(s.exit, n))
 	}
