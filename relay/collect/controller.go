@@ -551,7 +551,7 @@ func (c *Collector) finish(run string, gone bool) error {
 	}
 	var p result.Parser
 	for after := uint64(0); ; {
-		lines, err := c.Store.Lines(run, after, 1000)
+		lines, err := store.Lines(c.Store, run, after, 1000)
 		if err != nil {
 			return err
 		}

@@ -136,7 +136,7 @@ func waitDone(t *testing.T, s *bolt.Store) *store.Run {
 }
 
 func storedText(t *testing.T, s *bolt.Store) string {
-	lines, _ := s.Lines("run-1", 0, 0)
+	lines, _ := store.Lines(s, "run-1", 0, 0)
 	var out []string
 	for _, l := range lines {
 		out = append(out, l.Line)
@@ -417,7 +417,7 @@ func TestPodWithAMalformedOwnerUIDIsNotKeptApart(t *testing.T) {
 	if testutil.ToFloat64(podsIgnored.WithLabelValues("job-uid")) <= before {
 		t.Error("the pod was not counted as ignored")
 	}
-	runs, _ := s.Runs(nil)
+	runs, _ := s.RunsWhere(store.Filter{})
 	for _, r := range runs {
 		if strings.Contains(r.ID, "pwned") {
 			t.Errorf("a run keyed by a malformed UID: %q", r.ID)

@@ -168,7 +168,7 @@ func storedEachOnce(t *testing.T, s store.Backend, n int) {
 	t.Helper()
 	var got []store.Line
 	for after := uint64(0); ; {
-		more, err := s.Lines("run-1", after, 0)
+		more, err := store.Lines(s, "run-1", after, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/paperclipai/clipjob/contract"
-	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/bolt"
 )
 
@@ -34,8 +33,8 @@ func finishedPod(logs *podLogs, cache *podCache, name string, created time.Time,
 func waitIndexedDone(t *testing.T, s *bolt.Store, run string) {
 	t.Helper()
 	poll.WaitFor(t, func() bool {
-		sums, _ := s.Runs(func(r *store.Summary) bool { return r.ID == run && r.Done })
-		return len(sums) == 1
+		r, _ := s.Run(run)
+		return r != nil && r.Done
 	}, run+" was not collected")
 }
 

@@ -32,12 +32,6 @@ type indexed struct {
 	txid int
 }
 
-// summaryOf is the summary of a record being written.
-func summaryOf(r *store.Run) store.Summary {
-	return store.Summary{ID: r.ID, Namespace: r.Namespace, Pod: r.Pod, PodUID: r.PodUID, Agent: r.Agent, Company: r.Company,
-		Phase: r.Phase, Done: r.Done, LastSeq: r.LastSeq, Bytes: r.Bytes, SeenAt: r.SeenAt}
-}
-
 type tombstone struct {
 	txid int
 	at   time.Time

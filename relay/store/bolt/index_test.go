@@ -67,7 +67,7 @@ func assertIndexMatchesBucket(t *testing.T, s *Store) {
 			want[id] = summary(r)
 		}
 	}
-	runs, _ := s.Runs(nil)
+	runs, _ := s.RunsWhere(store.Filter{})
 	got := map[string]string{}
 	for _, r := range runs {
 		b, _ := json.Marshal(r)

@@ -291,15 +291,10 @@ func (s *Store) Progress(run string) (lastSeq uint64, done, found bool, err erro
 	return uint64(seq), done, err == nil, err
 }
 
-// Runs implements store.Backend from the summary columns: no record is
-// read or decoded.
-func (s *Store) Runs(keep func(*store.Summary) bool) ([]store.Summary, error) {
-	return s.runs("", nil, keep)
-}
-
-// RunsWhere implements store.Backend: the filter is the query's, so only
-// the runs it selects are read, by an index for an agent, a company or
-// the unfinished runs (migration 0002).
+// RunsWhere implements store.Backend from the summary columns (no record
+// is read or decoded): the filter is the query's, so only the runs it
+// selects are read, by an index for an agent, a company or the unfinished
+// runs (migration 0002).
 func (s *Store) RunsWhere(f store.Filter) ([]store.Summary, error) {
 	var conds []string
 	var args []any
@@ -316,12 +311,6 @@ func (s *Store) RunsWhere(f store.Filter) ([]store.Summary, error) {
 	if len(conds) > 0 {
 		where = "WHERE " + strings.Join(conds, " AND ")
 	}
-	return s.runs(where, args, nil)
-}
-
-// runs lists the summaries the WHERE clause where (with args) and keep
-// select, newest first.
-func (s *Store) runs(where string, args []any, keep func(*store.Summary) bool) ([]store.Summary, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
 	rows, err := s.pool.Query(ctx, s.sql(`SELECT id, namespace, pod, pod_uid, agent, company, phase, done, last_seq, bytes, seen_at
@@ -338,9 +327,7 @@ func (s *Store) runs(where string, args []any, keep func(*store.Summary) bool) (
 			return nil, err
 		}
 		r.LastSeq, r.SeenAt = uint64(lastSeq), fromNanos(seen)
-		if keep == nil || keep(&r) {
-			out = append(out, r)
-		}
+		out = append(out, r)
 	}
 	return out, rows.Err()
 }
@@ -394,11 +381,6 @@ func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, 
 	}
 }
 
-// Lines implements store.Backend.
-func (s *Store) Lines(run string, after uint64, limit int) ([]store.Line, error) {
-	return store.DecodeLines(s.RawLines(run, after, limit))
-}
-
 // Changed implements store.Backend: changes committed by any relay on the
 // schema (see notify.go).
 func (s *Store) Changed(run string) <-chan struct{} { return s.changes.Changed(run) }
@@ -411,7 +393,7 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]s
 	if err := s.deleteRetiredLines(); err != nil {
 		return nil, err
 	}
-	runs, err := s.Runs(nil)
+	runs, err := s.RunsWhere(store.Filter{})
 	if err != nil {
 		return nil, err
 	}
