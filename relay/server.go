@@ -94,11 +94,11 @@ func Serve(ctx context.Context, o Options) error {
 	// Collection runs from before the first pod event until the service
 	// stops it, after the API (see service.Start).
 	collectCtx, stopCollecting := context.WithCancel(context.WithoutCancel(ctx))
-	svc := &service{opts: o, store: store, client: client, authClient: authClient, cache: mgr.GetCache(), log: o.Log,
+	svc := &service{opts: o, store: store, client: client, authClient: authClient, log: o.Log,
 		collectCtx: collectCtx, stopCollecting: stopCollecting}
 	svc.coll = &collect.Collector{Store: store, Source: collect.APILogSource{Client: logs}, Redact: redactor, Follow: o.Follow,
 		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Mirror: &mirror.Mirror{Dir: o.MirrorDir, Base: o.MirrorBase, Store: store},
-		Pods: svc.pod, JobFailure: jobFailure(client)}
+		Pods: podCache{mgr.GetCache()}, JobFailure: jobFailure(client)}
 	svc.coll.Start(collectCtx)
 	if err := svc.divideRuns(mgr, store); err != nil {
 		return err
@@ -222,7 +222,7 @@ func podEvents(coll *collect.Collector) toolscache.ResourceEventHandler {
 				obj = d.Obj
 			}
 			if p, ok := obj.(*corev1.Pod); ok {
-				coll.OnPodDeleted(p)
+				coll.OnPod(p)
 			}
 		},
 	}
@@ -235,7 +235,6 @@ type service struct {
 	store      store.Backend
 	client     kubernetes.Interface
 	authClient kubernetes.Interface
-	cache      cache.Cache
 	coll       *collect.Collector
 	log        logr.Logger
 	// collectCtx is the followers' context, ended by stopCollecting.
@@ -244,10 +243,8 @@ type service struct {
 	// listening: the API accepts connections.
 	listening atomic.Bool
 	// members divides the runs among the relays sharing a PostgreSQL
-	// store; nil with bbolt (this relay collects every run). rebalance is
-	// kicked when the runs this relay owns change.
-	members   *replicas.Members
-	rebalance chan struct{}
+	// store; nil with bbolt (this relay collects every run).
+	members *replicas.Members
 }
 
 // apiReady is the readiness of the API: listening.
@@ -258,27 +255,33 @@ func (s *service) apiReady(*http.Request) error {
 	return nil
 }
 
-// pod looks a pod up in the informer cache.
-func (s *service) pod(ns, name string) *corev1.Pod {
+// podCache is the informer's cache of agent pods, as the collector reads
+// it.
+type podCache struct{ cache.Cache }
+
+func (c podCache) Pod(ns, name string) *corev1.Pod {
 	var p corev1.Pod
-	if err := s.cache.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
 		return nil
 	}
 	return &p
 }
 
-// Start implements manager.Runnable. Until ctx ends it collects, serves
-// the API and applies retention; then it stops, in this order:
+func (c podCache) Pods() ([]corev1.Pod, error) {
+	var l corev1.PodList
+	err := c.List(context.Background(), &l)
+	return l.Items, err
+}
+
+// Start implements manager.Runnable; the manager starts it once the pod
+// cache has synced. Until ctx ends it collects, serves the API and applies
+// retention; then it stops, in this order:
 //  1. the API, so no reader waits on a run that has stopped changing;
 //  2. collection: followers stop and flush what they read to the store.
 //
 // Serve closes the store once the manager returns.
 func (s *service) Start(ctx context.Context) error {
-	go s.finishVanishedRuns(s.collectCtx)
-	if s.members != nil {
-		go s.rebalanceUntil(s.collectCtx)
-	}
-
+	s.coll.Sweep() // the runs whose pods vanished while the relay was away
 	stopAPI, serveErr, err := s.serveAPI(s.collectCtx)
 	if err != nil {
 		return err
@@ -291,20 +294,6 @@ func (s *service) Start(ctx context.Context) error {
 	s.stopCollecting()
 	s.coll.Stop()
 	return runErr
-}
-
-// finishVanishedRuns, once the pod cache has synced, finishes the runs
-// whose pods vanished while the relay was away.
-func (s *service) finishVanishedRuns(ctx context.Context) {
-	if !s.cache.WaitForCacheSync(ctx) {
-		return
-	}
-	n, err := s.coll.Reconcile()
-	if err != nil {
-		s.log.Error(err, "finishing runs whose pods vanished while the relay was away")
-	} else if n > 0 {
-		s.log.Info("finished runs whose pods vanished while the relay was away", "runs", n)
-	}
 }
 
 // retainUntil applies retention every RetentionInterval until ctx ends or
@@ -330,28 +319,19 @@ func (s *service) retainUntil(ctx context.Context, serveErr <-chan error) error 
 				}
 			}
 			runsRetired.Add(float64(len(gone)))
-			s.forgetRetired(ctx)
+			s.forgetRetired()
 			storeSize.Set(float64(s.store.Size()))
 		}
 	}
 }
 
-// forgetRetired forgets the retired runs whose pods are all gone, once
-// the pod cache has synced (before, every run would look podless).
-func (s *service) forgetRetired(ctx context.Context) {
-	if !s.cache.WaitForCacheSync(ctx) {
-		return
-	}
-	var pods corev1.PodList
-	if err := s.cache.List(ctx, &pods); err != nil {
-		s.log.Error(err, "listing pods to forget retired runs")
-		return
-	}
+// forgetRetired forgets the retired runs whose pods are all gone.
+func (s *service) forgetRetired() {
 	var watched func(string) bool
 	if len(s.opts.Namespaces) > 0 {
 		watched = func(ns string) bool { return slices.Contains(s.opts.Namespaces, ns) }
 	}
-	if n, err := s.coll.ForgetRetired(pods.Items, watched); err != nil {
+	if n, err := s.coll.ForgetRetired(watched); err != nil {
 		s.log.Error(err, "forgetting retired runs whose pods are gone")
 	} else if n > 0 {
 		s.log.V(1).Info("forgot retired runs whose pods are gone", "runs", n)
