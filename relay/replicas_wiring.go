@@ -44,7 +44,7 @@ func (s *service) divideRuns(mgr manager.Manager, st store.Backend) error {
 	s.members = &replicas.Members{Table: pg.Replicas(), Name: o.Identity,
 		LeaseDuration: o.LeaseDuration, RenewInterval: o.RenewInterval,
 		Healthy:  func() error { return errors.Join(health.err(), api.err()) },
-		OnChange: s.coll.Rebalance, Log: s.log.WithName("replicas")}
+		OnChange: s.coll.Rebalance, Log: s.log.WithName("replicas"), Clock: s.opts.Clock}
 	s.coll.Owns = s.members.Owns
 	if err := mgr.Add(health); err != nil {
 		return err

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -49,6 +50,9 @@ func Serve(ctx context.Context, o Options) error {
 		return fmt.Errorf("relay options: %w", err)
 	}
 	registerMetrics()
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
 	redactor, err := redact.New(o.RedactPatterns, o.RedactValues)
 	if err != nil {
 		return fmt.Errorf("redaction patterns: %w", err)
@@ -56,7 +60,7 @@ func Serve(ctx context.Context, o Options) error {
 	var values *redact.ValuesFile
 	if o.RedactValuesFile != "" {
 		values = &redact.ValuesFile{Path: o.RedactValuesFile, Redactor: redactor, Static: o.RedactValues,
-			Interval: o.RedactValuesInterval, Log: o.Log.WithName("redact")}
+			Interval: o.RedactValuesInterval, Log: o.Log.WithName("redact"), Clock: o.Clock}
 		if err := values.Load(); err != nil {
 			return err
 		}
@@ -97,8 +101,9 @@ func Serve(ctx context.Context, o Options) error {
 	svc := &service{opts: o, store: store, client: client, authClient: authClient, log: o.Log,
 		collectCtx: collectCtx, stopCollecting: stopCollecting}
 	svc.coll = &collect.Collector{Store: store, Source: collect.APILogSource{Client: logs}, Redact: redactor, Follow: o.Follow,
-		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Mirror: &mirror.Mirror{Dir: o.MirrorDir, Base: o.MirrorBase, Store: store},
-		Pods: podCache{mgr.GetCache()}, JobFailure: jobFailure(client)}
+		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Clock: o.Clock,
+		Mirror: &mirror.Mirror{Dir: o.MirrorDir, Base: o.MirrorBase, Store: store, Clock: o.Clock},
+		Pods:   podCache{mgr.GetCache()}, JobFailure: jobFailure(client)}
 	svc.coll.Start(collectCtx)
 	if err := svc.divideRuns(mgr, store); err != nil {
 		return err
@@ -150,7 +155,7 @@ func openStore(ctx context.Context, o Options) (store.Backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		s, err := postgres.Open(ctx, postgres.Options{ConnString: url, Schema: o.PostgresSchema})
+		s, err := postgres.Open(ctx, postgres.Options{ConnString: url, Schema: o.PostgresSchema, Clock: o.Clock})
 		if err != nil {
 			return nil, err
 		}
@@ -160,6 +165,7 @@ func openStore(ctx context.Context, o Options) (store.Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.Clock = o.Clock
 	return s, nil
 }
 
@@ -299,7 +305,7 @@ func (s *service) Start(ctx context.Context) error {
 // retainUntil applies retention every RetentionInterval until ctx ends or
 // the API server fails, and returns that failure.
 func (s *service) retainUntil(ctx context.Context, serveErr <-chan error) error {
-	t := time.NewTicker(s.opts.RetentionInterval)
+	t := s.opts.Clock.NewTicker(s.opts.RetentionInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -307,8 +313,8 @@ func (s *service) retainUntil(ctx context.Context, serveErr <-chan error) error 
 			return nil
 		case err := <-serveErr:
 			return err
-		case <-t.C:
-			gone, err := s.store.Retain(s.opts.RetentionMaxAge, s.opts.RetentionMaxBytes, time.Now())
+		case <-t.C():
+			gone, err := s.store.Retain(s.opts.RetentionMaxAge, s.opts.RetentionMaxBytes, s.opts.Clock.Now())
 			if err != nil {
 				s.log.Error(err, "retention")
 			}
@@ -345,7 +351,8 @@ func (s *service) serveAPI(ctx context.Context) (stop func(timeout time.Duration
 	if len(s.opts.TokenAudiences) == 0 {
 		s.log.Info("WARNING: accepting callers' tokens for the API server's audience: a token sent to the relay works against the API server too; set --token-audience")
 	}
-	api := &api.API{Store: s.store, Auth: &api.KubeAuth{Client: s.authClient, Audiences: s.opts.TokenAudiences}, Log: s.log.WithName("api")}
+	api := &api.API{Store: s.store, Auth: &api.KubeAuth{Client: s.authClient, Audiences: s.opts.TokenAudiences, Clock: s.opts.Clock},
+		Log: s.log.WithName("api"), Clock: s.opts.Clock}
 	reqCtx, cancel := context.WithCancel(context.Background())
 	srv := &http.Server{Addr: s.opts.APIAddr, Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return reqCtx }}

@@ -69,9 +69,8 @@ func (x *runIndex) put(r store.Summary, txid int) {
 	x.byID[id] = indexed{run: r, txid: txid}
 }
 
-// remove records that transaction txid deleted the runs ids.
-func (x *runIndex) remove(ids []string, txid int) {
-	now := time.Now()
+// remove records that transaction txid deleted the runs ids at now.
+func (x *runIndex) remove(ids []string, txid int, now time.Time) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for id, t := range x.tombstones {

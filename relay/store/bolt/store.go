@@ -16,6 +16,7 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+	"k8s.io/utils/clock"
 
 	"github.com/paperclipai/clipjob/relay/store"
 )
@@ -34,7 +35,10 @@ var (
 
 // Store is the relay's embedded store, the default Backend.
 type Store struct {
-	db      *bbolt.DB
+	db *bbolt.DB
+	// Clock stamps a run first seen with no line, and times the index's
+	// tombstones. Open sets the real clock.
+	Clock   clock.PassiveClock
 	index   runIndex
 	changes store.Changes
 	// stopReleasing and released end releaseEvery (mapping.go).
@@ -69,7 +73,7 @@ func Open(dir string) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
-	st := &Store{db: db}
+	st := &Store{db: db, Clock: clock.RealClock{}}
 	if err := st.index.load(db); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("reading the runs of the store in %s: %w", dir, err)
@@ -174,7 +178,7 @@ func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 		if r == nil {
 			// Seen now, though nothing is stored yet: retention counts from
 			// here for a run that never writes a line.
-			r = &store.Run{ID: id, Phase: "Pending", SeenAt: time.Now()}
+			r = &store.Run{ID: id, Phase: "Pending", SeenAt: s.Clock.Now()}
 		}
 		fn(r)
 		out = r
@@ -251,7 +255,7 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]s
 	}
 	err = s.db.Update(func(tx *bbolt.Tx) error {
 		txid := tx.ID()
-		tx.OnCommit(func() { s.index.remove(drop, txid) })
+		tx.OnCommit(func() { s.index.remove(drop, txid, s.Clock.Now()) })
 		for _, id := range drop {
 			// A record that does not decode is retired all the same, with
 			// no Retired kept: it must not hold retention up for good.

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"k8s.io/utils/clock"
 
 	"github.com/paperclipai/clipjob/relay/store"
 )
@@ -59,6 +60,10 @@ type Options struct {
 	// must not hold its runs' rows from the replicas that took them over.
 	// Defaults 5s and 10s, unless the connection string sets them.
 	LockTimeout, IdleInTransaction time.Duration
+	// Clock stamps a run first seen with no line, and times the
+	// notifications' backoff. Default the real clock; the server's clock
+	// is never this.
+	Clock clock.WithTicker
 }
 
 // Store is the PostgreSQL store.
@@ -95,6 +100,9 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	orDefault(&o.RetainBatch, 5000)
 	orDefault(&o.CommitFlights, 2)
 	orDefault(&o.MaxGroup, 256)
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
 	if o.ConnString == "" {
 		return nil, errors.New("postgres store: no connection string")
 	}
@@ -237,7 +245,7 @@ func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		// Seen now, though nothing is stored yet: retention counts from
 		// here for a run that never writes a line.
-		r, _, err := s.lockRun(ctx, tx, id, &store.Run{ID: id, Phase: "Pending", SeenAt: time.Now()})
+		r, _, err := s.lockRun(ctx, tx, id, &store.Run{ID: id, Phase: "Pending", SeenAt: s.opts.Clock.Now()})
 		if err != nil {
 			return err
 		}
