@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
 
 	"github.com/paperclipai/clipjob/relay/collect"
 	"github.com/paperclipai/clipjob/relay/mirror"
@@ -76,6 +77,10 @@ type Options struct {
 	// RestConfig reaches the API server. Required.
 	RestConfig *rest.Config
 	Log        logr.Logger
+	// Clock times retention, the stores' own timestamps, collection, the
+	// replicas' renewals, the mirror's and redaction's waits and the API's
+	// keepalives and caches. Default the real clock.
+	Clock clock.WithTicker
 }
 
 // ReplicaOptions configure the membership of relays sharing a store

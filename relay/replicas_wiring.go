@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"net/http"
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/go-logr/logr"
-	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/paperclipai/clipjob/relay/replicas"
@@ -41,11 +41,10 @@ func (s *service) divideRuns(mgr manager.Manager, st store.Backend) error {
 		ping: func(ctx context.Context) error {
 			return s.client.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Error()
 		}}
-	s.rebalance = make(chan struct{}, 1)
 	s.members = &replicas.Members{Table: pg.Replicas(), Name: o.Identity,
 		LeaseDuration: o.LeaseDuration, RenewInterval: o.RenewInterval,
 		Healthy:  func() error { return errors.Join(health.err(), api.err()) },
-		OnChange: s.kickRebalance, Log: s.log.WithName("replicas")}
+		OnChange: s.coll.Rebalance, Log: s.log.WithName("replicas"), Clock: s.opts.Clock}
 	s.coll.Owns = s.members.Owns
 	if err := mgr.Add(health); err != nil {
 		return err
@@ -72,48 +71,6 @@ func (s *service) collectingReady(*http.Request) error {
 		return fmt.Errorf("not collecting: %s", why)
 	}
 	return nil
-}
-
-func (s *service) kickRebalance() {
-	select {
-	case s.rebalance <- struct{}{}:
-	default: // one is pending: it will see this change too
-	}
-}
-
-// rebalanceUntil applies each change of the runs this relay owns, once
-// the pod cache has synced: followers of runs handed over stop, runs taken
-// over are followed from their stored cursors, and those whose pods
-// vanished meanwhile are finished.
-func (s *service) rebalanceUntil(ctx context.Context) {
-	if !s.cache.WaitForCacheSync(ctx) {
-		return
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.rebalance:
-		}
-		var list corev1.PodList
-		if err := s.cache.List(ctx, &list); err != nil {
-			s.log.Error(err, "listing agent pods to rebalance")
-			continue
-		}
-		pods := make([]*corev1.Pod, len(list.Items))
-		for i := range list.Items {
-			pods[i] = &list.Items[i]
-		}
-		s.coll.Rebalance(pods)
-		if member, _, _ := s.members.Status(); !member {
-			continue // its store may be out of reach; the next member finishes them
-		}
-		if n, err := s.coll.Reconcile(); err != nil {
-			s.log.Error(err, "finishing runs taken over whose pods vanished")
-		} else if n > 0 {
-			s.log.Info("finished runs taken over whose pods vanished", "runs", n)
-		}
-	}
 }
 
 // reachable pings a server every interval. It is unhealthy after two

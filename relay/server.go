@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -49,6 +50,9 @@ func Serve(ctx context.Context, o Options) error {
 		return fmt.Errorf("relay options: %w", err)
 	}
 	registerMetrics()
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
 	redactor, err := redact.New(o.RedactPatterns, o.RedactValues)
 	if err != nil {
 		return fmt.Errorf("redaction patterns: %w", err)
@@ -56,7 +60,7 @@ func Serve(ctx context.Context, o Options) error {
 	var values *redact.ValuesFile
 	if o.RedactValuesFile != "" {
 		values = &redact.ValuesFile{Path: o.RedactValuesFile, Redactor: redactor, Static: o.RedactValues,
-			Interval: o.RedactValuesInterval, Log: o.Log.WithName("redact")}
+			Interval: o.RedactValuesInterval, Log: o.Log.WithName("redact"), Clock: o.Clock}
 		if err := values.Load(); err != nil {
 			return err
 		}
@@ -94,11 +98,12 @@ func Serve(ctx context.Context, o Options) error {
 	// Collection runs from before the first pod event until the service
 	// stops it, after the API (see service.Start).
 	collectCtx, stopCollecting := context.WithCancel(context.WithoutCancel(ctx))
-	svc := &service{opts: o, store: store, client: client, authClient: authClient, cache: mgr.GetCache(), log: o.Log,
+	svc := &service{opts: o, store: store, client: client, authClient: authClient, log: o.Log,
 		collectCtx: collectCtx, stopCollecting: stopCollecting}
 	svc.coll = &collect.Collector{Store: store, Source: collect.APILogSource{Client: logs}, Redact: redactor, Follow: o.Follow,
-		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Mirror: &mirror.Mirror{Dir: o.MirrorDir, Base: o.MirrorBase, Store: store},
-		Pods: svc.pod, JobFailure: jobFailure(client)}
+		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Clock: o.Clock,
+		Mirror: &mirror.Mirror{Dir: o.MirrorDir, Base: o.MirrorBase, Store: store, Clock: o.Clock},
+		Pods:   podCache{mgr.GetCache()}, JobFailure: jobFailure(client)}
 	svc.coll.Start(collectCtx)
 	if err := svc.divideRuns(mgr, store); err != nil {
 		return err
@@ -150,7 +155,7 @@ func openStore(ctx context.Context, o Options) (store.Backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		s, err := postgres.Open(ctx, postgres.Options{ConnString: url, Schema: o.PostgresSchema})
+		s, err := postgres.Open(ctx, postgres.Options{ConnString: url, Schema: o.PostgresSchema, Clock: o.Clock})
 		if err != nil {
 			return nil, err
 		}
@@ -160,6 +165,7 @@ func openStore(ctx context.Context, o Options) (store.Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.Clock = o.Clock
 	return s, nil
 }
 
@@ -222,7 +228,7 @@ func podEvents(coll *collect.Collector) toolscache.ResourceEventHandler {
 				obj = d.Obj
 			}
 			if p, ok := obj.(*corev1.Pod); ok {
-				coll.OnPodDeleted(p)
+				coll.OnPod(p)
 			}
 		},
 	}
@@ -235,7 +241,6 @@ type service struct {
 	store      store.Backend
 	client     kubernetes.Interface
 	authClient kubernetes.Interface
-	cache      cache.Cache
 	coll       *collect.Collector
 	log        logr.Logger
 	// collectCtx is the followers' context, ended by stopCollecting.
@@ -244,10 +249,8 @@ type service struct {
 	// listening: the API accepts connections.
 	listening atomic.Bool
 	// members divides the runs among the relays sharing a PostgreSQL
-	// store; nil with bbolt (this relay collects every run). rebalance is
-	// kicked when the runs this relay owns change.
-	members   *replicas.Members
-	rebalance chan struct{}
+	// store; nil with bbolt (this relay collects every run).
+	members *replicas.Members
 }
 
 // apiReady is the readiness of the API: listening.
@@ -258,27 +261,33 @@ func (s *service) apiReady(*http.Request) error {
 	return nil
 }
 
-// pod looks a pod up in the informer cache.
-func (s *service) pod(ns, name string) *corev1.Pod {
+// podCache is the informer's cache of agent pods, as the collector reads
+// it.
+type podCache struct{ cache.Cache }
+
+func (c podCache) Pod(ns, name string) *corev1.Pod {
 	var p corev1.Pod
-	if err := s.cache.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
 		return nil
 	}
 	return &p
 }
 
-// Start implements manager.Runnable. Until ctx ends it collects, serves
-// the API and applies retention; then it stops, in this order:
+func (c podCache) Pods() ([]corev1.Pod, error) {
+	var l corev1.PodList
+	err := c.List(context.Background(), &l)
+	return l.Items, err
+}
+
+// Start implements manager.Runnable; the manager starts it once the pod
+// cache has synced. Until ctx ends it collects, serves the API and applies
+// retention; then it stops, in this order:
 //  1. the API, so no reader waits on a run that has stopped changing;
 //  2. collection: followers stop and flush what they read to the store.
 //
 // Serve closes the store once the manager returns.
 func (s *service) Start(ctx context.Context) error {
-	go s.finishVanishedRuns(s.collectCtx)
-	if s.members != nil {
-		go s.rebalanceUntil(s.collectCtx)
-	}
-
+	s.coll.Sweep() // the runs whose pods vanished while the relay was away
 	stopAPI, serveErr, err := s.serveAPI(s.collectCtx)
 	if err != nil {
 		return err
@@ -293,24 +302,10 @@ func (s *service) Start(ctx context.Context) error {
 	return runErr
 }
 
-// finishVanishedRuns, once the pod cache has synced, finishes the runs
-// whose pods vanished while the relay was away.
-func (s *service) finishVanishedRuns(ctx context.Context) {
-	if !s.cache.WaitForCacheSync(ctx) {
-		return
-	}
-	n, err := s.coll.Reconcile()
-	if err != nil {
-		s.log.Error(err, "finishing runs whose pods vanished while the relay was away")
-	} else if n > 0 {
-		s.log.Info("finished runs whose pods vanished while the relay was away", "runs", n)
-	}
-}
-
 // retainUntil applies retention every RetentionInterval until ctx ends or
 // the API server fails, and returns that failure.
 func (s *service) retainUntil(ctx context.Context, serveErr <-chan error) error {
-	t := time.NewTicker(s.opts.RetentionInterval)
+	t := s.opts.Clock.NewTicker(s.opts.RetentionInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -318,8 +313,8 @@ func (s *service) retainUntil(ctx context.Context, serveErr <-chan error) error 
 			return nil
 		case err := <-serveErr:
 			return err
-		case <-t.C:
-			gone, err := s.store.Retain(s.opts.RetentionMaxAge, s.opts.RetentionMaxBytes, time.Now())
+		case <-t.C():
+			gone, err := s.store.Retain(s.opts.RetentionMaxAge, s.opts.RetentionMaxBytes, s.opts.Clock.Now())
 			if err != nil {
 				s.log.Error(err, "retention")
 			}
@@ -330,28 +325,19 @@ func (s *service) retainUntil(ctx context.Context, serveErr <-chan error) error 
 				}
 			}
 			runsRetired.Add(float64(len(gone)))
-			s.forgetRetired(ctx)
+			s.forgetRetired()
 			storeSize.Set(float64(s.store.Size()))
 		}
 	}
 }
 
-// forgetRetired forgets the retired runs whose pods are all gone, once
-// the pod cache has synced (before, every run would look podless).
-func (s *service) forgetRetired(ctx context.Context) {
-	if !s.cache.WaitForCacheSync(ctx) {
-		return
-	}
-	var pods corev1.PodList
-	if err := s.cache.List(ctx, &pods); err != nil {
-		s.log.Error(err, "listing pods to forget retired runs")
-		return
-	}
+// forgetRetired forgets the retired runs whose pods are all gone.
+func (s *service) forgetRetired() {
 	var watched func(string) bool
 	if len(s.opts.Namespaces) > 0 {
 		watched = func(ns string) bool { return slices.Contains(s.opts.Namespaces, ns) }
 	}
-	if n, err := s.coll.ForgetRetired(pods.Items, watched); err != nil {
+	if n, err := s.coll.ForgetRetired(watched); err != nil {
 		s.log.Error(err, "forgetting retired runs whose pods are gone")
 	} else if n > 0 {
 		s.log.V(1).Info("forgot retired runs whose pods are gone", "runs", n)
@@ -365,7 +351,8 @@ func (s *service) serveAPI(ctx context.Context) (stop func(timeout time.Duration
 	if len(s.opts.TokenAudiences) == 0 {
 		s.log.Info("WARNING: accepting callers' tokens for the API server's audience: a token sent to the relay works against the API server too; set --token-audience")
 	}
-	api := &api.API{Store: s.store, Auth: &api.KubeAuth{Client: s.authClient, Audiences: s.opts.TokenAudiences}, Log: s.log.WithName("api")}
+	api := &api.API{Store: s.store, Auth: &api.KubeAuth{Client: s.authClient, Audiences: s.opts.TokenAudiences, Clock: s.opts.Clock},
+		Log: s.log.WithName("api"), Clock: s.opts.Clock}
 	reqCtx, cancel := context.WithCancel(context.Background())
 	srv := &http.Server{Addr: s.opts.APIAddr, Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return reqCtx }}

@@ -400,7 +400,7 @@ func (ew *eventWriter) flush() {
 func (a *API) plainLog(w http.ResponseWriter, run string, after uint64) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	for {
-		lines, err := a.Store.Lines(run, after, 1000)
+		lines, err := store.Lines(a.Store, run, after, 1000)
 		if err != nil || len(lines) == 0 {
 			return
 		}

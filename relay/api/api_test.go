@@ -50,7 +50,7 @@ func apiFixture(t *testing.T) (*bolt.Store, *httptest.Server) {
 	for _, run := range []struct{ id, ns, agent string }{{"run-1", "paperclip", "agent-a"}, {"run-2", "paperclip", "agent-b"}, {"run-x", "other", "agent-a"}} {
 		_, _ = s.UpdateRun(run.id, func(r *store.Run) { r.Namespace, r.Agent, r.Phase = run.ns, run.agent, "Running" })
 	}
-	_, _ = s.Append("run-1", "st", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "one", "two", "three"), time.Now())
+	_, _ = storetest.Append(s, "run-1", "st", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "one", "two", "three"), time.Now())
 	api := &API{Store: s, Auth: tokenAuth{}, Keepalive: 50 * time.Millisecond}
 	srv := httptest.NewServer(api.Handler())
 	t.Cleanup(srv.Close)
@@ -162,7 +162,7 @@ func TestAPINDJSONFollowsUntilEnd(t *testing.T) {
 			if ev.Line == "three" {
 				// The stream has sent all the store had: what comes
 				// now, it must follow.
-				_, _ = s.Append("run-1", "st", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", "four"), time.Now())
+				_, _ = storetest.Append(s, "run-1", "st", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", "four"), time.Now())
 				code := int32(0)
 				_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Done, r.Phase, r.ExitCode = true, "Succeeded", &code })
 			}
@@ -382,8 +382,8 @@ func TestAPIPagesByBytes(t *testing.T) {
 	s, srv := apiFixture(t)
 	long := strings.Repeat("x", store.PageBytes/2+1)
 	texts := []string{long + "a", long + "b", long + "c", long + "d"}
-	_, _ = s.Append("run-1", "st", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", texts...), time.Now())
-	if page, _ := s.Lines("run-1", 3, 0); len(page) != 2 {
+	_, _ = storetest.Append(s, "run-1", "st", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", texts...), time.Now())
+	if page, _ := store.Lines(s, "run-1", 3, 0); len(page) != 2 {
 		t.Fatalf("a page holds %d long lines, want 2 (bounded by bytes)", len(page))
 	}
 	code := int32(0)
@@ -413,7 +413,7 @@ func TestAPIPagesByBytes(t *testing.T) {
 func TestFollowEndsWhenAccessIsRevoked(t *testing.T) {
 	s, _ := storetest.Open(t)
 	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Namespace, r.Phase = "paperclip", "Running" })
-	_, _ = s.Append("run-1", "st", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "one"), time.Now())
+	_, _ = storetest.Append(s, "run-1", "st", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "one"), time.Now())
 	auth := &revocable{}
 	clk := clocktesting.NewFakeClock(time.Now())
 	api := &API{Store: s, Auth: auth, Keepalive: time.Minute, Reauthorize: time.Minute, Clock: clk}
@@ -469,14 +469,14 @@ func (a *revocable) Allowed(context.Context, *authnv1.UserInfo, string) (bool, e
 func TestRawLineEventIsTheEvent(t *testing.T) {
 	s, _ := storetest.Open(t)
 	line := store.Line{TS: time.Date(2026, 11, 23, 1, 2, 3, 456789, time.UTC), Container: "agent", Line: `{"type":"result","text":"a \"quoted\" <tag> & \u2028"}`}
-	if _, err := s.Append("run-1", "st", store.Cursor{TS: 1, Count: 1}, []store.Line{line}, time.Now()); err != nil {
+	if _, err := storetest.Append(s, "run-1", "st", store.Cursor{TS: 1, Count: 1}, []store.Line{line}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	raw, err := s.RawLines("run-1", 0, 0)
 	if err != nil || len(raw) != 1 {
 		t.Fatalf("raw lines %v, %v", raw, err)
 	}
-	decoded, _ := s.Lines("run-1", 0, 0)
+	decoded, _ := store.Lines(s, "run-1", 0, 0)
 	for _, sse := range []bool{true, false} {
 		var viaRaw, viaDecoded strings.Builder
 		if err := (&eventWriter{w: fakeWriter{&viaRaw}, sse: sse}).writeLine(raw[0]); err != nil {
@@ -513,7 +513,7 @@ func TestAPIFindsAJobsRunByItsUID(t *testing.T) {
 	_, _ = s.UpdateRun(mine, func(r *store.Run) {
 		r.Namespace, r.Agent, r.JobUID, r.Phase = "paperclip", "agent-a", uidMine, "Running"
 	})
-	_, _ = s.Append(mine, "st", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "mine"), time.Now())
+	_, _ = storetest.Append(s, mine, "st", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "mine"), time.Now())
 	for _, tt := range []struct{ query, wantJob, wantLog string }{
 		{"", uidFirst, "one\ntwo\nthree\n"},
 		{"?job=" + uidFirst, uidFirst, "one\ntwo\nthree\n"},
@@ -626,7 +626,7 @@ func TestAFollowerReadsTheRecordOnlyForItsEnd(t *testing.T) {
 	s, _ := storetest.Open(t)
 	ps := &progressStore{Store: s}
 	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Namespace, r.Agent, r.Phase = "paperclip", "agent-a", "Running" })
-	_, _ = s.Append("run-1", "st", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "line 1"), time.Now())
+	_, _ = storetest.Append(s, "run-1", "st", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "line 1"), time.Now())
 	srv := httptest.NewServer((&API{Store: ps, Auth: tokenAuth{}, Keepalive: time.Minute}).Handler())
 	defer srv.Close()
 	resp := get(t, srv.URL+"/v1/runs/run-1/log", "reader", "application/x-ndjson")
@@ -641,7 +641,7 @@ func TestAFollowerReadsTheRecordOnlyForItsEnd(t *testing.T) {
 		case "line":
 			lines++
 			if lines < 6 { // one commit per wake-up
-				_, _ = s.Append("run-1", "st", store.Cursor{TS: int64(lines + 1), Count: 1}, storetest.Lines("agent", fmt.Sprintf("line %d", lines+1)), time.Now())
+				_, _ = storetest.Append(s, "run-1", "st", store.Cursor{TS: int64(lines + 1), Count: 1}, storetest.Lines("agent", fmt.Sprintf("line %d", lines+1)), time.Now())
 			} else {
 				_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Done, r.Phase = true, "Succeeded" })
 			}

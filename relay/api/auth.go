@@ -160,7 +160,7 @@ func userKey(u *authnv1.UserInfo) string {
 // now is the time on the caches' clock.
 func (a *KubeAuth) now() time.Time {
 	if a.Clock == nil {
-		return time.Now()
+		return clock.RealClock{}.Now()
 	}
 	return a.Clock.Now()
 }

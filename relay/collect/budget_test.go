@@ -10,6 +10,7 @@ import (
 
 	"github.com/paperclipai/clipjob/internal/testing/poll"
 
+	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
 
@@ -169,7 +170,7 @@ func TestABudgetUnderALineStarvesNoStream(t *testing.T) {
 		t.Fatal("the followers had not returned after a minute")
 	}
 	for i := range streams {
-		got, err := s.Lines(fmt.Sprintf("run-%d", i), 0, 0)
+		got, err := store.Lines(s, fmt.Sprintf("run-%d", i), 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

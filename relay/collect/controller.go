@@ -22,24 +22,32 @@ import (
 	"github.com/paperclipai/clipjob/relay/store"
 )
 
-// PodLookup returns the current state of a pod, or nil when it is gone.
-type PodLookup func(namespace, name string) *corev1.Pod
+// PodCache is the informer's cache of agent pods.
+type PodCache interface {
+	// Pod returns the current state of a pod, or nil when it is gone.
+	Pod(namespace, name string) *corev1.Pod
+	// Pods returns every agent pod.
+	Pods() ([]corev1.Pod, error)
+}
 
 // JobFailure returns the reason of a Job's Failed condition ("" if it has
 // none, or the Job is gone): DeadlineExceeded tells a run that timed out
 // from one killed otherwise, which its pod alone does not.
 type JobFailure func(ctx context.Context, namespace, name string) (string, error)
 
-// Collector is a controller: pod events (OnPod, OnPodDeleted) and the
-// ends of its followers queue the pod, and a reconcile per pod, on the
-// queue's workers, records its run, follows its containers and finishes
-// the run once every stream is drained. A reconcile that fails (the store
-// down or read only) is tried again through the queue's rate limiter.
+// Collector is a controller: pod events (OnPod) and the ends of its
+// followers queue the pod, and a reconcile per pod, on the queue's
+// workers, records its run, follows its containers and finishes the run
+// once every stream is drained. The runs whose pods vanished unseen are
+// finished by a sweep through the same queue (Sweep), and a change of the
+// runs this relay owns is applied there too (Rebalance). A reconcile that
+// fails (the store down or read only) is tried again through the queue's
+// rate limiter.
 type Collector struct {
 	Store  store.Backend
 	Source LogSource
 	Redact *redact.Redactor
-	Pods   PodLookup
+	Pods   PodCache
 	// JobFailure, when set, marks a run that ended unsuccessfully as
 	// timed out when its Job failed with DeadlineExceeded.
 	JobFailure JobFailure
@@ -50,7 +58,7 @@ type Collector struct {
 	Mirror *mirror.Mirror
 	// Owns, when set, says whether this relay collects the run with the
 	// given id (the pod's run-id label): several relays sharing a store
-	// divide the runs. Nil: every run. See Rebalance.
+	// divide the runs. Nil: every run. Call Rebalance when it changes.
 	Owns func(run string) bool
 	Log  logr.Logger
 	// Clock times the queue's retries and the followers' batches, drains
@@ -76,8 +84,8 @@ type Collector struct {
 	pods    map[types.UID]*podStreams // the pods recorded and not gone
 }
 
-// item is what the queues hold: a pod, or a run (its Job to read, its
-// mirror to sync).
+// item is what the queues hold: a pod, a run (its Job to read, its mirror
+// to sync), or work on every run (a sweep, a rebalance).
 type item struct {
 	kind            itemKind
 	namespace, name string
@@ -89,9 +97,11 @@ type item struct {
 type itemKind uint8
 
 const (
-	podItem    itemKind = iota
-	jobItem             // read the Job of a run that ended unsuccessfully
-	mirrorItem          // sync a run's mirror again
+	podItem       itemKind = iota
+	jobItem                // read the Job of a run that ended unsuccessfully
+	mirrorItem             // sync a run's mirror again
+	sweepItem              // finish the runs whose pods vanished unseen
+	rebalanceItem          // apply a change of the runs this relay owns
 )
 
 // retries bound the attempts at a run's item, and say what giving up
@@ -169,17 +179,26 @@ func (c *Collector) Stop() {
 // owns says whether this relay collects run.
 func (c *Collector) owns(run string) bool { return c.Owns == nil || c.Owns(run) }
 
-// OnPod handles a pod added or updated: it queues the pod if it carries a
-// run id this relay collects.
+// OnPod handles a pod added, updated or deleted: it queues the pod if it
+// carries a run id this relay collects. A pod gone is reconciled too: its
+// followers read what they can, and its run is finished then.
 func (c *Collector) OnPod(pod *corev1.Pod) {
 	if it := podItemOf(pod); it.run != "" && c.owns(it.run) {
 		c.queue.Add(it)
 	}
 }
 
-// OnPodDeleted handles a pod that is gone: its reconcile lets its
-// followers read what they can, and finishes the run then.
-func (c *Collector) OnPodDeleted(pod *corev1.Pod) { c.OnPod(pod) }
+// Sweep finishes, through the queue, the runs this relay owns whose pods
+// vanished unseen (while it was away). Call it once Pods has synced:
+// before, every run would look podless.
+func (c *Collector) Sweep() { c.queue.Add(item{kind: sweepItem}) }
+
+// Rebalance applies a change of the runs this relay owns (Owns), through
+// the queue: the followers of runs it no longer owns stop (their commits
+// are refused where the new owner moved the cursor), the runs it now owns
+// are followed from their stored cursors, and those whose pods vanished
+// are finished.
+func (c *Collector) Rebalance() { c.queue.Add(item{kind: rebalanceItem}) }
 
 func podItemOf(pod *corev1.Pod) item {
 	it := item{kind: podItem, namespace: pod.Namespace, name: pod.Name, uid: pod.UID, run: pod.Labels[contract.LabelRunID]}
@@ -229,11 +248,15 @@ func (c *Collector) reconcile(it item) error {
 			return errNotYet
 		}
 		return nil
+	case sweepItem:
+		return c.sweep()
+	case rebalanceItem:
+		return c.rebalance()
 	}
 	if !c.owns(it.run) {
-		return nil // another relay's since it was queued (Rebalance forgot its streams)
+		return nil // another relay's since it was queued (rebalance forgot its streams)
 	}
-	pod := c.Pods(it.namespace, it.name)
+	pod := c.Pods.Pod(it.namespace, it.name)
 	if pod == nil || pod.UID != it.uid {
 		return c.podGone(it)
 	}
@@ -361,11 +384,14 @@ func (c *Collector) retired(pod *corev1.Pod, jobUID types.UID) (bool, error) {
 }
 
 // ForgetRetired forgets the retired runs (store.Retired) of Jobs in the
-// namespaces watched (nil: all) none of whose pods remain; pods are every
-// pod the relay's synced cache holds.
-func (c *Collector) ForgetRetired(pods []corev1.Pod, watched func(namespace string) bool) (int, error) {
+// namespaces watched (nil: all) none of whose pods remain.
+func (c *Collector) ForgetRetired(watched func(namespace string) bool) (int, error) {
 	retired, err := c.Store.RetiredRuns()
 	if err != nil || len(retired) == 0 {
+		return 0, err
+	}
+	pods, err := c.Pods.Pods()
+	if err != nil {
 		return 0, err
 	}
 	jobs := map[string]bool{} // namespace/Job UID
@@ -496,7 +522,7 @@ func (c *Collector) follow(ref StreamRef) {
 		f.run(ps.ctx)
 		if ps.ctx.Err() != nil {
 			// Shutting down (not drained: resumed after a restart), or
-			// another relay took the run over (Rebalance forgot the pod).
+			// another relay took the run over (rebalance forgot the pod).
 			return
 		}
 		c.mu.Lock()
@@ -506,13 +532,9 @@ func (c *Collector) follow(ref StreamRef) {
 	})
 }
 
-// Rebalance applies a change of the runs this relay owns (Owns): the
-// followers of runs it no longer owns stop (their commits are refused
-// where the new owner moved the cursor), and pods, every agent pod in the
-// informer's cache, are queued, so that the runs it now owns are followed
-// from their stored cursors. Call Reconcile after it to finish the runs it
-// now owns whose pod is gone.
-func (c *Collector) Rebalance(pods []*corev1.Pod) {
+// rebalance stops the followers of runs this relay no longer owns and
+// queues every agent pod, then a sweep.
+func (c *Collector) rebalance() error {
 	c.mu.Lock()
 	for uid, ps := range c.pods {
 		if !c.owns(ps.item.run) {
@@ -521,13 +543,19 @@ func (c *Collector) Rebalance(pods []*corev1.Pod) {
 		}
 	}
 	c.mu.Unlock()
-	for _, p := range pods {
-		c.OnPod(p)
+	pods, err := c.Pods.Pods()
+	if err != nil {
+		return err
 	}
+	for i := range pods {
+		c.OnPod(&pods[i])
+	}
+	c.queue.Add(item{kind: sweepItem})
+	return nil
 }
 
 func (c *Collector) containerState(ref StreamRef) containerState {
-	pod := c.Pods(ref.Namespace, ref.Pod)
+	pod := c.Pods.Pod(ref.Namespace, ref.Pod)
 	if pod == nil || string(pod.UID) != ref.PodUID {
 		return containerState{ended: true, gone: true}
 	}
@@ -551,7 +579,7 @@ func (c *Collector) finish(run string, gone bool) error {
 	}
 	var p result.Parser
 	for after := uint64(0); ; {
-		lines, err := c.Store.Lines(run, after, 1000)
+		lines, err := store.Lines(c.Store, run, after, 1000)
 		if err != nil {
 			return err
 		}
@@ -652,28 +680,32 @@ func allStatuses(pod *corev1.Pod) []corev1.ContainerStatus {
 	return append(out, pod.Status.ContainerStatuses...)
 }
 
-// Reconcile finishes runs left unfinished in the store whose pod no
-// longer exists (deleted while the relay was down): their log is what was
-// stored, and their phase is Unknown unless it was seen to end.
-func (c *Collector) Reconcile() (int, error) {
+// sweep finishes the runs this relay owns left unfinished in the store
+// whose pod no longer exists (deleted while the relay was away, or while
+// another relay collected it): their log is what was stored, and their
+// phase is Unknown unless it was seen to end.
+func (c *Collector) sweep() error {
 	runs, err := c.Store.RunsWhere(store.Filter{Unfinished: true})
 	if err != nil {
-		return 0, err
+		return err
 	}
 	n := 0
 	for _, r := range runs {
 		if !c.owns(runID(r.ID)) {
 			continue // another relay's to finish
 		}
-		if p := c.Pods(r.Namespace, r.Pod); p != nil && string(p.UID) == r.PodUID {
+		if p := c.Pods.Pod(r.Namespace, r.Pod); p != nil && string(p.UID) == r.PodUID {
 			continue
 		}
 		if err := c.finish(r.ID, true); err != nil {
-			return n, err
+			return err
 		}
 		n++
 	}
-	return n, nil
+	if n > 0 {
+		c.Log.Info("finished runs whose pods vanished unseen", "runs", n)
+	}
+	return nil
 }
 
 // runID is the run id (the pods' label) of the run kept under key: key

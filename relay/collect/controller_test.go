@@ -74,10 +74,20 @@ func (c *podCache) delete(name string) {
 	delete(c.pods, name)
 }
 
-func (c *podCache) get(_, name string) *corev1.Pod {
+func (c *podCache) Pod(_, name string) *corev1.Pod {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.pods[name]
+}
+
+func (c *podCache) Pods() ([]corev1.Pod, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []corev1.Pod
+	for _, p := range c.pods {
+		out = append(out, *p)
+	}
+	return out, nil
 }
 
 func terminated(name, id string) corev1.ContainerStatus {
@@ -108,7 +118,7 @@ func newCollectorOn(t *testing.T, s store.Backend, logs *podLogs, cache *podCach
 	// here waits for the drain: its times are far above any stall of a
 	// loaded machine, and the streams of finished containers cannot be
 	// cut short by a slow one.
-	c := &Collector{Store: s, Source: logs, Pods: cache.get, Log: logr.Discard(),
+	c := &Collector{Store: s, Source: logs, Pods: cache, Log: logr.Discard(),
 		Follow: FollowOptions{DrainIdle: 5 * time.Second, DrainMax: time.Minute, BatchWait: 5 * time.Millisecond, BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond}}
 	for _, o := range opts {
 		o(c)
@@ -136,7 +146,7 @@ func waitDone(t *testing.T, s *bolt.Store) *store.Run {
 }
 
 func storedText(t *testing.T, s *bolt.Store) string {
-	lines, _ := s.Lines("run-1", 0, 0)
+	lines, _ := store.Lines(s, "run-1", 0, 0)
 	var out []string
 	for _, l := range lines {
 		out = append(out, l.Line)
@@ -299,7 +309,7 @@ func TestCollectorKeepsOtherJobsApart(t *testing.T) {
 		logs.end(p.Name, "agent")
 		cache.set(p)
 		c.OnPod(p)
-		c.OnPodDeleted(p)
+		c.OnPod(p)
 	}
 	// Each other Job's pod is collected as a run of its own: once that run
 	// is done, its follower has stored all it would have stored anywhere.
@@ -396,7 +406,7 @@ func TestKeptApartRunStaysApart(t *testing.T) {
 	cache.set(real)
 	logs.end("p1", "agent")
 	c.OnPod(real)
-	c.OnPodDeleted(real)
+	c.OnPod(real)
 	poll.WaitFor(t, func() bool { r, _ := s.Run(key); return r != nil && r.Done }, "the run kept apart was not finished by its pod")
 }
 
@@ -417,7 +427,7 @@ func TestPodWithAMalformedOwnerUIDIsNotKeptApart(t *testing.T) {
 	if testutil.ToFloat64(podsIgnored.WithLabelValues("job-uid")) <= before {
 		t.Error("the pod was not counted as ignored")
 	}
-	runs, _ := s.Runs(nil)
+	runs, _ := s.RunsWhere(store.Filter{})
 	for _, r := range runs {
 		if strings.Contains(r.ID, "pwned") {
 			t.Errorf("a run keyed by a malformed UID: %q", r.ID)
@@ -474,5 +484,34 @@ func TestCollectorTriesARefusedRecordAgain(t *testing.T) {
 	}
 	if n := c.queue.NumRequeues(it); n != 0 {
 		t.Errorf("the pod's failures counted %d after it was recorded, want them forgotten", n)
+	}
+}
+
+// TestSweepFinishesTheRunsWhosePodsVanished: a relay that starts finds in
+// its store runs whose pods were deleted while it was away; the sweep
+// (through the queue) finishes them with what was stored, phase Unknown,
+// and leaves the run whose pod remains and the run another relay owns.
+func TestSweepFinishesTheRunsWhosePodsVanished(t *testing.T) {
+	s, _ := storetest.Open(t)
+	for _, r := range []struct{ id, pod string }{{"gone", "p-gone"}, {"running", "p-running"}, {"other@x", "p-other"}} {
+		if _, err := s.UpdateRun(r.id, func(rec *store.Run) {
+			rec.Namespace, rec.Pod, rec.PodUID, rec.Phase = "ns", r.pod, "uid-"+r.pod, "Running"
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, _ = storetest.Append(s, "gone", "st", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "stored before the pod went"), time.Now())
+	logs, cache := &podLogs{logs: map[string]*fakeLog{}}, &podCache{pods: map[string]*corev1.Pod{}}
+	cache.set(agentPod("p-running", "uid-p-running", time.Now()))
+	c := newCollectorOn(t, s, logs, cache, func(c *Collector) { c.Owns = func(run string) bool { return run != "other" } })
+	c.Sweep()
+	poll.WaitFor(t, func() bool { r, _ := s.Run("gone"); return r.Done }, "the run whose pod vanished was not finished")
+	if r, _ := s.Run("gone"); r.Phase != "Unknown" || r.LastSeq != 1 {
+		t.Errorf("the run whose pod vanished: phase %s, %d lines; want Unknown and the line stored", r.Phase, r.LastSeq)
+	}
+	for _, id := range []string{"running", "other@x"} {
+		if r, _ := s.Run(id); r.Done {
+			t.Errorf("run %s finished by the sweep", id)
+		}
 	}
 }

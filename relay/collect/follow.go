@@ -466,7 +466,7 @@ func (b *batch) add(raw []byte) error {
 		b.f.log.V(1).Info("skipping a line without timestamp", "stream", b.f.ref.Key())
 		return nil
 	}
-	if !b.res.accept(ts) {
+	if !b.res.accept(ts, msg) {
 		return nil
 	}
 	if b.lines == nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/utils/clock"
 
+	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/bolt"
 	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
@@ -170,7 +171,7 @@ func writeBurst(src *fakeLog, from, n int) {
 
 func assertExactlyOnce(t *testing.T, s *bolt.Store, n int) {
 	t.Helper()
-	got, err := s.Lines("run-1", 0, 0)
+	got, err := store.Lines(s, "run-1", 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +261,7 @@ func TestFollowerResumesAfterRestart(t *testing.T) {
 	done := make(chan struct{})
 	go func() { f.run(ctx); close(done) }()
 	for {
-		if got, _ := s.Lines("run-1", 0, 0); len(got) >= 20 {
+		if got, _ := store.Lines(s, "run-1", 0, 0); len(got) >= 20 {
 			break
 		}
 		time.Sleep(time.Millisecond)
@@ -474,7 +475,7 @@ func TestStreamBound(t *testing.T) {
 	if max.Load() != 1 {
 		t.Errorf("%d streams open at once with a bound of 1", max.Load())
 	}
-	if got, _ := s.Lines("run-1", 0, 0); len(got) != 10 {
+	if got, _ := store.Lines(s, "run-1", 0, 0); len(got) != 10 {
 		t.Errorf("%d lines stored, want 10", len(got))
 	}
 	if testutil.ToFloat64(streamLimitWaits) <= waitsBefore {
@@ -531,7 +532,7 @@ func TestLongLinesAreCut(t *testing.T) {
 	f.opts.MaxLineBytes = 1000
 	before := testutil.ToFloat64(linesTruncated)
 	f.run(context.Background())
-	got, _ := s.Lines("run-1", 0, 0)
+	got, _ := store.Lines(s, "run-1", 0, 0)
 	if len(got) != 2 || !strings.HasSuffix(got[0].Line, TruncatedMarker) || len(got[0].Line) > 1000+len(TruncatedMarker) || got[1].Line != "after" {
 		t.Fatalf("stored %d lines: %.60q… (%d bytes), %q", len(got), got[0].Line, len(got[0].Line), got[len(got)-1].Line)
 	}
@@ -558,7 +559,7 @@ func TestFollowerReadsThePodOnlyWhenQuiet(t *testing.T) {
 		// Stored at a batch tick (a batch holds 7): each line is followed
 		// by at least one tick, which a stream reading its pod on every
 		// tick would spend on the pod.
-		poll.WaitFor(t, func() bool { got, _ := s.Lines("run-1", uint64(i), 0); return len(got) > 0 }, fmt.Sprintf("line %d was never stored", i))
+		poll.WaitFor(t, func() bool { got, _ := store.Lines(s, "run-1", uint64(i), 0); return len(got) > 0 }, fmt.Sprintf("line %d was never stored", i))
 	}
 	cancel()
 	<-done
@@ -620,7 +621,7 @@ func TestFollowerKeepsAnUnterminatedLastLine(t *testing.T) {
 	src.ended = true
 	f := newFollower(t, s, src)
 	f.run(context.Background())
-	got, err := s.Lines("run-1", 0, 0)
+	got, err := store.Lines(s, "run-1", 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

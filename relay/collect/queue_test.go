@@ -79,7 +79,7 @@ func TestALockedMirrorIsSyncedAgainByTheQueue(t *testing.T) {
 	logs, cache := &podLogs{logs: map[string]*fakeLog{}}, &podCache{pods: map[string]*corev1.Pod{}}
 	clk := clocktesting.NewFakeClock(time.Now())
 	c := newCollectorOn(t, s, logs, cache, func(c *Collector) { c.Clock, c.Mirror = clk, m })
-	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", `{"n":1}`), time.Now())
+	_, _ = storetest.Append(s, "run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", `{"n":1}`), time.Now())
 	c.syncMirror("run-1")
 	r, _ := s.Run("run-1")
 	held, err := os.Open(m.Path(r))
@@ -90,7 +90,7 @@ func TestALockedMirrorIsSyncedAgainByTheQueue(t *testing.T) {
 	if err := unix.Flock(int(held.Fd()), unix.LOCK_EX); err != nil {
 		t.Fatal(err)
 	}
-	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", `{"n":2}`), time.Now())
+	_, _ = storetest.Append(s, "run-1", "agent", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", `{"n":2}`), time.Now())
 	c.syncMirror("run-1")
 	if n := c.mirrors.NumRequeues(item{kind: mirrorItem, run: "run-1"}); n != 1 {
 		t.Fatalf("a locked mirror queued %d times, want once", n)

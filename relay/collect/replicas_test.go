@@ -168,7 +168,7 @@ func storedEachOnce(t *testing.T, s store.Backend, n int) {
 	t.Helper()
 	var got []store.Line
 	for after := uint64(0); ; {
-		more, err := s.Lines("run-1", after, 0)
+		more, err := store.Lines(s, "run-1", after, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -209,7 +209,7 @@ func TestRunsHandedOverBetweenRelaysStoreEachLineOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := &Collector{Store: s, Source: logs, Pods: cache.get, Log: logr.Discard(),
+		c := &Collector{Store: s, Source: logs, Pods: cache, Log: logr.Discard(),
 			Owns: func(string) bool { o := owner.Load().(string); return o == name || o == "both" },
 			Follow: FollowOptions{DrainIdle: 5 * time.Second, DrainMax: time.Minute, BatchWait: 5 * time.Millisecond, BatchLines: 16,
 				BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond}}
@@ -237,7 +237,7 @@ func TestRunsHandedOverBetweenRelaysStoreEachLineOnce(t *testing.T) {
 		poll.WaitFor(t, func() bool { return lastSeq(s) >= at+100 }, fmt.Sprintf("handover %d: nothing stored", i))
 		owner.Store(next)
 		for _, c := range []*Collector{a, b} {
-			c.Rebalance([]*corev1.Pod{pod})
+			c.Rebalance()
 		}
 	}
 	stop()

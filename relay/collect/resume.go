@@ -3,6 +3,8 @@ package collect
 import (
 	"bytes"
 	"errors"
+	"hash/maphash"
+	"slices"
 	"time"
 
 	"github.com/paperclipai/clipjob/relay/store"
@@ -26,60 +28,155 @@ func splitTimestamp(line []byte) (time.Time, []byte, error) {
 	return ts, line[i+1:], nil
 }
 
-// resume decides, line by line, which lines of a stream started at
-// SinceTime are new. One resume serves one stream session.
+// resume decides, line by line, which lines of a stream session are new.
+// One resume serves one stream session.
+//
+// A resumed stream starts at the second of the cursor (SinceTime), so it
+// skips what the cursor says is stored: lines stamped before it, and the
+// first Count stamped at it. Within the session the kubelet may serve a
+// file again from its start: it renames a rotated log back when the
+// runtime could not reopen it (a container exiting, a runtime too busy to
+// answer), and its follow reads the name anew. Timestamps alone cannot
+// tell such a file from a runtime's out-of-order lines (stdout and stderr
+// race for the file, by milliseconds; a flood's file spans milliseconds),
+// so the session remembers the lines it knows stored, by timestamp and a
+// hash of their text, and skips a line it remembers, with the lines that
+// follow it in the same order, whatever their timestamps. A line it does
+// not remember is stored, unless it is more than replayGap older than the
+// newest: a file served again from further back than the session
+// remembers, whose lines up to the cursor are skipped as a reconnect
+// would skip them.
 type resume struct {
-	stored store.Cursor // what the session skips: the store's cursor when it started
-	seenAt int          // lines seen in this session with timestamp stored.TS
+	stored store.Cursor // the store's cursor when the session started
+	seenAt int          // lines read at stored.TS, outside a file served again
 	cur    store.Cursor // the cursor after every accepted line
-	newest int64        // the newest timestamp the session has read
+	newest int64        // the newest timestamp read
+	// recent are the lines the session knows stored (accepted, or skipped
+	// at stored.TS) in the order read: those stamped within replayGap of
+	// newest, at most recentLines of them.
+	recent []lineKey
+	// replaying: the kubelet serves a file again. next is the index in
+	// recent of the line it serves next, or -1 while it serves lines older
+	// than recent holds.
+	replaying bool
+	next      int
 }
 
-// replayGap: a line this much older than the newest the stream has given
-// means the kubelet is serving a file again from its start. It does so
-// when it renames a rotated log back because the runtime could not reopen
-// it (a container that exits as its log is rotated, a runtime too busy to
-// answer): its follow sees the name come back and reads the file anew. A
-// runtime's stdout and stderr lines reach the file out of order by far
-// less than this. A file served again whose lines all lie within the gap
-// (a flood's rotated file spans milliseconds), or that starts at the
-// cursor, is not told apart: its lines are stored twice
-// (docs/security.md). Telling those apart needs the lines' content, not
-// only their timestamps; a rule on timestamps alone that tried dropped
-// lines never stored (a runtime's out-of-order lines).
+// lineKey is a line as the session remembers it.
+type lineKey struct {
+	ts  int64
+	sum uint64 // the text's hash
+}
+
+// replayGap: a line this much older than the newest read starts a file
+// served again (lines older than the session remembers); a runtime's
+// stdout and stderr lines reach the file out of order by far less.
 const replayGap = int64(time.Second)
+
+// recentLines bounds what a session remembers: 16 KiB. A file served
+// again that holds more lines within replayGap of its last (a flood's)
+// stores the lines before those twice (docs/security.md).
+const recentLines = 1024
+
+var lineSeed = maphash.MakeSeed()
 
 func newResume(c store.Cursor) *resume { return &resume{stored: c, cur: c} }
 
-// accept reports whether a line with timestamp ts is new, and advances the
-// cursor if it is. The cursor never moves back: a runtime stamps a line
-// before it takes the write lock, so stdout and stderr lines can reach the
-// file slightly out of order, and a cursor lowered to the older one would
-// make a resume store the newer one again.
-func (r *resume) accept(ts time.Time) bool {
-	n := ts.UnixNano()
-	if r.newest-n > replayGap {
-		// Served again: skip what this session has accepted too, as a
-		// reconnect from its cursor would. (Counting lines at the
-		// cursor's timestamp from the session's start took a line served
-		// twice for two lines, and stored it twice.)
-		r.stored, r.seenAt, r.newest = r.cur, 0, n
-	}
-	r.newest = max(r.newest, n)
+// accept reports whether a line stamped ts with text is new, and advances
+// the cursor if it is. The cursor never moves back: a runtime stamps a
+// line before it takes the write lock, so stdout and stderr lines can
+// reach the file slightly out of order, and a cursor lowered to the older
+// one would make a resume store the newer one again.
+func (r *resume) accept(ts time.Time, text []byte) bool {
+	k := lineKey{ts: ts.UnixNano(), sum: maphash.Bytes(lineSeed, text)}
+	newest := r.newest
+	r.newest = max(r.newest, k.ts)
 	switch {
-	case n < r.stored.TS:
+	case r.replaying && r.servedAgain(k):
 		return false
-	case n == r.stored.TS:
+	case k.ts < r.stored.TS:
+		return false
+	case newest-k.ts > replayGap:
+		r.replaying, r.next = true, -1
+		return false
+	}
+	if k.ts <= newest { // a line newer than every line read is read once
+		if i := r.remembered(k); i >= 0 {
+			r.readAgain(i)
+			return false
+		}
+	}
+	if k.ts == r.stored.TS {
 		r.seenAt++
 		if r.seenAt <= r.stored.Count {
+			r.remember(k)
 			return false
 		}
 	}
 	switch {
-	case n == r.cur.TS:
+	case k.ts == r.cur.TS:
 		r.cur.Count++
-	case n > r.cur.TS:
-		r.cur = store.Cursor{TS: n, Count: 1}
+	case k.ts > r.cur.TS:
+		r.cur = store.Cursor{TS: k.ts, Count: 1}
 	}
+	r.remember(k)
 	return true
+}
+
+// servedAgain says whether k is a line of the file served again the
+// session has read, and follows the file; false ends the file: k is new.
+func (r *resume) servedAgain(k lineKey) bool {
+	if r.next < 0 {
+		// Older than what the session remembers: stored, unless newer
+		// than every line stored.
+		if i := slices.Index(r.recent, k); i >= 0 {
+			r.readAgain(i)
+			return true
+		}
+		r.replaying = k.ts <= r.cur.TS
+		return r.replaying
+	}
+	switch {
+	case r.next < len(r.recent) && r.recent[r.next] == k:
+		r.readAgain(r.next)
+		return true
+	case k.ts < r.stored.TS:
+		return true // stored before the session, and never remembered
+	}
+	r.replaying = false
+	return false
+}
+
+// readAgain: the file served again gave recent[i]; it ends once it
+// reached the line the session read last.
+func (r *resume) readAgain(i int) {
+	r.next = i + 1
+	r.replaying = r.next < len(r.recent)
+}
+
+// remembered is the index of the first line of recent that k repeats, or
+// -1. The lines stamped as k at the end of recent are left out: one write
+// stamped alike (CRI-O stamps a read of the container's output with one
+// time) can hold the same text twice, and a line served again is known
+// by the lines after it that the stream went back from.
+func (r *resume) remembered(k lineKey) int {
+	end := len(r.recent)
+	for end > 0 && r.recent[end-1].ts == k.ts {
+		end--
+	}
+	return slices.Index(r.recent[:end], k)
+}
+
+// remember adds k to recent, forgetting what is too old or too many. A
+// quiet stream remembers a few lines; recent never grows past recentLines.
+func (r *resume) remember(k lineKey) {
+	if len(r.recent) == cap(r.recent) {
+		r.recent = append(make([]lineKey, 0, min(max(2*len(r.recent), 8), recentLines+1)), r.recent...)
+	}
+	r.recent = append(r.recent, k)
+	drop := max(len(r.recent)-recentLines, 0)
+	for drop < len(r.recent) && r.newest-r.recent[drop].ts > replayGap {
+		drop++
+	}
+	r.recent = r.recent[drop:]
 }

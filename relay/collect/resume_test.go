@@ -12,43 +12,68 @@ var t0 = time.Date(2026, 11, 21, 10, 0, 5, 0, time.UTC)
 
 func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 
-// session feeds timestamps to a resume from c and returns the accepted
+// line is a log line as a stream gives it: its timestamp and its text.
+type line struct {
+	ts   time.Time
+	text string
+}
+
+// lines are lines stamped ts, each with a text of its own.
+func lines(ts ...time.Time) []line {
+	out := make([]line, len(ts))
+	for i, x := range ts {
+		out[i] = line{x, fmt.Sprintf("line %d at %s", i, x.Format(time.StampMicro))}
+	}
+	return out
+}
+
+// session feeds lines to a resume from c and returns the accepted
 // indexes and the final cursor.
-func session(c store.Cursor, ts []time.Time) ([]int, store.Cursor) {
+func session(c store.Cursor, ls []line) ([]int, store.Cursor) {
 	r := newResume(c)
 	var got []int
-	for i, x := range ts {
-		if r.accept(x) {
+	for i, l := range ls {
+		if r.accept(l.ts, []byte(l.text)) {
 			got = append(got, i)
 		}
 	}
 	return got, r.cur
 }
 
+// accepted are the lines of ls at the indexes acc.
+func accepted(ls []line, acc []int) []line {
+	var out []line
+	for _, i := range acc {
+		out = append(out, ls[i])
+	}
+	return out
+}
+
+// since are the lines of log a stream opened at the cursor c serves: from
+// the second of c, as the API's SinceTime does.
+func since(log []line, c store.Cursor) []line {
+	var out []line
+	for _, l := range log {
+		if !l.ts.Before(c.SinceTime()) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 func TestResumeSkipsExactlyWhatIsStored(t *testing.T) {
 	// The log: three lines share one timestamp, mid-second.
-	log := []time.Time{at(100), at(200), at(200), at(200), at(700), at(1300), at(1300)}
+	log := lines(at(100), at(200), at(200), at(200), at(700), at(1300), at(1300))
 	for stop := 0; stop <= len(log); stop++ {
 		t.Run(fmt.Sprintf("stored %d lines", stop), func(t *testing.T) {
 			first, cur := session(store.Cursor{}, log[:stop])
 			if len(first) != stop {
 				t.Fatalf("fresh session accepted %d of %d", len(first), stop)
 			}
-			// Reconnect: the API replays from the second of the cursor.
-			since := cur.SinceTime()
-			var replay []time.Time
-			for _, x := range log {
-				if !x.Before(since) {
-					replay = append(replay, x)
-				}
-			}
+			// Reconnect: the API serves from the second of the cursor.
+			replay := since(log, cur)
 			second, _ := session(cur, replay)
-			var got []time.Time
-			for _, i := range second {
-				got = append(got, replay[i])
-			}
-			want := log[stop:]
-			if fmt.Sprint(got) != fmt.Sprint(want) {
+			if got, want := accepted(replay, second), log[stop:]; fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Errorf("after resume accepted %v, want %v", got, want)
 			}
 		})
@@ -56,7 +81,7 @@ func TestResumeSkipsExactlyWhatIsStored(t *testing.T) {
 }
 
 func TestResumeAcrossTwoBreaksInOneSecond(t *testing.T) {
-	log := []time.Time{at(10), at(10), at(20), at(20), at(20), at(30)}
+	log := lines(at(10), at(10), at(20), at(20), at(20), at(30))
 	_, c1 := session(store.Cursor{}, log[:3])
 	acc, c2 := session(c1, log[:4]) // broke again after one more line
 	if len(acc) != 1 || c2 != (store.Cursor{TS: at(20).UnixNano(), Count: 2}) {
@@ -88,7 +113,7 @@ func TestSplitTimestamp(t *testing.T) {
 // earlier after one stamped later (stdout and stderr race for the file).
 // The cursor must not move back, or the resume stores the later line again.
 func TestResumeWithOutOfOrderTimestamps(t *testing.T) {
-	log := []time.Time{at(10), at(30), at(20), at(40)}
+	log := lines(at(10), at(30), at(20), at(40))
 	_, cur := session(store.Cursor{}, log[:3]) // stored: 10, 30, 20
 	if cur.TS != at(30).UnixNano() {
 		t.Fatalf("cursor moved back to %v", time.Unix(0, cur.TS))
@@ -99,34 +124,70 @@ func TestResumeWithOutOfOrderTimestamps(t *testing.T) {
 	}
 }
 
-// TestResumeSkipsAFileTheKubeletServesAgain: a kubelet that renames a
-// rotated log back (the runtime could not reopen it: the container was
-// exiting) serves the file again from its start within the same stream.
-// Lines the session stored, the one at its cursor's timestamp among them,
-// are stored once.
+// servedAgain is what a session opened at cur reads when the kubelet
+// serves file again from its start within the stream after the session
+// read it (it renames a rotated log back when the runtime could not reopen
+// it: a container exiting, a runtime too busy to answer): the log from the
+// cursor's second, file again, then the lines after.
+func servedAgain(log []line, cur store.Cursor, file []line, after ...line) []line {
+	return append(append(since(log, cur), file...), after...)
+}
+
+// TestResumeSkipsAFileTheKubeletServesAgain: the lines the session stored,
+// the one at its cursor's timestamp among them, are stored once when the
+// kubelet serves their file again.
 func TestResumeSkipsAFileTheKubeletServesAgain(t *testing.T) {
-	log := []time.Time{at(100), at(200), at(300), at(15000), at(15000), at(15100)}
+	log := lines(at(100), at(200), at(300), at(15000), at(15000), at(15100))
+	next := line{at(16000), "written after"}
 	for stop := 0; stop < len(log); stop++ {
 		t.Run(fmt.Sprintf("stored %d lines", stop), func(t *testing.T) {
 			_, cur := session(store.Cursor{}, log[:stop])
-			// The session reads from the cursor's second (as the API
-			// serves it), then the whole file again, then a line written
-			// after.
-			var again []time.Time
-			for _, x := range log {
-				if !x.Before(cur.SinceTime()) {
-					again = append(again, x)
-				}
-			}
-			again = append(append(again, log...), at(16000))
+			again := servedAgain(log, cur, log, next)
 			acc, _ := session(cur, again)
-			var got []time.Time
-			for _, i := range acc {
-				got = append(got, again[i])
-			}
-			want := append(append([]time.Time{}, log[stop:]...), at(16000))
-			if fmt.Sprint(got) != fmt.Sprint(want) {
+			want := append(append([]line{}, log[stop:]...), next)
+			if got := accepted(again, acc); fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Errorf("accepted %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// TestResumeSkipsAFileServedAgainWithinASecond: a file served again whose
+// lines all lie within a second of the newest (a flood's rotated file
+// spans milliseconds), or that starts at the session's cursor, is skipped
+// by the lines themselves: their timestamps and text.
+func TestResumeSkipsAFileServedAgainWithinASecond(t *testing.T) {
+	var flood []time.Time
+	for i := range 500 {
+		flood = append(flood, t0.Add(time.Duration(i)*10*time.Microsecond))
+	}
+	for _, c := range []struct {
+		name string
+		log  []line
+		// stored: how many of log's lines were stored before the session;
+		// file: what the kubelet serves again (nil: log).
+		stored int
+		file   []line
+	}{
+		{name: "a file of milliseconds", log: lines(at(100), at(105), at(110))},
+		{name: "a flood's file", log: lines(flood...)},
+		{name: "out of order lines", log: lines(at(100), at(130), at(120), at(140))},
+		{name: "from the cursor", log: lines(at(100), at(100), at(100), at(150)), stored: 2},
+		{name: "from within the file", log: lines(at(100), at(200), at(300), at(400)), file: lines(at(100), at(200), at(300), at(400))[1:]},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, cur := session(store.Cursor{}, c.log[:c.stored])
+			file := c.file
+			if file == nil {
+				file = c.log
+			}
+			last := c.log[len(c.log)-1].ts
+			next := []line{{last.Add(time.Millisecond), "written after"}, {last.Add(2 * time.Millisecond), "and after"}}
+			again := servedAgain(c.log, cur, file, next...)
+			acc, _ := session(cur, again)
+			want := append(append([]line{}, c.log[c.stored:]...), next...)
+			if got := accepted(again, acc); fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("accepted %d lines, want %d:\n%v\nwant\n%v", len(got), len(want), got, want)
 			}
 		})
 	}
@@ -135,17 +196,36 @@ func TestResumeSkipsAFileTheKubeletServesAgain(t *testing.T) {
 // TestResumeKeepsLinesOutOfOrder: what tells a file served again apart
 // must not take a runtime's out-of-order lines for one: a second line
 // stamped before the first, and a line stamped 11 ms late behind a flood
-// of 2,000 lines, are both stored.
+// of 2,000 lines, are both stored; so are lines out of order written
+// after a file served again, and lines one write stamped alike (CRI-O
+// stamps a whole read with one time), the same text among them.
 func TestResumeKeepsLinesOutOfOrder(t *testing.T) {
-	if acc, _ := session(store.Cursor{}, []time.Time{at(300), at(200), at(400)}); len(acc) != 3 {
+	if acc, _ := session(store.Cursor{}, lines(at(300), at(200), at(400))); len(acc) != 3 {
 		t.Errorf("a second line stamped before the first: accepted %v of 3", acc)
 	}
 	var flood []time.Time
 	for i := range 2000 {
 		flood = append(flood, t0.Add(time.Duration(i)*10*time.Microsecond))
 	}
-	late := append(flood, flood[len(flood)-1].Add(-11*time.Millisecond))
+	late := lines(append(flood, flood[len(flood)-1].Add(-11*time.Millisecond))...)
 	if acc, _ := session(store.Cursor{}, late); len(acc) != len(late) {
 		t.Errorf("a line 11 ms late behind a flood: accepted %d of %d", len(acc), len(late))
+	}
+
+	// A file of two seconds with lines out of order is served again;
+	// the lines written after it come out of order too, the first
+	// stamped before the last line stored.
+	file := lines(at(0), at(1000), at(2000), at(1990), at(2010))
+	after := []line{{at(2005), "after, stamped before the last line stored"}, {at(2030), "after 2"}, {at(2020), "after 3"}}
+	again := append(append(append([]line{}, file...), file...), after...)
+	acc, _ := session(store.Cursor{}, again)
+	want := append(append([]line{}, file...), after...)
+	if got := accepted(again, acc); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("a file with lines out of order served again, then lines out of order: accepted\n%v\nwant\n%v", got, want)
+	}
+
+	burst := []line{{at(500), "a"}, {at(500), ""}, {at(500), "b"}, {at(500), ""}, {at(500), ""}, {at(600), "c"}}
+	if acc, _ := session(store.Cursor{}, burst); len(acc) != len(burst) {
+		t.Errorf("lines one write stamped alike: accepted %v of %d", acc, len(burst))
 	}
 }

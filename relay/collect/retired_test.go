@@ -1,6 +1,7 @@
 package collect
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -34,8 +35,8 @@ func finishedPod(logs *podLogs, cache *podCache, name string, created time.Time,
 func waitIndexedDone(t *testing.T, s *bolt.Store, run string) {
 	t.Helper()
 	poll.WaitFor(t, func() bool {
-		sums, _ := s.Runs(func(r *store.Summary) bool { return r.ID == run && r.Done })
-		return len(sums) == 1
+		sums, _ := s.RunsWhere(store.Filter{})
+		return slices.ContainsFunc(sums, func(r store.Summary) bool { return r.ID == run && r.Done })
 	}, run+" was not collected")
 }
 
@@ -89,13 +90,15 @@ func TestARunRetentionDeletedIsNotCollectedAgain(t *testing.T) {
 		r, err := s.RetiredRun(runJob.Namespace, string(runJob.UID))
 		return err == nil && r != nil
 	}
-	if n, err := restarted.ForgetRetired([]corev1.Pod{*first}, nil); n != 0 || err != nil || !retired() {
+	if n, err := restarted.ForgetRetired(nil); n != 0 || err != nil || !retired() {
 		t.Errorf("forgot %d (%v) with a pod of the Job left", n, err)
 	}
-	if n, err := restarted.ForgetRetired(nil, func(ns string) bool { return ns != runJob.Namespace }); n != 0 || err != nil || !retired() {
+	cache.delete(first.Name)
+	cache.delete(second.Name)
+	if n, err := restarted.ForgetRetired(func(ns string) bool { return ns != runJob.Namespace }); n != 0 || err != nil || !retired() {
 		t.Errorf("forgot %d (%v) of a namespace not watched, whose pods it cannot see", n, err)
 	}
-	if n, err := restarted.ForgetRetired(nil, nil); n != 1 || err != nil || retired() {
+	if n, err := restarted.ForgetRetired(nil); n != 1 || err != nil || retired() {
 		t.Errorf("forgot %d (%v) with no pod of the Job left, want 1", n, err)
 	}
 }

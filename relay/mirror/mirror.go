@@ -367,7 +367,7 @@ func (m *Mirror) sync(run string) error {
 	}
 	size := st.Size
 	for {
-		lines, err := m.Store.Lines(run, st.Seq, 1000)
+		lines, err := store.Lines(m.Store, run, st.Seq, 1000)
 		if err != nil {
 			return err
 		}
@@ -409,7 +409,7 @@ func (m *Mirror) adopt(f *os.File, run string, r *store.Run, st store.MirrorStat
 	in := bufio.NewReader(io.NewSectionReader(f, st.Size, end-st.Size))
 	var got []byte
 	for {
-		lines, err := m.Store.Lines(run, st.Seq, 1000)
+		lines, err := store.Lines(m.Store, run, st.Seq, 1000)
 		if err != nil {
 			return st, false, err
 		}

@@ -29,7 +29,7 @@ func TestTwoRelaysMirrorARunOnce(t *testing.T) {
 	wg.Go(func() {
 		defer close(done)
 		for i := range n {
-			if _, err := s.Append("run-1", "agent", store.Cursor{TS: int64(i + 1), Count: 1}, storetest.Lines("agent", fmt.Sprintf(`{"n":%d}`, i)), time.Now()); err != nil {
+			if _, err := storetest.Append(s, "run-1", "agent", store.Cursor{TS: int64(i + 1), Count: 1}, storetest.Lines("agent", fmt.Sprintf(`{"n":%d}`, i)), time.Now()); err != nil {
 				t.Error(err)
 				return
 			}

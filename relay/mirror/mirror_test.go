@@ -37,8 +37,8 @@ func readMirror(t *testing.T, m *Mirror) string {
 
 func TestMirrorWritesTheAgentsLinesInTheAdapterLayout(t *testing.T) {
 	s, m := mirrorFixture(t)
-	_, _ = s.Append("run-1", "init", store.Cursor{TS: 1, Count: 1}, storetest.Lines("setup", "cloning"), time.Now())
-	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", `{"type":"system"}`, `{"type":"result"}`), time.Now())
+	_, _ = storetest.Append(s, "run-1", "init", store.Cursor{TS: 1, Count: 1}, storetest.Lines("setup", "cloning"), time.Now())
+	_, _ = storetest.Append(s, "run-1", "agent", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", `{"type":"system"}`, `{"type":"result"}`), time.Now())
 	if err := m.Sync("run-1"); err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestMirrorWritesTheAgentsLinesInTheAdapterLayout(t *testing.T) {
 		t.Errorf("mirror %q: want only the agent container's lines", got)
 	}
 	// Later lines are appended, nothing twice.
-	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 3, Count: 1}, storetest.Lines("agent", `{"type":"late"}`), time.Now())
+	_, _ = storetest.Append(s, "run-1", "agent", store.Cursor{TS: 3, Count: 1}, storetest.Lines("agent", `{"type":"late"}`), time.Now())
 	_ = m.Sync("run-1")
 	_ = m.Sync("run-1")
 	if got := readMirror(t, m); strings.Count(got, "\n") != 3 || !strings.HasSuffix(got, "{\"type\":\"late\"}\n") {
@@ -63,9 +63,9 @@ func TestMirrorWritesTheAgentsLinesInTheAdapterLayout(t *testing.T) {
 // written again once, so the file holds every line exactly once.
 func TestMirrorRecoversFromACrashMidWrite(t *testing.T) {
 	s, m := mirrorFixture(t)
-	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "one", "two"), time.Now())
+	_, _ = storetest.Append(s, "run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "one", "two"), time.Now())
 	_ = m.Sync("run-1")
-	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", "three"), time.Now())
+	_, _ = storetest.Append(s, "run-1", "agent", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", "three"), time.Now())
 	r, _ := s.Run("run-1")
 	f, _ := os.OpenFile(m.Path(r), os.O_APPEND|os.O_WRONLY, 0)
 	_, _ = f.WriteString("three\nfo") // written, then the relay died before recording it
@@ -121,7 +121,7 @@ func TestMirrorRefusesPlantedPaths(t *testing.T) {
 			victim := filepath.Join(victimDir, "run-1.pod.ndjson")
 			must(t, os.WriteFile(victim, []byte("the server's data\n"), 0o644))
 			tc.plant(t, m.Dir, victim)
-			_, _ = s.Append("run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", `{"type":"forged"}`), time.Now())
+			_, _ = storetest.Append(s, "run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", `{"type":"forged"}`), time.Now())
 
 			err := m.Sync("run-1")
 			var unsafe *UnsafePathError
@@ -170,7 +170,7 @@ func TestMirrorLifecycle(t *testing.T) {
 		t.Fatalf("a done marker before the end: %v", err)
 	}
 
-	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", `{"type":"result"}`), time.Now())
+	_, _ = storetest.Append(s, "run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", `{"type":"result"}`), time.Now())
 	exit := int32(0)
 	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Done, r.Phase, r.ExitCode = true, "Succeeded", &exit })
 	if err := m.Sync("run-1"); err != nil {
@@ -235,7 +235,7 @@ func TestValidBase(t *testing.T) {
 // (even a larger one) is rebuilt from the store.
 func TestMirrorUndoesForgeries(t *testing.T) {
 	s, m := mirrorFixture(t)
-	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", `{"type":"system"}`), time.Now())
+	_, _ = storetest.Append(s, "run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", `{"type":"system"}`), time.Now())
 	if err := m.Sync("run-1"); err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +251,7 @@ func TestMirrorUndoesForgeries(t *testing.T) {
 	if err := os.Rename(forged, m.Path(r)); err != nil {
 		t.Fatal(err)
 	}
-	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", `{"type":"late"}`), time.Now())
+	_, _ = storetest.Append(s, "run-1", "agent", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", `{"type":"late"}`), time.Now())
 	if err := m.Sync("run-1"); err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +271,7 @@ func TestMirrorUndoesForgeries(t *testing.T) {
 // line once.
 func TestMirrorGivesUpOnALockHeldByAnother(t *testing.T) {
 	s, m := mirrorFixture(t)
-	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", `{"n":1}`), time.Now())
+	_, _ = storetest.Append(s, "run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", `{"n":1}`), time.Now())
 	if err := m.Sync("run-1"); err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +284,7 @@ func TestMirrorGivesUpOnALockHeldByAnother(t *testing.T) {
 	if err := unix.Flock(int(held.Fd()), unix.LOCK_EX); err != nil {
 		t.Fatal(err)
 	}
-	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", `{"n":2}`), time.Now())
+	_, _ = storetest.Append(s, "run-1", "agent", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", `{"n":2}`), time.Now())
 	done := make(chan error, 1)
 	go func() { done <- m.Sync("run-1") }()
 	select {
@@ -337,7 +337,7 @@ func TestMirrorsOfTwoStoresOnOneVolumeNeverCutTheFileBack(t *testing.T) {
 		for i := from; i <= to; i++ {
 			texts = append(texts, fmt.Sprintf(`{"n":%d}`, i))
 		}
-		_, _ = s.Append("run-1", "agent", store.Cursor{TS: int64(to), Count: 1}, storetest.Lines("agent", texts...), time.Now())
+		_, _ = storetest.Append(s, "run-1", "agent", store.Cursor{TS: int64(to), Count: 1}, storetest.Lines("agent", texts...), time.Now())
 	}
 	// A runs ahead, then B, then A again; each syncs after its commits.
 	steps := []struct {
@@ -373,9 +373,9 @@ func TestMirrorsOfTwoStoresOnOneVolumeNeverCutTheFileBack(t *testing.T) {
 // store are kept as they are: the file is not written at all.
 func TestMirrorKeepsLinesWrittenBeforeTheirRecord(t *testing.T) {
 	s, m := mirrorFixture(t)
-	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "one", "two"), time.Now())
+	_, _ = storetest.Append(s, "run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "one", "two"), time.Now())
 	must(t, m.Sync("run-1"))
-	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", "three", "four"), time.Now())
+	_, _ = storetest.Append(s, "run-1", "agent", store.Cursor{TS: 2, Count: 1}, storetest.Lines("agent", "three", "four"), time.Now())
 	r, _ := s.Run("run-1")
 	f, err := os.OpenFile(m.Path(r), os.O_APPEND|os.O_WRONLY, 0)
 	must(t, err)
@@ -401,7 +401,7 @@ func TestMirrorKeepsLinesWrittenBeforeTheirRecord(t *testing.T) {
 	must(t, err)
 	_, _ = f.WriteString("forged\n")
 	f.Close()
-	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 3, Count: 1}, storetest.Lines("agent", "five"), time.Now())
+	_, _ = storetest.Append(s, "run-1", "agent", store.Cursor{TS: 3, Count: 1}, storetest.Lines("agent", "five"), time.Now())
 	must(t, m.Sync("run-1"))
 	if got := readMirror(t, m); got != "one\ntwo\nthree\nfour\nfive\n" {
 		t.Errorf("after a forged line past the record, mirror %q", got)
@@ -415,7 +415,7 @@ func TestMirrorKeepsLinesWrittenBeforeTheirRecord(t *testing.T) {
 // and the done marker is written.
 func TestMirrorCutsLinesAheadOfAFinishedRun(t *testing.T) {
 	s, m := mirrorFixture(t)
-	_, _ = s.Append("run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "one"), time.Now())
+	_, _ = storetest.Append(s, "run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "one"), time.Now())
 	must(t, m.Sync("run-1"))
 	r, _ := s.Run("run-1")
 	f, err := os.OpenFile(m.Path(r), os.O_APPEND|os.O_WRONLY, 0)

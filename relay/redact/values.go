@@ -84,9 +84,6 @@ func (v *ValuesFile) Start(ctx context.Context) error {
 	return nil
 }
 
-// NeedLeaderElection: every relay replica redacts its own lines.
-func (v *ValuesFile) NeedLeaderElection() bool { return false }
-
 func (v *ValuesFile) apply(data []byte) int {
 	if v.Clock == nil {
 		v.Clock = clock.RealClock{}

@@ -25,16 +25,13 @@ type Backend interface {
 	UpdateRun(id string, fn func(*Run)) (*Run, error)
 	// Run returns a run's record, or nil if the relay never saw it.
 	Run(id string) (*Run, error)
-	// Runs returns the summaries of the runs keep accepts (all when keep is
-	// nil), newest first.
-	Runs(keep func(*Summary) bool) ([]Summary, error)
-	// RunsWhere is Runs(f.Match), selected where the runs are kept.
+	// RunsWhere returns the summaries of the runs f selects (f.Match),
+	// newest first, selected where the runs are kept.
 	RunsWhere(f Filter) ([]Summary, error)
-	// Lines returns the lines of run with sequence numbers above after, in
-	// order: up to limit of them (limit <= 0: no count bound) and about
-	// PageBytes of text (at least one line).
-	Lines(run string, after uint64, limit int) ([]Line, error)
-	// RawLines is Lines as stored: each line's JSON, undecoded.
+	// RawLines returns the lines of run with sequence numbers above after,
+	// in order, as stored (each line's JSON): up to limit of them (limit
+	// <= 0: no count bound) and about PageBytes of text (at least one
+	// line). Lines decodes them.
 	RawLines(run string, after uint64, limit int) ([]RawLine, error)
 	// Changed returns a channel closed at the run's next change (lines or
 	// record), by this relay or another sharing the store. Take it before

@@ -76,8 +76,9 @@ const PageBytes = 4 << 20
 // keeps them in a bigint), so nothing is after a cursor there.
 const MaxSeq = math.MaxInt64
 
-// DecodeLines decodes what RawLines returned.
-func DecodeLines(raw []RawLine, err error) ([]Line, error) {
+// Lines is b's RawLines, decoded.
+func Lines(b Backend, run string, after uint64, limit int) ([]Line, error) {
+	raw, err := b.RawLines(run, after, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -109,6 +110,12 @@ type Summary struct {
 	LastSeq   uint64    `json:"lastSeq"`
 	Bytes     int64     `json:"bytes"`
 	SeenAt    time.Time `json:"seenAt"`
+}
+
+// Summary is the part of r lists and retention read.
+func (r *Run) Summary() Summary {
+	return Summary{ID: r.ID, Namespace: r.Namespace, Pod: r.Pod, PodUID: r.PodUID, Agent: r.Agent, Company: r.Company,
+		Phase: r.Phase, Done: r.Done, LastSeq: r.LastSeq, Bytes: r.Bytes, SeenAt: r.SeenAt}
 }
 
 // Run is the summary as a Run record with only those fields set.

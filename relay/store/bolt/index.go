@@ -32,12 +32,6 @@ type indexed struct {
 	txid int
 }
 
-// summaryOf is the summary of a record being written.
-func summaryOf(r *store.Run) store.Summary {
-	return store.Summary{ID: r.ID, Namespace: r.Namespace, Pod: r.Pod, PodUID: r.PodUID, Agent: r.Agent, Company: r.Company,
-		Phase: r.Phase, Done: r.Done, LastSeq: r.LastSeq, Bytes: r.Bytes, SeenAt: r.SeenAt}
-}
-
 type tombstone struct {
 	txid int
 	at   time.Time
@@ -75,9 +69,8 @@ func (x *runIndex) put(r store.Summary, txid int) {
 	x.byID[id] = indexed{run: r, txid: txid}
 }
 
-// remove records that transaction txid deleted the runs ids.
-func (x *runIndex) remove(ids []string, txid int) {
-	now := time.Now()
+// remove records that transaction txid deleted the runs ids at now.
+func (x *runIndex) remove(ids []string, txid int, now time.Time) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for id, t := range x.tombstones {

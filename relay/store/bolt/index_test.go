@@ -67,7 +67,7 @@ func assertIndexMatchesBucket(t *testing.T, s *Store) {
 			want[id] = summary(r)
 		}
 	}
-	runs, _ := s.Runs(nil)
+	runs, _ := s.RunsWhere(store.Filter{})
 	got := map[string]string{}
 	for _, r := range runs {
 		b, _ := json.Marshal(r)
@@ -102,7 +102,7 @@ func TestRunIndexKeepsTheNewestTransaction(t *testing.T) {
 	if got := phase(); got != "Running" {
 		t.Fatalf("after a late older write: %s, want Running", got)
 	}
-	x.remove([]string{"r"}, 7)
+	x.remove([]string{"r"}, 7, time.Now())
 	x.put(rec("Succeeded"), 6) // late, older than the deletion
 	if got := phase(); got != "(none)" {
 		t.Fatalf("a write older than the deletion brought the run back: %s", got)

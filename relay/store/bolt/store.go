@@ -16,6 +16,7 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+	"k8s.io/utils/clock"
 
 	"github.com/paperclipai/clipjob/relay/store"
 )
@@ -28,11 +29,16 @@ var (
 	bucketRuns    = []byte("runs")
 	bucketLines   = []byte("lines") // one nested bucket per run: seq -> store.Line
 	bucketCursors = []byte("cursors")
+	bucketMirror  = []byte("mirror")  // run -> store.MirrorState
+	bucketRetired = []byte("retired") // namespace/Job UID -> store.Retired
 )
 
 // Store is the relay's embedded store, the default Backend.
 type Store struct {
-	db      *bbolt.DB
+	db *bbolt.DB
+	// Clock stamps a run first seen with no line, and times the index's
+	// tombstones. Open sets the real clock.
+	Clock   clock.PassiveClock
 	index   runIndex
 	changes store.Changes
 	// stopReleasing and released end releaseEvery (mapping.go).
@@ -56,7 +62,7 @@ func Open(dir string) (*Store, error) {
 	// lone stream waits at most this long for company.
 	db.MaxBatchDelay = 2 * time.Millisecond
 	err = db.Update(func(tx *bbolt.Tx) error {
-		for _, b := range [][]byte{bucketRuns, bucketLines, bucketCursors} {
+		for _, b := range [][]byte{bucketRuns, bucketLines, bucketCursors, bucketMirror, bucketRetired} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -67,7 +73,7 @@ func Open(dir string) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
-	st := &Store{db: db}
+	st := &Store{db: db, Clock: clock.RealClock{}}
 	if err := st.index.load(db); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("reading the runs of the store in %s: %w", dir, err)
@@ -96,31 +102,18 @@ func seqKey(seq uint64) []byte {
 	return k
 }
 
-// Append is AppendAfter whatever cursor the stream had: for a writer that
-// alone writes the stream (tests, tools).
-func (s *Store) Append(run, stream string, cur store.Cursor, lines []store.Line, now time.Time) (uint64, error) {
-	return s.append(run, stream, nil, cur, lines, now)
-}
-
-// AppendAfter implements Backend: Append, committed only if the stream's
-// stored cursor is prev.
+// AppendAfter implements store.Backend.
 func (s *Store) AppendAfter(run, stream string, prev, cur store.Cursor, lines []store.Line, now time.Time) (uint64, error) {
-	return s.append(run, stream, &prev, cur, lines, now)
-}
-
-func (s *Store) append(run, stream string, prev *store.Cursor, cur store.Cursor, lines []store.Line, now time.Time) (uint64, error) {
 	var last uint64
 	err := s.db.Batch(func(tx *bbolt.Tx) error {
-		if prev != nil {
-			// Checked first, in the transaction that writes: the cursor
-			// cannot move between the check and the commit.
-			stored, err := getCursor(tx, run, stream)
-			if err != nil {
-				return err
-			}
-			if stored != *prev {
-				return &store.CursorConflict{Run: run, Stream: stream, Prev: *prev, Stored: stored}
-			}
+		// Checked first, in the transaction that writes: the cursor cannot
+		// move between the check and the commit.
+		var stored store.Cursor
+		if _, err := get(tx, bucketCursors, cursorKey(run, stream), &stored); err != nil {
+			return err
+		}
+		if stored != prev {
+			return &store.CursorConflict{Run: run, Stream: stream, Prev: prev, Stored: stored}
 		}
 		r, err := getRun(tx, run)
 		if err != nil {
@@ -148,15 +141,14 @@ func (s *Store) append(run, stream string, prev *store.Cursor, cur store.Cursor,
 			r.Bytes += int64(len(lines[i].Line))
 		}
 		r.SeenAt = now
-		c, _ := json.Marshal(cur)
-		if err := tx.Bucket(bucketCursors).Put(cursorKey(run, stream), c); err != nil {
+		if err := put(tx, bucketCursors, cursorKey(run, stream), cur); err != nil {
 			return err
 		}
 		last = r.LastSeq
 		return s.putRun(tx, r)
 	})
 	if err == nil {
-		s.notify(run)
+		s.changes.Notify(run)
 	}
 	return last, err
 }
@@ -165,26 +157,17 @@ func (s *Store) append(run, stream string, prev *store.Cursor, cur store.Cursor,
 // with the run.
 func cursorKey(run, stream string) []byte { return []byte(run + "\x00" + stream) }
 
-// Cursor returns how far a stream of run is stored (zero: nothing yet).
+// Cursor implements store.Backend.
 func (s *Store) Cursor(run, stream string) (store.Cursor, error) {
 	var c store.Cursor
 	err := s.db.View(func(tx *bbolt.Tx) error {
-		var err error
-		c, err = getCursor(tx, run, stream)
+		_, err := get(tx, bucketCursors, cursorKey(run, stream), &c)
 		return err
 	})
 	return c, err
 }
 
-func getCursor(tx *bbolt.Tx, run, stream string) (store.Cursor, error) {
-	var c store.Cursor
-	if v := tx.Bucket(bucketCursors).Get(cursorKey(run, stream)); v != nil {
-		return c, json.Unmarshal(v, &c)
-	}
-	return c, nil
-}
-
-// UpdateRun applies fn to the run's record, creating it if needed.
+// UpdateRun implements store.Backend.
 func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 	var out *store.Run
 	err := s.db.Batch(func(tx *bbolt.Tx) error {
@@ -195,19 +178,19 @@ func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 		if r == nil {
 			// Seen now, though nothing is stored yet: retention counts from
 			// here for a run that never writes a line.
-			r = &store.Run{ID: id, Phase: "Pending", SeenAt: time.Now()}
+			r = &store.Run{ID: id, Phase: "Pending", SeenAt: s.Clock.Now()}
 		}
 		fn(r)
 		out = r
 		return s.putRun(tx, r)
 	})
 	if err == nil {
-		s.notify(id)
+		s.changes.Notify(id)
 	}
 	return out, err
 }
 
-// Run returns a run's record, or nil if the relay never saw it.
+// Run implements store.Backend.
 func (s *Store) Run(id string) (*store.Run, error) {
 	var r *store.Run
 	err := s.db.View(func(tx *bbolt.Tx) error {
@@ -218,26 +201,15 @@ func (s *Store) Run(id string) (*store.Run, error) {
 	return r, err
 }
 
-// Runs returns the summaries of the runs keep accepts, newest first, from
-// the index (see runIndex): committed records, decoded once. Read a run
-// whole with Run.
-func (s *Store) Runs(keep func(*store.Summary) bool) ([]store.Summary, error) {
-	out := s.index.runs(keep)
+// RunsWhere implements store.Backend from the index (see runIndex):
+// committed records, decoded once. Read a run whole with Run.
+func (s *Store) RunsWhere(f store.Filter) ([]store.Summary, error) {
+	out := s.index.runs(f.Match)
 	sort.Slice(out, func(i, j int) bool { return out[i].SeenAt.After(out[j].SeenAt) })
 	return out, nil
 }
 
-// RunsWhere implements Backend from the index in memory.
-func (s *Store) RunsWhere(f store.Filter) ([]store.Summary, error) { return s.Runs(f.Match) }
-
-// Lines returns the lines of run with sequence numbers above after, in
-// order: up to limit of them (limit <= 0: no count bound) and about
-// store.PageBytes of text. Page on with the last line's Seq until none come.
-func (s *Store) Lines(run string, after uint64, limit int) ([]store.Line, error) {
-	return store.DecodeLines(s.RawLines(run, after, limit))
-}
-
-// RawLines is Lines without decoding: a log stream sends the stored JSON
+// RawLines implements store.Backend: a log stream sends the stored JSON
 // as it is. Pages are bounded by the stored bytes.
 func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, error) {
 	if after >= store.MaxSeq {
@@ -263,17 +235,12 @@ func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, 
 	return out, err
 }
 
-// Changed returns a channel closed at the run's next change (lines or
-// record). Take it before reading, then wait on it, to miss nothing.
+// Changed implements store.Backend.
 func (s *Store) Changed(run string) <-chan struct{} { return s.changes.Changed(run) }
 
-func (s *Store) notify(run string) { s.changes.Notify(run) }
-
-// Retain deletes finished runs older than maxAge (by last activity), then
-// the oldest finished runs until the stored line bytes are under maxBytes,
-// and returns them. Zero disables a limit. Running runs are never deleted.
+// Retain implements store.Backend.
 func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]store.Run, error) {
-	runs, err := s.Runs(nil)
+	runs, err := s.RunsWhere(store.Filter{})
 	if err != nil {
 		return nil, err
 	}
@@ -288,7 +255,7 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]s
 	}
 	err = s.db.Update(func(tx *bbolt.Tx) error {
 		txid := tx.ID()
-		tx.OnCommit(func() { s.index.remove(drop, txid) })
+		tx.OnCommit(func() { s.index.remove(drop, txid, s.Clock.Now()) })
 		for _, id := range drop {
 			// A record that does not decode is retired all the same, with
 			// no Retired kept: it must not hold retention up for good.
@@ -305,10 +272,8 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]s
 			if err := tx.Bucket(bucketLines).DeleteBucket([]byte(id)); err != nil && !errors.Is(err, berrors.ErrBucketNotFound) {
 				return err
 			}
-			if b := tx.Bucket(bucketMirror); b != nil {
-				if err := b.Delete([]byte(id)); err != nil {
-					return err
-				}
+			if err := tx.Bucket(bucketMirror).Delete([]byte(id)); err != nil {
+				return err
 			}
 			c := tx.Bucket(bucketCursors).Cursor()
 			prefix := cursorKey(id, "")
@@ -320,23 +285,17 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]s
 		}
 		return nil
 	})
-	if err == nil {
-		s.changes.Notify(drop...) // followers of a deleted run re-read and find it gone
-	}
 	if err != nil {
 		return nil, err
 	}
+	s.changes.Notify(drop...) // followers of a deleted run re-read and find it gone
 	return dropped, nil
 }
 
 func getRun(tx *bbolt.Tx, id string) (*store.Run, error) {
-	v := tx.Bucket(bucketRuns).Get([]byte(id))
-	if v == nil {
-		return nil, nil
-	}
 	var r store.Run
-	if err := json.Unmarshal(v, &r); err != nil {
-		return nil, fmt.Errorf("run %s: %w", id, err)
+	if found, err := get(tx, bucketRuns, []byte(id), &r); !found || err != nil {
+		return nil, err
 	}
 	return &r, nil
 }
@@ -344,14 +303,46 @@ func getRun(tx *bbolt.Tx, id string) (*store.Run, error) {
 // putRun writes a run's record; the index learns it when, and only if,
 // the transaction commits.
 func (s *Store) putRun(tx *bbolt.Tx, r *store.Run) error {
-	v, err := json.Marshal(r)
-	if err != nil {
-		return err
-	}
-	sum, txid := summaryOf(r), tx.ID()
-	if err := tx.Bucket(bucketRuns).Put([]byte(r.ID), v); err != nil {
+	sum, txid := r.Summary(), tx.ID()
+	if err := put(tx, bucketRuns, []byte(r.ID), r); err != nil {
 		return err
 	}
 	tx.OnCommit(func() { s.index.put(sum, txid) })
 	return nil
+}
+
+// get decodes the JSON at key in bucket into v; false if there is none.
+func get(tx *bbolt.Tx, bucket, key []byte, v any) (bool, error) {
+	data := tx.Bucket(bucket).Get(key)
+	if data == nil {
+		return false, nil
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return true, fmt.Errorf("%s %q: %w", bucket, key, err)
+	}
+	return true, nil
+}
+
+// put stores v at key in bucket as JSON.
+func put(tx *bbolt.Tx, bucket, key []byte, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucket).Put(key, data)
+}
+
+// MirrorState implements store.Backend.
+func (s *Store) MirrorState(run string) (store.MirrorState, error) {
+	var st store.MirrorState
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		_, err := get(tx, bucketMirror, []byte(run), &st)
+		return err
+	})
+	return st, err
+}
+
+// SetMirrorState implements store.Backend.
+func (s *Store) SetMirrorState(run string, st store.MirrorState) error {
+	return s.db.Update(func(tx *bbolt.Tx) error { return put(tx, bucketMirror, []byte(run), st) })
 }

@@ -42,7 +42,7 @@ func TestAppendAssignsSequenceAcrossStreams(t *testing.T) {
 	if err != nil || last != 3 {
 		t.Fatalf("last seq %d (%v), want 3", last, err)
 	}
-	got, _ := s.Lines("run-1", 1, 0)
+	got, _ := store.Lines(s, "run-1", 1, 0)
 	if len(got) != 2 || got[0].Seq != 2 || got[0].Line != "a2" || got[1].Seq != 3 || got[1].Container != "b" {
 		t.Errorf("lines after 1: %+v", got)
 	}
@@ -53,7 +53,7 @@ func TestAppendAssignsSequenceAcrossStreams(t *testing.T) {
 	if r.LastSeq != 3 || r.Bytes != 6 {
 		t.Errorf("run %+v", r)
 	}
-	if got, _ := s.Lines("run-1", 0, 2); len(got) != 2 {
+	if got, _ := store.Lines(s, "run-1", 0, 2); len(got) != 2 {
 		t.Errorf("limit not applied: %d", len(got))
 	}
 	if r, _ := s.Run("never"); r != nil {
@@ -75,7 +75,7 @@ func TestStoreSurvivesReopen(t *testing.T) {
 	if c, _ := s2.Cursor("run-1", "st"); c.TS != 9 {
 		t.Errorf("cursor lost: %+v", c)
 	}
-	if got, _ := s2.Lines("run-1", 0, 0); len(got) != 2 {
+	if got, _ := store.Lines(s2, "run-1", 0, 0); len(got) != 2 {
 		t.Errorf("lines lost: %d", len(got))
 	}
 }
@@ -95,7 +95,7 @@ func TestConcurrentAppendsKeepSequenceDense(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	got, _ := s.Lines("run-1", 0, 0)
+	got, _ := store.Lines(s, "run-1", 0, 0)
 	for i, l := range got {
 		if l.Seq != uint64(i+1) {
 			t.Fatalf("line %d has seq %d", i, l.Seq)
@@ -156,7 +156,7 @@ func TestRetain(t *testing.T) {
 	if r, _ := s.Run("new-done-a"); r != nil {
 		t.Error("size retention kept the older run")
 	}
-	if got, _ := s.Lines("new-done-a", 0, 0); len(got) != 0 {
+	if got, _ := store.Lines(s, "new-done-a", 0, 0); len(got) != 0 {
 		t.Error("lines of a deleted run remain")
 	}
 	if c, _ := s.Cursor("new-done-a", "new-done-a"); c.TS != 0 {

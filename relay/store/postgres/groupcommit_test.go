@@ -36,7 +36,7 @@ func req(run, stream string, prev, cur store.Cursor, lines ...string) *appendReq
 
 func storedLines(t *testing.T, s *Store, run string) []string {
 	t.Helper()
-	ls, err := s.Lines(run, 0, 1000)
+	ls, err := store.Lines(s, run, 0, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +225,7 @@ func TestAGroupThatTimesOutFailsAtOnce(t *testing.T) {
 	if locked.err == nil || other.err == nil {
 		t.Fatalf("appends of a group that timed out: %v; %v, want both failed", locked.err, other.err)
 	}
-	if ls, _ := s.Lines("run-2", 0, 10); len(ls) != 0 {
+	if ls, _ := store.Lines(s, "run-2", 0, 10); len(ls) != 0 {
 		t.Errorf("run-2's append was committed alone after the group failed: %v", ls)
 	}
 	holder.Rollback(ctx)

@@ -119,7 +119,7 @@ func (s *Store) send(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-s.opts.Clock.After(backoff):
 		}
 		backoff = min(backoff*2, backoffMax)
 		select {
@@ -159,7 +159,7 @@ func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-s.opts.Clock.After(backoff):
 		}
 		var err error
 		if conn, err = s.listenConn(ctx, cfg); err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"k8s.io/utils/clock"
 
 	"github.com/paperclipai/clipjob/relay/store"
 )
@@ -59,6 +60,10 @@ type Options struct {
 	// must not hold its runs' rows from the replicas that took them over.
 	// Defaults 5s and 10s, unless the connection string sets them.
 	LockTimeout, IdleInTransaction time.Duration
+	// Clock stamps a run first seen with no line, and times the
+	// notifications' backoff. Default the real clock; the server's clock
+	// is never this.
+	Clock clock.WithTicker
 }
 
 // Store is the PostgreSQL store.
@@ -95,6 +100,9 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	orDefault(&o.RetainBatch, 5000)
 	orDefault(&o.CommitFlights, 2)
 	orDefault(&o.MaxGroup, 256)
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
 	if o.ConnString == "" {
 		return nil, errors.New("postgres store: no connection string")
 	}
@@ -237,7 +245,7 @@ func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		// Seen now, though nothing is stored yet: retention counts from
 		// here for a run that never writes a line.
-		r, _, err := s.lockRun(ctx, tx, id, &store.Run{ID: id, Phase: "Pending", SeenAt: time.Now()})
+		r, _, err := s.lockRun(ctx, tx, id, &store.Run{ID: id, Phase: "Pending", SeenAt: s.opts.Clock.Now()})
 		if err != nil {
 			return err
 		}
@@ -291,15 +299,10 @@ func (s *Store) Progress(run string) (lastSeq uint64, done, found bool, err erro
 	return uint64(seq), done, err == nil, err
 }
 
-// Runs implements store.Backend from the summary columns: no record is
-// read or decoded.
-func (s *Store) Runs(keep func(*store.Summary) bool) ([]store.Summary, error) {
-	return s.runs("", nil, keep)
-}
-
-// RunsWhere implements store.Backend: the filter is the query's, so only
-// the runs it selects are read, by an index for an agent, a company or
-// the unfinished runs (migration 0002).
+// RunsWhere implements store.Backend from the summary columns (no record
+// is read or decoded): the filter is the query's, so only the runs it
+// selects are read, by an index for an agent, a company or the unfinished
+// runs (migration 0002).
 func (s *Store) RunsWhere(f store.Filter) ([]store.Summary, error) {
 	var conds []string
 	var args []any
@@ -316,12 +319,6 @@ func (s *Store) RunsWhere(f store.Filter) ([]store.Summary, error) {
 	if len(conds) > 0 {
 		where = "WHERE " + strings.Join(conds, " AND ")
 	}
-	return s.runs(where, args, nil)
-}
-
-// runs lists the summaries the WHERE clause where (with args) and keep
-// select, newest first.
-func (s *Store) runs(where string, args []any, keep func(*store.Summary) bool) ([]store.Summary, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
 	rows, err := s.pool.Query(ctx, s.sql(`SELECT id, namespace, pod, pod_uid, agent, company, phase, done, last_seq, bytes, seen_at
@@ -338,9 +335,7 @@ func (s *Store) runs(where string, args []any, keep func(*store.Summary) bool) (
 			return nil, err
 		}
 		r.LastSeq, r.SeenAt = uint64(lastSeq), fromNanos(seen)
-		if keep == nil || keep(&r) {
-			out = append(out, r)
-		}
+		out = append(out, r)
 	}
 	return out, rows.Err()
 }
@@ -394,11 +389,6 @@ func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, 
 	}
 }
 
-// Lines implements store.Backend.
-func (s *Store) Lines(run string, after uint64, limit int) ([]store.Line, error) {
-	return store.DecodeLines(s.RawLines(run, after, limit))
-}
-
 // Changed implements store.Backend: changes committed by any relay on the
 // schema (see notify.go).
 func (s *Store) Changed(run string) <-chan struct{} { return s.changes.Changed(run) }
@@ -411,7 +401,7 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]s
 	if err := s.deleteRetiredLines(); err != nil {
 		return nil, err
 	}
-	runs, err := s.Runs(nil)
+	runs, err := s.RunsWhere(store.Filter{})
 	if err != nil {
 		return nil, err
 	}

@@ -107,7 +107,7 @@ func storedTexts(t *testing.T, s store.Backend, run string) []string {
 	var out []string
 	var seq uint64
 	for {
-		page, err := s.Lines(run, seq, 0)
+		page, err := store.Lines(s, run, seq, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -142,11 +142,11 @@ func appendCommitsLinesWithTheCursor(t *testing.T, b Backend) {
 	if last := mustAppend(t, s, "run-1", "pod/a/1", a[0], store.Cursor{TS: 9, Count: 1}, Lines("a", "a3")); last != 4 {
 		t.Errorf("last seq %d, want 4", last)
 	}
-	got, err := s.Lines("run-1", 1, 0)
+	got, err := store.Lines(s, "run-1", 1, 0)
 	if err != nil || len(got) != 3 || got[0].Seq != 2 || got[0].Line != "a2" || got[1].Seq != 3 || got[1].Container != "b" {
 		t.Errorf("lines after 1: %+v (%v)", got, err)
 	}
-	if got, _ := s.Lines("run-1", 0, 2); len(got) != 2 {
+	if got, _ := store.Lines(s, "run-1", 0, 2); len(got) != 2 {
 		t.Errorf("limit 2 returned %d lines", len(got))
 	}
 	if c, _ := s.Cursor("run-1", "pod/b/1"); c != a[1] {
@@ -303,7 +303,7 @@ func runsListAgreesWithRecords(t *testing.T, b Backend) {
 	const finished = 4 // runs 0, 3, 6, 9
 	check := func(s store.Backend) {
 		t.Helper()
-		runs, err := s.Runs(nil)
+		runs, err := s.RunsWhere(store.Filter{})
 		if err != nil || len(runs) != 12 {
 			t.Fatalf("%d runs listed (%v), want 12", len(runs), err)
 		}
@@ -320,20 +320,25 @@ func runsListAgreesWithRecords(t *testing.T, b Backend) {
 				t.Errorf("run %s: the list's summary differs from the record's (-record +list):\n%s", sum.ID, diff)
 			}
 		}
-		one, _ := s.Runs(func(r *store.Summary) bool { return r.Agent == "agent-1" })
-		if len(one) != 4 {
+		if one, _ := s.RunsWhere(store.Filter{Agent: "agent-1"}); len(one) != 4 {
 			t.Errorf("runs of agent-1: %d, want 4", len(one))
 		}
 		// A filter selects where the runs are kept what Match selects.
-		for _, f := range []store.Filter{{}, {Agent: "agent-1"}, {Agent: "agent-2", Phase: "Running"}, {Company: "acme"},
+		all, _ := s.RunsWhere(store.Filter{})
+		for _, f := range []store.Filter{{Agent: "agent-1"}, {Agent: "agent-2", Phase: "Running"}, {Company: "acme"},
 			{Company: "other"}, {Phase: "Succeeded"}, {Unfinished: true}, {Agent: "agent-0", Unfinished: true}} {
 			got, err := s.RunsWhere(f)
 			if err != nil {
 				t.Fatalf("RunsWhere(%+v): %v", f, err)
 			}
-			want, _ := s.Runs(f.Match)
+			var want []store.Summary
+			for _, r := range all {
+				if f.Match(&r) {
+					want = append(want, r)
+				}
+			}
 			if diff := cmp.Diff(want, got); diff != "" {
-				t.Errorf("RunsWhere(%+v) differs from Runs(Match) (-Runs +RunsWhere):\n%s", f, diff)
+				t.Errorf("RunsWhere(%+v) differs from the runs Match selects (-Match +RunsWhere):\n%s", f, diff)
 			}
 		}
 		if got, _ := s.RunsWhere(store.Filter{Unfinished: true}); len(got) != 12-finished {
@@ -439,7 +444,7 @@ func retention(t *testing.T, b Backend) {
 		if r, _ := s.Run(id); r != nil {
 			t.Errorf("%s: the record remains", id)
 		}
-		if got, _ := s.Lines(id, 0, 0); len(got) != 0 {
+		if got, _ := store.Lines(s, id, 0, 0); len(got) != 0 {
 			t.Errorf("%s: %d lines remain", id, len(got))
 		}
 		if c, _ := s.Cursor(id, id); c != (store.Cursor{}) {
@@ -455,10 +460,10 @@ func retention(t *testing.T, b Backend) {
 	if m, _ := s.MirrorState("new-done-b"); m.Seq != 5 {
 		t.Error("the mirror state of a kept run was deleted")
 	}
-	if got, _ := s.Lines("new-done-b", 0, 0); len(got) != 5 {
+	if got, _ := store.Lines(s, "new-done-b", 0, 0); len(got) != 5 {
 		t.Errorf("a kept run has %d lines, want 5", len(got))
 	}
-	runs, _ := s.Runs(nil)
+	runs, _ := s.RunsWhere(store.Filter{})
 	if len(runs) != 2 {
 		t.Errorf("%d runs listed after retention, want 2", len(runs))
 	}
@@ -633,7 +638,7 @@ func noLineAfterAHugeCursor(t *testing.T, b Backend) {
 	mustAppend(t, s, "run-1", "st", store.Cursor{}, store.Cursor{TS: 1, Count: 2}, []store.Line{
 		{TS: t0, Container: "agent", Line: "one"}, {TS: t0, Container: "agent", Line: "two"}})
 	for _, after := range []uint64{math.MaxInt64, math.MaxInt64 + 1, math.MaxUint64} {
-		if got, err := s.Lines("run-1", after, 0); err != nil || len(got) != 0 {
+		if got, err := store.Lines(s, "run-1", after, 0); err != nil || len(got) != 0 {
 			t.Errorf("after %d: %d lines (%v), want none", after, len(got), err)
 		}
 	}

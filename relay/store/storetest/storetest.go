@@ -31,3 +31,13 @@ func Lines(container string, texts ...string) []store.Line {
 	}
 	return out
 }
+
+// Append is AppendAfter from whatever cursor the stream has: for a test
+// that alone writes the stream.
+func Append(s store.Backend, run, stream string, cur store.Cursor, lines []store.Line, now time.Time) (uint64, error) {
+	prev, err := s.Cursor(run, stream)
+	if err != nil {
+		return 0, err
+	}
+	return s.AppendAfter(run, stream, prev, cur, lines, now)
+}
