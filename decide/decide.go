@@ -2,8 +2,10 @@ package decide
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 
+	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -56,6 +58,10 @@ type Facts struct {
 	// SecretMeta and PVCs look the objects a Job references up.
 	SecretMeta policy.SecretMeta
 	PVCs       policy.ClaimLookup
+	// ReplicaSets and Deployments look a pod's owners up (the pod rule:
+	// which Deployment's pod mounts the shared claim).
+	ReplicaSets func(namespace, name string) (*appsv1.ReplicaSet, error)
+	Deployments func(namespace, name string) (*appsv1.Deployment, error)
 }
 
 // Inherited is what an agent Job in namespace inherits: in a tenant
@@ -121,7 +127,8 @@ func Mutate(in Input) Mutation {
 	case err != nil:
 		return Mutation{Kind: kind, Refusal: &Refusal{Code: http.StatusServiceUnavailable, Reason: metav1.StatusReasonServiceUnavailable, Message: sourceMissing(err)}}
 	}
-	res, err := templates.Render(templates.Input{Job: in.Job, Inherited: inh, Config: in.Config, Hashes: hashes, Creator: in.User})
+	job, unqueued := unqueue(in.Job, in.Config.Policy.Concurrency.Mode)
+	res, err := templates.Render(templates.Input{Job: job, Inherited: inh, Config: in.Config, Hashes: hashes, Creator: in.User})
 	var re *templates.RenderError
 	switch {
 	case errors.As(err, &re):
@@ -129,7 +136,32 @@ func Mutate(in Input) Mutation {
 	case err != nil:
 		return Mutation{Kind: kind, Refusal: &Refusal{Code: http.StatusInternalServerError, Reason: metav1.StatusReasonInternalError, Message: err.Error(), Internal: true}}
 	}
+	if unqueued != "" {
+		res.Changed = true
+		res.Warnings = append([]string{unqueued}, res.Warnings...)
+	}
 	return Mutation{Kind: kind, Result: res}
+}
+
+// unqueue undoes, outside Queue mode, what completing the Job in Queue
+// mode did: a Job that reaches the mutating webhook suspended and marked
+// queued was completed by a compiled admission policy of Queue mode (the
+// API server applies a replaced or deleted policy for a moment after the
+// mode changed), or a client forged the mark. Render drops the mark, as it
+// drops every annotation of clipjob's, but would keep the suspension: the
+// Job would be admitted as a run nothing ever starts (the claim controller
+// starts only marked runs). It runs now instead, as the mode in force
+// runs it, and the warning says why. A Job suspended without the mark is
+// its client's to resume, and stays suspended.
+func unqueue(job *batchv1.Job, mode config.ConcurrencyMode) (*batchv1.Job, string) {
+	if mode == config.ModeQueue || job.Annotations[contract.AnnotationQueued] != "true" || !contract.Suspended(job) {
+		return job, ""
+	}
+	j := job.DeepCopy()
+	j.Spec.Suspend = ptr.To(false)
+	return j, fmt.Sprintf("metadata.annotations[%s]: this Job came suspended and marked queued, as clipjob completes runs in Queue mode, "+
+		"but policy.concurrency.mode is %s: it is not suspended, and runs now (a compiled admission policy of Queue mode the API server "+
+		"still applied after the mode changed; if this recurs, run clipjob doctor)", contract.AnnotationQueued, mode)
 }
 
 func sourceMissing(err error) string { return "clipjob cannot complete agent Jobs: " + err.Error() }

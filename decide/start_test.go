@@ -127,3 +127,54 @@ func TestStartCheckJudgesAQueuedRunAsItsCreate(t *testing.T) {
 		})
 	}
 }
+
+// A compiled admission policy of Queue mode can still complete a Job
+// after the config switched to Reject mode (the API server applies a
+// replaced or deleted policy for a moment): the Job reaches the mutating
+// webhook suspended and marked queued. Render drops the mark, as it drops
+// every annotation of clipjob's; the suspension must go with it, or the
+// Job is admitted as a run the claim controller never starts (it starts
+// only marked runs), holding its agent's claim meanwhile. A Job its client
+// suspended, without the mark, stays suspended.
+func TestAJobAStaleQueuePolicyCompletedRunsInRejectMode(t *testing.T) {
+	fx, inh := claudeFixture(t)
+	const creator = "system:serviceaccount:paperclip:paperclip"
+	// What the Queue-mode policy stores (compile's tests hold the policy
+	// to Render's output).
+	m := decide.Mutate(decide.Input{Operation: policy.Create, Job: fx.Job, Config: fx.Config.InMode(config.ModeQueue), Facts: sourceFacts(inh), User: creator})
+	if m.Result == nil || !contract.Suspended(m.Result.Job) || m.Result.Job.Annotations[contract.AnnotationQueued] != "true" {
+		t.Fatalf("the fixture was not queued: %+v", m.Refusal)
+	}
+	stale := m.Result.Job
+	for _, mode := range []config.ConcurrencyMode{config.ModeReject, config.ModeDisabled} {
+		cfg := fx.Config.InMode(mode)
+		m := decide.Mutate(decide.Input{Operation: policy.Create, Job: stale, Config: cfg, Facts: sourceFacts(inh), User: creator})
+		if m.Result == nil {
+			t.Fatalf("%s: refused: %+v", mode, m.Refusal)
+		}
+		got := m.Result.Job
+		if contract.Suspended(got) || got.Annotations[contract.AnnotationQueued] != "" {
+			t.Errorf("%s mode: a Job a stale Queue-mode policy completed is stored suspended %v, marked queued %q: a run nothing starts",
+				mode, contract.Suspended(got), got.Annotations[contract.AnnotationQueued])
+		}
+		if !m.Result.Changed {
+			t.Errorf("%s mode: the mutation says the Job was already complete, so the webhook would patch nothing", mode)
+		}
+		if len(m.Result.Warnings) == 0 || !strings.Contains(m.Result.Warnings[0], "metadata.annotations[clipjob.paperclip.io/queued]") ||
+			!strings.Contains(m.Result.Warnings[0], "policy.concurrency.mode is "+string(mode)) {
+			t.Errorf("%s mode: warnings %q do not say why the Job was not left suspended", mode, m.Result.Warnings)
+		}
+		// The validating half re-renders it unchanged.
+		v := decide.Validate(decide.Input{Operation: policy.Create, Job: got, Config: cfg, Facts: sourceFacts(inh), User: creator})
+		if v.Decision == nil || slices.Contains(v.Decision.Failed, policy.RuleRendered) {
+			t.Errorf("%s mode: the unqueued Job is not as clipjob completes it: %+v", mode, v.Refusal)
+		}
+	}
+	// A Job its client suspended is its client's to resume.
+	paused := fx.Job.DeepCopy()
+	paused.Spec.Suspend = ptr.To(true)
+	m = decide.Mutate(decide.Input{Operation: policy.Create, Job: paused, Config: fx.Config.InMode(config.ModeReject), Facts: sourceFacts(inh), User: creator})
+	if m.Result == nil || !contract.Suspended(m.Result.Job) {
+		t.Errorf("Reject mode: a Job its client created suspended was not kept suspended")
+	}
+}

@@ -153,16 +153,19 @@ func outcomeOf(failed bool) string {
 }
 
 // needsClaim says whether this admission must hold the agent's claim: a
-// run that starts now. In Reject mode every created run claims; in Queue
-// mode a run created suspended waits without one. In both, unsuspending a
-// run (decide.StartsRun, the start the start check judged) claims, so
-// nobody starts a queued run out of turn.
+// run that starts now. A run created suspended waits without one, in every
+// mode: in Queue mode for its turn, in Reject mode for whoever resumes it
+// (a claim taken at its CREATE would make the agent busy with a run that
+// may never start: one a stale Queue-mode policy suspended, say). In both,
+// unsuspending a run (decide.StartsRun, the start the start check judged)
+// claims, so nobody starts a run while another goes, or a queued run out
+// of turn.
 func needsClaim(op policy.Operation, job, old *batchv1.Job, mode config.ConcurrencyMode) bool {
 	switch {
 	case mode == config.ModeDisabled:
 		return false
 	case op == policy.Create:
-		return mode == config.ModeReject || !contract.Suspended(job)
+		return !contract.Suspended(job)
 	default:
 		return decide.StartsRun(op, job, old)
 	}

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/paperclipai/clipjob/claim"
+	"github.com/paperclipai/clipjob/config"
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/internal/testing/golden"
 	"github.com/paperclipai/clipjob/internal/testing/jobs"
@@ -256,17 +257,97 @@ func TestPVCCacheKeepsOnlyWhatThePolicyReads(t *testing.T) {
 			Annotations: map[string]string{"big": strings.Repeat("x", 1<<16)}, Labels: map[string]string{"a": "b"},
 			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}},
 		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
-			VolumeName: "pv-1"},
+			VolumeName: "pv-1", DataSource: &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "paperclip-data"}},
 	}
 	out, err := pvcEssentials(in)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := out.(*corev1.PersistentVolumeClaim)
-	if got.Name != "data" || got.Namespace != "paperclip" || got.ResourceVersion != "7" || len(got.Spec.AccessModes) != 1 {
+	if got.Name != "data" || got.Namespace != "paperclip" || got.ResourceVersion != "7" || len(got.Spec.AccessModes) != 1 || got.Spec.DataSource == nil {
 		t.Fatalf("lost what the policy reads: %+v", got)
 	}
 	if got.Annotations != nil || got.Labels != nil || got.ManagedFields != nil || got.Spec.VolumeName != "" {
 		t.Errorf("kept more than the policy reads: %+v", got)
 	}
+}
+
+// A run created suspended holds no claim, in Reject mode as in Queue mode:
+// it runs nothing, and a claim taken at its CREATE made its agent busy
+// with a run that might never start (one a stale compiled Queue-mode
+// policy suspended and the Reject-mode webhook admitted). Its unsuspend
+// takes the claim, so it still cannot start beside another run.
+func TestASuspendedCreateTakesItsClaimWhenItStarts(t *testing.T) {
+	job, v, cs := renderedCase(t)
+	ctx := context.Background()
+	if v.Configs.Current().Policy.Concurrency.Mode != config.ModeReject {
+		t.Fatal("the fixture's config is not in Reject mode")
+	}
+	if resp := v.Handle(ctx, validateRequest(t, admissionv1.Create, job, nil, false)); !resp.Allowed {
+		t.Fatalf("the first run refused: %v", resp.Result.Message)
+	}
+	if _, err := cs.BatchV1().Jobs("paperclip").Create(ctx, job, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	paused := job.DeepCopy()
+	paused.Name, paused.UID = "run-paused", "uid-paused"
+	paused.Spec.Suspend = ptr.To(true)
+	paused = rerender(t, v, paused)
+	paused.UID = "uid-paused"
+	resp := v.Handle(ctx, validateRequest(t, admissionv1.Create, paused, nil, false))
+	if !resp.Allowed {
+		t.Fatalf("a suspended run of a busy agent: want it admitted without a claim (it runs nothing), got %d %s", resp.Result.Code, resp.Result.Message)
+	}
+	leases, _ := cs.CoordinationV1().Leases("paperclip").List(ctx, metav1.ListOptions{LabelSelector: claim.Label})
+	if len(leases.Items) != 1 || claim.HolderOf(&leases.Items[0]).UID != string(job.UID) {
+		t.Fatalf("the claim is not the running run's alone: %+v", leases.Items)
+	}
+	started := paused.DeepCopy()
+	started.Spec.Suspend = ptr.To(false)
+	resp = v.Handle(ctx, validateRequest(t, admissionv1.Update, started, paused, false))
+	if resp.Allowed || resp.Result.Code != http.StatusConflict {
+		t.Fatalf("starting it while the agent runs another: want 409, got allowed %v, %d %s", resp.Allowed, resp.Result.Code, resp.Result.Message)
+	}
+}
+
+// The whole path of a Job a stale compiled Queue-mode policy completed,
+// through the Reject-mode webhooks: it is stored running, holding its
+// agent's claim as any run, not suspended with nothing to start it.
+func TestAStaleQueuePolicysJobIsStoredRunning(t *testing.T) {
+	c := golden.Case(t, "alias-adapter-label")
+	queued, err := templates.Render(templates.Input{Job: c.Job, Inherited: mustInherit(t, c), Config: c.Config.InMode(config.ModeQueue)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, v, cs := renderedCase(t)
+	m := &Mutator{Configs: v.Configs, Sources: v.Sources}
+	raw := mustJSON(queued.Job)
+	resp := m.Handle(context.Background(), createRequest(t, raw))
+	if !resp.Allowed {
+		t.Fatalf("mutating webhook refused it: %v", resp.Result.Message)
+	}
+	stored := queued.Job
+	if len(resp.Patches) > 0 {
+		stored = applyPatch(t, raw, resp)
+	}
+	stored.UID = "uid-stale"
+	if resp := v.Handle(context.Background(), validateRequest(t, admissionv1.Create, stored, nil, false)); !resp.Allowed {
+		t.Fatalf("validating webhook refused it: %v", resp.Result.Message)
+	}
+	if contract.Suspended(stored) {
+		t.Errorf("stored suspended and unmarked (queued %q): a run the claim controller never starts", stored.Annotations[contract.AnnotationQueued])
+	}
+	leases, _ := cs.CoordinationV1().Leases("paperclip").List(context.Background(), metav1.ListOptions{LabelSelector: claim.Label})
+	if len(leases.Items) != 1 || claim.HolderOf(&leases.Items[0]).UID != "uid-stale" {
+		t.Errorf("the run does not hold its agent's claim: %+v", leases.Items)
+	}
+}
+
+func mustInherit(t testing.TB, c golden.Fixture) *templates.Inherited {
+	t.Helper()
+	inh, err := templates.InheritFromDeployment(c.Source, c.Config.Source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inh
 }
