@@ -73,10 +73,13 @@ type lineKey struct {
 // stdout and stderr lines reach the file out of order by far less.
 const replayGap = int64(time.Second)
 
-// recentLines bounds what a session remembers: 16 KiB. A file served
-// again that holds more lines within replayGap of its last (a flood's)
+// recentLines bounds what a session remembers: 1 MiB of keys, 2 MiB with
+// the room recent grows into. Only a flood holds that many lines within
+// replayGap (a quiet stream remembers a few): the kubelet rotates a
+// flood's file at 40,000 lines and more, within a second. A file served
+// again that holds more lines than this within replayGap of its last
 // stores the lines before those twice (docs/security.md).
-const recentLines = 1024
+const recentLines = 1 << 16
 
 var lineSeed = maphash.MakeSeed()
 
@@ -128,7 +131,13 @@ func (r *resume) accept(ts time.Time, text []byte) bool {
 func (r *resume) servedAgain(k lineKey) bool {
 	if r.next < 0 {
 		// Older than what the session remembers: stored, unless newer
-		// than every line stored.
+		// than every line stored. A line stamped before the oldest
+		// remembered is not looked for (a flood's file served again from
+		// further back would search the whole memory for each line).
+		if len(r.recent) == 0 || k.ts < r.recent[0].ts {
+			r.replaying = k.ts <= r.cur.TS
+			return r.replaying
+		}
 		if i := slices.Index(r.recent, k); i >= 0 {
 			r.readAgain(i)
 			return true
@@ -168,10 +177,13 @@ func (r *resume) remembered(k lineKey) int {
 }
 
 // remember adds k to recent, forgetting what is too old or too many. A
-// quiet stream remembers a few lines; recent never grows past recentLines.
+// quiet stream remembers a few lines; recent never holds more than
+// recentLines. Forgetting slides recent along its array, so once full it
+// is copied to the front of a new one with as much room again: a line
+// costs a copy of a key, not of the memory.
 func (r *resume) remember(k lineKey) {
 	if len(r.recent) == cap(r.recent) {
-		r.recent = append(make([]lineKey, 0, min(max(2*len(r.recent), 8), recentLines+1)), r.recent...)
+		r.recent = append(make([]lineKey, 0, min(max(2*len(r.recent), 8), 2*recentLines)), r.recent...)
 	}
 	r.recent = append(r.recent, k)
 	drop := max(len(r.recent)-recentLines, 0)

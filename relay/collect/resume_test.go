@@ -157,8 +157,10 @@ func TestResumeSkipsAFileTheKubeletServesAgain(t *testing.T) {
 // spans milliseconds), or that starts at the session's cursor, is skipped
 // by the lines themselves: their timestamps and text.
 func TestResumeSkipsAFileServedAgainWithinASecond(t *testing.T) {
+	// A flood's rotated file: 50,000 lines in half a second (the real
+	// node's flood test rotates files of 40,000 lines).
 	var flood []time.Time
-	for i := range 500 {
+	for i := range 50000 {
 		flood = append(flood, t0.Add(time.Duration(i)*10*time.Microsecond))
 	}
 	for _, c := range []struct {
