@@ -32,6 +32,10 @@ INTEGRATION_PARALLEL=${INTEGRATION_PARALLEL:-8}
 # two cores' worth run at once (Go's default is GOMAXPROCS).
 REALNODE_PARALLEL=${REALNODE_PARALLEL:-4}
 GOTESTFLAGS=${GOTESTFLAGS:-}
+# go test vets each package it tests with a subset of go vet's checks;
+# when the lint tier runs go vet on every package, that is done already.
+VET=""
+[[ " ${TIERS} " == *" lint "* ]] && VET="-vet=off"
 
 summary=()
 failed=()
@@ -89,7 +93,7 @@ realnode() {
   [ -n "${REALNODE_APART:-}" ] && how="after the others"
   kube_bin=$(bash hack/kube-binaries.sh 2>/dev/null)
   step "real node ($how)" env KUBE_BIN_DIR="$kube_bin" \
-    $GO test -count=1 -timeout 40m -p 1 -parallel "$REALNODE_PARALLEL" $GOTESTFLAGS ./e2e/cluster/ ./e2e/realnode/
+    $GO test -count=1 $VET -timeout 40m -p 1 -parallel "$REALNODE_PARALLEL" $GOTESTFLAGS ./e2e/cluster/ ./e2e/realnode/
 }
 # In the background: the Kubernetes binaries, which a first run builds
 # from the Go module proxy (many minutes of both cores), then cert-manager
@@ -132,12 +136,12 @@ if want lint; then
 fi
 if want unit; then
   # shellcheck disable=SC2046
-  step "unit" $GO test -count=1 $GOTESTFLAGS $($GO list ./... | grep -v -e '/e2e/integration$' -e '/e2e/realnode$' -e '/e2e/cluster$')
+  step "unit" $GO test -count=1 $VET $GOTESTFLAGS $($GO list ./... | grep -v -e '/e2e/integration$' -e '/e2e/realnode$' -e '/e2e/cluster$')
 fi
 if want integration; then
   if kube_bin=$(kube_binaries); then
     step "integration (kwok, in parallel)" env KUBE_BIN_DIR="$kube_bin" \
-      $GO test -count=1 -timeout 40m -parallel "$INTEGRATION_PARALLEL" $GOTESTFLAGS ./e2e/integration/
+      $GO test -count=1 $VET -timeout 40m -parallel "$INTEGRATION_PARALLEL" $GOTESTFLAGS ./e2e/integration/
   else
     summary+=("$(printf '  %-34s %6s    not run: the Kubernetes binaries did not build' "integration (kwok, in parallel)" "-")")
     failed+=("integration")
