@@ -75,9 +75,8 @@ type Store struct {
 	changes store.Changes
 	commits committer
 	q       appendSQL
-	// connConfig opens the connections outside the pool (the listener,
-	// the table of replicas).
-	connConfig *pgx.ConnConfig
+	// poolConfig opens the table of replicas' own pool.
+	poolConfig *pgxpool.Config
 	// out holds the runs this store changed for the other relays to hear
 	// of; stopNotifying ends the listener and the sender (see notify.go),
 	// and notifying is done once both have.
@@ -122,7 +121,7 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres store: %w", err)
 	}
-	s := &Store{pool: pool, schema: o.Schema, opts: o, connConfig: cfg.ConnConfig,
+	s := &Store{pool: pool, schema: o.Schema, opts: o, poolConfig: cfg,
 		names: strings.NewReplacer("{schema}", pgx.Identifier{o.Schema}.Sanitize())}
 	s.q = newAppendSQL(s)
 	if err := s.migrate(ctx); err != nil {
