@@ -110,11 +110,11 @@ func TestStreamsTogetherHoldTheBudget(t *testing.T) {
 		srcs[i] = &endlessLog{text: strings.Repeat("y", lineBytes)}
 		f := newFollower(t, s, nil)
 		f.ref.Run = fmt.Sprintf("run-%d", i)
-		f.src, f.store, f.budget = srcs[i], held, b
+		f.c.Source, f.c.Store, f.c.budget = srcs[i], held, b
 		f.state = func() containerState { return containerState{} }
-		f.slots = make(chan struct{}, 1)
-		f.opts = DefaultFollowOptions()
-		f.opts.BatchBytes = batchBytes
+		f.c.slots = make(chan struct{}, 1)
+		f.c.Follow = DefaultFollowOptions()
+		f.c.Follow.BatchBytes = batchBytes
 		wg.Go(func() { f.run(ctx) })
 	}
 	read := func() (n int64) {
@@ -158,8 +158,8 @@ func TestABudgetUnderALineStarvesNoStream(t *testing.T) {
 		src.end()
 		f := newFollower(t, s, src)
 		f.ref.Run = fmt.Sprintf("run-%d", i)
-		f.budget = b
-		f.opts.BatchLines = 64
+		f.c.budget = b
+		f.c.Follow.BatchLines = 64
 		wg.Go(func() { f.run(context.Background()) })
 	}
 	done := make(chan struct{})
@@ -197,8 +197,8 @@ func TestACaughtUpStreamKeepsNoBudget(t *testing.T) {
 	src := newFakeLog()
 	b := newBudget(64<<10, 16<<10)
 	f := newFollower(t, s, src)
-	f.budget = b
-	f.opts.BatchWait = time.Hour // no tick
+	f.c.budget = b
+	f.c.Follow.BatchWait = time.Hour // no tick
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { f.run(ctx); close(done) }()

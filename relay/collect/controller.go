@@ -515,8 +515,7 @@ func (c *Collector) follow(ref StreamRef) {
 	ps.following[key] = true
 	c.mu.Unlock()
 
-	f := &follower{ref: ref, src: c.Source, store: c.Store, redact: c.Redact, opts: c.Follow, slots: c.slots, budget: c.budget,
-		log: c.Log, clock: c.Clock, state: func() containerState { return c.containerState(ref) }, committed: func() { c.syncMirror(ref.Run) }}
+	f := &follower{c: c, ref: ref, state: func() containerState { return c.containerState(ref) }, committed: func() { c.syncMirror(ref.Run) }}
 	c.Log.V(1).Info("following", "run", ref.Run, "pod", ref.Namespace+"/"+ref.Pod, "container", ref.Container)
 	c.wg.Go(func() {
 		f.run(ps.ctx)

@@ -45,9 +45,9 @@ func TestQuietStreamsHoldLittleMemory(t *testing.T) {
 	for i, src := range srcs {
 		f := newFollower(t, s, src)
 		f.ref.Run = fmt.Sprintf("run-%d", i)
-		f.slots = make(chan struct{}, 1)
-		f.opts = DefaultFollowOptions()
-		f.opts.DrainIdle = time.Hour
+		f.c.slots = make(chan struct{}, 1)
+		f.c.Follow = DefaultFollowOptions()
+		f.c.Follow.DrainIdle = time.Hour
 		wg.Go(func() { f.run(ctx) })
 	}
 	for i := range srcs {
@@ -84,10 +84,10 @@ func TestLongLinesAreBatchedByBytes(t *testing.T) {
 	src := &endlessLog{text: strings.Repeat("y", lineBytes)}
 	held := &heldStore{Backend: s, release: make(chan struct{})}
 	f := newFollower(t, s, nil)
-	f.src, f.store = src, held
+	f.c.Source, f.c.Store = src, held
 	f.state = func() containerState { return containerState{} }
-	f.opts = DefaultFollowOptions()
-	f.opts.BatchBytes = batchBytes
+	f.c.Follow = DefaultFollowOptions()
+	f.c.Follow.BatchBytes = batchBytes
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { f.run(ctx); close(done) }()
