@@ -33,7 +33,8 @@ var (
 	bucketRetired = []byte("retired") // namespace/Job UID -> store.Retired
 )
 
-// Store is the relay's embedded store, the default Backend.
+// Store is the relay's embedded store, the default store.Backend; the
+// methods of the interface are documented there.
 type Store struct {
 	db *bbolt.DB
 	// Clock stamps a run first seen with no line, and times the index's
@@ -102,7 +103,6 @@ func seqKey(seq uint64) []byte {
 	return k
 }
 
-// AppendAfter implements store.Backend.
 func (s *Store) AppendAfter(run, stream string, prev, cur store.Cursor, lines []store.Line, now time.Time) (uint64, error) {
 	var last uint64
 	err := s.db.Batch(func(tx *bbolt.Tx) error {
@@ -157,7 +157,6 @@ func (s *Store) AppendAfter(run, stream string, prev, cur store.Cursor, lines []
 // with the run.
 func cursorKey(run, stream string) []byte { return []byte(run + "\x00" + stream) }
 
-// Cursor implements store.Backend.
 func (s *Store) Cursor(run, stream string) (store.Cursor, error) {
 	var c store.Cursor
 	err := s.db.View(func(tx *bbolt.Tx) error {
@@ -167,7 +166,6 @@ func (s *Store) Cursor(run, stream string) (store.Cursor, error) {
 	return c, err
 }
 
-// UpdateRun implements store.Backend.
 func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 	var out *store.Run
 	err := s.db.Batch(func(tx *bbolt.Tx) error {
@@ -190,7 +188,6 @@ func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 	return out, err
 }
 
-// Run implements store.Backend.
 func (s *Store) Run(id string) (*store.Run, error) {
 	var r *store.Run
 	err := s.db.View(func(tx *bbolt.Tx) error {
@@ -235,10 +232,8 @@ func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, 
 	return out, err
 }
 
-// Changed implements store.Backend.
 func (s *Store) Changed(run string) <-chan struct{} { return s.changes.Changed(run) }
 
-// Retain implements store.Backend.
 func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]store.Run, error) {
 	runs, err := s.RunsWhere(store.Filter{})
 	if err != nil {
@@ -332,7 +327,6 @@ func put(tx *bbolt.Tx, bucket, key []byte, v any) error {
 	return tx.Bucket(bucket).Put(key, data)
 }
 
-// MirrorState implements store.Backend.
 func (s *Store) MirrorState(run string) (store.MirrorState, error) {
 	var st store.MirrorState
 	err := s.db.View(func(tx *bbolt.Tx) error {
@@ -342,7 +336,6 @@ func (s *Store) MirrorState(run string) (store.MirrorState, error) {
 	return st, err
 }
 
-// SetMirrorState implements store.Backend.
 func (s *Store) SetMirrorState(run string, st store.MirrorState) error {
 	return s.db.Update(func(tx *bbolt.Tx) error { return put(tx, bucketMirror, []byte(run), st) })
 }

@@ -66,7 +66,8 @@ type Options struct {
 	Clock clock.WithTicker
 }
 
-// Store is the PostgreSQL store.
+// Store is the PostgreSQL store: a store.Backend; the methods of the
+// interface are documented there.
 type Store struct {
 	pool    *pgxpool.Pool
 	schema  string
@@ -229,14 +230,12 @@ func (s *Store) cursor(ctx context.Context, q querier, run, stream string) (stor
 	return c, err
 }
 
-// Cursor implements store.Backend.
 func (s *Store) Cursor(run, stream string) (store.Cursor, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
 	return s.cursor(ctx, s.pool, run, stream)
 }
 
-// UpdateRun implements store.Backend.
 func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
@@ -266,7 +265,6 @@ func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 	return out, nil
 }
 
-// Run implements store.Backend.
 func (s *Store) Run(id string) (*store.Run, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
@@ -344,7 +342,6 @@ func (s *Store) RunsWhere(f store.Filter) ([]store.Summary, error) {
 // never read whole (their data stays a TOAST pointer).
 const pageRows = 1000
 
-// RawLines implements store.Backend.
 func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, error) {
 	if after >= store.MaxSeq {
 		return nil, nil // past every line; int64(after) would be negative
@@ -512,7 +509,6 @@ func (s *Store) deleteRetiredLines() error {
 	return nil
 }
 
-// RetiredRun implements store.Backend.
 func (s *Store) RetiredRun(namespace, jobUID string) (*store.Retired, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
@@ -528,7 +524,6 @@ func (s *Store) RetiredRun(namespace, jobUID string) (*store.Retired, error) {
 	return &got[0], nil
 }
 
-// RetiredRuns implements store.Backend.
 func (s *Store) RetiredRuns() ([]store.Retired, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
@@ -551,7 +546,6 @@ func scanRetired(rows pgx.Rows) ([]store.Retired, error) {
 	return out, err
 }
 
-// ForgetRetired implements store.Backend.
 func (s *Store) ForgetRetired(gone ...store.Retired) error {
 	if len(gone) == 0 {
 		return nil
@@ -567,7 +561,6 @@ func (s *Store) ForgetRetired(gone ...store.Retired) error {
 	return err
 }
 
-// MirrorState implements store.Backend.
 func (s *Store) MirrorState(run string) (store.MirrorState, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
@@ -583,7 +576,6 @@ func (s *Store) MirrorState(run string) (store.MirrorState, error) {
 	return st, json.Unmarshal(v, &st)
 }
 
-// SetMirrorState implements store.Backend.
 func (s *Store) SetMirrorState(run string, st store.MirrorState) error {
 	ctx, cancel := s.ctx()
 	defer cancel()
