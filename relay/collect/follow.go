@@ -195,9 +195,9 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	defer streamsOpen.Dec()
 	acct := f.c.budget.account()
 	defer acct.close()
-	stop := make(chan struct{})
-	defer close(stop) // before rc.Close (defers run last-first): the reader exits
-	q := readLines(rc, f.c.Follow.MaxLineBytes, f.c.Follow.BatchBytes, acct, stop)
+	rctx, stopReading := context.WithCancel(ctx)
+	defer stopReading() // before rc.Close (defers run last-first): the reader exits
+	q := readLines(rctx, rc, f.c.Follow.MaxLineBytes, f.c.Follow.BatchBytes, acct)
 
 	b := &batch{f: f, res: newResume(cur), from: cur, acct: acct}
 	started := f.c.Clock.Now()
@@ -302,7 +302,7 @@ func (q *lineQueue) taken(line []byte) {
 // container's last line, written without a newline. It reads on only
 // while the queue has room and the budget allows: the rest waits in the
 // stream's HTTP/2 window and the log file.
-func readLines(rc io.Reader, maxLine, maxQueued int, acct *budgetAccount, stop <-chan struct{}) *lineQueue {
+func readLines(ctx context.Context, rc io.Reader, maxLine, maxQueued int, acct *budgetAccount) *lineQueue {
 	q := &lineQueue{lines: make(chan []byte, 64), room: make(chan struct{}, 1), maxBytes: math.MaxInt64}
 	if maxQueued > 0 {
 		q.maxBytes = int64(maxQueued)
@@ -318,18 +318,18 @@ func readLines(rc io.Reader, maxLine, maxQueued int, acct *budgetAccount, stop <
 				}
 				select {
 				case <-q.room:
-				case <-stop:
+				case <-ctx.Done():
 					return false
 				}
 			}
-			if !acct.take(n, stop) {
+			if !acct.take(ctx, n) {
 				return false
 			}
 			q.queued.Add(n)
 			select {
 			case q.lines <- line:
 				return true
-			case <-stop:
+			case <-ctx.Done():
 				return false
 			}
 		}

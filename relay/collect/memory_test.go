@@ -180,12 +180,12 @@ func (h *heldStore) AppendAfter(run, stream string, prev, cur store.Cursor, line
 // with room for an error and a fragment) when this was written.
 func TestAnEmptyQueueHoldsItsReadBuffer(t *testing.T) {
 	const queues = 500
-	stop := make(chan struct{})
-	defer close(stop)
-	src := quietStream(stop)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	src := quietStream(ctx.Done())
 	before := heapInUse()
 	for range queues {
-		readLines(src, 1<<20, 16<<10, nil, stop)
+		readLines(ctx, src, 1<<20, 16<<10, nil)
 	}
 	time.Sleep(100 * time.Millisecond) // the readers allocate their buffers
 	got := (heapInUse() - before) / queues
