@@ -192,19 +192,6 @@ func runArgs(id string, r *store.Run) ([]any, error) {
 const updateRun = `UPDATE {schema}.runs SET namespace = $2, pod = $3, pod_uid = $4, agent = $5, company = $6, phase = $7,
 	done = $8, last_seq = $9, bytes = $10, seen_at = $11, record = $12 WHERE id = $1`
 
-// lockRun reads the run's record and locks its row until tx ends,
-// creating it as fresh if it is missing: appends of a run's streams and
-// updates of its record take turns on it. It returns the run's num, the
-// key of its lines.
-func (s *Store) lockRun(ctx context.Context, tx pgx.Tx, id string, fresh *store.Run) (*store.Run, int64, error) {
-	var r *store.Run
-	var num int64
-	err := s.lockRuns(ctx, tx, []string{id}, func(string) *store.Run { return fresh }, func(_ int, rec *store.Run, n int64) {
-		r, num = rec, n
-	})
-	return r, num, err
-}
-
 // execBatch sends b and returns the first statement's error.
 func execBatch(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
 	br := tx.SendBatch(ctx, b)
@@ -242,9 +229,12 @@ func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 	var out *store.Run
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		// Seen now, though nothing is stored yet: retention counts from
-		// here for a run that never writes a line.
-		r, _, err := s.lockRun(ctx, tx, id, &store.Run{ID: id, Phase: "Pending", SeenAt: s.opts.Clock.Now()})
-		if err != nil {
+		// here for a run that never writes a line. The row stays locked
+		// until tx ends: appends of a run's streams and updates of its
+		// record take turns on it.
+		var r *store.Run
+		fresh := &store.Run{ID: id, Phase: "Pending", SeenAt: s.opts.Clock.Now()}
+		if err := s.lockRuns(ctx, tx, []string{id}, func(string) *store.Run { return fresh }, func(_ int, rec *store.Run, _ int64) { r = rec }); err != nil {
 			return err
 		}
 		fn(r)
@@ -510,35 +500,27 @@ func (s *Store) deleteRetiredLines() error {
 }
 
 func (s *Store) RetiredRun(namespace, jobUID string) (*store.Retired, error) {
-	ctx, cancel := s.ctx()
-	defer cancel()
-	rows, err := s.pool.Query(ctx, s.sql(`SELECT job_uid, namespace, run, pod_created, retired_at FROM {schema}.retired_runs
-		WHERE namespace = $1 AND job_uid = $2`), namespace, jobUID)
-	if err != nil {
-		return nil, err
-	}
-	got, err := scanRetired(rows)
+	got, err := s.retired(`WHERE namespace = $1 AND job_uid = $2`, namespace, jobUID)
 	if err != nil || len(got) == 0 {
 		return nil, err
 	}
 	return &got[0], nil
 }
 
-func (s *Store) RetiredRuns() ([]store.Retired, error) {
+func (s *Store) RetiredRuns() ([]store.Retired, error) { return s.retired("") }
+
+// retired reads the retired runs where selects.
+func (s *Store) retired(where string, args ...any) ([]store.Retired, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
-	rows, err := s.pool.Query(ctx, s.sql(`SELECT job_uid, namespace, run, pod_created, retired_at FROM {schema}.retired_runs`))
+	rows, err := s.pool.Query(ctx, s.sql(`SELECT job_uid, namespace, run, pod_created, retired_at FROM {schema}.retired_runs `+where), args...)
 	if err != nil {
 		return nil, err
 	}
-	return scanRetired(rows)
-}
-
-func scanRetired(rows pgx.Rows) ([]store.Retired, error) {
 	var out []store.Retired
 	var t store.Retired
 	var created, retired int64
-	_, err := pgx.ForEachRow(rows, []any{&t.JobUID, &t.Namespace, &t.Run, &created, &retired}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&t.JobUID, &t.Namespace, &t.Run, &created, &retired}, func() error {
 		t.PodCreated, t.RetiredAt = fromNanos(created), fromNanos(retired)
 		out = append(out, t)
 		return nil
