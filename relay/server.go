@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
@@ -28,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/paperclipai/clipjob/contract"
@@ -49,7 +52,7 @@ func Serve(ctx context.Context, o Options) error {
 	if err := o.validate(); err != nil {
 		return fmt.Errorf("relay options: %w", err)
 	}
-	registerMetrics()
+	registerMetrics(o.Store == StorePostgres)
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
@@ -279,7 +282,6 @@ func (s *service) divideRuns(mgr manager.Manager, st store.Backend) error {
 	if err != nil {
 		return err
 	}
-	replicas.RegisterMetrics()
 	o := s.opts.Replicas
 	s.members = &replicas.Members{Table: table, Name: o.Identity,
 		LeaseDuration: o.LeaseDuration, RenewInterval: o.RenewInterval,
@@ -451,5 +453,29 @@ func jobFailure(cs kubernetes.Interface) collect.JobFailure {
 			}
 		}
 		return "", nil
+	}
+}
+
+var (
+	storeSize = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "clipjob_relay_store_bytes", Help: "Size of the store file.",
+	})
+	runsRetired = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "clipjob_relay_runs_deleted_total", Help: "Runs deleted by retention.",
+	})
+	registerOnce, registerReplicas sync.Once
+)
+
+// registerMetrics adds the relay's metrics to controller-runtime's
+// registry, which the manager serves on /metrics; the replicas' only with
+// a store several relays share.
+func registerMetrics(shared bool) {
+	registerOnce.Do(func() {
+		for _, cs := range [][]prometheus.Collector{{storeSize, runsRetired}, postgres.Collectors(), collect.Collectors(), mirror.Collectors(), redact.Collectors()} {
+			metrics.Registry.MustRegister(cs...)
+		}
+	})
+	if shared {
+		registerReplicas.Do(func() { metrics.Registry.MustRegister(replicas.Collectors()...) })
 	}
 }

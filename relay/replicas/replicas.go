@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 
 	"github.com/paperclipai/clipjob/relay/store"
@@ -317,3 +318,19 @@ func (m *Members) leave() {
 		c.Close()
 	}
 }
+
+var (
+	replicasLive = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "clipjob_relay_replicas",
+		Help: "Relay replicas sharing this replica's store it sees live (their rows in the table of replicas renewed), itself included when it collects.",
+	})
+	collecting = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "clipjob_relay_replica_collecting",
+		Help: "1 while this replica collects its share of the runs; 0 while it does not (its store unreachable, its row not renewed, stopping).",
+	})
+)
+
+// Collectors returns the membership metrics, for a relay that shares its
+// store to register: on one that does not they would say it collects
+// nothing.
+func Collectors() []prometheus.Collector { return []prometheus.Collector{replicasLive, collecting} }
