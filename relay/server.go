@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -119,33 +118,22 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	if _, err := pods.AddEventHandler(podEvents(svc.coll)); err != nil {
-		return err
-	}
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return err
-	}
-	if err := mgr.AddReadyzCheck("pod-informer", func(*http.Request) error {
-		if !pods.HasSynced() {
-			return errors.New("pod informer not synced")
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
+	_, err = pods.AddEventHandler(podEvents(svc.coll))
 	// The API listens only once the manager starts the service, after
 	// the caches synced: ready before that, a restarted relay refused its
 	// first clients' connections (seen by the fleet benchmark).
-	if err := mgr.AddReadyzCheck("api", svc.apiReady); err != nil {
-		return err
-	}
-	if err := mgr.Add(svc); err != nil {
-		return err
-	}
+	err = errors.Join(err, mgr.AddHealthzCheck("ping", healthz.Ping), mgr.AddReadyzCheck("api", svc.apiReady),
+		mgr.AddReadyzCheck("pod-informer", func(*http.Request) error {
+			if !pods.HasSynced() {
+				return errors.New("pod informer not synced")
+			}
+			return nil
+		}), mgr.Add(svc))
 	if values != nil {
-		if err := mgr.Add(values); err != nil {
-			return err
-		}
+		err = errors.Join(err, mgr.Add(values))
+	}
+	if err != nil {
+		return err
 	}
 	o.Log.Info("relay serving", "api", o.APIAddr, "tls", o.CertDir != "", "namespaces", o.Namespaces, "store", o.Store, "data", o.DataDir)
 	return mgr.Start(ctx)
@@ -160,7 +148,7 @@ func openStore(ctx context.Context, o Options) (store.Backend, error) {
 		}
 		s, err := postgres.Open(ctx, postgres.Options{ConnString: url, Schema: o.PostgresSchema, Clock: o.Clock})
 		if err != nil {
-			return nil, err
+			return nil, err // not a nil *postgres.Store in a Backend
 		}
 		return s, nil
 	}
@@ -294,13 +282,8 @@ func (s *service) divideRuns(mgr manager.Manager, st store.Backend) error {
 			}}},
 		OnChange: s.coll.Rebalance, Log: s.log.WithName("replicas"), Clock: s.opts.Clock}
 	s.coll.Owns = s.members.Owns
-	if err := mgr.Add(s.members); err != nil {
-		return err
-	}
-	if err := mgr.AddReadyzCheck("store", func(*http.Request) error { return s.members.Unreachable("the store") }); err != nil {
-		return err
-	}
-	return mgr.AddReadyzCheck("collecting", s.collectingReady)
+	return errors.Join(mgr.Add(s.members), mgr.AddReadyzCheck("collecting", s.collectingReady),
+		mgr.AddReadyzCheck("store", func(*http.Request) error { return s.members.Unreachable("the store") }))
 }
 
 // collectingReady: this relay collects its share of the runs.
@@ -387,11 +370,7 @@ func (s *service) retainUntil(ctx context.Context, serveErr <-chan error) error 
 
 // forgetRetired forgets the retired runs whose pods are all gone.
 func (s *service) forgetRetired() {
-	var watched func(string) bool
-	if len(s.opts.Namespaces) > 0 {
-		watched = func(ns string) bool { return slices.Contains(s.opts.Namespaces, ns) }
-	}
-	if n, err := s.coll.ForgetRetired(watched); err != nil {
+	if n, err := s.coll.ForgetRetired(s.opts.Namespaces); err != nil {
 		s.log.Error(err, "forgetting retired runs whose pods are gone")
 	} else if n > 0 {
 		s.log.V(1).Info("forgot retired runs whose pods are gone", "runs", n)

@@ -3,6 +3,7 @@ package collect
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -384,8 +385,8 @@ func (c *Collector) retired(pod *corev1.Pod, jobUID types.UID) (bool, error) {
 }
 
 // ForgetRetired forgets the retired runs (store.Retired) of Jobs in the
-// namespaces watched (nil: all) none of whose pods remain.
-func (c *Collector) ForgetRetired(watched func(namespace string) bool) (int, error) {
+// namespaces watched (none: all) none of whose pods remain.
+func (c *Collector) ForgetRetired(watched []string) (int, error) {
 	retired, err := c.Store.RetiredRuns()
 	if err != nil || len(retired) == 0 {
 		return 0, err
@@ -402,7 +403,7 @@ func (c *Collector) ForgetRetired(watched func(namespace string) bool) (int, err
 	}
 	var gone []store.Retired
 	for _, r := range retired {
-		if !jobs[r.Namespace+"/"+r.JobUID] && (watched == nil || watched(r.Namespace)) {
+		if !jobs[r.Namespace+"/"+r.JobUID] && (len(watched) == 0 || slices.Contains(watched, r.Namespace)) {
 			gone = append(gone, r)
 		}
 	}
