@@ -4,6 +4,7 @@ package bolt
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,7 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
 
 	"github.com/paperclipai/clipjob/relay/store"
@@ -42,10 +44,10 @@ type Store struct {
 	Clock   clock.PassiveClock
 	index   runIndex
 	changes store.Changes
-	// stopReleasing and released end releaseEvery (mapping.go).
-	stopReleasing chan struct{}
-	released      chan struct{}
-	closeOnce     sync.Once
+	// stopReleasing ends releasing what is mapped, and releasing is done
+	// then (mapping.go).
+	stopReleasing context.CancelFunc
+	releasing     sync.WaitGroup
 }
 
 var _ store.Backend = (*Store)(nil)
@@ -79,14 +81,16 @@ func Open(dir string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("reading the runs of the store in %s: %w", dir, err)
 	}
-	st.stopReleasing, st.released = make(chan struct{}), make(chan struct{})
-	go st.releaseEvery(releaseInterval, st.stopReleasing, st.released)
+	var ctx context.Context
+	ctx, st.stopReleasing = context.WithCancel(context.Background())
+	st.releasing.Go(func() { wait.UntilWithContext(ctx, func(context.Context) { _ = st.releaseMapped() }, releaseInterval) })
 	return st, nil
 }
 
 // Close flushes and closes the store.
 func (s *Store) Close() error {
-	s.stopReleasingMapped()
+	s.stopReleasing()
+	s.releasing.Wait()
 	return s.db.Close()
 }
 
