@@ -2,6 +2,7 @@ package relay
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -11,69 +12,36 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
+	"github.com/paperclipai/clipjob/internal/command"
 	"github.com/paperclipai/clipjob/relay/collect"
 	"github.com/paperclipai/clipjob/relay/mirror"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
 )
 
-// Options configure Serve. DefaultOptions holds every default; the
-// command's flags start from it, so a default is written once.
+// Options configure Serve. DefaultOptions holds every default, and
+// BindFlags says what each field with a flag does, in the flag's help:
+// the command's flags start from the defaults, so each is written once.
 type Options struct {
-	// Store is where runs and lines are kept: StoreBolt (a file in
-	// DataDir, one relay; also when empty) or StorePostgres.
-	Store string
-	// DataDir holds the bbolt store (a volume that outlives the pod).
-	DataDir string
-	// PostgresURLFile holds the PostgreSQL connection string (a mounted
-	// Secret's key); empty: the environment variable PostgresURLEnv, never
-	// a flag, which any process on the node can read.
-	PostgresURLFile string
-	// PostgresSchema holds the relay's tables on the PostgreSQL server,
-	// created and migrated at start.
-	PostgresSchema string
-	// Replicas divide the runs among relays sharing a PostgreSQL store.
-	Replicas ReplicaOptions
-	// Namespaces to collect agent pods from; empty means all.
-	Namespaces []string
-	// APIAddr serves the HTTP API.
-	APIAddr string
-	// CertDir holds tls.crt and tls.key for the API, reloaded when they
-	// change; empty: plain HTTP (callers send tokens: loopback only).
-	CertDir string
-	// MetricsAddr serves /metrics ("0" disables); ProbeAddr /healthz and
-	// /readyz.
-	MetricsAddr, ProbeAddr string
-	// PprofAddr serves net/http/pprof; "" (the default) disables it.
-	PprofAddr string
-	// MaxStreams bounds open log streams.
-	MaxStreams int
-	Follow     collect.FollowOptions
-	// RetentionMaxAge and RetentionMaxBytes (0: no size bound) bound what
-	// is kept of finished runs; RetentionInterval between sweeps.
-	RetentionMaxAge   time.Duration
-	RetentionMaxBytes int64
-	RetentionInterval time.Duration
+	Store, DataDir, PostgresURLFile, PostgresSchema string
+	Replicas                                        ReplicaOptions
+	Namespaces                                      []string
+	APIAddr, CertDir, MetricsAddr, ProbeAddr        string
+	PprofAddr                                       string
+	MaxStreams                                      int
+	Follow                                          collect.FollowOptions
+	RetentionMaxAge, RetentionInterval              time.Duration
+	RetentionMaxBytes                               int64
+	RedactPatterns                                  []string
+	RedactValuesFile                                string
+	MirrorDir, MirrorBase                           string
+	TokenAudiences                                  []string
 	// ShutdownTimeout bounds how long the API waits for open responses
 	// when the relay stops.
 	ShutdownTimeout time.Duration
-	// RedactPatterns (regular expressions) and RedactValues (literal
-	// secrets) are removed from lines before storage, besides token shapes.
-	RedactPatterns, RedactValues []string
-	// RedactValuesFile holds more secret values, one per line (e.g. a
-	// mounted Secret). It must be readable at start, and is re-read every
-	// RedactValuesInterval: a change applies to lines stored after it.
-	RedactValuesFile     string
+	// RedactValues are literal secrets removed from lines besides the
+	// file's; RedactValuesInterval is how often the file is re-read.
+	RedactValues         []string
 	RedactValuesInterval time.Duration
-	// MirrorDir, when set, is the shared volume's data directory, where
-	// each run's agent output is mirrored as NDJSON (package mirror).
-	MirrorDir string
-	// MirrorBase is the run-log directory under MirrorDir, Paperclip's
-	// RUN_LOG_BASE_PATH relative to the volume. Default "run-logs".
-	MirrorBase string
-	// TokenAudiences a caller's token must be for. Default
-	// DefaultTokenAudience, so that a token sent to the relay cannot be
-	// replayed against the API server. Empty accepts the API server's.
-	TokenAudiences []string
 	// RestConfig reaches the API server. Required.
 	RestConfig *rest.Config
 	Log        logr.Logger
@@ -84,12 +52,41 @@ type Options struct {
 }
 
 // ReplicaOptions configure the membership of relays sharing a store
-// (package replicas): a replica whose row was not renewed for
-// LeaseDuration, by the server's clock, has its runs taken over.
+// (package replicas; BindFlags).
 type ReplicaOptions struct {
-	// Identity is this replica's name for people. Default the host name.
 	Identity                     string
 	LeaseDuration, RenewInterval time.Duration
+}
+
+// BindFlags binds o's fields with a flag to fs, their defaults o's values.
+func (o *Options) BindFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.Store, "store", o.Store, `where runs and lines are kept: "bolt" (a file in --data-dir; one relay) or "postgres" (a PostgreSQL server; the connection string from --postgres-url-file or $`+PostgresURLEnv+`)`)
+	fs.StringVar(&o.DataDir, "data-dir", o.DataDir, "directory of the store (a persistent volume)")
+	// The connection string itself is never a flag: any process on the
+	// node can read a process's arguments.
+	fs.StringVar(&o.PostgresURLFile, "postgres-url-file", o.PostgresURLFile, "file holding the PostgreSQL connection string for --store=postgres (a mounted Secret's key; default $"+PostgresURLEnv+")")
+	fs.StringVar(&o.PostgresSchema, "postgres-schema", o.PostgresSchema, "schema of the relay's tables on the PostgreSQL server, created and migrated at start")
+	fs.StringVar(&o.Replicas.Identity, "replica-id", o.Replicas.Identity, "with --store=postgres, this relay's name in the store's table of replicas and its log (default: the host name, the pod's name)")
+	fs.DurationVar(&o.Replicas.LeaseDuration, "lease-duration", o.Replicas.LeaseDuration, "with --store=postgres, a relay whose row in the store's table of replicas was not renewed for this long, by the server's clock, has its runs taken over")
+	fs.DurationVar(&o.Replicas.RenewInterval, "lease-renew-interval", o.Replicas.RenewInterval, "with --store=postgres, how often a relay renews its row in the store's table of replicas and reads the others'")
+	fs.Var((*command.List)(&o.Namespaces), "namespace", "namespace to collect agent pods from (repeatable; default all)")
+	fs.StringVar(&o.APIAddr, "api-address", o.APIAddr, "HTTP API address")
+	fs.StringVar(&o.CertDir, "cert-dir", o.CertDir, "directory with tls.crt and tls.key to serve the API over TLS (reloaded on change; default plain HTTP)")
+	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", o.MetricsAddr, `metrics address ("0" disables)`)
+	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", o.ProbeAddr, "/healthz and /readyz address")
+	fs.StringVar(&o.PprofAddr, "pprof-bind-address", o.PprofAddr, `net/http/pprof address for profiling ("" disables)`)
+	fs.IntVar(&o.MaxStreams, "max-streams", o.MaxStreams, "log streams open at once")
+	fs.DurationVar(&o.Follow.MaxStreamLifetime, "max-stream-lifetime", o.Follow.MaxStreamLifetime, "reconnect streams proactively after this long")
+	fs.IntVar(&o.Follow.MaxLineBytes, "max-line-bytes", o.Follow.MaxLineBytes, "longest line stored; longer ones are cut and marked")
+	fs.DurationVar(&o.Follow.DrainIdle, "drain-idle", o.Follow.DrainIdle, "after a container ended, stop following after this long without a line")
+	fs.DurationVar(&o.RetentionMaxAge, "retention-max-age", o.RetentionMaxAge, "delete finished runs idle this long")
+	fs.Int64Var(&o.RetentionMaxBytes, "retention-max-bytes", o.RetentionMaxBytes, "delete the oldest finished runs beyond this many stored bytes (0: unbounded)")
+	fs.DurationVar(&o.RetentionInterval, "retention-interval", o.RetentionInterval, "how often retention runs")
+	fs.Var((*command.List)(&o.RedactPatterns), "redact-pattern", "regular expression to redact before storage (repeatable)")
+	fs.StringVar(&o.RedactValuesFile, "redact-values-file", o.RedactValuesFile, "file of secret values to redact, one per line, or a directory of such files (a mounted Secret); must be readable at start, re-read every 30s")
+	fs.StringVar(&o.MirrorDir, "mirror-dir", o.MirrorDir, "also keep each run's agent output as run-logs/<company>/<agent>/<run>.pod.ndjson under this directory (the shared volume), as Paperclip's Claude adapter reads it")
+	fs.StringVar(&o.MirrorBase, "mirror-run-log-base", o.MirrorBase, "the run-log directory under --mirror-dir (Paperclip's RUN_LOG_BASE_PATH relative to the volume, e.g. instances/default/data/run-logs)")
+	fs.Var(&command.Replacing{Values: &o.TokenAudiences}, "token-audience", "audience callers' tokens must be for (repeatable; an empty value alone accepts tokens for the API server, which a relay could replay there)")
 }
 
 // The stores Options.Store names.

@@ -8,7 +8,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
-	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
@@ -28,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/paperclipai/clipjob/contract"
@@ -49,7 +51,7 @@ func Serve(ctx context.Context, o Options) error {
 	if err := o.validate(); err != nil {
 		return fmt.Errorf("relay options: %w", err)
 	}
-	registerMetrics()
+	registerMetrics(o.Store == StorePostgres)
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
@@ -116,33 +118,22 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	if _, err := pods.AddEventHandler(podEvents(svc.coll)); err != nil {
-		return err
-	}
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return err
-	}
-	if err := mgr.AddReadyzCheck("pod-informer", func(*http.Request) error {
-		if !pods.HasSynced() {
-			return errors.New("pod informer not synced")
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
+	_, err = pods.AddEventHandler(podEvents(svc.coll))
 	// The API listens only once the manager starts the service, after
 	// the caches synced: ready before that, a restarted relay refused its
 	// first clients' connections (seen by the fleet benchmark).
-	if err := mgr.AddReadyzCheck("api", svc.apiReady); err != nil {
-		return err
-	}
-	if err := mgr.Add(svc); err != nil {
-		return err
-	}
+	err = errors.Join(err, mgr.AddHealthzCheck("ping", healthz.Ping), mgr.AddReadyzCheck("api", svc.apiReady),
+		mgr.AddReadyzCheck("pod-informer", func(*http.Request) error {
+			if !pods.HasSynced() {
+				return errors.New("pod informer not synced")
+			}
+			return nil
+		}), mgr.Add(svc))
 	if values != nil {
-		if err := mgr.Add(values); err != nil {
-			return err
-		}
+		err = errors.Join(err, mgr.Add(values))
+	}
+	if err != nil {
+		return err
 	}
 	o.Log.Info("relay serving", "api", o.APIAddr, "tls", o.CertDir != "", "namespaces", o.Namespaces, "store", o.Store, "data", o.DataDir)
 	return mgr.Start(ctx)
@@ -157,7 +148,7 @@ func openStore(ctx context.Context, o Options) (store.Backend, error) {
 		}
 		s, err := postgres.Open(ctx, postgres.Options{ConnString: url, Schema: o.PostgresSchema, Clock: o.Clock})
 		if err != nil {
-			return nil, err
+			return nil, err // not a nil *postgres.Store in a Backend
 		}
 		return s, nil
 	}
@@ -261,6 +252,52 @@ func (s *service) apiReady(*http.Request) error {
 	return nil
 }
 
+// divideRuns, for a store several relays share, makes this relay a
+// member in the store's table of replicas (package replicas): it collects
+// only the runs it owns, hands them over when the members change, stops
+// collecting while its store or the API server is out of reach, and says
+// so in readiness. With bbolt it does nothing: one relay collects every
+// run, as before replicas existed.
+func (s *service) divideRuns(mgr manager.Manager, st store.Backend) error {
+	if s.opts.Store != StorePostgres {
+		return nil
+	}
+	pg, ok := st.(*postgres.Store)
+	if !ok {
+		return fmt.Errorf("the %s store keeps no table of the relays sharing it", s.opts.Store)
+	}
+	table, err := pg.Replicas()
+	if err != nil {
+		return err
+	}
+	o := s.opts.Replicas
+	s.members = &replicas.Members{Table: table, Name: o.Identity,
+		LeaseDuration: o.LeaseDuration, RenewInterval: o.RenewInterval,
+		Needs: []replicas.Need{{Name: "the store", Ping: pg.Ping},
+			// The runs' logs come through the API server: a replica cut
+			// off from it but not from the store would keep its row, and
+			// its runs, while it can follow none of them.
+			{Name: "the API server", Ping: func(ctx context.Context) error {
+				return s.client.Discovery().RESTClient().Get().AbsPath("/version").Do(ctx).Error()
+			}}},
+		OnChange: s.coll.Rebalance, Log: s.log.WithName("replicas"), Clock: s.opts.Clock}
+	s.coll.Owns = s.members.Owns
+	return errors.Join(mgr.Add(s.members), mgr.AddReadyzCheck("collecting", s.collectingReady),
+		mgr.AddReadyzCheck("store", func(*http.Request) error { return s.members.Unreachable("the store") }))
+}
+
+// collectingReady: this relay collects its share of the runs.
+func (s *service) collectingReady(*http.Request) error {
+	member, _, why := s.members.Status()
+	if !member {
+		if why == "" {
+			why = "joining the relays sharing the store"
+		}
+		return fmt.Errorf("not collecting: %s", why)
+	}
+	return nil
+}
+
 // podCache is the informer's cache of agent pods, as the collector reads
 // it.
 type podCache struct{ cache.Cache }
@@ -333,11 +370,7 @@ func (s *service) retainUntil(ctx context.Context, serveErr <-chan error) error 
 
 // forgetRetired forgets the retired runs whose pods are all gone.
 func (s *service) forgetRetired() {
-	var watched func(string) bool
-	if len(s.opts.Namespaces) > 0 {
-		watched = func(ns string) bool { return slices.Contains(s.opts.Namespaces, ns) }
-	}
-	if n, err := s.coll.ForgetRetired(watched); err != nil {
+	if n, err := s.coll.ForgetRetired(s.opts.Namespaces); err != nil {
 		s.log.Error(err, "forgetting retired runs whose pods are gone")
 	} else if n > 0 {
 		s.log.V(1).Info("forgot retired runs whose pods are gone", "runs", n)
@@ -399,5 +432,29 @@ func jobFailure(cs kubernetes.Interface) collect.JobFailure {
 			}
 		}
 		return "", nil
+	}
+}
+
+var (
+	storeSize = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "clipjob_relay_store_bytes", Help: "Size of the store file.",
+	})
+	runsRetired = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "clipjob_relay_runs_deleted_total", Help: "Runs deleted by retention.",
+	})
+	registerOnce, registerReplicas sync.Once
+)
+
+// registerMetrics adds the relay's metrics to controller-runtime's
+// registry, which the manager serves on /metrics; the replicas' only with
+// a store several relays share.
+func registerMetrics(shared bool) {
+	registerOnce.Do(func() {
+		for _, cs := range [][]prometheus.Collector{{storeSize, runsRetired}, postgres.Collectors(), collect.Collectors(), mirror.Collectors(), redact.Collectors()} {
+			metrics.Registry.MustRegister(cs...)
+		}
+	})
+	if shared {
+		registerReplicas.Do(func() { metrics.Registry.MustRegister(replicas.Collectors()...) })
 	}
 }

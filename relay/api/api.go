@@ -35,8 +35,17 @@ type API struct {
 	Clock clock.WithTicker
 }
 
-// Handler returns the API's routes.
+// Handler returns the API's routes, after filling a's defaults.
 func (a *API) Handler() http.Handler {
+	if a.Keepalive <= 0 {
+		a.Keepalive = 15 * time.Second
+	}
+	if a.Reauthorize <= 0 {
+		a.Reauthorize = time.Minute
+	}
+	if a.Clock == nil {
+		a.Clock = clock.RealClock{}
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/runs", a.listRuns)
 	mux.HandleFunc("GET /v1/runs/{run}", a.getRun)
@@ -225,32 +234,23 @@ func (a *API) getLog(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ew := newEventWriter(w, sse)
-	keepalive := a.Keepalive
-	if keepalive <= 0 {
-		keepalive = 15 * time.Second
-	}
 	// A follower may stay for hours: access revoked meanwhile ends it.
-	every := a.Reauthorize
-	if every <= 0 {
-		every = time.Minute
-	}
-	clk := a.clock()
-	checked := clk.Now()
+	checked := a.Clock.Now()
 	allowed := func(ctx context.Context) bool {
-		if clk.Since(checked) < every {
+		if a.Clock.Since(checked) < a.Reauthorize {
 			return true
 		}
-		checked = clk.Now()
+		checked = a.Clock.Now()
 		ok, err := a.Auth.Allowed(ctx, user, run.Namespace)
 		return err == nil && ok
 	}
-	a.streamLog(r.Context(), ew, run.ID, after, r.URL.Query().Get("follow") != "false", keepalive, allowed)
+	a.streamLog(r.Context(), ew, run.ID, after, r.URL.Query().Get("follow") != "false", allowed)
 }
 
 // streamLog writes the run's lines after the cursor, then its end once the
 // run is done; following, it waits for more, with keepalives meanwhile. It
 // returns when the run ended, the client left or a write failed.
-func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after uint64, follow bool, keepalive time.Duration, allowed func(context.Context) bool) {
+func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after uint64, follow bool, allowed func(context.Context) bool) {
 	// A page per wake-up: with hundreds of clients following busy runs,
 	// pages of 1,000 lines held hundreds of megabytes at once.
 	const page = 200
@@ -293,19 +293,12 @@ func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after 
 		case <-ctx.Done():
 			return
 		case <-changed:
-		case <-a.clock().After(keepalive):
+		case <-a.Clock.After(a.Keepalive):
 			if ew.keepalive() != nil {
 				return
 			}
 		}
 	}
-}
-
-func (a *API) clock() clock.WithTicker {
-	if a.Clock == nil {
-		return clock.RealClock{}
-	}
-	return a.Clock
 }
 
 // progresser is a store that reads how far a run is without its whole

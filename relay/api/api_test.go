@@ -265,8 +265,8 @@ func TestKubeAuthReviewsAndCaches(t *testing.T) {
 // TestKubeAuthForgetsDecisionsAfterTheirLifetimes: a decision is cached
 // for its lifetime only, so what the API server changes reaches the relay
 // within it: a token it no longer accepts (revoked, its ServiceAccount
-// deleted) is refused once TokenTTL has passed, a permission taken away
-// once AllowTTL has, and a denial is asked again after DenyTTL. On a fake
+// deleted) is refused once tokenTTL has passed, a permission taken away
+// once allowTTL has, and a denial is asked again after denyTTL. On a fake
 // clock, a second short of each lifetime and a second past it.
 func TestKubeAuthForgetsDecisionsAfterTheirLifetimes(t *testing.T) {
 	c := newReviewingClient()
@@ -297,7 +297,7 @@ func TestKubeAuthForgetsDecisionsAfterTheirLifetimes(t *testing.T) {
 	start := clk.Now()
 	at := func(d time.Duration) { clk.SetTime(start.Add(d)) }
 
-	// Permission taken away: allowed until AllowTTL (30 s), then not.
+	// Permission taken away: allowed until allowTTL (30 s), then not.
 	c.allow = false
 	at(29 * time.Second)
 	if !allowed(u) {
@@ -307,7 +307,7 @@ func TestKubeAuthForgetsDecisionsAfterTheirLifetimes(t *testing.T) {
 	if allowed(u) {
 		t.Error("a permission taken away still allowed 31 s later")
 	}
-	// Given back: the denial stands until DenyTTL (10 s), then is asked again.
+	// Given back: the denial stands until denyTTL (10 s), then is asked again.
 	c.allow = true
 	at(40 * time.Second)
 	if allowed(u) {
@@ -318,7 +318,7 @@ func TestKubeAuthForgetsDecisionsAfterTheirLifetimes(t *testing.T) {
 		t.Error("a permission given back still denied 11 s after the denial")
 	}
 
-	// Token revoked: accepted until TokenTTL (1 m), then refused.
+	// Token revoked: accepted until tokenTTL (1 m), then refused.
 	c.accept = false
 	at(59 * time.Second)
 	if user() == nil {

@@ -51,8 +51,6 @@ type KubeAuth struct {
 	Client kubernetes.Interface
 	// Audiences the token must be for; empty accepts the API server's.
 	Audiences []string
-	// TokenTTL, AllowTTL and DenyTTL are cache lifetimes. Default 1m, 30s, 10s.
-	TokenTTL, AllowTTL, DenyTTL time.Duration
 	// Clock times the cache lifetimes. Default the real clock.
 	Clock clock.PassiveClock
 
@@ -60,6 +58,9 @@ type KubeAuth struct {
 	tokens map[[32]byte]cached[*authnv1.UserInfo]
 	grants map[string]cached[bool]
 }
+
+// How long a token's review, a permission and a denial are remembered.
+const tokenTTL, allowTTL, denyTTL = time.Minute, 30 * time.Second, 10 * time.Second
 
 type cached[T any] struct {
 	v   T
@@ -73,18 +74,12 @@ func (a *KubeAuth) Authenticate(r *http.Request) (*authnv1.UserInfo, error) {
 		return nil, errUnauthenticated
 	}
 	key := sha256.Sum256([]byte(token))
-	a.mu.Lock()
-	if a.tokens == nil {
-		a.tokens, a.grants = map[[32]byte]cached[*authnv1.UserInfo]{}, map[string]cached[bool]{}
-	}
-	if c, ok := a.tokens[key]; ok && a.now().Before(c.exp) {
-		a.mu.Unlock()
-		if c.v == nil {
+	if u, ok := recall(a, &a.tokens, key); ok {
+		if u == nil {
 			return nil, a.refused() // refused moments ago: no new review
 		}
-		return c.v, nil
+		return u, nil
 	}
-	a.mu.Unlock()
 	tr, err := a.Client.AuthenticationV1().TokenReviews().Create(r.Context(), &authnv1.TokenReview{
 		Spec: authnv1.TokenReviewSpec{Token: token, Audiences: a.Audiences},
 	}, metav1.CreateOptions{})
@@ -95,33 +90,22 @@ func (a *KubeAuth) Authenticate(r *http.Request) (*authnv1.UserInfo, error) {
 	// says which it checked, and one of ours must be among them.
 	if !tr.Status.Authenticated ||
 		(len(a.Audiences) > 0 && !slices.ContainsFunc(a.Audiences, func(x string) bool { return slices.Contains(tr.Status.Audiences, x) })) {
-		// Remembered for DenyTTL, so a client retrying a bad token in a
+		// Remembered for denyTTL, so a client retrying a bad token in a
 		// loop costs the API server one review, not one per request.
-		a.mu.Lock()
-		now := a.now()
-		prune(a.tokens, now)
-		a.tokens[key] = cached[*authnv1.UserInfo]{nil, now.Add(ttl(a.DenyTTL, 10*time.Second))}
-		a.mu.Unlock()
+		remember(a, &a.tokens, key, nil, denyTTL)
 		return nil, a.refused()
 	}
 	user := tr.Status.User
-	a.mu.Lock()
-	now := a.now()
-	prune(a.tokens, now)
-	a.tokens[key] = cached[*authnv1.UserInfo]{&user, now.Add(ttl(a.TokenTTL, time.Minute))}
-	a.mu.Unlock()
+	remember(a, &a.tokens, key, &user, tokenTTL)
 	return &user, nil
 }
 
 // Allowed implements Authorizer.
 func (a *KubeAuth) Allowed(ctx context.Context, user *authnv1.UserInfo, namespace string) (bool, error) {
 	key := userKey(user) + "\x00" + namespace
-	a.mu.Lock()
-	if c, ok := a.grants[key]; ok && a.now().Before(c.exp) {
-		a.mu.Unlock()
-		return c.v, nil
+	if ok, found := recall(a, &a.grants, key); found {
+		return ok, nil
 	}
-	a.mu.Unlock()
 	extra := map[string]authzv1.ExtraValue{}
 	for k, v := range user.Extra {
 		extra[k] = authzv1.ExtraValue(v)
@@ -135,15 +119,11 @@ func (a *KubeAuth) Allowed(ctx context.Context, user *authnv1.UserInfo, namespac
 	if err != nil {
 		return false, err
 	}
-	exp := ttl(a.DenyTTL, 10*time.Second)
+	ttl := denyTTL
 	if sar.Status.Allowed {
-		exp = ttl(a.AllowTTL, 30*time.Second)
+		ttl = allowTTL
 	}
-	a.mu.Lock()
-	now := a.now()
-	prune(a.grants, now)
-	a.grants[key] = cached[bool]{sar.Status.Allowed, now.Add(exp)}
-	a.mu.Unlock()
+	remember(a, &a.grants, key, sar.Status.Allowed, ttl)
 	return sar.Status.Allowed, nil
 }
 
@@ -165,21 +145,29 @@ func (a *KubeAuth) now() time.Time {
 	return a.Clock.Now()
 }
 
-// prune drops entries expired at now once a cache grows large.
-func prune[K comparable, V any](m map[K]cached[V], now time.Time) {
-	if len(m) < 10000 {
-		return
-	}
-	for k, v := range m {
-		if now.After(v.exp) {
-			delete(m, k)
-		}
-	}
+// recall is what *m holds for key, if it has not expired.
+func recall[K comparable, V any](a *KubeAuth, m *map[K]cached[V], key K) (V, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c, ok := (*m)[key]
+	return c.v, ok && a.now().Before(c.exp)
 }
 
-func ttl(d, def time.Duration) time.Duration {
-	if d > 0 {
-		return d
+// remember keeps v for key in *m for ttl, first dropping the entries
+// expired once the cache grew large.
+func remember[K comparable, V any](a *KubeAuth, m *map[K]cached[V], key K, v V, ttl time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := a.now()
+	if *m == nil {
+		*m = map[K]cached[V]{}
 	}
-	return def
+	if len(*m) >= 10000 {
+		for k, c := range *m {
+			if now.After(c.exp) {
+				delete(*m, k)
+			}
+		}
+	}
+	(*m)[key] = cached[V]{v, now.Add(ttl)}
 }

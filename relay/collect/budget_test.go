@@ -21,23 +21,23 @@ import (
 // whose session ends takes nothing, and a closed session gives back all.
 func TestBudgetGrantsUnitsInOrder(t *testing.T) {
 	b := newBudget(100, 40)
-	never := make(chan struct{})
+	never := context.Background()
 	a1, a2, a3 := b.account(), b.account(), b.account()
 	for range 4 {
-		if !a1.take(10, never) { // one unit: 40
+		if !a1.take(never, 10) { // one unit: 40
 			t.Fatal("a1 waited")
 		}
 	}
-	if !a2.take(10, never) { // 80
+	if !a2.take(never, 10) { // 80
 		t.Fatal("a2 waited")
 	}
 	if got := b.inUse(); got != 80 {
 		t.Fatalf("in use %d, want 80: two units", got)
 	}
 	granted := make(chan string, 3)
-	wait := func(name string, a *budgetAccount, n int64, stop chan struct{}) {
+	wait := func(name string, a *budgetAccount, n int64, ctx context.Context) {
 		go func() {
-			if a.take(n, stop) {
+			if a.take(ctx, n) {
 				granted <- name
 			} else {
 				granted <- name + " stopped"
@@ -46,10 +46,10 @@ func TestBudgetGrantsUnitsInOrder(t *testing.T) {
 	}
 	wait("a1", a1, 10, never) // a unit more does not fit
 	waitQueued(t, b, 1)
-	stop3 := make(chan struct{})
-	wait("a3", a3, 500, stop3) // longer than the budget, behind a1
+	ctx3, stop3 := context.WithCancel(context.Background())
+	wait("a3", a3, 500, ctx3) // longer than the budget, behind a1
 	waitQueued(t, b, 2)
-	close(stop3)
+	stop3()
 	if got := <-granted; got != "a3 stopped" {
 		t.Fatalf("%s, want a3's wait ended by its stop", got)
 	}
@@ -70,14 +70,14 @@ func TestBudgetGrantsUnitsInOrder(t *testing.T) {
 	if got := <-granted; got != "a3" {
 		t.Fatalf("granted %s, want a3 once nothing is held", got)
 	}
-	if got := b.inUse(); got != 500 {
-		t.Errorf("in use %d, want a3's line, 500", got)
+	if got := b.inUse(); got != 100 {
+		t.Errorf("in use %d, want a3's line, longer than the budget, to take all of it", got)
 	}
 	a3.close()
 	if got := b.inUse(); got != 0 {
 		t.Errorf("in use %d after every stream gave back, want 0", got)
 	}
-	if a3.take(1, never) {
+	if a3.take(never, 1) {
 		t.Error("a closed account took")
 	}
 }
@@ -85,11 +85,7 @@ func TestBudgetGrantsUnitsInOrder(t *testing.T) {
 // waitQueued waits until n takes wait.
 func waitQueued(t *testing.T, b *budget, n int) {
 	t.Helper()
-	poll.WaitFor(t, func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return len(b.waiters) == n
-	}, fmt.Sprintf("%d takes never waited", n))
+	poll.WaitFor(t, func() bool { return b.waiting.Load() == int64(n) }, fmt.Sprintf("%d takes never waited", n))
 }
 
 // Streams whose commits stall hold the relay's budget of lines together,
@@ -110,11 +106,11 @@ func TestStreamsTogetherHoldTheBudget(t *testing.T) {
 		srcs[i] = &endlessLog{text: strings.Repeat("y", lineBytes)}
 		f := newFollower(t, s, nil)
 		f.ref.Run = fmt.Sprintf("run-%d", i)
-		f.src, f.store, f.budget = srcs[i], held, b
+		f.c.Source, f.c.Store, f.c.budget = srcs[i], held, b
 		f.state = func() containerState { return containerState{} }
-		f.slots = make(chan struct{}, 1)
-		f.opts = DefaultFollowOptions()
-		f.opts.BatchBytes = batchBytes
+		f.c.slots = make(chan struct{}, 1)
+		f.c.Follow = DefaultFollowOptions()
+		f.c.Follow.BatchBytes = batchBytes
 		wg.Go(func() { f.run(ctx) })
 	}
 	read := func() (n int64) {
@@ -158,8 +154,8 @@ func TestABudgetUnderALineStarvesNoStream(t *testing.T) {
 		src.end()
 		f := newFollower(t, s, src)
 		f.ref.Run = fmt.Sprintf("run-%d", i)
-		f.budget = b
-		f.opts.BatchLines = 64
+		f.c.budget = b
+		f.c.Follow.BatchLines = 64
 		wg.Go(func() { f.run(context.Background()) })
 	}
 	done := make(chan struct{})
@@ -197,8 +193,8 @@ func TestACaughtUpStreamKeepsNoBudget(t *testing.T) {
 	src := newFakeLog()
 	b := newBudget(64<<10, 16<<10)
 	f := newFollower(t, s, src)
-	f.budget = b
-	f.opts.BatchWait = time.Hour // no tick
+	f.c.budget = b
+	f.c.Follow.BatchWait = time.Hour // no tick
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { f.run(ctx); close(done) }()
@@ -214,8 +210,4 @@ func TestACaughtUpStreamKeepsNoBudget(t *testing.T) {
 }
 
 // inUse is the bytes held by every stream.
-func (b *budget) inUse() int64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.used
-}
+func (b *budget) inUse() int64 { return b.used.Load() }

@@ -3,6 +3,7 @@ package collect
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -384,8 +385,8 @@ func (c *Collector) retired(pod *corev1.Pod, jobUID types.UID) (bool, error) {
 }
 
 // ForgetRetired forgets the retired runs (store.Retired) of Jobs in the
-// namespaces watched (nil: all) none of whose pods remain.
-func (c *Collector) ForgetRetired(watched func(namespace string) bool) (int, error) {
+// namespaces watched (none: all) none of whose pods remain.
+func (c *Collector) ForgetRetired(watched []string) (int, error) {
 	retired, err := c.Store.RetiredRuns()
 	if err != nil || len(retired) == 0 {
 		return 0, err
@@ -402,7 +403,7 @@ func (c *Collector) ForgetRetired(watched func(namespace string) bool) (int, err
 	}
 	var gone []store.Retired
 	for _, r := range retired {
-		if !jobs[r.Namespace+"/"+r.JobUID] && (watched == nil || watched(r.Namespace)) {
+		if !jobs[r.Namespace+"/"+r.JobUID] && (len(watched) == 0 || slices.Contains(watched, r.Namespace)) {
 			gone = append(gone, r)
 		}
 	}
@@ -515,8 +516,7 @@ func (c *Collector) follow(ref StreamRef) {
 	ps.following[key] = true
 	c.mu.Unlock()
 
-	f := &follower{ref: ref, src: c.Source, store: c.Store, redact: c.Redact, opts: c.Follow, slots: c.slots, budget: c.budget,
-		log: c.Log, clock: c.Clock, state: func() containerState { return c.containerState(ref) }, committed: func() { c.syncMirror(ref.Run) }}
+	f := &follower{c: c, ref: ref, state: func() containerState { return c.containerState(ref) }, committed: func() { c.syncMirror(ref.Run) }}
 	c.Log.V(1).Info("following", "run", ref.Run, "pod", ref.Namespace+"/"+ref.Pod, "container", ref.Container)
 	c.wg.Go(func() {
 		f.run(ps.ctx)

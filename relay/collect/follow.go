@@ -11,13 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/utils/clock"
 
-	"github.com/paperclipai/clipjob/relay/redact"
 	"github.com/paperclipai/clipjob/relay/store"
 )
 
@@ -124,18 +121,12 @@ type containerState struct {
 // server or proxy cut it. Reconnect, with backoff.
 var errEndedEarly = errors.New("log stream ended while the container runs")
 
+// follower follows one stream for its collector c, whose options, store,
+// source, redaction, bounds, log and clock it uses.
 type follower struct {
-	ref    StreamRef
-	src    LogSource
-	store  store.Backend
-	redact *redact.Redactor
-	opts   FollowOptions
-	state  func() containerState
-	slots  chan struct{} // bounds open streams
-	// budget bounds the lines every stream holds together (nil: no bound).
-	budget *budget
-	log    logr.Logger
-	clock  clock.WithTicker
+	c     *Collector
+	ref   StreamRef
+	state func() containerState
 	// committed, when set, runs after each commit (the NDJSON mirror).
 	committed func()
 	// stored: the current session has committed lines.
@@ -144,7 +135,7 @@ type follower struct {
 
 // run follows until the container's log is drained or ctx ends.
 func (f *follower) run(ctx context.Context) {
-	backoff := f.opts.BackoffMin
+	backoff := f.c.Follow.BackoffMin
 	for ctx.Err() == nil {
 		done, err := f.session(ctx)
 		if done || ctx.Err() != nil {
@@ -155,25 +146,25 @@ func (f *follower) run(ctx context.Context) {
 			// The stream delivered before it broke: a cut, not a failing
 			// source. Reconnect soon: the backoff is for sources that
 			// fail again and again, not for streams cut now and then.
-			backoff = f.opts.BackoffMin
+			backoff = f.c.Follow.BackoffMin
 		}
 		f.stored = false
 		if err != nil {
 			if st.gone {
-				f.log.V(1).Info("pod gone; stream closed", "stream", f.ref.Key(), "err", err.Error())
+				f.c.Log.V(1).Info("pod gone; stream closed", "stream", f.ref.Key(), "err", err.Error())
 				return
 			}
 			reconnects.WithLabelValues("error").Inc()
-			f.log.V(1).Info("log stream failed; retrying", "stream", f.ref.Key(), "in", backoff, "err", err.Error())
+			f.c.Log.V(1).Info("log stream failed; retrying", "stream", f.ref.Key(), "in", backoff, "err", err.Error())
 			select {
 			case <-ctx.Done():
 				return
-			case <-f.clock.After(backoff):
+			case <-f.c.Clock.After(backoff):
 			}
-			backoff = min(backoff*2, f.opts.BackoffMax)
+			backoff = min(backoff*2, f.c.Follow.BackoffMax)
 			continue
 		}
-		backoff = f.opts.BackoffMin
+		backoff = f.c.Follow.BackoffMin
 	}
 }
 
@@ -183,34 +174,34 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	if !f.takeSlot(ctx) {
 		return false, ctx.Err()
 	}
-	defer func() { <-f.slots }()
+	defer func() { <-f.c.slots }()
 
-	cur, err := f.store.Cursor(f.ref.Run, f.ref.Key())
+	cur, err := f.c.Store.Cursor(f.ref.Run, f.ref.Key())
 	if err != nil {
 		return false, err
 	}
-	sctx, cancel := context.WithTimeout(ctx, f.opts.MaxStreamLifetime)
+	sctx, cancel := context.WithTimeout(ctx, f.c.Follow.MaxStreamLifetime)
 	defer cancel()
 	// A stream opened once the container had ended reads its whole last
 	// file; one following it when it ended stops at the EOF of the file
 	// the kubelet was reading, perhaps a rotated one (see streamEnded).
 	endedAtOpen := f.state().ended
-	rc, err := f.src.Stream(sctx, f.ref.Namespace, f.ref.Pod, f.ref.Container, cur.SinceTime(), f.state().replaced)
+	rc, err := f.c.Source.Stream(sctx, f.ref.Namespace, f.ref.Pod, f.ref.Container, cur.SinceTime(), f.state().replaced)
 	if err != nil {
 		return false, err
 	}
 	defer rc.Close()
 	streamsOpen.Inc()
 	defer streamsOpen.Dec()
-	acct := f.budget.account()
+	acct := f.c.budget.account()
 	defer acct.close()
-	stop := make(chan struct{})
-	defer close(stop) // before rc.Close (defers run last-first): the reader exits
-	q := readLines(rc, f.opts.MaxLineBytes, f.opts.BatchBytes, acct, stop)
+	rctx, stopReading := context.WithCancel(ctx)
+	defer stopReading() // before rc.Close (defers run last-first): the reader exits
+	q := readLines(rctx, rc, f.c.Follow.MaxLineBytes, f.c.Follow.BatchBytes, acct)
 
 	b := &batch{f: f, res: newResume(cur), from: cur, acct: acct}
-	started := f.clock.Now()
-	tick := f.clock.NewTicker(f.opts.BatchWait)
+	started := f.c.Clock.Now()
+	tick := f.c.Clock.NewTicker(f.c.Follow.BatchWait)
 	defer tick.Stop()
 	for {
 		select {
@@ -263,13 +254,13 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 // takeSlot waits for one of the open-stream slots, counting the wait.
 func (f *follower) takeSlot(ctx context.Context) bool {
 	select {
-	case f.slots <- struct{}{}:
+	case f.c.slots <- struct{}{}:
 		return true
 	default:
 		streamLimitWaits.Inc()
 	}
 	select {
-	case f.slots <- struct{}{}:
+	case f.c.slots <- struct{}{}:
 		return true
 	case <-ctx.Done():
 		return false
@@ -311,7 +302,7 @@ func (q *lineQueue) taken(line []byte) {
 // container's last line, written without a newline. It reads on only
 // while the queue has room and the budget allows: the rest waits in the
 // stream's HTTP/2 window and the log file.
-func readLines(rc io.Reader, maxLine, maxQueued int, acct *budgetAccount, stop <-chan struct{}) *lineQueue {
+func readLines(ctx context.Context, rc io.Reader, maxLine, maxQueued int, acct *budgetAccount) *lineQueue {
 	q := &lineQueue{lines: make(chan []byte, 64), room: make(chan struct{}, 1), maxBytes: math.MaxInt64}
 	if maxQueued > 0 {
 		q.maxBytes = int64(maxQueued)
@@ -327,18 +318,18 @@ func readLines(rc io.Reader, maxLine, maxQueued int, acct *budgetAccount, stop <
 				}
 				select {
 				case <-q.room:
-				case <-stop:
+				case <-ctx.Done():
 					return false
 				}
 			}
-			if !acct.take(n, stop) {
+			if !acct.take(ctx, n) {
 				return false
 			}
 			q.queued.Add(n)
 			select {
 			case q.lines <- line:
 				return true
-			case <-stop:
+			case <-ctx.Done():
 				return false
 			}
 		}
@@ -424,9 +415,9 @@ func (f *follower) drained(queued int, lastLine, started time.Time) bool {
 	if queued > 0 {
 		return false
 	}
-	quiet := f.clock.Since(lastLine) >= f.opts.DrainIdle
+	quiet := f.c.Clock.Since(lastLine) >= f.c.Follow.DrainIdle
 	if lastLine.IsZero() {
-		quiet = f.clock.Since(started) >= f.opts.DrainMax
+		quiet = f.c.Clock.Since(started) >= f.c.Follow.DrainMax
 	}
 	if !quiet {
 		return false
@@ -460,10 +451,10 @@ type batch struct {
 // add takes one raw line, skipping what the store already has, and
 // commits when the batch is full.
 func (b *batch) add(raw []byte) error {
-	b.lastLine = b.f.clock.Now()
+	b.lastLine = b.f.c.Clock.Now()
 	ts, msg, err := splitTimestamp(trimNewline(raw))
 	if err != nil {
-		b.f.log.V(1).Info("skipping a line without timestamp", "stream", b.f.ref.Key())
+		b.f.c.Log.V(1).Info("skipping a line without timestamp", "stream", b.f.ref.Key())
 		return nil
 	}
 	if !b.res.accept(ts, msg) {
@@ -472,9 +463,9 @@ func (b *batch) add(raw []byte) error {
 	if b.lines == nil {
 		b.lines = getLines()
 	}
-	b.lines = append(b.lines, store.Line{TS: ts, Container: b.f.ref.Container, Line: string(b.f.redact.Redact(msg))})
+	b.lines = append(b.lines, store.Line{TS: ts, Container: b.f.ref.Container, Line: string(b.f.c.Redact.Redact(msg))})
 	b.bytes += len(b.lines[len(b.lines)-1].Line)
-	if len(b.lines) >= b.f.opts.BatchLines || (b.f.opts.BatchBytes > 0 && b.bytes >= b.f.opts.BatchBytes) {
+	if len(b.lines) >= b.f.c.Follow.BatchLines || (b.f.c.Follow.BatchBytes > 0 && b.bytes >= b.f.c.Follow.BatchBytes) {
 		return b.flush(false)
 	}
 	return nil
@@ -488,8 +479,8 @@ func (b *batch) flush(caughtUp bool) error {
 		b.giveBack(caughtUp)
 		return nil
 	}
-	now := b.f.clock.Now()
-	if _, err := b.f.store.AppendAfter(b.f.ref.Run, b.f.ref.Key(), b.from, b.res.cur, b.lines, now); err != nil {
+	now := b.f.c.Clock.Now()
+	if _, err := b.f.c.Store.AppendAfter(b.f.ref.Run, b.f.ref.Key(), b.from, b.res.cur, b.lines, now); err != nil {
 		return err
 	}
 	b.from = b.res.cur
@@ -505,7 +496,7 @@ func (b *batch) flush(caughtUp bool) error {
 	b.lines, b.bytes = nil, 0
 	b.giveBack(caughtUp)
 	// Time spent committing is not idle: lines may have queued behind it.
-	b.lastLine = b.f.clock.Now()
+	b.lastLine = b.f.c.Clock.Now()
 	if b.f.committed != nil {
 		b.f.committed()
 	}

@@ -25,8 +25,8 @@ func BenchmarkFollowLines(b *testing.B) {
 			b.Fatal(err)
 		}
 		f := newFollower(nil, s, src)
-		f.redact = redactor
-		f.opts.BatchLines = 256
+		f.c.Redact = redactor
+		f.c.Follow.BatchLines = 256
 		f.run(context.Background())
 		if r, _ := s.Run("run-1"); r.LastSeq != n {
 			b.Fatalf("stored %d of %d", r.LastSeq, n)
@@ -57,8 +57,8 @@ func BenchmarkFollowManyStreams(b *testing.B) {
 		for i, src := range srcs {
 			f := newFollower(nil, s, src)
 			f.ref.Run = fmt.Sprintf("run-%d", i)
-			f.redact, f.slots = redactor, make(chan struct{}, 1)
-			f.opts.BatchLines, f.opts.BatchWait = 256, 100*time.Millisecond
+			f.c.Redact, f.c.slots = redactor, make(chan struct{}, 1)
+			f.c.Follow.BatchLines, f.c.Follow.BatchWait = 256, 100*time.Millisecond
 			wg.Go(func() { f.run(context.Background()) })
 		}
 		wg.Wait()

@@ -152,12 +152,12 @@ func (f *fakeLog) state() containerState {
 // a stream open, and then the test sets its own.
 func newFollower(_ testing.TB, s *bolt.Store, src *fakeLog) *follower {
 	return &follower{
-		ref: StreamRef{Run: "run-1", Namespace: "ns", Pod: "p", PodUID: "uid", Container: "agent", ContainerID: "c1"},
-		src: src, store: s, state: src.state, slots: make(chan struct{}, 4), log: logr.Discard(), clock: clock.RealClock{},
-		// DrainMax as in production: a stream that has sent nothing yet is
-		// not drained because the machine is slow to deliver its first line.
-		opts: FollowOptions{BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond, DrainIdle: 5 * time.Second, DrainMax: time.Minute,
-			BatchWait: 5 * time.Millisecond, BatchLines: 7, MaxStreamLifetime: time.Hour},
+		ref: StreamRef{Run: "run-1", Namespace: "ns", Pod: "p", PodUID: "uid", Container: "agent", ContainerID: "c1"}, state: src.state,
+		c: &Collector{Source: src, Store: s, slots: make(chan struct{}, 4), Log: logr.Discard(), Clock: clock.RealClock{},
+			// DrainMax as in production: a stream that has sent nothing yet is
+			// not drained because the machine is slow to deliver its first line.
+			Follow: FollowOptions{BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond, DrainIdle: 5 * time.Second, DrainMax: time.Minute,
+				BatchWait: 5 * time.Millisecond, BatchLines: 7, MaxStreamLifetime: time.Hour}},
 	}
 }
 
@@ -219,11 +219,11 @@ func TestFollowerReconnectsACutStreamPromptly(t *testing.T) {
 	src.breakAfter = []int{15, 15, 15, 15, 15, 15, 0, 0, 15}
 	writeBurst(src, 0, 150)
 	f := newFollower(t, s, src)
-	f.opts.BackoffMin, f.opts.BackoffMax = time.Millisecond, time.Second
+	f.c.Follow.BackoffMin, f.c.Follow.BackoffMax = time.Millisecond, time.Second
 	var mu sync.Mutex
 	var waits []string
 	wait := regexp.MustCompile(`retrying".*"in"=("[^"]*")`)
-	f.log = funcr.New(func(_, args string) {
+	f.c.Log = funcr.New(func(_, args string) {
 		if m := wait.FindStringSubmatch(args); m != nil {
 			mu.Lock()
 			waits = append(waits, m[1])
@@ -363,9 +363,9 @@ func TestFollowerDrainsAnOpenStreamAfterTermination(t *testing.T) {
 	s, _ := storetest.Open(t)
 	src := newHeldOpenLog(10)
 	f := newFollower(t, s, nil)
-	f.src = src
+	f.c.Source = src
 	f.state = func() containerState { return containerState{ended: src.allQueued()} }
-	f.opts.DrainIdle = 50 * time.Millisecond
+	f.c.Follow.DrainIdle = 50 * time.Millisecond
 	runWithin(t, f, "drain did not end the stream")
 	assertExactlyOnce(t, s, 10)
 }
@@ -373,7 +373,7 @@ func TestFollowerDrainsAnOpenStreamAfterTermination(t *testing.T) {
 func TestFollowerGivesUpWhenPodIsGone(t *testing.T) {
 	s, _ := storetest.Open(t)
 	f := newFollower(t, s, nil)
-	f.src = failingSource{}
+	f.c.Source = failingSource{}
 	f.state = func() containerState { return containerState{gone: true} }
 	done := make(chan struct{})
 	go func() { f.run(context.Background()); close(done) }()
@@ -399,7 +399,7 @@ func TestFollowerReconnectsBeforeLifetime(t *testing.T) {
 	s, _ := storetest.Open(t)
 	src := newFakeLog()
 	f := newFollower(t, s, src)
-	f.opts.MaxStreamLifetime = 20 * time.Millisecond
+	f.c.Follow.MaxStreamLifetime = 20 * time.Millisecond
 	done := make(chan struct{})
 	go func() { f.run(context.Background()); close(done) }()
 	sessions := func() int {
@@ -466,8 +466,8 @@ func TestStreamBound(t *testing.T) {
 		src.ended = true
 		f := newFollower(t, s, src)
 		f.ref.Container, f.ref.ContainerID = name, fmt.Sprint(i)
-		f.slots = slots
-		f.src = countingSource{src, &open, &max}
+		f.c.slots = slots
+		f.c.Source = countingSource{src, &open, &max}
 		wg.Add(1)
 		go func() { defer wg.Done(); f.run(context.Background()) }()
 	}
@@ -509,12 +509,12 @@ func TestFollowerDrainOutlastsSlowCommits(t *testing.T) {
 	s, _ := storetest.Open(t)
 	src := newHeldOpenLog(60)
 	f := newFollower(t, s, nil)
-	f.src = src
+	f.c.Source = src
 	f.state = func() containerState { return containerState{ended: src.allQueued()} }
-	f.opts.DrainIdle, f.opts.BatchLines, f.opts.BatchWait = time.Millisecond, 5, time.Millisecond
+	f.c.Follow.DrainIdle, f.c.Follow.BatchLines, f.c.Follow.BatchWait = time.Millisecond, 5, time.Millisecond
 	f.committed = func() {
-		<-src.delivered                  // 60 lines fit the queue: the reader never waits for the follower
-		time.Sleep(2 * f.opts.DrainIdle) // the slow fsync
+		<-src.delivered                      // 60 lines fit the queue: the reader never waits for the follower
+		time.Sleep(2 * f.c.Follow.DrainIdle) // the slow fsync
 	}
 	runWithin(t, f, "the drained stream was not ended")
 	assertExactlyOnce(t, s, 60)
@@ -529,7 +529,7 @@ func TestLongLinesAreCut(t *testing.T) {
 	src.write(at(1), "after")
 	src.ended = true
 	f := newFollower(t, s, src)
-	f.opts.MaxLineBytes = 1000
+	f.c.Follow.MaxLineBytes = 1000
 	before := testutil.ToFloat64(linesTruncated)
 	f.run(context.Background())
 	got, _ := store.Lines(s, "run-1", 0, 0)
@@ -548,7 +548,7 @@ func TestFollowerReadsThePodOnlyWhenQuiet(t *testing.T) {
 	s, _ := storetest.Open(t)
 	src := newFakeLog()
 	f := newFollower(t, s, src)
-	f.opts.BatchWait = time.Millisecond
+	f.c.Follow.BatchWait = time.Millisecond
 	var reads atomic.Int32
 	f.state = func() containerState { reads.Add(1); return src.state() }
 	ctx, cancel := context.WithCancel(context.Background())
@@ -602,7 +602,7 @@ func TestFollowerRereadsAFollowThatWentQuietAfterTheEnd(t *testing.T) {
 	src.ended = true
 	src.stallAfter = []int{5}
 	f := newFollower(t, s, src)
-	f.opts.DrainIdle = 20 * time.Millisecond
+	f.c.Follow.DrainIdle = 20 * time.Millisecond
 	f.state = src.endedAfterFirstStream
 	f.run(context.Background())
 	assertExactlyOnce(t, s, 10)
@@ -637,7 +637,7 @@ func TestFollowerCommitsOnceCaughtUp(t *testing.T) {
 	s, _ := storetest.Open(t)
 	src := newFakeLog()
 	f := newFollower(t, s, src)
-	f.opts.BatchWait, f.opts.BatchLines = time.Hour, 1000
+	f.c.Follow.BatchWait, f.c.Follow.BatchLines = time.Hour, 1000
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { f.run(ctx); close(done) }()

@@ -45,9 +45,9 @@ func TestQuietStreamsHoldLittleMemory(t *testing.T) {
 	for i, src := range srcs {
 		f := newFollower(t, s, src)
 		f.ref.Run = fmt.Sprintf("run-%d", i)
-		f.slots = make(chan struct{}, 1)
-		f.opts = DefaultFollowOptions()
-		f.opts.DrainIdle = time.Hour
+		f.c.slots = make(chan struct{}, 1)
+		f.c.Follow = DefaultFollowOptions()
+		f.c.Follow.DrainIdle = time.Hour
 		wg.Go(func() { f.run(ctx) })
 	}
 	for i := range srcs {
@@ -84,10 +84,10 @@ func TestLongLinesAreBatchedByBytes(t *testing.T) {
 	src := &endlessLog{text: strings.Repeat("y", lineBytes)}
 	held := &heldStore{Backend: s, release: make(chan struct{})}
 	f := newFollower(t, s, nil)
-	f.src, f.store = src, held
+	f.c.Source, f.c.Store = src, held
 	f.state = func() containerState { return containerState{} }
-	f.opts = DefaultFollowOptions()
-	f.opts.BatchBytes = batchBytes
+	f.c.Follow = DefaultFollowOptions()
+	f.c.Follow.BatchBytes = batchBytes
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { f.run(ctx); close(done) }()
@@ -180,12 +180,12 @@ func (h *heldStore) AppendAfter(run, stream string, prev, cur store.Cursor, line
 // with room for an error and a fragment) when this was written.
 func TestAnEmptyQueueHoldsItsReadBuffer(t *testing.T) {
 	const queues = 500
-	stop := make(chan struct{})
-	defer close(stop)
-	src := quietStream(stop)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	src := quietStream(ctx.Done())
 	before := heapInUse()
 	for range queues {
-		readLines(src, 1<<20, 16<<10, nil, stop)
+		readLines(ctx, src, 1<<20, 16<<10, nil)
 	}
 	time.Sleep(100 * time.Millisecond) // the readers allocate their buffers
 	got := (heapInUse() - before) / queues

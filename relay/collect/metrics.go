@@ -1,11 +1,6 @@
 package collect
 
-import (
-	"sync"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
-)
+import "github.com/prometheus/client_golang/prometheus"
 
 var (
 	streamsOpen = prometheus.NewGauge(prometheus.GaugeOpts{
@@ -44,12 +39,7 @@ var (
 	}, []string{"cause"})
 )
 
-var registerOnce sync.Once
-
-// RegisterMetrics adds the collection metrics to controller-runtime's
-// registry, which the manager serves on /metrics.
-func RegisterMetrics() {
-	registerOnce.Do(func() {
-		metrics.Registry.MustRegister(streamsOpen, streamLimitWaits, linesStored, bytesStored, storeLag, reconnects, podsIgnored, podsKeptApart, linesTruncated)
-	})
+// Collectors returns the collection metrics, for the relay to register.
+func Collectors() []prometheus.Collector {
+	return []prometheus.Collector{streamsOpen, streamLimitWaits, linesStored, bytesStored, storeLag, reconnects, podsIgnored, podsKeptApart, linesTruncated}
 }

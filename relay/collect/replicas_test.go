@@ -66,7 +66,7 @@ func TestTwoFollowersOfOneStreamStoreEachLineOnce(t *testing.T) {
 			var done [2]chan struct{}
 			for i, s := range []store.Backend{a, b} {
 				f := newFollower(t, nil, src)
-				f.store, f.log = s, log
+				f.c.Store, f.c.Log = s, log
 				done[i] = make(chan struct{})
 				go func() { f.run(context.Background()); close(done[i]) }()
 			}
@@ -111,7 +111,7 @@ func TestFollowerSurvivesAPostgresRestart(t *testing.T) {
 	t.Cleanup(func() { s.Close() })
 	src := newFakeLog()
 	f := newFollower(t, nil, src)
-	f.store = s
+	f.c.Store = s
 	done := make(chan struct{})
 	go func() { f.run(context.Background()); close(done) }()
 

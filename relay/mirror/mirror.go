@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Mirror writes each run's agent output as NDJSON on the shared volume, in
@@ -509,3 +510,11 @@ func (mk entry) remove(dir int) error {
 	}
 	return nil
 }
+
+var refused = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "clipjob_relay_mirror_refused_total",
+	Help: "Mirror writes refused because the path on the shared volume was a symlink, hard link or other non-regular file.",
+})
+
+// Collectors returns the mirror's metrics, for the relay to register.
+func Collectors() []prometheus.Collector { return []prometheus.Collector{refused} }

@@ -5,14 +5,16 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 )
 
@@ -160,3 +162,11 @@ func parseValues(data []byte) []string {
 	}
 	return values
 }
+
+var valuesReloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "clipjob_relay_redact_values_reloads_total",
+	Help: "Reads of --redact-values-file after the start that changed the values (applied) or failed (error: the values before stay in force).",
+}, []string{"result"})
+
+// Collectors returns the redaction metrics, for the relay to register.
+func Collectors() []prometheus.Collector { return []prometheus.Collector{valuesReloads} }

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 
 	"github.com/paperclipai/clipjob/relay/store"
@@ -52,10 +53,13 @@ type Members struct {
 	// gone, and its runs are taken over. RenewInterval: how often this
 	// replica renews its row and reads the others'.
 	LeaseDuration, RenewInterval time.Duration
-	// Healthy, when set, says whether this replica may collect (its store
-	// takes writes): while it returns an error, the replica leaves, so
-	// that the others take its runs over, and owns nothing.
-	Healthy func() error
+	// Needs are the servers this replica cannot collect without (its
+	// store, the API server), each pinged every round, in the background
+	// so that a slow one never delays a renewal. After two pings of one in
+	// a row failed (one can meet a connection the server closed, which
+	// the pool then replaces) the replica leaves, so that the others take
+	// its runs over, and owns nothing until that server answers again.
+	Needs []Need
 	// OnChange, when set, runs after the runs this replica owns may have
 	// changed (the members, or its own membership). It runs on the
 	// membership's goroutine: the next renewal waits for it.
@@ -65,28 +69,28 @@ type Members struct {
 	// the real clock. The table's times are the server's, never this.
 	Clock clock.WithTicker
 
-	mu       sync.Mutex
-	id       string
-	member   bool
-	live     []Member  // the live members, this one included when member; sorted by ID
-	ids      []string  // their ids, for Pick
-	why      string    // why this replica is not a member, "" when it is
-	renewed  time.Time // when the last renewal that succeeded was sent, by this replica's clock
-	held     bool      // this replica's row may be in the table
-	started  bool
-	changeCh chan struct{}
+	mu      sync.Mutex
+	needs   []needState // by index of Needs
+	id      string
+	member  bool
+	live    []Member  // the live members, this one included when member; sorted by ID
+	ids     []string  // their ids, for Pick
+	why     string    // why this replica is not a member, "" when it is
+	renewed time.Time // when the last renewal that succeeded was sent, by this replica's clock
+	held    bool      // this replica's row may be in the table
+	started bool
 }
 
-func (m *Members) validate() error {
-	switch {
-	case m.Table == nil:
-		return errors.New("replicas: no table of replicas")
-	case m.Name == "":
-		return errors.New("replicas: the replica's name is required")
-	case m.RenewInterval <= 0 || m.LeaseDuration < 2*m.RenewInterval:
-		return fmt.Errorf("replicas: the lease duration (%s) must be at least twice the renew interval (%s)", m.LeaseDuration, m.RenewInterval)
-	}
-	return nil
+// Need is a server a replica pings; Name is for people ("the store").
+type Need struct {
+	Name string
+	Ping func(context.Context) error
+}
+
+type needState struct {
+	pinging bool
+	fails   int
+	last    error
 }
 
 // Owns says whether this replica collects the run whose id is key: it is
@@ -127,24 +131,10 @@ func (m *Members) Status() (member bool, live []Member, why string) {
 	return m.member, slices.Clone(m.live), m.why
 }
 
-// Changed returns a channel closed at the next change of the members or
-// of this replica's membership (for tests and waiters).
-func (m *Members) Changed() <-chan struct{} {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.changeCh == nil {
-		m.changeCh = make(chan struct{})
-	}
-	return m.changeCh
-}
-
 // Start renews this replica's row and follows the others until ctx ends,
 // then deletes its row, so the others take its runs over at once rather
 // than after LeaseDuration. It implements manager.Runnable.
 func (m *Members) Start(ctx context.Context) error {
-	if err := m.validate(); err != nil {
-		return err
-	}
 	id := make([]byte, 16)
 	if _, err := rand.Read(id); err != nil {
 		return err
@@ -154,7 +144,7 @@ func (m *Members) Start(ctx context.Context) error {
 		m.mu.Unlock()
 		return errors.New("replicas: started twice")
 	}
-	m.started, m.id = true, hex.EncodeToString(id)
+	m.started, m.id, m.needs = true, hex.EncodeToString(id), make([]needState, len(m.Needs))
 	m.mu.Unlock()
 	if m.Clock == nil {
 		m.Clock = clock.RealClock{}
@@ -182,10 +172,8 @@ func (m *Members) round(ctx context.Context) {
 	defer cancel()
 	sent := m.Clock.Now()
 	why := ""
-	if m.Healthy != nil {
-		if err := m.Healthy(); err != nil {
-			why = err.Error()
-		}
+	if err := m.ping(ctx); err != nil {
+		why = err.Error()
 	}
 	var live []Member
 	renewed := false
@@ -238,10 +226,6 @@ func (m *Members) round(ctx context.Context) {
 		}
 	}
 	m.member, m.live, m.ids, m.why = member, live, ids, why
-	var ch chan struct{}
-	if changed {
-		ch, m.changeCh = m.changeCh, nil
-	}
 	m.mu.Unlock()
 	if !changed {
 		return
@@ -252,9 +236,55 @@ func (m *Members) round(ctx context.Context) {
 	if m.OnChange != nil {
 		m.OnChange()
 	}
-	if ch != nil {
-		close(ch)
+}
+
+// ping starts a ping of each need that has none in flight, and returns
+// why this replica may not collect: a need whose last two pings failed.
+func (m *Members) ping(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var errs []error
+	for i, n := range m.Needs {
+		st := &m.needs[i]
+		errs = append(errs, st.err(n.Name))
+		if st.pinging {
+			continue
+		}
+		st.pinging = true
+		go func() {
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := n.Ping(pctx)
+			cancel()
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			st.pinging = false
+			if err == nil {
+				st.fails, st.last = 0, nil
+			} else if ctx.Err() == nil {
+				st.fails, st.last = st.fails+1, err
+			}
+		}()
 	}
+	return errors.Join(errs...)
+}
+
+// Unreachable says why the need named name does not answer, or nil.
+func (m *Members) Unreachable(name string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i, st := range m.needs {
+		if m.Needs[i].Name == name {
+			return st.err(name)
+		}
+	}
+	return nil
+}
+
+func (st needState) err(name string) error {
+	if st.fails < 2 {
+		return nil
+	}
+	return fmt.Errorf("%s does not answer: %w", name, st.last)
 }
 
 // names are the members' names, for the log.
@@ -288,3 +318,19 @@ func (m *Members) leave() {
 		c.Close()
 	}
 }
+
+var (
+	replicasLive = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "clipjob_relay_replicas",
+		Help: "Relay replicas sharing this replica's store it sees live (their rows in the table of replicas renewed), itself included when it collects.",
+	})
+	collecting = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "clipjob_relay_replica_collecting",
+		Help: "1 while this replica collects its share of the runs; 0 while it does not (its store unreachable, its row not renewed, stopping).",
+	})
+)
+
+// Collectors returns the membership metrics, for a relay that shares its
+// store to register: on one that does not they would say it collects
+// nothing.
+func Collectors() []prometheus.Collector { return []prometheus.Collector{replicasLive, collecting} }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/paperclipai/clipjob/internal/testing/poll"
 	"github.com/paperclipai/clipjob/relay/replicas"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
 	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
@@ -49,6 +50,19 @@ type table struct {
 	cut    atomic.Bool
 	mu     sync.Mutex
 	frozen chan struct{} // non-nil while frozen; closed to thaw
+	// changes receives when the replica's view changed (its OnChange).
+	changes chan struct{}
+}
+
+// table is a replica's table of replicas on its own connection, closed
+// when the test ends.
+func (g *group) table() *table {
+	tab, err := g.store.Replicas()
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	g.t.Cleanup(tab.Close)
+	return &table{Table: tab, changes: make(chan struct{}, 1)}
 }
 
 func (t *table) Renew(ctx context.Context, id, name string, ttl time.Duration) ([]replicas.Member, error) {
@@ -86,10 +100,15 @@ func (t *table) thaw() {
 
 // member starts a replica named name; it stops (deleting its row) when
 // the test ends or stop is called.
-func (g *group) member(name string, healthy func() error) (m *replicas.Members, tab *table, stop func()) {
-	tab = &table{Table: g.store.Replicas()}
-	m = &replicas.Members{Table: tab, Name: name,
-		LeaseDuration: 1200 * time.Millisecond, RenewInterval: 200 * time.Millisecond, Healthy: healthy, Log: logr.Discard()}
+func (g *group) member(name string, needs ...replicas.Need) (m *replicas.Members, tab *table, stop func()) {
+	tab = g.table()
+	m = &replicas.Members{Table: tab, Name: name, LeaseDuration: 1200 * time.Millisecond, RenewInterval: 200 * time.Millisecond,
+		Needs: needs, Log: logr.Discard(), OnChange: func() {
+			select {
+			case tab.changes <- struct{}{}:
+			default:
+			}
+		}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = m.Start(ctx); close(done) }()
@@ -185,9 +204,9 @@ func waitOwners(t *testing.T, want []string, ms ...*replicas.Members) map[string
 // so its runs move at the others' next renewal.
 func TestMembersDivideTheRuns(t *testing.T) {
 	g := newGroup(t)
-	a, _, _ := g.member("a", nil)
-	b, _, stopB := g.member("b", nil)
-	c, cTable, _ := g.member("c", nil)
+	a, _, _ := g.member("a")
+	b, _, stopB := g.member("b")
+	c, cTable, _ := g.member("c")
 	all := []*replicas.Members{a, b, c}
 	owners := waitOwners(t, []string{"a", "b", "c"}, all...)
 	for _, name := range []string{"a", "b", "c"} {
@@ -237,9 +256,9 @@ func TestMembersDivideTheRuns(t *testing.T) {
 // new owners moved), then renews and takes its share back.
 func TestAFrozenReplicaLosesItsRuns(t *testing.T) {
 	g := newGroup(t)
-	a, _, _ := g.member("a", nil)
-	b, _, _ := g.member("b", nil)
-	c, cTable, _ := g.member("c", nil)
+	a, _, _ := g.member("a")
+	b, _, _ := g.member("b")
+	c, cTable, _ := g.member("c")
 	waitOwners(t, []string{"a", "b", "c"}, a, b, c)
 	var mine []string
 	for _, k := range keys {
@@ -259,10 +278,13 @@ func TestAFrozenReplicaLosesItsRuns(t *testing.T) {
 		t.Fatalf("the frozen replica ran on: it owns %d of its %d runs", stale, len(mine))
 	}
 	t.Logf("the others took the frozen replica's %d runs while it still believed it owned them", len(mine))
-	changed := c.Changed()
+	select {
+	case <-cTable.changes: // a change from before the freeze
+	default:
+	}
 	cTable.thaw()
 	select {
-	case <-changed:
+	case <-cTable.changes:
 	case <-time.After(time.Minute):
 		t.Fatal("a minute after the thaw the replica's view has not changed")
 	}
@@ -272,29 +294,52 @@ func TestAFrozenReplicaLosesItsRuns(t *testing.T) {
 	waitOwners(t, []string{"a", "b", "c"}, a, b, c)
 }
 
-// TestAnUnhealthyReplicaLeaves: a replica whose store does not take
-// writes owns nothing and deletes its row, so the others take its runs at
-// once; healthy again, it takes its share back.
+// TestAnUnhealthyReplicaLeaves: a replica whose store does not answer
+// owns nothing and deletes its row, so the others take its runs at once;
+// healthy again, it takes its share back. One failed ping (a connection
+// the server closed, which the pool replaces) leaves it collecting; two
+// in a row make it leave, naming the store's error.
 func TestAnUnhealthyReplicaLeaves(t *testing.T) {
 	g := newGroup(t)
-	var down atomic.Bool
-	a, _, _ := g.member("a", nil)
-	b, _, _ := g.member("b", func() error {
-		if down.Load() {
-			return errors.New("the store does not answer")
+	var failing, pings atomic.Int64 // pings still to fail; pings made
+	a, _, _ := g.member("a")
+	b, bTable, _ := g.member("b", replicas.Need{Name: "the store", Ping: func(context.Context) error {
+		pings.Add(1)
+		if failing.Load() > 0 {
+			failing.Add(-1)
+			return errors.New("connection refused")
 		}
 		return nil
-	})
+	}})
 	waitOwners(t, []string{"a", "b"}, a, b)
-	down.Store(true)
+	select {
+	case <-bTable.changes: // b joining
+	default:
+	}
+	failing.Store(1)
+	poll.WaitFor(t, func() bool { return failing.Load() == 0 }, "the failing ping never came")
+	after := pings.Load()
+	poll.WaitFor(t, func() bool { return pings.Load() > after+1 }, "no pings after the failed one")
+	if err := b.Unreachable("the store"); err != nil {
+		t.Fatalf("unreachable after one failed ping: %v", err)
+	}
+	select {
+	case <-bTable.changes:
+		t.Fatal("one failed ping changed b's membership")
+	default:
+	}
+	failing.Store(1 << 30)
 	waitOwners(t, []string{"a"}, a, b)
-	if _, _, why := b.Status(); why != "the store does not answer" {
+	if _, _, why := b.Status(); why != "the store does not answer: connection refused" {
 		t.Errorf("why b does not collect: %q", why)
+	}
+	if err := b.Unreachable("the store"); err == nil {
+		t.Error("pings failing, the store reachable")
 	}
 	if rows := g.rows(); !slices.Equal(rows, []string{"a"}) {
 		t.Errorf("rows while b is unhealthy: %v", rows)
 	}
-	down.Store(false)
+	failing.Store(0)
 	waitOwners(t, []string{"a", "b"}, a, b)
 }
 
@@ -303,8 +348,8 @@ func TestAnUnhealthyReplicaLeaves(t *testing.T) {
 // that divide the runs, neither taking the other's membership.
 func TestTwoReplicasOfOneNameAreTwoMembers(t *testing.T) {
 	g := newGroup(t)
-	a, _, _ := g.member("relay-0", nil)
-	b, _, _ := g.member("relay-0", nil)
+	a, _, _ := g.member("relay-0")
+	b, _, _ := g.member("relay-0")
 	owners := waitOwners(t, []string{"relay-0", "relay-0"}, a, b)
 	if owners["relay-0"] != len(keys) {
 		t.Fatalf("owned %d of %d runs", owners["relay-0"], len(keys))
@@ -347,7 +392,7 @@ func TestRunNamesChosenKnowingThePodNamesSpread(t *testing.T) {
 	pods := []string{"clipjob-relay-7c9d8-abcde", "clipjob-relay-7c9d8-fghij", "clipjob-relay-7c9d8-klmno"}
 	var ms []*replicas.Members
 	for _, p := range pods {
-		m, _, _ := g.member(p, nil)
+		m, _, _ := g.member(p)
 		ms = append(ms, m)
 	}
 	waitOwners(t, []string{pods[0], pods[1], pods[2]}, ms...)
@@ -374,7 +419,9 @@ func TestRunNamesChosenKnowingThePodNamesSpread(t *testing.T) {
 }
 
 // statusTable records, as each renewal starts, whether its replica was a
-// member after the round before.
+// member after the round before, and says when the renewal returned (the
+// test cuts the table after the first: cut before it returns, the first
+// renewal could fail too).
 type statusTable struct {
 	*table
 	m      *replicas.Members
@@ -388,7 +435,7 @@ func (t *statusTable) Renew(ctx context.Context, id, name string, ttl time.Durat
 	t.mu.Lock()
 	t.member = append(t.member, member)
 	t.mu.Unlock()
-	t.calls <- struct{}{}
+	defer func() { t.calls <- struct{}{} }()
 	return t.table.Renew(ctx, id, name, ttl)
 }
 
@@ -403,7 +450,7 @@ func TestAReplicaThatCannotRenewStopsBeforeItsRowLapses(t *testing.T) {
 	g := newGroup(t)
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 28, 18, 0, 0, 0, time.UTC))
 	const lease, renew = 10 * time.Second, time.Second // deadline 8 s
-	st := &statusTable{table: &table{Table: g.store.Replicas()}, calls: make(chan struct{}, 1)}
+	st := &statusTable{table: g.table(), calls: make(chan struct{}, 1)}
 	m := &replicas.Members{Table: st, Name: "a", LeaseDuration: lease, RenewInterval: renew, Clock: clk, Log: logr.Discard()}
 	st.m = m
 	ctx, cancel := context.WithCancel(context.Background())

@@ -4,14 +4,12 @@ import (
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
-	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // releaseInterval is how often the store lets go of the pages of its file
 // it mapped (releaseMapped), a walk of the page tables costing well under
 // a millisecond.
-const releaseInterval = 250 * time.Millisecond
-
+//
 // bbolt reads the store through a mapping of the whole file, and every
 // page a reader touched stays resident, so the relay's memory grew with
 // the store. The pages are the kernel's page cache either way: released
@@ -19,10 +17,7 @@ const releaseInterval = 250 * time.Millisecond
 // the cache, which the kernel drops under pressure. The mapping is
 // read-only and bbolt writes through the file, so a page read again is
 // the same page.
-func (s *Store) releaseEvery(interval time.Duration, stop <-chan struct{}, done chan<- struct{}) {
-	defer close(done)
-	wait.Until(func() { _ = s.releaseMapped() }, interval, stop)
-}
+const releaseInterval = 250 * time.Millisecond
 
 // releaseMapped releases the pages of the file mapped so far. It runs in
 // a read transaction: bbolt maps the file again (elsewhere, as it grows)
@@ -30,13 +25,5 @@ func (s *Store) releaseEvery(interval time.Duration, stop <-chan struct{}, done 
 func (s *Store) releaseMapped() error {
 	return s.db.View(func(tx *bbolt.Tx) error {
 		return dontNeed(s.db.Info().Data, uintptr(tx.Size()))
-	})
-}
-
-// stopReleasingMapped ends releaseEvery and waits for it.
-func (s *Store) stopReleasingMapped() {
-	s.closeOnce.Do(func() {
-		close(s.stopReleasing)
-		<-s.released
 	})
 }

@@ -29,7 +29,8 @@ func TestStoreReleasesTheMappedPagesItRead(t *testing.T) {
 		}
 	}
 	file := dir + "/relay.db"
-	s.stopReleasingMapped() // this test releases them itself
+	s.stopReleasing() // this test releases them itself
+	s.releasing.Wait()
 	readAll := func() {
 		t.Helper()
 		var after uint64

@@ -20,7 +20,6 @@ func putRetired(tx *bbolt.Tx, t *store.Retired) error {
 	return put(tx, bucketRetired, retiredKey(t.Namespace, t.JobUID), t)
 }
 
-// RetiredRun implements store.Backend.
 func (s *Store) RetiredRun(namespace, jobUID string) (*store.Retired, error) {
 	var out *store.Retired
 	err := s.db.View(func(tx *bbolt.Tx) error {
@@ -34,7 +33,6 @@ func (s *Store) RetiredRun(namespace, jobUID string) (*store.Retired, error) {
 	return out, err
 }
 
-// RetiredRuns implements store.Backend.
 func (s *Store) RetiredRuns() ([]store.Retired, error) {
 	var out []store.Retired
 	err := s.db.View(func(tx *bbolt.Tx) error {
@@ -50,7 +48,6 @@ func (s *Store) RetiredRuns() ([]store.Retired, error) {
 	return out, err
 }
 
-// ForgetRetired implements store.Backend.
 func (s *Store) ForgetRetired(gone ...store.Retired) error {
 	if len(gone) == 0 {
 		return nil

@@ -4,6 +4,7 @@ package bolt
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,7 @@ import (
 
 	bbolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
 
 	"github.com/paperclipai/clipjob/relay/store"
@@ -33,7 +35,8 @@ var (
 	bucketRetired = []byte("retired") // namespace/Job UID -> store.Retired
 )
 
-// Store is the relay's embedded store, the default Backend.
+// Store is the relay's embedded store, the default store.Backend; the
+// methods of the interface are documented there.
 type Store struct {
 	db *bbolt.DB
 	// Clock stamps a run first seen with no line, and times the index's
@@ -41,10 +44,10 @@ type Store struct {
 	Clock   clock.PassiveClock
 	index   runIndex
 	changes store.Changes
-	// stopReleasing and released end releaseEvery (mapping.go).
-	stopReleasing chan struct{}
-	released      chan struct{}
-	closeOnce     sync.Once
+	// stopReleasing ends releasing what is mapped, and releasing is done
+	// then (mapping.go).
+	stopReleasing context.CancelFunc
+	releasing     sync.WaitGroup
 }
 
 var _ store.Backend = (*Store)(nil)
@@ -78,14 +81,16 @@ func Open(dir string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("reading the runs of the store in %s: %w", dir, err)
 	}
-	st.stopReleasing, st.released = make(chan struct{}), make(chan struct{})
-	go st.releaseEvery(releaseInterval, st.stopReleasing, st.released)
+	var ctx context.Context
+	ctx, st.stopReleasing = context.WithCancel(context.Background())
+	st.releasing.Go(func() { wait.UntilWithContext(ctx, func(context.Context) { _ = st.releaseMapped() }, releaseInterval) })
 	return st, nil
 }
 
 // Close flushes and closes the store.
 func (s *Store) Close() error {
-	s.stopReleasingMapped()
+	s.stopReleasing()
+	s.releasing.Wait()
 	return s.db.Close()
 }
 
@@ -102,7 +107,6 @@ func seqKey(seq uint64) []byte {
 	return k
 }
 
-// AppendAfter implements store.Backend.
 func (s *Store) AppendAfter(run, stream string, prev, cur store.Cursor, lines []store.Line, now time.Time) (uint64, error) {
 	var last uint64
 	err := s.db.Batch(func(tx *bbolt.Tx) error {
@@ -157,7 +161,6 @@ func (s *Store) AppendAfter(run, stream string, prev, cur store.Cursor, lines []
 // with the run.
 func cursorKey(run, stream string) []byte { return []byte(run + "\x00" + stream) }
 
-// Cursor implements store.Backend.
 func (s *Store) Cursor(run, stream string) (store.Cursor, error) {
 	var c store.Cursor
 	err := s.db.View(func(tx *bbolt.Tx) error {
@@ -167,7 +170,6 @@ func (s *Store) Cursor(run, stream string) (store.Cursor, error) {
 	return c, err
 }
 
-// UpdateRun implements store.Backend.
 func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 	var out *store.Run
 	err := s.db.Batch(func(tx *bbolt.Tx) error {
@@ -190,7 +192,6 @@ func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 	return out, err
 }
 
-// Run implements store.Backend.
 func (s *Store) Run(id string) (*store.Run, error) {
 	var r *store.Run
 	err := s.db.View(func(tx *bbolt.Tx) error {
@@ -235,10 +236,8 @@ func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, 
 	return out, err
 }
 
-// Changed implements store.Backend.
 func (s *Store) Changed(run string) <-chan struct{} { return s.changes.Changed(run) }
 
-// Retain implements store.Backend.
 func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]store.Run, error) {
 	runs, err := s.RunsWhere(store.Filter{})
 	if err != nil {
@@ -332,7 +331,6 @@ func put(tx *bbolt.Tx, bucket, key []byte, v any) error {
 	return tx.Bucket(bucket).Put(key, data)
 }
 
-// MirrorState implements store.Backend.
 func (s *Store) MirrorState(run string) (store.MirrorState, error) {
 	var st store.MirrorState
 	err := s.db.View(func(tx *bbolt.Tx) error {
@@ -342,7 +340,6 @@ func (s *Store) MirrorState(run string) (store.MirrorState, error) {
 	return st, err
 }
 
-// SetMirrorState implements store.Backend.
 func (s *Store) SetMirrorState(run string, st store.MirrorState) error {
 	return s.db.Update(func(tx *bbolt.Tx) error { return put(tx, bucketMirror, []byte(run), st) })
 }

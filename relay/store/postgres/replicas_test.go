@@ -33,10 +33,8 @@ func TestReplicaRowsLiveByTheServersClock(t *testing.T) {
 	ctx := context.Background()
 	conn, schema := pgtest.Schema(t)
 	s := open(t, postgres.Options{ConnString: conn, Schema: schema})
-	a, b, c := s.Replicas(), s.Replicas(), s.Replicas()
-	t.Cleanup(func() { a.Close(); b.Close(); c.Close() })
-	other := open(t, postgres.Options{ConnString: conn, Schema: schema + "_other"}).Replicas()
-	t.Cleanup(other.Close)
+	a, b, c := table(t, s), table(t, s), table(t, s)
+	other := table(t, open(t, postgres.Options{ConnString: conn, Schema: schema + "_other"}))
 	// Long enough for the statements between two checks on a busy machine.
 	const ttl = 5 * time.Second
 	if _, err := other.Renew(ctx, "o", "other-0", time.Hour); err != nil {
@@ -114,8 +112,7 @@ func TestAReplicaRowOutlivesNoConnection(t *testing.T) {
 	ctx := context.Background()
 	conn, schema := pgtest.Schema(t)
 	s := open(t, postgres.Options{ConnString: conn, Schema: schema})
-	a := s.Replicas()
-	t.Cleanup(a.Close)
+	a := table(t, s)
 	if _, err := a.Renew(ctx, "a", "relay-a", time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -139,6 +136,17 @@ func TestAReplicaRowOutlivesNoConnection(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// table is s's table of replicas, closed when the test ends.
+func table(t *testing.T, s *postgres.Store) *postgres.ReplicaTable {
+	t.Helper()
+	tab, err := s.Replicas()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tab.Close)
+	return tab
 }
 
 // waitLive renews a as "a" until the live members are want.

@@ -66,7 +66,8 @@ type Options struct {
 	Clock clock.WithTicker
 }
 
-// Store is the PostgreSQL store.
+// Store is the PostgreSQL store: a store.Backend; the methods of the
+// interface are documented there.
 type Store struct {
 	pool    *pgxpool.Pool
 	schema  string
@@ -75,9 +76,8 @@ type Store struct {
 	changes store.Changes
 	commits committer
 	q       appendSQL
-	// connConfig opens the connections outside the pool (the listener,
-	// the table of replicas).
-	connConfig *pgx.ConnConfig
+	// poolConfig opens the table of replicas' own pool.
+	poolConfig *pgxpool.Config
 	// out holds the runs this store changed for the other relays to hear
 	// of; stopNotifying ends the listener and the sender (see notify.go),
 	// and notifying is done once both have.
@@ -122,7 +122,7 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres store: %w", err)
 	}
-	s := &Store{pool: pool, schema: o.Schema, opts: o, connConfig: cfg.ConnConfig,
+	s := &Store{pool: pool, schema: o.Schema, opts: o, poolConfig: cfg,
 		names: strings.NewReplacer("{schema}", pgx.Identifier{o.Schema}.Sanitize())}
 	s.q = newAppendSQL(s)
 	if err := s.migrate(ctx); err != nil {
@@ -192,19 +192,6 @@ func runArgs(id string, r *store.Run) ([]any, error) {
 const updateRun = `UPDATE {schema}.runs SET namespace = $2, pod = $3, pod_uid = $4, agent = $5, company = $6, phase = $7,
 	done = $8, last_seq = $9, bytes = $10, seen_at = $11, record = $12 WHERE id = $1`
 
-// lockRun reads the run's record and locks its row until tx ends,
-// creating it as fresh if it is missing: appends of a run's streams and
-// updates of its record take turns on it. It returns the run's num, the
-// key of its lines.
-func (s *Store) lockRun(ctx context.Context, tx pgx.Tx, id string, fresh *store.Run) (*store.Run, int64, error) {
-	var r *store.Run
-	var num int64
-	err := s.lockRuns(ctx, tx, []string{id}, func(string) *store.Run { return fresh }, func(_ int, rec *store.Run, n int64) {
-		r, num = rec, n
-	})
-	return r, num, err
-}
-
 // execBatch sends b and returns the first statement's error.
 func execBatch(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
 	br := tx.SendBatch(ctx, b)
@@ -230,23 +217,24 @@ func (s *Store) cursor(ctx context.Context, q querier, run, stream string) (stor
 	return c, err
 }
 
-// Cursor implements store.Backend.
 func (s *Store) Cursor(run, stream string) (store.Cursor, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
 	return s.cursor(ctx, s.pool, run, stream)
 }
 
-// UpdateRun implements store.Backend.
 func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
 	var out *store.Run
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		// Seen now, though nothing is stored yet: retention counts from
-		// here for a run that never writes a line.
-		r, _, err := s.lockRun(ctx, tx, id, &store.Run{ID: id, Phase: "Pending", SeenAt: s.opts.Clock.Now()})
-		if err != nil {
+		// here for a run that never writes a line. The row stays locked
+		// until tx ends: appends of a run's streams and updates of its
+		// record take turns on it.
+		var r *store.Run
+		fresh := &store.Run{ID: id, Phase: "Pending", SeenAt: s.opts.Clock.Now()}
+		if err := s.lockRuns(ctx, tx, []string{id}, func(string) *store.Run { return fresh }, func(_ int, rec *store.Run, _ int64) { r = rec }); err != nil {
 			return err
 		}
 		fn(r)
@@ -267,7 +255,6 @@ func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 	return out, nil
 }
 
-// Run implements store.Backend.
 func (s *Store) Run(id string) (*store.Run, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
@@ -345,7 +332,6 @@ func (s *Store) RunsWhere(f store.Filter) ([]store.Summary, error) {
 // never read whole (their data stays a TOAST pointer).
 const pageRows = 1000
 
-// RawLines implements store.Backend.
 func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, error) {
 	if after >= store.MaxSeq {
 		return nil, nil // past every line; int64(after) would be negative
@@ -513,38 +499,28 @@ func (s *Store) deleteRetiredLines() error {
 	return nil
 }
 
-// RetiredRun implements store.Backend.
 func (s *Store) RetiredRun(namespace, jobUID string) (*store.Retired, error) {
-	ctx, cancel := s.ctx()
-	defer cancel()
-	rows, err := s.pool.Query(ctx, s.sql(`SELECT job_uid, namespace, run, pod_created, retired_at FROM {schema}.retired_runs
-		WHERE namespace = $1 AND job_uid = $2`), namespace, jobUID)
-	if err != nil {
-		return nil, err
-	}
-	got, err := scanRetired(rows)
+	got, err := s.retired(`WHERE namespace = $1 AND job_uid = $2`, namespace, jobUID)
 	if err != nil || len(got) == 0 {
 		return nil, err
 	}
 	return &got[0], nil
 }
 
-// RetiredRuns implements store.Backend.
-func (s *Store) RetiredRuns() ([]store.Retired, error) {
+func (s *Store) RetiredRuns() ([]store.Retired, error) { return s.retired("") }
+
+// retired reads the retired runs where selects.
+func (s *Store) retired(where string, args ...any) ([]store.Retired, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
-	rows, err := s.pool.Query(ctx, s.sql(`SELECT job_uid, namespace, run, pod_created, retired_at FROM {schema}.retired_runs`))
+	rows, err := s.pool.Query(ctx, s.sql(`SELECT job_uid, namespace, run, pod_created, retired_at FROM {schema}.retired_runs `+where), args...)
 	if err != nil {
 		return nil, err
 	}
-	return scanRetired(rows)
-}
-
-func scanRetired(rows pgx.Rows) ([]store.Retired, error) {
 	var out []store.Retired
 	var t store.Retired
 	var created, retired int64
-	_, err := pgx.ForEachRow(rows, []any{&t.JobUID, &t.Namespace, &t.Run, &created, &retired}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&t.JobUID, &t.Namespace, &t.Run, &created, &retired}, func() error {
 		t.PodCreated, t.RetiredAt = fromNanos(created), fromNanos(retired)
 		out = append(out, t)
 		return nil
@@ -552,7 +528,6 @@ func scanRetired(rows pgx.Rows) ([]store.Retired, error) {
 	return out, err
 }
 
-// ForgetRetired implements store.Backend.
 func (s *Store) ForgetRetired(gone ...store.Retired) error {
 	if len(gone) == 0 {
 		return nil
@@ -568,7 +543,6 @@ func (s *Store) ForgetRetired(gone ...store.Retired) error {
 	return err
 }
 
-// MirrorState implements store.Backend.
 func (s *Store) MirrorState(run string) (store.MirrorState, error) {
 	ctx, cancel := s.ctx()
 	defer cancel()
@@ -584,7 +558,6 @@ func (s *Store) MirrorState(run string) (store.MirrorState, error) {
 	return st, json.Unmarshal(v, &st)
 }
 
-// SetMirrorState implements store.Backend.
 func (s *Store) SetMirrorState(run string, st store.MirrorState) error {
 	ctx, cancel := s.ctx()
 	defer cancel()
