@@ -82,3 +82,48 @@ func TestTheMutatingWebhookUndoesAStaleQueuePolicy(t *testing.T) {
 		}
 	}
 }
+
+// The pod webhook is called for agent pods anywhere, and, in the
+// namespaces agents run in (not tenants'), for a pod created with a claim
+// or an ephemeral volume: the shared claim is Paperclip's home
+// (decide's TestOnlyAgentRunsAndTheServerMountPaperclipsHome). Other pods
+// never wait on clipjob.
+func TestThePodWebhookSeesPodsThatMayMountTheSharedClaim(t *testing.T) {
+	gvr, gvk := corev1.SchemeGroupVersion.WithResource("pods"), corev1.SchemeGroupVersion.WithKind("Pod")
+	pod := func(ns string, labels map[string]string, vs ...corev1.VolumeSource) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns, Labels: labels}}
+		for _, v := range vs {
+			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "v", VolumeSource: v})
+		}
+		return p
+	}
+	claim := corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "paperclip-data"}}
+	eph := corev1.VolumeSource{Ephemeral: &corev1.EphemeralVolumeSource{}}
+	empty := corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}
+	agent := map[string]string{"paperclip.io/agent-id": "a"}
+	values := map[string]any{"agentNamespaces": []any{"paperclip", "team-a"},
+		"config": map[string]any{"source": map[string]any{"namespace": "paperclip"}, "tenantNamespaces": []any{"team-a"}}}
+	disabled := map[string]any{"config": map[string]any{"policy": map[string]any{"sharedClaim": map[string]any{"mode": "Disabled"}}}}
+	for _, tc := range []struct {
+		name   string
+		values map[string]any
+		pod    *corev1.Pod
+		want   bool
+	}{
+		{"a claim where agents run", values, pod("paperclip", nil, claim), true},
+		{"an ephemeral volume where agents run", values, pod("paperclip", nil, empty, eph), true},
+		{"no claim", values, pod("paperclip", nil, empty), false},
+		{"no volume", values, pod("paperclip", nil), false},
+		{"a claim in another namespace", values, pod("databases", nil, claim), false},
+		{"a claim in a tenant namespace", values, pod("team-a", nil, claim), false},
+		{"an agent pod anywhere", values, pod("databases", agent), true},
+		{"a claim, the rule disabled", disabled, pod("paperclip", nil, claim), false},
+	} {
+		r := render(t, tc.values)
+		var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+		into(t, r, "ValidatingWebhookConfiguration", "clipjob-validating", &vwc)
+		if got := calls(t, vwc.Webhooks[1].MatchConditions, gvr, gvk, tc.pod); got != tc.want {
+			t.Errorf("%s: the pod webhook called %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -85,6 +85,13 @@ func validatePolicy(pol Policy, p *field.Path) field.ErrorList {
 	for i, g := range pol.Secrets.Shared {
 		errs = append(errs, glob(g, p.Child("secrets", "shared").Index(i))...)
 	}
+	sc := p.Child("sharedClaim")
+	if m := pol.SharedClaim.Mode; m != SharedClaimEnforce && m != SharedClaimDisabled {
+		errs = append(errs, field.NotSupported(sc.Child("mode"), m, []SharedClaimMode{SharedClaimEnforce, SharedClaimDisabled}))
+	}
+	for i, d := range pol.SharedClaim.Deployments {
+		errs = append(errs, dns(validation.IsDNS1123Subdomain, d, sc.Child("deployments").Index(i))...)
+	}
 	for i, g := range pol.Claims {
 		errs = append(errs, glob(g, p.Child("claims").Index(i))...)
 	}

@@ -1,0 +1,202 @@
+package decide_test
+
+import (
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"github.com/paperclipai/clipjob/config"
+	"github.com/paperclipai/clipjob/contract"
+	"github.com/paperclipai/clipjob/decide"
+	"github.com/paperclipai/clipjob/policy"
+)
+
+// podCluster is what the pod rule looks up: the source Deployment of the
+// fixture, a backup Deployment, their ReplicaSets, one forged ReplicaSet
+// that names the source as its controller with a template of its own,
+// and two other claims, one a clone of the shared one.
+type podCluster struct {
+	deployments map[string]*appsv1.Deployment
+	replicaSets map[string]*appsv1.ReplicaSet
+	pvcs        map[string]*corev1.PersistentVolumeClaim
+}
+
+const (
+	rsController  = "system:serviceaccount:kube-system:replicaset-controller"
+	jobController = "system:serviceaccount:kube-system:job-controller"
+	someone       = "system:serviceaccount:paperclip:tenant-ci"
+)
+
+func newPodCluster(source *appsv1.Deployment) *podCluster {
+	c := &podCluster{deployments: map[string]*appsv1.Deployment{}, replicaSets: map[string]*appsv1.ReplicaSet{}, pvcs: map[string]*corev1.PersistentVolumeClaim{}}
+	src := source.DeepCopy()
+	src.UID = "uid-deploy-paperclip"
+	backup := src.DeepCopy()
+	backup.Name, backup.UID = "paperclip-backup", "uid-deploy-backup"
+	backup.Spec.Template.Spec.Containers = []corev1.Container{{Name: "restic", Image: "restic/restic:0.17",
+		VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data", ReadOnly: true}}}}
+	for _, d := range []*appsv1.Deployment{src, backup} {
+		c.deployments[d.Name] = d
+		c.replicaSets[d.Name+"-abc"] = replicaSetOf(d, d.Name+"-abc", d.Spec.Template)
+	}
+	evil := src.Spec.Template.DeepCopy()
+	evil.Spec.Containers[1].Image = "evil.example.com/reader:1"
+	c.replicaSets["paperclip-forged"] = replicaSetOf(src, "paperclip-forged", *evil)
+	c.pvcs["scratch"] = &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "scratch", Namespace: "paperclip"}}
+	c.pvcs["copy"] = &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "copy", Namespace: "paperclip"},
+		Spec: corev1.PersistentVolumeClaimSpec{DataSource: &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "paperclip-data"}}}
+	return c
+}
+
+// replicaSetOf is the ReplicaSet the Deployment controller makes of d:
+// its template with the pod-template-hash label, controlled by d.
+func replicaSetOf(d *appsv1.Deployment, name string, tpl corev1.PodTemplateSpec) *appsv1.ReplicaSet {
+	tpl = *tpl.DeepCopy()
+	if tpl.Labels == nil {
+		tpl.Labels = map[string]string{}
+	}
+	tpl.Labels[appsv1.DefaultDeploymentUniqueLabelKey] = "abc"
+	return &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: d.Namespace, UID: types.UID("uid-rs-" + name),
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: d.Name, UID: d.UID, Controller: ptr.To(true)}}},
+		Spec: appsv1.ReplicaSetSpec{Template: tpl}}
+}
+
+func (c *podCluster) facts(f decide.Facts) decide.Facts {
+	f.PVCs = func(ns, name string) (*corev1.PersistentVolumeClaim, error) {
+		if p, ok := c.pvcs[name]; ok {
+			return p, nil
+		}
+		return nil, apierrors.NewNotFound(corev1.Resource("persistentvolumeclaims"), name)
+	}
+	f.ReplicaSets = func(ns, name string) (*appsv1.ReplicaSet, error) {
+		if r, ok := c.replicaSets[name]; ok {
+			return r, nil
+		}
+		return nil, apierrors.NewNotFound(appsv1.Resource("replicasets"), name)
+	}
+	f.Deployments = func(ns, name string) (*appsv1.Deployment, error) {
+		if d, ok := c.deployments[name]; ok {
+			return d, nil
+		}
+		return nil, apierrors.NewNotFound(appsv1.Resource("deployments"), name)
+	}
+	return f
+}
+
+// podOf is the pod the ReplicaSet controller makes of rs.
+func (c *podCluster) podOf(rs string) *corev1.Pod {
+	r := c.replicaSets[rs]
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: rs + "-x1", Namespace: "paperclip", Labels: r.Spec.Template.Labels,
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: r.Name, UID: r.UID, Controller: ptr.To(true)}}},
+		Spec: *r.Spec.Template.Spec.DeepCopy()}
+}
+
+// bare is a pod of someone's own with one volume.
+func bare(v corev1.Volume, mount corev1.VolumeMount) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "reader", Namespace: "paperclip"},
+		Spec: corev1.PodSpec{Volumes: []corev1.Volume{v}, Containers: []corev1.Container{{Name: "c", Image: "busybox:1.36", VolumeMounts: []corev1.VolumeMount{mount}}}}}
+}
+
+func claimVolume(claim string) corev1.Volume {
+	return corev1.Volume{Name: "home", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}
+}
+
+// Paperclip's home is on the shared claim (the instance's .env with the
+// secret that signs every agent's token, secrets/master.key, every
+// company's data). A run mounts only its own directories; no other pod of
+// the namespace may mount the claim, at any subPath, or a clone of it,
+// unless it is the source Deployment's (or a listed Deployment's) pod, as
+// the ReplicaSet controller makes it from that Deployment's template.
+// Each hostile case names the field it is refused on.
+func TestOnlyAgentRunsAndTheServerMountPaperclipsHome(t *testing.T) {
+	fx, inh := claudeFixture(t)
+	c := newPodCluster(fx.Source)
+	facts := c.facts(sourceFacts(inh))
+	home := corev1.VolumeMount{Name: "home", MountPath: "/data"}
+
+	copiedLabels := bare(claimVolume("paperclip-data"), home)
+	copiedLabels.Labels = c.podOf("paperclip-abc").Labels
+	copiedLabels.Spec.ServiceAccountName = "paperclip"
+	agentLabeled := bare(claimVolume("paperclip-data"), home)
+	agentLabeled.Labels = map[string]string{contract.LabelAgentID: "agent-7f3a", contract.LabelRunID: "run-1"}
+	forgedOwner := bare(claimVolume("paperclip-data"), home)
+	forgedOwner.OwnerReferences = c.podOf("paperclip-abc").OwnerReferences
+	wrongUID := c.podOf("paperclip-abc")
+	wrongUID.OwnerReferences[0].UID = "uid-other"
+	plainJob := bare(claimVolume("paperclip-data"), home)
+	plainJob.OwnerReferences = []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "nightly", UID: "uid-job", Controller: ptr.To(true)}}
+	ephemeral := bare(corev1.Volume{Name: "home", VolumeSource: corev1.VolumeSource{Ephemeral: &corev1.EphemeralVolumeSource{
+		VolumeClaimTemplate: &corev1.PersistentVolumeClaimTemplate{Spec: corev1.PersistentVolumeClaimSpec{
+			DataSourceRef: &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: "paperclip-data"}}}}}}, home)
+	debugged := c.podOf("paperclip-abc")
+	debugged.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debug", Image: "busybox:1.36"}}}
+	listed, off, tenant := *fx.Config, *fx.Config, *fx.Config // shallow: only these fields change
+	listed.Policy.SharedClaim.Deployments = []string{"paperclip-backup"}
+	off.Policy.SharedClaim.Mode = config.SharedClaimDisabled
+	tenant.TenantNamespaces = []string{"paperclip"}
+
+	for _, tc := range []struct {
+		name        string
+		pod         *corev1.Pod
+		creator     string
+		subresource string
+		cfg         *config.Config
+		refusedOn   string // "" admits
+	}{
+		{"the source Deployment's pod", c.podOf("paperclip-abc"), rsController, "", nil, ""},
+		{"a pod with no claim", bare(corev1.Volume{Name: "home", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}, home), someone, "", nil, ""},
+		{"a pod with another claim", bare(claimVolume("scratch"), home), someone, "", nil, ""},
+		{"a bare pod with the claim", bare(claimVolume("paperclip-data"), home), someone, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
+		{"a bare pod with the server's labels and ServiceAccount", copiedLabels, someone, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
+		{"a bare pod with agent labels", agentLabeled, someone, "", nil, "metadata.ownerReferences"},
+		{"a subPath to the instance", bare(claimVolume("paperclip-data"), corev1.VolumeMount{Name: "home", MountPath: "/i", SubPath: "instances/default"}), someone, "", nil,
+			"spec.volumes[0].persistentVolumeClaim.claimName"},
+		{"an ephemeral clone of the claim", ephemeral, someone, "", nil, "spec.volumes[0].ephemeral.volumeClaimTemplate.spec.dataSource"},
+		{"another claim cloned from it", bare(claimVolume("copy"), home), someone, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
+		{"a Job's pod with no agent label", plainJob, jobController, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
+		{"a bare pod naming the server's ReplicaSet as owner", forgedOwner, someone, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
+		{"an owner reference with another UID", wrongUID, rsController, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
+		{"a ReplicaSet made by hand under the source Deployment", c.podOf("paperclip-forged"), rsController, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
+		{"an unlisted Deployment's pod", c.podOf("paperclip-backup-abc"), rsController, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
+		{"a listed Deployment's pod", c.podOf("paperclip-backup-abc"), rsController, "", &listed, ""},
+		{"kubectl debug on the server's pod", debugged, someone, "ephemeralcontainers", nil, "spec.ephemeralContainers"},
+		{"a bare pod with the claim, the rule disabled", bare(claimVolume("paperclip-data"), home), someone, "", &off, ""},
+		{"a bare pod with the claim in a tenant namespace", bare(claimVolume("paperclip-data"), home), someone, "", &tenant, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			if cfg == nil {
+				cfg = fx.Config
+			}
+			op := policy.Create
+			if tc.subresource != "" {
+				op = policy.Update
+			}
+			v := decide.Pod(decide.PodInput{Operation: op, Pod: tc.pod, Subresource: tc.subresource, Creator: tc.creator, Config: cfg, Facts: facts})
+			if len(v.Undecided) > 0 {
+				t.Fatalf("undecided: %v", v.Undecided)
+			}
+			switch {
+			case tc.refusedOn == "" && v.Refusal != nil:
+				t.Errorf("refused: %s", v.Refusal.Message)
+			case tc.refusedOn != "" && v.Refusal == nil:
+				t.Errorf("BREAK: admitted; want it refused on %s", tc.refusedOn)
+			case tc.refusedOn != "" && (v.Refusal.Code != 403 || !strings.HasPrefix(v.Refusal.Message, tc.refusedOn+": Forbidden")):
+				t.Errorf("refused %d %q; want 403 on %s", v.Refusal.Code, v.Refusal.Message, tc.refusedOn)
+			}
+		})
+	}
+	// The message names the claim, what is on it and the fix.
+	v := decide.Pod(decide.PodInput{Operation: policy.Create, Pod: bare(claimVolume("paperclip-data"), home), Creator: someone, Config: fx.Config, Facts: facts})
+	for _, want := range []string{`"paperclip-data"`, ".env", "secrets/master.key", "Deployment paperclip", "policy.sharedClaim.deployments", "paperclip.io/agent-id"} {
+		if v.Refusal == nil || !strings.Contains(v.Refusal.Message, want) {
+			t.Errorf("the refusal does not name %s: %+v", want, v.Refusal)
+		}
+	}
+}
