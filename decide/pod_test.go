@@ -7,6 +7,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -136,6 +137,29 @@ func TestOnlyAgentRunsAndTheServerMountPaperclipsHome(t *testing.T) {
 			DataSourceRef: &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: "paperclip-data"}}}}}}, home)
 	debugged := c.podOf("paperclip-abc")
 	debugged.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debug", Image: "busybox:1.36"}}}
+	// The ReplicaSet controller made this pod from a version of its
+	// ReplicaSet with a sidecar, patched back to the Deployment's template
+	// before the webhook read it (hostile review of H1).
+	sidecar := c.podOf("paperclip-abc")
+	sidecar.Spec.Containers = append(sidecar.Spec.Containers, corev1.Container{Name: "reader", Image: "evil.example.com/home-reader:1",
+		VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/home"}}})
+	swapped := c.podOf("paperclip-abc")
+	swapped.Spec.Containers[0].Image = "evil.example.com/home-reader:1"
+	// The source's pod as admission leaves it: the token's projected
+	// volume mounted in every container, the default ServiceAccount, a
+	// LimitRange's resources, the default tolerations.
+	admitted := c.podOf("paperclip-abc")
+	admitted.Spec.Volumes = append(admitted.Spec.Volumes, corev1.Volume{Name: "kube-api-access-x7k2p", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+		Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}}}}}})
+	for i := range admitted.Spec.Containers {
+		admitted.Spec.Containers[i].VolumeMounts = append(admitted.Spec.Containers[i].VolumeMounts,
+			corev1.VolumeMount{Name: "kube-api-access-x7k2p", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount", ReadOnly: true})
+		admitted.Spec.Containers[i].Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}
+	}
+	if admitted.Spec.ServiceAccountName == "" {
+		admitted.Spec.ServiceAccountName = "default"
+	}
+	admitted.Spec.Tolerations = []corev1.Toleration{{Key: "node.kubernetes.io/not-ready", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To[int64](300)}}
 	listed, off, tenant := *fx.Config, *fx.Config, *fx.Config // shallow: only these fields change
 	listed.Policy.SharedClaim.Deployments = []string{"paperclip-backup"}
 	off.Policy.SharedClaim.Mode = config.SharedClaimDisabled
@@ -150,6 +174,9 @@ func TestOnlyAgentRunsAndTheServerMountPaperclipsHome(t *testing.T) {
 		refusedOn   string // "" admits
 	}{
 		{"the source Deployment's pod", c.podOf("paperclip-abc"), rsController, "", nil, ""},
+		{"the source Deployment's pod as admission leaves it", admitted, rsController, "", nil, ""},
+		{"a sidecar from a ReplicaSet since patched back to the Deployment's template", sidecar, rsController, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
+		{"another image than the Deployment's, its ReplicaSet patched back", swapped, rsController, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
 		{"a pod with no claim", bare(corev1.Volume{Name: "home", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}, home), someone, "", nil, ""},
 		{"a pod with another claim", bare(claimVolume("scratch"), home), someone, "", nil, ""},
 		{"a bare pod with the claim", bare(claimVolume("paperclip-data"), home), someone, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},

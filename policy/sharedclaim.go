@@ -174,7 +174,82 @@ func deploymentPod(in SharedClaimInput) (string, *Undecided, error) {
 	if !equality.Semantic.DeepEqual(tpl, want) {
 		return fmt.Sprintf("ReplicaSet %s's pod template is not Deployment %s's (a ReplicaSet written by hand, or an older revision of the Deployment)", rs.Name, d.Name), nil, nil
 	}
+	// The ReplicaSet read now proves nothing of the template the
+	// ReplicaSet controller made this pod from: a ReplicaSet written with a
+	// sidecar and patched back at once leaves the controller's cache with
+	// the sidecar while the live one is the Deployment's. The pod itself
+	// must be the Deployment's template.
+	if diff := notTheTemplate(pod.Spec, d.Spec.Template.Spec); diff != "" {
+		return fmt.Sprintf("the pod is not Deployment %s's template: %s (a ReplicaSet written with other containers)", d.Name, diff), nil, nil
+	}
 	return "", nil, nil
+}
+
+// notTheTemplate says what of the pod's spec is not the template's ("" when
+// nothing): every volume, container and init container (image, command,
+// args, env, mounts, probes, lifecycle, security context: all of it but
+// resources, which a LimitRange fills in), and the pod's security
+// context, ServiceAccount and host namespaces. What admission adds to
+// every pod is left out: the ServiceAccount token's projected
+// kube-api-access-* volume and its mounts, the "default" ServiceAccount,
+// and what no container reads (tolerations, priority, scheduling).
+func notTheTemplate(pod, tpl corev1.PodSpec) string {
+	injected := map[string]bool{}
+	for _, v := range pod.Volumes {
+		if strings.HasPrefix(v.Name, "kube-api-access-") && v.Projected != nil && !slices.ContainsFunc(tpl.Volumes, func(t corev1.Volume) bool { return t.Name == v.Name }) {
+			injected[v.Name] = true
+		}
+	}
+	vols := slices.DeleteFunc(slices.Clone(pod.Volumes), func(v corev1.Volume) bool { return injected[v.Name] })
+	if !equality.Semantic.DeepEqual(nilIfEmpty(vols), nilIfEmpty(tpl.Volumes)) {
+		return "its volumes differ"
+	}
+	for _, set := range []struct {
+		what     string
+		pod, tpl []corev1.Container
+	}{{"container", pod.Containers, tpl.Containers}, {"init container", pod.InitContainers, tpl.InitContainers}} {
+		if len(set.pod) != len(set.tpl) {
+			return fmt.Sprintf("it has %d %ss, the template %d", len(set.pod), set.what, len(set.tpl))
+		}
+		for i := range set.pod {
+			if !equality.Semantic.DeepEqual(asTemplated(set.pod[i], injected), asTemplated(set.tpl[i], nil)) {
+				return fmt.Sprintf("%s %q differs", set.what, set.pod[i].Name)
+			}
+		}
+	}
+	sa := tpl.ServiceAccountName
+	if sa == "" {
+		sa = "default"
+	}
+	switch {
+	case pod.ServiceAccountName != sa && !(pod.ServiceAccountName == "" && tpl.ServiceAccountName == ""):
+		return fmt.Sprintf("its ServiceAccount is %q", pod.ServiceAccountName)
+	case !equality.Semantic.DeepEqual(pod.SecurityContext, tpl.SecurityContext):
+		return "its securityContext differs"
+	case !equality.Semantic.DeepEqual(pod.AutomountServiceAccountToken, tpl.AutomountServiceAccountToken),
+		pod.HostNetwork != tpl.HostNetwork, pod.HostPID != tpl.HostPID, pod.HostIPC != tpl.HostIPC,
+		!equality.Semantic.DeepEqual(pod.ShareProcessNamespace, tpl.ShareProcessNamespace), !equality.Semantic.DeepEqual(pod.HostUsers, tpl.HostUsers):
+		return "its token or host settings differ"
+	case len(pod.EphemeralContainers) > 0:
+		return "it has ephemeral containers"
+	}
+	return ""
+}
+
+// asTemplated is a container less its resources and the mounts of the
+// injected token volumes.
+func asTemplated(c corev1.Container, injected map[string]bool) corev1.Container {
+	c = *c.DeepCopy()
+	c.Resources, c.ResizePolicy = corev1.ResourceRequirements{}, nil
+	c.VolumeMounts = nilIfEmpty(slices.DeleteFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return injected[m.Name] }))
+	return c
+}
+
+func nilIfEmpty[T any](s []T) []T {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
 }
 
 // lookupOwner finds the owner ref names, or says why not.
