@@ -23,6 +23,12 @@ import (
 // whether the webhook is called.
 func calls(t *testing.T, conds []admissionregistrationv1.MatchCondition, gvr schema.GroupVersionResource, gvk schema.GroupVersionKind, obj runtime.Object) bool {
 	t.Helper()
+	return callsOn(t, conds, gvr, gvk, nil, obj)
+}
+
+// callsOn is calls for an UPDATE of old to obj (a CREATE when old is nil).
+func callsOn(t *testing.T, conds []admissionregistrationv1.MatchCondition, gvr schema.GroupVersionResource, gvk schema.GroupVersionKind, old, obj runtime.Object) bool {
+	t.Helper()
 	compiler, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
 	if err != nil {
 		t.Fatal(err)
@@ -37,9 +43,17 @@ func calls(t *testing.T, conds []admissionregistrationv1.MatchCondition, gvr sch
 	}
 	m := matchconditions.NewMatcher(filter, ptr.To(admissionregistrationv1.Fail), "webhook", "test", "test")
 	meta, _ := obj.(metav1.Object)
-	rec := admission.NewAttributesRecord(obj, nil, gvk, meta.GetNamespace(), meta.GetName(), gvr, "", admission.Create,
-		&metav1.CreateOptions{}, false, &user.DefaultInfo{Name: "someone"})
-	res := m.Match(context.Background(), &admission.VersionedAttributes{Attributes: rec, VersionedKind: gvk, VersionedObject: admission.NewLazyObject(obj)}, nil, nil)
+	op, opts := admission.Create, runtime.Object(&metav1.CreateOptions{})
+	if old != nil {
+		op, opts = admission.Update, &metav1.UpdateOptions{}
+	}
+	rec := admission.NewAttributesRecord(obj, old, gvk, meta.GetNamespace(), meta.GetName(), gvr, "", op,
+		opts, false, &user.DefaultInfo{Name: "someone"})
+	va := &admission.VersionedAttributes{Attributes: rec, VersionedKind: gvk, VersionedObject: admission.NewLazyObject(obj)}
+	if old != nil {
+		va.VersionedOldObject = admission.NewLazyObject(old)
+	}
+	res := m.Match(context.Background(), va, nil, nil)
 	if res.Error != nil {
 		t.Fatalf("match condition %s: %v", res.FailedConditionName, res.Error)
 	}
@@ -123,6 +137,45 @@ func TestThePodWebhookSeesPodsThatMayMountTheSharedClaim(t *testing.T) {
 		var vwc admissionregistrationv1.ValidatingWebhookConfiguration
 		into(t, r, "ValidatingWebhookConfiguration", "clipjob-validating", &vwc)
 		if got := calls(t, vwc.Webhooks[1].MatchConditions, gvr, gvk, tc.pod); got != tc.want {
+			t.Errorf("%s: the pod webhook called %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// An UPDATE that changes a pod's images reaches the pod webhook: an agent
+// pod's anywhere, any pod's where agents run (decide's image-change
+// refusals); an update that changes nothing clipjob checks does not, nor
+// one of a pod in another namespace.
+func TestThePodWebhookSeesImageChanges(t *testing.T) {
+	gvr, gvk := corev1.SchemeGroupVersion.WithResource("pods"), corev1.SchemeGroupVersion.WithKind("Pod")
+	pod := func(ns string, labels map[string]string, image, initImage string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns, Labels: labels},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: image}}, Volumes: []corev1.Volume{{Name: "data",
+				VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "paperclip-data"}}}}}}
+		if initImage != "" {
+			p.Spec.InitContainers = []corev1.Container{{Name: "i", Image: initImage}}
+		}
+		return p
+	}
+	agent := map[string]string{"paperclip.io/agent-id": "a"}
+	values := map[string]any{"agentNamespaces": []any{"paperclip"}, "config": map[string]any{"source": map[string]any{"namespace": "paperclip"}}}
+	r := render(t, values)
+	var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+	into(t, r, "ValidatingWebhookConfiguration", "clipjob-validating", &vwc)
+	for _, tc := range []struct {
+		name     string
+		old, new *corev1.Pod
+		want     bool
+	}{
+		{"an agent pod's image", pod("databases", agent, "a:1", ""), pod("databases", agent, "evil:1", ""), true},
+		{"an agent pod's init image", pod("databases", agent, "a:1", "i:1"), pod("databases", agent, "a:1", "evil:1"), true},
+		{"the server pod's image", pod("paperclip", nil, "a:1", ""), pod("paperclip", nil, "evil:1", ""), true},
+		{"the server pod's init image", pod("paperclip", nil, "a:1", "i:1"), pod("paperclip", nil, "a:1", "evil:1"), true},
+		{"an agent pod, images unchanged", pod("databases", agent, "a:1", "i:1"), pod("databases", agent, "a:1", "i:1"), false},
+		{"the server pod, images unchanged", pod("paperclip", nil, "a:1", ""), pod("paperclip", nil, "a:1", ""), false},
+		{"a pod's image in another namespace", pod("databases", nil, "a:1", ""), pod("databases", nil, "evil:1", ""), false},
+	} {
+		if got := callsOn(t, vwc.Webhooks[1].MatchConditions, gvr, gvk, tc.old, tc.new); got != tc.want {
 			t.Errorf("%s: the pod webhook called %v, want %v", tc.name, got, tc.want)
 		}
 	}

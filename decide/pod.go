@@ -46,9 +46,13 @@ func Pod(in PodInput) PodVerdict {
 		return PodVerdict{Judged: true, Refusal: forbidden(errs)}
 	}
 	ephemeral := in.Subresource == "ephemeralcontainers"
+	var images []policy.ImageChange
+	if in.Operation == policy.Update && in.Subresource == "" && in.Old != nil {
+		images = policy.ImagesChanged(in.Old, in.Pod)
+	}
 	cfg := in.Config
-	if (in.Operation != policy.Create || in.Subresource != "") && !ephemeral {
-		return PodVerdict{} // a pod's volumes and owner chain are fixed at its CREATE
+	if (in.Operation != policy.Create || in.Subresource != "") && !ephemeral && len(images) == 0 {
+		return PodVerdict{} // a pod's volumes and owner chain are fixed at its CREATE; its images are not
 	}
 	if cfg.Policy.SharedClaim.Mode == config.SharedClaimDisabled || cfg.IsTenant(in.Pod.Namespace) {
 		return PodVerdict{}
@@ -76,7 +80,7 @@ func Pod(in PodInput) PodVerdict {
 		allowed = append([]string{cfg.Source.Deployment}, allowed...)
 	}
 	errs, undecided := policy.EvaluateSharedClaim(policy.SharedClaimInput{
-		Pod: in.Pod, Ephemeral: ephemeral, Creator: in.Creator, Claim: inh.DataVolume.PersistentVolumeClaim.ClaimName,
+		Pod: in.Pod, Ephemeral: ephemeral, Images: images, Creator: in.Creator, Claim: inh.DataVolume.PersistentVolumeClaim.ClaimName,
 		Deployments: allowed, Claims: in.Facts.PVCs, ReplicaSets: in.Facts.ReplicaSets, DeploymentOf: in.Facts.Deployments,
 	})
 	v := PodVerdict{Judged: len(errs) > 0 || len(undecided) > 0, Undecided: undecided}

@@ -205,18 +205,7 @@ func TestOnlyAgentRunsAndTheServerMountPaperclipsHome(t *testing.T) {
 			if tc.subresource != "" {
 				op = policy.Update
 			}
-			v := decide.Pod(decide.PodInput{Operation: op, Pod: tc.pod, Subresource: tc.subresource, Creator: tc.creator, Config: cfg, Facts: facts})
-			if len(v.Undecided) > 0 {
-				t.Fatalf("undecided: %v", v.Undecided)
-			}
-			switch {
-			case tc.refusedOn == "" && v.Refusal != nil:
-				t.Errorf("refused: %s", v.Refusal.Message)
-			case tc.refusedOn != "" && v.Refusal == nil:
-				t.Errorf("BREAK: admitted; want it refused on %s", tc.refusedOn)
-			case tc.refusedOn != "" && (v.Refusal.Code != 403 || !strings.HasPrefix(v.Refusal.Message, tc.refusedOn+": Forbidden")):
-				t.Errorf("refused %d %q; want 403 on %s", v.Refusal.Code, v.Refusal.Message, tc.refusedOn)
-			}
+			wantRefusedOn(t, decide.Pod(decide.PodInput{Operation: op, Pod: tc.pod, Subresource: tc.subresource, Creator: tc.creator, Config: cfg, Facts: facts}), tc.refusedOn)
 		})
 	}
 	// The message names the claim, what is on it and the fix.
@@ -225,5 +214,66 @@ func TestOnlyAgentRunsAndTheServerMountPaperclipsHome(t *testing.T) {
 		if v.Refusal == nil || !strings.Contains(v.Refusal.Message, want) {
 			t.Errorf("the refusal does not name %s: %+v", want, v.Refusal)
 		}
+	}
+}
+
+// An update may change a pod's images, and kubelet restarts the container
+// as the new image with the pod's mounts and env (hostile review of H1): a
+// pod that reaches the shared claim, or an agent pod (whose images the
+// allowlist judged on its Job), keeps the images it was admitted with.
+// Another pod's images are not clipjob's business.
+func TestAPodThatReachesTheSharedClaimKeepsItsImages(t *testing.T) {
+	fx, inh := claudeFixture(t)
+	c := newPodCluster(fx.Source)
+	facts := c.facts(sourceFacts(inh))
+	swap := func(p *corev1.Pod, init bool) *corev1.Pod {
+		p = p.DeepCopy()
+		if init {
+			p.Spec.InitContainers[0].Image = "evil.example.com/home-reader:1"
+		} else {
+			p.Spec.Containers[0].Image = "evil.example.com/home-reader:1"
+		}
+		return p
+	}
+	server := c.podOf("paperclip-abc")
+	withInit := server.DeepCopy()
+	withInit.Spec.InitContainers = []corev1.Container{{Name: "init", Image: "busybox:1.36"}}
+	agent := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "run-1-x", Namespace: "paperclip",
+		Labels:          map[string]string{contract.LabelAgentID: "agent-7f3a", contract.LabelRunID: "run-1"},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: "run-1", UID: "uid-job", Controller: ptr.To(true)}}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Image: "ghcr.io/paperclipai/agent:1"}}}}
+	plain := bare(corev1.Volume{Name: "home", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}, corev1.VolumeMount{Name: "home", MountPath: "/data"})
+	relabelled := server.DeepCopy()
+	relabelled.Labels = map[string]string{"extra": "x"}
+	for _, tc := range []struct {
+		name      string
+		old, pod  *corev1.Pod
+		refusedOn string
+	}{
+		{"the server pod's image", server, swap(server, false), "spec.containers[0].image"},
+		{"the server pod's init container's image", withInit, swap(withInit, true), "spec.initContainers[0].image"},
+		{"an agent pod's image", agent, swap(agent, false), "spec.containers[0].image"},
+		{"a pod without the claim", plain, swap(plain, false), ""},
+		{"the server pod relabelled", server, relabelled, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wantRefusedOn(t, decide.Pod(decide.PodInput{Operation: policy.Update, Pod: tc.pod, Old: tc.old, Creator: someone, Config: fx.Config, Facts: facts}), tc.refusedOn)
+		})
+	}
+}
+
+// wantRefusedOn: the verdict is decided, and a 403 naming the field
+// refusedOn, or (refusedOn "") no refusal.
+func wantRefusedOn(t *testing.T, v decide.PodVerdict, refusedOn string) {
+	t.Helper()
+	switch {
+	case len(v.Undecided) > 0:
+		t.Fatalf("undecided: %v", v.Undecided)
+	case refusedOn == "" && v.Refusal != nil:
+		t.Errorf("refused: %s", v.Refusal.Message)
+	case refusedOn != "" && v.Refusal == nil:
+		t.Errorf("BREAK: admitted; want it refused on %s", refusedOn)
+	case refusedOn != "" && (v.Refusal.Code != 403 || !strings.HasPrefix(v.Refusal.Message, refusedOn+": Forbidden")):
+		t.Errorf("refused %d %q; want 403 on %s", v.Refusal.Code, v.Refusal.Message, refusedOn)
 	}
 }

@@ -24,6 +24,8 @@ type SharedClaimInput struct {
 	Pod *corev1.Pod
 	// Ephemeral: an UPDATE adding ephemeral containers (kubectl debug).
 	Ephemeral bool
+	// Images: an UPDATE changing these containers' images.
+	Images []ImageChange
 	// Creator is the user the API server says sent the request.
 	Creator string
 	// Claim is the shared claim's name (the source's, in every namespace
@@ -57,6 +59,14 @@ func EvaluateSharedClaim(in SharedClaimInput) (field.ErrorList, []Undecided) {
 	reach, errs, undecided := sharedClaimVolumes(in)
 	if len(reach) == 0 || len(errs) > 0 {
 		return errs, undecided
+	}
+	if len(in.Images) > 0 {
+		for _, c := range in.Images {
+			errs = append(errs, field.Forbidden(c.Path, fmt.Sprintf(
+				"container %q: this pod mounts the shared claim %q (Paperclip's home), and its images stay those it was admitted with (%q, not %q): "+
+					"kubelet would restart the container as the new image beside the home; change its Deployment's template instead", c.Name, in.Claim, c.Old, c.New)))
+		}
+		return errs, nil
 	}
 	if in.Ephemeral {
 		return field.ErrorList{field.Forbidden(field.NewPath("spec", "ephemeralContainers"), fmt.Sprintf(

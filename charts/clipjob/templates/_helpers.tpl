@@ -128,3 +128,8 @@ capabilities:
 {{- end -}}
 {{- toJson $nss -}}
 {{- end -}}
+
+{{/* CEL: an UPDATE of a pod changes a container's or an init container's image (the one field of its containers an update may change; kubelet restarts the container as the new image). */}}
+{{- define "clipjob.podImagesChanged" -}}
+(request.operation == 'UPDATE' && !has(request.subResource) && (object.spec.containers.map(c, c.image) != oldObject.spec.containers.map(c, c.image) || has(object.spec.initContainers) != has(oldObject.spec.initContainers) || (has(object.spec.initContainers) && object.spec.initContainers.map(c, c.image) != oldObject.spec.initContainers.map(c, c.image))))
+{{- end -}}
