@@ -126,6 +126,7 @@ func TestThePodWebhookSeesPodsThatMayMountTheSharedClaim(t *testing.T) {
 	}{
 		{"a claim where agents run", values, pod("paperclip", nil, claim), true},
 		{"an ephemeral volume where agents run", values, pod("paperclip", nil, empty, eph), true},
+		{"an inline CSI volume where agents run", values, pod("paperclip", nil, corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{Driver: "nfs.csi.k8s.io"}}), true},
 		{"no claim", values, pod("paperclip", nil, empty), false},
 		{"no volume", values, pod("paperclip", nil), false},
 		{"a claim in another namespace", values, pod("databases", nil, claim), false},
@@ -178,5 +179,48 @@ func TestThePodWebhookSeesImageChanges(t *testing.T) {
 		if got := callsOn(t, vwc.Webhooks[1].MatchConditions, gvr, gvk, tc.old, tc.new); got != tc.want {
 			t.Errorf("%s: the pod webhook called %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// A claim created from another claim where agents run (not tenants')
+// reaches the claim webhook (decide's TestNoClaimStartsFromTheSharedClaim);
+// every other claim never waits on clipjob.
+func TestTheClaimWebhookSeesClonesWhereAgentsRun(t *testing.T) {
+	gvr, gvk := corev1.SchemeGroupVersion.WithResource("persistentvolumeclaims"), corev1.SchemeGroupVersion.WithKind("PersistentVolumeClaim")
+	pvc := func(ns string, ds *corev1.TypedLocalObjectReference, ref *corev1.TypedObjectReference) *corev1.PersistentVolumeClaim {
+		return &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: ns},
+			Spec: corev1.PersistentVolumeClaimSpec{DataSource: ds, DataSourceRef: ref}}
+	}
+	fromClaim := &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "paperclip-data"}
+	refClaim := &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: "paperclip-data"}
+	fromSnapshot := &corev1.TypedLocalObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: "s"}
+	values := map[string]any{"agentNamespaces": []any{"paperclip", "team-a"},
+		"config": map[string]any{"source": map[string]any{"namespace": "paperclip"}, "tenantNamespaces": []any{"team-a"}}}
+	r := render(t, values)
+	var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+	into(t, r, "ValidatingWebhookConfiguration", "clipjob-validating", &vwc)
+	if len(vwc.Webhooks) != 3 || vwc.Webhooks[2].Name != "validate.persistentvolumeclaims.clipjob.paperclip.io" {
+		t.Fatalf("no claim webhook: %d webhooks", len(vwc.Webhooks))
+	}
+	for _, tc := range []struct {
+		name string
+		pvc  *corev1.PersistentVolumeClaim
+		want bool
+	}{
+		{"a clone where agents run", pvc("paperclip", fromClaim, nil), true},
+		{"a clone by dataSourceRef where agents run", pvc("paperclip", nil, refClaim), true},
+		{"an empty claim where agents run", pvc("paperclip", nil, nil), false},
+		{"a claim from a snapshot", pvc("paperclip", fromSnapshot, nil), false},
+		{"a clone in a tenant namespace", pvc("team-a", fromClaim, nil), false},
+		{"a clone elsewhere", pvc("databases", fromClaim, nil), false},
+	} {
+		if got := calls(t, vwc.Webhooks[2].MatchConditions, gvr, gvk, tc.pvc); got != tc.want {
+			t.Errorf("%s: the claim webhook called %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	disabled := render(t, map[string]any{"config": map[string]any{"policy": map[string]any{"sharedClaim": map[string]any{"mode": "Disabled"}}}})
+	into(t, disabled, "ValidatingWebhookConfiguration", "clipjob-validating", &vwc)
+	if len(vwc.Webhooks) != 2 {
+		t.Errorf("the rule disabled, %d validating webhooks", len(vwc.Webhooks))
 	}
 }

@@ -160,7 +160,10 @@ func TestOnlyAgentRunsAndTheServerMountPaperclipsHome(t *testing.T) {
 		admitted.Spec.ServiceAccountName = "default"
 	}
 	admitted.Spec.Tolerations = []corev1.Toleration{{Key: "node.kubernetes.io/not-ready", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To[int64](300)}}
-	listed, off, tenant := *fx.Config, *fx.Config, *fx.Config // shallow: only these fields change
+	inlineCSI := bare(corev1.Volume{Name: "home", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{Driver: "nfs.csi.k8s.io",
+		VolumeAttributes: map[string]string{"server": "nfs.example", "share": "/exports/paperclip"}}}}, home)
+	listed, off, tenant, csiListed := *fx.Config, *fx.Config, *fx.Config, *fx.Config // shallow: only these fields change
+	csiListed.Policy.CSIDrivers = []string{"nfs.csi.*"}
 	listed.Policy.SharedClaim.Deployments = []string{"paperclip-backup"}
 	off.Policy.SharedClaim.Mode = config.SharedClaimDisabled
 	tenant.TenantNamespaces = []string{"paperclip"}
@@ -179,6 +182,8 @@ func TestOnlyAgentRunsAndTheServerMountPaperclipsHome(t *testing.T) {
 		{"another image than the Deployment's, its ReplicaSet patched back", swapped, rsController, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
 		{"a pod with no claim", bare(corev1.Volume{Name: "home", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}, home), someone, "", nil, ""},
 		{"a pod with another claim", bare(claimVolume("scratch"), home), someone, "", nil, ""},
+		{"an inline CSI volume of a driver policy.csiDrivers does not list", inlineCSI, someone, "", nil, "spec.volumes[0].csi.driver"},
+		{"an inline CSI volume of a listed driver", inlineCSI, someone, "", &csiListed, ""},
 		{"a bare pod with the claim", bare(claimVolume("paperclip-data"), home), someone, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
 		{"a bare pod with the server's labels and ServiceAccount", copiedLabels, someone, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
 		{"a bare pod with agent labels", agentLabeled, someone, "", nil, "metadata.ownerReferences"},
@@ -275,5 +280,43 @@ func wantRefusedOn(t *testing.T, v decide.PodVerdict, refusedOn string) {
 		t.Errorf("BREAK: admitted; want it refused on %s", refusedOn)
 	case refusedOn != "" && (v.Refusal.Code != 403 || !strings.HasPrefix(v.Refusal.Message, refusedOn+": Forbidden")):
 		t.Errorf("refused %d %q; want 403 on %s", v.Refusal.Code, v.Refusal.Message, refusedOn)
+	}
+}
+
+// A claim may not start from the shared claim where agents run: a pod is
+// judged with the claims it names as they are when it is created, so a
+// pod naming a claim not made yet, then the claim made as a clone of the
+// shared one, would mount a copy of Paperclip's home (hostile review of
+// H1). Other claims, tenants' namespaces and Disabled are not judged.
+func TestNoClaimStartsFromTheSharedClaim(t *testing.T) {
+	fx, inh := claudeFixture(t)
+	facts := newPodCluster(fx.Source).facts(sourceFacts(inh))
+	pvc := func(ds *corev1.TypedLocalObjectReference, ref *corev1.TypedObjectReference) *corev1.PersistentVolumeClaim {
+		return &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "copy", Namespace: "paperclip"},
+			Spec: corev1.PersistentVolumeClaimSpec{DataSource: ds, DataSourceRef: ref}}
+	}
+	off, tenant := *fx.Config, *fx.Config
+	off.Policy.SharedClaim.Mode = config.SharedClaimDisabled
+	tenant.TenantNamespaces = []string{"paperclip"}
+	for _, tc := range []struct {
+		name      string
+		pvc       *corev1.PersistentVolumeClaim
+		cfg       *config.Config
+		refusedOn string
+	}{
+		{"a clone of the shared claim", pvc(&corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "paperclip-data"}, nil), nil, "spec.dataSource"},
+		{"a clone by dataSourceRef", pvc(nil, &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: "paperclip-data"}), nil, "spec.dataSourceRef"},
+		{"a clone of another claim", pvc(&corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "scratch"}, nil), nil, ""},
+		{"an empty claim", pvc(nil, nil), nil, ""},
+		{"a clone, the rule disabled", pvc(&corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "paperclip-data"}, nil), &off, ""},
+		{"a clone in a tenant namespace", pvc(&corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "paperclip-data"}, nil), &tenant, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			if cfg == nil {
+				cfg = fx.Config
+			}
+			wantRefusedOn(t, decide.Claim(decide.ClaimInput{Claim: tc.pvc, Config: cfg, Facts: facts}), tc.refusedOn)
+		})
 	}
 }

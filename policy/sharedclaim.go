@@ -12,6 +12,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/paperclipai/clipjob/config"
 )
 
 // ReplicaSetControllers are the users the API server names when the
@@ -34,6 +36,10 @@ type SharedClaimInput struct {
 	// Deployments are those whose pods may mount it: the source (in its
 	// namespace) and policy.sharedClaim.deployments.
 	Deployments []string
+	// CSIDrivers (globs, policy.csiDrivers) are the drivers an inline CSI
+	// volume may name; another driver might reach the shared claim's
+	// storage unseen (an NFS CSI driver given its server and share).
+	CSIDrivers []string
 	// Claims looks other claims up (a clone of the shared one);
 	// ReplicaSets and DeploymentOf the owners of a pod. A *FactUnknown
 	// leaves the verdict undecided.
@@ -128,10 +134,13 @@ func sharedClaimVolumes(in SharedClaimInput) ([]sharedReach, field.ErrorList, []
 			case apierrors.IsNotFound(err):
 			case err != nil:
 				errs = append(errs, field.InternalError(p, fmt.Errorf("looking up PersistentVolumeClaim %s/%s: %w", ns, name, err)))
-			case clonesClaim(pvc.Spec, ns, in.Claim):
+			case ClonesClaim(pvc.Spec, ns, in.Claim):
 				reach = append(reach, sharedReach{p.Child("persistentVolumeClaim", "claimName"), fmt.Sprintf("claim %q is a clone of the shared claim %q (its dataSource)", name, in.Claim)})
 			}
-		case v.Ephemeral != nil && v.Ephemeral.VolumeClaimTemplate != nil && clonesClaim(v.Ephemeral.VolumeClaimTemplate.Spec, ns, in.Claim):
+		case v.CSI != nil && !config.MatchAny(in.CSIDrivers, v.CSI.Driver):
+			reach = append(reach, sharedReach{p.Child("csi", "driver"), fmt.Sprintf(
+				"inline CSI volume %q of driver %q (not in policy.csiDrivers) may reach the shared claim's storage unseen (an NFS driver given its server and share)", v.Name, v.CSI.Driver)})
+		case v.Ephemeral != nil && v.Ephemeral.VolumeClaimTemplate != nil && ClonesClaim(v.Ephemeral.VolumeClaimTemplate.Spec, ns, in.Claim):
 			reach = append(reach, sharedReach{p.Child("ephemeral", "volumeClaimTemplate", "spec", "dataSource"),
 				fmt.Sprintf("ephemeral volume %q is a clone of the shared claim %q", v.Name, in.Claim)})
 		}
@@ -140,7 +149,7 @@ func sharedClaimVolumes(in SharedClaimInput) ([]sharedReach, field.ErrorList, []
 }
 
 // clonesClaim: the claim spec starts from the claim named claim.
-func clonesClaim(spec corev1.PersistentVolumeClaimSpec, ns, claim string) bool {
+func ClonesClaim(spec corev1.PersistentVolumeClaimSpec, ns, claim string) bool {
 	if ds := spec.DataSource; ds != nil && ds.Kind == "PersistentVolumeClaim" && (ds.APIGroup == nil || *ds.APIGroup == "") && ds.Name == claim {
 		return true
 	}

@@ -19,7 +19,14 @@ import (
 // PodPath is where the pod webhook configuration points.
 const PodPath = "/validate-v1-pod"
 
-var podKind = schema.GroupVersionKind{Version: "v1", Kind: "Pod"}
+// ClaimPath is where the claim webhook configuration points (the same
+// validator: claims that start from the shared claim).
+const ClaimPath = "/validate-v1-persistentvolumeclaim"
+
+var (
+	podKind   = schema.GroupVersionKind{Version: "v1", Kind: "Pod"}
+	claimKind = schema.GroupVersionKind{Version: "v1", Kind: "PersistentVolumeClaim"}
+)
 
 // PodValidator admits agent pods (pods with paperclip.io/ labels) only as
 // the Job controller's copies of admitted agent Jobs, and refuses
@@ -44,7 +51,19 @@ func (v *PodValidator) Handle(ctx context.Context, req admission.Request) admiss
 }
 
 func (v *PodValidator) validate(ctx context.Context, req admission.Request) (admission.Response, string) {
-	if gvk := schema.GroupVersionKind(req.Kind); gvk != podKind {
+	if gvk := schema.GroupVersionKind(req.Kind); gvk == claimKind && req.Operation == admissionv1.Create {
+		pvc := &corev1.PersistentVolumeClaim{}
+		if len(req.Object.Raw) == 0 {
+			return admission.Errored(http.StatusBadRequest, errNoObject), OutcomeErrored
+		}
+		if err := sigsjson.UnmarshalCaseSensitivePreserveInts(req.Object.Raw, pvc); err != nil {
+			return admission.Errored(http.StatusBadRequest, err), OutcomeErrored
+		}
+		if pvc.Namespace == "" {
+			pvc.Namespace = req.Namespace
+		}
+		return respond(decide.Claim(decide.ClaimInput{Claim: pvc, Config: v.Configs.Current(), Facts: v.facts(ctx)}), "the claim", "the claim does not start from the shared claim")
+	} else if gvk != podKind {
 		return admission.Allowed("clipjob validates Pods here, not " + gvk.String()), OutcomeSkipped
 	}
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
@@ -77,14 +96,19 @@ func (v *PodValidator) validate(ctx context.Context, req admission.Request) (adm
 	cfg := v.Configs.Current()
 	verdict := decide.Pod(decide.PodInput{Operation: op, Pod: pod, Old: old, Subresource: req.SubResource, Creator: req.UserInfo.Username,
 		Config: cfg, Facts: v.facts(ctx)})
+	return respond(verdict, "the pod", "neither an agent pod nor one that reaches the shared claim")
+}
+
+// respond is the answer to a verdict on what.
+func respond(verdict decide.PodVerdict, what, skipped string) (admission.Response, string) {
 	switch {
 	case verdict.Refusal != nil:
 		return refuse(*verdict.Refusal), outcomeOfRefusal(*verdict.Refusal)
 	case len(verdict.Undecided) > 0:
 		// Every lookup is given; a verdict without one is a wiring fault.
-		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("clipjob could not judge the pod: %s", verdict.Undecided[0])), OutcomeErrored
+		return admission.Errored(http.StatusInternalServerError, fmt.Errorf("clipjob could not judge %s: %s", what, verdict.Undecided[0])), OutcomeErrored
 	case !verdict.Judged:
-		return admission.Allowed("neither an agent pod nor one that reaches the shared claim"), OutcomeSkipped
+		return admission.Allowed(skipped), OutcomeSkipped
 	}
 	return admission.Allowed(""), OutcomeAllowed
 }

@@ -67,4 +67,14 @@ func TestPodWebhookKeepsTheSharedClaimToTheServer(t *testing.T) {
 	if resp := v.Handle(context.Background(), req(noClaim, "alice")); !resp.Allowed {
 		t.Errorf("a pod with no claim refused: %s", resp.Result.Message)
 	}
+	// The same validator at ClaimPath: a claim made as a copy of the
+	// shared one (after a pod naming it) is refused.
+	clone := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "later"},
+		Spec: corev1.PersistentVolumeClaimSpec{DataSource: &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "paperclip-data"}}}
+	resp = v.Handle(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{UID: "u", Operation: admissionv1.Create,
+		Kind: metav1.GroupVersionKind{Version: "v1", Kind: "PersistentVolumeClaim"}, Namespace: "paperclip",
+		Object: runtime.RawExtension{Raw: mustJSON(clone)}, UserInfo: authenticationv1.UserInfo{Username: "alice"}}})
+	if resp.Allowed || resp.Result.Code != http.StatusForbidden || !strings.Contains(resp.Result.Message, `spec.dataSource: Forbidden: claim "later" would be a copy of the shared claim "paperclip-data"`) {
+		t.Errorf("a clone of the shared claim: allowed %v, %d %q", resp.Allowed, resp.Result.Code, resp.Result.Message)
+	}
 }

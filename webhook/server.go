@@ -101,14 +101,16 @@ func Run(ctx context.Context, o Options) error {
 	server.Register(MutatePath, closeWhileStopping(&admission.Webhook{Handler: &Mutator{Configs: store, Sources: sources}}, stopping))
 	server.Register(ValidatePath, closeWhileStopping(&admission.Webhook{Handler: &Validator{Configs: store, Sources: sources,
 		PVCs: cachedPVCs(mgr.GetCache(), livePVCs(clientset)), Secrets: liveSecretMeta(meta), Claims: lock}}, stopping))
-	server.Register(PodPath, closeWhileStopping(&admission.Webhook{Handler: &PodValidator{Configs: store, Sources: sources,
+	pods := &PodValidator{Configs: store, Sources: sources,
 		PVCs: cachedPVCs(mgr.GetCache(), livePVCs(clientset)),
 		ReplicaSets: func(ctx context.Context, ns, name string) (*appsv1.ReplicaSet, error) {
 			return clientset.AppsV1().ReplicaSets(ns).Get(ctx, name, metav1.GetOptions{})
 		},
 		Deployments: func(ctx context.Context, ns, name string) (*appsv1.Deployment, error) {
 			return clientset.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
-		}}}, stopping))
+		}}
+	server.Register(PodPath, closeWhileStopping(&admission.Webhook{Handler: pods}, stopping))
+	server.Register(ClaimPath, closeWhileStopping(&admission.Webhook{Handler: pods}, stopping))
 	controller := &claim.Controller{Jobs: mgr.GetCache(), Client: clientset, Lock: lock, Configs: store,
 		Log: log.WithName("claim-controller")}
 	if err := controller.SetupWithManager(mgrCtx, mgr, claim.Options{SweepInterval: o.SweepInterval}); err != nil {
@@ -138,7 +140,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	go watchConfig(mgrCtx, store, o, sources)
-	log.Info("serving admission webhooks", "port", o.Port, "mutate", MutatePath, "validate", ValidatePath, "pods", PodPath)
+	log.Info("serving admission webhooks", "port", o.Port, "mutate", MutatePath, "validate", ValidatePath, "pods", PodPath, "claims", ClaimPath)
 	return mgr.Start(mgrCtx)
 }
 
