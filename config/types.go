@@ -262,11 +262,13 @@ type SharedClaimPolicy struct {
 	// Mode is Enforce (the default) or Disabled: every pod of the namespace may
 	// mount the claim, as before clipjob judged other workloads.
 	Mode SharedClaimMode `json:"mode,omitempty"`
-	// Deployments (names, in the pod's namespace) whose pods may mount the
-	// claim too, as the source Deployment's may: a backup, a relay
-	// mirroring into the namespace. A pod counts as a Deployment's when the
-	// ReplicaSet controller made it from a ReplicaSet that Deployment
-	// controls and whose template is the Deployment's.
+	// Deployments ("namespace/name") whose pods may mount the claim too,
+	// as the source Deployment's may: a backup, a relay mirroring into the
+	// namespace. A pod counts as a Deployment's when the ReplicaSet
+	// controller made it from a ReplicaSet that Deployment controls, and
+	// it is that Deployment's template. A listed Deployment that does not
+	// exist is anyone's who may create one of that name there: `clipjob
+	// doctor` warns of it.
 	Deployments []string `json:"deployments,omitempty"`
 }
 

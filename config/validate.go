@@ -90,7 +90,14 @@ func validatePolicy(pol Policy, p *field.Path) field.ErrorList {
 		errs = append(errs, field.NotSupported(sc.Child("mode"), m, []SharedClaimMode{SharedClaimEnforce, SharedClaimDisabled}))
 	}
 	for i, d := range pol.SharedClaim.Deployments {
-		errs = append(errs, dns(validation.IsDNS1123Subdomain, d, sc.Child("deployments").Index(i))...)
+		p := sc.Child("deployments").Index(i)
+		ns, name, ok := strings.Cut(d, "/")
+		if !ok {
+			errs = append(errs, field.Invalid(p, d, "a Deployment is named with its namespace, namespace/name (a name alone would let anyone who may create Deployments in any agent namespace take it)"))
+			continue
+		}
+		errs = append(errs, dns(validation.IsDNS1123Label, ns, p)...)
+		errs = append(errs, dns(validation.IsDNS1123Subdomain, name, p)...)
 	}
 	for i, g := range pol.Claims {
 		errs = append(errs, glob(g, p.Child("claims").Index(i))...)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -59,9 +60,14 @@ func Pod(in PodInput) PodVerdict {
 	if stop != nil {
 		return *stop
 	}
-	allowed := cfg.Policy.SharedClaim.Deployments
+	var allowed []string
 	if in.Pod.Namespace == cfg.Source.Namespace {
-		allowed = append([]string{cfg.Source.Deployment}, allowed...)
+		allowed = append(allowed, cfg.Source.Deployment)
+	}
+	for _, d := range cfg.Policy.SharedClaim.Deployments {
+		if ns, name, _ := strings.Cut(d, "/"); ns == in.Pod.Namespace {
+			allowed = append(allowed, name)
+		}
 	}
 	errs, undecided := policy.EvaluateSharedClaim(policy.SharedClaimInput{
 		Pod: in.Pod, Ephemeral: ephemeral, Images: images, CSIDrivers: cfg.Policy.CSIDrivers, Creator: in.Creator, Claim: claim,

@@ -164,7 +164,11 @@ func TestOnlyAgentRunsAndTheServerMountPaperclipsHome(t *testing.T) {
 		VolumeAttributes: map[string]string{"server": "nfs.example", "share": "/exports/paperclip"}}}}, home)
 	listed, off, tenant, csiListed := *fx.Config, *fx.Config, *fx.Config, *fx.Config // shallow: only these fields change
 	csiListed.Policy.CSIDrivers = []string{"nfs.csi.*"}
-	listed.Policy.SharedClaim.Deployments = []string{"paperclip-backup"}
+	listed.Policy.SharedClaim.Deployments = []string{"paperclip/paperclip-backup"}
+	// Listed in another namespace: the name alone allows nothing here (a
+	// tenant who may create Deployments would take it).
+	listedElsewhere := *fx.Config
+	listedElsewhere.Policy.SharedClaim.Deployments = []string{"backups/paperclip-backup"}
 	off.Policy.SharedClaim.Mode = config.SharedClaimDisabled
 	tenant.TenantNamespaces = []string{"paperclip"}
 
@@ -197,6 +201,7 @@ func TestOnlyAgentRunsAndTheServerMountPaperclipsHome(t *testing.T) {
 		{"a ReplicaSet made by hand under the source Deployment", c.podOf("paperclip-forged"), rsController, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
 		{"an unlisted Deployment's pod", c.podOf("paperclip-backup-abc"), rsController, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
 		{"a listed Deployment's pod", c.podOf("paperclip-backup-abc"), rsController, "", &listed, ""},
+		{"a Deployment of a name listed in another namespace", c.podOf("paperclip-backup-abc"), rsController, "", &listedElsewhere, "spec.volumes[0].persistentVolumeClaim.claimName"},
 		{"kubectl debug on the server's pod", debugged, someone, "ephemeralcontainers", nil, "spec.ephemeralContainers"},
 		{"a bare pod with the claim, the rule disabled", bare(claimVolume("paperclip-data"), home), someone, "", &off, ""},
 		{"a bare pod with the claim in a tenant namespace", bare(claimVolume("paperclip-data"), home), someone, "", &tenant, ""},

@@ -34,7 +34,8 @@ type SharedClaimInput struct {
 	// agents run in that is not a tenant's).
 	Claim string
 	// Deployments are those whose pods may mount it: the source (in its
-	// namespace) and policy.sharedClaim.deployments.
+	// namespace) and those policy.sharedClaim.deployments lists in the
+	// pod's namespace, by name.
 	Deployments []string
 	// CSIDrivers (globs, policy.csiDrivers) are the drivers an inline CSI
 	// volume may name; another driver might reach the shared claim's

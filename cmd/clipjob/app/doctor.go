@@ -98,8 +98,11 @@ func printResults(w io.Writer, results []doctor.Result, output string) error {
 	}
 	for _, r := range results {
 		mark := "ok  "
-		if !r.OK {
+		switch {
+		case !r.OK:
 			mark = "FAIL"
+		case r.Warning:
+			mark = "warn"
 		}
 		fmt.Fprintf(w, "%s %-22s %s\n", mark, r.Check, r.Detail)
 		if r.Fix != "" {
