@@ -359,7 +359,7 @@ func TestWebhookConfigurations(t *testing.T) {
 	into(t, r, "MutatingWebhookConfiguration", "clipjob-mutating", &mwc)
 	var vwc admissionregistrationv1.ValidatingWebhookConfiguration
 	into(t, r, "ValidatingWebhookConfiguration", "clipjob-validating", &vwc)
-	if len(mwc.Webhooks) != 1 || len(vwc.Webhooks) != 2 {
+	if len(mwc.Webhooks) != 1 || len(vwc.Webhooks) != 3 {
 		t.Fatalf("%d mutating, %d validating webhooks", len(mwc.Webhooks), len(vwc.Webhooks))
 	}
 	wantNS := &admissionregistrationv1.ValidatingWebhook{NamespaceSelector: vwc.Webhooks[0].NamespaceSelector}
@@ -378,7 +378,8 @@ func TestWebhookConfigurations(t *testing.T) {
 			t.Errorf("%s: sideEffects %s failurePolicy %s matchConditions %d", w.Name, *w.SideEffects, *w.FailurePolicy, len(w.MatchConditions))
 		}
 	}
-	if paths["validate.jobs.clipjob.paperclip.io"] != "/validate-batch-v1-job" || paths["validate.pods.clipjob.paperclip.io"] != "/validate-v1-pod" {
+	if paths["validate.jobs.clipjob.paperclip.io"] != "/validate-batch-v1-job" || paths["validate.pods.clipjob.paperclip.io"] != "/validate-v1-pod" ||
+		paths["validate.persistentvolumeclaims.clipjob.paperclip.io"] != "/validate-v1-persistentvolumeclaim" {
 		t.Errorf("validating paths %v", paths)
 	}
 	if *vwc.Webhooks[0].SideEffects != admissionregistrationv1.SideEffectClassNoneOnDryRun {

@@ -55,6 +55,8 @@ func TestParseErrorsNameTheField(t *testing.T) {
 			[]string{`policy.concurrency.mode: Unsupported value: "Later"`, `policy.concurrency.scope: Unsupported value: "Galaxy"`}},
 		{"bad namespace", header + "policy:\n  namespaces: [Agents]\n", []string{"policy.namespaces[0]: Invalid value"}},
 		{"YAML 1.1 boolean for a mode", header + "policy:\n  concurrency:\n    mode: Off\n", []string{"policy.concurrency.mode"}},
+		{"a shared-claim Deployment by name alone", header + "policy:\n  sharedClaim:\n    deployments: [paperclip-backup]\n",
+			[]string{`policy.sharedClaim.deployments[0]: Invalid value: "paperclip-backup": a Deployment is named with its namespace, namespace/name`}},
 		{"bad pull policy", header + "defaults:\n  imagePullPolicy: Sometimes\n", []string{"defaults.imagePullPolicy: Unsupported value"}},
 	}
 	for _, tt := range tests {

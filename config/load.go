@@ -122,6 +122,9 @@ func (c *Config) setDefaults() {
 	if cc.PendingGraceSeconds == 0 {
 		cc.PendingGraceSeconds = 60
 	}
+	if c.Policy.SharedClaim.Mode == "" {
+		c.Policy.SharedClaim.Mode = SharedClaimEnforce
+	}
 	if c.DefaultProfile == "" {
 		c.DefaultProfile = DefaultProfileName
 	}

@@ -249,7 +249,40 @@ type Policy struct {
 	// class) binds any Available PersistentVolume of it, another tenant's
 	// or a second door to the shared volume's storage.
 	StorageClasses []string `json:"storageClasses,omitempty"`
+	// SharedClaim says which pods besides agent runs may mount the shared
+	// claim (Paperclip's home) in the namespaces agents run in.
+	SharedClaim SharedClaimPolicy `json:"sharedClaim,omitempty"`
 }
+
+// SharedClaimPolicy: the shared claim holds Paperclip's home (the
+// instance's .env, secrets/master.key, every company's data), so in a
+// namespace agents run in only agent runs clipjob completes and the
+// source Deployment's own pods may mount it, or a clone of it.
+type SharedClaimPolicy struct {
+	// Mode is Enforce (the default) or Disabled: every pod of the namespace may
+	// mount the claim, as before clipjob judged other workloads.
+	Mode SharedClaimMode `json:"mode,omitempty"`
+	// Deployments ("namespace/name") whose pods may mount the claim too,
+	// as the source Deployment's may: a backup, a relay mirroring into the
+	// namespace. A pod counts as a Deployment's when the ReplicaSet
+	// controller made it from a ReplicaSet that Deployment controls, and
+	// it is that Deployment's template. A listed Deployment that does not
+	// exist is anyone's who may create one of that name there: `clipjob
+	// doctor` warns of it.
+	Deployments []string `json:"deployments,omitempty"`
+}
+
+// SharedClaimMode switches the shared-claim rule for other workloads.
+type SharedClaimMode string
+
+const (
+	// SharedClaimEnforce refuses a pod that is no agent run's nor an
+	// allowed Deployment's and mounts the shared claim.
+	SharedClaimEnforce SharedClaimMode = "Enforce"
+	// SharedClaimDisabled lets every pod mount it (not "Off", which YAML
+	// 1.1 reads as false).
+	SharedClaimDisabled SharedClaimMode = "Disabled"
+)
 
 // SecretPolicy is what the run-secret rule admits beyond a run's own
 // Secrets (labeled for the run) and the source's shared ones.

@@ -85,6 +85,20 @@ func validatePolicy(pol Policy, p *field.Path) field.ErrorList {
 	for i, g := range pol.Secrets.Shared {
 		errs = append(errs, glob(g, p.Child("secrets", "shared").Index(i))...)
 	}
+	sc := p.Child("sharedClaim")
+	if m := pol.SharedClaim.Mode; m != SharedClaimEnforce && m != SharedClaimDisabled {
+		errs = append(errs, field.NotSupported(sc.Child("mode"), m, []SharedClaimMode{SharedClaimEnforce, SharedClaimDisabled}))
+	}
+	for i, d := range pol.SharedClaim.Deployments {
+		p := sc.Child("deployments").Index(i)
+		ns, name, ok := strings.Cut(d, "/")
+		if !ok {
+			errs = append(errs, field.Invalid(p, d, "a Deployment is named with its namespace, namespace/name (a name alone would let anyone who may create Deployments in any agent namespace take it)"))
+			continue
+		}
+		errs = append(errs, dns(validation.IsDNS1123Label, ns, p)...)
+		errs = append(errs, dns(validation.IsDNS1123Subdomain, name, p)...)
+	}
 	for i, g := range pol.Claims {
 		errs = append(errs, glob(g, p.Child("claims").Index(i))...)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 
+	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -57,6 +58,10 @@ type Facts struct {
 	// SecretMeta and PVCs look the objects a Job references up.
 	SecretMeta policy.SecretMeta
 	PVCs       policy.ClaimLookup
+	// ReplicaSets and Deployments look a pod's owners up (the pod rule:
+	// which Deployment's pod mounts the shared claim).
+	ReplicaSets func(namespace, name string) (*appsv1.ReplicaSet, error)
+	Deployments func(namespace, name string) (*appsv1.Deployment, error)
 }
 
 // Inherited is what an agent Job in namespace inherits: in a tenant

@@ -43,10 +43,12 @@ import (
 // Result is one check: what was checked, whether it passed, what was seen,
 // and for a failure how to fix it.
 type Result struct {
-	Check  string `json:"check"`
-	OK     bool   `json:"ok"`
-	Detail string `json:"detail"`
-	Fix    string `json:"fix,omitempty"`
+	Check string `json:"check"`
+	OK    bool   `json:"ok"`
+	// Warning: passed, but with a risk the detail names.
+	Warning bool   `json:"warning,omitempty"`
+	Detail  string `json:"detail"`
+	Fix     string `json:"fix,omitempty"`
 }
 
 // Options say which install to check.
@@ -81,6 +83,7 @@ func Run(ctx context.Context, cs kubernetes.Interface, o Options) []Result {
 	cfg := d.config(ctx)
 	if cfg != nil {
 		d.compiledPolicies(ctx, cfg, d.source(ctx, cfg))
+		d.sharedClaimDeployments(ctx, cfg)
 	}
 	d.rbac(ctx)
 	d.relay(ctx)
@@ -356,6 +359,29 @@ func (d *doctor) config(ctx context.Context) *config.Config {
 	}
 	d.add(pass("config", "ConfigMap "+d.o.Release.Namespace+"/"+name+" holds a valid config"))
 	return cfg
+}
+
+// sharedClaimDeployments warns of each Deployment policy.sharedClaim lists
+// that does not exist: its name is anyone's who may create a Deployment
+// in its namespace, and that one's pods would mount Paperclip's home.
+func (d *doctor) sharedClaimDeployments(ctx context.Context, cfg *config.Config) {
+	if cfg.Policy.SharedClaim.Mode == config.SharedClaimDisabled {
+		return
+	}
+	for _, ref := range cfg.Policy.SharedClaim.Deployments {
+		ns, name, _ := strings.Cut(ref, "/")
+		_, err := d.cs.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			d.add(Result{Check: "shared-claim", OK: true, Warning: true,
+				Detail: fmt.Sprintf("Deployment %s, listed in policy.sharedClaim.deployments, does not exist: whoever may create a Deployment of that name in %s gets Paperclip's home mounted", ref, ns),
+				Fix:    "create it, or remove it from policy.sharedClaim.deployments"})
+		case err != nil:
+			d.add(fail("shared-claim", fmt.Sprintf("Deployment %s (policy.sharedClaim.deployments): %v", ref, err), "run doctor as a user who may get Deployments there"))
+		default:
+			d.add(pass("shared-claim", fmt.Sprintf("Deployment %s, listed in policy.sharedClaim.deployments, exists", ref)))
+		}
+	}
 }
 
 // source checks the Deployment agents inherit from and its shared PVC,

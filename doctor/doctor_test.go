@@ -10,6 +10,7 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -390,5 +391,28 @@ func TestRBACIsAskedOfTheAPIServer(t *testing.T) {
 			}
 			want(t, map[string]Result{"rbac": rbac[failed]}, "rbac", false, c.words...)
 		})
+	}
+}
+
+// A Deployment policy.sharedClaim.deployments lists that does not exist is
+// anyone's who may create one of that name there, with Paperclip's home
+// mounted: doctor warns of it (passing), and says a listed one exists.
+func TestDoctorWarnsOfAListedDeploymentThatDoesNotExist(t *testing.T) {
+	cfg, err := config.Parse([]byte("apiVersion: clipjob.paperclip.io/v1alpha1\nkind: Config\npolicy:\n  sharedClaim:\n    deployments: [paperclip/backup, paperclip/gone]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	backup := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "backup", Namespace: "paperclip"}}
+	got := map[string]Result{}
+	for _, r := range Run(context.Background(), fake.NewClientset(backup), Options{Release: release, Config: cfg, RelayURL: "https://127.0.0.1:1", Now: func() time.Time { return now }}) {
+		if r.Check == "shared-claim" {
+			got[strings.TrimSuffix(strings.Fields(r.Detail)[1], ",")] = r
+		}
+	}
+	if r := got["paperclip/backup"]; !r.OK || r.Warning {
+		t.Errorf("an existing listed Deployment: %+v", r)
+	}
+	if r := got["paperclip/gone"]; !r.OK || !r.Warning || !strings.Contains(r.Detail, "does not exist") || r.Fix == "" {
+		t.Errorf("a listed Deployment that does not exist: %+v", r)
 	}
 }

@@ -46,7 +46,14 @@ func EvaluatePod(in PodInput) field.ErrorList {
 	}
 	if in.Old != nil {
 		// An update of the pod or of its status: either can carry labels.
-		return checkPodIdentityUnchanged(in.Old, in.Pod)
+		// A pod's images are the one thing of its containers an update may
+		// change: the allowlist judged the Job's, so they stay.
+		errs := checkPodIdentityUnchanged(in.Old, in.Pod)
+		for _, c := range ImagesChanged(in.Old, in.Pod) {
+			errs = append(errs, field.Forbidden(c.Path, fmt.Sprintf(
+				"container %q: an agent pod's image is the one its Job was admitted with (%q), not %q: policy.images.allow judged that one; create another run instead", c.Name, c.Old, c.New)))
+		}
+		return errs
 	}
 	if in.Subresource != "" {
 		return nil
@@ -103,4 +110,30 @@ func checkPodIdentityUnchanged(old, pod *corev1.Pod) field.ErrorList {
 		}
 	}
 	return errs
+}
+
+// ImageChange is a container whose image an UPDATE of its pod changed.
+type ImageChange struct {
+	Path           *field.Path
+	Name, Old, New string
+}
+
+// ImagesChanged are the containers and init containers whose image differs
+// between the stored pod and the updated one (the API server lets an
+// update change images and little else of a pod's spec, and kubelet then
+// restarts the container as the new image, with its mounts and env).
+func ImagesChanged(old, pod *corev1.Pod) []ImageChange {
+	var out []ImageChange
+	for _, set := range []struct {
+		path     *field.Path
+		old, new []corev1.Container
+	}{{field.NewPath("spec", "initContainers"), old.Spec.InitContainers, pod.Spec.InitContainers},
+		{field.NewPath("spec", "containers"), old.Spec.Containers, pod.Spec.Containers}} {
+		for i, c := range set.new {
+			if i < len(set.old) && set.old[i].Image != c.Image {
+				out = append(out, ImageChange{set.path.Index(i).Child("image"), c.Name, set.old[i].Image, c.Image})
+			}
+		}
+	}
+	return out
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -100,7 +101,16 @@ func Run(ctx context.Context, o Options) error {
 	server.Register(MutatePath, closeWhileStopping(&admission.Webhook{Handler: &Mutator{Configs: store, Sources: sources}}, stopping))
 	server.Register(ValidatePath, closeWhileStopping(&admission.Webhook{Handler: &Validator{Configs: store, Sources: sources,
 		PVCs: cachedPVCs(mgr.GetCache(), livePVCs(clientset)), Secrets: liveSecretMeta(meta), Claims: lock}}, stopping))
-	server.Register(PodPath, closeWhileStopping(&admission.Webhook{Handler: &PodValidator{}}, stopping))
+	pods := &PodValidator{Configs: store, Sources: sources,
+		PVCs: cachedPVCs(mgr.GetCache(), livePVCs(clientset)),
+		ReplicaSets: func(ctx context.Context, ns, name string) (*appsv1.ReplicaSet, error) {
+			return clientset.AppsV1().ReplicaSets(ns).Get(ctx, name, metav1.GetOptions{})
+		},
+		Deployments: func(ctx context.Context, ns, name string) (*appsv1.Deployment, error) {
+			return clientset.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+		}}
+	server.Register(PodPath, closeWhileStopping(&admission.Webhook{Handler: pods}, stopping))
+	server.Register(ClaimPath, closeWhileStopping(&admission.Webhook{Handler: pods}, stopping))
 	controller := &claim.Controller{Jobs: mgr.GetCache(), Client: clientset, Lock: lock, Configs: store,
 		Log: log.WithName("claim-controller")}
 	if err := controller.SetupWithManager(mgrCtx, mgr, claim.Options{SweepInterval: o.SweepInterval}); err != nil {
@@ -130,7 +140,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	go watchConfig(mgrCtx, store, o, sources)
-	log.Info("serving admission webhooks", "port", o.Port, "mutate", MutatePath, "validate", ValidatePath, "pods", PodPath)
+	log.Info("serving admission webhooks", "port", o.Port, "mutate", MutatePath, "validate", ValidatePath, "pods", PodPath, "claims", ClaimPath)
 	return mgr.Start(mgrCtx)
 }
 
@@ -310,8 +320,9 @@ func configzHandler(store *config.Store) http.Handler {
 	})
 }
 
-// pvcEssentials cuts a cached PVC down to what the volume rule reads: its
-// name, namespace, identity and access modes.
+// pvcEssentials cuts a cached PVC down to what the volume rules read: its
+// name, namespace, identity, access modes, and data source (a clone of the
+// shared claim is refused to other pods as the claim is).
 func pvcEssentials(obj any) (any, error) {
 	pvc, ok := obj.(*corev1.PersistentVolumeClaim)
 	if !ok {
@@ -320,6 +331,6 @@ func pvcEssentials(obj any) (any, error) {
 	return &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: pvc.Name, Namespace: pvc.Namespace, UID: pvc.UID,
 			ResourceVersion: pvc.ResourceVersion, DeletionTimestamp: pvc.DeletionTimestamp},
-		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: pvc.Spec.AccessModes},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: pvc.Spec.AccessModes, DataSource: pvc.Spec.DataSource, DataSourceRef: pvc.Spec.DataSourceRef},
 	}, nil
 }

@@ -257,14 +257,14 @@ func TestPVCCacheKeepsOnlyWhatThePolicyReads(t *testing.T) {
 			Annotations: map[string]string{"big": strings.Repeat("x", 1<<16)}, Labels: map[string]string{"a": "b"},
 			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}},
 		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
-			VolumeName: "pv-1"},
+			VolumeName: "pv-1", DataSource: &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "paperclip-data"}},
 	}
 	out, err := pvcEssentials(in)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := out.(*corev1.PersistentVolumeClaim)
-	if got.Name != "data" || got.Namespace != "paperclip" || got.ResourceVersion != "7" || len(got.Spec.AccessModes) != 1 {
+	if got.Name != "data" || got.Namespace != "paperclip" || got.ResourceVersion != "7" || len(got.Spec.AccessModes) != 1 || got.Spec.DataSource == nil {
 		t.Fatalf("lost what the policy reads: %+v", got)
 	}
 	if got.Annotations != nil || got.Labels != nil || got.ManagedFields != nil || got.Spec.VolumeName != "" {

@@ -80,8 +80,12 @@ const SEGMENT = /^[A-Za-z0-9._-]{1,253}$/;
  * one planted on the way to a run's directory — by any pod that mounted
  * the whole volume, before isolation or under isolation mode Shared —
  * would give the run another directory, or the volume's root. Such a run
- * is not submitted (RunDirsError, naming the link). Returns what the run's
- * log should say: nothing when all is well.
+ * is not submitted (RunDirsError, naming the link). The check holds at
+ * submit only: kubelet resolves each subPath again at every container
+ * start (a queued run's, hours later; a replaced pod's), and a link
+ * planted in between is followed then (docs/security.md, "Links planted
+ * while the volume was open"). Returns what the run's log should say:
+ * nothing when all is well.
  */
 export async function ensureRunDirs(
   i: Omit<RunDirsInput, "paperclipHome" | "instance">,

@@ -128,3 +128,19 @@ capabilities:
 {{- end -}}
 {{- toJson $nss -}}
 {{- end -}}
+
+{{/* CEL: an UPDATE of a pod changes a container's or an init container's image (the one field of its containers an update may change; kubelet restarts the container as the new image). */}}
+{{- define "clipjob.podImagesChanged" -}}
+(request.operation == 'UPDATE' && !has(request.subResource) && (object.spec.containers.map(c, c.image) != oldObject.spec.containers.map(c, c.image) || has(object.spec.initContainers) != has(oldObject.spec.initContainers) || (has(object.spec.initContainers) && object.spec.initContainers.map(c, c.image) != oldObject.spec.initContainers.map(c, c.image))))
+{{- end -}}
+
+{{/* The namespaces whose pods the shared-claim rule judges, as a CEL list ('a', 'b'): the agent namespaces that are not tenants'; empty when there are none or config.policy.sharedClaim.mode is Disabled. */}}
+{{- define "clipjob.sharedClaimNamespaces" -}}
+{{- $shared := list -}}
+{{- range (.Values.agentNamespaces | default (list .Values.config.source.namespace)) -}}
+{{- if not (has . ($.Values.config.tenantNamespaces | default list)) -}}{{- $shared = append $shared (printf "'%s'" .) -}}{{- end -}}
+{{- end -}}
+{{- if and $shared (ne ((.Values.config.policy | default dict).sharedClaim | default dict).mode "Disabled") -}}
+[{{ join ", " $shared }}]
+{{- end -}}
+{{- end -}}

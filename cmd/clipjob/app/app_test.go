@@ -227,3 +227,50 @@ func TestDoctorPrintsEachCheckAndItsFix(t *testing.T) {
 		t.Errorf("doctor -o yaml: exit %d, %q", code, stderr.String())
 	}
 }
+
+// `clipjob check` judges Pods, and the pods of Jobs that are no agent's,
+// by the pod webhook's rule: only agent runs and the source's pods mount
+// the shared claim.
+func TestCheckJudgesPodsThatMountTheSharedClaim(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(golden.Dir(), "source.yaml")
+	f := filepath.Join(dir, "workloads.yaml")
+	_ = os.WriteFile(f, []byte(`apiVersion: v1
+kind: Pod
+metadata: {name: reader, namespace: paperclip, labels: {app: paperclip-server}}
+spec:
+  containers: [{name: c, image: busybox, volumeMounts: [{name: home, mountPath: /h, subPath: instances/default}]}]
+  volumes: [{name: home, persistentVolumeClaim: {claimName: paperclip-data}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: plain, namespace: paperclip}
+spec:
+  containers: [{name: c, image: busybox}]
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: nightly, namespace: paperclip}
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: c, image: busybox, volumeMounts: [{name: home, mountPath: /h}]}]
+      volumes: [{name: home, persistentVolumeClaim: {claimName: paperclip-data}}]
+`), 0o644)
+	var stdout, stderr bytes.Buffer
+	code := Main([]string{"check", "-f", f, "--source", src}, nil, &stdout, &stderr)
+	out := stdout.String()
+	if code != 1 {
+		t.Fatalf("exit %d, want 1: %s%s", code, out, stderr.String())
+	}
+	for _, want := range []string{
+		`pod/reader: denied by the pod webhook (403 Forbidden): spec.volumes[0].persistentVolumeClaim.claimName: Forbidden: volume "home" mounts the shared claim "paperclip-data"`,
+		`job/nightly: denied by the pod webhook (403 Forbidden): spec.volumes[0].persistentVolumeClaim.claimName: Forbidden`,
+		"pod/plain: allowed",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in:\n%s", want, out)
+		}
+	}
+}

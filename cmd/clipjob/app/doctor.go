@@ -27,7 +27,7 @@ func doctorCmd(args []string, _ io.Reader, stdout, stderr io.Writer) error {
 	cfgFile := fs.String("config", "", "the clipjob Config in force (default: read from the release's ConfigMap)")
 	namespace := fs.String("namespace", "clipjob-system", "namespace of the release")
 	release := fs.String("release", "clipjob", "name of the Helm release")
-	valuesFile := fs.String("values", "", "the values file the release was installed with (default: read from the cluster: Helm's record of the release, else the chart's defaults with the relay Deployment's store)")
+	valuesFile := fs.String("values", "", "the values file the release was installed with (default: read from the cluster: Helm's record of the release, else the chart's defaults with the relay Deployment's store and the config ConfigMap's config and agent namespaces)")
 	relayURL := fs.String("relay-url", "", "reach the relay here instead of through the API server's service proxy")
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default $KUBECONFIG or ~/.kube/config)")
 	output := fs.String("o", "text", "output: text or json")
@@ -98,8 +98,11 @@ func printResults(w io.Writer, results []doctor.Result, output string) error {
 	}
 	for _, r := range results {
 		mark := "ok  "
-		if !r.OK {
+		switch {
+		case !r.OK:
 			mark = "FAIL"
+		case r.Warning:
+			mark = "warn"
 		}
 		fmt.Fprintf(w, "%s %-22s %s\n", mark, r.Check, r.Detail)
 		if r.Fix != "" {

@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
 
 	"github.com/paperclipai/clipjob/charts"
 )
@@ -30,7 +31,9 @@ import (
 //   - without one (the chart rendered with `helm template` and applied,
 //     as GitOps tools do): the chart's defaults, with the store the
 //     release's relay Deployment runs on — on PostgreSQL, its replicas,
-//     Secret and schema.
+//     Secret and schema — and the config and agent namespaces of the
+//     release's config ConfigMap (the pod webhook's matchConditions list
+//     the namespaces agents run in, the Roles are made in each).
 func installedValues(ctx context.Context, cs kubernetes.Interface, rel charts.Release) (map[string]any, string) {
 	values, revision, err := helmRecord(ctx, cs, rel)
 	if err == nil && revision > 0 {
@@ -41,7 +44,8 @@ func installedValues(ctx context.Context, cs kubernetes.Interface, rel charts.Re
 		why = "Helm's record of release " + rel.Name + " unreadable: " + err.Error()
 	}
 	values, store := relayStoreValues(ctx, cs, rel)
-	return values, "with the chart's defaults and " + store + " (" + why + ")"
+	values, config := configValues(ctx, cs, rel, values)
+	return values, "with the chart's defaults, " + store + " and " + config + " (" + why + ")"
 }
 
 // helmRecord reads the values of the release's deployed revision from
@@ -157,4 +161,55 @@ func postgresRelay(d *appsv1.Deployment) map[string]any {
 		replicas = *d.Spec.Replicas
 	}
 	return map[string]any{"store": "postgres", "replicas": int64(replicas), "postgres": postgres}
+}
+
+// configValues adds to values the config the release's config ConfigMap
+// holds (its config.yaml, less apiVersion and kind: the chart writes
+// values' config there) and the agent namespaces it names, and says what
+// it found. The chart writes policy.namespaces as agentNamespaces followed
+// by the tenant namespaces not among them; given back as agentNamespaces
+// it renders the same Roles, the same namespace list in the pod webhook's
+// matchConditions (tenants left out), and the same ConfigMap. A config
+// whose policy.namespaces was set by hand says nothing of agentNamespaces:
+// doctor then renders the default ones (give --values).
+func configValues(ctx context.Context, cs kubernetes.Interface, rel charts.Release, values map[string]any) (map[string]any, string) {
+	rendered, err := charts.Render(rel, values)
+	if err != nil {
+		return values, "no config (the chart does not render: " + err.Error() + ")"
+	}
+	name := ""
+	for _, o := range rendered.Objects {
+		if o.GetKind() == "ConfigMap" && o.GetNamespace() == rel.Namespace && strings.HasSuffix(o.GetName(), "-config") {
+			name = o.GetName()
+		}
+	}
+	if name == "" {
+		return values, "no config ConfigMap"
+	}
+	cm, err := cs.CoreV1().ConfigMaps(rel.Namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return values, fmt.Sprintf("the default config (ConfigMap %s: %v)", name, err)
+	}
+	var config map[string]any
+	if err := yaml.Unmarshal([]byte(cm.Data["config.yaml"]), &config); err != nil || config == nil {
+		return values, fmt.Sprintf("the default config (ConfigMap %s holds no config: %v)", name, err)
+	}
+	delete(config, "apiVersion")
+	delete(config, "kind")
+	out := map[string]any{}
+	for k, v := range values {
+		out[k] = v
+	}
+	out["config"] = config
+	policy, _ := config["policy"].(map[string]any)
+	namespaces, _ := policy["namespaces"].([]any)
+	if len(namespaces) == 0 {
+		return out, "the config of ConfigMap " + name
+	}
+	out["agentNamespaces"] = namespaces
+	var names []string
+	for _, n := range namespaces {
+		names = append(names, fmt.Sprint(n))
+	}
+	return out, fmt.Sprintf("the config of ConfigMap %s (agent namespaces %s)", name, strings.Join(names, ", "))
 }

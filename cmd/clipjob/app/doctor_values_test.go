@@ -6,7 +6,10 @@ import (
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"helm.sh/helm/v3/pkg/release"
@@ -115,5 +118,52 @@ func TestDoctorReadsHelmsRecordOfTheRelease(t *testing.T) {
 	var d appsv1.Deployment
 	if err := rendered.Into("Deployment", "clipjob-relay", &d); err != nil || *d.Spec.Replicas != 3 {
 		t.Errorf("relay Deployment %v: %+v", err, d.Spec.Replicas)
+	}
+}
+
+// An install applied with `helm template` (no Helm record) on other agent
+// namespaces than the chart's default, with tenant namespaces and the
+// shared-claim rule's Deployments: doctor reads them from the installed
+// config ConfigMap, so the webhook configurations it renders (the pod
+// webhook's matchConditions list the namespaces agents run in) are the
+// install's, and pass.
+func TestDoctorReadsTheAgentNamespacesFromTheInstalledConfig(t *testing.T) {
+	ctx := context.Background()
+	installed := map[string]any{"agentNamespaces": []any{"paperclip", "agents-b"},
+		"config": map[string]any{"tenantNamespaces": []any{"team-a"}}}
+	r, err := charts.Render(doctorRelease, installed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var objs []runtime.Object
+	for _, o := range []struct {
+		kind, name string
+		into       runtime.Object
+	}{
+		{"ConfigMap", "clipjob-config", &corev1.ConfigMap{}},
+		{"ValidatingWebhookConfiguration", "clipjob-validating", &admissionregistrationv1.ValidatingWebhookConfiguration{}},
+		{"MutatingWebhookConfiguration", "clipjob-mutating", &admissionregistrationv1.MutatingWebhookConfiguration{}},
+		{"Deployment", "clipjob-relay", &appsv1.Deployment{}},
+	} {
+		if err := r.Into(o.kind, o.name, o.into); err != nil {
+			t.Fatal(err)
+		}
+		objs = append(objs, o.into)
+	}
+	results := doctorResults(ctx, fake.NewClientset(objs...), offline, "")
+	if !strings.Contains(results[0].Detail, "agent namespaces paperclip, agents-b, team-a") {
+		t.Errorf("doctor does not say where the agent namespaces came from: %+v", results[0])
+	}
+	seen := false
+	for _, res := range results {
+		if res.Check == "webhook-configurations" {
+			seen = true
+			if !res.OK {
+				t.Errorf("doctor on an install without a Helm record, other agent namespaces: %s", res.Detail)
+			}
+		}
+	}
+	if !seen {
+		t.Errorf("doctor did not compare the webhook configurations: %+v", results)
 	}
 }
