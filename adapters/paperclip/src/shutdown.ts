@@ -22,7 +22,6 @@ interface Followed {
 }
 
 const followed = new Map<symbol, Followed>();
-let installed = false;
 // The signal the server is stopping on, once it came.
 let stoppingOn: string | null = null;
 
@@ -47,18 +46,30 @@ export function followUntilShutdown(entry: Followed): () => void {
   }
   const key = Symbol(entry.job);
   followed.set(key, entry);
-  if (!installed) {
-    installed = true;
-    for (const sig of SHUTDOWN_SIGNALS) {
-      // Whether the host handles the signal itself (Paperclip's server
-      // does, by then: runs start once it serves). Counted now, because a
-      // handler added with once() is gone by the time the signal reaches
-      // this one.
-      const hostHandles = process.listenerCount(sig) > 0;
-      process.on(sig, () => void onShutdown(sig, hostHandles));
-    }
-  }
+  watchServerStop();
   return () => followed.delete(key);
+}
+
+const handlers = new Map<string, () => void>();
+
+/**
+ * Listens for the server's graceful stop, once per process. A run calls
+ * it before it creates its Job: a signal between the Job's creation and
+ * its follow is then heard, and the follow deletes the Job. Not at
+ * import: the host's own handlers are counted here, and Paperclip's
+ * server sets them before it serves, so before any run.
+ */
+export function watchServerStop(): void {
+  if (handlers.size > 0) return;
+  for (const sig of SHUTDOWN_SIGNALS) {
+    // Whether the host handles the signal itself. Counted now, because a
+    // handler added with once() is gone by the time the signal reaches
+    // this one.
+    const hostHandles = process.listenerCount(sig) > 0;
+    const handler = () => void onShutdown(sig, hostHandles);
+    handlers.set(sig, handler);
+    process.on(sig, handler);
+  }
 }
 
 /** The Jobs followed now (for tests). */
@@ -82,6 +93,12 @@ async function deleteJob(f: Followed, signal: string): Promise<void> {
 /** Forgets a stop (for tests: one process runs many). */
 export function resetStopping(): void {
   stoppingOn = null;
+}
+
+/** Stops listening, as a process that never ran a run (for tests). */
+export function unwatchServerStop(): void {
+  for (const [sig, handler] of handlers) process.off(sig, handler);
+  handlers.clear();
 }
 
 async function onShutdown(sig: (typeof SHUTDOWN_SIGNALS)[number], hostHandles: boolean): Promise<void> {

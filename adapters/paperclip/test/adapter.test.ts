@@ -11,7 +11,7 @@ import type { V1Job } from "@kubernetes/client-node";
 import { CLAUDE_ADAPTER, createClipjobAdapter, executeRun, type AdapterDeps } from "../src/adapter.js";
 import { jobNameFor, retryJobName } from "../src/job.js";
 import { RelayClient, type RelayRun } from "../src/relay.js";
-import { deleteFollowedJobs, followedJobs, resetStopping } from "../src/shutdown.js";
+import { deleteFollowedJobs, followedJobs, resetStopping, unwatchServerStop } from "../src/shutdown.js";
 import { FakeKube, statusError } from "./fake-kube.js";
 import { FakeRelay } from "./fake-relay.js";
 
@@ -471,6 +471,29 @@ describe("execute", () => {
       assert.deepEqual([...kube.secrets.keys()].filter((n) => n.startsWith(jobNameOf(late))), [], "its Secrets are removed");
       assert.ok(kube.calls.some((c) => c.startsWith(`create secret ${jobNameOf(late)}`)), `it got that far: ${kube.calls.join()}`);
     } finally {
+      resetStopping();
+    }
+  });
+
+  it("a graceful stop between the Job's creation and its follow deletes the Job (the server's first run)", async () => {
+    // A process that has followed no run yet, whose host (as Paperclip's
+    // server does) handles SIGTERM itself.
+    unwatchServerStop();
+    const host = () => {};
+    process.on("SIGTERM", host);
+    try {
+      const rec = newCtx();
+      // The signal as the Job is stored; the pod runs to its end a second
+      // later, for a follow that did not hear it.
+      kube.afterCreateJob = (job) => {
+        process.emit("SIGTERM");
+        runsTo(claudeLines, claudeEnd, 1000)(job);
+      };
+      const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+      assert.deepEqual(kube.deletions.map((d) => d.name), [jobNameOf(rec)], `the run ended ${result.errorCode}: ${result.errorMessage}`);
+      assert.ok(rec.stderr.some((l) => l.includes("the Paperclip server is stopping (SIGTERM)")), rec.stderr.join(""));
+    } finally {
+      process.off("SIGTERM", host);
       resetStopping();
     }
   });

@@ -16,7 +16,7 @@ import { buildRunObjects, isLabelValue, renameRunSecret, retryJobName, RunIdenti
 import { ENDED_RUN_STATUSES } from "../paperclip.js";
 import { ensureRunDirs, mountedRunDirs, RunDirsError } from "../rundirs.js";
 import { buildPrompt, buildRunEnv, sessionToResume, taskIdOf, type BuiltPrompt } from "../prompt.js";
-import { serverStopping } from "../shutdown.js";
+import { serverStopping, watchServerStop } from "../shutdown.js";
 import { cancelledBeforeStart, waitGone } from "./cancel.js";
 import { ownershipOf } from "./ownership.js";
 import { jobFinished, type FollowTarget, type Run, type RunEnds } from "./run.js";
@@ -47,6 +47,9 @@ export async function submit(run: Run): Promise<RunEnds | { existing: FollowTarg
     return { result: cancelledBeforeStart("before its Job was created") };
   }
   // The server is stopping: Paperclip will not follow this run again.
+  // From here on a stop is heard, so one that comes after the Job is
+  // created and before its follow starts still deletes it.
+  watchServerStop();
   const stopping = serverStopping();
   if (stopping) {
     await run.dropSecrets();
