@@ -217,6 +217,7 @@ func (s *Syncer) applyPolicy(ctx context.Context, p *admissionregistrationv1.Mut
 	// What decides a Job's fate, compared as written (the API server
 	// defaults none of it); the rest is held by the hash.
 	same := equality.Semantic.DeepEqual(stored.Spec.Mutations, want.Spec.Mutations) &&
+		equality.Semantic.DeepEqual(stored.Spec.Variables, want.Spec.Variables) &&
 		equality.Semantic.DeepEqual(stored.Spec.MatchConditions, want.Spec.MatchConditions) &&
 		equality.Semantic.DeepEqual(stored.Spec.FailurePolicy, want.Spec.FailurePolicy)
 	if current(stored.ObjectMeta, want.ObjectMeta, same) {

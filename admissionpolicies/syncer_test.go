@@ -147,7 +147,23 @@ func TestSyncRestoresWhatOthersChanged(t *testing.T) {
 	}
 	got, err := c.Get(ctx, policies[0], metav1.GetOptions{})
 	if err != nil || got.Spec.Mutations[0].JSONPatch.Expression != original {
-		t.Errorf("an edited policy was not written back (%v)", err)
+		t.Fatalf("an edited policy was not written back (%v)", err)
+	}
+	// The patch reads its long values (the container among them) from the
+	// policy's variables: a variable edited alone is written back too.
+	if len(got.Spec.Variables) == 0 {
+		t.Fatal("the compiled policy has no variables")
+	}
+	originalVar := got.Spec.Variables[0]
+	got.Spec.Variables[0].Expression = `dyn([{"name": "agent", "image": "attacker.example/agent"}])`
+	if _, err := c.Update(ctx, got, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, err = c.Get(ctx, policies[0], metav1.GetOptions{}); err != nil || got.Spec.Variables[0] != originalVar {
+		t.Errorf("an edited variable was not written back (%v)", err)
 	}
 	after, bindings := names(t, cs)
 	if !slices.Contains(bindings, policies[0]) {

@@ -38,7 +38,7 @@ func BenchmarkTypeCheck(b *testing.B) {
 func BenchmarkAdmit(b *testing.B) {
 	inh, cfg := testSource(b)
 	c := compileFor(b, inh, cfg, "paperclip")
-	job := bareJob("bench", map[string]string{contract.LabelAgentID: "a", contract.LabelRunID: "r", contract.LabelAdapterType: "claude_local"},
+	job := bareJob("bench", map[string]string{contract.LabelAgentID: "a", contract.LabelCompanyID: "c", contract.LabelRunID: "r", contract.LabelAdapterType: "claude_local"},
 		map[string]string{contract.AnnotationEnvSecret: "r-env"}, map[string]string{contract.AnnotationPrompt: "Fix it."})
 	e := c.evals[0]
 	for b.Loop() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	celgo "github.com/google/cel-go/cel"
 	"sync"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -24,6 +25,7 @@ import (
 // admission plugin does (the same CEL environment, match conditions and
 // JSONPatch patcher from k8s.io/apiserver), in process.
 type evaluator struct {
+	compiler *plugincel.CompositedCompiler
 	matcher  matchconditions.Matcher
 	patchers []patch.Patcher
 }
@@ -34,11 +36,9 @@ var (
 	_       = batchv1.AddToScheme(scheme)
 )
 
-// celCompiler is built once: the environment is most of a compile's time,
-// and the compiler keeps no state between expressions but variables,
-// which the compiled policies do not use.
-var celCompiler = sync.OnceValues(func() (*plugincel.CompositedCompiler, error) {
-	return plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
+// baseEnv is built once: it is most of a small policy's compile.
+var baseEnv = sync.OnceValue(func() *environment.EnvSet {
+	return environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion())
 })
 
 // evaluators caches compiled policies by their spec: fixtures share
@@ -60,12 +60,22 @@ func newEvaluator(p *admissionregistrationv1.MutatingAdmissionPolicy) (*evaluato
 	return e, err
 }
 
+// compileEvaluator compiles p as the API server's mutating admission
+// plugin does (compilePolicy in k8s.io/apiserver's policy/mutating): its
+// variables, in order, then its match conditions and mutations, in one
+// composited compiler of the policy's own.
 func compileEvaluator(p *admissionregistrationv1.MutatingAdmissionPolicy) (*evaluator, error) {
-	compiler, err := celCompiler()
+	compiler, err := plugincel.NewCompositedCompiler(baseEnv())
 	if err != nil {
 		return nil, err
 	}
-	opts := plugincel.OptionalVariableDeclarations{}
+	opts := plugincel.OptionalVariableDeclarations{HasAuthorizer: true}
+	for _, v := range p.Spec.Variables {
+		r := compiler.CompileAndStoreVariable(variable(v), opts, environment.StoredExpressions)
+		if r.Error != nil {
+			return nil, fmt.Errorf("variable %s: %w", v.Name, r.Error)
+		}
+	}
 	var conds []plugincel.ExpressionAccessor
 	for i := range p.Spec.MatchConditions {
 		conds = append(conds, (*matchconditions.MatchCondition)(&p.Spec.MatchConditions[i]))
@@ -74,7 +84,7 @@ func compileEvaluator(p *admissionregistrationv1.MutatingAdmissionPolicy) (*eval
 	for _, r := range filter.CompilationErrors() {
 		return nil, fmt.Errorf("match condition: %w", r)
 	}
-	e := &evaluator{matcher: matchconditions.NewMatcher(filter, p.Spec.FailurePolicy, "policy", "mutate", p.Name)}
+	e := &evaluator{compiler: compiler, matcher: matchconditions.NewMatcher(filter, p.Spec.FailurePolicy, "policy", "mutate", p.Name)}
 	opts.HasPatchTypes = true
 	for _, m := range p.Spec.Mutations {
 		if m.PatchType != admissionregistrationv1.PatchTypeJSONPatch {
@@ -89,6 +99,16 @@ func compileEvaluator(p *admissionregistrationv1.MutatingAdmissionPolicy) (*eval
 	return e, nil
 }
 
+// variable is a policy variable as the API server's compiler takes it
+// (validating.Variable there, whose package this module does not build).
+type variable admissionregistrationv1.Variable
+
+func (v variable) GetName() string       { return v.Name }
+func (v variable) GetExpression() string { return v.Expression }
+func (v variable) ReturnTypes() []*celgo.Type {
+	return []*celgo.Type{celgo.AnyType, celgo.DynType}
+}
+
 // mutate admits a CREATE of job by username: the policy's result, and
 // whether its match conditions chose the Job at all.
 func (e *evaluator) mutate(job *batchv1.Job, username string) (*batchv1.Job, bool, error) {
@@ -99,7 +119,8 @@ func (e *evaluator) mutate(job *batchv1.Job, username string) (*batchv1.Job, boo
 			&metav1.CreateOptions{}, false, &user.DefaultInfo{Name: username})
 		return &admission.VersionedAttributes{Attributes: rec, VersionedKind: gvk, VersionedObject: admission.NewLazyObject(obj)}
 	}
-	ctx := context.Background()
+	// One context per admission, as the API server's dispatcher makes.
+	var ctx context.Context = e.compiler.CreateContext(context.Background())
 	m := e.matcher.Match(ctx, attrs(obj), nil, nil)
 	if m.Error != nil {
 		return nil, false, fmt.Errorf("match condition %s: %w", m.FailedConditionName, m.Error)

@@ -13,6 +13,10 @@
 // values change, a sentinel inside a longer string, a field Render newly
 // sets) fails the compile rather than approximating it.
 //
+// Values longer than a line or two of CEL (the container's fields, the
+// volumes) are policy variables the patch reads: the API server's type
+// check grows with the square of an expression's size (see hoist).
+//
 // A policy applies only to the Jobs it completes exactly as Render does
 // (its matchConditions): bare Jobs of its profile whose run values Render
 // accepts. Everything else — a Job with containers of its own, a value

@@ -50,7 +50,7 @@ const ManagedBy = "clipjob"
 // completes a bare agent Job in in.Namespace exactly as templates.Render
 // does, for every profile that runs a command: one policy, so the API
 // server evaluates one set of match conditions per Job, and the Job's
-// adapter type picks its profile's patch. Its domain (the matchConditions)
+// adapter type picks its profile's mutation. Its domain (the matchConditions)
 // is the bare Jobs clients send: no containers or volumes of their own,
 // run values Render accepts. Any other agent Job is left to the webhook.
 // The result is a list so that a later compiler may split the work.
@@ -64,7 +64,7 @@ func Mutating(in Input) ([]Policy, error) {
 		if len(prof.Command) == 0 {
 			continue // a bare Job of this profile is refused: the webhook's
 		}
-		p, err := compileProfile(in, prof)
+		p, err := compileProfile(in, prof, fmt.Sprintf("%s_%d_", variableName(name), len(profiles)))
 		if err != nil {
 			return nil, fmt.Errorf("compile: profile %s: %w", name, err)
 		}
@@ -81,11 +81,13 @@ func Mutating(in Input) ([]Policy, error) {
 func PolicyName(namespace string) string { return "clipjob-render." + namespace }
 
 // compiledProfile is one profile's part of the policy: the adapter types
-// that select it (CEL literals) and its patch.
+// that select it (CEL literals), its patch and the variables the patch
+// reads.
 type compiledProfile struct {
 	name   string
 	types  []string
 	ops    string
+	vars   []admissionregistrationv1.Variable
 	source string
 }
 
@@ -100,10 +102,36 @@ type compiler struct {
 	without      map[*feature]map[string]any
 	subst        map[string]string
 	probe        map[string]any
+	// vars are the policy variables the patch reads (hoist), named
+	// varPrefix + what they hold.
+	vars      []admissionregistrationv1.Variable
+	varPrefix string
 }
 
-func compileProfile(in Input, prof config.Resolved) (compiledProfile, error) {
-	c := &compiler{in: in, prof: prof, fs: features(in.Inherited.DataMountPath, in.Config), without: map[*feature]map[string]any{}}
+// hoistAbove is the length of CEL above which a value becomes a policy
+// variable (hoist).
+const hoistAbove = 200
+
+// hoist returns expr, or a reference to a policy variable holding it when
+// it is long. The API server type-checks each expression on its own, and
+// cel-go's checker copies every type substitution made so far in an
+// expression at each call and literal entry it checks: the time and
+// memory of a check grow with the square of its size. Profiles' patches
+// of one expression took the API server 1.6 s and 1.1 GB to check (per
+// policy change, per API server); in variables of a few hundred
+// characters each the check is linear (BenchmarkTypeCheck). A variable is
+// evaluated lazily, against the same object as the mutation reading it.
+func (c *compiler) hoist(what, expr string) string {
+	if len(expr) <= hoistAbove {
+		return expr
+	}
+	name := c.varPrefix + what
+	c.vars = append(c.vars, admissionregistrationv1.Variable{Name: name, Expression: expr})
+	return "variables." + name
+}
+
+func compileProfile(in Input, prof config.Resolved, varPrefix string) (compiledProfile, error) {
+	c := &compiler{in: in, prof: prof, fs: features(in.Inherited.DataMountPath, in.Config), without: map[*feature]map[string]any{}, varPrefix: varPrefix}
 	c.subst = map[string]string{creatorSentinel: "request.userInfo.username"}
 	for _, f := range c.fs {
 		maps.Copy(c.subst, f.subst)
@@ -140,12 +168,12 @@ func compileProfile(in Input, prof config.Resolved) (compiledProfile, error) {
 	}
 	expr := strings.Join(ops, " +\n")
 	for s := range c.subst {
-		if strings.Contains(expr, s) {
+		if strings.Contains(expr, s) || slices.ContainsFunc(c.vars, func(v admissionregistrationv1.Variable) bool { return strings.Contains(v.Expression, s) }) {
 			return compiledProfile{}, fmt.Errorf("sentinel %q is left in the policy: Render put it inside a longer value", s)
 		}
 	}
 	source, _ := asMap(at(c.full, "metadata", "annotations"))[contract.AnnotationSource].(string)
-	return compiledProfile{name: prof.Name, types: c.adapterTypes(), ops: expr, source: source}, nil
+	return compiledProfile{name: prof.Name, types: c.adapterTypes(), ops: expr, vars: c.vars, source: source}, nil
 }
 
 // probeJob is a bare Job of the profile with every feature but skip, the
@@ -331,7 +359,7 @@ func (c *compiler) podOps() ([]string, error) {
 		if err != nil {
 			return nil, fmt.Errorf("pod %s: %w", k, err)
 		}
-		o := op("add", pointer("spec", "template", "spec", k), value)
+		o := op("add", pointer("spec", "template", "spec", k), c.hoist("pod_"+variableName(k), value))
 		if cond := podKept[k]; cond != "" {
 			ops = append(ops, when(cond, o))
 		} else {
@@ -401,7 +429,7 @@ func (c *compiler) containers() (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("container %s: %w", k, err)
 		}
-		fields = append(fields, fmt.Sprintf("%s: dyn(%s)", celString(k), v))
+		fields = append(fields, fmt.Sprintf("%s: %s", celString(k), c.hoist("container_"+variableName(k), "dyn("+v+")")))
 	}
 	return "[dyn({" + strings.Join(fields, ", ") + "})]", nil
 }
@@ -562,9 +590,11 @@ func policy(in Input, profiles []compiledProfile) Policy {
 	name := PolicyName(in.Namespace)
 	labels := map[string]string{ManagedByLabel: ManagedBy}
 	var expr strings.Builder
+	var vars []admissionregistrationv1.Variable
 	var names, all []string
 	for _, p := range profiles {
 		fmt.Fprintf(&expr, "%s in [%s] ? (\n%s\n) :\n", adapterType, strings.Join(p.types, ", "), p.ops)
+		vars = append(vars, p.vars...)
 		names = append(names, p.name)
 		all = append(all, p.types...)
 	}
@@ -590,6 +620,7 @@ func policy(in Input, profiles []compiledProfile) Policy {
 				MatchConditions:    matchConditions(in, all),
 				FailurePolicy:      ptr.To(admissionregistrationv1.Fail),
 				ReinvocationPolicy: admissionregistrationv1.IfNeededReinvocationPolicy,
+				Variables:          vars,
 				Mutations: []admissionregistrationv1.Mutation{{
 					PatchType: admissionregistrationv1.PatchTypeJSONPatch,
 					JSONPatch: &admissionregistrationv1.JSONPatch{Expression: expr.String()},
@@ -694,4 +725,15 @@ func jsonFields(t reflect.Type) []string {
 		}
 	}
 	return out
+}
+
+// variableName is s as part of a CEL identifier: letters, digits and
+// underscores (the index beside a profile's name keeps two apart).
+func variableName(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '_'
+	}, s)
 }

@@ -80,7 +80,8 @@ func (d *doctor) compiledPolicies(ctx context.Context, cfg *config.Config, inh *
 		case err != nil:
 			bad = append(bad, fmt.Sprintf("%s: %v", p.Policy.Name, err))
 			continue
-		case !equality.Semantic.DeepEqual(got.Spec.Mutations, p.Policy.Spec.Mutations) || !equality.Semantic.DeepEqual(got.Spec.MatchConditions, p.Policy.Spec.MatchConditions):
+		case !equality.Semantic.DeepEqual(got.Spec.Mutations, p.Policy.Spec.Mutations) || !equality.Semantic.DeepEqual(got.Spec.Variables, p.Policy.Spec.Variables) ||
+			!equality.Semantic.DeepEqual(got.Spec.MatchConditions, p.Policy.Spec.MatchConditions):
 			bad = append(bad, fmt.Sprintf("%s is stale (compiled from %s, the source is now %s)", p.Policy.Name,
 				got.Annotations["clipjob.paperclip.io/source"], p.Policy.Annotations["clipjob.paperclip.io/source"]))
 			continue

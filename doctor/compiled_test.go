@@ -81,6 +81,19 @@ func TestCompiledPoliciesAreChecked(t *testing.T) {
 			t.Fatal(err)
 		}
 	}), false, first+" is stale")
+	// The patch reads its long values from variables: an edited one is
+	// as stale as an edited patch.
+	want1(check(true, func(cs *fake.Clientset) {
+		c := cs.AdmissionregistrationV1().MutatingAdmissionPolicies()
+		p, _ := c.Get(context.Background(), first, metav1.GetOptions{})
+		if len(p.Spec.Variables) == 0 {
+			t.Fatal("the compiled policy has no variables")
+		}
+		p.Spec.Variables[0].Expression = "dyn([])"
+		if _, err := c.Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}), false, first+" is stale")
 	want1(check(false, nil), false, "compiledPolicies is off", "kubectl delete mutatingadmissionpolicybinding,mutatingadmissionpolicy -l app.kubernetes.io/managed-by=clipjob")
 	off := check(false, func(cs *fake.Clientset) {
 		for _, p := range compiled {
