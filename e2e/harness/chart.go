@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"sync"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -75,10 +76,35 @@ func ApplyChartRBAC(ctx context.Context, cs kubernetes.Interface) error {
 // for the suite's ServiceAccounts (the cluster-wide part is the suite's
 // already).
 func applyChartRoles(ctx context.Context, c *cluster.Cluster, source string, namespaces []string) error {
-	if err := ApplyChartRBAC(ctx, c.Clientset()); err != nil {
+	if err := applyChartRBACOnce(ctx, c); err != nil {
 		return err
 	}
 	return applyChartRBAC(ctx, c.Clientset(), toAny(namespaces), nil, source, true)
+}
+
+// chartRBACApplied holds the clusters ApplyChartRBAC has been applied to
+// by applyChartRBACOnce: every install and relay start asks for it, and
+// nothing deletes it, so asking again only met conflicts (3,700 refused
+// creates in a run of the integration tier).
+var chartRBACApplied struct {
+	sync.Mutex
+	done map[*cluster.Cluster]bool
+}
+
+func applyChartRBACOnce(ctx context.Context, c *cluster.Cluster) error {
+	chartRBACApplied.Lock()
+	defer chartRBACApplied.Unlock()
+	if chartRBACApplied.done[c] {
+		return nil
+	}
+	if err := ApplyChartRBAC(ctx, c.Clientset()); err != nil {
+		return err
+	}
+	if chartRBACApplied.done == nil {
+		chartRBACApplied.done = map[*cluster.Cluster]bool{}
+	}
+	chartRBACApplied.done[c] = true
+	return nil
 }
 
 func applyChartRBAC(ctx context.Context, cs kubernetes.Interface, agentNamespaces, tenantNamespaces []any, source string, rolesOnly bool) error {

@@ -17,7 +17,9 @@ import (
 // AdmissionLoop creates Jobs (dry runs, through both webhooks) from four
 // clients at once until stop is closed, so admissions are in flight
 // whenever a replica stops, counting what was admitted mutated and what
-// failed.
+// failed. Each client pauses briefly between its creates: four back to
+// back took the API server and the webhooks a core between them, for
+// no more admissions in flight at a stop.
 func (in *Install) AdmissionLoop(ctx context.Context, t *testing.T, name string, stop <-chan struct{}) (ok, failed *atomic.Int64, lastErr *atomic.Value, done <-chan struct{}) {
 	ok, failed, lastErr = &atomic.Int64{}, &atomic.Int64{}, &atomic.Value{}
 	cfg := *in.c.Config
@@ -32,7 +34,7 @@ func (in *Install) AdmissionLoop(ctx context.Context, t *testing.T, name string,
 				select {
 				case <-stop:
 					return
-				default:
+				case <-time.After(loopPause):
 				}
 				job := in.BareJob(t, fmt.Sprintf("%s-%d-%d", name, w, i))
 				stored, err := fast.BatchV1().Jobs(in.Namespace).Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
@@ -49,6 +51,9 @@ func (in *Install) AdmissionLoop(ctx context.Context, t *testing.T, name string,
 	go func() { wg.Wait(); close(d) }()
 	return ok, failed, lastErr, d
 }
+
+// loopPause is what each of AdmissionLoop's clients waits between creates.
+const loopPause = 10 * time.Millisecond
 
 // Reaches waits until n (an admission loop's count) Reaches want, for
 // two minutes at most, and reports whether it did. It does not fail the

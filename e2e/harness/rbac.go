@@ -64,8 +64,7 @@ var LogReaderRules = []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []
 // writes a kubeconfig with a token of the chart's ServiceAccount name, so
 // a binary run with it holds exactly what the chart grants it.
 func ChartServiceAccountKubeconfig(ctx context.Context, c *cluster.Cluster, name string) (string, error) {
-	cs := c.Clientset()
-	if err := ApplyChartRBAC(ctx, cs); err != nil {
+	if err := applyChartRBACOnce(ctx, c); err != nil {
 		return "", err
 	}
 	path := filepath.Join(c.Dir, name+".kubeconfig")

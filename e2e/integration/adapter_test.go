@@ -490,7 +490,7 @@ func TestPaperclipAdapterCancelsARun(t *testing.T) {
 	// running is the agent's log going on (below); the drain only adds to
 	// it.
 	bin := suite.relayBin
-	slow, err := harness.StartRelay(ctx, suite.cluster, bin, "relay-adapter-cancel", in.Namespace, "--drain-idle", "12s")
+	slow, err := harness.StartRelay(ctx, suite.cluster, bin, in.Namespace+"-relay-adapter-cancel", in.Namespace, "--drain-idle", "12s")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -71,7 +71,9 @@ func readyReplicas(in *harness.Install, t *testing.T) (context.Context, *relayRe
 func readyReplicasWith(in *harness.Install, t *testing.T, extra ...string) (context.Context, *relayReplicas) {
 	t.Helper()
 	ctx := replicasContext(t)
-	group := fmt.Sprintf("e2e-replicas-%d", replicasSetup.sets.Add(1))
+	// Named by the install (its namespace is new on each run), so that a
+	// run on a control plane left running meets no earlier run's files.
+	group := fmt.Sprintf("%s-replicas-%d", in.Namespace, replicasSetup.sets.Add(1))
 	return ctx, startRelayReplicas(in, ctx, t, group, extra...)
 }
 

@@ -308,7 +308,7 @@ func TestRelayCollectsRunFinishedBeforeItWasSeen(t *testing.T) {
 	in.FinishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
 
 	bin := suite.relayBin
-	late, err := harness.StartRelay(ctx, suite.cluster, bin, "relay-late", in.Namespace)
+	late, err := harness.StartRelay(ctx, suite.cluster, bin, in.Namespace+"-relay-late", in.Namespace)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +337,7 @@ func TestRelayRunCannotBeTakenOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := suite.relayBin
-	r, err := harness.StartRelay(ctx, suite.cluster, bin, "relay-takeover", in.Namespace, "--namespace", other)
+	r, err := harness.StartRelay(ctx, suite.cluster, bin, in.Namespace+"-relay-takeover", in.Namespace, "--namespace", other)
 	if err != nil {
 		t.Fatal(err)
 	}
