@@ -74,11 +74,18 @@ build_kube() {
   go get "k8s.io/kubernetes/cmd/kube-apiserver@$KUBE_VERSION" >&2
   local pkg=k8s.io/component-base/version
   local ld="-s -w -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+  # One go build for all of them: their packages compile once, in
+  # parallel, and the links overlap.
+  local pkgs=() b
   for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
-    [ -x "$bin/$b" ] && continue
-    log "go build $b"
-    go build -trimpath -ldflags "$ld" -o "$bin/$b.tmp" "k8s.io/kubernetes/cmd/$b" && mv "$bin/$b.tmp" "$bin/$b"
+    [ -x "$bin/$b" ] || pkgs+=("k8s.io/kubernetes/cmd/$b")
   done
+  if [ ${#pkgs[@]} -gt 0 ]; then
+    log "go build ${pkgs[*]##*/}"
+    mkdir -p "$work/out"
+    go build -trimpath -ldflags "$ld" -o "$work/out/" "${pkgs[@]}"
+    for b in "${pkgs[@]##*/}"; do mv "$work/out/$b" "$bin/$b"; done
+  fi
   if [ ! -x "$bin/etcd" ]; then
     ETCD_VERSION=${ETCD_VERSION:-$(awk '$1=="go.etcd.io/etcd/server/v3"{print $2; exit}' "$gomod")}
     build_etcd

@@ -68,6 +68,50 @@ if [ "${CLIPJOB_E2E_NODE:-}" = kwok ] && want realnode; then
   summary+=("$(printf '  %-34s %6s    skipped: CLIPJOB_E2E_NODE=kwok asks for no real node' "real node" "-")")
 fi
 
+# The real-node tier waits on real containers far more than it computes:
+# it runs beside lint, unit and integration (REALNODE_APART=1 runs it
+# after them), its output kept until they are done.
+realnode() {
+  local how="beside the others" kube_bin
+  [ -n "${REALNODE_APART:-}" ] && how="after the others"
+  kube_bin=$(bash hack/kube-binaries.sh 2>/dev/null)
+  step "real node ($how)" env KUBE_BIN_DIR="$kube_bin" \
+    $GO test -count=1 $VET -timeout 40m -p 1 -parallel "$REALNODE_PARALLEL" $GOTESTFLAGS ./e2e/cluster/ ./e2e/realnode/
+}
+# In the background, from the start: the Kubernetes binaries, which a
+# first run builds from the Go module proxy (many minutes of both cores);
+# then, once the setup below is done, the real-node tier, beside
+# cert-manager's build (the tier's cert-manager test, its last serial one,
+# waits for that build). Meanwhile the setup and the tiers that need no
+# Kubernetes (the adapter's tests, lint, unit) run in front; the
+# integration tier waits for the binaries. With warm caches the builds
+# take no time and the real-node tier starts once the setup is done.
+bg=$(mktemp)
+bg_pid=""
+if want setup || want integration || want realnode; then
+  background() {
+    summary=()
+    step "setup: Kubernetes binaries" bash hack/kube-binaries.sh >/dev/null
+    printf '%s\n' "${summary[-1]}" > "$bg.kube"
+    local cm_pid=""
+    if want setup && want realnode; then
+      ( summary=(); step "setup: cert-manager" bash hack/cert-manager/build.sh >/dev/null
+        printf '%s\n' "${summary[@]}" > "$bg.certmanager" ) &
+      cm_pid=$!
+    fi
+    while [ ! -e "$bg.ready" ]; do sleep 1; done
+    if want realnode && [ -z "${REALNODE_APART:-}" ]; then
+      realnode > "$bg.realnode" 2>&1
+    fi
+    if [ -n "$cm_pid" ]; then
+      wait "$cm_pid"
+      [ -e "$bg.certmanager" ] && mapfile -t -O "${#summary[@]}" summary < "$bg.certmanager"
+    fi
+    printf '%s\n' "${summary[@]}" > "$bg.summary"
+  }
+  background &
+  bg_pid=$!
+fi
 if want setup; then
   step "setup: real node packages" bash hack/node-packages.sh
   step "setup: PostgreSQL server" bash hack/postgres-packages.sh
@@ -84,41 +128,7 @@ if want adapter; then
   adapter_build() { npm_adapter ci --no-audit --no-fund && npm_adapter run build; }
   step "adapter: npm ci, build" adapter_build
 fi
-
-# The real-node tier waits on real containers far more than it computes:
-# it runs beside lint, unit and integration (REALNODE_APART=1 runs it
-# after them), its output kept until they are done.
-realnode() {
-  local how="beside the others" kube_bin
-  [ -n "${REALNODE_APART:-}" ] && how="after the others"
-  kube_bin=$(bash hack/kube-binaries.sh 2>/dev/null)
-  step "real node ($how)" env KUBE_BIN_DIR="$kube_bin" \
-    $GO test -count=1 $VET -timeout 40m -p 1 -parallel "$REALNODE_PARALLEL" $GOTESTFLAGS ./e2e/cluster/ ./e2e/realnode/
-}
-# In the background: the Kubernetes binaries, which a first run builds
-# from the Go module proxy (many minutes of both cores), then cert-manager
-# (the real-node tier's alone), then that tier. Meanwhile the tiers that
-# need no Kubernetes (the adapter's tests, lint, unit) run in front; the
-# integration tier waits for the binaries. With warm caches the builds
-# take no time and the real-node tier starts at once.
-bg=$(mktemp)
-bg_pid=""
-if want setup || want integration || want realnode; then
-  background() {
-    summary=()
-    step "setup: Kubernetes binaries" bash hack/kube-binaries.sh >/dev/null
-    printf '%s\n' "${summary[-1]}" > "$bg.kube"
-    if want setup && want realnode; then
-      step "setup: cert-manager" bash hack/cert-manager/build.sh >/dev/null
-    fi
-    if want realnode && [ -z "${REALNODE_APART:-}" ]; then
-      realnode > "$bg.realnode" 2>&1
-    fi
-    printf '%s\n' "${summary[@]}" > "$bg.summary"
-  }
-  background &
-  bg_pid=$!
-fi
+touch "$bg.ready"
 # kube_binaries waits for the background's build, and prints the
 # binaries' directory, or fails if the build did.
 kube_binaries() {
@@ -162,7 +172,7 @@ fi
 if want realnode && [ -n "${REALNODE_APART:-}" ]; then
   realnode
 fi
-rm -f "$bg" "$bg.kube" "$bg.realnode" "$bg.summary"
+rm -f "$bg" "$bg.kube" "$bg.realnode" "$bg.summary" "$bg.ready" "$bg.certmanager"
 
 total=$(awk -v a="$start_all" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", b - a }')
 echo

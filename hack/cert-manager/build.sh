@@ -27,6 +27,12 @@ dir="$cache/cert-manager/$version"
 bin="$dir/bin"
 crds="$dir/crds"
 
+# One build at a time: make test starts this build beside the real-node
+# tier, whose cert-manager test runs it too and waits here for the first.
+mkdir -p "$dir"
+exec 9>"$dir/.build.lock"
+flock 9
+
 # Rebuilt when missing, or when main.go or the module files changed (the
 # version key alone would keep a stale binary after an edit of main.go).
 stamp=$(cat "$here/main.go" "$here/go.mod" "$here/go.sum" | sha256sum | cut -d' ' -f1)
