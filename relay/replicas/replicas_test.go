@@ -50,8 +50,16 @@ type table struct {
 	cut    atomic.Bool
 	mu     sync.Mutex
 	frozen chan struct{} // non-nil while frozen; closed to thaw
-	// changes receives when the replica's view changed (its OnChange).
-	changes chan struct{}
+	// changes receives the replica's view each time it changed, as its
+	// OnChange saw it (the replica may change it again before a test
+	// asks for its Status); while one is unread, later ones are dropped.
+	changes chan view
+}
+
+// view is a replica's view at a change: whether it collects, and why not.
+type view struct {
+	member bool
+	why    string
 }
 
 // table is a replica's table of replicas on its own connection, closed
@@ -62,7 +70,7 @@ func (g *group) table() *table {
 		g.t.Fatal(err)
 	}
 	g.t.Cleanup(tab.Close)
-	return &table{Table: tab, changes: make(chan struct{}, 1)}
+	return &table{Table: tab, changes: make(chan view, 1)}
 }
 
 func (t *table) Renew(ctx context.Context, id, name string, ttl time.Duration) ([]replicas.Member, error) {
@@ -104,8 +112,11 @@ func (g *group) member(name string, needs ...replicas.Need) (m *replicas.Members
 	tab = g.table()
 	m = &replicas.Members{Table: tab, Name: name, LeaseDuration: 1200 * time.Millisecond, RenewInterval: 200 * time.Millisecond,
 		Needs: needs, Log: logr.Discard(), OnChange: func() {
+			// OnChange runs on the goroutine that changes the view, so
+			// Status here is the view that changed.
+			member, _, why := m.Status()
 			select {
-			case tab.changes <- struct{}{}:
+			case tab.changes <- view{member, why}:
 			default:
 			}
 		}}
@@ -283,13 +294,14 @@ func TestAFrozenReplicaLosesItsRuns(t *testing.T) {
 	default:
 	}
 	cTable.thaw()
+	var first view
 	select {
-	case <-cTable.changes:
+	case first = <-cTable.changes:
 	case <-time.After(time.Minute):
 		t.Fatal("a minute after the thaw the replica's view has not changed")
 	}
-	if member, _, why := c.Status(); member || why == "" {
-		t.Errorf("the thawed replica's first view: member %v (%q), want none: its row lapsed", member, why)
+	if first.member || first.why == "" {
+		t.Errorf("the thawed replica's first view: member %v (%q), want none: its row lapsed", first.member, first.why)
 	}
 	waitOwners(t, []string{"a", "b", "c"}, a, b, c)
 }
