@@ -121,6 +121,10 @@ type containerState struct {
 // server or proxy cut it. Reconnect, with backoff.
 var errEndedEarly = errors.New("log stream ended while the container runs")
 
+// errReadAgain ends a session that read a line it cannot tell from one
+// stored (lineUnsure): the next reads the log again from the cursor.
+var errReadAgain = errors.New("a line read again or written twice: reading again from the cursor")
+
 // follower follows one stream for its collector c, whose options, store,
 // source, redaction, bounds, log and clock it uses.
 type follower struct {
@@ -203,6 +207,13 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	started := f.c.Clock.Now()
 	tick := f.c.Clock.NewTicker(f.c.Follow.BatchWait)
 	defer tick.Stop()
+	added := func(err error) (bool, error) {
+		if errors.Is(err, errReadAgain) {
+			reconnects.WithLabelValues("unsure").Inc()
+			return false, nil
+		}
+		return false, err
+	}
 	for {
 		select {
 		case line, ok := <-q.lines:
@@ -213,7 +224,7 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 				ended := f.state().ended
 				if errors.Is(q.err, io.EOF) && endedAtOpen && ended && len(q.fragment) > 0 {
 					if err := b.add(q.fragment); err != nil { // the last line, with no newline
-						return false, err
+						return added(err)
 					}
 				}
 				if err := b.flush(true); err != nil {
@@ -224,7 +235,7 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 			q.taken(line)
 			b.held += int64(len(line))
 			if err := b.add(line); err != nil {
-				return false, err
+				return added(err)
 			}
 			// Caught up: commit now rather than at the next tick, which
 			// would delay every line. A busy stream's lines queue up
@@ -449,7 +460,8 @@ type batch struct {
 }
 
 // add takes one raw line, skipping what the store already has, and
-// commits when the batch is full.
+// commits when the batch is full. A line the session cannot tell from one
+// stored commits the batch and returns errReadAgain.
 func (b *batch) add(raw []byte) error {
 	b.lastLine = b.f.c.Clock.Now()
 	ts, msg, err := splitTimestamp(trimNewline(raw))
@@ -457,8 +469,14 @@ func (b *batch) add(raw []byte) error {
 		b.f.c.Log.V(1).Info("skipping a line without timestamp", "stream", b.f.ref.Key())
 		return nil
 	}
-	if !b.res.accept(ts, msg) {
+	switch b.res.accept(ts, msg) {
+	case lineStored:
 		return nil
+	case lineUnsure:
+		if err := b.flush(true); err != nil {
+			return err
+		}
+		return errReadAgain
 	}
 	if b.lines == nil {
 		b.lines = getLines()

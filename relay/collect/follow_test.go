@@ -35,6 +35,12 @@ type fakeLog struct {
 	cutMidLine bool  // a break sends half of the next line first
 	eofAfter   []int // per session: end the stream cleanly after that many lines, as a kubelet that stopped at a rotated file's end
 	stallAfter []int // per session: send nothing more after that many lines, keeping the stream open, as a kubelet left following a rotated file
+	// againAfter, per session: once the stream has sent that many lines
+	// it serves the log again from line againFrom (the newest file's
+	// first), as the kubelet does when it reopens the newest file for a
+	// rotation it learns of late.
+	againAfter []int
+	againFrom  int
 	sessions   int
 	ended      bool
 }
@@ -51,7 +57,10 @@ func (f *fakeLog) write(ts time.Time, msg string) {
 
 func (f *fakeLog) Stream(ctx context.Context, _, _, _ string, since time.Time, _ bool) (io.ReadCloser, error) {
 	f.mu.Lock()
-	limit, eofAt, stallAt := -1, -1, -1
+	limit, eofAt, stallAt, againAt := -1, -1, -1, -1
+	if f.sessions < len(f.againAfter) {
+		againAt = f.againAfter[f.sessions]
+	}
 	if f.sessions < len(f.stallAfter) {
 		stallAt = f.stallAfter[f.sessions]
 	}
@@ -68,11 +77,11 @@ func (f *fakeLog) Stream(ctx context.Context, _, _, _ string, since time.Time, _
 		sent, next := 0, 0
 		for {
 			f.mu.Lock()
-			pending := f.lines[next:]
+			lines, from := f.lines, f.againFrom
 			grew, ended := f.grew, f.ended
 			f.mu.Unlock()
-			for _, l := range pending {
-				next++
+			for ; next < len(lines); next++ {
+				l := lines[next]
 				ts, _, _ := splitTimestamp([]byte(strings.TrimSuffix(l, "\n")))
 				if !since.IsZero() && ts.Before(since) {
 					continue
@@ -96,7 +105,9 @@ func (f *fakeLog) Stream(ctx context.Context, _, _, _ string, since time.Time, _
 				if _, err := io.WriteString(pw, l); err != nil {
 					return
 				}
-				sent++
+				if sent++; sent == againAt {
+					againAt, next = -1, from-1 // the loop steps on to from
+				}
 			}
 			if ended {
 				pw.Close() // a kubelet ends the stream of a finished container
@@ -608,6 +619,56 @@ func TestFollowerRereadsAFollowThatWentQuietAfterTheEnd(t *testing.T) {
 	assertExactlyOnce(t, s, 10)
 	if src.sessions != 2 {
 		t.Errorf("%d streams, want the quiet one and one final read", src.sessions)
+	}
+}
+
+// TestFollowerStoresAFileServedAgainAfterItsOnlyLineOnce: the kubelet's
+// follow, left behind a flood on a rotated file, reopens the newest file
+// for each rotation it is told of, each time serving it again from its
+// start; at the end of a flood that file can hold the result alone. The
+// result read again, timestamp and text alike, is stored once: the log is
+// read again from the cursor rather than the line taken for one written
+// twice. (On the real node the flood's result was stored four times,
+// TestRealAgentFloodKeepsItsTailAndResult.)
+func TestFollowerStoresAFileServedAgainAfterItsOnlyLineOnce(t *testing.T) {
+	s, _ := storetest.Open(t)
+	src := newFakeLog()
+	for i := range 20 {
+		src.write(at(i), fmt.Sprintf(`{"n":%d}`, i))
+	}
+	src.write(at(10000), `{"n":20}`) // the result, after a pause: the newest file's only line
+	src.ended = true
+	// The followed stream serves the newest file again after its last
+	// line (on the real node, three times).
+	src.againAfter, src.againFrom = []int{21}, 20
+	f := newFollower(t, s, src)
+	f.state = src.endedAfterFirstStream
+	runWithin(t, f, "a file served again")
+	assertExactlyOnce(t, s, 21)
+}
+
+// TestFollowerKeepsALineWrittenTwiceInOneWrite: CRI-O stamps the lines of
+// one read of a container's output with one time, so a line written twice
+// in one write comes twice with one timestamp and one text, as a file
+// served again would. Both are stored, and a line written after them.
+func TestFollowerKeepsALineWrittenTwiceInOneWrite(t *testing.T) {
+	s, _ := storetest.Open(t)
+	src := newFakeLog()
+	for _, l := range []line{{at(0), "a"}, {at(500), "x"}, {at(500), "x"}, {at(500), "y"}, {at(500), "x"}, {at(600), "b"}} {
+		src.write(l.ts, l.text)
+	}
+	src.ended = true
+	runWithin(t, newFollower(t, s, src), "a line written twice")
+	got, err := store.Lines(s, "run-1", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var texts []string
+	for _, l := range got {
+		texts = append(texts, l.Line)
+	}
+	if strings.Join(texts, " ") != "a x x y x b" {
+		t.Errorf("stored %q, want a x x y x b", texts)
 	}
 }
 

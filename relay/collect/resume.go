@@ -46,6 +46,15 @@ func splitTimestamp(line []byte) (time.Time, []byte, error) {
 // newest: a file served again from further back than the session
 // remembers, whose lines up to the cursor are skipped as a reconnect
 // would skip them.
+//
+// One file served again is not told by the lines: one whose lines are all
+// stamped as the last lines read (at the end of a flood, the newest file
+// holding the result alone). Its first line comes again right after
+// itself, with its timestamp and text, as a line written twice in one
+// write does (CRI-O stamps a read of the output with one time). The
+// session then ends, and the next reads the log again from the cursor: a
+// stream opened anew serves the file once, so the count at the cursor
+// tells the two apart.
 type resume struct {
 	stored store.Cursor // the store's cursor when the session started
 	seenAt int          // lines read at stored.TS, outside a file served again
@@ -85,35 +94,54 @@ var lineSeed = maphash.MakeSeed()
 
 func newResume(c store.Cursor) *resume { return &resume{stored: c, cur: c} }
 
-// accept reports whether a line stamped ts with text is new, and advances
-// the cursor if it is. The cursor never moves back: a runtime stamps a
-// line before it takes the write lock, so stdout and stderr lines can
-// reach the file slightly out of order, and a cursor lowered to the older
-// one would make a resume store the newer one again.
-func (r *resume) accept(ts time.Time, text []byte) bool {
+// verdict is what a session makes of a line.
+type verdict int
+
+const (
+	lineStored verdict = iota // stored already: skip it
+	lineNew                   // store it
+	// lineUnsure: the session cannot tell whether the line is stored; it
+	// ends, and the next reads the log again from the cursor.
+	lineUnsure
+)
+
+// accept judges a line stamped ts with text, and advances the cursor past
+// a new one. The cursor never moves back: a runtime stamps a line
+// before it takes the write lock, so stdout and stderr lines can reach the
+// file slightly out of order, and a cursor lowered to the older one would
+// make a resume store the newer one again.
+func (r *resume) accept(ts time.Time, text []byte) verdict {
 	k := lineKey{ts: ts.UnixNano(), sum: maphash.Bytes(lineSeed, text)}
 	newest := r.newest
 	r.newest = max(r.newest, k.ts)
 	switch {
 	case r.replaying && r.servedAgain(k):
-		return false
+		return lineStored
 	case k.ts < r.stored.TS:
-		return false
+		return lineStored
 	case newest-k.ts > replayGap:
 		r.replaying, r.next = true, -1
-		return false
+		return lineStored
 	}
 	if k.ts <= newest { // a line newer than every line read is read once
-		if i := r.remembered(k); i >= 0 {
+		i, alike := r.remembered(k)
+		if i >= 0 {
 			r.readAgain(i)
-			return false
+			return lineStored
+		}
+		// The first of the last lines read, all stamped as k and stored
+		// by this session at the cursor: a file served again, or a line
+		// written twice in one write. A stream opened at the cursor reads
+		// that timestamp once, counting what is stored at it.
+		if alike < len(r.recent) && r.recent[alike] == k && k.ts == r.cur.TS && k.ts > r.stored.TS {
+			return lineUnsure
 		}
 	}
 	if k.ts == r.stored.TS {
 		r.seenAt++
 		if r.seenAt <= r.stored.Count {
 			r.remember(k)
-			return false
+			return lineStored
 		}
 	}
 	switch {
@@ -123,7 +151,7 @@ func (r *resume) accept(ts time.Time, text []byte) bool {
 		r.cur = store.Cursor{TS: k.ts, Count: 1}
 	}
 	r.remember(k)
-	return true
+	return lineNew
 }
 
 // servedAgain says whether k is a line of the file served again the
@@ -164,16 +192,17 @@ func (r *resume) readAgain(i int) {
 }
 
 // remembered is the index of the first line of recent that k repeats, or
-// -1. The lines stamped as k at the end of recent are left out: one write
-// stamped alike (CRI-O stamps a read of the container's output with one
-// time) can hold the same text twice, and a line served again is known
-// by the lines after it that the stream went back from.
-func (r *resume) remembered(k lineKey) int {
+// -1, and where the lines stamped as k at the end of recent start. Those
+// are left out: one write stamped alike (CRI-O stamps a read of the
+// container's output with one time) can hold the same text twice, and a
+// line served again is known by the lines after it that the stream went
+// back from.
+func (r *resume) remembered(k lineKey) (int, int) {
 	end := len(r.recent)
 	for end > 0 && r.recent[end-1].ts == k.ts {
 		end--
 	}
-	return slices.Index(r.recent[:end], k)
+	return slices.Index(r.recent[:end], k), end
 }
 
 // remember adds k to recent, forgetting what is too old or too many. A

@@ -28,13 +28,17 @@ func lines(ts ...time.Time) []line {
 }
 
 // session feeds lines to a resume from c and returns the accepted
-// indexes and the final cursor.
+// indexes and the final cursor. It stops at a line the resume cannot
+// tell from one stored, where a follower's session ends.
 func session(c store.Cursor, ls []line) ([]int, store.Cursor) {
 	r := newResume(c)
 	var got []int
 	for i, l := range ls {
-		if r.accept(l.ts, []byte(l.text)) {
+		switch r.accept(l.ts, []byte(l.text)) {
+		case lineNew:
 			got = append(got, i)
+		case lineUnsure:
+			return got, r.cur
 		}
 	}
 	return got, r.cur
@@ -229,5 +233,45 @@ func TestResumeKeepsLinesOutOfOrder(t *testing.T) {
 	burst := []line{{at(500), "a"}, {at(500), ""}, {at(500), "b"}, {at(500), ""}, {at(500), ""}, {at(600), "c"}}
 	if acc, _ := session(store.Cursor{}, burst); len(acc) != len(burst) {
 		t.Errorf("lines one write stamped alike: accepted %v of %d", acc, len(burst))
+	}
+}
+
+// TestResumeReadsAgainWhatItCannotTell: a file served again whose lines
+// are all stamped as the last lines read (at a flood's end, the newest
+// file holding the result alone) and lines written twice in one write
+// (CRI-O stamps a read with one time) both bring the first of the last
+// lines again, timestamp and text alike. The session ends there, and the
+// next, reading the log once from the cursor, stores what the log holds
+// once: the file served again not at all, the lines written twice both.
+func TestResumeReadsAgainWhatItCannotTell(t *testing.T) {
+	flood := lines(at(0), at(1), at(2), at(3))
+	result := line{at(10000), "result"}
+	a, x, y, b := line{at(0), "a"}, line{at(500), "x"}, line{at(500), "y"}, line{at(600), "b"}
+	for _, c := range []struct {
+		name string
+		// log is what a stream opened anew serves; read, what the first
+		// session reads (nil: log).
+		log, read []line
+	}{
+		{name: "the newest file, its only line, served again", log: append(flood, result),
+			read: append(append(append([]line{}, flood...), result), result, result, result)},
+		{name: "a file of lines stamped alike served again", log: []line{a, x, y}, read: []line{a, x, y, x, y}},
+		{name: "a line written twice", log: []line{a, x, x, b}},
+		{name: "two lines written twice", log: []line{a, x, y, x, y, b}},
+		{name: "a line written twice after another", log: []line{a, y, x, x, b}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			read := c.read
+			if read == nil {
+				read = c.log
+			}
+			first, cur := session(store.Cursor{}, read)
+			again := since(c.log, cur)
+			second, _ := session(cur, again)
+			got := append(accepted(read, first), accepted(again, second)...)
+			if fmt.Sprint(got) != fmt.Sprint(c.log) {
+				t.Errorf("stored\n%v\nwant\n%v", got, c.log)
+			}
+		})
 	}
 }
