@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/paperclipai/clipjob/e2e/harness"
 	"github.com/paperclipai/clipjob/e2e/paperclipjwt"
 )
@@ -338,9 +340,30 @@ func TestPaperclipAgentResumesItsOwnSession(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(home, ".fakeagent", "sessions", first.SessionAfter)); err != nil {
 		t.Fatalf("the session is not in the agent's own home on the volume: %v", err)
 	}
+	// Paperclip marks a run succeeded before it keeps the run's session
+	// for the agent's next run (its heartbeat service: setRunStatus, then
+	// updateRuntimeState); a wake in between starts a new session.
+	waitSessionStored(ctx, t, pc, agent.ID, first.ID)
 	second := waitRunEnds(ctx, t, pc, wake(ctx, t, pc, agent.ID, "e2e: the second run").ID)
 	if second.Status != "succeeded" || second.SessionBefore != first.SessionAfter || second.SessionAfter != first.SessionAfter {
 		t.Fatalf("the second run: session before %q after %q (status %s), want both %q\n%s",
 			second.SessionBefore, second.SessionAfter, second.Status, first.SessionAfter, runLogText(ctx, pc, second.ID))
+	}
+}
+
+// waitSessionStored waits until Paperclip keeps the session run left for
+// the agent's next run: its runtime state names run as its last.
+func waitSessionStored(ctx context.Context, t *testing.T, pc *harness.Paperclip, agentID, run string) {
+	t.Helper()
+	var state struct {
+		LastRunID string `json:"lastRunId"`
+		SessionID string `json:"sessionId"`
+	}
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		err := pc.Do(ctx, http.MethodGet, "/api/agents/"+agentID+"/runtime-state", nil, &state)
+		return err == nil && state.LastRunID == run, nil
+	})
+	if err != nil {
+		t.Fatalf("Paperclip never kept the session of run %s for the agent's next run: runtime state %+v", run, state)
 	}
 }
