@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -122,8 +123,24 @@ type containerState struct {
 var errEndedEarly = errors.New("log stream ended while the container runs")
 
 // errReadAgain ends a session that read a line it cannot tell from one
-// stored (lineUnsure): the next reads the log again from the cursor.
+// stored (lineUnsure): the next reads the log again from the cursor, after
+// the backoff.
 var errReadAgain = errors.New("a line read again or written twice: reading again from the cursor")
+
+// unsureReads and unsureWindow bound the reads again from the cursor
+// (errReadAgain) of one stream, which an agent causes by writing a line
+// twice in one write: each waits the backoff, doubled for each read again
+// within unsureWindow, and after unsureReads of them within it a line the
+// stream cannot tell is stored, as one written twice (a file served again
+// is then stored twice), until the oldest is unsureWindow old. So an agent
+// costs unsureReads pods/log requests (each perhaps a scan of a file up to
+// containerLogMaxSize for SinceTime) a stream every unsureWindow, not one
+// a write. A kubelet serves a file again at a rotation, at most one every
+// 10 s, and such a file holding one write alone is rarer still.
+const (
+	unsureReads  = 3
+	unsureWindow = 10 * time.Minute
+)
 
 // follower follows one stream for its collector c, whose options, store,
 // source, redaction, bounds, log and clock it uses.
@@ -135,6 +152,10 @@ type follower struct {
 	committed func()
 	// stored: the current session has committed lines.
 	stored bool
+	// unsure: when the stream read again from the cursor (errReadAgain)
+	// within unsureWindow; unsureLogged: the reads past them were logged.
+	unsure       []time.Time
+	unsureLogged bool
 }
 
 // run follows until the container's log is drained or ctx ends.
@@ -144,6 +165,19 @@ func (f *follower) run(ctx context.Context) {
 		done, err := f.session(ctx)
 		if done || ctx.Err() != nil {
 			return
+		}
+		if errors.Is(err, errReadAgain) {
+			// Not at once, and a few times a window (mayReadAgain): an
+			// agent's writes would each open a stream.
+			f.stored = false
+			reconnects.WithLabelValues("unsure").Inc()
+			wait := min(f.c.Follow.BackoffMin<<max(len(f.unsure)-1, 0), f.c.Follow.BackoffMax)
+			select {
+			case <-ctx.Done():
+				return
+			case <-f.c.Clock.After(wait):
+			}
+			continue
 		}
 		st := f.state()
 		if err != nil && f.stored {
@@ -204,16 +238,10 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	q := readLines(rctx, rc, f.c.Follow.MaxLineBytes, f.c.Follow.BatchBytes, acct)
 
 	b := &batch{f: f, res: newResume(cur), from: cur, acct: acct}
+	b.res.mayEnd = f.mayReadAgain
 	started := f.c.Clock.Now()
 	tick := f.c.Clock.NewTicker(f.c.Follow.BatchWait)
 	defer tick.Stop()
-	added := func(err error) (bool, error) {
-		if errors.Is(err, errReadAgain) {
-			reconnects.WithLabelValues("unsure").Inc()
-			return false, nil
-		}
-		return false, err
-	}
 	for {
 		select {
 		case line, ok := <-q.lines:
@@ -224,7 +252,7 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 				ended := f.state().ended
 				if errors.Is(q.err, io.EOF) && endedAtOpen && ended && len(q.fragment) > 0 {
 					if err := b.add(q.fragment); err != nil { // the last line, with no newline
-						return added(err)
+						return false, err
 					}
 				}
 				if err := b.flush(true); err != nil {
@@ -235,7 +263,7 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 			q.taken(line)
 			b.held += int64(len(line))
 			if err := b.add(line); err != nil {
-				return added(err)
+				return false, err
 			}
 			// Caught up: commit now rather than at the next tick, which
 			// would delay every line. A busy stream's lines queue up
@@ -260,6 +288,26 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 			}
 		}
 	}
+}
+
+// mayReadAgain says whether a session may end at a line it cannot tell
+// from one stored, to read the log again from the cursor: not after
+// unsureReads such reads within unsureWindow. Else the line is stored,
+// counted, and logged once for those reads.
+func (f *follower) mayReadAgain() bool {
+	now := f.c.Clock.Now()
+	f.unsure = slices.DeleteFunc(f.unsure, func(t time.Time) bool { return now.Sub(t) >= unsureWindow })
+	if len(f.unsure) < unsureReads {
+		f.unsure, f.unsureLogged = append(f.unsure, now), false
+		return true
+	}
+	unsureStored.Inc()
+	if !f.unsureLogged {
+		f.unsureLogged = true
+		f.c.Log.Info("stream read again too often at lines written twice or served again; storing them as written twice",
+			"stream", f.ref.Key(), "reads", len(f.unsure), "within", unsureWindow.String(), "until", f.unsure[0].Add(unsureWindow))
+	}
+	return false
 }
 
 // takeSlot waits for one of the open-stream slots, counting the wait.

@@ -18,6 +18,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/bolt"
@@ -669,6 +670,124 @@ func TestFollowerKeepsALineWrittenTwiceInOneWrite(t *testing.T) {
 	}
 	if strings.Join(texts, " ") != "a x x y x b" {
 		t.Errorf("stored %q, want a x x y x b", texts)
+	}
+}
+
+// afterClock is a fake clock that hands the test each wait the follower
+// starts (After), for the test to step the clock by: time moves by those
+// waits and as the test says, never by itself.
+type afterClock struct {
+	*clocktesting.FakeClock
+	waits chan time.Duration
+}
+
+func (c *afterClock) After(d time.Duration) <-chan time.Time {
+	ch := c.FakeClock.After(d)
+	c.waits <- d
+	return ch
+}
+
+// TestFollowerBoundsTheReadsAgainAnAgentCauses: an agent that writes a
+// line twice in one write (CRI-O stamps both alike), 1,000 times, makes
+// each write a line the relay cannot tell from a file served again. The
+// stream reads the log again from the cursor for unsureReads of them, each
+// after the backoff, doubled; then, for unsureWindow, it stores such lines
+// as written twice, counted and logged once. Every line is stored once,
+// in unsureReads+1 pods/log requests, not one a write. Once the window
+// has passed, the next writes are read again as often, no more.
+func TestFollowerBoundsTheReadsAgainAnAgentCauses(t *testing.T) {
+	s, _ := storetest.Open(t)
+	src := newFakeLog()
+	const writes = 1000
+	write := func(from int) {
+		for i := from; i < from+writes; i++ {
+			src.write(at(i), "x")
+			src.write(at(i), "x")
+		}
+	}
+	write(0)
+	f := newFollower(t, s, src)
+	f.c.Follow.BackoffMin, f.c.Follow.BackoffMax = 200*time.Millisecond, 30*time.Second
+	clk := &afterClock{FakeClock: clocktesting.NewFakeClock(t0), waits: make(chan time.Duration)}
+	f.c.Clock = clk
+	var logged atomic.Int32
+	f.c.Log = funcr.New(func(_, args string) {
+		if strings.Contains(args, "read again too often") {
+			logged.Add(1)
+		}
+	}, funcr.Options{})
+	reads, kept := testutil.ToFloat64(reconnects.WithLabelValues("unsure")), testutil.ToFloat64(unsureStored)
+	var mu sync.Mutex
+	var waits []time.Duration
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			select {
+			case d := <-clk.waits:
+				mu.Lock()
+				waits = append(waits, d)
+				mu.Unlock()
+				clk.Step(d)
+			case <-stop:
+				return
+			}
+		}
+	}()
+	done := make(chan struct{})
+	go func() { f.run(context.Background()); close(done) }()
+	storedAll := func(n int) {
+		t.Helper()
+		poll.WaitFor(t, func() bool { r, _ := s.Run("run-1"); return r != nil && r.LastSeq >= uint64(n) }, fmt.Sprintf("%d lines were never stored", n))
+	}
+	sessions := func() int {
+		src.mu.Lock()
+		defer src.mu.Unlock()
+		return src.sessions
+	}
+	storedAll(2 * writes)
+	if n := sessions(); n != unsureReads+1 {
+		t.Errorf("%d writes of a line twice: %d pods/log requests, want %d", writes, n, unsureReads+1)
+	}
+
+	clk.Step(unsureWindow)
+	write(writes)
+	storedAll(4 * writes)
+	src.end() // the stream ends while followed: read once more from the cursor
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the follower had not returned after a minute")
+	}
+	if n := sessions(); n != 2*unsureReads+2 {
+		t.Errorf("%d writes of a line twice, in two windows: %d pods/log requests, want %d", 2*writes, n, 2*unsureReads+2)
+	}
+	mu.Lock()
+	want := []time.Duration{200 * time.Millisecond, 400 * time.Millisecond, 800 * time.Millisecond}
+	if got, want := fmt.Sprint(waits), fmt.Sprint(append(want, want...)); got != want {
+		t.Errorf("waits before reading again: %s, want %s", got, want)
+	}
+	mu.Unlock()
+	if got := testutil.ToFloat64(reconnects.WithLabelValues("unsure")) - reads; got != 2*unsureReads {
+		t.Errorf("reconnects{cause=unsure}: %v, want %d", got, 2*unsureReads)
+	}
+	if got := testutil.ToFloat64(unsureStored) - kept; got != 2*(writes-unsureReads) {
+		t.Errorf("unsure lines stored: %v, want %d", got, 2*(writes-unsureReads))
+	}
+	if n := logged.Load(); n != 2 {
+		t.Errorf("logged %d times that the stream read again too often, want once a window", n)
+	}
+	got, err := store.Lines(s, "run-1", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 4*writes {
+		t.Fatalf("stored %d lines, want %d", len(got), 4*writes)
+	}
+	for i, l := range got {
+		if !l.TS.Equal(at(i/2)) || l.Line != "x" {
+			t.Fatalf("line %d: %v %q, want %v x", i, l.TS, l.Line, at(i/2))
+		}
 	}
 }
 

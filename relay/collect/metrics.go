@@ -37,9 +37,13 @@ var (
 		Name: "clipjob_relay_reconnects_total",
 		Help: "Log stream reconnects by cause (error, eof before the container ended, lifetime: proactive, final: a log that ended while followed read once more, unsure: a line read again or written twice, read again from the cursor).",
 	}, []string{"cause"})
+	unsureStored = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "clipjob_relay_unsure_lines_stored_total",
+		Help: "Lines read again or written twice, stamped alike, stored without reading the log again: their stream had read it again 3 times within 10 minutes (a file served again is stored twice).",
+	})
 )
 
 // Collectors returns the collection metrics, for the relay to register.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{streamsOpen, streamLimitWaits, linesStored, bytesStored, storeLag, reconnects, podsIgnored, podsKeptApart, linesTruncated}
+	return []prometheus.Collector{streamsOpen, streamLimitWaits, linesStored, bytesStored, storeLag, reconnects, unsureStored, podsIgnored, podsKeptApart, linesTruncated}
 }

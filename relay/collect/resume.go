@@ -54,7 +54,8 @@ func splitTimestamp(line []byte) (time.Time, []byte, error) {
 // write does (CRI-O stamps a read of the output with one time). The
 // session then ends, and the next reads the log again from the cursor: a
 // stream opened anew serves the file once, so the count at the cursor
-// tells the two apart.
+// tells the two apart. An agent can write lines twice at will, so mayEnd
+// bounds those reads (follower.mayReadAgain): past it the line is stored.
 type resume struct {
 	stored store.Cursor // the store's cursor when the session started
 	seenAt int          // lines read at stored.TS, outside a file served again
@@ -69,6 +70,10 @@ type resume struct {
 	// than recent holds.
 	replaying bool
 	next      int
+	// mayEnd, asked at a line the session cannot tell, says whether to end
+	// there (lineUnsure) rather than store it, as one written twice (nil:
+	// end).
+	mayEnd func() bool
 }
 
 // lineKey is a line as the session remembers it.
@@ -133,7 +138,7 @@ func (r *resume) accept(ts time.Time, text []byte) verdict {
 		// by this session at the cursor: a file served again, or a line
 		// written twice in one write. A stream opened at the cursor reads
 		// that timestamp once, counting what is stored at it.
-		if alike < len(r.recent) && r.recent[alike] == k && k.ts == r.cur.TS && k.ts > r.stored.TS {
+		if alike < len(r.recent) && r.recent[alike] == k && k.ts == r.cur.TS && k.ts > r.stored.TS && (r.mayEnd == nil || r.mayEnd()) {
 			return lineUnsure
 		}
 	}
