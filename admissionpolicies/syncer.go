@@ -215,11 +215,15 @@ func (s *Syncer) applyPolicy(ctx context.Context, p *admissionregistrationv1.Mut
 		return err
 	}
 	// What decides a Job's fate, compared as written (the API server
-	// defaults none of it); the rest is held by the hash.
+	// defaults none of it). The match constraints, which it defaults, are
+	// not: an edit of them alone (by whoever may edit cluster policies)
+	// stays until the next change of the compiled policy, whose hash
+	// differs; doctor's compiled-policies check does not see it either.
 	same := equality.Semantic.DeepEqual(stored.Spec.Mutations, want.Spec.Mutations) &&
 		equality.Semantic.DeepEqual(stored.Spec.Variables, want.Spec.Variables) &&
 		equality.Semantic.DeepEqual(stored.Spec.MatchConditions, want.Spec.MatchConditions) &&
-		equality.Semantic.DeepEqual(stored.Spec.FailurePolicy, want.Spec.FailurePolicy)
+		equality.Semantic.DeepEqual(stored.Spec.FailurePolicy, want.Spec.FailurePolicy) &&
+		stored.Spec.ReinvocationPolicy == want.Spec.ReinvocationPolicy
 	if current(stored.ObjectMeta, want.ObjectMeta, same) {
 		return nil
 	}

@@ -156,6 +156,8 @@ func TestSyncRestoresWhatOthersChanged(t *testing.T) {
 	}
 	originalVar := got.Spec.Variables[0]
 	got.Spec.Variables[0].Expression = `dyn([{"name": "agent", "image": "attacker.example/agent"}])`
+	// And its reinvocation policy (required, never defaulted).
+	got.Spec.ReinvocationPolicy = admissionregistrationv1.NeverReinvocationPolicy
 	if _, err := c.Update(ctx, got, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -164,6 +166,9 @@ func TestSyncRestoresWhatOthersChanged(t *testing.T) {
 	}
 	if got, err = c.Get(ctx, policies[0], metav1.GetOptions{}); err != nil || got.Spec.Variables[0] != originalVar {
 		t.Errorf("an edited variable was not written back (%v)", err)
+	}
+	if err == nil && got.Spec.ReinvocationPolicy != admissionregistrationv1.IfNeededReinvocationPolicy {
+		t.Errorf("an edited reinvocation policy was not written back: %s", got.Spec.ReinvocationPolicy)
 	}
 	after, bindings := names(t, cs)
 	if !slices.Contains(bindings, policies[0]) {

@@ -64,7 +64,9 @@ func Mutating(in Input) ([]Policy, error) {
 		if len(prof.Command) == 0 {
 			continue // a bare Job of this profile is refused: the webhook's
 		}
-		p, err := compileProfile(in, prof, fmt.Sprintf("%s_%d_", variableName(name), len(profiles)))
+		// p<index> first: a CEL identifier starts with a letter, and a
+		// profile's name may not.
+		p, err := compileProfile(in, prof, fmt.Sprintf("p%d_%s_", len(profiles), variableName(name)))
 		if err != nil {
 			return nil, fmt.Errorf("compile: profile %s: %w", name, err)
 		}
@@ -728,7 +730,7 @@ func jsonFields(t reflect.Type) []string {
 }
 
 // variableName is s as part of a CEL identifier: letters, digits and
-// underscores (the index beside a profile's name keeps two apart).
+// underscores (the index before a profile's name keeps two apart).
 func variableName(s string) string {
 	return strings.Map(func(r rune) rune {
 		if r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {

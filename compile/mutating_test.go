@@ -149,6 +149,27 @@ func TestCompiledPoliciesRenderEveryCombination(t *testing.T) {
 	}
 }
 
+// A profile's name is any label value: one that starts with a digit or
+// holds dots and dashes still makes valid policy variables, and its Jobs
+// are completed as Render completes them.
+func TestCompiledPoliciesOfProfilesNamedAnyhow(t *testing.T) {
+	inh, _ := testSource(t)
+	cfg, err := config.Parse([]byte("apiVersion: " + config.APIVersion + "\nkind: Config\nprofiles:\n" +
+		"  2fast:\n    command: [sh, -c, 'exec fast']\n" +
+		"  my.agent-v2:\n    command: [sh, -c, 'exec mine']\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := compileFor(t, inh, cfg, "paperclip")
+	for _, profile := range []string{"2fast", "my.agent-v2"} {
+		job := bareJob("named-"+strings.ReplaceAll(profile, ".", "-"), map[string]string{contract.LabelAgentID: "agent-1", contract.LabelCompanyID: "acme",
+			contract.LabelAdapterType: profile}, map[string]string{}, map[string]string{contract.AnnotationPrompt: "Go."})
+		if !c.agrees(t, job) {
+			t.Errorf("a bare Job of profile %s was left to the webhook", profile)
+		}
+	}
+}
+
 // withIsolation is the fixtures' config in another isolation mode.
 func withIsolation(t testing.TB, mode string) *config.Config {
 	t.Helper()

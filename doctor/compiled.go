@@ -81,7 +81,8 @@ func (d *doctor) compiledPolicies(ctx context.Context, cfg *config.Config, inh *
 			bad = append(bad, fmt.Sprintf("%s: %v", p.Policy.Name, err))
 			continue
 		case !equality.Semantic.DeepEqual(got.Spec.Mutations, p.Policy.Spec.Mutations) || !equality.Semantic.DeepEqual(got.Spec.Variables, p.Policy.Spec.Variables) ||
-			!equality.Semantic.DeepEqual(got.Spec.MatchConditions, p.Policy.Spec.MatchConditions):
+			!equality.Semantic.DeepEqual(got.Spec.MatchConditions, p.Policy.Spec.MatchConditions) ||
+			!equality.Semantic.DeepEqual(got.Spec.FailurePolicy, p.Policy.Spec.FailurePolicy) || got.Spec.ReinvocationPolicy != p.Policy.Spec.ReinvocationPolicy:
 			bad = append(bad, fmt.Sprintf("%s is stale (compiled from %s, the source is now %s)", p.Policy.Name,
 				got.Annotations["clipjob.paperclip.io/source"], p.Policy.Annotations["clipjob.paperclip.io/source"]))
 			continue

@@ -82,9 +82,13 @@ build_kube() {
   done
   if [ ${#pkgs[@]} -gt 0 ]; then
     log "go build ${pkgs[*]##*/}"
-    mkdir -p "$work/out"
-    go build -trimpath -ldflags "$ld" -o "$work/out/" "${pkgs[@]}"
-    for b in "${pkgs[@]##*/}"; do mv "$work/out/$b" "$bin/$b"; done
+    # Built beside the cache, then renamed into place: a build cut short
+    # leaves no binary that passes for a whole one.
+    local out
+    out=$(mktemp -d "$bin/.build-XXXXXX")
+    go build -trimpath -ldflags "$ld" -o "$out/" "${pkgs[@]}"
+    for b in "${pkgs[@]##*/}"; do mv "$out/$b" "$bin/$b"; done
+    rmdir "$out"
   fi
   if [ ! -x "$bin/etcd" ]; then
     ETCD_VERSION=${ETCD_VERSION:-$(awk '$1=="go.etcd.io/etcd/server/v3"{print $2; exit}' "$gomod")}

@@ -32,6 +32,10 @@ INTEGRATION_PARALLEL=${INTEGRATION_PARALLEL:-8}
 # two cores' worth run at once (Go's default is GOMAXPROCS).
 REALNODE_PARALLEL=${REALNODE_PARALLEL:-4}
 GOTESTFLAGS=${GOTESTFLAGS:-}
+# Only `make integration` attaches to a control plane left running
+# (CLIPJOB_E2E_CONTROLPLANE, docs/development.md "Fast feedback"): attached,
+# a test that restarts kwok skips, which a whole run must not pass with.
+[ "$TIERS" = integration ] || unset CLIPJOB_E2E_CONTROLPLANE
 # go test vets each package it tests with a subset of go vet's checks;
 # when the lint tier runs go vet on every package, that is done already.
 VET=""
@@ -99,7 +103,11 @@ if want setup || want integration || want realnode; then
         printf '%s\n' "${summary[@]}" > "$bg.certmanager" ) &
       cm_pid=$!
     fi
-    while [ ! -e "$bg.ready" ]; do sleep 1; done
+    # Until the setup is done, or make test is gone (an interrupt).
+    while [ ! -e "$bg.ready" ]; do
+      kill -0 $$ 2>/dev/null || exit 1
+      sleep 1
+    done
     if want realnode && [ -z "${REALNODE_APART:-}" ]; then
       realnode > "$bg.realnode" 2>&1
     fi
@@ -119,9 +127,10 @@ if want setup; then
   step "setup: Paperclip and Node.js 24" bash hack/paperclip/install.sh >/dev/null
 fi
 setup_end=${#summary[@]}
-# The adapter's install and build first: its npm ci replaces node_modules
-# and its build dist/, which the end-to-end tiers run. Its tests run once
-# the real-node tier has started.
+# The adapter's install and build before the end-to-end tiers: its npm ci
+# replaces node_modules and its build dist/, which they run. Its tests run
+# after it, beside the Kubernetes build on a first run and beside the
+# real-node tier on later ones.
 if want adapter; then
   node=$(bash hack/paperclip/install.sh --node)
   npm_adapter() { (cd adapters/paperclip && PATH="$node:$PATH" npm "$@"); }

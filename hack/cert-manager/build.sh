@@ -27,30 +27,38 @@ dir="$cache/cert-manager/$version"
 bin="$dir/bin"
 crds="$dir/crds"
 
-# One build at a time: make test starts this build beside the real-node
-# tier, whose cert-manager test runs it too and waits here for the first.
-mkdir -p "$dir"
-exec 9>"$dir/.build.lock"
-flock 9
-
 # Rebuilt when missing, or when main.go or the module files changed (the
 # version key alone would keep a stale binary after an edit of main.go).
 stamp=$(cat "$here/main.go" "$here/go.mod" "$here/go.sum" | sha256sum | cut -d' ' -f1)
-if [ ! -x "$bin/cert-manager" ] || [ "$(cat "$bin/.source-sha256" 2>/dev/null)" != "$stamp" ]; then
-  log "building cert-manager $version into $bin (first run only: a few minutes)"
-  mkdir -p "$bin"
-  (cd "$here" && go build -trimpath -ldflags "-s -w" -o "$bin/cert-manager.tmp" .) >&2
-  mv "$bin/cert-manager.tmp" "$bin/cert-manager"
-  echo "$stamp" >"$bin/.source-sha256"
-fi
+built() {
+  [ -x "$bin/cert-manager" ] && [ "$(cat "$bin/.source-sha256" 2>/dev/null)" = "$stamp" ] &&
+    [ -e "$crds/cert-manager.io_certificates.yaml" ]
+}
 
-if [ ! -e "$crds/cert-manager.io_certificates.yaml" ]; then
-  src=$(cd "$here" && go mod download -json "github.com/cert-manager/cert-manager@$version" | awk -F'"' '/"Dir"/{print $4}')
-  [ -d "$src/deploy/crds" ] || { log "no deploy/crds in $src"; exit 1; }
-  mkdir -p "$crds"
-  cp "$src"/deploy/crds/*.yaml "$crds/"
-  chmod u+w "$crds"/*.yaml # the module cache is read-only
-  log "copied CRDs into $crds"
+if ! built; then
+  # One build at a time: make test starts this build beside the real-node
+  # tier, whose cert-manager test runs it too and waits here for the first
+  # (a warm cache takes no lock, so a read-only one serves as it is).
+  mkdir -p "$dir"
+  exec 9>"$dir/.build.lock"
+  flock 9
+  if [ ! -x "$bin/cert-manager" ] || [ "$(cat "$bin/.source-sha256" 2>/dev/null)" != "$stamp" ]; then
+    log "building cert-manager $version into $bin (first run only: a few minutes)"
+    mkdir -p "$bin"
+    # The build does not hold the lock: a killed script lets the next go on.
+    (cd "$here" && go build -trimpath -ldflags "-s -w" -o "$bin/cert-manager.tmp" .) >&2 9>&-
+    mv "$bin/cert-manager.tmp" "$bin/cert-manager"
+    echo "$stamp" >"$bin/.source-sha256"
+  fi
+  if [ ! -e "$crds/cert-manager.io_certificates.yaml" ]; then
+    src=$(cd "$here" && go mod download -json "github.com/cert-manager/cert-manager@$version" 9>&- | awk -F'"' '/"Dir"/{print $4}')
+    [ -d "$src/deploy/crds" ] || { log "no deploy/crds in $src"; exit 1; }
+    mkdir -p "$crds"
+    cp "$src"/deploy/crds/*.yaml "$crds/"
+    chmod u+w "$crds"/*.yaml # the module cache is read-only
+    log "copied CRDs into $crds"
+  fi
+  exec 9>&-
 fi
 
 echo "$bin"
