@@ -199,3 +199,21 @@ func TestMissingNodeRequirementsAreNamed(t *testing.T) {
 		}
 	}
 }
+
+// TestFreePortsStayBelowTheNodePortRange: no server of the suite listens
+// in the API server's NodePort range, where kube-router lets every pod
+// through to its node whatever its NetworkPolicy (the egress test's API
+// server was reachable from a confined agent whenever it got such a port).
+func TestFreePortsStayBelowTheNodePortRange(t *testing.T) {
+	// Nearly the whole ring, so the walk crosses its top whatever block
+	// this process started in; ports others hold are skipped.
+	got, err := FreePorts(portsHigh - portsLow - 2000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range got {
+		if p >= 30000 || p < 1024 {
+			t.Fatalf("FreePorts handed out %d, outside 1024-29999", p)
+		}
+	}
+}
