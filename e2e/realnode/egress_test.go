@@ -150,11 +150,10 @@ func TestEgressPolicyOnTheRealNode(t *testing.T) {
 	// policy controller slower than that leaves a window, which
 	// docs/security.md names). A run that still beat it proves nothing, so
 	// each attempt is a new run that waits twice as long, until one is
-	// judged by the policy. kube-router fills its ipsets one by one: a run
-	// may meet some of the rules (the server's other port refused) before
-	// the rest (the excluded ranges), so a run counts as judged only when
-	// every denied address was. Under heavy load kube-router took longer
-	// than 40 s: the last two attempts wait 80 s each.
+	// judged by the policy: one that every denied address refused. Under
+	// heavy load kube-router took longer than 40 s: the last two attempts
+	// wait 80 s each. (The API server's port is below the NodePort range,
+	// which kube-router opens to every pod on its node: see FreePorts.)
 	var got map[string]string
 	for i, delay := 0, 5; i < 6; i, delay = i+1, min(delay*2, 80) {
 		got = connectFromAgent(ctx, t, fmt.Sprintf("e2e-egress-policy-%d", i), delay, all)
