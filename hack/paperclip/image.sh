@@ -8,6 +8,8 @@
 #
 # Usage: hack/paperclip/image.sh ARCHIVE [TAG]
 #   TAG defaults to docker.io/local/paperclip-clipjob:<paperclipai version>.
+#   CLIPJOB_ADAPTER_BUILT=1: adapters/paperclip is built already; pack it
+#   without npm ci or a build.
 # The inputs are assembled in ARCHIVE.d beside the archive.
 set -euo pipefail
 
@@ -26,8 +28,14 @@ rm -rf "$work"
 mkdir -p "$work"
 
 log "packing clipjob's adapter"
-(cd "$root/adapters/paperclip" && npm ci --no-audit --no-fund --loglevel=error >&2 &&
-  npm pack --pack-destination "$work" --loglevel=error >/dev/null)
+if [ "${CLIPJOB_ADAPTER_BUILT:-}" = 1 ]; then
+  # The caller built it and holds its node_modules (the e2e suite, whose
+  # other tests run the same dist/ meanwhile): packed as it is.
+  (cd "$root/adapters/paperclip" && npm pack --ignore-scripts --pack-destination "$work" --loglevel=error >/dev/null)
+else
+  (cd "$root/adapters/paperclip" && npm ci --no-audit --no-fund --loglevel=error >&2 &&
+    npm pack --pack-destination "$work" --loglevel=error >/dev/null)
+fi
 tgz=$(ls "$work"/clipjob-paperclip-adapter-*.tgz)
 log "installing $(basename "$tgz") with @paperclipai/adapter-utils@$version"
 npm install --prefix "$work/adapters" --no-audit --no-fund --loglevel=error "$tgz" "@paperclipai/adapter-utils@$version" >&2
