@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
 	"k8s.io/client-go/util/retry"
+	streamhttp "k8s.io/streaming/pkg/httpstream"
 
 	"github.com/paperclipai/clipjob/e2e/cluster"
 )
@@ -166,9 +167,16 @@ func PortForward(ctx context.Context, c *cluster.Cluster, namespace, pod string,
 		return "", nil, err
 	}
 	url := c.Clientset().CoreV1().RESTClient().Post().Resource("pods").Namespace(namespace).Name(pod).SubResource("portforward").URL()
-	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: transport}, http.MethodPost, url)
+	// As kubectl dials: WebSockets first, SPDY when the upgrade is refused.
+	tunneling, err := portforward.NewSPDYOverWebsocketDialerForStreaming(url, c.Config)
+	if err != nil {
+		return "", nil, err
+	}
+	dialer := portforward.NewFallbackDialerForStreaming(tunneling,
+		spdy.NewDialerForStreaming(upgrader, &http.Client{Transport: transport}, http.MethodPost, url),
+		func(err error) bool { return streamhttp.IsUpgradeFailure(err) || streamhttp.IsHTTPSProxyError(err) })
 	stop, ready := make(chan struct{}), make(chan struct{})
-	fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{fmt.Sprintf("0:%d", port)}, stop, ready, io.Discard, io.Discard)
+	fw, err := portforward.NewOnAddressesForStreaming(dialer, []string{"127.0.0.1"}, []string{fmt.Sprintf("0:%d", port)}, stop, ready, io.Discard, io.Discard)
 	if err != nil {
 		return "", nil, err
 	}
