@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,82 +26,79 @@ import (
 )
 
 // What running Paperclip in the cluster takes: its image on the real
-// node, a relay its pod can reach, its API reached from the test, and a
-// namespace the suite's own install leaves alone.
-
-// PaperclipImage is the tag the suite loads the Paperclip image under
-// (`make paperclip-image`'s, docs/paperclip.md).
-const PaperclipImage = "docker.io/local/paperclip-clipjob:e2e"
+// node, its API reached from the test, and a namespace the suite's own
+// install leaves alone.
 
 var paperclipImageOnce struct {
 	sync.Once
+	ref string
 	err error
 }
 
-// LoadPaperclipImage builds the Paperclip image as `make paperclip-image`
-// does (hack/paperclip/image.sh) and loads it into the real node, once per
-// test binary.
+// LoadPaperclipImage loads `make paperclip-image`'s image
+// (hack/paperclip/image.sh, under its default tag) into the real node,
+// once per test binary, and returns its reference. The script keeps the
+// archive in the project's cache, keyed by its inputs: only a first run,
+// or one after the adapter, the fake agent, Paperclip's install or the
+// image's code changed, builds it.
 func LoadPaperclipImage(ctx context.Context, c *cluster.Cluster) (string, error) {
 	paperclipImageOnce.Do(func() {
-		// Built under the suite's lock: the adapter's other tests run its
-		// dist/ meanwhile, which an npm ci would pull from under them.
-		if err := EnsureAdapterBuilt(); err != nil {
-			paperclipImageOnce.err = err
-			return
-		}
-		archive := filepath.Join(c.Dir, "paperclip-image.tar")
-		cmd := exec.CommandContext(ctx, "bash", filepath.Join(Root(), "hack", "paperclip", "image.sh"), archive, PaperclipImage)
-		cmd.Dir = Root()
-		cmd.Env = append(os.Environ(), "CLIPJOB_ADAPTER_BUILT=1")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			paperclipImageOnce.err = fmt.Errorf("hack/paperclip/image.sh: %w\n%s", err, out)
-			return
-		}
-		fmt.Fprintf(os.Stderr, "e2e: %s", lastLine(string(out)))
-		paperclipImageOnce.err = c.LoadImage(ctx, archive)
-		_ = os.RemoveAll(archive + ".d")
+		paperclipImageOnce.ref, paperclipImageOnce.err = loadPaperclipImage(ctx, c)
 	})
-	return PaperclipImage, paperclipImageOnce.err
+	return paperclipImageOnce.ref, paperclipImageOnce.err
+}
+
+func loadPaperclipImage(ctx context.Context, c *cluster.Cluster) (string, error) {
+	version, err := PaperclipVersion()
+	if err != nil {
+		return "", err
+	}
+	ref := "docker.io/local/paperclip-clipjob:" + version
+	// Built under the suite's lock: the adapter's other tests run its
+	// dist/ meanwhile, which an npm ci would pull from under them.
+	if err := EnsureAdapterBuilt(); err != nil {
+		return "", err
+	}
+	start := time.Now()
+	archive := filepath.Join(c.Dir, "paperclip-image.tar")
+	cmd := exec.CommandContext(ctx, "bash", filepath.Join(Root(), "hack", "paperclip", "image.sh"), archive, ref)
+	cmd.Dir = Root()
+	cmd.Env = append(os.Environ(), "CLIPJOB_ADAPTER_BUILT=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("hack/paperclip/image.sh: %w\n%s", err, out)
+	}
+	made := time.Since(start)
+	defer os.Remove(archive) // a link to the cached archive
+	if err := c.LoadImage(ctx, archive); err != nil {
+		return "", err
+	}
+	fmt.Fprintf(os.Stderr, "e2e: the Paperclip image: %s in %s, loaded into the real node in %s\n", lastLine(string(out)),
+		made.Round(100*time.Millisecond), (time.Since(start) - made).Round(100*time.Millisecond))
+	return ref, nil
+}
+
+// PaperclipVersion is the paperclipai version the suite installs
+// (hack/paperclip/server/package.json).
+func PaperclipVersion() (string, error) {
+	data, err := os.ReadFile(filepath.Join(Root(), "hack", "paperclip", "server", "package.json"))
+	if err != nil {
+		return "", err
+	}
+	var pkg struct{ Dependencies map[string]string }
+	if err := json.Unmarshal(data, &pkg); err != nil {
+		return "", err
+	}
+	v := pkg.Dependencies["paperclipai"]
+	if v == "" {
+		return "", errors.New("hack/paperclip/server/package.json names no paperclipai")
+	}
+	return v, nil
 }
 
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return lines[len(lines)-1] + "\n"
-}
-
-// PodRelay starts a relay for the install's namespace that pods reach: on
-// the real node's address, with a certificate naming it. (The install's
-// own relay listens on loopback, for processes of this machine.)
-func (in *Install) PodRelay(ctx context.Context) (*Relay, error) {
-	ip := in.c.RealNodeIP()
-	if ip == "" {
-		return nil, errors.New("a relay pods reach needs the real node")
-	}
-	bin, err := BuildOnce(in.c.Dir, "clipjob-relay")
-	if err != nil {
-		return nil, err
-	}
-	certs := filepath.Join(in.Dir(), "pod-relay-certs")
-	kp, err := in.c.CA.Serving("clipjob-relay", ip, "127.0.0.1")
-	if err != nil {
-		return nil, err
-	}
-	if err := kp.WriteTLS(certs); err != nil {
-		return nil, err
-	}
-	ports, err := cluster.FreePorts(1)
-	if err != nil {
-		return nil, err
-	}
-	addr := fmt.Sprintf("%s:%d", ip, ports[0])
-	// The later flags win over StartRelay's loopback ones.
-	r, err := StartRelay(ctx, in.c, bin, in.name("pod-relay"), in.Namespace, "--api-address", addr, "--cert-dir", certs)
-	if err != nil {
-		return nil, err
-	}
-	r.APIAddr = addr
-	return r, nil
+	return strings.TrimPrefix(lines[len(lines)-1], "paperclip-image: ")
 }
 
 // ExcludeNamespace takes namespace out of a cluster-wide install's

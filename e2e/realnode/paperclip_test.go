@@ -834,15 +834,24 @@ func TestPaperclipOpenCodeAgentWorksAnIssue(t *testing.T) {
 	t.Parallel() // a company of its own on the shared server
 	pc := thePaperclip(t)
 	ctx, company := paperclipOnTheRealNode(t, pc, 10*time.Minute, "Issue Co")
-	agent := newAgent(ctx, t, pc, company.ID, "Coder", "opencode_k8s", map[string]any{"promptTemplate": "lines=4"}, nil)
+	workAnIssue(ctx, t, pc, company.ID)
+}
+
+// workAnIssue makes an opencode_k8s agent in company, assigns it an
+// issue, and holds what Paperclip records of the run the assignment
+// wakes: succeeded, its cost, its four lines in order, and its final
+// message posted as a comment on the issue.
+func workAnIssue(ctx context.Context, t *testing.T, pc *harness.Paperclip, company string) {
+	t.Helper()
+	agent := newAgent(ctx, t, pc, company, "Coder", "opencode_k8s", map[string]any{"promptTemplate": "lines=4"}, nil)
 	var issue struct{ ID string }
-	if err := pc.Do(ctx, http.MethodPost, "/api/companies/"+company.ID+"/issues", map[string]any{"title": "Fix the failing test", "assigneeAgentId": agent.ID}, &issue); err != nil {
+	if err := pc.Do(ctx, http.MethodPost, "/api/companies/"+company+"/issues", map[string]any{"title": "Fix the failing test", "assigneeAgentId": agent.ID}, &issue); err != nil {
 		t.Fatal(err)
 	}
 	// The assignment wakes the agent.
 	var run pcRun
 	if err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		runs := agentRuns(ctx, t, pc, company.ID, agent.ID)
+		runs := agentRuns(ctx, t, pc, company, agent.ID)
 		if len(runs) > 0 {
 			run = runs[0]
 		}
@@ -852,7 +861,7 @@ func TestPaperclipOpenCodeAgentWorksAnIssue(t *testing.T) {
 	}
 	done := waitRunEnds(ctx, t, pc, run.ID)
 	if done.Status != "succeeded" || costOf(done) != 0.0123 {
-		t.Fatalf("the OpenCode run: %+v\n%s", done, runLogText(ctx, pc, run.ID))
+		t.Fatalf("the OpenCode run: %+v\n%s\n%s", done, runLogText(ctx, pc, run.ID), runJobs(run.ID))
 	}
 	lines, _ := runLog(ctx, pc, run.ID)
 	var texts []string
