@@ -128,25 +128,28 @@ func installInCluster(ctx context.Context, t *testing.T, values map[string]any) 
 	for _, d := range []string{harness.Release.Name + "-webhook", relayName} {
 		waitDeploymentAvailable(ctx, t, d)
 	}
-	waitCABundle(ctx, t)
-	waitAdmitting(ctx, t)
+	waitCABundle(ctx, t, harness.MutatingWebhookName, harness.ValidatingWebhookName)
+	waitAdmittingIn(ctx, t, suite.in.Namespace)
 	return r
 }
 
-// waitAdmitting waits until an agent Job is admitted through the chart's
-// webhook: a Deployment is available before kube-proxy has the Service's
-// rules, and until then the API server's calls are refused.
-func waitAdmitting(ctx context.Context, t *testing.T) {
+// waitAdmittingIn waits until an agent Job in ns is admitted mutated: its
+// source Deployment exists, and the API server reaches the webhook
+// through its Service (a Deployment is available before kube-proxy has
+// the Service's rules, and until then the API server's calls are
+// refused).
+func waitAdmittingIn(ctx context.Context, t *testing.T, ns string) {
 	t.Helper()
 	var last error
 	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		job := suite.in.BareJob(t, "e2e-chart-ready")
-		stored, err := suite.cs.BatchV1().Jobs(suite.in.Namespace).Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		job.Namespace = ns
+		stored, err := suite.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		last = err
 		return err == nil && stored.Annotations[contract.AnnotationProfile] != "", nil
 	})
 	if err != nil {
-		t.Fatalf("the chart's webhook never admitted a Job: %v (last: %v)", err, last)
+		t.Fatalf("the chart's webhook never admitted a Job in %s: %v (last: %v)", ns, err, last)
 	}
 }
 
@@ -165,10 +168,17 @@ func deleteWebhookConfigurations(ctx context.Context, t *testing.T) {
 
 func waitDeploymentAvailable(ctx context.Context, t *testing.T, name string) {
 	t.Helper()
+	waitAvailable(ctx, t, harness.Release.Namespace, name)
+}
+
+// waitAvailable waits until Deployment namespace/name has all its
+// replicas updated and available.
+func waitAvailable(ctx context.Context, t *testing.T, namespace, name string) {
+	t.Helper()
 	var d *appsv1.Deployment
 	err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
 		var err error
-		d, err = suite.cs.AppsV1().Deployments(harness.Release.Namespace).Get(ctx, name, metav1.GetOptions{})
+		d, err = suite.cs.AppsV1().Deployments(namespace).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
@@ -177,7 +187,7 @@ func waitDeploymentAvailable(ctx context.Context, t *testing.T, name string) {
 			d.Status.AvailableReplicas == want && d.Status.Replicas == want, nil
 	})
 	if err != nil {
-		pods, _ := suite.cs.CoreV1().Pods(harness.Release.Namespace).List(ctx, metav1.ListOptions{})
+		pods, _ := suite.cs.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
 		var states []string
 		for _, p := range pods.Items {
 			states = append(states, harness.PodSummary(&p))
@@ -187,20 +197,20 @@ func waitDeploymentAvailable(ctx context.Context, t *testing.T, name string) {
 }
 
 // waitCABundle waits until the webhook has injected its CA into both
-// configurations.
-func waitCABundle(ctx context.Context, t *testing.T) {
+// configurations, mutating and validating.
+func waitCABundle(ctx context.Context, t *testing.T, mutating, validating string) {
 	t.Helper()
 	a := suite.cs.AdmissionregistrationV1()
 	err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		m, err := a.MutatingWebhookConfigurations().Get(ctx, harness.MutatingWebhookName, metav1.GetOptions{})
+		m, err := a.MutatingWebhookConfigurations().Get(ctx, mutating, metav1.GetOptions{})
 		if err != nil || len(m.Webhooks[0].ClientConfig.CABundle) == 0 {
 			return false, nil
 		}
-		v, err := a.ValidatingWebhookConfigurations().Get(ctx, harness.ValidatingWebhookName, metav1.GetOptions{})
+		v, err := a.ValidatingWebhookConfigurations().Get(ctx, validating, metav1.GetOptions{})
 		return err == nil && len(v.Webhooks[0].ClientConfig.CABundle) > 0, nil
 	})
 	if err != nil {
-		t.Fatalf("the webhook never injected its CA bundle: %v", err)
+		t.Fatalf("the webhook never injected its CA bundle into %s and %s: %v", mutating, validating, err)
 	}
 }
 

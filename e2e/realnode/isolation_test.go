@@ -83,7 +83,9 @@ type probeFacts struct {
 	WriteError      string
 	HomeWritable    bool
 	Read, ReadError string
-	Mounts          []struct {
+	// Env is the names of the agent's environment.
+	Env    []string
+	Mounts []struct {
 		Path     string
 		ReadOnly bool
 	}
@@ -340,11 +342,18 @@ func TestPaperclipAgentResumesItsOwnSession(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(home, ".fakeagent", "sessions", first.SessionAfter)); err != nil {
 		t.Fatalf("the session is not in the agent's own home on the volume: %v", err)
 	}
+	resumeSecondRun(ctx, t, pc, first)
+}
+
+// resumeSecondRun wakes first's agent again, and holds the run to have
+// resumed the session first ended with, and succeeded.
+func resumeSecondRun(ctx context.Context, t *testing.T, pc *harness.Paperclip, first pcRun) {
+	t.Helper()
 	// Paperclip marks a run succeeded before it keeps the run's session
 	// for the agent's next run (its heartbeat service: setRunStatus, then
 	// updateRuntimeState); a wake in between starts a new session.
-	waitSessionStored(ctx, t, pc, agent.ID, first.ID)
-	second := waitRunEnds(ctx, t, pc, wake(ctx, t, pc, agent.ID, "e2e: the second run").ID)
+	waitSessionStored(ctx, t, pc, first.AgentID, first.ID)
+	second := waitRunEnds(ctx, t, pc, wake(ctx, t, pc, first.AgentID, "e2e: the second run").ID)
 	if second.Status != "succeeded" || second.SessionBefore != first.SessionAfter || second.SessionAfter != first.SessionAfter {
 		t.Fatalf("the second run: session before %q after %q (status %s), want both %q\n%s",
 			second.SessionBefore, second.SessionAfter, second.Status, first.SessionAfter, runLogText(ctx, pc, second.ID))

@@ -56,11 +56,13 @@ func run(m *testing.M) (code int) {
 	// The shared Paperclip server takes about a minute to start; the
 	// serial tests (the chart's own installs) run first, so it starts
 	// beside them rather than after them, and so do the servers of the
-	// tests that take one of their own. A run of chosen tests (-run)
-	// starts them only if one of them asks.
+	// tests that take one of their own, and the Paperclip image
+	// TestPaperclipInTheCluster runs is loaded into the node. A run of
+	// chosen tests (-run) starts them only if one of them asks.
 	spares := make(chan struct{})
 	if suite.cluster.HasRealNode() && flag.Lookup("test.run").Value.String() == "" {
 		go startSharedPaperclip()
+		go func() { _, _ = harness.LoadPaperclipImage(ctx, c) }() // its error is the test's
 		go func() { defer close(spares); startSpareServers() }()
 	} else {
 		close(spares)

@@ -385,28 +385,32 @@ func waitRunEnds(ctx context.Context, t *testing.T, pc *harness.Paperclip, id st
 	return r
 }
 
-// runJobs says what the cluster holds of run id's Jobs and pods: why a
-// run never started shows there, not in Paperclip.
+// runJobs says what the cluster holds of run id's Jobs and pods, in any
+// namespace: why a run never started shows there, not in Paperclip.
 func runJobs(id string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sel := metav1.ListOptions{LabelSelector: "paperclip.io/run-id=" + id}
 	var b strings.Builder
-	jobs, err := suite.cs.BatchV1().Jobs(suite.in.Namespace).List(ctx, sel)
+	jobs, err := suite.cs.BatchV1().Jobs("").List(ctx, sel)
 	if err != nil {
 		return "listing the run's Jobs: " + err.Error()
 	}
+	namespaces := map[string]bool{}
 	for _, j := range jobs.Items {
-		fmt.Fprintf(&b, "Job %s: suspend %v, annotations %v, status %+v\n", j.Name, j.Spec.Suspend, j.Annotations, j.Status)
+		namespaces[j.Namespace] = true
+		fmt.Fprintf(&b, "Job %s/%s: suspend %v, annotations %v, status %+v\n", j.Namespace, j.Name, j.Spec.Suspend, j.Annotations, j.Status)
 	}
-	pods, _ := suite.cs.CoreV1().Pods(suite.in.Namespace).List(ctx, sel)
+	pods, _ := suite.cs.CoreV1().Pods("").List(ctx, sel)
 	for _, p := range pods.Items {
-		fmt.Fprintf(&b, "pod %s: %s %+v\n", p.Name, p.Status.Phase, p.Status.ContainerStatuses)
+		fmt.Fprintf(&b, "pod %s/%s: %s %+v\n", p.Namespace, p.Name, p.Status.Phase, p.Status.ContainerStatuses)
 	}
-	events, _ := suite.cs.CoreV1().Events(suite.in.Namespace).List(ctx, metav1.ListOptions{})
-	for _, e := range events.Items {
-		if strings.Contains(e.InvolvedObject.Name, id) {
-			fmt.Fprintf(&b, "event %s %s: %s %s\n", e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
+	for ns := range namespaces {
+		events, _ := suite.cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+		for _, e := range events.Items {
+			if strings.Contains(e.InvolvedObject.Name, id) {
+				fmt.Fprintf(&b, "event %s %s: %s %s\n", e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Reason, e.Message)
+			}
 		}
 	}
 	return b.String()
@@ -532,13 +536,11 @@ func paperclipOnTheRealNode(t *testing.T, pc *harness.Paperclip, timeout time.Du
 	return ctx, newCompany(ctx, t, pc, name)
 }
 
-func TestPaperclipServerRunsAnAgentThroughClipjob(t *testing.T) {
-	t.Parallel() // a company of its own on the shared server
-	pc := thePaperclip(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-
-	// The adapter manager's view of what the README's install registered.
+// checkAdaptersLoaded: Paperclip's adapter manager lists both of clipjob's
+// types as external adapters it loaded, overriding no built-in type,
+// after how (the way they were registered).
+func checkAdaptersLoaded(ctx context.Context, t *testing.T, pc *harness.Paperclip, how string) {
+	t.Helper()
 	var listed []map[string]any
 	if err := pc.Do(ctx, http.MethodGet, "/api/adapters", nil, &listed); err != nil {
 		t.Fatal(err)
@@ -546,22 +548,27 @@ func TestPaperclipServerRunsAnAgentThroughClipjob(t *testing.T) {
 	for typ := range adapterPackageDirs {
 		i := slices.IndexFunc(listed, func(a map[string]any) bool { return a["type"] == typ })
 		if i < 0 {
-			t.Fatalf("the adapter manager does not list %s after the README's install: %v", typ, listed)
+			t.Fatalf("the adapter manager does not list %s after %s: %v", typ, how, listed)
 		}
 		a := listed[i]
 		if a["source"] != "external" || a["loaded"] != true || a["overriddenBuiltin"] != false {
-			t.Errorf("adapter %s: %v, want external, loaded, not overriding a built-in type", typ, a)
+			t.Errorf("adapter %s after %s: %v, want external, loaded, not overriding a built-in type", typ, how, a)
 		}
 	}
+}
 
-	company := newCompany(ctx, t, pc, "Acme Robotics")
-	agent := newAgent(ctx, t, pc, company.ID, "Builder", "claude_k8s", map[string]any{
-		"promptTemplate": "lines=6 rate=20 probe=1 (agent {{agent.name}})",
-	}, nil)
-	run := wake(ctx, t, pc, agent.ID, "e2e: the first run")
-	done := waitRunEnds(ctx, t, pc, run.ID)
+// runFirstAgent makes a company named company with a claude_k8s agent
+// whose fake agent follows script (six lines), wakes it, and holds what
+// Paperclip records of the run to the agent's: succeeded, its six lines
+// in order in the run log, its session and its cost.
+func runFirstAgent(ctx context.Context, t *testing.T, pc *harness.Paperclip, company, script string) (run, done pcRun) {
+	t.Helper()
+	c := newCompany(ctx, t, pc, company)
+	agent := newAgent(ctx, t, pc, c.ID, "Builder", "claude_k8s", map[string]any{"promptTemplate": script}, nil)
+	run = wake(ctx, t, pc, agent.ID, "e2e: the first run")
+	done = waitRunEnds(ctx, t, pc, run.ID)
 	if done.Status != "succeeded" {
-		t.Fatalf("run %s: %+v\n%s", run.ID, done, runLogText(ctx, pc, run.ID))
+		t.Fatalf("run %s: %+v\n%s\n%s", run.ID, done, runLogText(ctx, pc, run.ID), runJobs(run.ID))
 	}
 	lines, err := runLog(ctx, pc, run.ID)
 	if err != nil {
@@ -577,7 +584,7 @@ func TestPaperclipServerRunsAnAgentThroughClipjob(t *testing.T) {
 	if cost, _ := done.UsageJSON["costUsd"].(float64); cost != 0.0123 {
 		t.Errorf("usage recorded: %v, want costUsd 0.0123", done.UsageJSON)
 	}
-	t.Logf("run %s: %+v", run.ID, done)
+	return run, done
 }
 
 // agentRuns are the agent's runs as Paperclip lists them.
@@ -763,12 +770,16 @@ func testEnvironment(ctx context.Context, t *testing.T, pc *harness.Paperclip, c
 	return res
 }
 
-// Paperclip's "Test environment" for the adapter, through its API.
+// Paperclip's "Test environment" for the adapter, through its API, on the
+// server the README's install (npm install of the package, then the
+// adapter manager) registered both types in. A run of each type through
+// a server is TestPaperclipInTheCluster's, on the image's install.
 func TestPaperclipTestEnvironment(t *testing.T) {
 	t.Parallel() // a company of its own on the shared server
 	pc := thePaperclip(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	checkAdaptersLoaded(ctx, t, pc, "the README's install")
 	company := newCompany(ctx, t, pc, "Checks Co")
 	res := testEnvironment(ctx, t, pc, company.ID)
 	for _, c := range res.Checks {
@@ -808,23 +819,21 @@ func TestPaperclipListsTheBuiltInAdaptersModels(t *testing.T) {
 	}
 }
 
-// An OpenCode agent (opencode_k8s, the package's opencode/ directory) on
-// an issue assigned to it: Paperclip wakes it, the run's Job runs the fake
-// agent's OpenCode events on the real node, and Paperclip records the
-// run's cost and posts its summary as the issue's comment.
-func TestPaperclipOpenCodeAgentWorksAnIssue(t *testing.T) {
-	t.Parallel() // a company of its own on the shared server
-	pc := thePaperclip(t)
-	ctx, company := paperclipOnTheRealNode(t, pc, 10*time.Minute, "Issue Co")
-	agent := newAgent(ctx, t, pc, company.ID, "Coder", "opencode_k8s", map[string]any{"promptTemplate": "lines=4"}, nil)
+// workAnIssue makes an opencode_k8s agent in company, assigns it an
+// issue, and holds what Paperclip records of the run the assignment
+// wakes: succeeded, its cost, its four lines in order, and its final
+// message posted as a comment on the issue.
+func workAnIssue(ctx context.Context, t *testing.T, pc *harness.Paperclip, company string) {
+	t.Helper()
+	agent := newAgent(ctx, t, pc, company, "Coder", "opencode_k8s", map[string]any{"promptTemplate": "lines=4"}, nil)
 	var issue struct{ ID string }
-	if err := pc.Do(ctx, http.MethodPost, "/api/companies/"+company.ID+"/issues", map[string]any{"title": "Fix the failing test", "assigneeAgentId": agent.ID}, &issue); err != nil {
+	if err := pc.Do(ctx, http.MethodPost, "/api/companies/"+company+"/issues", map[string]any{"title": "Fix the failing test", "assigneeAgentId": agent.ID}, &issue); err != nil {
 		t.Fatal(err)
 	}
 	// The assignment wakes the agent.
 	var run pcRun
 	if err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		runs := agentRuns(ctx, t, pc, company.ID, agent.ID)
+		runs := agentRuns(ctx, t, pc, company, agent.ID)
 		if len(runs) > 0 {
 			run = runs[0]
 		}
@@ -834,7 +843,7 @@ func TestPaperclipOpenCodeAgentWorksAnIssue(t *testing.T) {
 	}
 	done := waitRunEnds(ctx, t, pc, run.ID)
 	if done.Status != "succeeded" || costOf(done) != 0.0123 {
-		t.Fatalf("the OpenCode run: %+v\n%s", done, runLogText(ctx, pc, run.ID))
+		t.Fatalf("the OpenCode run: %+v\n%s\n%s", done, runLogText(ctx, pc, run.ID), runJobs(run.ID))
 	}
 	lines, _ := runLog(ctx, pc, run.ID)
 	var texts []string

@@ -104,6 +104,10 @@ func Paperclip(tag string, in PaperclipInputs) (s Spec, missing []string, err er
 		// uid 1000 node, with its home on the volume.
 		{Path: "/etc/passwd", Data: []byte("root:x:0:0:root:/root:/bin/sh\nnode:x:1000:1000:node:" + PaperclipHome + ":/bin/sh\n")},
 		{Path: "/etc/group", Data: []byte("root:x:0:\nnode:x:1000:\n")},
+		// Names in /etc/hosts (a pod's hostAliases) before DNS, as a
+		// Debian-based image has it: without the file, glibc asks DNS
+		// first and stops at its "no such name".
+		{Path: "/etc/nsswitch.conf", Data: []byte("passwd: files\ngroup: files\nhosts: files dns\n")},
 		{Path: PaperclipHome, Dir: true, Mode: 0o775, UID: 1000, GID: 1000},
 		{Path: "/tmp", Dir: true, Mode: 0o1777},
 	}

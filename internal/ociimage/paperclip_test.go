@@ -243,6 +243,9 @@ func TestPaperclipImage(t *testing.T) {
 	if !strings.Contains(string(regular("/etc/passwd", false).data), ":1000:1000:node:/paperclip:") {
 		t.Errorf("/etc/passwd names no uid 1000 with home /paperclip (PostgreSQL's initdb looks its user up):\n%s", files["/etc/passwd"].data)
 	}
+	if !strings.Contains(string(regular("/etc/nsswitch.conf", false).data), "hosts: files dns") {
+		t.Errorf("/etc/nsswitch.conf does not look names up in /etc/hosts first (a pod's hostAliases):\n%s", files["/etc/nsswitch.conf"].data)
+	}
 	if h := files["/paperclip"].hdr; h == nil || h.Typeflag != tar.TypeDir || h.Uid != 1000 || h.Gid != 1000 {
 		t.Errorf("/paperclip: %+v; want a directory of uid and gid 1000", h)
 	}
