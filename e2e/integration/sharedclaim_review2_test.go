@@ -92,7 +92,7 @@ func TestAVolumeNamedLikeTheTokensIsNoLicenceToMountAnything(t *testing.T) {
 	}
 	const vol = "kube-api-access-plugins"
 	target := "/paperclip/instances/default/adapter-plugins.json"
-	admitted := flipReplicaSets(ctx, t, in, cs, 20, func(tpl *corev1.PodTemplateSpec) {
+	admitted := flipReplicaSets(ctx, t, in, cs, 10, func(tpl *corev1.PodTemplateSpec) {
 		tpl.Spec.Volumes = append(tpl.Spec.Volumes, corev1.Volume{Name: vol, VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
 			Sources: []corev1.VolumeProjection{{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "plugins"}}}}}}})
 		c := &tpl.Spec.Containers[0]
@@ -123,7 +123,7 @@ func TestTheServersPodKeepsItsTemplatesHostNames(t *testing.T) {
 	serverPod(in, ctx, t)
 	cs := tenantClient(in, ctx, t, "rs-host-aliases", rule("apps", "deployments", "get"), rule("apps", "replicasets", "create", "get", "update", "patch", "delete"),
 		rule("", "pods", "get", "list"))
-	admitted := flipReplicaSets(ctx, t, in, cs, 20, func(tpl *corev1.PodTemplateSpec) {
+	admitted := flipReplicaSets(ctx, t, in, cs, 10, func(tpl *corev1.PodTemplateSpec) {
 		tpl.Spec.HostAliases = append(tpl.Spec.HostAliases, corev1.HostAlias{IP: "203.0.113.66", Hostnames: []string{"db", "api.anthropic.com"}})
 		tpl.Spec.DNSPolicy = corev1.DNSNone
 		tpl.Spec.DNSConfig = &corev1.PodDNSConfig{Nameservers: []string{"203.0.113.66"}}
