@@ -150,7 +150,10 @@ func TestOnlyAgentRunsAndTheServerMountPaperclipsHome(t *testing.T) {
 	// LimitRange's resources, the default tolerations.
 	admitted := c.podOf("paperclip-abc")
 	admitted.Spec.Volumes = append(admitted.Spec.Volumes, corev1.Volume{Name: "kube-api-access-x7k2p", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
-		Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}}}}}})
+		DefaultMode: ptr.To[int32](0o644), Sources: []corev1.VolumeProjection{
+			{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token", ExpirationSeconds: ptr.To[int64](3607)}},
+			{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"}, Items: []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}}}},
+			{DownwardAPI: &corev1.DownwardAPIProjection{Items: []corev1.DownwardAPIVolumeFile{{Path: "namespace", FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.namespace"}}}}}}}}})
 	for i := range admitted.Spec.Containers {
 		admitted.Spec.Containers[i].VolumeMounts = append(admitted.Spec.Containers[i].VolumeMounts,
 			corev1.VolumeMount{Name: "kube-api-access-x7k2p", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount", ReadOnly: true})
@@ -160,6 +163,24 @@ func TestOnlyAgentRunsAndTheServerMountPaperclipsHome(t *testing.T) {
 		admitted.Spec.ServiceAccountName = "default"
 	}
 	admitted.Spec.Tolerations = []corev1.Toleration{{Key: "node.kubernetes.io/not-ready", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To[int64](300)}}
+	admitted.Spec.Priority, admitted.Spec.PreemptionPolicy = ptr.To[int32](0), ptr.To(corev1.PreemptLowerPriority)
+	admitted.Spec.EnableServiceLinks = ptr.To(true) // defaulted on pods, not on templates
+	// A volume named as the token's is no licence (second hostile review of
+	// H1): one of the tenant's ConfigMap mounted over a file of the home, or
+	// the token's own volume mounted elsewhere, is not the template; nor
+	// are host names or DNS the template does not set.
+	lookalike := admitted.DeepCopy()
+	lookalike.Spec.Volumes = append(lookalike.Spec.Volumes, corev1.Volume{Name: "kube-api-access-plugins", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+		Sources: []corev1.VolumeProjection{{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "plugins"}}}}}}})
+	lookalike.Spec.Containers[0].VolumeMounts = append(lookalike.Spec.Containers[0].VolumeMounts,
+		corev1.VolumeMount{Name: "kube-api-access-plugins", MountPath: "/paperclip/instances/default/adapter-plugins.json", SubPath: "adapter-plugins.json", ReadOnly: true})
+	tokenElsewhere := admitted.DeepCopy()
+	tokenElsewhere.Spec.Containers[0].VolumeMounts = append(tokenElsewhere.Spec.Containers[0].VolumeMounts,
+		corev1.VolumeMount{Name: "kube-api-access-x7k2p", MountPath: "/paperclip/instances/default/.env", SubPath: "namespace", ReadOnly: true})
+	aliased := admitted.DeepCopy()
+	aliased.Spec.HostAliases = []corev1.HostAlias{{IP: "203.0.113.66", Hostnames: []string{"db"}}}
+	redirected := admitted.DeepCopy()
+	redirected.Spec.DNSPolicy, redirected.Spec.DNSConfig = corev1.DNSNone, &corev1.PodDNSConfig{Nameservers: []string{"203.0.113.66"}}
 	inlineCSI := bare(corev1.Volume{Name: "home", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{Driver: "nfs.csi.k8s.io",
 		VolumeAttributes: map[string]string{"server": "nfs.example", "share": "/exports/paperclip"}}}}, home)
 	listed, off, tenant, csiListed := *fx.Config, *fx.Config, *fx.Config, *fx.Config // shallow: only these fields change
@@ -183,6 +204,10 @@ func TestOnlyAgentRunsAndTheServerMountPaperclipsHome(t *testing.T) {
 		{"the source Deployment's pod", c.podOf("paperclip-abc"), rsController, "", nil, ""},
 		{"the source Deployment's pod as admission leaves it", admitted, rsController, "", nil, ""},
 		{"a sidecar from a ReplicaSet since patched back to the Deployment's template", sidecar, rsController, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
+		{"a tenant's ConfigMap in a volume named as the token's, its ReplicaSet patched back", lookalike, rsController, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
+		{"the token's volume mounted over a file of the home, its ReplicaSet patched back", tokenElsewhere, rsController, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
+		{"host aliases the template does not have, its ReplicaSet patched back", aliased, rsController, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
+		{"a DNS server the template does not name, its ReplicaSet patched back", redirected, rsController, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
 		{"another image than the Deployment's, its ReplicaSet patched back", swapped, rsController, "", nil, "spec.volumes[0].persistentVolumeClaim.claimName"},
 		{"a pod with no claim", bare(corev1.Volume{Name: "home", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}, home), someone, "", nil, ""},
 		{"a pod with another claim", bare(claimVolume("scratch"), home), someone, "", nil, ""},

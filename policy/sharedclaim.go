@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
 
 	"github.com/paperclipai/clipjob/config"
 )
@@ -208,15 +209,20 @@ func deploymentPod(in SharedClaimInput) (string, *Undecided, error) {
 // notTheTemplate says what of the pod's spec is not the template's ("" when
 // nothing): every volume, container and init container (image, command,
 // args, env, mounts, probes, lifecycle, security context: all of it but
-// resources, which a LimitRange fills in), and the pod's security
-// context, ServiceAccount and host namespaces. What admission adds to
-// every pod is left out: the ServiceAccount token's projected
-// kube-api-access-* volume and its mounts, the "default" ServiceAccount,
-// and what no container reads (tolerations, priority, scheduling).
+// resources, which a LimitRange fills in), the pod's security context,
+// ServiceAccount and host namespaces, and every other setting of the pod
+// (host aliases, DNS, hostname, runtime class, restart policy...). What
+// admission adds to every pod is left out: the ServiceAccount token's
+// projected kube-api-access-* volume as the ServiceAccount admission
+// plugin makes it (the token, the cluster's CA, the namespace; told by its
+// sources, not its name, which a template may take) and its mounts at the
+// token's path, the "default" ServiceAccount, and where the pod may run
+// (tolerations, priority, overhead, node selection), which admission
+// plugins fill in and no container reads.
 func notTheTemplate(pod, tpl corev1.PodSpec) string {
 	injected := map[string]bool{}
 	for _, v := range pod.Volumes {
-		if strings.HasPrefix(v.Name, "kube-api-access-") && v.Projected != nil && !slices.ContainsFunc(tpl.Volumes, func(t corev1.Volume) bool { return t.Name == v.Name }) {
+		if tokenVolume(v) && !slices.ContainsFunc(tpl.Volumes, func(t corev1.Volume) bool { return t.Name == v.Name }) {
 			injected[v.Name] = true
 		}
 	}
@@ -252,16 +258,76 @@ func notTheTemplate(pod, tpl corev1.PodSpec) string {
 		return "its token or host settings differ"
 	case len(pod.EphemeralContainers) > 0:
 		return "it has ephemeral containers"
+	case !equality.Semantic.DeepEqual(podSettings(pod), podSettings(tpl)):
+		return "its pod settings differ (host aliases, DNS, hostname, runtime class, restart policy...)"
 	}
 	return ""
 }
 
+// podSettings is the spec less what notTheTemplate compares on its own and
+// what admission plugins fill in (placement, priority, overhead).
+func podSettings(s corev1.PodSpec) corev1.PodSpec {
+	s = *s.DeepCopy()
+	s.Volumes, s.Containers, s.InitContainers, s.EphemeralContainers = nil, nil, nil, nil
+	s.ServiceAccountName, s.DeprecatedServiceAccount = "", ""
+	s.Tolerations, s.NodeSelector, s.Affinity, s.SchedulingGates = nil, nil, nil, nil
+	s.Priority, s.PriorityClassName, s.PreemptionPolicy, s.Overhead, s.Resources = nil, "", nil, nil, nil
+	if s.EnableServiceLinks == nil { // defaulted on pods, not on templates
+		s.EnableServiceLinks = ptr.To(corev1.DefaultEnableServiceLinks)
+	}
+	return s
+}
+
+// tokenVolumePath is where the ServiceAccount admission plugin mounts the
+// token volume in every container.
+const tokenVolumePath = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// tokenVolume: v is the ServiceAccount admission plugin's token volume,
+// by its name and by what it projects (the pod's own token for the API
+// server, the cluster's CA, the namespace), nothing else.
+func tokenVolume(v corev1.Volume) bool {
+	if !strings.HasPrefix(v.Name, "kube-api-access-") || v.Projected == nil || len(v.Projected.Sources) == 0 {
+		return false
+	}
+	for _, s := range v.Projected.Sources {
+		switch {
+		case s.Secret != nil || s.ClusterTrustBundle != nil || s.PodCertificate != nil:
+			return false
+		case s.ServiceAccountToken != nil && s.ConfigMap == nil && s.DownwardAPI == nil:
+			if s.ServiceAccountToken.Audience != "" || s.ServiceAccountToken.Path != "token" {
+				return false
+			}
+		case s.ConfigMap != nil && s.DownwardAPI == nil:
+			if s.ConfigMap.Name != "kube-root-ca.crt" {
+				return false
+			}
+		case s.DownwardAPI != nil:
+			for _, f := range s.DownwardAPI.Items {
+				if f.FieldRef == nil || f.FieldRef.FieldPath != "metadata.namespace" || f.ResourceFieldRef != nil {
+					return false
+				}
+			}
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// tokenMount: m is the token volume's mount as the plugin adds it.
+func tokenMount(m corev1.VolumeMount) bool {
+	return m.MountPath == tokenVolumePath && m.ReadOnly && m.SubPath == "" && m.SubPathExpr == "" &&
+		(m.MountPropagation == nil || *m.MountPropagation == corev1.MountPropagationNone) &&
+		(m.RecursiveReadOnly == nil || *m.RecursiveReadOnly == corev1.RecursiveReadOnlyDisabled)
+}
+
 // asTemplated is a container less its resources and the mounts of the
-// injected token volumes.
+// injected token volumes at the token's path (a mount of one elsewhere,
+// over a file the container reads, is the container's own).
 func asTemplated(c corev1.Container, injected map[string]bool) corev1.Container {
 	c = *c.DeepCopy()
 	c.Resources, c.ResizePolicy = corev1.ResourceRequirements{}, nil
-	c.VolumeMounts = nilIfEmpty(slices.DeleteFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return injected[m.Name] }))
+	c.VolumeMounts = nilIfEmpty(slices.DeleteFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return injected[m.Name] && tokenMount(m) }))
 	return c
 }
 
