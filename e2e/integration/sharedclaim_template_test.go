@@ -1,7 +1,7 @@
 package integration
 
-// A second hostile review of the shared claim rule (policy.sharedClaim):
-// what a pod of an allowed Deployment may differ from its template in.
+// The shared claim rule (policy.sharedClaim), attacked through what a pod
+// of an allowed Deployment may differ from its template in.
 // The webhook judges the pod itself against the Deployment's template
 // (the ReplicaSet read live proves nothing of the copy the ReplicaSet
 // controller made it from), leaving out "what admission adds"; each test
