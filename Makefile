@@ -52,7 +52,7 @@ postgres-packages: ## Install (first time only) PostgreSQL's server from Debian'
 chromium: ## Install (first time only) headless Chromium from Debian's packages, for the runs page's browser test
 	@bash hack/chromium-packages.sh >/dev/null
 
-demo: kube-binaries node-packages ## Local control plane + webhook; submit a bare Job and print the result
+demo: kube-binaries node-packages paperclip ## Paperclip in a local cluster with a real node, clipjob from its chart, an agent run through both (DEMO_FLAGS=-bare: the bare Job alone; -keep: leave it running)
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/demo $(DEMO_FLAGS)
 
 test: ## Every tier: lint, unit, integration (kwok, in parallel), real node, the adapter's; prints where the time went (hack/test.sh)

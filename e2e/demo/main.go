@@ -1,10 +1,16 @@
-// Command demo is `make demo`: it starts a local control plane, runs the
-// clipjob webhooks against it, installs a stand-in Paperclip (Deployment and
-// ReadWriteMany claim), submits examples/bare-job.yaml and prints the Job
-// the API server stored and the Pod made from it; then it runs the log
-// relay, lets the agent write and finish, deletes the Job as the TTL
-// controller would, and shows the run's status, result and log the relay
-// still serves.
+// Command demo is `make demo`: it starts a local control plane with a real
+// node, deploys Paperclip there as operators do (its image as a
+// Deployment, its home on a ReadWriteMany claim) and clipjob from its
+// chart, wakes an agent through Paperclip's API, and shows its bare Job
+// as clipjob completed it, its lines arriving in Paperclip's run log and
+// the result Paperclip recorded (paperclip.go).
+//
+// With -bare it shows the bare-Job contract alone, Paperclip's side
+// played by the demo: a stand-in Paperclip Deployment and claim, the
+// webhooks run on this machine, examples/bare-job.yaml submitted, the Job
+// and Pod as stored; then the log relay, the Job deleted as the TTL
+// controller would, and the run's status, result and log the relay still
+// serves. It runs on kwok too (CLIPJOB_E2E_NODE=kwok).
 //
 // With -keep it leaves everything running and prints how to reach it.
 package main
@@ -39,9 +45,10 @@ import (
 )
 
 func main() {
-	keep := flag.Bool("keep", false, "keep the control plane and webhook running until Ctrl-C")
+	keep := flag.Bool("keep", false, "keep everything running until Ctrl-C")
+	bare := flag.Bool("bare", false, "the bare-Job contract alone: no Paperclip server, the webhooks and relay on this machine")
 	flag.Parse()
-	if err := run(*keep); err != nil {
+	if err := run(*keep, *bare); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
@@ -51,7 +58,7 @@ func step(format string, args ...any) {
 	fmt.Printf("\n==> "+format+"\n", args...)
 }
 
-func run(keep bool) error {
+func run(keep, bare bool) error {
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 
@@ -68,6 +75,9 @@ func run(keep bool) error {
 		return err
 	}
 	fmt.Printf("    Kubernetes %s is up.\n", v.GitVersion)
+	if !bare {
+		return paperclipJourney(ctx, c, keep)
+	}
 
 	step("Installing a stand-in Paperclip (examples/paperclip.yaml: namespace, ReadWriteMany claim, Deployment),\n    building and starting clipjob-webhook, registering its webhook configurations")
 	in, err := harness.InstallCluster(ctx, c, "webhook", "")
@@ -78,13 +88,13 @@ func run(keep bool) error {
 	defer wh.Stop()
 	fmt.Printf("    Serving on https://%s, log %s\n", wh.Addr, wh.Log)
 
-	bare, err := os.ReadFile(filepath.Join(harness.Root(), "examples", "bare-job.yaml"))
+	example, err := os.ReadFile(filepath.Join(harness.Root(), "examples", "bare-job.yaml"))
 	if err != nil {
 		return err
 	}
 	step("Submitting the bare Job (examples/bare-job.yaml):")
-	fmt.Print(indent(string(bare)))
-	set, err := manifest.Read(strings.NewReader(string(bare)))
+	fmt.Print(indent(string(example)))
+	set, err := manifest.Read(strings.NewReader(string(example)))
 	if err != nil {
 		return err
 	}
@@ -149,7 +159,7 @@ func run(keep bool) error {
 	defer r.Stop()
 
 	if !keep {
-		step("Done. Run `make demo DEMO_FLAGS=-keep` to keep the cluster up and explore it with kubectl.")
+		step("Done. Run `make demo DEMO_FLAGS=\"-bare -keep\"` to keep the cluster up and explore it with kubectl.")
 		return nil
 	}
 	step("Still running. In another shell:")

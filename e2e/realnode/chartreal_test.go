@@ -15,13 +15,11 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/paperclipai/clipjob/charts"
@@ -133,23 +131,12 @@ func installInCluster(ctx context.Context, t *testing.T, values map[string]any) 
 	return r
 }
 
-// waitAdmittingIn waits until an agent Job in ns is admitted mutated: its
-// source Deployment exists, and the API server reaches the webhook
-// through its Service (a Deployment is available before kube-proxy has
-// the Service's rules, and until then the API server's calls are
-// refused).
+// waitAdmittingIn waits until an agent Job in ns is admitted mutated
+// (harness.WaitAdmitting).
 func waitAdmittingIn(ctx context.Context, t *testing.T, ns string) {
 	t.Helper()
-	var last error
-	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		job := suite.in.BareJob(t, "e2e-chart-ready")
-		job.Namespace = ns
-		stored, err := suite.cs.BatchV1().Jobs(ns).Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		last = err
-		return err == nil && stored.Annotations[contract.AnnotationProfile] != "", nil
-	})
-	if err != nil {
-		t.Fatalf("the chart's webhook never admitted a Job in %s: %v (last: %v)", ns, err, last)
+	if err := harness.WaitAdmitting(ctx, suite.cs, suite.in.BareJob(t, "e2e-chart-ready"), ns); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -166,51 +153,19 @@ func deleteWebhookConfigurations(ctx context.Context, t *testing.T) {
 	}
 }
 
+// waitDeploymentAvailable waits until the suite's release's Deployment
+// name is available.
 func waitDeploymentAvailable(ctx context.Context, t *testing.T, name string) {
 	t.Helper()
-	waitAvailable(ctx, t, harness.Release.Namespace, name)
-}
-
-// waitAvailable waits until Deployment namespace/name has all its
-// replicas updated and available.
-func waitAvailable(ctx context.Context, t *testing.T, namespace, name string) {
-	t.Helper()
-	var d *appsv1.Deployment
-	err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-		var err error
-		d, err = suite.cs.AppsV1().Deployments(namespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		want := ptr.Deref(d.Spec.Replicas, 1)
-		return d.Status.ObservedGeneration >= d.Generation && d.Status.UpdatedReplicas == want &&
-			d.Status.AvailableReplicas == want && d.Status.Replicas == want, nil
-	})
-	if err != nil {
-		pods, _ := suite.cs.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
-		var states []string
-		for _, p := range pods.Items {
-			states = append(states, harness.PodSummary(&p))
-		}
-		t.Fatalf("Deployment %s not available: %v; status %+v; pods %v", name, err, d.Status, states)
+	if err := harness.WaitDeploymentAvailable(ctx, suite.cs, harness.Release.Namespace, name); err != nil {
+		t.Fatal(err)
 	}
 }
 
-// waitCABundle waits until the webhook has injected its CA into both
-// configurations, mutating and validating.
 func waitCABundle(ctx context.Context, t *testing.T, mutating, validating string) {
 	t.Helper()
-	a := suite.cs.AdmissionregistrationV1()
-	err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		m, err := a.MutatingWebhookConfigurations().Get(ctx, mutating, metav1.GetOptions{})
-		if err != nil || len(m.Webhooks[0].ClientConfig.CABundle) == 0 {
-			return false, nil
-		}
-		v, err := a.ValidatingWebhookConfigurations().Get(ctx, validating, metav1.GetOptions{})
-		return err == nil && len(v.Webhooks[0].ClientConfig.CABundle) > 0, nil
-	})
-	if err != nil {
-		t.Fatalf("the webhook never injected its CA bundle into %s and %s: %v", mutating, validating, err)
+	if err := harness.WaitCABundle(ctx, suite.cs, mutating, validating); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -51,7 +51,7 @@ func fakeAgentEvent(ctx context.Context, pc *harness.Paperclip, run, subtype, ke
 // fakeAgentEvents hands each of the fake agent's system lines of subtype
 // in run's log (its field key) to each, in order, while each says go on.
 func fakeAgentEvents(ctx context.Context, pc *harness.Paperclip, run, subtype, key string, each func(json.RawMessage) bool) {
-	lines, _ := runLog(ctx, pc, run)
+	lines, _ := pc.RunLog(ctx, run)
 	for _, l := range stdoutLines(lines) {
 		var ev map[string]json.RawMessage
 		if json.Unmarshal([]byte(l), &ev) != nil || string(ev["subtype"]) != `"`+subtype+`"` {

@@ -1,13 +1,10 @@
 package realnode
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -263,56 +260,23 @@ func packAdapter(ctx context.Context, pc *harness.Paperclip) (string, error) {
 	return filepath.Join(pc.Files(), packed[0].Filename), nil
 }
 
-// pcCompany is a Paperclip company made for a test.
-type pcCompany struct {
-	ID   string `json:"id"`
-	Name string `json:"name"`
-}
-
-type pcAgent struct {
-	ID        string `json:"id"`
-	CompanyID string `json:"companyId"`
-	Name      string `json:"name"`
-	Status    string `json:"status"`
-}
-
-// pcRun is the part of a heartbeat run the tests read.
-type pcRun struct {
-	ID            string         `json:"id"`
-	AgentID       string         `json:"agentId"`
-	Status        string         `json:"status"`
-	Error         string         `json:"error"`
-	ErrorCode     string         `json:"errorCode"`
-	ExitCode      *int           `json:"exitCode"`
-	UsageJSON     map[string]any `json:"usageJson"`
-	ResultJSON    map[string]any `json:"resultJson"`
-	SessionBefore string         `json:"sessionIdBefore"`
-	SessionAfter  string         `json:"sessionIdAfter"`
-	RetryOf       string         `json:"retryOfRunId"`
-}
-
-func (r pcRun) terminal() bool {
-	switch r.Status {
-	case "succeeded", "failed", "cancelled", "timed_out", "interrupted":
-		return true
-	}
-	return false
-}
+type (
+	pcCompany = harness.PaperclipCompany
+	pcAgent   = harness.PaperclipAgent
+	pcRun     = harness.PaperclipRun
+	pcLogLine = harness.PaperclipLogLine
+)
 
 func newCompany(ctx context.Context, t *testing.T, pc *harness.Paperclip, name string) pcCompany {
 	t.Helper()
-	var c pcCompany
-	if err := pc.Do(ctx, http.MethodPost, "/api/companies", map[string]any{"name": name}, &c); err != nil {
+	c, err := pc.NewCompany(ctx, name)
+	if err != nil {
 		t.Fatal(err)
 	}
 	return c
 }
 
-// newAgent makes an agent. The adapter offers Paperclip's managed
-// instructions bundle, so Paperclip makes the new agent's bundle and
-// refuses prompt templates at creation, as for its built-in adapters; a
-// template in adapterConfig (the fake agent's script) is set by an edit
-// after, as an operator would.
+// newAgent makes an agent (harness.Paperclip.NewAgent).
 func newAgent(ctx context.Context, t *testing.T, pc *harness.Paperclip, company, name, adapterType string, adapterConfig, runtimeConfig map[string]any) pcAgent {
 	t.Helper()
 	body := map[string]any{"name": name, "adapterType": adapterType, "adapterConfig": adapterConfig}
@@ -326,25 +290,9 @@ func newAgent(ctx context.Context, t *testing.T, pc *harness.Paperclip, company,
 // instructionsBundle, say).
 func newAgentWith(ctx context.Context, t *testing.T, pc *harness.Paperclip, company string, body map[string]any) pcAgent {
 	t.Helper()
-	config, _ := body["adapterConfig"].(map[string]any)
-	created, templates := map[string]any{}, map[string]any{}
-	for k, v := range config {
-		if k == "promptTemplate" || k == "bootstrapPromptTemplate" {
-			templates[k] = v
-		} else {
-			created[k] = v
-		}
-	}
-	body = maps.Clone(body)
-	body["adapterConfig"] = created
-	var a pcAgent
-	if err := pc.Do(ctx, http.MethodPost, "/api/companies/"+company+"/agents", body, &a); err != nil {
+	a, err := pc.NewAgent(ctx, company, body)
+	if err != nil {
 		t.Fatal(err)
-	}
-	if len(templates) > 0 {
-		if err := pc.Do(ctx, http.MethodPatch, "/api/agents/"+a.ID, map[string]any{"adapterConfig": templates}, nil); err != nil {
-			t.Fatal(err)
-		}
 	}
 	return a
 }
@@ -353,20 +301,11 @@ func newAgentWith(ctx context.Context, t *testing.T, pc *harness.Paperclip, comp
 // and returns the run it queued.
 func wake(ctx context.Context, t *testing.T, pc *harness.Paperclip, agent string, reason string) pcRun {
 	t.Helper()
-	var r pcRun
-	if err := pc.Do(ctx, http.MethodPost, "/api/agents/"+agent+"/wakeup", map[string]any{"source": "on_demand", "triggerDetail": "manual", "reason": reason}, &r); err != nil {
+	r, err := pc.Wake(ctx, agent, reason)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if r.ID == "" {
-		t.Fatalf("wakeup of agent %s queued no run: %+v", agent, r)
-	}
 	return r
-}
-
-func getRun(ctx context.Context, pc *harness.Paperclip, id string) (pcRun, error) {
-	var r pcRun
-	err := pc.Do(ctx, http.MethodGet, "/api/heartbeat-runs/"+id, nil, &r)
-	return r, err
 }
 
 // waitRunEnds waits (generously: a pod on a busy machine) until Paperclip
@@ -376,8 +315,8 @@ func waitRunEnds(ctx context.Context, t *testing.T, pc *harness.Paperclip, id st
 	var r pcRun
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
 		var err error
-		r, err = getRun(ctx, pc, id)
-		return err == nil && r.terminal(), nil
+		r, err = pc.Run(ctx, id)
+		return err == nil && r.Ended(), nil
 	})
 	if err != nil {
 		t.Fatalf("run %s did not end: last %+v\n%s\n%s", id, r, runLogText(context.Background(), pc, id), runJobs(id))
@@ -422,7 +361,7 @@ func waitRunStatus(ctx context.Context, t *testing.T, pc *harness.Paperclip, id 
 	var r pcRun
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
 		var err error
-		r, err = getRun(ctx, pc, id)
+		r, err = pc.Run(ctx, id)
 		return err == nil && slices.Contains(want, r.Status), nil
 	})
 	if err != nil {
@@ -431,42 +370,9 @@ func waitRunStatus(ctx context.Context, t *testing.T, pc *harness.Paperclip, id 
 	return r
 }
 
-// pcLogLine is one record of a run's log as Paperclip stores it.
-type pcLogLine struct {
-	Stream string `json:"stream"`
-	Chunk  string `json:"chunk"`
-}
-
-// runLog is the run's log through Paperclip's API, every record.
-func runLog(ctx context.Context, pc *harness.Paperclip, id string) ([]pcLogLine, error) {
-	var out []pcLogLine
-	offset := 0
-	for {
-		var page struct {
-			Content    string `json:"content"`
-			NextOffset *int   `json:"nextOffset"`
-		}
-		if err := pc.Do(ctx, http.MethodGet, fmt.Sprintf("/api/heartbeat-runs/%s/log?offset=%d&limitBytes=1048576", url.PathEscape(id), offset), nil, &page); err != nil {
-			return out, err
-		}
-		sc := bufio.NewScanner(strings.NewReader(page.Content))
-		sc.Buffer(make([]byte, 0, 64<<10), 8<<20)
-		for sc.Scan() {
-			var l pcLogLine
-			if json.Unmarshal(sc.Bytes(), &l) == nil {
-				out = append(out, l)
-			}
-		}
-		if page.NextOffset == nil || *page.NextOffset <= offset {
-			return out, nil
-		}
-		offset = *page.NextOffset
-	}
-}
-
 // runLogText is the run's log, for a failure message.
 func runLogText(ctx context.Context, pc *harness.Paperclip, id string) string {
-	lines, err := runLog(ctx, pc, id)
+	lines, err := pc.RunLog(ctx, id)
 	var b strings.Builder
 	fmt.Fprintf(&b, "Paperclip's log of run %s (%d records, err %v):\n", id, len(lines), err)
 	for _, l := range lines {
@@ -570,7 +476,7 @@ func runFirstAgent(ctx context.Context, t *testing.T, pc *harness.Paperclip, com
 	if done.Status != "succeeded" {
 		t.Fatalf("run %s: %+v\n%s\n%s", run.ID, done, runLogText(ctx, pc, run.ID), runJobs(run.ID))
 	}
-	lines, err := runLog(ctx, pc, run.ID)
+	lines, err := pc.RunLog(ctx, run.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -660,7 +566,7 @@ func TestPaperclipRunsOfOneAgentAtOnce(t *testing.T) {
 	if costOf(refused) != 0 {
 		t.Errorf("the refused run was billed %v: another run's cost", refused.UsageJSON)
 	}
-	lines, _ := runLog(ctx, pc, second.ID)
+	lines, _ := pc.RunLog(ctx, second.ID)
 	if got := agentTexts(stdoutLines(lines)); len(got) != 0 {
 		t.Errorf("the refused run's log holds agent output %q: another run's", got)
 	}
@@ -672,7 +578,7 @@ func TestPaperclipRunsOfOneAgentAtOnce(t *testing.T) {
 	var retry pcRun
 	err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
 		for _, r := range agentRuns(ctx, t, pc, company.ID, agent.ID) {
-			if r.RetryOf == second.ID && r.terminal() {
+			if r.RetryOf == second.ID && r.Ended() {
 				retry = r
 				return true, nil
 			}
@@ -734,7 +640,7 @@ func TestPaperclipRunEnvHoldsNoServerPaths(t *testing.T) {
 		t.Fatalf("no probe line in the run's log\n%s", runLogText(ctx, pc, run.ID))
 	}
 	names := probe.Env
-	lines, _ := runLog(ctx, pc, run.ID)
+	lines, _ := pc.RunLog(ctx, run.ID)
 	for _, k := range []string{"TMPDIR", "TMP", "TEMP", "PAPERCLIP_RUN_SCRATCH_DIR", "GH_CONFIG_DIR", "MY_LOCAL_URL", "PAPERCLIP_RUNTIME_TOOLS_MCP_URL"} {
 		if slices.Contains(names, k) {
 			t.Errorf("%s reached the pod (its env: %v)", k, names)
@@ -845,7 +751,7 @@ func workAnIssue(ctx context.Context, t *testing.T, pc *harness.Paperclip, compa
 	if done.Status != "succeeded" || costOf(done) != 0.0123 {
 		t.Fatalf("the OpenCode run: %+v\n%s\n%s", done, runLogText(ctx, pc, run.ID), runJobs(run.ID))
 	}
-	lines, _ := runLog(ctx, pc, run.ID)
+	lines, _ := pc.RunLog(ctx, run.ID)
 	var texts []string
 	for _, l := range stdoutLines(lines) {
 		var ev struct {
