@@ -319,6 +319,71 @@ func TestPaperclipAgentReadsItsInstructionsBundle(t *testing.T) {
 	}
 }
 
+// TestPaperclipAgentReadsItsCompanySkill: a skill made in the company's
+// library through the real server and enabled for a claude_k8s agent is
+// shown configured on the agent's skills (the adapter's syncSkills and
+// listSkills), and its run reads the skill's SKILL.md at the path the
+// prompt names, in the company's skills directory the pod mounts
+// read-only. Paperclip's operational skill, enabled for every agent of a
+// legacy adapter and bundled in the server's own install, which the pod
+// does not see, is a warning in the run's log, and the run succeeds.
+func TestPaperclipAgentReadsItsCompanySkill(t *testing.T) {
+	t.Parallel() // a company of its own on the shared server
+	pc := thePaperclip(t)
+	ctx, company := paperclipOnTheRealNode(t, pc, 10*time.Minute, "Skills Co")
+	const markdown = "---\nname: e2e-notes\ndescription: Notes for the release.\n---\n# Notes\nDeploy on Tuesdays only.\n"
+	var skill struct{ Key string }
+	if err := pc.Do(ctx, http.MethodPost, "/api/companies/"+company.ID+"/skills",
+		map[string]any{"name": "e2e-notes", "slug": "e2e-notes", "markdown": markdown}, &skill); err != nil {
+		t.Fatal(err)
+	}
+	if want := "company/" + company.ID + "/e2e-notes"; skill.Key != want {
+		t.Fatalf("the skill's key is %q, want %q", skill.Key, want)
+	}
+	agent := newAgent(ctx, t, pc, company.ID, "Skilled", "claude_k8s", map[string]any{"promptTemplate": "lines=1 probe=1 skill=" + skill.Key}, nil)
+	type snapshot struct {
+		Entries []struct {
+			Key, State string
+			Desired    bool
+		}
+	}
+	var synced snapshot
+	if err := pc.Do(ctx, http.MethodPost, "/api/agents/"+agent.ID+"/skills/sync",
+		map[string]any{"mode": "add", "desiredSkills": []string{skill.Key}}, &synced); err != nil {
+		t.Fatal(err)
+	}
+	var listed snapshot
+	if err := pc.Do(ctx, http.MethodGet, "/api/agents/"+agent.ID+"/skills", nil, &listed); err != nil {
+		t.Fatal(err)
+	}
+	for what, snap := range map[string]snapshot{"sync": synced, "list": listed} {
+		state := map[string]string{}
+		for _, e := range snap.Entries {
+			if e.Desired {
+				state[e.Key] = e.State
+			}
+		}
+		if state[skill.Key] != "configured" || state[operationalSkill] != "missing" {
+			t.Errorf("the agent's skills (%s) are %v, want %s configured and %s missing (the pod does not see the server's install)", what, state, skill.Key, operationalSkill)
+		}
+	}
+	run := wake(ctx, t, pc, agent.ID, "e2e: skills")
+	if r := waitRunEnds(ctx, t, pc, run.ID); r.Status != "succeeded" {
+		t.Fatalf("run %+v\n%s", r, runLogText(ctx, pc, run.ID))
+	}
+	_, probe := runMounts(ctx, t, pc, run.ID)
+	if probe.Read != markdown || probe.ReadError != "" {
+		t.Errorf("the agent read its skill's SKILL.md as %q (error %q), want %q\n%s", probe.Read, probe.ReadError, markdown, runLogText(ctx, pc, run.ID))
+	}
+	if log := runLogText(ctx, pc, run.ID); !strings.Contains(log, `[clipjob] Warning: skill "`+operationalSkill+`" is enabled for this agent but its files are unavailable in the run's pod`) {
+		t.Errorf("no warning in the run's log of the operational skill the pod cannot read\n%s", log)
+	}
+}
+
+// operationalSkill is Paperclip's skill for calling its API, enabled for
+// every agent of a legacy adapter and bundled in the server's install.
+const operationalSkill = "paperclipai/paperclip/paperclip"
+
 // ownInstructionsDir is where Paperclip keeps agent's managed
 // instructions, as pods and the server see it.
 func ownInstructionsDir(company, agent string) string {

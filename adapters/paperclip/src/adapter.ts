@@ -9,7 +9,7 @@ import { getAdapterSessionManagement } from "@paperclipai/adapter-utils/session-
 
 import { testClipjobEnvironment } from "./checks.js";
 import type { AdapterDefinition } from "./definitions.js";
-import type { AdapterDeps } from "./deps.js";
+import { runHome, type AdapterDeps } from "./deps.js";
 import { builtinModels } from "./models.js";
 import { cancelledBeforeStart, cancelRun } from "./run/cancel.js";
 import { follow } from "./run/follow.js";
@@ -17,6 +17,7 @@ import { reattach } from "./run/reattach.js";
 import { Run } from "./run/run.js";
 import { runClients, runSettings } from "./run/settings.js";
 import { submit } from "./run/submit.js";
+import { skillSnapshot } from "./skills.js";
 
 export { REQUIRED_ACCESS, testClipjobEnvironment } from "./checks.js";
 export { CLAUDE_ADAPTER, OPENCODE_ADAPTER, type AdapterDefinition } from "./definitions.js";
@@ -84,6 +85,7 @@ Agent fields:
 - maxTurnsPerRun (number): passed as paperclip.io/max-turns (0: none)
 - promptTemplate, bootstrapPromptTemplate (string): Paperclip's prompt templates
 - instructionsFilePath (string): the entry file of Paperclip's managed instructions bundle (or a file of your own), read on the server and prepended to the prompt (only under the server's CLIPJOB_INSTRUCTIONS_ROOTS); the pod mounts the bundle's directory read-only when Paperclip's home is on the shared volume
+- skills: the company's skills enabled for the agent (Paperclip's skills page) whose files are in the company's skills directory, which the pod mounts read-only; the prompt names each one's SKILL.md there. An enabled skill the pod cannot read (one bundled in the server's install, a local path elsewhere) is a warning in the run's log
 - cwd (string): working directory when the workspace names none (must be under /paperclip)
 - env (object): extra env vars, delivered in the run's env Secret
 - timeoutSec (number): the Job's activeDeadlineSeconds (0: the profile's)
@@ -116,6 +118,12 @@ export function createClipjobAdapter(def: AdapterDefinition, deps: AdapterDeps =
     // in the pod at the same path, so the files beside it resolve there.
     supportsInstructionsBundle: true,
     instructionsPathKey: "instructionsFilePath",
+    // The company's skills whose files are in its skills directory, which
+    // the pod mounts read-only at the same path: each run's prompt names
+    // the enabled ones' SKILL.md there (skills.ts). Paperclip keeps the
+    // agent's choice in its config; syncing has nothing to write.
+    listSkills: (ctx) => skillSnapshot(def.type, ctx, runHome(deps)),
+    syncSkills: (ctx) => skillSnapshot(def.type, ctx, runHome(deps)),
     ...(def.models ? { models: def.models } : {}),
     ...(def.models && def.builtinPackage ? { listModels: () => builtinModels(def.builtinPackage!, def.models!) } : {}),
     agentConfigurationDoc: agentConfigurationDoc(def),

@@ -6,6 +6,8 @@ import type { ClipjobSettings } from "./config.js";
 import { kubeApi, loadKubeConfig, type KubeApi } from "./kube.js";
 import { paperclipRuns, type PaperclipRuns } from "./paperclip.js";
 import { RelayClient, type FollowOptions } from "./relay.js";
+import { SHARED_VOLUME_PATH } from "./contract.js";
+import { serverHome, type RunHome } from "./rundirs.js";
 
 /** Seams for tests: the cluster, the relay, and the follower's timings. */
 export interface AdapterDeps {
@@ -19,6 +21,8 @@ export interface AdapterDeps {
   env?: NodeJS.ProcessEnv;
   /** Paperclip's API, as the run (whether a run is still live there). */
   paperclip?: (settings: ClipjobSettings, token: string | undefined) => PaperclipRuns;
+  /** Where the server's home and the shared volume are: the test's, else PAPERCLIP_HOME and /paperclip. */
+  runHome?: RunHome;
 }
 
 const defaultKube = (s: ClipjobSettings): KubeApi => kubeApi(loadKubeConfig(s.kubeconfig));
@@ -38,4 +42,9 @@ export function relayClient(settings: ClipjobSettings, deps: AdapterDeps): Relay
 /** Paperclip's API as the run whose token is token: the test's, else the server's own (PAPERCLIP_API_URL). */
 export function paperclipClient(settings: ClipjobSettings, token: string | undefined, deps: AdapterDeps): PaperclipRuns {
   return deps.paperclip ? deps.paperclip(settings, token) : paperclipRuns(settings.serverApiUrl, token);
+}
+
+/** Where the server's home and the volume pods share are. */
+export function runHome(deps: AdapterDeps): RunHome {
+  return deps.runHome ?? { ...serverHome(), sharedVolume: SHARED_VOLUME_PATH };
 }

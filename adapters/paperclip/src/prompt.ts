@@ -193,6 +193,8 @@ export async function buildPrompt(
   settings: Pick<ClipjobSettings, "instructionsFilePath" | "instructionsRoots" | "promptTemplate" | "bootstrapPromptTemplate">,
   resumed: boolean,
   read: (path: string) => Promise<string> = (p) => readInstructionsFile(p, rootsFor(settings.instructionsRoots, ctx.agent)),
+  /** What the prompt says of the agent's skills (skills.ts's skillsPrompt). */
+  skills = "",
 ): Promise<BuiltPrompt> {
   const { agent, runId, context } = ctx;
   const notes: string[] = [];
@@ -231,14 +233,18 @@ export async function buildPrompt(
       ? ""
       : renderTemplate(settings.promptTemplate || DEFAULT_PAPERCLIP_AGENT_PROMPT_TEMPLATE, templateData);
   const handoff = text(context.paperclipSessionHandoffMarkdown);
-  const prefix = resumeDelta ? "" : instructions;
+  // The skills go with the instructions, as Paperclip's Claude adapter
+  // appends its skill manifest to them: a session that is resumed with only
+  // the wake had both in its first prompt.
+  const prefix = resumeDelta ? "" : joinPromptSections([instructions, skills.trim()]);
   const prompt = joinPromptSections([prefix, bootstrap, wake, handoff, heartbeat]);
   return {
     prompt,
     notes,
     metrics: {
       promptChars: prompt.length,
-      instructionsChars: prefix.length,
+      instructionsChars: resumeDelta ? 0 : instructions.length,
+      skillsChars: resumeDelta ? 0 : skills.trim().length,
       bootstrapPromptChars: bootstrap.length,
       wakePromptChars: wake.length,
       sessionHandoffChars: handoff.length,

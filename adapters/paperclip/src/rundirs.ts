@@ -45,9 +45,23 @@ export function runDirs(i: RunDirsInput): string[] {
  * shared volume (clipjob then mounts only these), else undefined.
  */
 export function mountedRunDirs(agentId: string, companyId: string, home = serverHome(), sharedVolume = SHARED_VOLUME_PATH): string[] | undefined {
-  const onVolume = home.paperclipHome === sharedVolume || home.paperclipHome.startsWith(`${sharedVolume}/`);
-  if (!onVolume || !companyId) return undefined;
+  if (!onVolume(home.paperclipHome, sharedVolume) || !companyId) return undefined;
   return runDirs({ ...home, agentId, companyId });
+}
+
+/**
+ * The company's skills directory as a run's pod mounts it (read-only, at
+ * the path the server sees it), when the server's home is on the shared
+ * volume and the company id names one directory; else undefined.
+ */
+export function mountedSkillsDir(companyId: string, home = serverHome(), sharedVolume = SHARED_VOLUME_PATH): string | undefined {
+  if (!SEGMENT.test(companyId) || companyId === "." || companyId === "..") return undefined;
+  if (!onVolume(home.paperclipHome, sharedVolume)) return undefined;
+  return posix.join(home.paperclipHome, "instances", home.instance, "skills", companyId);
+}
+
+function onVolume(paperclipHome: string, sharedVolume: string): boolean {
+  return paperclipHome === sharedVolume || paperclipHome.startsWith(`${sharedVolume}/`);
 }
 
 /** The server's own home and instance, as Paperclip resolves them. */
@@ -56,6 +70,13 @@ export function serverHome(env: NodeJS.ProcessEnv = process.env): { paperclipHom
     paperclipHome: env.PAPERCLIP_HOME?.trim() || posix.join(homedir(), ".paperclip"),
     instance: env.PAPERCLIP_INSTANCE_ID?.trim() || "default",
   };
+}
+
+/** Where the server's home is, and the volume the pods share (mounted at the same path in pods). */
+export interface RunHome {
+  paperclipHome: string;
+  instance: string;
+  sharedVolume: string;
 }
 
 /** A run directory (or a directory above it) that is not a plain directory. */

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, beforeEach, describe, it } from "node:test";
@@ -149,6 +149,37 @@ describe("execute", () => {
     assert.equal(rec.meta[0].adapterType, "claude_k8s");
     assert.equal(rec.meta[0].prompt, "Fix the failing test.");
     assert.ok(rec.stderr.every((l) => l.startsWith("[clipjob] ")), "the adapter's notices are on stderr");
+  });
+
+  it("names the agent's enabled company skills in the prompt, and warns of one the pod cannot read without failing the run", async () => {
+    const volume = join(mkdtempSync(join(tmpdir(), "skills-volume-")), "paperclip");
+    const skills = join(volume, "instances", "default", "skills", "company-1");
+    const deploy = join(skills, "__runtime__", "deploy--1a2b");
+    mkdirSync(deploy, { recursive: true });
+    writeFileSync(join(deploy, "SKILL.md"), "---\nname: deploy\ndescription: Ship a release.\n---\n");
+    const bundled = mkdtempSync(join(tmpdir(), "server-skills-"));
+    writeFileSync(join(bundled, "SKILL.md"), "---\nname: paperclip\n---\n");
+    kube.afterCreateJob = runsTo(claudeLines, claudeEnd);
+    const rec = newCtx({}, {
+      paperclipRuntimeSkills: [
+        { key: "paperclipai/paperclip/paperclip", runtimeName: "paperclip", source: bundled },
+        { key: "company/company-1/deploy", runtimeName: "deploy--1a2b", source: deploy },
+      ],
+      paperclipSkillSync: { desiredSkills: ["company/company-1/deploy"] },
+    });
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, { ...deps(), runHome: { paperclipHome: volume, instance: "default", sharedVolume: volume } });
+
+    assert.equal(result.errorCode, null, "a skill the pod cannot read fails no run");
+    assert.equal(result.exitCode, 0);
+    const prompt = [...kube.jobs.values()][0].spec?.template.metadata?.annotations?.["paperclip.io/prompt"] ?? "";
+    assert.ok(prompt.includes(`- deploy--1a2b (company/company-1/deploy): ${join(deploy, "SKILL.md")} — Ship a release.`), prompt);
+    assert.match(prompt, /- paperclipai\/paperclip\/paperclip — enabled but unavailable/);
+    assert.ok(prompt.endsWith("Fix the failing test."), "the skills come before the heartbeat prompt, with the instructions");
+    assert.ok(!prompt.includes(bundled), "the server's own paths stay out of the prompt");
+    const warning = rec.stderr.find((l) => l.includes("Warning: skill"));
+    assert.ok(warning?.startsWith(`[clipjob] Warning: skill "paperclipai/paperclip/paperclip" is enabled for this agent but its files are unavailable in the run's pod`), rec.stderr.join(""));
+    assert.ok(warning?.includes(bundled), "the run's log names where the skill's files are");
+    assert.equal(rec.meta[0].promptMetrics?.skillsChars, prompt.length - "Fix the failing test.".length - 2);
   });
 
   it("another container's lines go to stderr, named; stdout stays the agent's output", async () => {

@@ -21,6 +21,9 @@
 //	read     a file to read (the probe line says what it held): relative
 //	         to the directory the prompt says to resolve the agent's
 //	         instructions' references from, as an agent would
+//	skill    a company skill's key: read the SKILL.md the prompt names for
+//	         it (the probe line says what it held), as an agent told of
+//	         its skills would; instead of read
 //	connect  host:port,host:port: try each, 3 s apiece, and print a line
 //	         saying which connected (egress policy tests)
 //	wait     seconds to wait first, as a real agent does before its first
@@ -66,7 +69,8 @@ type script struct {
 	lines, burst, bigLines, bigSize, exit, pad int
 	rate                                       float64
 	probe, result, failOnce                    bool
-	write, read, leak, connect, attack, until  string
+	write, read, skill, leak, connect, attack  string
+	until                                      string
 	sleep, wait                                time.Duration
 }
 
@@ -105,6 +109,8 @@ func parseScript(prompt string) (script, error) {
 			s.attack = v
 		case "read":
 			s.read = v
+		case "skill":
+			s.skill = v
 		case "leak":
 			s.leak = v
 		case "connect":
@@ -210,6 +216,9 @@ func main() {
 	if s.probe {
 		p := probe(s.write)
 		p.Read, p.ReadError = readRelative(s.read, string(prompt))
+		if s.skill != "" {
+			p.Read, p.ReadError = readSkill(s.skill, string(prompt))
+		}
 		emit(map[string]any{"type": "system", "subtype": "fake_agent_probe", "probe": p})
 	}
 	if s.attack != "" {

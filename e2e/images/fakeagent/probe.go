@@ -153,6 +153,17 @@ func errString(err error) string {
 // the agent's instructions' references resolve from.
 var instructionsDir = regexp.MustCompile(`Resolve any relative file references from (\S+?)\.(\s|$)`)
 
+// readSkill reads the SKILL.md the prompt names for the skill of key, on
+// the line clipjob's adapter gives each of the agent's skills:
+// "- <runtime name> (<key>): <path>/SKILL.md — <description>".
+func readSkill(key, prompt string) (content, errText string) {
+	m := regexp.MustCompile(`(?m)^- \S+ \(` + regexp.QuoteMeta(key) + `\): (/\S+/SKILL\.md)`).FindStringSubmatch(prompt)
+	if m == nil {
+		return "", "the prompt names no SKILL.md for skill " + key
+	}
+	return readRelative(m[1], prompt)
+}
+
 // readRelative reads name, relative to the instructions' directory the
 // prompt names when it is not absolute.
 func readRelative(name, prompt string) (content, errText string) {

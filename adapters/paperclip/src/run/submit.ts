@@ -10,12 +10,13 @@ import type { AdapterExecutionResult } from "@paperclipai/adapter-utils";
 import type { V1Job } from "@kubernetes/client-node";
 
 import { ANNOTATION_PROFILE, ANNOTATION_QUEUE_HOLDER, ANNOTATION_QUEUE_POSITION, ANNOTATION_QUEUED, ANNOTATION_WORKING_DIR, LABEL_AGENT_ID, LABEL_RUN_ID } from "../contract.js";
-import { paperclipClient } from "../deps.js";
+import { paperclipClient, runHome } from "../deps.js";
 import { classifyCreateError, createFailureResult, ErrorCodes, failureResult, isNotFound, readKubeError, secretFailureResult } from "../errors.js";
 import { buildRunObjects, isLabelValue, renameRunSecret, retryJobName, RunIdentityError, type RunObjects } from "../job.js";
 import { ENDED_RUN_STATUSES } from "../paperclip.js";
 import { ensureRunDirs, mountedRunDirs, RunDirsError } from "../rundirs.js";
 import { buildPrompt, buildRunEnv, sessionToResume, taskIdOf, type BuiltPrompt } from "../prompt.js";
+import { planSkills, skillsPrompt, skillWarnings } from "../skills.js";
 import { serverStopping, watchServerStop } from "../shutdown.js";
 import { cancelledBeforeStart, waitGone } from "./cancel.js";
 import { ownershipOf } from "./ownership.js";
@@ -56,7 +57,8 @@ export async function submit(run: Run): Promise<RunEnds | { existing: FollowTarg
     return { result: cancelledBeforeStart(`before its Job was created: the Paperclip server is stopping (${stopping})`) };
   }
   try {
-    for (const n of await ensureRunDirs({ agentId: run.agentId, companyId: run.ctx.agent.companyId ?? "" })) await run.notice(n);
+    const home = runHome(run.deps);
+    for (const n of await ensureRunDirs({ agentId: run.agentId, companyId: run.ctx.agent.companyId ?? "" }, home, home.sharedVolume)) await run.notice(n);
   } catch (err) {
     if (!(err instanceof RunDirsError)) throw err;
     await run.dropSecrets();
@@ -81,9 +83,14 @@ async function prepare(run: Run): Promise<Submission | RunEnds> {
     await run.notice(`session ${JSON.stringify(resumeSession)} cannot be a label value, so it is not resumed: the agent starts a new session`);
     resumeSession = "";
   }
-  const prompt = await buildPrompt(ctx, settings, resumeSession !== "");
+  const home = runHome(run.deps);
+  // The company's skills the pod can read, named in the prompt; an enabled
+  // one it cannot read is a warning, never a failed run (skills.ts).
+  const skills = await planSkills(ctx.config ?? {}, ctx.agent.companyId ?? "", home);
+  for (const w of skillWarnings(skills)) await run.notice(w);
+  const prompt = await buildPrompt(ctx, settings, resumeSession !== "", undefined, skillsPrompt(skills));
   for (const n of prompt.notes) await run.notice(n);
-  const runEnv = buildRunEnv(ctx, settings, mountedRunDirs(agentId, ctx.agent.companyId ?? ""));
+  const runEnv = buildRunEnv(ctx, settings, mountedRunDirs(agentId, ctx.agent.companyId ?? "", home, home.sharedVolume));
   for (const n of runEnv.notes) await run.notice(n);
   let objects: RunObjects;
   try {
