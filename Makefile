@@ -17,7 +17,7 @@ BENCH_RUNS   ?= 200,500
 BENCH_FLEET_RUNS ?= 1000
 BENCH_COUNT  ?= 3
 
-.PHONY: all build image image-docker paperclip-image test adapter unit integration realnode e2e e2e-kind controlplane demo bench kube-binaries node-packages postgres-packages chromium paperclip fuzz golden dashboard-screenshots chart-docs lint fmt vet clean
+.PHONY: all build image image-docker paperclip-image test adapter unit integration realnode e2e e2e-kind controlplane demo soak bench kube-binaries node-packages postgres-packages chromium paperclip fuzz golden dashboard-screenshots chart-docs lint fmt vet clean
 
 # The image the chart runs, tagged with the chart's appVersion.
 IMAGE     ?= ghcr.io/paperclipai/clipjob:$(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/clipjob/Chart.yaml)
@@ -78,6 +78,9 @@ controlplane: kube-binaries ## Start a control plane and keep it running, for `C
 
 e2e-kind: ## The in-cluster e2e tests on a kind cluster built here (Docker engine, kind and node image from Debian's packages and the module proxy; not with make test at once)
 	bash hack/e2e-kind.sh
+
+soak: kube-binaries node-packages paperclip ## Chaos, measured: many agent runs through Paperclip in the cluster while clipjob's and Paperclip's pods are killed at random (SOAK_FLAGS; docs/benchmarks.md); outside make test
+	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/soak $(SOAK_FLAGS)
 
 bench: kube-binaries chromium ## Go benchmarks of the hot paths, the runs page with a 100k-line log in Chromium, then admission and the relay at fleet scale (docs/benchmarks.md)
 	$(GOTEST) -run XXX -bench . -benchmem -count $(BENCH_COUNT) ./templates/ ./compile/ ./policy/ ./webhook/ ./relay/...

@@ -33,7 +33,7 @@ func paperclipJourney(ctx context.Context, c *cluster.Cluster, keep bool) error 
 	step("Deploying Paperclip and clipjob into the cluster. The first run builds Paperclip's image\n" +
 		"    (Node.js 24, the paperclipai package, clipjob's adapter, a fake agent CLI): a few minutes.")
 	start := time.Now()
-	d, err := harness.DeployPaperclip(ctx, c, demoNamespace, demoRelease, func(what string) {
+	d, err := harness.DeployPaperclip(ctx, c, demoNamespace, demoRelease, nil, func(what string) {
 		fmt.Printf("    %5.1fs  %s\n", time.Since(start).Seconds(), what)
 	})
 	if err != nil {

@@ -140,3 +140,37 @@ func (p *Paperclip) RunLog(ctx context.Context, id string) ([]PaperclipLogLine, 
 		offset = *page.NextOffset
 	}
 }
+
+// StdoutLines are the lines of a run's log records on stdout: the agent
+// CLI's own output.
+func StdoutLines(records []PaperclipLogLine) []string {
+	var out []string
+	for _, l := range records {
+		if l.Stream == "stdout" {
+			out = append(out, strings.Split(strings.TrimRight(l.Chunk, "\n"), "\n")...)
+		}
+	}
+	return out
+}
+
+// AgentTexts are the assistant's texts in a run's log records, in order:
+// what a Claude stream-json agent (the fake agent: "line 1", "line 2", …)
+// said.
+func AgentTexts(records []PaperclipLogLine) []string {
+	var out []string
+	for _, l := range StdoutLines(records) {
+		var ev struct {
+			Type    string
+			Message struct{ Content []struct{ Type, Text string } }
+		}
+		if json.Unmarshal([]byte(l), &ev) != nil || ev.Type != "assistant" {
+			continue
+		}
+		for _, c := range ev.Message.Content {
+			if c.Type == "text" {
+				out = append(out, c.Text)
+			}
+		}
+	}
+	return out
+}

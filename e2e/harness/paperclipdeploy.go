@@ -54,8 +54,10 @@ type PaperclipInCluster struct {
 	Pod    string
 	Server *Paperclip
 
-	cs   kubernetes.Interface
-	undo []func(context.Context) // newest last
+	c           *cluster.Cluster
+	cs          kubernetes.Interface
+	stopForward func()
+	undo        []func(context.Context) // newest last
 }
 
 // PaperclipDeployment is the name of the server's Deployment, and its
@@ -67,14 +69,18 @@ const PaperclipDeployment = "paperclip"
 var paperclipServerLabels = map[string]string{"app": "paperclip-server"}
 
 // DeployPaperclip starts Paperclip and clipjob in namespace ns of c's real
-// node, clipjob as release rel, and returns once the server answers
+// node, clipjob as release rel with the chart's values (nil:
+// PaperclipInClusterValues(ns)), and returns once the server answers
 // healthy and the release admits agent Jobs there. step, when set, hears
 // each step as it is done. On an error what was made is undone.
-func DeployPaperclip(ctx context.Context, c *cluster.Cluster, ns string, rel charts.Release, step func(string)) (_ *PaperclipInCluster, err error) {
+func DeployPaperclip(ctx context.Context, c *cluster.Cluster, ns string, rel charts.Release, values map[string]any, step func(string)) (_ *PaperclipInCluster, err error) {
 	if step == nil {
 		step = func(string) {}
 	}
-	p := &PaperclipInCluster{Namespace: ns, Release: rel, Claim: "paperclip-home", cs: c.Clientset()}
+	if values == nil {
+		values = PaperclipInClusterValues(ns)
+	}
+	p := &PaperclipInCluster{Namespace: ns, Release: rel, Claim: "paperclip-home", c: c, cs: c.Clientset()}
 	defer func() {
 		if err != nil {
 			p.Close()
@@ -106,7 +112,7 @@ func DeployPaperclip(ctx context.Context, c *cluster.Cluster, ns string, rel cha
 		}
 		p.onClose(func(ctx context.Context) { _ = cs.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}) })
 	}
-	undo, err := InstallRelease(ctx, c, rel, PaperclipInClusterValues(ns), ns)
+	undo, err := InstallRelease(ctx, c, rel, values, ns)
 	if err != nil {
 		return nil, err
 	}
@@ -197,21 +203,37 @@ func DeployPaperclip(ctx context.Context, c *cluster.Cluster, ns string, rel cha
 		return nil, err
 	}
 	step("clipjob admits agent Jobs in " + ns + ", completing them from the Deployment " + ns + "/" + PaperclipDeployment)
-	if p.Pod, err = p.waitPod(ctx); err != nil {
+	p.Server = &Paperclip{}
+	p.onClose(func(context.Context) {
+		if p.stopForward != nil {
+			p.stopForward()
+		}
+	})
+	if err := p.Reconnect(ctx); err != nil {
 		return nil, err
 	}
-	step("Paperclip's pod " + p.Pod + " is ready (its home on the claim " + p.Claim + ")")
-	addr, stop, err := PortForward(ctx, c, ns, p.Pod, 3100)
-	if err != nil {
-		return nil, err
-	}
-	p.onClose(func(context.Context) { stop() })
-	p.Server = &Paperclip{URL: "http://" + addr}
-	if err := p.waitHealthy(ctx); err != nil {
-		return nil, err
-	}
-	step("Paperclip answers at " + p.Server.URL + " (a port-forward to its pod)")
+	step("Paperclip's pod " + p.Pod + " answers at " + p.Server.URL + " (a port-forward to it; its home on the claim " + p.Claim + ")")
 	return p, nil
+}
+
+// Reconnect waits for the server's ready pod (a new one, after the last
+// was replaced) and forwards a new local port to it: Server.URL changes.
+// Not safe beside calls through Server.
+func (p *PaperclipInCluster) Reconnect(ctx context.Context) (err error) {
+	if p.stopForward != nil {
+		p.stopForward()
+		p.stopForward = nil
+	}
+	if p.Pod, err = p.waitPod(ctx); err != nil {
+		return err
+	}
+	addr, stop, err := PortForward(ctx, p.c, p.Namespace, p.Pod, 3100)
+	if err != nil {
+		return err
+	}
+	p.stopForward = stop
+	p.Server.URL = "http://" + addr
+	return p.waitHealthy(ctx)
 }
 
 func (p *PaperclipInCluster) onClose(f func(context.Context)) { p.undo = append(p.undo, f) }

@@ -52,7 +52,7 @@ func fakeAgentEvent(ctx context.Context, pc *harness.Paperclip, run, subtype, ke
 // in run's log (its field key) to each, in order, while each says go on.
 func fakeAgentEvents(ctx context.Context, pc *harness.Paperclip, run, subtype, key string, each func(json.RawMessage) bool) {
 	lines, _ := pc.RunLog(ctx, run)
-	for _, l := range stdoutLines(lines) {
+	for _, l := range harness.StdoutLines(lines) {
 		var ev map[string]json.RawMessage
 		if json.Unmarshal([]byte(l), &ev) != nil || string(ev["subtype"]) != `"`+subtype+`"` {
 			continue

@@ -388,37 +388,6 @@ func truncateText(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// stdoutLines are the agent's output lines in the run's log, in order.
-func stdoutLines(lines []pcLogLine) []string {
-	var out []string
-	for _, l := range lines {
-		if l.Stream == "stdout" {
-			out = append(out, strings.Split(strings.TrimRight(l.Chunk, "\n"), "\n")...)
-		}
-	}
-	return out
-}
-
-// agentTexts are the assistant texts among the agent's stream-json lines.
-func agentTexts(lines []string) []string {
-	var out []string
-	for _, l := range lines {
-		var ev struct {
-			Type    string
-			Message struct{ Content []struct{ Type, Text string } }
-		}
-		if json.Unmarshal([]byte(l), &ev) != nil || ev.Type != "assistant" {
-			continue
-		}
-		for _, c := range ev.Message.Content {
-			if c.Type == "text" {
-				out = append(out, c.Text)
-			}
-		}
-	}
-	return out
-}
-
 // realNodeProfiles is the config that puts the profiles the adapter's
 // types use on the real node: the shared install starts with it (the
 // fake agent's image runs there, not on kwok).
@@ -481,7 +450,7 @@ func runFirstAgent(ctx context.Context, t *testing.T, pc *harness.Paperclip, com
 		t.Fatal(err)
 	}
 	want := []string{"line 1", "line 2", "line 3", "line 4", "line 5", "line 6"}
-	if got := agentTexts(stdoutLines(lines)); !slices.Equal(got, want) {
+	if got := harness.AgentTexts(lines); !slices.Equal(got, want) {
 		t.Errorf("the agent's lines in Paperclip's run log: %q, want %q\n%s", got, want, runLogText(ctx, pc, run.ID))
 	}
 	if done.SessionAfter == "" || !strings.HasPrefix(done.SessionAfter, "fake-") {
@@ -567,7 +536,7 @@ func TestPaperclipRunsOfOneAgentAtOnce(t *testing.T) {
 		t.Errorf("the refused run was billed %v: another run's cost", refused.UsageJSON)
 	}
 	lines, _ := pc.RunLog(ctx, second.ID)
-	if got := agentTexts(stdoutLines(lines)); len(got) != 0 {
+	if got := harness.AgentTexts(lines); len(got) != 0 {
 		t.Errorf("the refused run's log holds agent output %q: another run's", got)
 	}
 	done := waitRunEnds(ctx, t, pc, first.ID)
@@ -753,7 +722,7 @@ func workAnIssue(ctx context.Context, t *testing.T, pc *harness.Paperclip, compa
 	}
 	lines, _ := pc.RunLog(ctx, run.ID)
 	var texts []string
-	for _, l := range stdoutLines(lines) {
+	for _, l := range harness.StdoutLines(lines) {
 		var ev struct {
 			Type string
 			Part struct{ Text string }

@@ -46,7 +46,7 @@ func TestPaperclipInTheCluster(t *testing.T) {
 	if err := suite.in.ExcludeNamespace(ctx, ns); err != nil {
 		t.Fatal(err)
 	}
-	d, err := harness.DeployPaperclip(ctx, suite.cluster, ns, charts.Release{Name: "clipjob-pc", Namespace: "clipjob-pc-system"}, step)
+	d, err := harness.DeployPaperclip(ctx, suite.cluster, ns, charts.Release{Name: "clipjob-pc", Namespace: "clipjob-pc-system"}, nil, step)
 	if err != nil {
 		t.Fatal(err)
 	}

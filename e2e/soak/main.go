@@ -1,0 +1,372 @@
+// Command soak is `make soak`: chaos, measured. On a local cluster with a
+// real node it deploys Paperclip and clipjob as `make demo` does (the
+// webhook with its two replicas), makes several claude_k8s agents and
+// runs them through Paperclip's API until it has made the runs asked
+// for, while it kills, at random moments and in shuffled rounds so each
+// is hit more than once, a webhook pod, the claim controller's leader,
+// the relay and the Paperclip server (each a pod deleted with no grace,
+// as a node's crash or an OOM kill would leave it).
+//
+// Then it judges what Paperclip recorded: every run ended, succeeded or
+// failed with a reason; a run's lines (the fake agent's "line 1" …
+// "line N") are in its run log once each, in order, all of them when it
+// succeeded and a gapless head when it did not; and no agent is left
+// blocked: each runs once more, with nothing killed, and succeeds. It
+// prints the figures and exits non-zero on any loss, repeat, run without
+// a reason or blocked agent.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/paperclipai/clipjob/charts"
+	"github.com/paperclipai/clipjob/e2e/cluster"
+	"github.com/paperclipai/clipjob/e2e/harness"
+)
+
+const namespace = "paperclip"
+
+var release = charts.Release{Name: "clipjob", Namespace: "clipjob-system"}
+
+type options struct {
+	runs, agents, lines, rate int
+	killEvery                 time.Duration
+	seed                      uint64
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.runs, "runs", 100, "runs to make, spread over the agents")
+	flag.IntVar(&o.agents, "agents", 4, "agents, each with one run at a time")
+	flag.IntVar(&o.lines, "lines", 20, "lines each run writes")
+	flag.IntVar(&o.rate, "rate", 4, "lines per second each run writes")
+	flag.DurationVar(&o.killEvery, "kill-every", 15*time.Second, "mean time between two kills")
+	flag.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "seed of the kills' order and moments")
+	flag.Parse()
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "soak:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o options) error {
+	if !cluster.WantRealNode() {
+		return fmt.Errorf("the soak runs agents in real containers: unset %s", cluster.NodeEnv)
+	}
+	c, err := cluster.Start(ctx, cluster.Options{Log: os.Stderr, RealNode: true})
+	if err != nil {
+		return err
+	}
+	defer c.Stop()
+	values := harness.PaperclipInClusterValues(namespace)
+	values["webhook"].(map[string]any)["replicas"] = 2 // the chart's default: admission goes on while one is killed
+	start := time.Now()
+	d, err := harness.DeployPaperclip(ctx, c, namespace, release, values, func(what string) {
+		fmt.Printf("%6.1fs %s\n", time.Since(start).Seconds(), what)
+	})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+
+	company, err := d.Server.NewCompany(ctx, "Soak Co")
+	if err != nil {
+		return err
+	}
+	script := fmt.Sprintf("lines=%d rate=%d", o.lines, o.rate)
+	var agents []string
+	for i := range o.agents {
+		a, err := d.Server.NewAgent(ctx, company.ID, map[string]any{"name": fmt.Sprintf("Agent %d", i+1), "adapterType": "claude_k8s",
+			"adapterConfig": map[string]any{"promptTemplate": script}})
+		if err != nil {
+			return err
+		}
+		agents = append(agents, a.ID)
+	}
+
+	k := &killer{cs: c.Clientset(), rng: rand.New(rand.NewPCG(o.seed, 0)), every: o.killEvery, kills: map[string]int{}}
+	killCtx, stopKilling := context.WithCancel(ctx)
+	var killing sync.WaitGroup
+	killing.Go(func() { k.run(killCtx) })
+	fmt.Printf("%6.1fs %d runs of %d agents (%s each), a kill every %s on average (seed %d)\n",
+		time.Since(start).Seconds(), o.runs, o.agents, script, o.killEvery, o.seed)
+	runs, errs := drive(ctx, d, agents, o.runs, func(format string, args ...any) {
+		fmt.Printf("%6.1fs "+format+"\n", append([]any{time.Since(start).Seconds()}, args...)...)
+	})
+	stopKilling()
+	killing.Wait()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+
+	// No agent left blocked: each runs once more, with nothing killed.
+	fmt.Printf("%6.1fs the kills stopped; each agent runs once more\n", time.Since(start).Seconds())
+	after, afterErrs := drive(ctx, d, agents, len(agents), func(string, ...any) {})
+	v := judge(ctx, d.Server, runs, o.lines)
+	blocked := 0
+	for _, r := range after {
+		if r.Status != "succeeded" {
+			blocked++
+			fmt.Printf("agent %s is blocked: its run after the kills %s: %s %s\n", r.AgentID, r.ID, r.Status, r.Error)
+		}
+	}
+	blocked += len(agents) - len(after)
+
+	fmt.Printf("\nsoak: %d runs (%d succeeded, %d failed with a reason, %d without), %d kills (%s), %d lines in Paperclip's run logs, %d lost, %d repeated, %d runs out of order, %d agents blocked; %d call errors to Paperclip during the kills, %d after; %s\n",
+		len(runs), v.succeeded, v.failedWithReason, v.failedWithout, k.total(), k.summary(), v.lines, v.lost, v.repeated, v.disordered, blocked,
+		len(errs), len(afterErrs), time.Since(start).Round(time.Second))
+	for _, p := range v.problems {
+		fmt.Println("  " + p)
+	}
+	if v.lost > 0 || v.repeated > 0 || v.disordered > 0 || v.failedWithout > 0 || blocked > 0 || len(runs) < o.runs {
+		return errors.New("the soak found losses, repeats, runs ended without a reason or blocked agents (above)")
+	}
+	return nil
+}
+
+// drive keeps one run going per agent until n runs were made, and
+// returns them as they ended, with the errors Paperclip's API answered
+// meanwhile. A call that fails finds the server's pod again (it may have
+// been replaced) before the next.
+func drive(ctx context.Context, d *harness.PaperclipInCluster, agents []string, n int, logf func(string, ...any)) ([]harness.PaperclipRun, []error) {
+	pc := d.Server
+	current := map[string]string{} // agent → its run going on
+	var ended []harness.PaperclipRun
+	var errs []error
+	made := 0
+	failed := func(err error) {
+		errs = append(errs, err)
+		logf("Paperclip: %v; finding its pod again", err)
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+		if err := d.Reconnect(rctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for ctx.Err() == nil && (made < n || len(current) > 0) {
+		for _, a := range agents {
+			if id := current[a]; id != "" {
+				r, err := pc.Run(ctx, id)
+				if err != nil {
+					failed(err)
+					continue
+				}
+				if r.Ended() {
+					delete(current, a)
+					ended = append(ended, r)
+					logf("run %d/%d %s of %s: %s %s", len(ended), n, r.ID, a, r.Status, r.Error)
+				}
+				continue
+			}
+			if made < n {
+				r, err := pc.Wake(ctx, a, "soak")
+				if err != nil {
+					failed(err)
+					continue
+				}
+				current[a] = r.ID
+				made++
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return ended, errs
+}
+
+// verdict is what Paperclip recorded of the runs.
+type verdict struct {
+	succeeded, failedWithReason, failedWithout int
+	lines, lost, repeated, disordered          int
+	problems                                   []string
+}
+
+// judge reads each run's log: a succeeded run must hold "line 1" … "line
+// n" once each, in order; any other a gapless head of them, and a reason.
+func judge(ctx context.Context, pc *harness.Paperclip, runs []harness.PaperclipRun, n int) verdict {
+	var v verdict
+	for _, r := range runs {
+		records, err := pc.RunLog(ctx, r.ID)
+		if err != nil {
+			v.problems = append(v.problems, fmt.Sprintf("run %s: its log: %v", r.ID, err))
+			continue
+		}
+		texts := harness.AgentTexts(records)
+		v.lines += len(texts)
+		want := n
+		if r.Status == "succeeded" {
+			v.succeeded++
+		} else {
+			want = -1 // what it wrote before it was cut short
+			if r.Error == "" && r.ErrorCode == "" {
+				v.failedWithout++
+				v.problems = append(v.problems, fmt.Sprintf("run %s ended %s with no reason", r.ID, r.Status))
+			} else {
+				v.failedWithReason++
+				v.problems = append(v.problems, fmt.Sprintf("run %s ended %s: %s %s (%d lines)", r.ID, r.Status, r.ErrorCode, r.Error, len(texts)))
+			}
+		}
+		lost, repeated, disordered := compareLines(texts, want)
+		v.lost += lost
+		v.repeated += repeated
+		if disordered {
+			v.disordered++
+		}
+		if lost > 0 || repeated > 0 || disordered {
+			v.problems = append(v.problems, fmt.Sprintf("run %s (%s): %d lines lost, %d repeated, out of order %v: %s", r.ID, r.Status, lost, repeated, disordered, strings.Join(texts, ", ")))
+		}
+	}
+	return v
+}
+
+// compareLines holds a run's texts to the fake agent's "line 1" …
+// "line n", each once and in order; n < 0 takes the highest line seen (a
+// run cut short must hold a gapless head). It counts the lines missing,
+// those beyond their first, and says whether the order is broken.
+func compareLines(texts []string, n int) (lost, repeated int, disordered bool) {
+	seen := map[int]int{}
+	last := 0
+	for _, t := range texts {
+		var i int
+		if _, err := fmt.Sscanf(t, "line %d", &i); err != nil || i <= 0 {
+			continue
+		}
+		if seen[i]++; seen[i] > 1 {
+			repeated++
+			continue
+		}
+		if i < last {
+			disordered = true
+		}
+		last = max(last, i)
+	}
+	if n < 0 {
+		n = last
+	}
+	for i := 1; i <= n; i++ {
+		if seen[i] == 0 {
+			lost++
+		}
+	}
+	return lost, repeated, disordered
+}
+
+// killer deletes, with no grace, one of clipjob's or Paperclip's pods at
+// random moments, in rounds of the targets shuffled.
+type killer struct {
+	cs    kubernetes.Interface
+	rng   *rand.Rand
+	every time.Duration
+
+	mu    sync.Mutex
+	kills map[string]int // by target
+}
+
+// The targets, by what each pod is.
+var targets = []string{"webhook", "claim controller", "relay", "Paperclip"}
+
+func (k *killer) run(ctx context.Context) {
+	for ctx.Err() == nil {
+		round := slices.Clone(targets)
+		k.rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
+		for _, t := range round {
+			wait := time.Duration(float64(k.every) * (0.5 + k.rng.Float64()))
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			ns, pod, err := k.pick(ctx, t)
+			if err != nil {
+				fmt.Printf("kill %s: %v\n", t, err)
+				continue
+			}
+			if err := k.cs.CoreV1().Pods(ns).Delete(ctx, pod, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+				fmt.Printf("kill %s %s/%s: %v\n", t, ns, pod, err)
+				continue
+			}
+			fmt.Printf("killed the %s: pod %s/%s\n", t, ns, pod)
+			k.mu.Lock()
+			k.kills[t]++
+			k.mu.Unlock()
+		}
+	}
+}
+
+// pick names a running pod of target: for the webhook either replica,
+// for the claim controller the replica holding its Lease.
+func (k *killer) pick(ctx context.Context, target string) (ns, pod string, err error) {
+	ns, selector := release.Namespace, ""
+	switch target {
+	case "webhook":
+		selector = "app.kubernetes.io/instance=" + release.Name + ",app.kubernetes.io/component=webhook"
+	case "relay":
+		selector = "app.kubernetes.io/instance=" + release.Name + ",app.kubernetes.io/component=relay"
+	case "Paperclip":
+		ns, selector = namespace, "app=paperclip-server"
+	case "claim controller":
+		var l *coordinationv1.Lease
+		l, err = k.cs.CoordinationV1().Leases(ns).Get(ctx, "clipjob-claim-controller", metav1.GetOptions{})
+		if err != nil {
+			return "", "", err
+		}
+		holder := ptr.Deref(l.Spec.HolderIdentity, "")
+		// controller-runtime's identity is the pod's name and a suffix.
+		name, _, _ := strings.Cut(holder, "_")
+		if name == "" {
+			return "", "", errors.New("the Lease has no holder")
+		}
+		return ns, name, nil
+	}
+	pods, err := k.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return "", "", err
+	}
+	var live []string
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil {
+			live = append(live, p.Name)
+		}
+	}
+	if len(live) == 0 {
+		return "", "", fmt.Errorf("no pod of %s (%s) in %s", target, selector, ns)
+	}
+	return ns, live[k.rng.IntN(len(live))], nil
+}
+
+func (k *killer) total() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	n := 0
+	for _, c := range k.kills {
+		n += c
+	}
+	return n
+}
+
+func (k *killer) summary() string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var parts []string
+	for _, t := range targets {
+		parts = append(parts, fmt.Sprintf("%s %d", t, k.kills[t]))
+	}
+	return strings.Join(parts, ", ")
+}
