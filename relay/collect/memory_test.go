@@ -21,10 +21,12 @@ import (
 // its goroutines, not the lines of its last batch, nor the room it took
 // for a long line. The relay follows hundreds of streams, most of them
 // quiet at any moment; this held 198 KB a stream (a 64 KiB read buffer,
-// the last batch's lines) when it was written.
+// the last batch's lines) when it was written. A quiet stream holds
+// 28-34 KB now, by the moment the collector runs (measured on a busy
+// machine): the bound is twice that, far below what it guards against.
 func TestQuietStreamsHoldLittleMemory(t *testing.T) {
 	const streams, lines = 100, 600
-	const perStream = 32 << 10
+	const perStream = 64 << 10
 	s, _ := storetest.Open(t)
 	srcs := make([]*fakeLog, streams)
 	for i := range srcs {
