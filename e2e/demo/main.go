@@ -30,6 +30,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -37,6 +38,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
@@ -48,6 +50,9 @@ func main() {
 	keep := flag.Bool("keep", false, "keep everything running until Ctrl-C")
 	bare := flag.Bool("bare", false, "the bare-Job contract alone: no Paperclip server, the webhooks and relay on this machine")
 	flag.Parse()
+	// The chart is applied with controller-runtime's client, whose logs
+	// are not this program's output.
+	ctrllog.SetLogger(logr.Discard())
 	if err := run(*keep, *bare); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)

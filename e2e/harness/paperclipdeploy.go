@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -199,7 +200,15 @@ func DeployPaperclip(ctx context.Context, c *cluster.Cluster, ns string, rel cha
 	if err != nil {
 		return nil, err
 	}
-	if err := WaitAdmitting(ctx, cs, probe.Jobs[0], ns); err != nil {
+	// The probe's warnings (the profile's env the image does not set) are
+	// the agents' to show, not the deployment's.
+	quiet := rest.CopyConfig(c.Config)
+	quiet.WarningHandler = rest.NoWarnings{}
+	quietCS, err := kubernetes.NewForConfig(quiet)
+	if err != nil {
+		return nil, err
+	}
+	if err := WaitAdmitting(ctx, quietCS, probe.Jobs[0], ns); err != nil {
 		return nil, err
 	}
 	step("clipjob admits agent Jobs in " + ns + ", completing them from the Deployment " + ns + "/" + PaperclipDeployment)

@@ -227,8 +227,18 @@ func TestRealAgentRunHoldsTheFloor(t *testing.T) {
 	// The agent writes in its workspace: kubelet made the directory (the
 	// server's home is not on this volume), and the agent can write it.
 	workspace := "instances/default/workspaces/agent-" + name
-	script := "probe=1 write=/paperclip/" + workspace + "/probe-" + name + " leak=ANTHROPIC_API_KEY lines=40 rate=100 burst=500 bigline=1"
-	suite.in.CreateJob(ctx, t, realJob(t, name, script))
+	// The agent writes its first line, then the rest once the relay has
+	// stored that one: its burst and its 1 MiB line rotate the log file,
+	// and a file rotated as the container exits is out of reach of every
+	// pods/log reader that was not following it yet (docs/security.md).
+	// On a busy machine the relay's first read came after that.
+	gate := workspace + "/gate-" + name
+	script := "gate=/paperclip/" + gate + " probe=1 write=/paperclip/" + workspace + "/probe-" + name + " leak=ANTHROPIC_API_KEY lines=40 rate=100 burst=500 bigline=1"
+	created := suite.in.CreateJob(ctx, t, realJob(t, name, script))
+	r.WaitRun(ctx, t, token, created.Labels[contract.LabelRunID], func(x *store.Run) bool { return x.LastSeq >= 1 })
+	if err := os.WriteFile(filepath.Join(suite.in.SharedDir(), gate), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	job := suite.in.WaitJobEnded(ctx, t, name, 3*time.Minute)
 	if job.Status.Succeeded != 1 {
 		t.Fatalf("Job %s: %+v", name, job.Status)

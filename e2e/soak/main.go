@@ -30,10 +30,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/paperclipai/clipjob/charts"
 	"github.com/paperclipai/clipjob/e2e/cluster"
@@ -59,6 +61,9 @@ func main() {
 	flag.DurationVar(&o.killEvery, "kill-every", 15*time.Second, "mean time between two kills")
 	flag.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "seed of the kills' order and moments")
 	flag.Parse()
+	// The chart is applied with controller-runtime's client, whose logs
+	// are not this program's output.
+	ctrllog.SetLogger(logr.Discard())
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 	if err := run(ctx, o); err != nil {

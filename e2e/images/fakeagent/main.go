@@ -26,6 +26,8 @@
 //	         its skills would; instead of read
 //	connect  host:port,host:port: try each, 3 s apiece, and print a line
 //	         saying which connected (egress policy tests)
+//	gate     a file: after its first line, wait (up to 5 minutes) until it
+//	         exists (a test lets the agent write once the relay follows it)
 //	wait     seconds to wait first, as a real agent does before its first
 //	         call out (a network policy controller sees the pod meanwhile)
 //	leak     an env variable to print, NAME=value, as a tool result: an
@@ -70,7 +72,7 @@ type script struct {
 	rate                                       float64
 	probe, result, failOnce                    bool
 	write, read, skill, leak, connect, attack  string
-	until                                      string
+	until, gate                                string
 	sleep, wait                                time.Duration
 }
 
@@ -117,6 +119,8 @@ func parseScript(prompt string) (script, error) {
 			s.connect = v
 		case "until":
 			s.until = v
+		case "gate":
+			s.gate = v
 		case "sleep", "wait":
 			var secs float64
 			secs, err = strconv.ParseFloat(v, 64)
@@ -212,6 +216,9 @@ func main() {
 	}
 
 	emit(f.init())
+	if s.gate != "" {
+		sleepUntil(5*time.Minute, s.gate)
+	}
 	time.Sleep(s.wait)
 	if s.probe {
 		p := probe(s.write)
