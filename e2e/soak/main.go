@@ -31,8 +31,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -327,16 +327,21 @@ func (k *killer) pick(ctx context.Context, target string) (ns, pod string, err e
 	case "Paperclip":
 		ns, selector = namespace, "app=paperclip-server"
 	case "claim controller":
-		var l *coordinationv1.Lease
-		l, err = k.cs.CoordinationV1().Leases(ns).Get(ctx, "clipjob-claim-controller", metav1.GetOptions{})
+		// The leader's pod: the Lease may still name one just killed
+		// until another replica takes it over.
+		var name string
+		err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+			l, err := k.cs.CoordinationV1().Leases(ns).Get(ctx, "clipjob-claim-controller", metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			// controller-runtime's identity is the pod's name and a suffix.
+			name, _, _ = strings.Cut(ptr.Deref(l.Spec.HolderIdentity, ""), "_")
+			p, err := k.cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+			return err == nil && p.DeletionTimestamp == nil, nil
+		})
 		if err != nil {
-			return "", "", err
-		}
-		holder := ptr.Deref(l.Spec.HolderIdentity, "")
-		// controller-runtime's identity is the pod's name and a suffix.
-		name, _, _ := strings.Cut(holder, "_")
-		if name == "" {
-			return "", "", errors.New("the Lease has no holder")
+			return "", "", fmt.Errorf("no live pod holds the claim controller's Lease (last named %q): %w", name, err)
 		}
 		return ns, name, nil
 	}

@@ -55,7 +55,7 @@ export interface ClipjobSettings {
   deletePropagation: DeletePropagation;
   /** How long to wait for a cancelled run's Job to be gone. */
   cancelGraceSec: number;
-  /** How long the relay may not know a run whose Job already finished. */
+  /** How long the relay may not know a run whose Job already finished, or not answer before a run starts. */
   relayGraceSec: number;
   /** How often the run's liveness is refreshed with Paperclip (onSpawn). */
   livenessRefreshSec: number;

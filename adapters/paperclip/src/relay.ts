@@ -388,16 +388,17 @@ function retryAfterMs(value: string | string[] | undefined, maxMs: number): numb
   return Math.min(Math.max(ms, 0), maxMs);
 }
 
-function sleep(ms: number, signal: AbortSignal): Promise<void> {
+/** Waits ms, or less once signal aborts. */
+export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
-    if (signal.aborted) return resolve();
+    if (signal?.aborted) return resolve();
     const t = setTimeout(done, ms);
     function done() {
       clearTimeout(t);
-      signal.removeEventListener("abort", done);
+      signal?.removeEventListener("abort", done);
       resolve();
     }
-    signal.addEventListener("abort", done, { once: true });
+    signal?.addEventListener("abort", done, { once: true });
   });
 }
 

@@ -835,11 +835,41 @@ describe("execute", () => {
     assert.equal(result.errorCode, "k8s_job_deleted_externally");
   });
 
-  it("the relay unreachable: nothing is created", async () => {
+  it("the relay unreachable: asked again until relayGraceSec, then nothing is created", async () => {
     const rec = newCtx();
     const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps({ CLIPJOB_RELAY_URL: "http://127.0.0.1:9" }));
     assert.equal(result.errorCode, "clipjob_relay_unavailable");
     assert.deepEqual(kube.calls, []);
+    assert.ok(rec.stderr.filter((l) => /cannot say whether the agent has a running run .*asking again/.test(l)).length >= 2, rec.stderr.join(""));
+  });
+
+  it("the relay being replaced (503, then answers): the run waits for it and starts", async () => {
+    relay.listFailures = 3;
+    kube.afterCreateJob = runsTo(claudeLines, claudeEnd);
+    try {
+      const rec = newCtx();
+      const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+      assert.equal(result.errorCode, null, result.errorMessage ?? "");
+      assert.equal(relay.listFailures, 0);
+      assert.equal(kube.jobs.size, 1);
+    } finally {
+      relay.listFailures = 0;
+    }
+  });
+
+  it("the relay refusing the server's token when asked for running runs: fails at once, nothing created", async () => {
+    relay.listFailures = 100;
+    relay.listFailStatus = 403;
+    try {
+      const rec = newCtx();
+      const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+      assert.equal(result.errorCode, "clipjob_relay_unavailable");
+      assert.deepEqual(kube.calls, []);
+      assert.equal(relay.listFailures, 99, "asked once: a refusal says the same again");
+    } finally {
+      relay.listFailures = 0;
+      relay.listFailStatus = 503;
+    }
   });
 
   it("the run's Job already exists (a retried execute): follows it", async () => {

@@ -38,6 +38,9 @@ export class FakeRelay {
   ignoresJobParam = false;
   /** Answer log requests with this status while set (e.g. 401, 503). */
   failWith: number | null = null;
+  /** Answer this many run lists with listFailStatus first, as a relay being replaced does. */
+  listFailures = 0;
+  listFailStatus = 503;
 
   constructor() {
     this.changed.setMaxListeners(100);
@@ -109,6 +112,10 @@ export class FakeRelay {
     }
     const parts = url.pathname.split("/").filter(Boolean);
     if (parts.length === 2 && parts[0] === "v1" && parts[1] === "runs") {
+      if (this.listFailures > 0) {
+        this.listFailures--;
+        return json(res, this.listFailStatus, { code: this.listFailStatus, message: "told to fail" });
+      }
       const agent = url.searchParams.get("agent");
       const phase = url.searchParams.get("phase");
       const runs = [...this.runs.values()]

@@ -7,7 +7,7 @@ import type { V1Job } from "@kubernetes/client-node";
 
 import { ANNOTATION_QUEUED, LABEL_AGENT_ID, LABEL_COMPANY_ID, LABEL_RUN_ID, LABEL_SESSION_ID, LABEL_TASK_ID } from "../contract.js";
 import { ErrorCodes, failureResult, isNotFound, message, readKubeError } from "../errors.js";
-import type { RelayRun } from "../relay.js";
+import { RelayHttpError, sleep, type RelayRun } from "../relay.js";
 import { cancelledBeforeStart } from "./cancel.js";
 import { ownershipOf } from "./ownership.js";
 import { jobFinished, type FollowTarget, type Run, type RunEnds } from "./run.js";
@@ -53,23 +53,47 @@ export async function reattach(run: Run): Promise<{ follow: FollowTarget } | Run
   };
 }
 
+/**
+ * Whether asking the relay again may get an answer: it was not reached,
+ * or answered that it cannot now (5xx). A relay that refuses this server
+ * (401, 403) or the request (4xx) says the same again.
+ */
+function passing(err: unknown): boolean {
+  return !(err instanceof RelayHttpError) || err.status >= 500;
+}
+
 /** The agent's active runs: the relay's Running and Pending ones, then those clipjob queued. */
 async function activeRuns(run: Run): Promise<{ runs: RelayRun[] } | RunEnds> {
-  const { ctx, relay, agentId } = run;
+  const { ctx, relay, agentId, settings, deps } = run;
+  // A relay being replaced (its pod killed, its store reopened) answers
+  // again within seconds: the run waits for it as long as a run's follow
+  // would (relayGraceSec), rather than failing before it started.
+  const deadline = Date.now() + (deps.follow?.relayGraceMs ?? settings.relayGraceSec * 1000);
+  let backoff = deps.follow?.initialBackoffMs ?? 500;
+  const maxBackoff = Math.min(deps.follow?.maxBackoffMs ?? 5_000, 5_000);
   let running: RelayRun[];
-  try {
-    running = [
-      ...(await relay.listRuns({ agent: agentId, phase: "Running" }, ctx.signal)),
-      ...(await relay.listRuns({ agent: agentId, phase: "Pending" }, ctx.signal)),
-    ];
-  } catch (err) {
-    if (ctx.signal?.aborted) return { result: cancelledBeforeStart("before anything was created") };
-    return {
-      result: failureResult(
-        ErrorCodes.relayUnavailable,
-        `Asking the relay at ${relay.baseUrl} for a running run of agent ${agentId} (nothing was created; the run could not be followed without it): ${message(err)}`,
-      ),
-    };
+  for (;;) {
+    try {
+      running = [
+        ...(await relay.listRuns({ agent: agentId, phase: "Running" }, ctx.signal)),
+        ...(await relay.listRuns({ agent: agentId, phase: "Pending" }, ctx.signal)),
+      ];
+      break;
+    } catch (err) {
+      if (ctx.signal?.aborted) return { result: cancelledBeforeStart("before anything was created") };
+      if (passing(err) && Date.now() + backoff < deadline) {
+        await run.notice(`the relay at ${relay.baseUrl} cannot say whether the agent has a running run (${message(err)}); asking again in ${backoff} ms`);
+        await sleep(backoff, ctx.signal);
+        backoff = Math.min(backoff * 2, maxBackoff);
+        continue;
+      }
+      return {
+        result: failureResult(
+          ErrorCodes.relayUnavailable,
+          `Asking the relay at ${relay.baseUrl} for a running run of agent ${agentId} (nothing was created; the run could not be followed without it): ${message(err)}`,
+        ),
+      };
+    }
   }
   running.push(...(await queuedRuns(run)));
   return { runs: running };
