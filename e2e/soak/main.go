@@ -50,6 +50,7 @@ type options struct {
 	runs, agents, lines, rate int
 	killEvery                 time.Duration
 	seed                      uint64
+	targets                   []string
 }
 
 func main() {
@@ -60,7 +61,17 @@ func main() {
 	flag.IntVar(&o.rate, "rate", 4, "lines per second each run writes")
 	flag.DurationVar(&o.killEvery, "kill-every", 15*time.Second, "mean time between two kills")
 	flag.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "seed of the kills' order and moments")
+	only := flag.String("kill", strings.Join(targets, ","), "what to kill, of: "+strings.Join(targets, ", "))
 	flag.Parse()
+	for t := range strings.SplitSeq(*only, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			if !slices.Contains(targets, t) {
+				fmt.Fprintf(os.Stderr, "soak: -kill %q: not one of %s\n", t, strings.Join(targets, ", "))
+				os.Exit(2)
+			}
+			o.targets = append(o.targets, t)
+		}
+	}
 	// The chart is applied with controller-runtime's client, whose logs
 	// are not this program's output.
 	ctrllog.SetLogger(logr.Discard())
@@ -107,7 +118,7 @@ func run(ctx context.Context, o options) error {
 		agents = append(agents, a.ID)
 	}
 
-	k := &killer{cs: c.Clientset(), rng: rand.New(rand.NewPCG(o.seed, 0)), every: o.killEvery, kills: map[string]int{}}
+	k := &killer{cs: c.Clientset(), rng: rand.New(rand.NewPCG(o.seed, 0)), every: o.killEvery, targets: o.targets, kills: map[string]int{}}
 	killCtx, stopKilling := context.WithCancel(ctx)
 	var killing sync.WaitGroup
 	killing.Go(func() { k.run(killCtx) })
@@ -276,9 +287,10 @@ func compareLines(texts []string, n int) (lost, repeated int, disordered bool) {
 // killer deletes, with no grace, one of clipjob's or Paperclip's pods at
 // random moments, in rounds of the targets shuffled.
 type killer struct {
-	cs    kubernetes.Interface
-	rng   *rand.Rand
-	every time.Duration
+	cs      kubernetes.Interface
+	rng     *rand.Rand
+	every   time.Duration
+	targets []string
 
 	mu    sync.Mutex
 	kills map[string]int // by target
@@ -288,8 +300,8 @@ type killer struct {
 var targets = []string{"webhook", "claim controller", "relay", "Paperclip"}
 
 func (k *killer) run(ctx context.Context) {
-	for ctx.Err() == nil {
-		round := slices.Clone(targets)
+	for len(k.targets) > 0 && ctx.Err() == nil {
+		round := slices.Clone(k.targets)
 		k.rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
 		for _, t := range round {
 			wait := time.Duration(float64(k.every) * (0.5 + k.rng.Float64()))
@@ -375,7 +387,7 @@ func (k *killer) summary() string {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	var parts []string
-	for _, t := range targets {
+	for _, t := range k.targets {
 		parts = append(parts, fmt.Sprintf("%s %d", t, k.kills[t]))
 	}
 	return strings.Join(parts, ", ")
