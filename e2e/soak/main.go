@@ -145,6 +145,22 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	blocked += len(agents) - len(after)
+	if blocked > 0 {
+		// What holds them: the claims and the Jobs they name.
+		leases, _ := c.Clientset().CoordinationV1().Leases(namespace).List(ctx, metav1.ListOptions{LabelSelector: "clipjob.paperclip.io/claim"})
+		for _, l := range leases.Items {
+			var written []string
+			for _, f := range l.ManagedFields {
+				written = append(written, fmt.Sprintf("%s %s %v", f.Manager, f.Operation, f.Time))
+			}
+			fmt.Printf("claim %s: holder %s, acquired %v, annotations %v, written %v (now %s)\n", l.Name, ptr.Deref(l.Spec.HolderIdentity, ""),
+				l.Spec.AcquireTime, l.Annotations, written, time.Now().UTC().Format(time.RFC3339))
+		}
+		jobs, _ := c.Clientset().BatchV1().Jobs(namespace).List(ctx, metav1.ListOptions{})
+		for _, j := range jobs.Items {
+			fmt.Printf("Job %s: uid %s, deleting %v, finalizers %v, status %+v\n", j.Name, j.UID, j.DeletionTimestamp, j.Finalizers, j.Status.Conditions)
+		}
+	}
 
 	fmt.Printf("\nsoak: %d runs (%d succeeded, %d failed with a reason, %d without), %d kills (%s), %d lines in Paperclip's run logs, %d lost, %d repeated, %d runs out of order, %d agents blocked; %d call errors to Paperclip during the kills, %d after; %s\n",
 		len(runs), v.succeeded, v.failedWithReason, v.failedWithout, k.total(), k.summary(), v.lines, v.lost, v.repeated, v.disordered, blocked,
