@@ -6,6 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/paperclipai/clipjob/internal/testing/poll"
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
 	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
@@ -91,5 +95,59 @@ func TestALongSchemaNameIsRefused(t *testing.T) {
 	long := strings.Repeat("s", 64)
 	if _, err := postgres.Open(context.Background(), postgres.Options{ConnString: conn, Schema: long}); err == nil || !strings.Contains(err.Error(), "63-byte") {
 		t.Errorf("schema of %d bytes: %v", len(long), err)
+	}
+}
+
+// TestTheListenerReconnectsOnTheStoresClock: a relay whose listening
+// connection is cut connects again after a backoff timed by the store's
+// clock, doubling while the server refuses it, and once listening wakes
+// every reader to re-read what it may have missed. With a fake clock that
+// does not move, it does not reconnect at all.
+func TestTheListenerReconnectsOnTheStoresClock(t *testing.T) {
+	srv, err := pgtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, srv.ConnString("template1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 29, 9, 0, 0, 0, time.UTC))
+	reader := open(t, postgres.Options{ConnString: srv.ConnString("postgres"), Clock: clk})
+	ch := reader.Changed("run-1")
+
+	// The server refuses new connections to the database, then ends the
+	// listener's.
+	if _, err := admin.Exec(ctx, "ALTER DATABASE postgres ALLOW_CONNECTIONS false"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'postgres' AND query LIKE 'LISTEN %'"); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func(what string) {
+		t.Helper()
+		poll.WaitFor(t, clk.HasWaiters, what)
+	}
+	waiting("the listener never waited to reconnect after its connection was cut")
+	clk.Step(100 * time.Millisecond) // the first backoff: the attempt is refused
+	waiting("the listener never waited again after a refused attempt")
+	if _, err := admin.Exec(ctx, "ALTER DATABASE postgres ALLOW_CONNECTIONS true"); err != nil {
+		t.Fatal(err)
+	}
+	clk.Step(100 * time.Millisecond) // half of the doubled backoff
+	select {
+	case <-ch:
+		t.Fatal("the reader was woken before the listener's doubled backoff had passed")
+	default:
+	}
+	if !clk.HasWaiters() {
+		t.Fatal("the listener stopped waiting before its doubled backoff (200 ms) had passed")
+	}
+	clk.Step(100 * time.Millisecond)
+	if !woken(ch) {
+		t.Fatal("the reader was not woken once the listener was listening again")
 	}
 }
