@@ -81,6 +81,16 @@ func paperclipBench(ctx context.Context, runs, agents int, baselines []string) e
 	if err != nil {
 		return err
 	}
+	// As an operator running the seed adapter beside clipjob would:
+	// clipjob's webhooks leave the seed's namespace alone (the chart's
+	// webhook.excludeNamespaces).
+	if err := in.Register(ctx, harness.RegisterOptions{Values: map[string]any{"agentNamespaces": harness.AgentNamespaces,
+		"webhook": map[string]any{"url": "https://" + in.Webhook.Addr, "excludeNamespaces": []any{"kube-system", seedNamespace}}}}); err != nil {
+		return err
+	}
+	if err := waitUnjudged(ctx, c.Clientset()); err != nil {
+		return err
+	}
 	seedDir := filepath.Join(harness.Root(), "e2e", "bench", "seedadapter")
 	pc, err := harness.StartPaperclipServer(ctx, spec, harness.ServerOptions{VolumeDir: in.SharedDir(), Prepare: func(pc *harness.Paperclip) error {
 		// The baseline adapter and its settings, where the server's user
@@ -236,6 +246,24 @@ func seedSettings(ctx context.Context, c *cluster.Cluster, in *harness.Install) 
 		"server": c.Config.Host, "namespace": seedNamespace, "image": cluster.FakeAgentImage, "claim": claim,
 		"nodeSelector": sel, "tolerations": tol,
 	}}, nil
+}
+
+// waitUnjudged waits until the API server no longer calls clipjob's
+// webhooks for the seed's namespace: an agent Job there, created as a dry
+// run, is admitted as it is.
+func waitUnjudged(ctx context.Context, cs kubernetes.Interface) error {
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "unjudged", Namespace: seedNamespace, Labels: map[string]string{contract.LabelAgentID: "a"}},
+		Spec: batchv1.JobSpec{Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{Name: "c", Image: "not-allowed.example/x:1"}}}}}}
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, last = cs.BatchV1().Jobs(seedNamespace).Create(ctx, job, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return last == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("clipjob's webhooks still judge Jobs in %s: %v", seedNamespace, last)
+	}
+	return nil
 }
 
 // oneRun wakes agent, waits for its run to end, and reads its marks.

@@ -61,8 +61,15 @@ function settings() {
   return loaded;
 }
 
+// headers: a body's length is always given, since Node sends a DELETE's
+// body unframed otherwise and the API server reads it as the next request
+// on the connection.
 function headers(s, body) {
-  return { Authorization: `Bearer ${s.token}`, Accept: "application/json", ...(body ? { "Content-Type": "application/json" } : {}) };
+  return {
+    Authorization: `Bearer ${s.token}`,
+    Accept: "application/json",
+    ...(body ? { "Content-Type": "application/json", "Content-Length": Buffer.byteLength(body) } : {}),
+  };
 }
 
 // kube is one request to the API server; a status of 300 or more throws,
@@ -70,7 +77,8 @@ function headers(s, body) {
 function kube(method, path, body) {
   const s = settings();
   return new Promise((resolve, reject) => {
-    const req = https.request(new URL(path, s.server), { method, agent: s.agent, headers: headers(s, body) }, (res) => {
+    const data = body ? JSON.stringify(body) : undefined;
+    const req = https.request(new URL(path, s.server), { method, agent: s.agent, headers: headers(s, data) }, (res) => {
       const chunks = [];
       res.on("data", (c) => chunks.push(c));
       res.on("error", reject);
@@ -90,7 +98,7 @@ function kube(method, path, body) {
       });
     });
     req.on("error", reject);
-    if (body) req.write(JSON.stringify(body));
+    if (data) req.write(data);
     req.end();
   });
 }
