@@ -306,7 +306,7 @@ func oneRun(ctx context.Context, pc *harness.Paperclip, w *runWatch, p *pcPath, 
 	if m.inPaperclip.IsZero() {
 		return m, fmt.Errorf("run %s: the agent's first line is not in Paperclip's run log\n%s", run.ID, logText(ctx, pc, run.ID))
 	}
-	m.job, m.pod, m.bound = w.marks(run.ID)
+	m.job, m.pod, m.bound, m.shown = w.marks(run.ID)
 	if _, err := stages(m); err != nil {
 		return m, fmt.Errorf("run %s: %w", run.ID, err)
 	}
@@ -392,14 +392,14 @@ func loadAverage() string {
 type runWatch struct {
 	cs kubernetes.Interface
 	mu sync.Mutex
-	// seen[run]: job, pod, bound.
-	seen map[string]*[3]time.Time
+	// seen[run]: job, pod, bound, the agent's container shown started.
+	seen map[string]*[4]time.Time
 	// ready: both watches are open (the first runs are seen whole).
 	ready sync.WaitGroup
 }
 
 func newRunWatch(cs kubernetes.Interface) *runWatch {
-	w := &runWatch{cs: cs, seen: map[string]*[3]time.Time{}}
+	w := &runWatch{cs: cs, seen: map[string]*[4]time.Time{}}
 	w.ready.Add(2)
 	return w
 }
@@ -412,7 +412,7 @@ func (w *runWatch) note(run string, i int, at time.Time) {
 	defer w.mu.Unlock()
 	s := w.seen[run]
 	if s == nil {
-		s = new([3]time.Time)
+		s = new([4]time.Time)
 		w.seen[run] = s
 	}
 	if s[i].IsZero() {
@@ -420,11 +420,11 @@ func (w *runWatch) note(run string, i int, at time.Time) {
 	}
 }
 
-func (w *runWatch) marks(run string) (job, pod, bound time.Time) {
+func (w *runWatch) marks(run string) (job, pod, bound, shown time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if s := w.seen[run]; s != nil {
-		return s[0], s[1], s[2]
+		return s[0], s[1], s[2], s[3]
 	}
 	return
 }
@@ -470,6 +470,11 @@ func (w *runWatch) loop(ctx context.Context, open func(context.Context, string) 
 				w.note(run, 1, at)
 				if o.Spec.NodeName != "" {
 					w.note(run, 2, at)
+				}
+				for _, st := range o.Status.ContainerStatuses {
+					if st.State.Running != nil || st.State.Terminated != nil {
+						w.note(run, 3, at)
+					}
 				}
 			case *metav1.Status:
 				rv = "" // expired: from now on

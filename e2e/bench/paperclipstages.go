@@ -27,6 +27,10 @@ type runMarks struct {
 	written, inPaperclip time.Time
 	// finished: Paperclip's finishedAt.
 	finished time.Time
+	// shown: when the watch saw the API server show the agent's container
+	// started (the kubelet's status report): clipjob's relay follows a
+	// container from then. Not a stage: the agent may write before it.
+	shown time.Time
 }
 
 // stageNames name the stages stages returns, in order.
@@ -161,6 +165,22 @@ func paperclipReport(w io.Writer, paths []pathReport, ref string, loadBefore, lo
 		}
 		fmt.Fprintln(w)
 	}
+
+	fmt.Fprintf(w, "\nThe agent's container shown started by the API server (the kubelet's status report; clipjob's relay follows a container from then), after the agent wrote its first line, median:")
+	for i, p := range paths {
+		var ds []time.Duration
+		for _, r := range p.runs {
+			if !r.shown.IsZero() {
+				ds = append(ds, r.shown.Sub(r.written))
+			}
+		}
+		sep := ","
+		if i == len(paths)-1 {
+			sep = "."
+		}
+		fmt.Fprintf(w, " %s %s (%d runs)%s", p.label, signedMs(medianDuration(ds)), len(ds), sep)
+	}
+	fmt.Fprintln(w)
 
 	if len(paths) < 2 {
 		return
