@@ -15,6 +15,7 @@ BENCH_C      ?= 1,10,50
 BENCH_ROUNDS ?= 3
 BENCH_RUNS   ?= 200,500
 BENCH_FLEET_RUNS ?= 1000
+BENCH_PC_RUNS ?= 50
 BENCH_COUNT  ?= 3
 
 .PHONY: all build image image-docker paperclip-image test adapter unit integration realnode e2e e2e-kind controlplane demo soak bench kube-binaries node-packages postgres-packages chromium paperclip fuzz golden dashboard-screenshots chart-docs lint fmt vet clean
@@ -82,10 +83,10 @@ e2e-kind: ## The in-cluster e2e tests on a kind cluster built here (Docker engin
 soak: kube-binaries node-packages paperclip ## Chaos, measured: many agent runs through Paperclip in the cluster while clipjob's and Paperclip's pods are killed at random (SOAK_FLAGS; docs/benchmarks.md); outside make test
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/soak $(SOAK_FLAGS)
 
-bench: kube-binaries chromium ## Go benchmarks of the hot paths, the runs page with a 100k-line log in Chromium, then admission and the relay at fleet scale (docs/benchmarks.md)
+bench: kube-binaries chromium ## Go benchmarks of the hot paths, the runs page with a 100k-line log in Chromium, a real Paperclip server's runs through clipjob beside the seed adapter's (real node), then admission and the relay at fleet scale (docs/benchmarks.md)
 	$(GOTEST) -run XXX -bench . -benchmem -count $(BENCH_COUNT) ./templates/ ./compile/ ./policy/ ./webhook/ ./relay/...
 	$(GOTEST) -run XXX -bench . -benchtime 3x -count $(BENCH_COUNT) ./dashboard/pagebench/
-	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/bench -n $(BENCH_N) -c $(BENCH_C) -rounds $(BENCH_ROUNDS) -runs $(BENCH_RUNS) -fleet-runs $(BENCH_FLEET_RUNS)
+	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/bench -n $(BENCH_N) -c $(BENCH_C) -rounds $(BENCH_ROUNDS) -runs $(BENCH_RUNS) -fleet-runs $(BENCH_FLEET_RUNS) -pc-runs $(BENCH_PC_RUNS)
 
 dashboard-screenshots: kube-binaries chromium ## Regenerate the runs page's screenshots in docs/images/dashboard from its browser test
 	CLIPJOB_DASHBOARD_SCREENSHOTS=$(CURDIR)/docs/images/dashboard KUBE_BIN_DIR=$(KUBE_BIN) $(GOTEST) -count=1 -run '^TestRunsPageInABrowser$$' ./e2e/integration/

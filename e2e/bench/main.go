@@ -9,7 +9,11 @@
 //     the same round;
 //   - the relay at fleet scale (see relay.go);
 //   - the fleet on PostgreSQL: three relay replicas, one killed mid-flood
-//     (see fleet.go).
+//     (see fleet.go);
+//   - what the user feels: a real Paperclip server running agents on the
+//     real node through clipjob and, interleaved, through the seed
+//     adapter's complete Jobs, from the wake to the first line in
+//     Paperclip's run log (see paperclip.go).
 //
 // It prints Markdown tables with each target beside its figure, for
 // docs/benchmarks.md.
@@ -37,7 +41,10 @@ func main() {
 	n := flag.Int("n", 300, "Jobs per cell")
 	conc := flag.String("c", "1,10,50", "client concurrency levels")
 	rounds := flag.Int("rounds", 3, "interleaved rounds of every cell")
-	only := flag.String("only", "admission,relay,fleet", "parts to run")
+	only := flag.String("only", "paperclip,admission,relay,fleet", "parts to run")
+	pcRuns := flag.Int("pc-runs", 50, "paperclip: runs per path (clipjob and each baseline), interleaved")
+	pcAgents := flag.Int("pc-agents", 2, "paperclip: agents per path, woken in turn")
+	pcBaselines := flag.String("pc-baselines", "file,api", "paperclip: the seed adapter's ways of reading the log to compare with: file (its tail of the tee'd file, the first is the reference), api (the Kubernetes log API)")
 	fleetSizes := flag.String("runs", "200,500", "relay: concurrent runs per fleet")
 	pgSizes := flag.String("fleet-runs", "1000", "fleet: concurrent runs over three relay replicas on PostgreSQL, one measurement per size")
 	flood := flag.Int("flood", 2000, "relay: lines each run writes as fast as it can")
@@ -55,7 +62,14 @@ func main() {
 	if err == nil && *memLimit != "" && !memLimitSyntax.MatchString(*memLimit) {
 		err = fmt.Errorf("-relay-memlimit %q: want a number of bytes with an optional unit B, KiB, MiB, GiB or TiB, as $GOMEMLIMIT", *memLimit)
 	}
-	if err == nil {
+	if err == nil && strings.Contains(*only, "paperclip") {
+		// A control plane of its own, with the real node: the other parts
+		// run on kwok.
+		if err = paperclipBench(context.Background(), *pcRuns, *pcAgents, strings.Split(*pcBaselines, ",")); err != nil {
+			err = fmt.Errorf("the Paperclip part: %w", err)
+		}
+	}
+	if err == nil && (strings.Contains(*only, "admission") || strings.Contains(*only, "relay") || strings.Contains(*only, "fleet")) {
 		err = run(*n, levels, *rounds, *only, sizes, pgRuns, *flood, *starts, *memLimit)
 	}
 	if err != nil {

@@ -46,7 +46,7 @@ func run(m *testing.M) (code int) {
 		c.Stop()
 	}()
 	suite.cluster, suite.cs = c, c.Clientset()
-	in, err := harness.InstallCluster(ctx, c, "webhook-0", realNodeProfiles())
+	in, err := harness.InstallCluster(ctx, c, "webhook-0", harness.RealNodeProfiles())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "realnode:", err)
 		return 1

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -17,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
 )
 
@@ -43,9 +41,8 @@ func closePaperclip(failed bool) {
 	}
 }
 
-// adapterPackageDirs are the package directories the README registers:
-// the package itself (claude_k8s) and its opencode/ directory.
-var adapterPackageDirs = map[string]string{"claude_k8s": "", "opencode_k8s": "opencode"}
+// adapterPackageDirs are the package directories the README registers.
+var adapterPackageDirs = harness.AdapterPackageDirs
 
 // thePaperclip is the server the tests share, started once per test binary
 // (ownPaperclip says how): by TestMain beside the serial tests when the
@@ -154,110 +151,14 @@ func paperclipSpec() (harness.AdapterSpec, error) {
 // startPaperclip starts a server; the shared one (onVolume) keeps its home
 // on the agents' volume at /paperclip, as Paperclip's image does, so the
 // runs' directories are where the server keeps them.
-func startPaperclip(spec harness.AdapterSpec, onVolume bool) (_ *harness.Paperclip, err error) {
+func startPaperclip(spec harness.AdapterSpec, onVolume bool) (*harness.Paperclip, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	pc, err := harness.NewPaperclip()
-	if err != nil {
-		return nil, err
-	}
+	var o harness.ServerOptions
 	if onVolume {
-		if err := pc.HomeOnVolume(suite.in.SharedDir()); err != nil {
-			pc.Close(false)
-			return nil, err
-		}
+		o.VolumeDir = suite.in.SharedDir()
 	}
-	defer func() {
-		if err != nil {
-			pc.Close(true) // stopped and unmounted; its logs kept
-			err = fmt.Errorf("%w (the server's directory is kept: %s)", err, pc.Dir)
-		}
-	}()
-	// What the server reads, as an operator would place it.
-	files := map[string]string{"kubeconfig": spec.Kubeconfig, "relay-token": spec.RelayTokenFile, "relay-ca.crt": spec.RelayCAFile}
-	for name, from := range files {
-		data, err := os.ReadFile(from)
-		if err != nil {
-			return nil, err
-		}
-		if err := os.WriteFile(filepath.Join(pc.Files(), name), data, 0o600); err != nil {
-			return nil, err
-		}
-	}
-	pkg, err := packAdapter(ctx, pc)
-	if err != nil {
-		return nil, err
-	}
-	if err := pc.Own(pc.Files()); err != nil {
-		return nil, err
-	}
-	pc.Env = map[string]string{
-		"CLIPJOB_KUBECONFIG":       filepath.Join(pc.Files(), "kubeconfig"),
-		"CLIPJOB_NAMESPACE":        spec.Namespace,
-		"CLIPJOB_RELAY_URL":        spec.RelayURL,
-		"CLIPJOB_RELAY_TOKEN_FILE": filepath.Join(pc.Files(), "relay-token"),
-		"CLIPJOB_RELAY_CA_FILE":    filepath.Join(pc.Files(), "relay-ca.crt"),
-	}
-	start := time.Now()
-	if err := pc.Start(ctx); err != nil {
-		return nil, err
-	}
-	fmt.Fprintf(os.Stderr, "e2e: the Paperclip server is up in %s at %s (log %s)\n", time.Since(start).Round(time.Second), pc.URL, pc.Log)
-	// The README's install: npm install of the packed tarball by the
-	// server's user, then the adapter manager for each directory.
-	prefix := filepath.Join(pc.Files(), "adapter")
-	if err := os.MkdirAll(prefix, 0o755); err != nil {
-		return nil, err
-	}
-	if err := pc.Own(prefix); err != nil {
-		return nil, err
-	}
-	install := pc.Command(ctx, prefix, "npm", "install", "--prefix", prefix, "--no-audit", "--no-fund", pkg)
-	if out, err := install.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("npm install %s (the README's install, as the server's user): %w\n%s", pkg, err, out)
-	} else if strings.Contains(string(out), "EBADENGINE") {
-		return nil, fmt.Errorf("npm install %s warned of an engine mismatch on Paperclip's Node:\n%s", pkg, out)
-	}
-	for typ, sub := range adapterPackageDirs {
-		dir := filepath.Join(prefix, "node_modules", "@clipjob", "paperclip-adapter", sub)
-		var installed map[string]any
-		if err := pc.Do(ctx, http.MethodPost, "/api/adapters/install", map[string]any{"packageName": dir, "isLocalPath": true}, &installed); err != nil {
-			return nil, fmt.Errorf("installing the adapter %s as the README says: %w", typ, err)
-		}
-		if installed["type"] != typ {
-			return nil, fmt.Errorf("installing %s registered type %v, want %s", dir, installed["type"], typ)
-		}
-	}
-	return pc, nil
-}
-
-// packAdapter is `npm pack` of the adapter (its prepack builds it), in the
-// server's files, readable by the server's user.
-func packAdapter(ctx context.Context, pc *harness.Paperclip) (string, error) {
-	// As the invoking user, with their npm cache: the checkout is theirs.
-	// Built first (BuildAdapter), packed without the prepack build: the
-	// integration tier runs the same dist/ meanwhile.
-	if err := harness.EnsureAdapterBuilt(); err != nil {
-		return "", err
-	}
-	environ, err := harness.NodeEnviron()
-	if err != nil {
-		return "", err
-	}
-	cmd := exec.CommandContext(ctx, "npm", "pack", "--ignore-scripts", "--json", "--pack-destination", pc.Files())
-	cmd.Dir = harness.AdapterDir()
-	cmd.Env = environ
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("npm pack in adapters/paperclip: %w\n%s", err, stderr.String())
-	}
-	var packed []struct{ Filename string }
-	if err := json.Unmarshal(out, &packed); err != nil || len(packed) != 1 {
-		return "", fmt.Errorf("npm pack --json answered %q (%v)", out, err)
-	}
-	return filepath.Join(pc.Files(), packed[0].Filename), nil
+	return harness.StartPaperclipServer(ctx, spec, o)
 }
 
 type (
@@ -386,19 +287,6 @@ func truncateText(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
-}
-
-// realNodeProfiles is the config that puts the profiles the adapter's
-// types use on the real node: the shared install starts with it (the
-// fake agent's image runs there, not on kwok).
-func realNodeProfiles() string {
-	sel, tol := cluster.RealNodePlacement()
-	var placement strings.Builder
-	for k, v := range sel {
-		fmt.Fprintf(&placement, "    nodeSelector: {%q: %q}\n", k, v)
-	}
-	fmt.Fprintf(&placement, "    tolerations: [{key: %q, operator: %s, effect: %s}]\n", tol[0].Key, tol[0].Operator, tol[0].Effect)
-	return "profiles:\n  claude_local:\n" + placement.String() + "  opencode_local:\n" + placement.String()
 }
 
 // paperclipOnTheRealNode is a test's start: pc (the shared server or one

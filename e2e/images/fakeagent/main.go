@@ -42,6 +42,9 @@
 //	         machine)
 //	exit     the exit code (default 0); non-zero writes an error result
 //	result   0: no result event (a run that is cut short)
+//	stamp    1: the first event carries written_at, the time it was
+//	         written (RFC 3339, ns): make bench times a line's way from
+//	         the agent to Paperclip's run log with it
 //
 // It keeps each session it starts under $HOME/.fakeagent/sessions and
 // refuses to resume (--resume, --session) one that is not there, as
@@ -70,7 +73,7 @@ import (
 type script struct {
 	lines, burst, bigLines, bigSize, exit, pad int
 	rate                                       float64
-	probe, result, failOnce                    bool
+	probe, result, failOnce, stamp             bool
 	write, read, skill, leak, connect, attack  string
 	until, gate                                string
 	sleep, wait                                time.Duration
@@ -103,6 +106,8 @@ func parseScript(prompt string) (script, error) {
 			s.pad, err = strconv.Atoi(v)
 		case "failonce":
 			s.failOnce = v == "1"
+		case "stamp":
+			s.stamp = v == "1"
 		case "result":
 			s.result = v != "0"
 		case "write":
@@ -215,7 +220,11 @@ func main() {
 		}
 	}
 
-	emit(f.init())
+	first := f.init()
+	if m, ok := first.(map[string]any); ok && s.stamp {
+		m["written_at"] = time.Now().UTC().Format(time.RFC3339Nano)
+	}
+	emit(first)
 	if s.gate != "" {
 		sleepUntil(5*time.Minute, s.gate)
 	}
