@@ -333,7 +333,7 @@ export interface FollowOptions {
   /** Backoff between reconnects. Default 500 ms doubling to 15 s. */
   initialBackoffMs?: number;
   maxBackoffMs?: number;
-  /** How often to ask again while the relay does not know the run yet. Default 2 s. */
+  /** How often to ask again while the relay does not know the run yet, at most: the first asks come sooner (unknownRunWaits). Default 2 s. */
   unknownRunPollMs?: number;
   /** How often checkJob is asked meanwhile (while it says "waiting", every unknownRunPollMs). Default 10 s. */
   jobCheckEveryMs?: number;
@@ -388,6 +388,24 @@ function retryAfterMs(value: string | string[] | undefined, maxMs: number): numb
   return Math.min(Math.max(ms, 0), maxMs);
 }
 
+/** The first wait for a run the relay does not know yet. */
+const UNKNOWN_FIRST_WAIT_MS = 250;
+
+/**
+ * The waits between asks for a run the relay does not know yet: short at
+ * first, since the relay usually sees a new run's pod a second or two
+ * after its Job is created and the run's first line waits on the next
+ * ask; doubling to maxMs for a run that waits long (one clipjob queued).
+ */
+export function unknownRunWaits(maxMs: number): () => number {
+  let next = Math.min(UNKNOWN_FIRST_WAIT_MS, maxMs);
+  return () => {
+    const wait = next;
+    next = Math.min(next * 2, maxMs);
+    return wait;
+  };
+}
+
 /** Waits ms, or less once signal aborts. */
 export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
@@ -416,6 +434,7 @@ class Follower {
   private readonly initialBackoff: number;
   private readonly maxBackoff: number;
   private readonly unknownPoll: number;
+  private readonly unknownWaits: () => number;
   private readonly jobCheckEvery: number;
   private readonly relayGrace: number;
   private readonly idleTimeout: number;
@@ -434,6 +453,7 @@ class Follower {
     this.initialBackoff = o.initialBackoffMs ?? 500;
     this.maxBackoff = o.maxBackoffMs ?? 15_000;
     this.unknownPoll = o.unknownRunPollMs ?? 2_000;
+    this.unknownWaits = unknownRunWaits(this.unknownPoll);
     this.jobCheckEvery = o.jobCheckEveryMs ?? 10_000;
     this.relayGrace = o.relayGraceMs ?? 60_000;
     this.idleTimeout = o.idleTimeoutMs ?? 60_000;
@@ -589,7 +609,7 @@ class Follower {
       if (!this.attached) await this.notice(`waiting for the relay to see run ${o.runId}'s pod`);
       const give = await this.withoutStream("unknown", relayMessage(body));
       if (give) return give;
-      await sleep(this.unknownPoll, o.signal);
+      await sleep(this.unknownWaits(), o.signal);
       return null;
     }
     if (res.status === 401 || res.status === 403) {

@@ -7,11 +7,22 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { after, before, describe, it } from "node:test";
 
-import { followRun, RELAY_BODY_LIMITS, RelayClient, type RelayLine } from "../src/relay.js";
+import { followRun, RELAY_BODY_LIMITS, RelayClient, unknownRunWaits, type RelayLine } from "../src/relay.js";
 import { SseParser } from "../src/sse.js";
 import { FakeRelay } from "./fake-relay.js";
 
 const fast = { initialBackoffMs: 10, maxBackoffMs: 50, unknownRunPollMs: 20, jobCheckEveryMs: 20, relayGraceMs: 200 };
+
+describe("unknownRunWaits", () => {
+  it("asks soon after a run's Job is created, then less often, up to unknownRunPollMs", () => {
+    const next = unknownRunWaits(2_000);
+    assert.deepEqual([next(), next(), next(), next(), next(), next()], [250, 500, 1_000, 2_000, 2_000, 2_000]);
+  });
+  it("never waits longer than unknownRunPollMs, even at first", () => {
+    const next = unknownRunWaits(20);
+    assert.deepEqual([next(), next()], [20, 20]);
+  });
+});
 
 describe("SseParser", () => {
   it("assembles events split anywhere, including inside CRLF", () => {
