@@ -4,8 +4,9 @@
 // runs them through Paperclip's API until it has made the runs asked
 // for, while it kills, at random moments and in shuffled rounds so each
 // is hit more than once, a webhook pod, the claim controller's leader,
-// the relay and the Paperclip server (each a pod deleted with no grace,
-// as a node's crash or an OOM kill would leave it).
+// the relay and the Paperclip server (SIGKILL to the pod's processes, as
+// an OOM kill or a crash does, the kubelet restarting them; -delete
+// deletes the pod with no grace instead).
 //
 // Then it judges what Paperclip recorded: every run ended, succeeded or
 // failed with a reason; a run's lines (the fake agent's "line 1" …
@@ -22,9 +23,11 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -51,6 +54,7 @@ type options struct {
 	killEvery                 time.Duration
 	seed                      uint64
 	targets                   []string
+	delete                    bool
 }
 
 func main() {
@@ -62,6 +66,7 @@ func main() {
 	flag.DurationVar(&o.killEvery, "kill-every", 15*time.Second, "mean time between two kills")
 	flag.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "seed of the kills' order and moments")
 	only := flag.String("kill", strings.Join(targets, ","), "what to kill, of: "+strings.Join(targets, ", "))
+	flag.BoolVar(&o.delete, "delete", false, "delete the pods with no grace instead of SIGKILL to their processes")
 	flag.Parse()
 	for t := range strings.SplitSeq(*only, ",") {
 		if t = strings.TrimSpace(t); t != "" {
@@ -118,7 +123,7 @@ func run(ctx context.Context, o options) error {
 		agents = append(agents, a.ID)
 	}
 
-	k := &killer{cs: c.Clientset(), rng: rand.New(rand.NewPCG(o.seed, 0)), every: o.killEvery, targets: o.targets, kills: map[string]int{}}
+	k := &killer{cs: c.Clientset(), rng: rand.New(rand.NewPCG(o.seed, 0)), every: o.killEvery, targets: o.targets, delete: o.delete, kills: map[string]int{}}
 	killCtx, stopKilling := context.WithCancel(ctx)
 	var killing sync.WaitGroup
 	killing.Go(func() { k.run(killCtx) })
@@ -136,8 +141,9 @@ func run(ctx context.Context, o options) error {
 	// No agent left blocked: each runs once more, with nothing killed. A
 	// claim whose Job went with a kill holds until the claim controller
 	// sees the Job gone, or for the pending grace (60 s) when it did not
-	// (its leader was killed): an agent refused as busy is tried again
-	// for up to freeWithin.
+	// (its leader was killed), and a run woken as the server was killed
+	// is lost with it: an agent whose run fails is woken again for up to
+	// freeWithin.
 	const freeWithin = 3 * time.Minute
 	stopped := time.Now()
 	fmt.Printf("%6.1fs the kills stopped; each agent runs once more (busy agents tried again for %s)\n", time.Since(start).Seconds(), freeWithin)
@@ -150,7 +156,9 @@ func run(ctx context.Context, o options) error {
 		afterErrs = append(afterErrs, errs...)
 		pending = pending[:0]
 		for _, r := range ended {
-			if r.Status != "succeeded" && r.ErrorCode == "k8s_concurrent_run_blocked" && time.Since(stopped) < freeWithin {
+			// A run refused as busy, or lost to the last kill of the
+			// server, is not yet a blocked agent.
+			if r.Status != "succeeded" && time.Since(stopped) < freeWithin {
 				pending = append(pending, r.AgentID)
 				continue
 			}
@@ -267,6 +275,10 @@ func judge(ctx context.Context, pc *harness.Paperclip, runs []harness.PaperclipR
 	var v verdict
 	for _, r := range runs {
 		records, err := pc.RunLog(ctx, r.ID)
+		var apiErr *harness.APIError
+		if errors.As(err, &apiErr) && apiErr.Status == http.StatusNotFound && r.Status != "succeeded" {
+			err = nil // a run that ended before it wrote anything has no log
+		}
 		if err != nil {
 			v.problems = append(v.problems, fmt.Sprintf("run %s: its log: %v", r.ID, err))
 			continue
@@ -338,6 +350,7 @@ type killer struct {
 	rng     *rand.Rand
 	every   time.Duration
 	targets []string
+	delete  bool // delete the pod rather than SIGKILL its processes
 
 	mu    sync.Mutex
 	kills map[string]int // by target
@@ -362,16 +375,70 @@ func (k *killer) run(ctx context.Context) {
 				fmt.Printf("kill %s: %v\n", t, err)
 				continue
 			}
-			if err := k.cs.CoreV1().Pods(ns).Delete(ctx, pod, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+			how, err := k.kill(ctx, ns, pod)
+			if err != nil {
 				fmt.Printf("kill %s %s/%s: %v\n", t, ns, pod, err)
 				continue
 			}
-			fmt.Printf("killed the %s: pod %s/%s\n", t, ns, pod)
+			fmt.Printf("killed the %s: pod %s/%s (%s)\n", t, ns, pod, how)
 			k.mu.Lock()
 			k.kills[t]++
 			k.mu.Unlock()
 		}
 	}
+}
+
+// kill ends pod ns/name: with SIGKILL to its containers' processes on
+// this machine (the real node's), as an OOM kill or a crash would, the pod
+// left for the kubelet to restart them in; or, with -delete, deleted with
+// no grace, as a lost node's pods are (their processes then run on for a
+// moment with tokens the API server no longer accepts).
+func (k *killer) kill(ctx context.Context, ns, name string) (string, error) {
+	if k.delete {
+		return "deleted", k.cs.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	}
+	p, err := k.cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return "", err
+	}
+	pids, err := podProcesses(string(p.UID))
+	if err != nil {
+		return "", err
+	}
+	if len(pids) == 0 {
+		return "", fmt.Errorf("no process of pod %s on this machine", p.UID)
+	}
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	return fmt.Sprintf("SIGKILL to %d processes", len(pids)), nil
+}
+
+// podProcesses are the processes of a pod's containers, found by the
+// pod's cgroup (the kubelet's cgroupfs driver names it pod<uid>), the
+// sandbox's pause process left out: killing it would take the pod's
+// network down, which is another failure.
+func podProcesses(uid string) ([]int, error) {
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, e := range procs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		if err != nil || !strings.Contains(string(cg), "pod"+uid) {
+			continue
+		}
+		if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) == "pause" {
+			continue
+		}
+		out = append(out, pid)
+	}
+	return out, nil
 }
 
 // pick names a running pod of target: for the webhook either replica,
