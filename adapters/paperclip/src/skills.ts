@@ -71,7 +71,8 @@ function within(path: string, dir: string): boolean {
 
 /** Skill-authored or server-given text flattened to one bounded line, so it adds no line to the prompt. */
 function oneLine(value: string, max: number): string {
-  return value.replace(/\s+/g, " ").trim().slice(0, max);
+  // \s has U+2028 and U+2029 but not NEL (U+0085), a line break to YAML and some readers.
+  return value.replace(/[\s\u0085]+/g, " ").trim().slice(0, max);
 }
 
 /** A reason for not offering a skill: `why` for the run's log, `brief` for the agent. */
@@ -129,7 +130,8 @@ async function podSkill(entry: PaperclipSkillEntry, skillsDir: string | undefine
   }
   const source = entry.source;
   // eslint-disable-next-line no-control-regex
-  if (!posix.isAbsolute(source) || /[\u0000-\u001f\u007f]/.test(source)) {
+  // A path the prompt names as it is: no control character or line break of any kind.
+  if (!posix.isAbsolute(source) || /[\u0000-\u001f\u007f-\u009f\u2028\u2029]/.test(source)) {
     throw new Unreachable(`its source ${JSON.stringify(source)} is not an absolute path`);
   }
   const dir = posix.resolve(source);
@@ -243,7 +245,7 @@ export function skillsPrompt(plan: SkillPlan): string {
 /** The lines the run's log gets for skills the pod cannot read. */
 export function skillWarnings(plan: SkillPlan): string[] {
   return plan.unavailable.map(
-    (u) => `Warning: skill "${oneLine(u.key, 200)}" is enabled for this agent but its files are unavailable in the run's pod and it was not given to the agent: ${u.why}`,
+    (u) => `Warning: skill "${oneLine(u.key, 200)}" is enabled for this agent but its files are unavailable in the run's pod and it was not given to the agent: ${oneLine(u.why, 2000)}`,
   );
 }
 
