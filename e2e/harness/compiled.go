@@ -5,6 +5,7 @@ package harness
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -101,22 +102,36 @@ func (in *Install) CompiledMode(ctx context.Context, t *testing.T, policy string
 		t.Fatal(err)
 	}
 	probe := in.BareJob(t, "e2e-compiled-probe")
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+	// The API server compiles and loads each policy in the background: on
+	// a machine busy with the other tiers that took over two minutes once.
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
 		before, _ := in.Webhook.Counter(`clipjob_admission_requests_total{dry_run="true",`, `webhook="mutate"`)
 		got, err := in.DryRun(ctx, probe)
 		after, _ := in.Webhook.Counter(`clipjob_admission_requests_total{dry_run="true",`, `webhook="mutate"`)
-		if err != nil || after != before || got.Annotations[contract.AnnotationProfile] == "" || got.Annotations[contract.AnnotationTemplateHash] == "" ||
-			queue != (got.Annotations[contract.AnnotationQueued] == "true") {
+		switch {
+		case err != nil:
+			last = "the bare Job's dry run: " + err.Error()
+			return false, nil
+		case after != before:
+			last = "the mutating webhook still judged the bare Job"
+			return false, nil
+		case got.Annotations[contract.AnnotationProfile] == "" || got.Annotations[contract.AnnotationTemplateHash] == "":
+			last = "the bare Job was not completed by the compiled policy"
+			return false, nil
+		case queue != (got.Annotations[contract.AnnotationQueued] == "true"):
+			last = fmt.Sprintf("the bare Job's queued mark is %q in this mode", got.Annotations[contract.AnnotationQueued])
 			return false, nil
 		}
 		completed = got
 		forged := DressedAsComplete(got, "e2e-compiled-forged-probe")
 		forged.Annotations[contract.AnnotationCreatedBy] = "system:serviceaccount:paperclip:paperclip"
 		_, err = in.DryRun(ctx, forged)
+		last = fmt.Sprintf("a Job recording another creator: want 403 from the agent-runs policy, got %v", err)
 		return apierrors.IsForbidden(err), nil
 	})
 	if err != nil {
-		t.Fatalf("the compiled policy and the agent-runs policy were not in force within 2 minutes: %v", err)
+		t.Fatalf("the compiled policy and the agent-runs policy were not in force within 4 minutes: %v (last: %s)", err, last)
 	}
 	return func() { stop(); stopped = true }, completed
 }

@@ -34,7 +34,7 @@ import (
 // webhook fails closed meanwhile.
 func TestQueuedRunsWaitWhileClipjobIsDown(t *testing.T) {
 	in := newInstall(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	stopSyncer, completed := in.CompiledQueueMode(ctx, t)
 	review, err := suite.cs.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
@@ -145,7 +145,7 @@ func activeRuns(in *harness.Install, ctx context.Context, t *testing.T, agent st
 // starts.
 func TestQueuedRunsStartOneAtATime(t *testing.T) {
 	in := newInstall(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	const agent = "agent-queued-race"
 	in.CompiledQueueMode(ctx, t)
