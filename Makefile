@@ -18,7 +18,7 @@ BENCH_FLEET_RUNS ?= 1000
 BENCH_PC_RUNS ?= 50
 BENCH_COUNT  ?= 3
 
-.PHONY: all build image image-docker paperclip-image test adapter unit integration realnode e2e e2e-kind controlplane demo soak bench kube-binaries node-packages postgres-packages chromium paperclip fuzz golden dashboard-screenshots chart-docs lint fmt vet clean
+.PHONY: all build image image-docker paperclip-image test adapter unit integration realnode e2e e2e-kind controlplane demo first-run soak bench kube-binaries node-packages postgres-packages chromium paperclip fuzz golden dashboard-screenshots chart-docs lint fmt vet clean
 
 # The image the chart runs, tagged with the chart's appVersion.
 IMAGE     ?= ghcr.io/paperclipai/clipjob:$(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/clipjob/Chart.yaml)
@@ -55,6 +55,9 @@ chromium: ## Install (first time only) headless Chromium from Debian's packages,
 
 demo: kube-binaries node-packages paperclip ## Paperclip in a local cluster with a real node, clipjob from its chart, an agent run through both (DEMO_FLAGS=-bare: the bare Job alone; -keep: leave it running)
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/demo $(DEMO_FLAGS)
+
+first-run: kube-binaries node-packages paperclip ## Time the documented commands from helm install to an agent's first line in Paperclip's run log, on a cluster with a real node and the images loaded (docs/paperclip.md); builds helm from the module proxy (hack/helm.sh)
+	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/demo -first-run
 
 test: ## Every tier: lint, unit, integration (kwok, in parallel), real node, the adapter's; prints where the time went (hack/test.sh)
 	bash hack/test.sh

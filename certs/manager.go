@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -45,6 +46,12 @@ type Options struct {
 	// MutatingWebhooks and ValidatingWebhooks name the configurations whose
 	// webhooks get the CA bundle.
 	MutatingWebhooks, ValidatingWebhooks []string
+	// BundleConfigMaps are ConfigMaps to keep the bundle in (key ca.crt),
+	// in other namespaces: a client there (the Paperclip server calling
+	// the relay) mounts one to trust the relay, where it could not mount
+	// the CA Secret (which holds the CA's key) and no operator has to copy
+	// the bundle again at every renewal.
+	BundleConfigMaps []ObjectRef
 	// CAValidity of a new CA (default 2 years) and CertValidity of a
 	// serving certificate (default 90 days); each is renewed when less
 	// than a third of it is left.
@@ -75,6 +82,20 @@ func (o *Options) defaults() {
 		o.Clock = clock.RealClock{}
 	}
 }
+
+// ObjectRef names an object of a namespace.
+type ObjectRef struct{ Namespace, Name string }
+
+// ParseObjectRef reads "namespace/name".
+func ParseObjectRef(s string) (ObjectRef, error) {
+	ns, name, ok := strings.Cut(s, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return ObjectRef{}, fmt.Errorf("%q: want namespace/name", s)
+	}
+	return ObjectRef{Namespace: ns, Name: name}, nil
+}
+
+func (r ObjectRef) String() string { return r.Namespace + "/" + r.Name }
 
 // Validate names what a Manager cannot run without.
 func (o *Options) Validate() error {
@@ -223,6 +244,7 @@ func (m *Manager) Check(ctx context.Context) error {
 	if err := m.inject(ctx, configs, bundle); err != nil {
 		return err
 	}
+	published := m.publish(ctx, bundle)
 	propagated := !now.Before(created.Add(m.o.PropagationDelay))
 	for i, t := range m.o.Serving {
 		pair, err := m.ensureServing(ctx, now, t, ca, bundle, propagated, i == 0)
@@ -233,8 +255,44 @@ func (m *Manager) Check(ctx context.Context) error {
 			m.serve(pair, bundle, t.DNSNames[0], now)
 		}
 	}
-	return nil
+	return published
 }
+
+// publish keeps each of BundleConfigMaps holding bundle. Its error does not
+// stop the serving certificates' check: a namespace not made yet (the
+// operator applies Paperclip's after installing clipjob) must not keep
+// the webhook from serving; the next check writes it.
+func (m *Manager) publish(ctx context.Context, bundle []byte) error {
+	var errs []error
+	for _, ref := range m.o.BundleConfigMaps {
+		cms := m.client.CoreV1().ConfigMaps(ref.Namespace)
+		cm, err := cms.Get(ctx, ref.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			_, err = cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ref.Name, Namespace: ref.Namespace,
+				Labels: map[string]string{"app.kubernetes.io/managed-by": "clipjob"}},
+				Data: map[string]string{BundleKey: string(bundle)}}, metav1.CreateOptions{})
+		case err == nil && cm.Data[BundleKey] != string(bundle):
+			if cm.Data == nil {
+				cm.Data = map[string]string{}
+			}
+			cm.Data[BundleKey] = string(bundle)
+			_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+		case err == nil:
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("publishing the CA bundle in ConfigMap %s: %w", ref, err))
+			continue
+		}
+		m.o.Log.Info("CA bundle published", "configMap", ref.String())
+	}
+	return errors.Join(errs...)
+}
+
+// BundleKey is the key of the bundle in the CA Secret and in the
+// ConfigMaps it is published in.
+const BundleKey = "ca.crt"
 
 func (m *Manager) serve(pair *KeyPair, bundle []byte, dnsName string, now time.Time) {
 	cert, err := tls.X509KeyPair(pair.CertPEM, pair.KeyPEM)

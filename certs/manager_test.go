@@ -350,3 +350,69 @@ func TestAForeignCAInTheBundleIsDropped(t *testing.T) {
 	}
 	f.servedTrusted(f.m)
 }
+
+// The bundle is published in a ConfigMap of the Paperclip server's
+// namespace, which may be made after clipjob: the webhook serves before
+// it exists, the ConfigMap comes at the first check after, follows a CA
+// rotation, and an idle check writes nothing.
+func TestBundlePublishedInAConfigMap(t *testing.T) {
+	f := newFixture(t)
+	ref, err := ParseObjectRef("paperclip/clipjob-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.m.o.BundleConfigMaps = []ObjectRef{ref}
+	// The fake API has no namespaces: the reactor refuses as the API
+	// server does until the namespace is made (its lock is held here, so
+	// it reads a flag rather than the fake).
+	namespaceMade := false
+	f.cs.PrependReactor("create", "configmaps", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		if !namespaceMade {
+			return true, nil, apierrors.NewNotFound(corev1.Resource("namespaces"), "paperclip")
+		}
+		return false, nil, nil
+	})
+	if err := f.m.Check(context.Background()); err == nil || !strings.Contains(err.Error(), "ConfigMap paperclip/clipjob-ca") {
+		t.Fatalf("check without the namespace: %v; want the ConfigMap named", err)
+	}
+	f.servedTrusted(f.m) // serving all the same
+	namespaceMade = true
+	published := func() string {
+		t.Helper()
+		cm, err := f.cs.CoreV1().ConfigMaps("paperclip").Get(context.Background(), "clipjob-ca", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cm.Data[BundleKey]
+	}
+	f.check(f.m)
+	if got, want := published(), string(f.secret("clipjob-ca").Data["ca.crt"]); got != want || got == "" {
+		t.Fatalf("published %q; want the CA Secret's bundle %q", got, want)
+	}
+	relay := f.secret("clipjob-relay-tls")
+	pair, err := ParseKeyPair(relay.Data[corev1.TLSCertKey], relay.Data[corev1.TLSPrivateKeyKey])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Verify([]byte(published()), pair.Cert, "clipjob-relay.clipjob-system.svc", start); err != nil {
+		t.Errorf("the published bundle does not trust the relay: %v", err)
+	}
+	f.cs.ClearActions()
+	f.check(f.m)
+	if w := writes(f.cs); len(w) != 0 {
+		t.Errorf("an idle check wrote %v", w)
+	}
+	f.clock.SetTime(start.Add(270 * 24 * time.Hour)) // the CA is renewed
+	f.check(f.m)
+	if got := ParseBundle([]byte(published())); len(got) != 2 {
+		t.Errorf("after the CA's renewal the ConfigMap holds %d CAs; want the new and the old", len(got))
+	}
+}
+
+func TestParseObjectRef(t *testing.T) {
+	for _, bad := range []string{"", "x", "/x", "x/", "a/b/c"} {
+		if _, err := ParseObjectRef(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

@@ -556,3 +556,69 @@ func TestTenantNamespacesGetTheirRole(t *testing.T) {
 		t.Errorf("a tenant glob: %v", err)
 	}
 }
+
+// The CA bundle is published beside the Paperclip server (the source's
+// namespace) by default, so an operator copies nothing by hand: the
+// webhook is told which ConfigMap and may write that one ConfigMap there
+// and nothing else of the namespace; turned off, or with certificates it
+// does not manage, neither is there.
+func TestCABundlePublishedBesideTheServer(t *testing.T) {
+	for _, tc := range []struct {
+		values map[string]any
+		want   string
+	}{
+		{values: map[string]any{"config": map[string]any{"source": map[string]any{"namespace": "pc"}}}, want: "pc/clipjob-ca"},
+		{values: map[string]any{"certificates": map[string]any{"publishCAConfigMap": "relay-ca"}}, want: "paperclip/relay-ca"},
+		{values: map[string]any{"certificates": map[string]any{"publishCAConfigMap": ""}}},
+		{values: map[string]any{"certificates": map[string]any{"mode": "certManager"}}},
+	} {
+		r := render(t, tc.values)
+		var d appsv1.Deployment
+		into(t, r, "Deployment", "clipjob-webhook", &d)
+		var got []string
+		for _, a := range d.Spec.Template.Spec.Containers[0].Args {
+			if v, ok := strings.CutPrefix(a, "--publish-ca-configmap="); ok {
+				got = append(got, v)
+			}
+		}
+		var roles []rbacv1.Role
+		for _, o := range r.Objects {
+			if o.GetKind() == "Role" && o.GetName() == "clipjob-webhook-ca-publish" {
+				var role rbacv1.Role
+				if err := Decode(o, &role); err != nil {
+					t.Fatal(err)
+				}
+				roles = append(roles, role)
+			}
+		}
+		if tc.want == "" {
+			if len(got) != 0 || len(roles) != 0 {
+				t.Errorf("%v: published %v with Roles %v; want none", tc.values, got, roles)
+			}
+			continue
+		}
+		if !slices.Equal(got, []string{tc.want}) {
+			t.Errorf("%v: the webhook publishes %v; want %s", tc.values, got, tc.want)
+		}
+		ns, name, _ := strings.Cut(tc.want, "/")
+		if len(roles) != 1 || roles[0].Namespace != ns {
+			t.Fatalf("%v: Roles %+v; want one in %s", tc.values, roles, ns)
+		}
+		for _, rule := range roles[0].Rules {
+			if !slices.Equal(rule.Resources, []string{"configmaps"}) {
+				t.Errorf("%v: the publishing Role reaches %v", tc.values, rule.Resources)
+			}
+			if !slices.Contains(rule.Verbs, "create") && !slices.Equal(rule.ResourceNames, []string{name}) {
+				t.Errorf("%v: the publishing Role reads or writes ConfigMaps %v; want %s by name", tc.values, rule.ResourceNames, name)
+			}
+			if slices.Contains(rule.Verbs, "list") || slices.Contains(rule.Verbs, "watch") || slices.Contains(rule.Verbs, "delete") {
+				t.Errorf("%v: the publishing Role may %v", tc.values, rule.Verbs)
+			}
+		}
+		var binding rbacv1.RoleBinding
+		into(t, r, "RoleBinding", "clipjob-webhook-ca-publish", &binding)
+		if binding.Namespace != ns || binding.Subjects[0].Name != "clipjob-webhook" || binding.Subjects[0].Namespace != rel.Namespace {
+			t.Errorf("%v: binding %+v", tc.values, binding)
+		}
+	}
+}

@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -87,6 +88,7 @@ func Run(ctx context.Context, cs kubernetes.Interface, o Options) []Result {
 	}
 	d.rbac(ctx)
 	d.relay(ctx)
+	d.publishedCA(ctx)
 	if cfg != nil {
 		d.dryRun(ctx, cfg)
 	}
@@ -560,6 +562,60 @@ func (d *doctor) relay(ctx context.Context) {
 		return
 	}
 	d.add(pass("relay", "the relay's API answers, and asks for a token"))
+}
+
+// publishedCA checks each ConfigMap the webhook publishes the CA bundle
+// in (certificates.publishCAConfigMap) is there and trusts the relay's
+// serving certificate, as the Paperclip server that mounts it will check
+// it.
+func (d *doctor) publishedCA(ctx context.Context) {
+	webhook := d.rendered.Find("Deployment", d.fullname+"-webhook")
+	relay := d.rendered.Find("Deployment", d.fullname+"-relay")
+	if webhook == nil || relay == nil {
+		return
+	}
+	var dep appsv1.Deployment
+	if charts.Decode(webhook, &dep) != nil || len(dep.Spec.Template.Spec.Containers) == 0 {
+		return
+	}
+	for _, arg := range dep.Spec.Template.Spec.Containers[0].Args {
+		v, ok := strings.CutPrefix(arg, "--publish-ca-configmap=")
+		if !ok {
+			continue
+		}
+		ref, err := certs.ParseObjectRef(v)
+		if err != nil {
+			continue
+		}
+		fix := fmt.Sprintf("the webhook writes it within a check (30s) of namespace %s existing: kubectl -n %s logs deploy/%s-webhook | grep -i 'CA bundle'",
+			ref.Namespace, d.o.Release.Namespace, d.fullname)
+		cm, err := d.cs.CoreV1().ConfigMaps(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+		if err != nil {
+			d.add(fail("relay-ca", fmt.Sprintf("ConfigMap %s (the CA bundle for the relay's clients): %v", ref, err), fix))
+			continue
+		}
+		secret := d.fullname + "-relay-tls"
+		s, err := d.cs.CoreV1().Secrets(d.o.Release.Namespace).Get(ctx, secret, metav1.GetOptions{})
+		if err != nil {
+			d.add(fail("relay-ca", fmt.Sprintf("the relay's serving Secret %s/%s: %v", d.o.Release.Namespace, secret, err), fix))
+			continue
+		}
+		block, _ := pem.Decode(s.Data[corev1.TLSCertKey])
+		var cert *x509.Certificate
+		if block != nil {
+			cert, err = x509.ParseCertificate(block.Bytes)
+		}
+		if block == nil || err != nil {
+			d.add(fail("relay-ca", fmt.Sprintf("the relay's serving Secret %s/%s holds no certificate", d.o.Release.Namespace, secret), fix))
+			continue
+		}
+		host := d.fullname + "-relay." + d.o.Release.Namespace + ".svc"
+		if err := certs.Verify([]byte(cm.Data[certs.BundleKey]), cert, host, d.o.Now()); err != nil {
+			d.add(fail("relay-ca", fmt.Sprintf("ConfigMap %s does not trust the relay's certificate: %v", ref, err), fix))
+			continue
+		}
+		d.add(pass("relay-ca", fmt.Sprintf("ConfigMap %s holds the CA bundle, which trusts the relay's certificate for %s", ref, host)))
+	}
 }
 
 // dryRun creates a bare Job with dryRun=All in the source namespace: it

@@ -103,9 +103,19 @@ func (in *install) build(t *testing.T, edits ...func(*admissionregistrationv1.Mu
 		t.Fatal(err)
 	}
 	fullname := strings.TrimSuffix(m.Name, "-mutating")
+	relay, err := in.ca.Issue([]string{fullname + "-relay." + release.Namespace + ".svc"}, now.Add(-time.Hour), 90*24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
 	objs = append(objs, &m, &v, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: fullname + "-webhook-tls", Namespace: release.Namespace},
 		Data:       map[string][]byte{corev1.TLSCertKey: serving.CertPEM, corev1.TLSPrivateKeyKey: serving.KeyPEM},
+	}, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: fullname + "-relay-tls", Namespace: release.Namespace},
+		Data:       map[string][]byte{corev1.TLSCertKey: relay.CertPEM, corev1.TLSPrivateKeyKey: relay.KeyPEM},
+	}, &corev1.ConfigMap{ // what the webhook publishes beside the Paperclip server
+		ObjectMeta: metav1.ObjectMeta{Name: "clipjob-ca", Namespace: "paperclip"},
+		Data:       map[string]string{certs.BundleKey: string(bundle)},
 	})
 	return objs
 }
@@ -414,5 +424,37 @@ func TestDoctorWarnsOfAListedDeploymentThatDoesNotExist(t *testing.T) {
 	}
 	if r := got["paperclip/gone"]; !r.OK || !r.Warning || !strings.Contains(r.Detail, "does not exist") || r.Fix == "" {
 		t.Errorf("a listed Deployment that does not exist: %+v", r)
+	}
+}
+
+// The CA bundle published beside the Paperclip server must be there and
+// trust the relay's certificate: missing, or holding another CA, the
+// failure names the ConfigMap.
+func TestPublishedCABundle(t *testing.T) {
+	want(t, run(t, fake.NewClientset(healthy(t).build(t)...), ""), "relay-ca", true, "paperclip/clipjob-ca")
+	other, err := certs.NewCA("another-ca", now.Add(-time.Hour), 365*24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, edit := range map[string]func(*corev1.ConfigMap) []runtime.Object{
+		"missing": func(*corev1.ConfigMap) []runtime.Object { return nil },
+		"another CA": func(cm *corev1.ConfigMap) []runtime.Object {
+			cm.Data[certs.BundleKey] = string(other.CertPEM)
+			return []runtime.Object{cm}
+		},
+	} {
+		var objs []runtime.Object
+		for _, o := range healthy(t).build(t) {
+			if cm, ok := o.(*corev1.ConfigMap); ok && cm.Namespace == "paperclip" {
+				objs = append(objs, edit(cm)...)
+				continue
+			}
+			objs = append(objs, o)
+		}
+		results := run(t, fake.NewClientset(objs...), "")
+		want(t, results, "relay-ca", false, "paperclip/clipjob-ca")
+		if name == "another CA" && !strings.Contains(results["relay-ca"].Detail, "does not trust") {
+			t.Errorf("%s: %q", name, results["relay-ca"].Detail)
+		}
 	}
 }

@@ -61,6 +61,12 @@ type Options struct {
 	// (see node.go); Start fails, naming what is missing, on a machine that
 	// cannot run one.
 	RealNode bool
+	// ClusterDNS gives the real node's pods a DNS server answering the
+	// cluster's Service names, as a cluster's CoreDNS does (dns.go), so
+	// manifests written for a real cluster run as they are. Off, pods
+	// resolve with the machine's resolver, and the suite gives them
+	// Services' addresses in hostAliases.
+	ClusterDNS bool
 }
 
 // Cluster is a running local control plane.
@@ -123,6 +129,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		if c.node, err = newRealNode(ctx, c); err != nil {
 			return nil, err
 		}
+		c.node.withDNS = o.ClusterDNS
 	}
 	if err := c.writePKI(); err != nil {
 		return nil, err

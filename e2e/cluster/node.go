@@ -64,6 +64,9 @@ type realNode struct {
 	cluster      *Cluster
 	// lock is held while the node exists: one real node per machine.
 	lock *os.File
+	// withDNS: pods resolve with dns, the cluster's DNS server on ip.
+	withDNS bool
+	dns     *clusterDNS
 }
 
 // realNodeLock is the file whose lock a real node holds. Two would share
@@ -248,6 +251,11 @@ func (n *realNode) start(ctx context.Context, bin string, apiPort int) error {
 		return err
 	}
 	n.kubeletPort = files.kubeletPort
+	if n.withDNS {
+		if n.dns, err = startClusterDNS(c.Clientset(), n.ip); err != nil {
+			return fmt.Errorf("the cluster's DNS server on %s: %w", n.ip, err)
+		}
+	}
 	c.logf("starting kubelet (node %s at %s, pods in %s)", RealNodeName, n.ip, n.podCIDR)
 	if err := n.run(bin, "kubelet",
 		"--config", files.kubelet, "--kubeconfig", files.kubeletKubeconfig,

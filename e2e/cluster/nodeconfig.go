@@ -176,6 +176,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 		"fileCheckFrequency": "5s",
 		"staticPodPath":      "",
 	}
+	if n.withDNS {
+		// Pods' resolv.conf names the cluster's DNS server (dns.go), on
+		// the node's own address, which every pod reaches.
+		cfg["clusterDNS"] = []string{n.ip}
+	}
 	b, err := yaml.Marshal(cfg)
 	if err != nil {
 		return f, err

@@ -25,6 +25,9 @@ import (
 // the mounts under the node's directory, the links and cgroups it made,
 // and the forwarding sysctl as it was.
 func (n *realNode) stop() {
+	if n.dns != nil {
+		n.dns.stop()
+	}
 	byName := map[string]*process{}
 	for _, p := range n.procs {
 		byName[p.name] = p

@@ -49,11 +49,20 @@ import (
 func main() {
 	keep := flag.Bool("keep", false, "keep everything running until Ctrl-C")
 	bare := flag.Bool("bare", false, "the bare-Job contract alone: no Paperclip server, the webhooks and relay on this machine")
+	first := flag.Bool("first-run", false, "time the documented commands from helm install to an agent's first line in Paperclip's run log (docs/paperclip.md)")
 	flag.Parse()
 	// The chart is applied with controller-runtime's client, whose logs
 	// are not this program's output.
 	ctrllog.SetLogger(logr.Discard())
-	if err := run(*keep, *bare); err != nil {
+	var err error
+	if *first {
+		ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err = firstRun(ctx)
+		cancel()
+	} else {
+		err = run(*keep, *bare)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}

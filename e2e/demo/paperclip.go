@@ -95,7 +95,7 @@ func paperclipJourney(ctx context.Context, c *cluster.Cluster, keep bool) error 
 			return false, nil
 		}
 		for _, l := range lines[min(seen, len(lines)):] {
-			if first == 0 && l.Stream == "stdout" {
+			if first == 0 && agentChunk(l.Stream, l.Chunk) {
 				first = time.Since(woken)
 			}
 			fmt.Printf("    %-6s %s\n", l.Stream, strings.TrimRight(truncate(l.Chunk, 160), "\n"))

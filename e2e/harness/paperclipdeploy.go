@@ -126,17 +126,14 @@ func DeployPaperclip(ctx context.Context, c *cluster.Cluster, ns string, rel cha
 	}
 
 	// What the adapter's README has an operator do on Paperclip's side:
-	// the Role bound to the server's ServiceAccount, and clipjob's CA
-	// copied into a ConfigMap beside the server.
+	// the Role bound to the server's ServiceAccount. clipjob's CA bundle
+	// beside the server is the chart's to publish (the ConfigMap
+	// clipjob-ca): the server's pod mounts it, so this test fails if it
+	// is not there or does not trust the relay.
 	if p.ServiceAccount, err = ApplyPaperclipServerRBAC(ctx, cs, ns); err != nil {
 		return nil, err
 	}
-	ca, err := cs.CoreV1().Secrets(rel.Namespace).Get(ctx, rel.Name+"-ca", metav1.GetOptions{})
-	if err != nil || len(ca.Data["ca.crt"]) == 0 {
-		return nil, fmt.Errorf("clipjob's CA Secret %s/%s-ca: %v", rel.Namespace, rel.Name, err)
-	}
-	if _, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "clipjob-ca"},
-		Data: map[string]string{"ca.crt": string(ca.Data["ca.crt"])}}, metav1.CreateOptions{}); err != nil {
+	if err := waitPublishedCA(ctx, cs, ns, rel); err != nil {
 		return nil, err
 	}
 	// The secret the agents' callback tokens are signed with, as an
@@ -343,6 +340,31 @@ func (p *PaperclipInCluster) stopServer(ctx context.Context) {
 	})
 }
 
+// waitPublishedCA waits until the chart's webhook has published the
+// release's CA bundle as the ConfigMap clipjob-ca in ns, holding the CA
+// Secret's bundle.
+func waitPublishedCA(ctx context.Context, cs kubernetes.Interface, ns string, rel charts.Release) error {
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		ca, err := cs.CoreV1().Secrets(rel.Namespace).Get(ctx, rel.Name+"-ca", metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		cm, err := cs.CoreV1().ConfigMaps(ns).Get(ctx, "clipjob-ca", metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		last = "the ConfigMap's bundle is not the CA Secret's"
+		return len(ca.Data["ca.crt"]) > 0 && cm.Data["ca.crt"] == string(ca.Data["ca.crt"]), nil
+	})
+	if err != nil {
+		return fmt.Errorf("the chart never published clipjob's CA bundle as ConfigMap %s/clipjob-ca: %w (last: %s)", ns, err, last)
+	}
+	return nil
+}
+
 // PaperclipInClusterValues are the chart's values for a release serving
 // namespace ns alone, with the Paperclip Deployment there as its source:
 // the webhook (one replica) and the relay placed on the real node, the
@@ -529,6 +551,12 @@ func WaitAdmitting(ctx context.Context, cs kubernetes.Interface, job *batchv1.Jo
 	return nil
 }
 
+// PaperclipPodSpec is paperclipPodSpec, for the test that holds
+// examples/paperclip-in-cluster.yaml to it.
+func PaperclipPodSpec(image, serviceAccount, claim, relayURL string) corev1.PodSpec {
+	return paperclipPodSpec(image, serviceAccount, claim, relayURL)
+}
+
 // paperclipPodSpec is the Paperclip server's pod: the image's own
 // entrypoint and command, uid 1000 under the restricted Pod Security
 // level, its home on claim at /paperclip, the relay's token projected and
@@ -578,7 +606,9 @@ func paperclipPodSpec(image, serviceAccount, claim, relayURL string) corev1.PodS
 			{Name: "home", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}},
 			{Name: "clipjob-relay-token", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
 				{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Audience: "clipjob-relay", ExpirationSeconds: ptr.To[int64](3600), Path: "token"}}}}}},
-			{Name: "clipjob-ca", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "clipjob-ca"}}}},
+			// Optional, as examples/paperclip-in-cluster.yaml has it: there
+			// the server may start before the chart publishes the bundle.
+			{Name: "clipjob-ca", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "clipjob-ca"}, Optional: ptr.To(true)}}},
 		},
 	}
 }

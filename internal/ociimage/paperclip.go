@@ -32,6 +32,10 @@ const (
 	// RegisterCommand is the adapter's bin that writes its records into
 	// Paperclip's home (adapters/paperclip/src/register.ts).
 	RegisterCommand = "clipjob-paperclip-register"
+	// FirstRunCommand is the adapter's bin that makes a company and an
+	// agent and prints its first run's log (adapters/paperclip/src/firstrun.ts):
+	// the operator's one command after applying Paperclip's manifest.
+	FirstRunCommand = "clipjob-paperclip-first-run"
 )
 
 // paperclipEntrypoint is the image's entrypoint script.
@@ -97,6 +101,7 @@ func Paperclip(tag string, in PaperclipInputs) (s Spec, missing []string, err er
 		{Path: "/usr/local/bin/node", Source: in.Node, Mode: 0o755},
 		{Path: "/usr/local/bin/paperclipai", Link: PaperclipApp + "/node_modules/paperclipai/dist/index.js"},
 		{Path: "/usr/local/bin/" + RegisterCommand, Link: ClipjobAdapter + "/dist/src/register.js"},
+		{Path: "/usr/local/bin/" + FirstRunCommand, Link: ClipjobAdapter + "/dist/src/firstrun.js"},
 		{Path: PaperclipEntrypoint, Data: []byte(paperclipEntrypoint), Mode: 0o755},
 		// Scripts' #!/usr/bin/env node.
 		{Path: "/usr/bin/env", Link: "/bin/busybox"},

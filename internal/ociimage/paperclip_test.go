@@ -127,6 +127,7 @@ func TestPaperclipImage(t *testing.T) {
 		"node_modules/@clipjob/paperclip-adapter/package.json":          `{"name": "@clipjob/paperclip-adapter", "main": "./dist/src/index.js"}`,
 		"node_modules/@clipjob/paperclip-adapter/dist/src/index.js":     "// the adapter",
 		"node_modules/@clipjob/paperclip-adapter/dist/src/register.js":  "#!/usr/bin/env node\n// registers",
+		"node_modules/@clipjob/paperclip-adapter/dist/src/firstrun.js":  "#!/usr/bin/env node\n// a first run",
 		"node_modules/@clipjob/paperclip-adapter/opencode/package.json": `{"main": "./index.js"}`,
 	})
 	busybox, agent := filepath.Join(dir, "busybox"), filepath.Join(dir, "fakeagent")
@@ -206,19 +207,21 @@ func TestPaperclipImage(t *testing.T) {
 		}
 	}
 	for link, want := range map[string]string{
-		"/usr/local/bin/clipjob-paperclip-register": "/opt/paperclip-adapters/node_modules/@clipjob/paperclip-adapter/dist/src/register.js",
-		"/usr/local/bin/paperclipai":                "/app/node_modules/paperclipai/dist/index.js",
-		"/usr/local/bin/claude":                     "/usr/local/bin/fakeagent",
-		"/usr/local/bin/opencode":                   "/usr/local/bin/fakeagent",
-		"/usr/bin/env":                              "/bin/busybox",
-		"/bin/sh":                                   "/bin/busybox",
-		"/app/node_modules/cli":                     "/app/node_modules/paperclipai",
+		"/usr/local/bin/clipjob-paperclip-register":  "/opt/paperclip-adapters/node_modules/@clipjob/paperclip-adapter/dist/src/register.js",
+		"/usr/local/bin/clipjob-paperclip-first-run": "/opt/paperclip-adapters/node_modules/@clipjob/paperclip-adapter/dist/src/firstrun.js",
+		"/usr/local/bin/paperclipai":                 "/app/node_modules/paperclipai/dist/index.js",
+		"/usr/local/bin/claude":                      "/usr/local/bin/fakeagent",
+		"/usr/local/bin/opencode":                    "/usr/local/bin/fakeagent",
+		"/usr/bin/env":                               "/bin/busybox",
+		"/bin/sh":                                    "/bin/busybox",
+		"/app/node_modules/cli":                      "/app/node_modules/paperclipai",
 	} {
 		if got := resolve(link); got != want {
 			t.Errorf("%s leads to %s, want %s", link, got, want)
 		}
 	}
 	regular("/opt/paperclip-adapters/node_modules/@clipjob/paperclip-adapter/dist/src/register.js", true)
+	regular("/opt/paperclip-adapters/node_modules/@clipjob/paperclip-adapter/dist/src/firstrun.js", true)
 	regular("/opt/paperclip-adapters/node_modules/@clipjob/paperclip-adapter/opencode/package.json", false)
 	regular("/app/node_modules/@paperclipai/server/dist/index.js", false)
 	regular("/usr/local/bin/node", true)

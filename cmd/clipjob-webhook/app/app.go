@@ -6,7 +6,9 @@ package app
 
 import (
 	"context"
+	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"time"
 
@@ -32,13 +34,18 @@ type SelfManagedCerts struct {
 	CertSecret, CASecret, RelayCertSecret string
 	DNSNames, RelayDNSNames               []string
 	MutatingWebhooks, ValidatingWebhooks  []string
-	CheckInterval, PropagationDelay       time.Duration
+	// PublishCA are namespace/name of ConfigMaps to keep the CA bundle in.
+	PublishCA                       []string
+	CheckInterval, PropagationDelay time.Duration
 }
 
 // options returns the certs.Options the flags ask for, or nil.
-func (c SelfManagedCerts) options() *certs.Options {
+func (c SelfManagedCerts) options() (*certs.Options, error) {
 	if c.CertSecret == "" {
-		return nil
+		if len(c.PublishCA) > 0 {
+			return nil, errors.New("--publish-ca-configmap needs self-managed certificates (--cert-secret)")
+		}
+		return nil, nil
 	}
 	o := &certs.Options{CASecret: c.CASecret, Serving: []certs.Target{{Secret: c.CertSecret, DNSNames: c.DNSNames}},
 		MutatingWebhooks: c.MutatingWebhooks, ValidatingWebhooks: c.ValidatingWebhooks,
@@ -46,7 +53,14 @@ func (c SelfManagedCerts) options() *certs.Options {
 	if c.RelayCertSecret != "" {
 		o.Serving = append(o.Serving, certs.Target{Secret: c.RelayCertSecret, DNSNames: c.RelayDNSNames})
 	}
-	return o
+	for _, p := range c.PublishCA {
+		ref, err := certs.ParseObjectRef(p)
+		if err != nil {
+			return nil, fmt.Errorf("--publish-ca-configmap: %w", err)
+		}
+		o.BundleConfigMaps = append(o.BundleConfigMaps, ref)
+	}
+	return o, nil
 }
 
 // NewFlags returns the command's flags bound to o; their defaults are
@@ -76,6 +90,7 @@ func NewFlags(o *Options) *flag.FlagSet {
 	fs.Var((*command.List)(&c.ValidatingWebhooks), "inject-ca-validating", "self-managed certificates: a ValidatingWebhookConfiguration to inject the CA into (repeatable)")
 	fs.StringVar(&c.RelayCertSecret, "relay-cert-secret", c.RelayCertSecret, "self-managed certificates: also keep the relay's serving certificate in this Secret")
 	fs.Var((*command.List)(&c.RelayDNSNames), "relay-cert-dns-name", "self-managed certificates: a DNS name of the relay's certificate (repeatable)")
+	fs.Var((*command.List)(&c.PublishCA), "publish-ca-configmap", "self-managed certificates: a ConfigMap (namespace/name) to keep the CA bundle in, key ca.crt, for a client of the relay in that namespace (repeatable)")
 	fs.DurationVar(&c.CheckInterval, "cert-check-interval", c.CheckInterval, "self-managed certificates: how often to check them (default 30s)")
 	fs.DurationVar(&c.PropagationDelay, "cert-propagation-delay", c.PropagationDelay, "self-managed certificates: how long a new CA is trusted before certificates are issued by it (default 30s)")
 	o.Server.BindFlags(fs)
@@ -89,7 +104,10 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 	if err := command.ParseFlags(fs, args, stderr); err != nil {
 		return nil, err
 	}
-	o.Certificates = o.SelfManaged.options()
+	var err error
+	if o.Certificates, err = o.SelfManaged.options(); err != nil {
+		return nil, err
+	}
 	return o, nil
 }
 

@@ -100,6 +100,8 @@ func TestFlagsRefused(t *testing.T) {
 		{args: []string{"--kube-api-qps", "fast"}, want: `invalid value "fast" for flag -kube-api-qps`},
 		{args: []string{"--config-poll-interval", "2"}, want: `invalid value "2" for flag -config-poll-interval`},
 		{args: []string{"serve"}, want: `unexpected arguments ["serve"]`},
+		{args: []string{"--publish-ca-configmap", "paperclip/clipjob-ca"}, want: "needs self-managed certificates"},
+		{args: []string{"--cert-secret", "s", "--publish-ca-configmap", "clipjob-ca"}, want: `--publish-ca-configmap: "clipjob-ca": want namespace/name`},
 	} {
 		var stderr bytes.Buffer
 		code := Main(context.Background(), tc.args, &stderr, func(context.Context, webhook.Options) error {
