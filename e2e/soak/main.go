@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -464,25 +465,32 @@ func (k *killer) pick(ctx context.Context, target string) (ns, pod string, err e
 			// controller-runtime's identity is the pod's name and a suffix.
 			name, _, _ = strings.Cut(ptr.Deref(l.Spec.HolderIdentity, ""), "_")
 			p, err := k.cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-			return err == nil && p.DeletionTimestamp == nil, nil
+			return err == nil && p.DeletionTimestamp == nil && ready(p), nil
 		})
 		if err != nil {
 			return "", "", fmt.Errorf("no live pod holds the claim controller's Lease (last named %q): %w", name, err)
 		}
 		return ns, name, nil
 	}
-	pods, err := k.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
-	if err != nil {
-		return "", "", err
-	}
+	// Only a ready pod: a container killed again while it starts measures
+	// the kubelet's crash-loop backoff, not recovery (the first SIGKILL
+	// soak kept Paperclip in CrashLoopBackOff that way).
 	var live []string
-	for _, p := range pods.Items {
-		if p.DeletionTimestamp == nil {
-			live = append(live, p.Name)
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := k.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+		if err != nil {
+			return false, nil
 		}
-	}
-	if len(live) == 0 {
-		return "", "", fmt.Errorf("no pod of %s (%s) in %s", target, selector, ns)
+		live = live[:0]
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp == nil && ready(&p) {
+				live = append(live, p.Name)
+			}
+		}
+		return len(live) > 0, nil
+	})
+	if err != nil {
+		return "", "", fmt.Errorf("no ready pod of %s (%s) in %s: %w", target, selector, ns, err)
 	}
 	return ns, live[k.rng.IntN(len(live))], nil
 }
@@ -505,4 +513,10 @@ func (k *killer) summary() string {
 		parts = append(parts, fmt.Sprintf("%s %d", t, k.kills[t]))
 	}
 	return strings.Join(parts, ", ")
+}
+
+func ready(p *corev1.Pod) bool {
+	return slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool {
+		return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
+	})
 }
