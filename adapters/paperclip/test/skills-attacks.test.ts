@@ -9,40 +9,10 @@ import { spawn, execFileSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { after, describe, it } from "node:test";
+import { describe, it } from "node:test";
 
-import type { RunHome } from "../src/rundirs.js";
 import { planSkills, skillsPrompt, skillWarnings } from "../src/skills.js";
-
-function layout() {
-  const top = mkdtempSync(join(tmpdir(), "skills-attack-"));
-  const volume = join(top, "paperclip");
-  const root = join(volume, "instances", "default");
-  const skills = join(root, "skills", "c1");
-  const skill = (dir: string, markdown: string) => {
-    mkdirSync(dir, { recursive: true });
-    writeFileSync(join(dir, "SKILL.md"), markdown);
-    return dir;
-  };
-  const otherCompany = skill(join(root, "skills", "c2", "secret--5e6f"), "---\ndescription: STOLEN other company's skill\n---\n");
-  mkdirSync(join(root, "secrets"), { recursive: true });
-  writeFileSync(join(root, "secrets", "master.key"), "MASTER-KEY-BYTES\n");
-  const home: RunHome = { paperclipHome: volume, instance: "default", sharedVolume: volume };
-  return { top, root, skills, otherCompany, home, skill };
-}
-
-const made: string[] = [];
-after(() => {
-  for (const d of made) rmSync(d, { recursive: true, force: true });
-});
-
-function entry(key: string, source: string, runtimeName = key.split("/").pop()!) {
-  return { key, runtimeName, source, sourceStatus: "available" };
-}
-
-function configWith(entries: unknown[], desired: string[]) {
-  return { paperclipRuntimeSkills: entries, paperclipSkillSync: { desiredSkills: desired } };
-}
+import { configWith, entry, layout, made } from "./skills-fixture.js";
 
 describe("attacks on company skills", () => {
   // Paperclip's own manifest code says a missing skill's detail can embed

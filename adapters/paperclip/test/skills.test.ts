@@ -2,50 +2,13 @@ import assert from "node:assert/strict";
 import { linkSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { after, describe, it } from "node:test";
+import { describe, it } from "node:test";
 
 import { CLAUDE_ADAPTER, createClipjobAdapter, OPENCODE_ADAPTER } from "../src/adapter.js";
-import type { RunHome } from "../src/rundirs.js";
 import { planSkills, skillDescription, skillSnapshot, skillsPrompt, skillWarnings } from "../src/skills.js";
+import { configWith, entry, layout, made } from "./skills-fixture.js";
 
 const OPERATIONAL = "paperclipai/paperclip/paperclip";
-
-/**
- * A server home on a volume, as Paperclip's image keeps it: company c1's
- * skills under R/skills/c1, another company's beside them, the server's
- * .env in R, and a skill bundled in the server's install off the volume.
- */
-function layout() {
-  const top = mkdtempSync(join(tmpdir(), "skills-"));
-  const volume = join(top, "paperclip");
-  const root = join(volume, "instances", "default");
-  const skills = join(root, "skills", "c1");
-  const skill = (dir: string, markdown: string) => {
-    mkdirSync(dir, { recursive: true });
-    writeFileSync(join(dir, "SKILL.md"), markdown);
-    return dir;
-  };
-  const deploy = skill(join(skills, "__runtime__", "deploy--1a2b"), "---\nname: deploy\ndescription: Ship a release to staging.\n---\n# Deploy\nRun make ship.\n");
-  const review = skill(join(skills, "__runtime__", "review--3c4d"), "---\nname: review\ndescription: >\n  Review a pull\n  request.\n---\n");
-  const otherCompany = skill(join(root, "skills", "c2", "secret--5e6f"), "---\ndescription: STOLEN other company's skill\n---\n");
-  writeFileSync(join(root, ".env"), "PAPERCLIP_AGENT_JWT_SECRET=server-secret\n");
-  const bundled = skill(join(top, "server", "node_modules", "@paperclipai", "server", "skills", "paperclip"), "---\ndescription: The operational skill.\n---\n");
-  const home: RunHome = { paperclipHome: volume, instance: "default", sharedVolume: volume };
-  return { top, volume, root, skills, deploy, review, otherCompany, bundled, home, skill };
-}
-
-const made: string[] = [];
-after(() => {
-  for (const d of made) rmSync(d, { recursive: true, force: true });
-});
-
-function entry(key: string, source: string, runtimeName = key.split("/").pop()!) {
-  return { key, runtimeName, source, sourceStatus: "available" };
-}
-
-function configWith(entries: unknown[], desired: string[]) {
-  return { paperclipRuntimeSkills: entries, paperclipSkillSync: { desiredSkills: desired } };
-}
 
 describe("company skills in the run's pod", () => {
   it("gives the agent its enabled skills from the company's skills directory, and warns of the others", async () => {
