@@ -70,16 +70,15 @@ func flipReplicaSets(ctx context.Context, t *testing.T, in *harness.Install, cs 
 	return admitted
 }
 
-// The webhook leaves out of its comparison every projected volume named
-// kube-api-access-* that the template lacks, and every mount of one,
-// wherever it is: the ServiceAccount admission plugin's token volume is
-// told by its name alone. A ReplicaSet's template can name a volume so,
+// A projected volume named kube-api-access-*, like the ServiceAccount
+// admission plugin's token volume, is left out of the comparison only
+// when it is that volume (what it projects, where it is mounted). A
+// ReplicaSet's template can name a volume so,
 // of any projected sources (a ConfigMap the tenant writes, any Secret of
 // the namespace), and mount it anywhere in the server's container: over
 // a file of Paperclip's home (here adapter-plugins.json, which the server
 // imports at start, so the tenant's code runs as the server beside the
-// whole home), over /etc/ssl, over the server's own code. Fails on main:
-// the pod is admitted.
+// whole home), over /etc/ssl, over the server's own code: refused.
 func TestAVolumeNamedLikeTheTokensIsNoLicenceToMountAnything(t *testing.T) {
 	in := newInstall(t)
 	ctx := ctxT(t)
@@ -111,12 +110,12 @@ func TestAVolumeNamedLikeTheTokensIsNoLicenceToMountAnything(t *testing.T) {
 	}
 }
 
-// Nor does the webhook compare a pod's host aliases or DNS settings with
-// its template's: a ReplicaSet's template can point the server's host
-// names (here `db`, which the example server's DATABASE_URL reaches in
-// clear, password and all) at the tenant's address. The pod runs the
-// server's image with its env and Paperclip's home; the tenant answers as
-// its database. Fails on main: the pod is admitted.
+// A pod's host aliases and DNS settings are compared with its template's
+// too: a ReplicaSet's template can point the server's host names (here
+// `db`, which the example server's DATABASE_URL reaches in clear,
+// password and all) at the tenant's address, and the pod would run the
+// server's image with its env and Paperclip's home while the tenant
+// answers as its database. Refused.
 func TestTheServersPodKeepsItsTemplatesHostNames(t *testing.T) {
 	in := newInstall(t)
 	ctx := ctxT(t)

@@ -7,7 +7,6 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -126,35 +125,12 @@ func TestASidecarFromAReplicaSetPatchedBackIsRefused(t *testing.T) {
 	serverPod(in, ctx, t)
 	cs := tenantClient(in, ctx, t, "rs-flipper", rule("apps", "deployments", "get"), rule("apps", "replicasets", "create", "get", "update", "patch", "delete"),
 		rule("", "pods", "get", "list"))
-	d, err := cs.AppsV1().Deployments(in.Namespace).Get(ctx, "paperclip", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
+	sidecar := func(tmpl *corev1.PodTemplateSpec) {
+		tmpl.Spec.Containers = append(tmpl.Spec.Containers, corev1.Container{Name: "sidecar", Image: "evil.example.com/home-reader:1",
+			VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/home"}}})
 	}
-	owner := metav1.OwnerReference{APIVersion: "apps/v1", Kind: "Deployment", Name: d.Name, UID: d.UID, Controller: ptr.To(true)}
-	good := *d.Spec.Template.DeepCopy()
-	bad := *good.DeepCopy()
-	bad.Spec.Containers = append(bad.Spec.Containers, corev1.Container{Name: "sidecar", Image: "evil.example.com/home-reader:1",
-		VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/home"}}})
-	patch, err := json.Marshal([]map[string]any{{"op": "replace", "path": "/spec/template", "value": good}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 10 {
-		name := fmt.Sprintf("flip-%d", i)
-		rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: in.Namespace, Labels: d.Spec.Template.Labels, OwnerReferences: []metav1.OwnerReference{owner}},
-			Spec: appsv1.ReplicaSetSpec{Replicas: ptr.To[int32](2), Selector: d.Spec.Selector, Template: bad}}
-		if _, err := cs.AppsV1().ReplicaSets(in.Namespace).Create(ctx, rs, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := cs.AppsV1().ReplicaSets(in.Namespace).Patch(ctx, name, types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range replicaSetPods(ctx, cs, in.Namespace, name, 5*time.Second) {
-			if len(p.Spec.Containers) > 1 {
-				t.Errorf("pod %s of ReplicaSet %s was admitted with the sidecar %s (%s) mounting the shared claim", p.Name, name, p.Spec.Containers[1].Name, p.Spec.Containers[1].Image)
-			}
-		}
-		_ = cs.AppsV1().ReplicaSets(in.Namespace).Delete(ctx, name, metav1.DeleteOptions{})
+	if p := flipReplicaSets(ctx, t, in, cs, 10, sidecar, func(p *corev1.Pod) bool { return len(p.Spec.Containers) > 1 }); p != nil {
+		t.Errorf("pod %s was admitted with the sidecar %s (%s) mounting the shared claim", p.Name, p.Spec.Containers[1].Name, p.Spec.Containers[1].Image)
 	}
 }
 
