@@ -92,7 +92,7 @@ Agent fields:
 
 Cluster fields:
 - namespace (one the server allows: CLIPJOB_NAMESPACE, CLIPJOB_NAMESPACES), profile, ttlSecondsAfterFinished
-- promptAnnotationMaxBytes, reattach, deletePropagation, cancelGraceSec, relayGraceSec, paperclipApiUrl
+- promptAnnotationMaxBytes, reattach, deletePropagation, cancelGraceSec, relayGraceSec, webhookGraceSec, paperclipApiUrl
 
 The cluster connection and the relay (CLIPJOB_KUBECONFIG, CLIPJOB_RELAY_URL,
 CLIPJOB_RELAY_TOKEN_FILE, CLIPJOB_RELAY_CA_FILE) are the server's

@@ -57,6 +57,8 @@ export interface ClipjobSettings {
   cancelGraceSec: number;
   /** How long the relay may not know a run whose Job already finished, or not answer before a run starts. */
   relayGraceSec: number;
+  /** How long a run asks again to create its Job while clipjob's admission webhook cannot be reached (a webhook pod restarting). */
+  webhookGraceSec: number;
   /** How often the run's liveness is refreshed with Paperclip (onSpawn). */
   livenessRefreshSec: number;
 }
@@ -321,6 +323,7 @@ export function resolveSettings(
     deletePropagation: propagation === "Background" ? "Background" : "Foreground",
     cancelGraceSec: Math.max(0, num(config.cancelGraceSec, 60)),
     relayGraceSec: Math.max(0, num(config.relayGraceSec, 60)),
+    webhookGraceSec: Math.max(0, num(config.webhookGraceSec, 30)),
     livenessRefreshSec: Math.max(1, num(config.livenessRefreshSec, 180)),
   };
 }

@@ -231,13 +231,60 @@ describe("execute", () => {
     assert.equal(kube.jobs.size, 0);
   });
 
-  it("webhook unreachable: the guard-unreachable code", async () => {
+  const webhookUnreachable = () =>
+    statusError(500, "InternalError", 'Internal error occurred: failed calling webhook "mjob.clipjob.paperclip.io": failed to call webhook: Post "https://clipjob-webhook.clipjob-system.svc:443/mutate": dial tcp 10.0.0.7:443: connect: connection refused');
+
+  it("webhook unreachable past webhookGraceSec: asked again meanwhile, then the guard-unreachable code and nothing left", async () => {
+    let creates = 0;
     kube.onCreateJob = () => {
-      throw statusError(500, "InternalError", 'Internal error occurred: failed calling webhook "mjob.clipjob.paperclip.io": context deadline exceeded');
+      creates++;
+      throw webhookUnreachable();
     };
-    const result = await executeRun(CLAUDE_ADAPTER, newCtx().ctx, deps());
+    const rec = newCtx({}, { webhookGraceSec: 0.2 });
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
     assert.equal(result.errorCode, "k8s_concurrency_guard_unreachable");
+    assert.ok(creates >= 3, `asked ${creates} times within webhookGraceSec`);
+    assert.ok(rec.stderr.filter((l) => /admission webhook could not be reached, so nothing was created .*asking again in \d+ ms/.test(l)).length >= 2, rec.stderr.join(""));
     assert.equal(kube.secrets.size, 0);
+    assert.equal(kube.jobs.size, 0);
+  });
+
+  it("webhookGraceSec 0: the guard-unreachable code at the first refusal", async () => {
+    let creates = 0;
+    kube.onCreateJob = () => {
+      creates++;
+      throw webhookUnreachable();
+    };
+    const result = await executeRun(CLAUDE_ADAPTER, newCtx({}, { webhookGraceSec: 0 }).ctx, deps());
+    assert.equal(result.errorCode, "k8s_concurrency_guard_unreachable");
+    assert.equal(creates, 1);
+  });
+
+  it("a webhook replica restarting (two creates it could not judge, then admitted): the run starts and ends once", async () => {
+    let refusals = 2;
+    kube.onCreateJob = (job) => {
+      if (refusals-- > 0) throw webhookUnreachable();
+      return job;
+    };
+    kube.afterCreateJob = runsTo(claudeLines, claudeEnd);
+    const rec = newCtx();
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, null, result.errorMessage ?? "");
+    assert.equal(kube.jobs.size, 1);
+    assert.equal(kube.calls.filter((c) => c.startsWith("create job")).length, 3);
+  });
+
+  it("cancelled while waiting for the webhook: cancelled before start, nothing left", async () => {
+    kube.onCreateJob = () => {
+      throw webhookUnreachable();
+    };
+    const abort = new AbortController();
+    const rec = newCtx({ signal: abort.signal });
+    setTimeout(() => abort.abort(), 40);
+    const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+    assert.equal(result.errorCode, "cancelled", result.errorMessage ?? "");
+    assert.equal(kube.secrets.size, 0);
+    assert.equal(kube.jobs.size, 0);
   });
 
   it("queued in Queue mode: says so and waits with no scheduling timeout", async () => {

@@ -16,6 +16,7 @@ import { buildRunObjects, isLabelValue, renameRunSecret, retryJobName, RunIdenti
 import { ENDED_RUN_STATUSES } from "../paperclip.js";
 import { ensureRunDirs, mountedRunDirs, RunDirsError } from "../rundirs.js";
 import { buildPrompt, buildRunEnv, sessionToResume, taskIdOf, type BuiltPrompt } from "../prompt.js";
+import { sleep } from "../relay.js";
 import { planSkills, skillsPrompt, skillWarnings } from "../skills.js";
 import { serverStopping, watchServerStop } from "../shutdown.js";
 import { cancelledBeforeStart, waitGone } from "./cancel.js";
@@ -197,11 +198,20 @@ async function createJob(run: Run, sub: Submission): Promise<RunEnds | { admitte
   ctx.onDispatch?.();
   let admitted: V1Job | null = null;
   let reaped = false;
+  const webhookWait = webhookWaits(run);
   for (let attempt = 0; attempt < 2 && !admitted; attempt++) {
     try {
       admitted = await kube.createJob(ns, objects.job);
     } catch (err) {
       const f = classifyCreateError(err);
+      if (f.kind === "guard-unreachable" && (await webhookWait(f.error.message))) {
+        attempt--;
+        continue;
+      }
+      if (ctx.signal?.aborted) {
+        await run.dropSecrets();
+        return { result: cancelledBeforeStart("before its Job was created") };
+      }
       if (f.kind === "agent-busy" && !reaped && f.holderJob && f.holderRunId !== ctx.runId) {
         reaped = true;
         if (await reapOrphan(run, f.holderJob, f.holderRunId)) {
@@ -232,6 +242,30 @@ async function createJob(run: Run, sub: Submission): Promise<RunEnds | { admitte
     }
   }
   return { admitted };
+}
+
+/**
+ * The waits of a run whose Job create clipjob's webhook could not judge.
+ * The webhook fails closed, so nothing was created and asking again is
+ * safe; a webhook replica that was killed stays in its Service's
+ * endpoints for a few seconds, until the kubelet and the endpoint
+ * controller see it gone, and the API server's calls that reach it fail
+ * meanwhile. The run asks again for webhookGraceSec, each wait said in
+ * its log, before it fails with k8s_concurrency_guard_unreachable.
+ * Returns whether to ask again (after the wait).
+ */
+function webhookWaits(run: Run): (why: string) => Promise<boolean> {
+  const { ctx, deps, settings } = run;
+  const deadline = Date.now() + settings.webhookGraceSec * 1000;
+  let backoff = deps.follow?.initialBackoffMs ?? 500;
+  const maxBackoff = Math.min(deps.follow?.maxBackoffMs ?? 4_000, 4_000);
+  return async (why) => {
+    if (ctx.signal?.aborted || Date.now() + backoff > deadline) return false;
+    await run.notice(`clipjob's admission webhook could not be reached, so nothing was created (${why}); asking again in ${backoff} ms`);
+    await sleep(backoff, ctx.signal);
+    backoff = Math.min(backoff * 2, maxBackoff);
+    return !ctx.signal?.aborted;
+  };
 }
 
 /** Says the Job was created, and how clipjob admitted it; an orphan ahead of a queued run is deleted. */
