@@ -435,6 +435,48 @@ describe("execute", () => {
     });
   }
 
+  // The agent's previous run ended in Paperclip a moment before the Job
+  // controller marked its Job finished and clipjob let go of the agent.
+  describe("the agent's previous Job has just ended", () => {
+    function previousHolds(rec: Recorded, conditions: { type: string; status: string }[], refusals: number) {
+      kube.jobs.set("pc-previous", ours({
+        metadata: { name: "pc-previous", labels: { "paperclip.io/agent-id": rec.ctx.agent.id, "paperclip.io/run-id": "run-previous" } },
+        status: { conditions } as V1Job["status"],
+      }));
+      let left = refusals;
+      kube.onCreateJob = (j) => {
+        if (left-- > 0) {
+          throw statusError(409, "Conflict", "agent busy", [
+            { reason: "clipjob.paperclip.io/agent-busy", message: "agent busy" },
+            { reason: "clipjob.paperclip.io/holder-run-id", message: "run-previous" },
+            { reason: "clipjob.paperclip.io/holder-job", message: "paperclip/pc-previous" },
+          ]);
+        }
+        return j;
+      };
+    }
+
+    it("its Job Complete, still refused twice: the run asks again, says why, and starts", async () => {
+      kube.afterCreateJob = runsTo(claudeLines, claudeEnd);
+      const rec = newCtx();
+      previousHolds(rec, [{ type: "Complete", status: "True" }], 2);
+      const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+      assert.equal(result.errorCode, null, result.errorMessage ?? "");
+      assert.equal(kube.calls.filter((c) => c.startsWith("create job")).length, 3);
+      assert.equal(rec.stderr.filter((l) => /Job paperclip\/pc-previous has finished, and clipjob has not let go of the agent yet; asking again/.test(l)).length, 2, rec.stderr.join(""));
+      assert.ok(kube.jobs.has("pc-previous"), "a finished Job is left to its TTL, not deleted");
+    });
+
+    it("its Job still running: no waiting, the run is blocked at once", async () => {
+      const rec = newCtx();
+      previousHolds(rec, [], 1);
+      const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, { ...deps(), paperclip: () => ({ runStatus: async () => ({ status: "running" }) }) });
+      assert.equal(result.errorCode, "k8s_concurrent_run_blocked");
+      assert.equal(kube.calls.filter((c) => c.startsWith("create job")).length, 1);
+      assert.ok(!rec.stderr.some((l) => l.includes("has not let go")), rec.stderr.join(""));
+    });
+  });
+
   // A server that crashed mid-run left its Job: Paperclip marked the run
   // ended (process_lost), nobody follows the Job, and it holds the agent.
   describe("an orphan holding the agent", () => {

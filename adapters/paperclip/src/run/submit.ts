@@ -199,6 +199,7 @@ async function createJob(run: Run, sub: Submission): Promise<RunEnds | { admitte
   let admitted: V1Job | null = null;
   let reaped = false;
   const webhookWait = webhookWaits(run);
+  const releaseWait = releaseWaits(run);
   for (let attempt = 0; attempt < 2 && !admitted; attempt++) {
     try {
       admitted = await kube.createJob(ns, objects.job);
@@ -211,6 +212,10 @@ async function createJob(run: Run, sub: Submission): Promise<RunEnds | { admitte
       if (ctx.signal?.aborted) {
         await run.dropSecrets();
         return { result: cancelledBeforeStart("before its Job was created") };
+      }
+      if (f.kind === "agent-busy" && f.holderJob && f.holderRunId !== ctx.runId && (await releaseWait(f.holderJob))) {
+        attempt--;
+        continue;
       }
       if (f.kind === "agent-busy" && !reaped && f.holderJob && f.holderRunId !== ctx.runId) {
         reaped = true;
@@ -264,6 +269,42 @@ function webhookWaits(run: Run): (why: string) => Promise<boolean> {
     await run.notice(`clipjob's admission webhook could not be reached, so nothing was created (${why}); asking again in ${backoff} ms`);
     await sleep(backoff, ctx.signal);
     backoff = Math.min(backoff * 2, maxBackoff);
+    return !ctx.signal?.aborted;
+  };
+}
+
+/** How long a run waits for clipjob to let go of an agent whose holding Job has ended. */
+const RELEASE_GRACE_MS = 15_000;
+
+/**
+ * The waits of a run refused because the agent is busy with a Job that
+ * has ended (Complete or Failed, being deleted, or gone). The agent's
+ * previous run ends in Paperclip when its pod's output ends, a moment
+ * before the Job controller marks the Job finished and clipjob's cache
+ * sees it; a run woken at once would be refused. It asks again for up to
+ * RELEASE_GRACE_MS, each wait said in its log; a holder still running is
+ * no reason to wait. Returns whether to ask again (after the wait).
+ */
+function releaseWaits(run: Run): (holderRef: string) => Promise<boolean> {
+  const { ctx, kube, ns } = run;
+  const deadline = Date.now() + RELEASE_GRACE_MS;
+  let backoff = 250;
+  return async (holderRef) => {
+    const [holderNs, holderName] = holderRef.split("/", 2);
+    if (holderNs !== ns || !holderName || ctx.signal?.aborted || Date.now() + backoff > deadline) return false;
+    let ended: string;
+    try {
+      const job = await kube.readJob(holderNs, holderName);
+      if (job.metadata?.deletionTimestamp) ended = "is being deleted";
+      else if (jobFinished(job)) ended = "has finished";
+      else return false;
+    } catch (err) {
+      if (!isNotFound(err)) return false;
+      ended = "is gone";
+    }
+    await run.notice(`the agent's Job ${holderRef} ${ended}, and clipjob has not let go of the agent yet; asking again in ${backoff} ms`);
+    await sleep(backoff, ctx.signal);
+    backoff = Math.min(backoff * 2, 2_000);
     return !ctx.signal?.aborted;
   };
 }
