@@ -101,8 +101,11 @@ func withLayer(s Spec, layer v1.Layer) (v1.Image, error) {
 // beside path, not held in memory (an image with a Node.js install in it
 // is over a gigabyte), and it stays uncompressed, as `docker save` writes
 // it: the archive only ever travels to a containerd on the same machine,
-// and gzip was most of the time both to make it and to import it (a
-// 1.6 GiB Paperclip layer took 34 s of a loaded machine to gunzip).
+// and gzip was most of the time to make it (the Paperclip image: 70 s or
+// more of both cores, 36 s without). containerd's import takes as long
+// either way: it writes the layer twice, into its content store and
+// unpacked, syncing each, and a gunzip of 523 MiB costs about what
+// writing the extra gigabyte does.
 func WriteArchive(path string, s Spec) error {
 	ref, err := name.NewTag(s.Tag)
 	if err != nil {
