@@ -18,6 +18,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
@@ -403,6 +404,38 @@ func TestWebhookConfigurations(t *testing.T) {
 	if cert.Spec.IssuerRef.Name != "corp-ca" || cert.Spec.IssuerRef.Kind != "ClusterIssuer" || cert.Spec.SecretName != "clipjob-webhook-tls" ||
 		!slices.Contains(cert.Spec.DNSNames, "clipjob-webhook.clipjob-system.svc") {
 		t.Errorf("webhook Certificate %+v", cert.Spec)
+	}
+}
+
+// TestWebhookNamespacesNarrowEveryWebhook: webhook.namespaces, for a
+// cluster with several releases, narrows every webhook to those
+// namespaces, each still excluding the release's own and the excluded.
+func TestWebhookNamespacesNarrowEveryWebhook(t *testing.T) {
+	r := render(t, map[string]any{"webhook": map[string]any{"namespaces": []any{"team-a", "team-a-agents", "team-a"}}})
+	var mwc admissionregistrationv1.MutatingWebhookConfiguration
+	into(t, r, "MutatingWebhookConfiguration", "clipjob-mutating", &mwc)
+	var vwc admissionregistrationv1.ValidatingWebhookConfiguration
+	into(t, r, "ValidatingWebhookConfiguration", "clipjob-validating", &vwc)
+	selectors := map[string]*metav1.LabelSelector{mwc.Webhooks[0].Name: mwc.Webhooks[0].NamespaceSelector}
+	for _, w := range vwc.Webhooks {
+		selectors[w.Name] = w.NamespaceSelector
+	}
+	want := []metav1.LabelSelectorRequirement{
+		{Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"clipjob-system", "kube-system"}},
+		{Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpIn, Values: []string{"team-a", "team-a-agents"}},
+	}
+	for name, sel := range selectors {
+		if d := cmp.Diff(want, sel.MatchExpressions); d != "" {
+			t.Errorf("%s: namespace selector (-want +got):\n%s", name, d)
+		}
+	}
+	if len(selectors) != 4 {
+		t.Errorf("%d webhooks, want 4", len(selectors))
+	}
+	// Without it, every namespace but the excluded.
+	into(t, render(t, nil), "MutatingWebhookConfiguration", "clipjob-mutating", &mwc)
+	if n := len(mwc.Webhooks[0].NamespaceSelector.MatchExpressions); n != 1 {
+		t.Errorf("the default selector has %d expressions, want the exclusion alone", n)
 	}
 }
 

@@ -53,6 +53,9 @@ type Install struct {
 
 	// sharedDir is where its relay mirrors runs (SharedDir).
 	sharedDir string
+	// volumeDir, on a real node, is the host directory the example
+	// Paperclip's volume is (its NFS server does not exist).
+	volumeDir string
 
 	mu sync.Mutex
 	// paperclip is what PaperclipServer set up, once.
@@ -338,6 +341,9 @@ func (in *Install) applyPaperclip(ctx context.Context) error {
 			continue
 		case *corev1.PersistentVolume:
 			obj.Name, obj.Spec.ClaimRef.Namespace = volume, in.Namespace
+			if in.volumeDir != "" {
+				obj.Spec.PersistentVolumeSource = HostPathVolume(volume, in.volumeDir, corev1.ReadWriteMany, in.Namespace, obj.Spec.ClaimRef.Name).Spec.PersistentVolumeSource
+			}
 		case *corev1.PersistentVolumeClaim:
 			obj.Namespace, obj.Spec.VolumeName = in.Namespace, volume
 		case client.Object:

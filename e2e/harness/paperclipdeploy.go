@@ -6,13 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -23,7 +23,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/paperclipai/clipjob/charts"
 	"github.com/paperclipai/clipjob/contract"
@@ -395,33 +394,22 @@ func PaperclipInClusterValues(ns string) map[string]any {
 	}
 }
 
-// InstallRelease installs the chart as release rel with values, as `helm
-// install` would, beside other installs: its webhook configurations
-// narrowed to namespaces (the one change: the chart's select every
-// namespace but its own, and two releases would judge each other's agent
-// Jobs), the relay's store on a volume of the real node. It returns once
-// the webhook and relay are available and the webhook has its CA, with
-// the function that removes it all.
+// InstallRelease installs the chart as release rel with values through
+// Helm's SDK, as `helm install` does (its record in a Secret, which
+// `clipjob doctor` reads), beside other installs: webhook.namespaces
+// narrows its webhooks to namespaces (the chart's select every namespace
+// but its own, and two releases would judge each other's agent Jobs), and
+// the relay's store is a volume of the real node. It returns once the
+// webhook and relay are available and the webhook has its CA, with the
+// function that removes it all.
 func InstallRelease(ctx context.Context, c *cluster.Cluster, rel charts.Release, values map[string]any, namespaces ...string) (undo func(context.Context), err error) {
-	r, err := charts.Render(rel, values)
-	if err != nil {
-		return nil, err
+	values = maps.Clone(values)
+	webhook := map[string]any{}
+	if w, ok := values["webhook"].(map[string]any); ok {
+		webhook = maps.Clone(w)
 	}
-	cl, err := client.New(c.Config, client.Options{})
-	if err != nil {
-		return nil, err
-	}
-	var created []client.Object
-	undo = func(ctx context.Context) {
-		for i := len(created) - 1; i >= 0; i-- {
-			_ = cl.Delete(ctx, created[i], client.PropagationPolicy(metav1.DeletePropagationBackground))
-		}
-	}
-	defer func() {
-		if err != nil {
-			undo(context.Background())
-		}
-	}()
+	webhook["namespaces"] = toAny(namespaces)
+	values["webhook"] = webhook
 	relayName := rel.Name + "-relay"
 	storeDir := filepath.Join(c.Dir, rel.Name+"-relay-store")
 	if err := os.MkdirAll(storeDir, 0o755); err != nil {
@@ -430,46 +418,27 @@ func InstallRelease(ctx context.Context, c *cluster.Cluster, rel charts.Release,
 	if err := os.Chown(storeDir, 65532, 65532); err != nil {
 		return nil, err
 	}
+	cs := c.Clientset()
 	pv := HostPathVolume(rel.Name+"-relay-store", storeDir, corev1.ReadWriteOnce, rel.Namespace, relayName)
-	if err := cl.Create(ctx, pv); err != nil {
+	if pv, err = cs.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}
-	created = append(created, pv)
-	narrow := func(sel **metav1.LabelSelector) {
-		if *sel == nil {
-			*sel = &metav1.LabelSelector{}
-		}
-		(*sel).MatchExpressions = append((*sel).MatchExpressions, metav1.LabelSelectorRequirement{
-			Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpIn, Values: namespaces})
+	h, err := NewHelm(c.Kubeconfig, rel, func(string, ...any) {})
+	if err != nil {
+		return nil, err
 	}
-	for _, u := range r.Objects {
-		var o client.Object = u
-		switch u.GetKind() {
-		case "MutatingWebhookConfiguration":
-			m := &admissionregistrationv1.MutatingWebhookConfiguration{}
-			if err := charts.Decode(u, m); err != nil {
-				return nil, err
-			}
-			for i := range m.Webhooks {
-				narrow(&m.Webhooks[i].NamespaceSelector)
-			}
-			o = m
-		case "ValidatingWebhookConfiguration":
-			v := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-			if err := charts.Decode(u, v); err != nil {
-				return nil, err
-			}
-			for i := range v.Webhooks {
-				narrow(&v.Webhooks[i].NamespaceSelector)
-			}
-			o = v
-		}
-		if err := cl.Create(ctx, o); err != nil {
-			return nil, fmt.Errorf("creating the chart's %s %s: %w", u.GetKind(), u.GetName(), err)
-		}
-		created = append(created, o)
+	remove := func(ctx context.Context) {
+		_ = h.Uninstall()
+		_ = cs.CoreV1().PersistentVolumes().Delete(ctx, pv.Name, metav1.DeleteOptions{})
 	}
-	cs := c.Clientset()
+	defer func() {
+		if err != nil { // undo is nil by then: `return nil, err` set it
+			remove(context.Background())
+		}
+	}()
+	if _, err := h.Install(values); err != nil {
+		return nil, fmt.Errorf("helm install %s: %w", rel.Name, err)
+	}
 	for _, d := range []string{rel.Name + "-webhook", relayName} {
 		if err := WaitDeploymentAvailable(ctx, cs, rel.Namespace, d); err != nil {
 			return nil, err
@@ -478,7 +447,7 @@ func InstallRelease(ctx context.Context, c *cluster.Cluster, rel charts.Release,
 	if err := WaitCABundle(ctx, cs, rel.Name+"-mutating", rel.Name+"-validating"); err != nil {
 		return nil, err
 	}
-	return undo, nil
+	return remove, nil
 }
 
 // WaitDeploymentAvailable waits until Deployment namespace/name has all

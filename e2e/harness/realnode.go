@@ -31,15 +31,7 @@ func SharedDir(c *cluster.Cluster) string { return filepath.Join(c.Dir, "shared"
 // Job that inherits that image runs the fake agent.
 func realPaperclip(ctx context.Context, c *cluster.Cluster) error {
 	dir := SharedDir(c)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	// setgid: what agents create there keeps the group, as on an NFS
-	// export prepared for Paperclip.
-	if err := os.Chown(dir, SharedUID, SharedGID); err != nil {
-		return err
-	}
-	if err := os.Chmod(dir, 0o775|os.ModeSetgid); err != nil {
+	if err := makeSharedDir(dir); err != nil {
 		return err
 	}
 	pv := HostPathVolume("paperclip-data", dir, corev1.ReadWriteMany, "paperclip", "paperclip-data")
@@ -51,6 +43,41 @@ func realPaperclip(ctx context.Context, c *cluster.Cluster) error {
 		return err
 	}
 	return c.TagImage(ctx, cluster.FakeAgentImage, image)
+}
+
+// makeSharedDir makes dir as Paperclip's image leaves its home volume:
+// its uid's and gid's, setgid so that what agents create there keeps the
+// group, as on an NFS export prepared for Paperclip.
+func makeSharedDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.Chown(dir, SharedUID, SharedGID); err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o775|os.ModeSetgid)
+}
+
+// NewAgentNamespace readies namespace ns on the real node for a release
+// of the chart of its own (InstallRelease for ns): ns taken out of the
+// cluster-wide install shared's webhook configurations, so the release
+// alone judges its Jobs, and the example Paperclip there, its shared
+// volume a host directory of its own. A test with one runs beside the
+// others. The Install it returns runs no webhook; its Job helpers
+// (BareJob, CreateJob, WaitPod, AdmissionLoop, ...) act in ns.
+func NewAgentNamespace(ctx context.Context, shared *Install, ns string) (*Install, error) {
+	if err := shared.ExcludeNamespace(ctx, ns); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(shared.c.Dir, ns+"-shared")
+	if err := makeSharedDir(dir); err != nil {
+		return nil, err
+	}
+	in := &Install{Namespace: ns, Namespaces: []string{ns}, c: shared.c, sharedDir: dir, volumeDir: dir}
+	if err := in.applyPaperclip(ctx); err != nil {
+		return nil, err
+	}
+	return in, nil
 }
 
 // paperclipImage is the image of the example Paperclip Deployment.

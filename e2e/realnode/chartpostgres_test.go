@@ -46,6 +46,7 @@ import (
 //     replicas before it keep serving.
 func TestChartRelayOnPostgresOnTheRealNode(t *testing.T) {
 	requireRealNode(t)
+	t.Parallel() // a release and an agent namespace of its own
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	const password = "e2e relay's password"
@@ -58,27 +59,29 @@ func TestChartRelayOnPostgresOnTheRealNode(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	group := harness.Release.Name + "-relay"
-	values := inClusterValues()
-	relayValues := values["relay"].(map[string]any)
-	relayValues["store"], relayValues["replicas"] = "postgres", 2
-	relayValues["postgres"] = map[string]any{"url": pg.TCPConnString("postgres", password)}
-	installInCluster(ctx, t, values)
-	if _, err := suite.cs.PolicyV1().PodDisruptionBudgets(harness.Release.Namespace).Get(ctx, group, metav1.GetOptions{}); err != nil {
+	r := installRelease(ctx, t, "pg", func(ns string) map[string]any {
+		values := inClusterValues(ns)
+		relayValues := values["relay"].(map[string]any)
+		relayValues["store"], relayValues["replicas"] = "postgres", 2
+		relayValues["postgres"] = map[string]any{"url": pg.TCPConnString("postgres", password)}
+		return values
+	})
+	group := r.Name + "-relay"
+	if _, err := suite.cs.PolicyV1().PodDisruptionBudgets(r.Namespace).Get(ctx, group, metav1.GetOptions{}); err != nil {
 		t.Errorf("the relays' PodDisruptionBudget: %v", err)
 	}
 	conn := pg.ConnString("postgres")
-	members := waitRelayMembers(ctx, t, conn, 2)
+	members := r.waitRelayMembers(ctx, t, conn, 2)
 	t.Logf("relay replicas %v, each with its row in the table of replicas and seeing both", members)
 
-	reader := newRelayReader(ctx, t)
+	reader := r.newRelayReader(ctx, t)
 	name := "e2e-chart-pg"
-	suite.in.CreateJob(ctx, t, realJob(t, name, "probe=1 lines=100 rate=100 burst=200"))
-	if job := suite.in.WaitJobEnded(ctx, t, name, 3*time.Minute); job.Status.Succeeded != 1 {
+	r.in.CreateJob(ctx, t, realJobIn(t, r.in, name, "probe=1 lines=100 rate=100 burst=200"))
+	if job := r.in.WaitJobEnded(ctx, t, name, 3*time.Minute); job.Status.Succeeded != 1 {
 		t.Fatalf("Job %s: %+v", name, job.Status)
 	}
-	want := kubeletLog(ctx, t, suite.in.WaitPod(ctx, t, name, func(*corev1.Pod) bool { return true }).Name)
-	run := reader.waitRun(ctx, t, name, func(r *store.Run) bool { return r.Done })
+	want := kubeletLogIn(ctx, t, r.in.Namespace, r.in.WaitPod(ctx, t, name, func(*corev1.Pod) bool { return true }).Name)
+	run := reader.waitRun(ctx, t, name, func(s *store.Run) bool { return s.Done })
 	harness.ExactlyOnce(t, reader.log(ctx, t, name), want)
 	if run.Result == nil || run.Result.Outcome != "succeeded" {
 		t.Errorf("run %s: result %s", name, mustJSON(run.Result))
@@ -90,48 +93,48 @@ func TestChartRelayOnPostgresOnTheRealNode(t *testing.T) {
 	t.Logf("run %s: %d lines, collected by %s", name, len(want), collector)
 
 	t.Run("the replica collecting a run is killed", func(t *testing.T) {
-		killCollectingReplica(ctx, t, reader, conn, members)
+		r.killCollectingReplica(ctx, t, reader, conn, members)
 	})
-	waitDeploymentAvailable(ctx, t, group)
-	waitRelayMembers(ctx, t, conn, 2)
+	r.waitAvailable(ctx, t, group)
+	r.waitRelayMembers(ctx, t, conn, 2)
 
 	t.Run("doctor passes and the relay may not touch Leases", func(t *testing.T) {
-		results, code := clipjobDoctor(t)
+		results, code := r.clipjobDoctor(t)
 		if code != 0 {
 			t.Errorf("doctor on the install on PostgreSQL: exit %d", code)
 		}
-		for _, r := range results {
-			if !r.OK {
-				t.Errorf("doctor: %s failed: %s (fix: %s)", r.Check, r.Detail, r.Fix)
+		for _, res := range results {
+			if !res.OK {
+				t.Errorf("doctor: %s failed: %s (fix: %s)", res.Check, res.Detail, res.Fix)
 			}
 		}
 		// The relay's replicas divide the runs through the store: its
 		// ServiceAccount, whose token a tenant may steal, can do nothing
 		// with the release namespace's Leases (the webhook's election
 		// among them).
-		sa := "system:serviceaccount:" + harness.Release.Namespace + ":" + group
+		sa := "system:serviceaccount:" + r.Namespace + ":" + group
 		for _, verb := range []string{"get", "list", "create", "update", "delete"} {
 			review, err := suite.cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-				User: sa, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + harness.Release.Namespace, "system:authenticated"},
-				ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: harness.Release.Namespace, Verb: verb, Group: "coordination.k8s.io", Resource: "leases"}}}, metav1.CreateOptions{})
+				User: sa, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + r.Namespace, "system:authenticated"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: r.Namespace, Verb: verb, Group: "coordination.k8s.io", Resource: "leases"}}}, metav1.CreateOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if review.Status.Allowed {
-				t.Errorf("%s may %s Leases in %s", sa, verb, harness.Release.Namespace)
+				t.Errorf("%s may %s Leases in %s", sa, verb, r.Namespace)
 			}
 		}
 	})
 
 	t.Run("a wrong password in the Secret", func(t *testing.T) {
-		wrongPassword(ctx, t, pg, reader, group, name, want)
+		r.wrongPassword(ctx, t, pg, reader, group, name, want)
 	})
 }
 
 // relayPods are the release's relay pods, by name.
-func relayPods(ctx context.Context) (map[string]*corev1.Pod, error) {
-	pods, err := suite.cs.CoreV1().Pods(harness.Release.Namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: "app.kubernetes.io/component=relay,app.kubernetes.io/instance=" + harness.Release.Name})
+func (r *chartRelease) relayPods(ctx context.Context) (map[string]*corev1.Pod, error) {
+	pods, err := suite.cs.CoreV1().Pods(r.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/component=relay,app.kubernetes.io/instance=" + r.Name})
 	if err != nil {
 		return nil, err
 	}
@@ -157,12 +160,12 @@ func podReady(p *corev1.Pod) bool {
 // under its name, among the live ones of the store's table of replicas
 // (on the PostgreSQL at conn), no other row is live, and each sees n
 // replicas live and collects (its metrics); it returns their names.
-func waitRelayMembers(ctx context.Context, t *testing.T, conn string, n int) []string {
+func (r *chartRelease) waitRelayMembers(ctx context.Context, t *testing.T, conn string, n int) []string {
 	t.Helper()
 	var names []string
 	var last string
 	err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-		pods, err := relayPods(ctx)
+		pods, err := r.relayPods(ctx)
 		if err != nil {
 			if ctx.Err() == nil { // else last keeps the condition that was not met
 				last = err.Error()
@@ -233,17 +236,17 @@ func relayMetric(p *corev1.Pod, prefix string) (float64, error) {
 // collects a run whose agent is still writing (rendezvous of the run over
 // the live replicas' ids in the table of replicas on the PostgreSQL at
 // conn), and requires the run's whole log stored, each line once.
-func killCollectingReplica(ctx context.Context, t *testing.T, reader *relayReader, conn string, members []string) {
+func (r *chartRelease) killCollectingReplica(ctx context.Context, t *testing.T, reader *relayReader, conn string, members []string) {
 	name := "e2e-chart-pg-kill"
 	// 2,400 lines over 30 s: the takeover (a row's 4 s and a renewal at
 	// most) happens while the agent writes.
-	suite.in.CreateJob(ctx, t, realJob(t, name, "lines=2400 rate=80"))
-	reader.waitRun(ctx, t, name, func(r *store.Run) bool { return r.LastSeq >= 40 })
+	r.in.CreateJob(ctx, t, realJobIn(t, r.in, name, "lines=2400 rate=80"))
+	reader.waitRun(ctx, t, name, func(s *store.Run) bool { return s.LastSeq >= 40 })
 	owner, err := harness.RunCollector(ctx, conn, "clipjob_relay", name, members)
 	if err != nil {
 		t.Fatal(err)
 	}
-	job, err := suite.cs.BatchV1().Jobs(suite.in.Namespace).Get(ctx, name, metav1.GetOptions{})
+	job, err := suite.cs.BatchV1().Jobs(r.in.Namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,25 +254,25 @@ func killCollectingReplica(ctx context.Context, t *testing.T, reader *relayReade
 		t.Fatalf("the agent of %s is not running any more (%+v): the kill would prove nothing", name, job.Status)
 	}
 	before := reader.waitRun(ctx, t, name, func(*store.Run) bool { return true })
-	if err := suite.cs.CoreV1().Pods(harness.Release.Namespace).Delete(ctx, owner, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+	if err := suite.cs.CoreV1().Pods(r.Namespace).Delete(ctx, owner, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	agent := suite.in.WaitPod(ctx, t, name, func(*corev1.Pod) bool { return true }).Name
-	written := uint64(len(kubeletLog(ctx, t, agent)))
+	agent := r.in.WaitPod(ctx, t, name, func(*corev1.Pod) bool { return true }).Name
+	written := uint64(len(kubeletLogIn(ctx, t, r.in.Namespace, agent)))
 	t.Logf("killed relay pod %s, which collects %s, with %d lines stored, %d written", owner, name, before.LastSeq, written)
 	// The agent is still writing: a line written after the kill is stored
 	// by another replica.
-	reader.waitRun(ctx, t, name, func(r *store.Run) bool { return r.LastSeq > written })
+	reader.waitRun(ctx, t, name, func(s *store.Run) bool { return s.LastSeq > written })
 	t.Logf("the run's lines written after the kill stored from %s after it", time.Since(killed).Round(100*time.Millisecond))
-	if job := suite.in.WaitJobEnded(ctx, t, name, 4*time.Minute); job.Status.Succeeded != 1 {
+	if job := r.in.WaitJobEnded(ctx, t, name, 4*time.Minute); job.Status.Succeeded != 1 {
 		t.Fatalf("Job %s: %+v", name, job.Status)
 	}
-	want := kubeletLog(ctx, t, agent)
+	want := kubeletLogIn(ctx, t, r.in.Namespace, agent)
 	if written >= uint64(len(want)) {
 		t.Fatalf("the relay had stored all %d lines before the kill: it proved nothing", len(want))
 	}
-	reader.waitRun(ctx, t, name, func(r *store.Run) bool { return r.Done })
+	reader.waitRun(ctx, t, name, func(s *store.Run) bool { return s.Done })
 	harness.ExactlyOnce(t, reader.log(ctx, t, name), want)
 	t.Logf("%d lines, %d of them written after the kill, each stored once", len(want), uint64(len(want))-written)
 }
@@ -277,17 +280,17 @@ func killCollectingReplica(ctx context.Context, t *testing.T, reader *relayReade
 // clipjobDoctor runs `clipjob doctor` on the release, as an operator does
 // (no --values: it reads them from the cluster), and returns its results
 // and exit code.
-func clipjobDoctor(t *testing.T) ([]doctor.Result, int) {
+func (r *chartRelease) clipjobDoctor(t *testing.T) ([]doctor.Result, int) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	code := app.Main([]string{"doctor", "--kubeconfig", suite.cluster.Kubeconfig, "--namespace", harness.Release.Namespace,
-		"--release", harness.Release.Name, "-o", "json", "--timeout", "3m"}, nil, &stdout, &stderr)
+	code := app.Main([]string{"doctor", "--kubeconfig", suite.cluster.Kubeconfig, "--namespace", r.Namespace,
+		"--release", r.Name, "-o", "json", "--timeout", "3m"}, nil, &stdout, &stderr)
 	var results []doctor.Result
 	if err := json.Unmarshal(stdout.Bytes(), &results); err != nil {
 		t.Fatalf("doctor exit %d: %v: %s %s", code, err, stdout.String(), stderr.String())
 	}
-	for _, r := range results {
-		t.Logf("doctor: %v %s: %s %s", r.OK, r.Check, r.Detail, r.Fix)
+	for _, res := range results {
+		t.Logf("doctor: %v %s: %s %s", res.OK, res.Check, res.Detail, res.Fix)
 	}
 	return results, code
 }
@@ -297,19 +300,19 @@ func clipjobDoctor(t *testing.T) ([]doctor.Result, int) {
 // the store refused the password (without the password); the rollout
 // waits on it (maxUnavailable 0), so the replicas before it stay Ready and
 // keep serving the runs.
-func wrongPassword(ctx context.Context, t *testing.T, pg *pgtest.Server, reader *relayReader, group, run string, want []string) {
-	before, err := relayPods(ctx)
+func (r *chartRelease) wrongPassword(ctx context.Context, t *testing.T, pg *pgtest.Server, reader *relayReader, group, run string, want []string) {
+	before, err := r.relayPods(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const wrong = "not the relay's password"
 	secret := map[string]any{"stringData": map[string]string{"url": pg.TCPConnString("postgres", wrong)}}
 	patch, _ := json.Marshal(secret)
-	if _, err := suite.cs.CoreV1().Secrets(harness.Release.Namespace).Patch(ctx, group+"-postgres", types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	if _, err := suite.cs.CoreV1().Secrets(r.Namespace).Patch(ctx, group+"-postgres", types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	restart := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"e2e.clipjob.paperclip.io/restarted":%q}}}}}`, time.Now().Format(time.RFC3339Nano))
-	if _, err := suite.cs.AppsV1().Deployments(harness.Release.Namespace).Patch(ctx, group, types.StrategicMergePatchType, []byte(restart), metav1.PatchOptions{}); err != nil {
+	if _, err := suite.cs.AppsV1().Deployments(r.Namespace).Patch(ctx, group, types.StrategicMergePatchType, []byte(restart), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// The new pod, once it has stopped twice (a crash loop), with the log
@@ -318,7 +321,7 @@ func wrongPassword(ctx context.Context, t *testing.T, pg *pgtest.Server, reader 
 	var logs []byte
 	var last string
 	err = wait.PollUntilContextTimeout(ctx, time.Second, 4*time.Minute, true, func(ctx context.Context) (bool, error) {
-		pods, err := relayPods(ctx)
+		pods, err := r.relayPods(ctx)
 		if err != nil {
 			return false, nil
 		}
@@ -366,7 +369,7 @@ func wrongPassword(ctx context.Context, t *testing.T, pg *pgtest.Server, reader 
 			t.Errorf("the %s of relay pod %s shows the password", what, bad.Name)
 		}
 	}
-	pods, err := relayPods(ctx)
+	pods, err := r.relayPods(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,19 +8,15 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/paperclipai/clipjob/charts"
 	"github.com/paperclipai/clipjob/contract"
@@ -30,10 +26,11 @@ import (
 	"github.com/paperclipai/clipjob/relay/store"
 )
 
-// inClusterValues install the chart as an operator would: its own
-// certificates (selfManaged), the webhook and relay as Deployments from
-// the image, here placed on the real node.
-func inClusterValues() map[string]any {
+// inClusterValues install the chart as an operator would, for agent
+// namespace ns with the example Paperclip there as its source: its own
+// certificates (selfManaged), the webhook (two replicas) and relay as
+// Deployments from the image, here placed on the real node.
+func inClusterValues(ns string) map[string]any {
 	sel, tol := cluster.RealNodePlacement()
 	selector := map[string]any{} // Helm's values are JSON: no typed maps
 	for k, v := range sel {
@@ -42,142 +39,84 @@ func inClusterValues() map[string]any {
 	place := map[string]any{"nodeSelector": selector, "tolerations": []any{map[string]any{
 		"key": tol[0].Key, "operator": string(tol[0].Operator), "effect": string(tol[0].Effect)}}}
 	webhook := map[string]any{"replicas": 2}
-	relayValues := map[string]any{}
+	relayValues := map[string]any{"namespaces": []any{ns}}
 	for k, v := range place {
 		webhook[k], relayValues[k] = v, v
 	}
 	return map[string]any{
-		"agentNamespaces": harness.AgentNamespaces,
-		"config":          map[string]any{"tenantNamespaces": harness.TenantNamespaces},
+		"agentNamespaces": []any{ns},
+		"config":          map[string]any{"source": map[string]any{"namespace": ns, "deployment": "paperclip", "container": "paperclip"}},
 		"webhook":         webhook,
 		"relay":           relayValues,
 	}
 }
 
-// installInCluster replaces the suite's host-process webhook registration
-// with the chart's own install, and puts it back when the test ends.
-func installInCluster(ctx context.Context, t *testing.T, values map[string]any) *charts.Rendered {
+// chartRelease is the chart installed from its images as a release of
+// its own, serving an agent namespace of its own beside the suite's
+// install, so the tests that install one run in parallel with the rest.
+type chartRelease struct {
+	charts.Release
+	// in is the agent namespace: its Jobs, pods and admission loop.
+	in *harness.Install
+}
+
+// installRelease installs the chart as release clipjob-<name> (namespace
+// clipjob-<name>-system) for agent namespace <name>-agents, values made
+// by values for that namespace; it is removed when the test ends.
+func installRelease(ctx context.Context, t *testing.T, name string, values func(ns string) map[string]any) *chartRelease {
 	t.Helper()
 	if _, err := harness.LoadClipjobImage(ctx, suite.cluster); err != nil {
 		t.Fatal(err)
 	}
-	r, err := charts.Render(harness.Release, values)
+	// The chart names its objects after a release whose name holds the
+	// chart's (clipjob-pg-webhook), else release-clipjob-webhook.
+	r := &chartRelease{Release: charts.Release{Name: "clipjob-" + name, Namespace: "clipjob-" + name + "-system"}}
+	in, err := harness.NewAgentNamespace(ctx, suite.in, name+"-agents")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl, err := client.New(suite.cluster.Config, client.Options{})
+	r.in = in
+	if _, err := suite.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.Namespace}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	undo, err := harness.InstallRelease(ctx, suite.cluster, r.Release, values(in.Namespace), in.Namespace)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The relay's store: a volume on the real node for its claim.
-	storeDir := filepath.Join(suite.cluster.Dir, "relay-store")
-	if err := os.MkdirAll(storeDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(storeDir, 65532, 65532); err != nil {
-		t.Fatal(err)
-	}
-	relayName := harness.Release.Name + "-relay"
-	pv := harness.HostPathVolume("clipjob-relay-store", storeDir, corev1.ReadWriteOnce, harness.Release.Namespace, relayName)
-	if err := cl.Create(ctx, pv); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	// The host registration goes first: the chart's configurations call
-	// its Service, not a URL, and are created whole.
-	deleteWebhookConfigurations(ctx, t)
-	var created []client.Object
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		for i := len(created) - 1; i >= 0; i-- {
-			o := created[i]
-			switch o.GetObjectKind().GroupVersionKind().Kind {
-			case "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Namespace",
-				"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
-				continue // the suite's RBAC and claim policy stay
-			}
-			_ = cl.Delete(ctx, o, client.PropagationPolicy(metav1.DeletePropagationForeground))
-		}
-		_ = cl.Delete(ctx, pv)
-		// The certificates' Secrets too: the next install (another
-		// certificates mode) must not find this one's.
-		for _, secret := range []string{"-ca", "-webhook-tls", "-relay-tls"} {
-			_ = suite.cs.CoreV1().Secrets(harness.Release.Namespace).Delete(ctx, harness.Release.Name+secret, metav1.DeleteOptions{})
-		}
-		_ = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
-			pods, err := suite.cs.CoreV1().Pods(harness.Release.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + harness.Release.Name})
-			return err == nil && len(pods.Items) == 0, nil
-		})
-		deleteWebhookConfigurations(ctx, t)
-		if err := suite.in.Register(ctx, harness.RegisterOptions{Addr: suite.in.Webhook.Addr}); err != nil {
-			t.Errorf("restoring the suite's webhook registration: %v", err)
+		undo(ctx)
+		for _, ns := range []string{in.Namespace, r.Namespace} {
+			_ = suite.cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
 		}
 	})
-	for _, o := range r.Objects {
-		err := cl.Create(ctx, o)
-		if apierrors.IsAlreadyExists(err) {
-			continue // the suite applied the chart's RBAC and claim policy
-		}
-		if err != nil {
-			t.Fatalf("creating the chart's %s %s: %v", o.GetKind(), o.GetName(), err)
-		}
-		created = append(created, o)
+	if err := harness.WaitAdmitting(ctx, suite.cs, in.BareJob(t, "e2e-chart-ready"), in.Namespace); err != nil {
+		t.Fatal(err)
 	}
-	for _, d := range []string{harness.Release.Name + "-webhook", relayName} {
-		waitDeploymentAvailable(ctx, t, d)
-	}
-	waitCABundle(ctx, t, harness.MutatingWebhookName, harness.ValidatingWebhookName)
-	waitAdmittingIn(ctx, t, suite.in.Namespace)
 	return r
 }
 
-// waitAdmittingIn waits until an agent Job in ns is admitted mutated
-// (harness.WaitAdmitting).
-func waitAdmittingIn(ctx context.Context, t *testing.T, ns string) {
-	t.Helper()
-	if err := harness.WaitAdmitting(ctx, suite.cs, suite.in.BareJob(t, "e2e-chart-ready"), ns); err != nil {
-		t.Fatal(err)
-	}
-}
+// mutating names the release's mutating webhook configuration.
+func (r *chartRelease) mutating() string { return r.Name + "-mutating" }
 
-func deleteWebhookConfigurations(ctx context.Context, t *testing.T) {
+// waitAvailable waits until the release's Deployment name is available.
+func (r *chartRelease) waitAvailable(ctx context.Context, t *testing.T, name string) {
 	t.Helper()
-	a := suite.cs.AdmissionregistrationV1()
-	for _, err := range []error{
-		a.MutatingWebhookConfigurations().Delete(ctx, harness.MutatingWebhookName, metav1.DeleteOptions{}),
-		a.ValidatingWebhookConfigurations().Delete(ctx, harness.ValidatingWebhookName, metav1.DeleteOptions{}),
-	} {
-		if err != nil && !apierrors.IsNotFound(err) {
-			t.Fatal(err)
-		}
-	}
-}
-
-// waitDeploymentAvailable waits until the suite's release's Deployment
-// name is available.
-func waitDeploymentAvailable(ctx context.Context, t *testing.T, name string) {
-	t.Helper()
-	if err := harness.WaitDeploymentAvailable(ctx, suite.cs, harness.Release.Namespace, name); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func waitCABundle(ctx context.Context, t *testing.T, mutating, validating string) {
-	t.Helper()
-	if err := harness.WaitCABundle(ctx, suite.cs, mutating, validating); err != nil {
+	if err := harness.WaitDeploymentAvailable(ctx, suite.cs, r.Namespace, name); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // inClusterRelay reaches the chart's relay through its Service, trusting
 // the CA the webhook injected (selfManaged issues both certificates).
-func inClusterRelay(ctx context.Context, t *testing.T) (base string, hc *http.Client) {
+func (r *chartRelease) inClusterRelay(ctx context.Context, t *testing.T) (base string, hc *http.Client) {
 	t.Helper()
-	svc, err := suite.cs.CoreV1().Services(harness.Release.Namespace).Get(ctx, harness.Release.Name+"-relay", metav1.GetOptions{})
+	svc, err := suite.cs.CoreV1().Services(r.Namespace).Get(ctx, r.Name+"-relay", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := suite.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, harness.MutatingWebhookName, metav1.GetOptions{})
+	m, err := suite.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, r.mutating(), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,10 +134,10 @@ type relayReader struct {
 	hc          *http.Client
 }
 
-func newRelayReader(ctx context.Context, t *testing.T) *relayReader {
+func (r *chartRelease) newRelayReader(ctx context.Context, t *testing.T) *relayReader {
 	t.Helper()
-	base, hc := inClusterRelay(ctx, t)
-	token, err := harness.ServiceAccountToken(ctx, suite.cluster, suite.in.Namespace, "paperclip-server", harness.LogReaderRules, relay.DefaultTokenAudience)
+	base, hc := r.inClusterRelay(ctx, t)
+	token, err := harness.ServiceAccountToken(ctx, suite.cluster, r.in.Namespace, "paperclip-server", harness.LogReaderRules, relay.DefaultTokenAudience)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,57 +200,58 @@ func (r *relayReader) log(ctx context.Context, t *testing.T, name string) []stri
 // restart of the webhook while a load loop creates agent Jobs fails none.
 func TestChartRunsOnTheRealNode(t *testing.T) {
 	requireRealNode(t)
+	t.Parallel() // a release and an agent namespace of its own
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	installInCluster(ctx, t, inClusterValues())
+	r := installRelease(ctx, t, "real", inClusterValues)
 
 	name := "e2e-chart-real"
-	if _, err := suite.cs.BatchV1().Jobs(suite.in.Namespace).Create(ctx, realJob(t, name, "probe=1 lines=30 rate=50 burst=200"), metav1.CreateOptions{}); err != nil {
+	if _, err := suite.cs.BatchV1().Jobs(r.in.Namespace).Create(ctx, realJobIn(t, r.in, name, "probe=1 lines=30 rate=50 burst=200"), metav1.CreateOptions{}); err != nil {
 		t.Fatalf("the chart's webhook refused the bare Job: %v", err)
 	}
-	job := suite.in.WaitJobEnded(ctx, t, name, 3*time.Minute)
+	job := r.in.WaitJobEnded(ctx, t, name, 3*time.Minute)
 	if job.Status.Succeeded != 1 {
 		t.Fatalf("Job %s: %+v", name, job.Status)
 	}
-	m, err := suite.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, harness.MutatingWebhookName, metav1.GetOptions{})
+	m, err := suite.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, r.mutating(), metav1.GetOptions{})
 	if err != nil || m.Webhooks[0].ClientConfig.Service == nil || m.Webhooks[0].ClientConfig.URL != nil {
 		t.Fatalf("the mutating webhook is not the chart's Service: %v %+v", err, m)
 	}
 	if job.Annotations[contract.AnnotationTemplateHash] == "" {
 		t.Errorf("the Job was not mutated by the chart's webhook: annotations %v", job.Annotations)
 	}
-	pod := suite.in.WaitPod(ctx, t, name, func(*corev1.Pod) bool { return true })
-	want := kubeletLog(ctx, t, pod.Name)
+	pod := r.in.WaitPod(ctx, t, name, func(*corev1.Pod) bool { return true })
+	want := kubeletLogIn(ctx, t, r.in.Namespace, pod.Name)
 	checkFloor(t, pod, want[1])
 
-	reader := newRelayReader(ctx, t)
-	run := reader.waitRun(ctx, t, name, func(r *store.Run) bool { return r.Done })
+	reader := r.newRelayReader(ctx, t)
+	run := reader.waitRun(ctx, t, name, func(s *store.Run) bool { return s.Done })
 	harness.ExactlyOnce(t, reader.log(ctx, t, name), want)
 	if run.Result == nil || run.Result.Outcome != "succeeded" || run.Result.CostUSD == nil {
 		t.Errorf("the chart's relay parsed %s", mustJSON(run.Result))
 	}
 
-	rollingRestartUnderLoad(ctx, t)
+	r.rollingRestartUnderLoad(ctx, t)
 }
 
 // rollingRestartUnderLoad restarts the webhook Deployment (as `helm
 // upgrade` with a changed pod template does) while admissionLoop creates
 // agent Jobs without pause; every create must be admitted mutated.
-func rollingRestartUnderLoad(ctx context.Context, t *testing.T) {
+func (r *chartRelease) rollingRestartUnderLoad(ctx context.Context, t *testing.T) {
 	t.Helper()
 	stop := make(chan struct{})
-	ok, failed, lastErr, done := suite.in.AdmissionLoop(ctx, t, "e2e-chart-rollout", stop)
+	ok, failed, lastErr, done := r.in.AdmissionLoop(ctx, t, "e2e-chart-rollout", stop)
 	waitAdmitted(ctx, t, ok, 20)
-	name := harness.Release.Name + "-webhook"
+	name := r.Name + "-webhook"
 	patch := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"e2e.clipjob.paperclip.io/restarted":%q}}}}}`, time.Now().Format(time.RFC3339Nano))
-	if _, err := suite.cs.AppsV1().Deployments(harness.Release.Namespace).Patch(ctx, name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+	if _, err := suite.cs.AppsV1().Deployments(r.Namespace).Patch(ctx, name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitDeploymentAvailable(ctx, t, name)
+	r.waitAvailable(ctx, t, name)
 	// Until the old pods are gone (their shutdown delay runs out under
 	// load too), and then some more creates.
 	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-		pods, err := suite.cs.CoreV1().Pods(harness.Release.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=webhook"})
+		pods, err := suite.cs.CoreV1().Pods(r.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=webhook"})
 		return err == nil && len(pods.Items) == 2, nil
 	})
 	if err != nil {

@@ -50,7 +50,13 @@ func requireRealNode(t *testing.T) {
 // on the real node, whose fake agent follows script.
 func realJob(t *testing.T, name, script string) *batchv1.Job {
 	t.Helper()
-	job := suite.in.BareJob(t, name)
+	return realJobIn(t, suite.in, name, script)
+}
+
+// realJobIn is realJob in install in's namespace.
+func realJobIn(t *testing.T, in *harness.Install, name, script string) *batchv1.Job {
+	t.Helper()
+	job := in.BareJob(t, name)
 	job.Spec.Template.Annotations[contract.AnnotationPrompt] = script
 	job.Spec.Template.Spec.NodeSelector, job.Spec.Template.Spec.Tolerations = cluster.RealNodePlacement()
 	return job
@@ -96,7 +102,13 @@ func waitJobEnded(ctx context.Context, t *testing.T, name string, timeout time.D
 // a busy machine).
 func kubeletLog(ctx context.Context, t *testing.T, pod string) []string {
 	t.Helper()
-	p, err := suite.cs.CoreV1().Pods(suite.in.Namespace).Get(ctx, pod, metav1.GetOptions{})
+	return kubeletLogIn(ctx, t, suite.in.Namespace, pod)
+}
+
+// kubeletLogIn is kubeletLog of a pod in namespace ns.
+func kubeletLogIn(ctx context.Context, t *testing.T, ns, pod string) []string {
+	t.Helper()
+	p, err := suite.cs.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,7 @@ var certificatesGVR = schema.GroupVersionResource{Group: "cert-manager.io", Vers
 // test waits for that build (hack/cert-manager/build.sh holds a lock).
 func TestChartWithCertManagerOnTheRealNode(t *testing.T) {
 	requireRealNode(t)
+	t.Parallel() // a release and an agent namespace of its own
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cm, err := harness.StartCertManager(ctx, suite.cluster)
@@ -40,16 +41,18 @@ func TestChartWithCertManagerOnTheRealNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(cm.Stop)
-	values := inClusterValues()
-	values["certificates"] = map[string]any{"mode": "certManager"}
-	installInCluster(ctx, t, values)
+	r := installRelease(ctx, t, "cm", func(ns string) map[string]any {
+		values := inClusterValues(ns)
+		values["certificates"] = map[string]any{"mode": "certManager"}
+		return values
+	})
 
-	release := harness.Release.Namespace
-	ca, err := suite.cs.CoreV1().Secrets(release).Get(ctx, harness.Release.Name+"-ca", metav1.GetOptions{})
+	release := r.Namespace
+	ca, err := suite.cs.CoreV1().Secrets(release).Get(ctx, r.Name+"-ca", metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("cert-manager made no CA Secret: %v", err)
 	}
-	m, err := suite.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, harness.MutatingWebhookName, metav1.GetOptions{})
+	m, err := suite.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, r.mutating(), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,15 +60,15 @@ func TestChartWithCertManagerOnTheRealNode(t *testing.T) {
 		t.Errorf("the injected bundle is not cert-manager's CA")
 	}
 
-	certName := harness.Release.Name + "-webhook"
+	certName := r.Name + "-webhook"
 	certs := dynamic.NewForConfigOrDie(suite.cluster.Config).Resource(certificatesGVR).Namespace(release)
 	// Ready comes before the first issuance has settled (revision set, no
 	// Issuing condition left True); cmctl refuses to renew until then too.
 	waitCertificate(ctx, t, certs, certName, func(rev int64, issuing bool) bool { return rev >= 1 && !issuing })
-	before := servedLeaf(ctx, t)
+	before := r.servedLeaf(ctx, t)
 
 	stop := make(chan struct{})
-	ok, failed, lastErr, done := suite.in.AdmissionLoop(ctx, t, "e2e-certmanager-renew", stop)
+	ok, failed, lastErr, done := r.in.AdmissionLoop(ctx, t, "e2e-certmanager-renew", stop)
 	waitAdmitted(ctx, t, ok, 20)
 	renew(ctx, t, certs, certName)
 	waitCertificate(ctx, t, certs, certName, func(rev int64, issuing bool) bool { return rev >= 2 && !issuing })
@@ -73,7 +76,7 @@ func TestChartWithCertManagerOnTheRealNode(t *testing.T) {
 	// period; the webhook then serves it.
 	var after *x509.Certificate
 	err = wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-		after = servedLeaf(ctx, t)
+		after = r.servedLeaf(ctx, t)
 		return !after.Equal(before), nil
 	})
 	waitAdmitted(ctx, t, ok, ok.Load()+20)
@@ -150,9 +153,9 @@ func renew(ctx context.Context, t *testing.T, certs dynamic.ResourceInterface, n
 }
 
 // servedLeaf is the certificate the webhook Service serves now.
-func servedLeaf(ctx context.Context, t *testing.T) *x509.Certificate {
+func (r *chartRelease) servedLeaf(ctx context.Context, t *testing.T) *x509.Certificate {
 	t.Helper()
-	svc, err := suite.cs.CoreV1().Services(harness.Release.Namespace).Get(ctx, harness.Release.Name+"-webhook", metav1.GetOptions{})
+	svc, err := suite.cs.CoreV1().Services(r.Namespace).Get(ctx, r.Name+"-webhook", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,6 +60,14 @@ namespaceSelector:
         {{- range (concat (list .Release.Namespace) .Values.webhook.excludeNamespaces | uniq) }}
         - {{ . | quote }}
         {{- end }}
+    {{- with .Values.webhook.namespaces }}
+    - key: kubernetes.io/metadata.name
+      operator: In
+      values:
+        {{- range (. | uniq) }}
+        - {{ . | quote }}
+        {{- end }}
+    {{- end }}
 {{- end -}}
 
 {{/* CEL: the labels map at path has a paperclip.io/ key (has() guards a map the object may not have). */}}
