@@ -27,7 +27,7 @@ TIERS=${TIERS:-"setup lint unit integration realnode adapter"}
 # Tests of the integration tier at once: they wait on the API server far
 # more than they compute.
 INTEGRATION_PARALLEL=${INTEGRATION_PARALLEL:-8}
-# The real-node tier's parallel tests (after its serial chart installs):
+# The real-node tier's parallel tests (after its two serial ones):
 # each waits on real containers and the Paperclip server, so more than the
 # two cores' worth run at once (Go's default is GOMAXPROCS).
 REALNODE_PARALLEL=${REALNODE_PARALLEL:-4}
@@ -85,8 +85,8 @@ realnode() {
 # In the background, from the start: the Kubernetes binaries, which a
 # first run builds from the Go module proxy (many minutes of both cores);
 # then, once the setup below is done, the real-node tier, beside
-# cert-manager's build (the tier's cert-manager test, its last serial one,
-# waits for that build). Meanwhile the setup and the tiers that need no
+# cert-manager's build (the tier's cert-manager test waits for that
+# build). Meanwhile the setup and the tiers that need no
 # Kubernetes (the adapter's tests, lint, unit) run in front; the
 # integration tier waits for the binaries. With warm caches the builds
 # take no time and the real-node tier starts once the setup is done.

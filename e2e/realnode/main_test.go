@@ -54,7 +54,7 @@ func run(m *testing.M) (code int) {
 	defer in.Webhook.Stop()
 	suite.in = in
 	// The shared Paperclip server takes about a minute to start; the
-	// serial tests (the chart's own installs) run first, so it starts
+	// serial tests (egress, compiled policies) run first, so it starts
 	// beside them rather than after them, and so do the servers of the
 	// tests that take one of their own, and the Paperclip image
 	// TestPaperclipInTheCluster runs is loaded into the node. A run of

@@ -28,9 +28,9 @@ var certificatesGVR = schema.GroupVersionResource{Group: "cert-manager.io", Vers
 // injects that CA into both webhook configurations; the webhook pods serve
 // it and admit a bare Job; a forced renewal (as `cmctl renew` does) while
 // a loop creates agent Jobs fails none, and the webhook ends up serving the
-// renewed certificate. Its file sorts after the other serial tests':
-// on a first run make test builds cert-manager beside the tier, and this
-// test waits for that build (hack/cert-manager/build.sh holds a lock).
+// renewed certificate. On a first run make test builds cert-manager
+// beside the tier, and this test waits for that build
+// (hack/cert-manager/build.sh holds a lock).
 func TestChartWithCertManagerOnTheRealNode(t *testing.T) {
 	requireRealNode(t)
 	t.Parallel() // a release and an agent namespace of its own
