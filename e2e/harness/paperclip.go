@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -342,6 +343,7 @@ func (p *Paperclip) Start(ctx context.Context) error {
 	// The first start initializes PostgreSQL and applies every migration.
 	deadline := time.Now().Add(4 * time.Minute)
 	for {
+		p.followPortMove()
 		var health struct{ Status string }
 		err := p.Do(ctx, http.MethodGet, "/api/health", nil, &health)
 		if err == nil && health.Status == "ok" {
@@ -355,6 +357,28 @@ func (p *Paperclip) Start(ctx context.Context) error {
 			return fmt.Errorf("the Paperclip server was not ready in 4 minutes (last: %v, status %q); see %s", err, health.Status, p.Log)
 		}
 		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// portMoved is what Paperclip logs when the port it was given (PORT) is
+// taken by the time it listens: it listens on the next free one instead.
+var portMoved = regexp.MustCompile(`Requested port is busy; using next free port \(requestedPort=(\d+), selectedPort=(\d+)\)`)
+
+// followPortMove adopts the port Paperclip chose when the one it was
+// given was taken meanwhile (another process on the machine can take a
+// port freePort found free), so its URL is where it listens.
+func (p *Paperclip) followPortMove() {
+	data, err := os.ReadFile(p.Log)
+	if err != nil {
+		return
+	}
+	for _, m := range portMoved.FindAllSubmatch(data, -1) {
+		requested, _ := strconv.Atoi(string(m[1]))
+		selected, _ := strconv.Atoi(string(m[2]))
+		if requested == p.port && selected > 0 {
+			p.port = selected
+			p.URL = fmt.Sprintf("http://127.0.0.1:%d", selected)
+		}
 	}
 }
 
