@@ -27,7 +27,7 @@ TIERS=${TIERS:-"setup lint unit integration realnode adapter"}
 # Tests of the integration tier at once: they wait on the API server far
 # more than they compute.
 INTEGRATION_PARALLEL=${INTEGRATION_PARALLEL:-8}
-# The real-node tier's parallel tests (after its two serial ones):
+# The real-node tier's parallel tests (after its one serial test):
 # each waits on real containers and the Paperclip server, so more than the
 # two cores' worth run at once (Go's default is GOMAXPROCS).
 REALNODE_PARALLEL=${REALNODE_PARALLEL:-4}

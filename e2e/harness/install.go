@@ -82,6 +82,9 @@ type InstallOptions struct {
 	// NoWebhook installs everything but starts and registers no webhook,
 	// for tests that register their own (Register*).
 	NoWebhook bool
+	// VolumeDir, on a real node, is the host directory the example
+	// Paperclip's shared volume is (its NFS server does not exist).
+	VolumeDir string
 	// AsTheRelease registers the webhook configurations and the claim
 	// Lease policy under the chart's own names for Release, for every
 	// namespace, as an operator's install is (clipjob doctor checks those
@@ -109,6 +112,12 @@ func NewInstall(ctx context.Context, c *cluster.Cluster, bin string, o InstallOp
 			in.Stop(context.Background())
 		}
 	}()
+	if o.VolumeDir != "" {
+		if err := makeSharedDir(o.VolumeDir); err != nil {
+			return nil, err
+		}
+		in.volumeDir, in.sharedDir = o.VolumeDir, o.VolumeDir
+	}
 	if err := in.applyPaperclip(ctx); err != nil {
 		return nil, err
 	}

@@ -54,8 +54,8 @@ func run(m *testing.M) (code int) {
 	defer in.Webhook.Stop()
 	suite.in = in
 	// The shared Paperclip server takes about a minute to start; the
-	// serial tests (egress, compiled policies) run first, so it starts
-	// beside them rather than after them, and so do the servers of the
+	// serial test (egress) runs first, so it starts
+	// beside it rather than after it, and so do the servers of the
 	// tests that take one of their own, and the Paperclip image
 	// TestPaperclipInTheCluster runs is loaded into the node. A run of
 	// chosen tests (-run) starts them only if one of them asks.

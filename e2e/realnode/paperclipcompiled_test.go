@@ -3,6 +3,7 @@ package realnode
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -27,15 +28,17 @@ import (
 // (k8s_job_create_failed), its Job is deleted, and the run before it is
 // unharmed.
 func TestPaperclipRunsQueueUnderCompiledPolicies(t *testing.T) {
-	pc := thePaperclip(t)
+	requireRealNode(t)
+	t.Parallel() // an install, a namespace and a server of its own
+	in, pc := ownInstallAndServer(t, "compiled-agents")
 	ctx, company := paperclipOnTheRealNode(t, pc, 12*time.Minute, "Compiled Queue Co")
-	suite.in.CompiledQueueMode(ctx, t)
+	in.CompiledQueueMode(ctx, t)
 	agent := newAgent(ctx, t, pc, company.ID, "Queued", "claude_k8s", map[string]any{"promptTemplate": "lines=2 sleep=8"}, nil)
 
 	first := wake(ctx, t, pc, agent.ID, "e2e: first")
-	waitRunJob(ctx, t, first.ID, func(j *batchv1.Job) bool { return !harness.Suspended(j) })
+	waitRunJob(ctx, t, in, first.ID, func(j *batchv1.Job) bool { return !harness.Suspended(j) })
 	second := wake(ctx, t, pc, agent.ID, "e2e: second, queued behind the first")
-	queued := waitRunJob(ctx, t, second.ID, func(j *batchv1.Job) bool {
+	queued := waitRunJob(ctx, t, in, second.ID, func(j *batchv1.Job) bool {
 		return harness.Suspended(j) && j.Annotations[contract.AnnotationQueued] == "true"
 	})
 	if got := queued.Annotations[contract.AnnotationCreatedBy]; got == "" {
@@ -48,24 +51,24 @@ func TestPaperclipRunsQueueUnderCompiledPolicies(t *testing.T) {
 	}
 
 	third := wake(ctx, t, pc, agent.ID, "e2e: third")
-	waitRunJob(ctx, t, third.ID, func(j *batchv1.Job) bool { return !harness.Suspended(j) })
+	waitRunJob(ctx, t, in, third.ID, func(j *batchv1.Job) bool { return !harness.Suspended(j) })
 	fourth := wake(ctx, t, pc, agent.ID, "e2e: fourth, refused when it starts")
-	refusedJob := waitRunJob(ctx, t, fourth.ID, func(j *batchv1.Job) bool { return harness.Suspended(j) })
+	refusedJob := waitRunJob(ctx, t, in, fourth.ID, func(j *batchv1.Job) bool { return harness.Suspended(j) })
 	// The policy section is the config's last (compiledQueueMode appended
 	// it): digests are required from now on, and the fake agent's image
 	// is referenced by tag.
-	now, err := os.ReadFile(suite.in.Webhook.ConfigFile)
+	now, err := os.ReadFile(in.Webhook.ConfigFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	suite.in.WriteConfig(ctx, t, string(now)+"  images:\n    requireDigest: true\n", true)
+	in.WriteConfig(ctx, t, string(now)+"  images:\n    requireDigest: true\n", true)
 
 	refused := waitRunEnds(ctx, t, pc, fourth.ID)
 	if refused.Status != "failed" || refused.ErrorCode != "k8s_job_create_failed" || costOf(refused) != 0 {
 		t.Errorf("the run refused at its start: %+v, want failed with k8s_job_create_failed and no cost\n%s", refused, runLogText(ctx, pc, fourth.ID))
 	}
 	if err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := suite.cs.BatchV1().Jobs(suite.in.Namespace).Get(ctx, refusedJob.Name, metav1.GetOptions{})
+		_, err := suite.cs.BatchV1().Jobs(in.Namespace).Get(ctx, refusedJob.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	}); err != nil {
 		t.Errorf("the refused run's Job %s was not deleted", refusedJob.Name)
@@ -75,13 +78,13 @@ func TestPaperclipRunsQueueUnderCompiledPolicies(t *testing.T) {
 	}
 }
 
-// waitRunJob waits for the Job of Paperclip run id (its run-id label) to
-// satisfy ok, and returns it.
-func waitRunJob(ctx context.Context, t *testing.T, id string, ok func(*batchv1.Job) bool) *batchv1.Job {
+// waitRunJob waits for the Job of Paperclip run id (its run-id label) in
+// in's namespace to satisfy ok, and returns it.
+func waitRunJob(ctx context.Context, t *testing.T, in *harness.Install, id string, ok func(*batchv1.Job) bool) *batchv1.Job {
 	t.Helper()
 	var found *batchv1.Job
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		list, err := suite.cs.BatchV1().Jobs(suite.in.Namespace).List(ctx, metav1.ListOptions{LabelSelector: contract.LabelRunID + "=" + id})
+		list, err := suite.cs.BatchV1().Jobs(in.Namespace).List(ctx, metav1.ListOptions{LabelSelector: contract.LabelRunID + "=" + id})
 		if err != nil || len(list.Items) != 1 {
 			return false, nil
 		}
@@ -92,4 +95,39 @@ func waitRunJob(ctx context.Context, t *testing.T, id string, ok func(*batchv1.J
 		t.Fatalf("run %s's Job never reached the state waited for: %+v", id, found)
 	}
 	return found
+}
+
+// ownInstallAndServer is clipjob installed for namespace ns alone on the
+// real node (harness.NewInstall: its own webhook, the profiles placing
+// agents on the real node, the example Paperclip's
+// volume a host directory), taken out of the suite's install, with a
+// relay and a Paperclip server of its own pointed at it: a test that
+// changes the config runs beside the others.
+func ownInstallAndServer(t *testing.T, ns string) (*harness.Install, *harness.Paperclip) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := suite.in.ExcludeNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	in, err := harness.NewInstall(ctx, suite.cluster, suite.in.WebhookBin, harness.InstallOptions{
+		Namespace: ns, Config: harness.RealNodeProfiles(), VolumeDir: filepath.Join(suite.cluster.Dir, ns+"-shared")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Stop(context.Background()) })
+	r, _, _, err := in.SharedRelay()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := in.PaperclipServerSpec(r, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := startPaperclip(spec, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close(t.Failed()) })
+	return in, pc
 }
