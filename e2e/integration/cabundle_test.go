@@ -6,6 +6,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -25,7 +26,10 @@ import (
 // put its bundle there; and by rewriting it after the webhook has, in
 // every way an update allows, to stand until the webhook's next check
 // (30 s by default; an hour here, so only a watch can put it back).
-// The webhook's bundle must be back within seconds each time.
+// The webhook's bundle must be back within seconds each time; and with
+// the chart's policy (certificates.publishCAConfigMap's
+// ValidatingAdmissionPolicy) each write is refused while the webhook's
+// own still go through.
 func TestHostileTenantCannotPlantACAInThePublishedBundle(t *testing.T) {
 	// Not in parallel: the CA Secret is the release namespace's, one for
 	// the cluster, as in TestSelfManagedCertificates.
@@ -83,9 +87,10 @@ func TestHostileTenantCannotPlantACAInThePublishedBundle(t *testing.T) {
 	if _, err := tenant.CoreV1().ConfigMaps(in.Namespace).Create(ctx, squat, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	wh, err := in.StartReplica(ctx, in.Namespace+"-webhook-publish", "--leader-election-namespace", harness.SystemNamespace,
+	flags := []string{"--leader-election-namespace", harness.SystemNamespace,
 		"--cert-secret", "clipjob-webhook-tls", "--ca-secret", "clipjob-ca", "--cert-dns-name", "localhost",
-		"--publish-ca-configmap", in.Namespace+"/"+name, "--cert-check-interval", "1h", "--cert-propagation-delay", "3s")
+		"--publish-ca-configmap", in.Namespace + "/" + name, "--cert-check-interval", "1h", "--cert-propagation-delay", "3s"}
+	wh, err := in.StartReplica(ctx, in.Namespace+"-webhook-publish", flags...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,6 +125,39 @@ func TestHostileTenantCannotPlantACAInThePublishedBundle(t *testing.T) {
 		t.Fatal(err)
 	}
 	restored("deleted", 10*time.Second)
+
+	// The chart's policy stops the writes themselves: the tenant may no
+	// longer make, rewrite or delete it, and the webhook still writes it
+	// (a new CA's bundle, made by a replica started after the CA Secret is
+	// deleted).
+	if err := in.ApplyCABundlePolicy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cms := tenant.CoreV1().ConfigMaps(in.Namespace)
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		_, err := cms.Create(ctx, squat, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return apierrors.IsForbidden(err), nil
+	}); err != nil {
+		t.Fatal("with the chart's policy the tenant may still create the CA bundle's ConfigMap")
+	}
+	for _, r := range rewrites {
+		if err := rewrite(ctx, tenant, in.Namespace, name, r.edit); !apierrors.IsForbidden(err) {
+			t.Errorf("%s, with the chart's policy: %v; want it forbidden", r.what, err)
+		}
+	}
+	if err := cms.Delete(ctx, name, metav1.DeleteOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("deleted, with the chart's policy: %v; want it forbidden", err)
+	}
+	wh.Stop()
+	if err := admin.CoreV1().Secrets(harness.SystemNamespace).Delete(ctx, "clipjob-ca", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wh, err = in.StartReplica(ctx, in.Namespace+"-webhook-publish-again", flags...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(wh.Stop)
+	restored("a new CA, with the chart's policy", 20*time.Second)
 }
 
 // rewrite reads the ConfigMap and writes edit's change to it.
