@@ -156,7 +156,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		go m.watch(ctx, w, changed)
 	}
 	for {
-		wait := m.o.Interval
+		wait, last := m.o.Interval, time.Now()
 		if err := m.Check(ctx); err != nil {
 			if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 				wait = time.Second
@@ -168,10 +168,23 @@ func (m *Manager) Start(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-changed:
+			// At most a check a second for changes: two publishers of one
+			// ConfigMap (two releases for one namespace), or whoever
+			// rewrites it in a loop, would otherwise have a check, and a
+			// write, for each write.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(time.Until(last.Add(minChangeGap))):
+			}
 		case <-time.After(wait):
 		}
 	}
 }
+
+// minChangeGap is the least time from a check's start to that of one a
+// change wakes.
+const minChangeGap = time.Second
 
 type watchFunc func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
 

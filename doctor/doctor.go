@@ -620,7 +620,7 @@ func (d *doctor) publishedCA(ctx context.Context) {
 		// clipjob did not make answers for the relay as well as clipjob's.
 		if foreign := d.foreignCAs(ctx, []byte(cm.Data[certs.BundleKey])); len(foreign) > 0 {
 			d.add(fail("relay-ca", fmt.Sprintf("ConfigMap %s also trusts %s, which clipjob's webhook configurations do not: whoever holds its key can answer for the relay", ref, strings.Join(foreign, ", ")),
-				fmt.Sprintf("the webhook puts its own bundle back at once (its log: kubectl -n %s logs deploy/%s-webhook | grep -i 'CA bundle'); keep the chart's %s-ca-bundle admission policy, and find who wrote it: kubectl -n %s get configmap %s --show-managed-fields -o yaml",
+				fmt.Sprintf("the webhook puts its own bundle back within a second (its log: kubectl -n %s logs deploy/%s-webhook | grep -i 'CA bundle'); keep the chart's %s-ca-bundle admission policy, and find who wrote it: kubectl -n %s get configmap %s --show-managed-fields -o yaml",
 					d.o.Release.Namespace, d.fullname, d.fullname, ref.Namespace, ref.Name)))
 			continue
 		}

@@ -26,7 +26,8 @@ import (
 // put its bundle there; and by rewriting it after the webhook has, in
 // every way an update allows, to stand until the webhook's next check
 // (30 s by default; an hour here, so only a watch can put it back).
-// The webhook's bundle must be back within seconds each time; and with
+// The webhook's bundle must be back within a second or so each time (a
+// check follows a change at most a second after the last); and with
 // the chart's policy (certificates.publishCAConfigMap's
 // ValidatingAdmissionPolicy) each write is refused while the webhook's
 // own still go through.
