@@ -305,7 +305,7 @@ func (m *Manager) publish(ctx context.Context, bundle []byte) error {
 // there: it says what it did ("" if the bundle was there already). Its
 // clients trust whatever ca.crt holds, so one that cannot be made to hold
 // the bundle (immutable: made so by whoever wrote it first or last) is
-// deleted, only as read, and made again.
+// deleted, only as read and without its finalizers, and made again.
 func (m *Manager) publishIn(ctx context.Context, ref ObjectRef, bundle []byte) (string, error) {
 	cms := m.client.CoreV1().ConfigMaps(ref.Namespace)
 	create := func() error {
@@ -326,6 +326,13 @@ func (m *Manager) publishIn(ctx context.Context, ref ObjectRef, bundle []byte) (
 		return "", nil
 	}
 	if cm.Immutable != nil && *cm.Immutable {
+		// Its finalizers would keep it, and what it holds, past the delete.
+		if len(cm.Finalizers) > 0 {
+			cm.Finalizers = nil
+			if cm, err = cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+				return "", fmt.Errorf("it is immutable and holds another bundle; removing its finalizers: %w", err)
+			}
+		}
 		err := cms.Delete(ctx, ref.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &cm.UID, ResourceVersion: &cm.ResourceVersion}})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return "", fmt.Errorf("it is immutable and holds another bundle; deleting it: %w", err)

@@ -22,8 +22,9 @@ import (
 // mounts and trusts the relay by (CLIPJOB_RELAY_CA_FILE, re-read at every
 // call). A tenant who may write ConfigMaps in that namespace tries to make
 // the server trust a CA of theirs: by making the ConfigMap first,
-// immutable or with the bundle under binaryData, so the webhook can never
-// put its bundle there; and by rewriting it after the webhook has, in
+// immutable and with a finalizer (so deleting it leaves it there), or with
+// the bundle under binaryData, so the webhook can never put its bundle
+// there; and by rewriting it after the webhook has, in
 // every way an update allows, to stand until the webhook's next check
 // (30 s by default; an hour here, so only a watch can put it back).
 // The webhook's bundle must be back within a second or so each time (a
@@ -44,7 +45,9 @@ func TestHostileTenantCannotPlantACAInThePublishedBundle(t *testing.T) {
 	}
 	tenant := tenantClient(in, ctx, t, "tenant", rule("", "configmaps", "get", "list", "create", "update", "patch", "delete"))
 	admin := suite.cs
-	squat := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Immutable: ptr.To(true), Data: map[string]string{certs.BundleKey: string(evil.CertPEM)}}
+	// Immutable, and kept by a finalizer of the tenant's past its deletion.
+	squat := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Finalizers: []string{"tenant.example.com/keep"}},
+		Immutable: ptr.To(true), Data: map[string]string{certs.BundleKey: string(evil.CertPEM)}}
 
 	// The webhook's bundle: the CA Secret's, once it is there.
 	bundle := func() string {
@@ -96,7 +99,7 @@ func TestHostileTenantCannotPlantACAInThePublishedBundle(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(wh.Stop)
-	restored("made first, immutable, holding another CA", 30*time.Second)
+	restored("made first, immutable, with a finalizer, holding another CA", 30*time.Second)
 
 	// Rewritten after the webhook published it. The replica's next
 	// periodic check is an hour away: only a watch puts it back.
