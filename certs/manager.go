@@ -146,16 +146,17 @@ func New(client kubernetes.Interface, o Options) (*Manager, error) {
 func (m *Manager) NeedLeaderElection() bool { return false }
 
 // Start checks at once, then every Interval and whenever one of the
-// webhook configurations changes (watched by name), until ctx ends: a
-// bundle someone blanks, or a helm upgrade that drops the field, is put
-// back at once. A check that lost a write race is retried after a second.
+// webhook configurations or published ConfigMaps changes (watched by
+// name), until ctx ends: a bundle someone blanks or rewrites, or a helm
+// upgrade that drops the field, is put back at once. A check that lost a
+// write race is retried after a second.
 func (m *Manager) Start(ctx context.Context) error {
 	changed := make(chan struct{}, 1)
 	for _, w := range m.watches() {
 		go m.watch(ctx, w, changed)
 	}
 	for {
-		wait := m.o.Interval
+		wait, last := m.o.Interval, time.Now()
 		if err := m.Check(ctx); err != nil {
 			if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 				wait = time.Second
@@ -167,14 +168,28 @@ func (m *Manager) Start(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-changed:
+			// At most a check a second for changes: two publishers of one
+			// ConfigMap (two releases for one namespace), or whoever
+			// rewrites it in a loop, would otherwise have a check, and a
+			// write, for each write.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(time.Until(last.Add(minChangeGap))):
+			}
 		case <-time.After(wait):
 		}
 	}
 }
 
+// minChangeGap is the least time from a check's start to that of one a
+// change wakes.
+const minChangeGap = time.Second
+
 type watchFunc func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
 
-// watches are the watches of the configurations to inject, by name.
+// watches are the watches of the configurations to inject and of the
+// ConfigMaps to publish in, by name.
 func (m *Manager) watches() []watchFunc {
 	var out []watchFunc
 	api := m.client.AdmissionregistrationV1()
@@ -188,6 +203,15 @@ func (m *Manager) watches() []watchFunc {
 		out = append(out, func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			o.FieldSelector = "metadata.name=" + name
 			return api.ValidatingWebhookConfigurations().Watch(ctx, o)
+		})
+	}
+	// The published bundles too: whoever may write ConfigMaps where one is
+	// published could otherwise have the clients there trust a CA of theirs
+	// until the next periodic check.
+	for _, ref := range m.o.BundleConfigMaps {
+		out = append(out, func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = "metadata.name=" + ref.Name
+			return m.client.CoreV1().ConfigMaps(ref.Namespace).Watch(ctx, o)
 		})
 	}
 	return out
@@ -265,29 +289,63 @@ func (m *Manager) Check(ctx context.Context) error {
 func (m *Manager) publish(ctx context.Context, bundle []byte) error {
 	var errs []error
 	for _, ref := range m.o.BundleConfigMaps {
-		cms := m.client.CoreV1().ConfigMaps(ref.Namespace)
-		cm, err := cms.Get(ctx, ref.Name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			_, err = cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ref.Name, Namespace: ref.Namespace,
-				Labels: map[string]string{"app.kubernetes.io/managed-by": "clipjob"}},
-				Data: map[string]string{BundleKey: string(bundle)}}, metav1.CreateOptions{})
-		case err == nil && cm.Data[BundleKey] != string(bundle):
-			if cm.Data == nil {
-				cm.Data = map[string]string{}
-			}
-			cm.Data[BundleKey] = string(bundle)
-			_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
-		case err == nil:
-			continue
-		}
+		done, err := m.publishIn(ctx, ref, bundle)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("publishing the CA bundle in ConfigMap %s: %w", ref, err))
 			continue
 		}
-		m.o.Log.Info("CA bundle published", "configMap", ref.String())
+		if done != "" {
+			m.o.Log.Info("CA bundle published", "configMap", ref.String(), "how", done)
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// publishIn makes ConfigMap ref hold bundle under ca.crt, and nothing else
+// there: it says what it did ("" if the bundle was there already). Its
+// clients trust whatever ca.crt holds, so one that cannot be made to hold
+// the bundle (immutable: made so by whoever wrote it first or last) is
+// deleted, only as read and without its finalizers, and made again.
+func (m *Manager) publishIn(ctx context.Context, ref ObjectRef, bundle []byte) (string, error) {
+	cms := m.client.CoreV1().ConfigMaps(ref.Namespace)
+	create := func() error {
+		_, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ref.Name, Namespace: ref.Namespace,
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "clipjob"}},
+			Data: map[string]string{BundleKey: string(bundle)}}, metav1.CreateOptions{})
+		return err
+	}
+	cm, err := cms.Get(ctx, ref.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "created", create()
+	}
+	if err != nil {
+		return "", err
+	}
+	_, binary := cm.BinaryData[BundleKey]
+	if cm.Data[BundleKey] == string(bundle) && !binary {
+		return "", nil
+	}
+	if cm.Immutable != nil && *cm.Immutable {
+		// Its finalizers would keep it, and what it holds, past the delete.
+		if len(cm.Finalizers) > 0 {
+			cm.Finalizers = nil
+			if cm, err = cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+				return "", fmt.Errorf("it is immutable and holds another bundle; removing its finalizers: %w", err)
+			}
+		}
+		err := cms.Delete(ctx, ref.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &cm.UID, ResourceVersion: &cm.ResourceVersion}})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return "", fmt.Errorf("it is immutable and holds another bundle; deleting it: %w", err)
+		}
+		return "made again: it was immutable and held another bundle", create()
+	}
+	if cm.Data == nil {
+		cm.Data = map[string]string{}
+	}
+	cm.Data[BundleKey] = string(bundle)
+	delete(cm.BinaryData, BundleKey) // a key in both is refused
+	_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+	return "updated", err
 }
 
 // BundleKey is the key of the bundle in the CA Secret and in the

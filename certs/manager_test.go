@@ -416,3 +416,43 @@ func TestParseObjectRef(t *testing.T) {
 		}
 	}
 }
+
+// Two publishers of one ConfigMap (two releases of clipjob for one
+// Paperclip namespace, each with its own CA) each put their own bundle
+// back when the other writes theirs: watching it, they would do so as
+// fast as the API server answers. A check follows a change at most once
+// a second, so they write it a few times a second at most (and the
+// chart's policy refuses the other release's writes).
+func TestPublishersOfOneConfigMapDoNotFightFlatOut(t *testing.T) {
+	mwc, vwc := configurations()
+	cs := fake.NewClientset(mwc, vwc)
+	ref := ObjectRef{Namespace: "paperclip", Name: "clipjob-ca"}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	for _, release := range []string{"a", "b"} {
+		m, err := New(cs, Options{Namespace: ns, CASecret: release + "-ca",
+			Serving:          []Target{{Secret: release + "-webhook-tls", DNSNames: []string{release + "-webhook.clipjob-system.svc"}}},
+			BundleConfigMaps: []ObjectRef{ref}, Interval: time.Hour, PropagationDelay: time.Minute, Log: logr.Discard()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			_ = m.Start(ctx)
+			done <- struct{}{}
+		}()
+	}
+	time.Sleep(2 * time.Second)
+	cancel()
+	<-done
+	<-done
+	n := 0
+	for _, a := range cs.Actions() {
+		if a.GetResource().Resource == "configmaps" && (a.GetVerb() == "update" || a.GetVerb() == "create") {
+			n++
+		}
+	}
+	t.Logf("%d writes of the ConfigMap in 2 s", n)
+	if n > 10 {
+		t.Errorf("%d writes of the ConfigMap in 2 s: the two publishers fight flat out", n)
+	}
+}

@@ -271,6 +271,8 @@ var policyGuards = []struct {
 		func(detail, fix string) Result { return fail("claim-lease-policy", detail, fix) }},
 	{"-agent-runs", "a queued run's creator may start it or change its queued mark, and a Job dressed as complete may claim another's created-by",
 		func(detail, fix string) Result { return fail("agent-runs-policy", detail, fix) }},
+	{"-ca-bundle", "anyone who may write ConfigMaps beside the Paperclip server can have it trust a CA of theirs for the relay",
+		func(detail, fix string) Result { return fail("ca-bundle-policy", detail, fix) }},
 }
 
 // leasePolicy checks that the chart's admission policies and their
@@ -614,8 +616,34 @@ func (d *doctor) publishedCA(ctx context.Context) {
 			d.add(fail("relay-ca", fmt.Sprintf("ConfigMap %s does not trust the relay's certificate: %v", ref, err), fix))
 			continue
 		}
+		// The server trusts every CA the bundle holds for the relay: one
+		// clipjob did not make answers for the relay as well as clipjob's.
+		if foreign := d.foreignCAs(ctx, []byte(cm.Data[certs.BundleKey])); len(foreign) > 0 {
+			d.add(fail("relay-ca", fmt.Sprintf("ConfigMap %s also trusts %s, which clipjob's webhook configurations do not: whoever holds its key can answer for the relay", ref, strings.Join(foreign, ", ")),
+				fmt.Sprintf("the webhook puts its own bundle back within a second (its log: kubectl -n %s logs deploy/%s-webhook | grep -i 'CA bundle'); keep the chart's %s-ca-bundle admission policy, and find who wrote it: kubectl -n %s get configmap %s --show-managed-fields -o yaml",
+					d.o.Release.Namespace, d.fullname, d.fullname, ref.Namespace, ref.Name)))
+			continue
+		}
 		d.add(pass("relay-ca", fmt.Sprintf("ConfigMap %s holds the CA bundle, which trusts the relay's certificate for %s", ref, host)))
 	}
+}
+
+// foreignCAs names the CAs of bundle that the release's mutating webhook
+// configuration is not injected with (self-managed certificates inject
+// the CA Secret's whole bundle); none when that cannot be read (another
+// check says so).
+func (d *doctor) foreignCAs(ctx context.Context, bundle []byte) []string {
+	m, err := d.cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, d.fullname+"-mutating", metav1.GetOptions{})
+	if err != nil || len(m.Webhooks) == 0 {
+		return nil
+	}
+	var out []string
+	for _, c := range certs.ParseBundle(bundle) {
+		if !slices.ContainsFunc(certs.ParseBundle(m.Webhooks[0].ClientConfig.CABundle), c.Equal) {
+			out = append(out, fmt.Sprintf("%q", c.Subject.CommonName))
+		}
+	}
+	return out
 }
 
 // dryRun creates a bare Job with dryRun=All in the source namespace: it

@@ -217,6 +217,7 @@ func TestDeletedClaimLeasePolicyIsNamed(t *testing.T) {
 	}
 	results := run(t, fake.NewClientset(objs...), "")
 	want(t, results, "claim-lease-policy", false, "ValidatingAdmissionPolicyBinding", "squat claims")
+	want(t, results, "ca-bundle-policy", false, "ValidatingAdmissionPolicyBinding", "trust a CA of theirs")
 }
 
 func TestCABundleThatDoesNotTrustTheServedCertificate(t *testing.T) {
@@ -428,8 +429,8 @@ func TestDoctorWarnsOfAListedDeploymentThatDoesNotExist(t *testing.T) {
 }
 
 // The CA bundle published beside the Paperclip server must be there and
-// trust the relay's certificate: missing, or holding another CA, the
-// failure names the ConfigMap.
+// trust the relay's certificate and no CA but clipjob's: missing, or
+// holding another CA, the failure names the ConfigMap.
 func TestPublishedCABundle(t *testing.T) {
 	want(t, run(t, fake.NewClientset(healthy(t).build(t)...), ""), "relay-ca", true, "paperclip/clipjob-ca")
 	other, err := certs.NewCA("another-ca", now.Add(-time.Hour), 365*24*time.Hour)
@@ -440,6 +441,12 @@ func TestPublishedCABundle(t *testing.T) {
 		"missing": func(*corev1.ConfigMap) []runtime.Object { return nil },
 		"another CA": func(cm *corev1.ConfigMap) []runtime.Object {
 			cm.Data[certs.BundleKey] = string(other.CertPEM)
+			return []runtime.Object{cm}
+		},
+		// It trusts the relay, and a CA of whoever wrote it: the server
+		// would take them for the relay.
+		"clipjob's CA and another": func(cm *corev1.ConfigMap) []runtime.Object {
+			cm.Data[certs.BundleKey] += string(other.CertPEM)
 			return []runtime.Object{cm}
 		},
 	} {
@@ -455,6 +462,9 @@ func TestPublishedCABundle(t *testing.T) {
 		want(t, results, "relay-ca", false, "paperclip/clipjob-ca")
 		if name == "another CA" && !strings.Contains(results["relay-ca"].Detail, "does not trust") {
 			t.Errorf("%s: %q", name, results["relay-ca"].Detail)
+		}
+		if name == "clipjob's CA and another" && !strings.Contains(results["relay-ca"].Detail, "another-ca") {
+			t.Errorf("%s: %q; want the other CA named", name, results["relay-ca"].Detail)
 		}
 	}
 }

@@ -176,6 +176,18 @@ func (in *Install) ApplyClaimLeasePolicy(ctx context.Context) error {
 		map[string]any{"agentNamespaces": toAny(in.Namespaces)}, nil)
 }
 
+// CABundlePolicyName names the install's copy of the chart's CA bundle
+// policy (certificates.publishCAConfigMap) and its binding.
+func (in *Install) CABundlePolicyName() string { return in.chartName(Release.Name + "-ca-bundle") }
+
+// ApplyCABundlePolicy creates the install's copy of the chart's CA bundle
+// policy, for the chart's ConfigMap in the install's namespace (its
+// source's), as the chart binds it for self-managed certificates.
+func (in *Install) ApplyCABundlePolicy(ctx context.Context) error {
+	return applyAdmissionPolicyAs(ctx, in.c.Clientset(), Release.Name+"-ca-bundle", in.CABundlePolicyName(),
+		map[string]any{"certificates": map[string]any{"mode": "selfManaged"}, "webhook": map[string]any{}, "config": map[string]any{"source": map[string]any{"namespace": in.Namespace}}}, nil)
+}
+
 // AgentRunsPolicyName names the install's copy of the chart's agent-runs
 // policy (compiledPolicies.enabled) and its binding.
 func (in *Install) AgentRunsPolicyName() string { return in.chartName(AgentRunsPolicy) }
@@ -402,6 +414,7 @@ func (in *Install) Stop(ctx context.Context) {
 	_ = ar.MutatingWebhookConfigurations().Delete(ctx, in.MutatingWebhookName(), metav1.DeleteOptions{})
 	_ = ar.ValidatingWebhookConfigurations().Delete(ctx, in.ValidatingWebhookName(), metav1.DeleteOptions{})
 	_ = deleteAdmissionPolicy(ctx, in.c.Clientset(), in.ClaimLeasePolicyName())
+	_ = deleteAdmissionPolicy(ctx, in.c.Clientset(), in.CABundlePolicyName())
 	_ = in.DeleteAgentRunsPolicy(ctx)
 	_ = in.c.Clientset().CoreV1().PersistentVolumes().Delete(ctx, in.name("data"), metav1.DeleteOptions{})
 }

@@ -51,6 +51,16 @@ async function call(o: FirstRunOptions, method: string, path: string, body?: unk
   return text ? JSON.parse(text) : undefined;
 }
 
+/**
+ * s with its control characters (C0 but tab, DEL, C1) written as \xNN:
+ * the lines are the agent's, printed to the operator's terminal, where an
+ * escape sequence could set the clipboard or the title, or a carriage
+ * return rewrite what the terminal shows.
+ */
+export function visible(s: string): string {
+  return s.replace(/[\x00-\x08\x0a-\x1f\x7f-\x9f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`);
+}
+
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** Waits until the server answers GET /api/health with status ok. */
@@ -110,7 +120,7 @@ export async function firstRun(o: FirstRunOptions): Promise<FirstRunResult> {
           continue; // not a record of the run's log
         }
         if (typeof parsed.chunk !== "string") continue;
-        for (const line of parsed.chunk.replace(/\n$/, "").split("\n")) o.out(`${parsed.stream ?? "?"}: ${line}`);
+        for (const line of parsed.chunk.replace(/\n$/, "").split("\n")) o.out(`${visible(parsed.stream ?? "?")}: ${visible(line)}`);
         lines++;
       }
       offset += Buffer.byteLength(whole);

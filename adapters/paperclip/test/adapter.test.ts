@@ -467,6 +467,17 @@ describe("execute", () => {
       assert.ok(kube.jobs.has("pc-previous"), "a finished Job is left to its TTL, not deleted");
     });
 
+    it("cancelled while waiting for clipjob to let go: cancelled before start, nothing left, nothing asked of Paperclip", async () => {
+      const rec = newCtx({ signal: AbortSignal.timeout(100) });
+      previousHolds(rec, [{ type: "Complete", status: "True" }], 100);
+      const asked: string[] = [];
+      const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, { ...deps(), paperclip: () => ({ runStatus: async (id) => (asked.push(id), { status: "succeeded" }) }) });
+      assert.equal(result.errorCode, "cancelled", result.errorMessage ?? "");
+      assert.deepEqual(asked, [], "a cancelled run reaps no orphan");
+      assert.equal(kube.secrets.size, 0);
+      assert.ok(kube.jobs.has("pc-previous"));
+    });
+
     it("its Job still running: no waiting, the run is blocked at once", async () => {
       const rec = newCtx();
       previousHolds(rec, [], 1);

@@ -8,16 +8,17 @@ import { firstRun } from "../src/firstrun.js";
 // A Paperclip server as the first run meets it: unhealthy at first (its
 // database being made), then the calls the board makes, and a run whose
 // log grows while it runs.
-function fakePaperclip(): Promise<{ url: string; calls: string[]; bodies: Record<string, unknown>; close: () => void }> {
+function fakePaperclip(
+  records = [
+    { stream: "stdout", chunk: "line 1\n" },
+    { stream: "stderr", chunk: "warn\n" },
+    { stream: "stdout", chunk: "line 2\nline 3\n" },
+  ],
+): Promise<{ url: string; calls: string[]; bodies: Record<string, unknown>; close: () => void }> {
   const calls: string[] = [];
   const bodies: Record<string, unknown> = {};
   let health = 0;
   let polls = 0;
-  const records = [
-    { stream: "stdout", chunk: "line 1\n" },
-    { stream: "stderr", chunk: "warn\n" },
-    { stream: "stdout", chunk: "line 2\nline 3\n" },
-  ];
   const server = http.createServer((req, res) => {
     let body = "";
     req.on("data", (d) => (body += d));
@@ -83,6 +84,30 @@ describe("clipjob-paperclip-first-run", () => {
       assert.deepEqual(pc.bodies["PATCH /api/agents/a1"], { adapterConfig: { promptTemplate: "lines=3" } });
       assert.deepEqual(out.filter((l) => /^(stdout|stderr):/.test(l)), ["stdout: line 1", "stderr: warn", "stdout: line 2", "stdout: line 3"]);
       assert.equal(out.at(-1), "run r1: succeeded");
+    } finally {
+      pc.close();
+    }
+  });
+
+  // The operator runs it in a terminal (kubectl exec), and the lines are
+  // the agent's: an agent's escape sequences would set the terminal's
+  // clipboard (OSC 52) or title, or rewrite what it shows (a carriage
+  // return, a cleared line) to fake the run's end.
+  it("prints an agent's control characters escaped, so its lines cannot drive the operator's terminal", async () => {
+    const pc = await fakePaperclip([
+      { stream: "stdout", chunk: "\x1b]52;c;ZXZpbA==\x07copied\n" },
+      { stream: "stdout", chunk: "work\r\x1b[2Krun r1: succeeded\n" },
+      { stream: "stderr", chunk: "\x9b2J\tkept tab\x7f\n" },
+    ]);
+    const out: string[] = [];
+    try {
+      await firstRun({ url: pc.url, company: "Acme", agent: "Builder", adapterType: "claude_k8s",
+        healthTimeoutMs: 10_000, pollMs: 10, out: (l) => out.push(l) });
+      assert.deepEqual(out.filter((l) => /^(stdout|stderr):/.test(l)), [
+        "stdout: \\x1b]52;c;ZXZpbA==\\x07copied",
+        "stdout: work\\x0d\\x1b[2Krun r1: succeeded",
+        "stderr: \\x9b2J\tkept tab\\x7f",
+      ]);
     } finally {
       pc.close();
     }

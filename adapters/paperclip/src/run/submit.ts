@@ -205,17 +205,19 @@ async function createJob(run: Run, sub: Submission): Promise<RunEnds | { admitte
       admitted = await kube.createJob(ns, objects.job);
     } catch (err) {
       const f = classifyCreateError(err);
-      if (f.kind === "guard-unreachable" && (await webhookWait(f.error.message))) {
+      const again =
+        f.kind === "guard-unreachable"
+          ? await webhookWait(f.error.message)
+          : f.kind === "agent-busy" && f.holderJob && f.holderRunId !== ctx.runId && (await releaseWait(f.holderJob));
+      if (again) {
         attempt--;
         continue;
       }
+      // Cancelled, perhaps while waiting: nothing of it runs, and no
+      // orphan is reaped for it.
       if (ctx.signal?.aborted) {
         await run.dropSecrets();
         return { result: cancelledBeforeStart("before its Job was created") };
-      }
-      if (f.kind === "agent-busy" && f.holderJob && f.holderRunId !== ctx.runId && (await releaseWait(f.holderJob))) {
-        attempt--;
-        continue;
       }
       if (f.kind === "agent-busy" && !reaped && f.holderJob && f.holderRunId !== ctx.runId) {
         reaped = true;
