@@ -135,7 +135,7 @@ func (s *Store) AppendAfter(run, stream string, prev, cur store.Cursor, lines []
 		for i := range lines {
 			r.LastSeq++
 			lines[i].Seq = r.LastSeq
-			v, err := json.Marshal(&lines[i])
+			v, err := lines[i].AppendJSON(nil)
 			if err != nil {
 				return err
 			}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -37,8 +38,12 @@ func newAppendSQL(s *Store) appendSQL {
 			ON CONFLICT (run, stream) DO UPDATE SET ts = excluded.ts, count = excluded.count WHERE c.ts = 0 AND c.count = 0`),
 		cursorNext: s.sql(`UPDATE {schema}.cursors SET ts = $3, count = $4
 			WHERE run = $1 AND stream = $2 AND ts = $5 AND count = $6`),
+		// The lines' JSON in one bytea, with each line's run, seq, size and
+		// offset in four arrays written as text: pgx would encode a
+		// bytea[] and its numbers one boxed element at a time.
 		lines: s.sql(`INSERT INTO {schema}.lines (run, seq, size, data)
-			SELECT u.run, u.seq, u.size, u.data FROM unnest($1::bigint[], $2::bigint[], $3::integer[], $4::bytea[]) AS u(run, seq, size, data)`),
+			SELECT u.run, u.seq, u.size, substring($5::bytea FROM u.at FOR u.size)
+			FROM unnest($1::text::bigint[], $2::text::bigint[], $3::text::integer[], $4::text::integer[]) AS u(run, seq, size, at)`),
 		runInsert: s.sql(`INSERT INTO {schema}.runs (` + runColumns + `) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 			ON CONFLICT (id) DO NOTHING`),
 		runLock:   s.sql(`SELECT num, record FROM {schema}.runs WHERE id = $1 FOR UPDATE`),
@@ -313,9 +318,14 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 	}); err != nil {
 		return err
 	}
-	var nums, seqs []int64
-	var sizes []int32
-	var data [][]byte
+	var cols [4][]byte // run, seq, size, at: the arrays' text
+	size := 0
+	for _, r := range ordered {
+		for _, l := range r.lines {
+			size += len(l.Line)*5/4 + 100 // room for escapes and the fields
+		}
+	}
+	data := make([]byte, 0, size)
 	for _, r := range ordered {
 		if r.err != nil {
 			continue
@@ -324,11 +334,14 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 		for i := range r.lines {
 			rr.rec.LastSeq++
 			r.lines[i].Seq = rr.rec.LastSeq
-			v, err := json.Marshal(&r.lines[i])
-			if err != nil {
+			at := len(data)
+			var err error
+			if data, err = r.lines[i].AppendJSON(data); err != nil {
 				return err
 			}
-			nums, seqs, sizes, data = append(nums, rr.num), append(seqs, int64(rr.rec.LastSeq)), append(sizes, int32(len(v))), append(data, v)
+			for c, v := range [4]int64{rr.num, int64(rr.rec.LastSeq), int64(len(data) - at), int64(at + 1)} {
+				cols[c] = strconv.AppendInt(append(cols[c], ','), v, 10)
+			}
 			rr.rec.Bytes += int64(len(r.lines[i].Line))
 		}
 		if r.now.After(rr.rec.SeenAt) {
@@ -337,8 +350,13 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 		r.last = rr.rec.LastSeq
 	}
 	b := &pgx.Batch{}
-	if len(nums) > 0 {
-		b.Queue(s.q.lines, nums, seqs, sizes, data)
+	if len(data) > 0 {
+		args := []any{0: nil, 4: data}
+		for c := range cols {
+			cols[c][0] = '{'
+			args[c] = string(append(cols[c], '}'))
+		}
+		b.Queue(s.q.lines, args...)
 	}
 	for _, id := range ids {
 		args, err := runArgs(id, runs[id].rec)
