@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -265,11 +266,14 @@ func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after 
 		}
 		for _, l := range lines {
 			if ew.writeLine(l) != nil {
+				ew.flush()
 				return
 			}
 			after = l.Seq
 		}
-		ew.flush()
+		if ew.flush() != nil {
+			return
+		}
 		lastSeq, done, found, err := a.progress(run)
 		if err != nil || !found {
 			return
@@ -321,11 +325,15 @@ func (a *API) progress(run string) (lastSeq uint64, done, found bool, err error)
 }
 
 // eventWriter writes log events as SSE or NDJSON, flushing when asked.
+// Lines gather in buf, written at the flush: a page, not a line, a write.
 type eventWriter struct {
 	w       http.ResponseWriter
 	flusher http.Flusher
 	sse     bool
+	buf     *[]byte // from pages while lines gather: an idle follower holds none
 }
+
+var pages = sync.Pool{New: func() any { return new([]byte) }}
 
 // newEventWriter sends the headers of an event stream.
 func newEventWriter(w http.ResponseWriter, sse bool) *eventWriter {
@@ -362,13 +370,19 @@ func (ew *eventWriter) writeLine(l store.RawLine) error {
 	if len(l.JSON) < 2 || l.JSON[0] != '{' {
 		return fmt.Errorf("stored line %d is not a JSON object", l.Seq)
 	}
-	var err error
-	if ew.sse {
-		_, err = fmt.Fprintf(ew.w, "id: %d\nevent: line\ndata: {\"type\":\"line\",%s\n\n", l.Seq, l.JSON[1:])
-	} else {
-		_, err = fmt.Fprintf(ew.w, "{\"type\":\"line\",%s\n", l.JSON[1:])
+	if ew.buf == nil {
+		ew.buf = pages.Get().(*[]byte)
 	}
-	return err
+	b := *ew.buf
+	if ew.sse {
+		b = append(strconv.AppendUint(append(b, "id: "...), l.Seq, 10), "\nevent: line\ndata: "...)
+	}
+	b = append(append(b, `{"type":"line",`...), l.JSON[1:]...)
+	if ew.sse {
+		b = append(b, '\n')
+	}
+	*ew.buf = append(b, '\n')
+	return nil
 }
 
 func (ew *eventWriter) keepalive() error {
@@ -384,10 +398,19 @@ func (ew *eventWriter) keepalive() error {
 	return err
 }
 
-func (ew *eventWriter) flush() {
-	if ew.flusher != nil {
+// flush writes the lines gathered and flushes.
+func (ew *eventWriter) flush() error {
+	var err error
+	if ew.buf != nil {
+		_, err = ew.w.Write(*ew.buf)
+		*ew.buf = (*ew.buf)[:0]
+		pages.Put(ew.buf)
+		ew.buf = nil
+	}
+	if err == nil && ew.flusher != nil {
 		ew.flusher.Flush()
 	}
+	return err
 }
 
 func (a *API) plainLog(w http.ResponseWriter, run string, after uint64) {

@@ -479,7 +479,8 @@ func TestRawLineEventIsTheEvent(t *testing.T) {
 	decoded, _ := store.Lines(s, "run-1", 0, 0)
 	for _, sse := range []bool{true, false} {
 		var viaRaw, viaDecoded strings.Builder
-		if err := (&eventWriter{w: fakeWriter{&viaRaw}, sse: sse}).writeLine(raw[0]); err != nil {
+		ew := &eventWriter{w: fakeWriter{&viaRaw}, sse: sse}
+		if err := ew.writeLine(raw[0]); err != nil || ew.flush() != nil {
 			t.Fatal(err)
 		}
 		data, _ := json.Marshal(event{Type: "line", Line: &decoded[0]})

@@ -156,6 +156,15 @@ type RawLine struct {
 	JSON []byte
 }
 
+// AppendRaw appends a copy of the line seq to out, its JSON copied into
+// buf, which it returns grown: a page of lines costs a few allocations,
+// not one a line (a store reads its lines from buffers it reuses).
+func AppendRaw(out []RawLine, buf []byte, seq uint64, json []byte) ([]RawLine, []byte) {
+	at := len(buf)
+	buf = append(buf, json...)
+	return append(out, RawLine{Seq: seq, JSON: buf[at:len(buf):len(buf)]}), buf
+}
+
 // Summary is the part of a run's record lists and retention read.
 type Summary struct {
 	ID        string    `json:"id"`

@@ -217,7 +217,7 @@ func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, 
 		return nil, nil // past every line (and after+1 would wrap to the first)
 	}
 	var out []store.RawLine
-	size := 0
+	var buf []byte
 	err := s.db.View(func(tx *bbolt.Tx) error {
 		b := tx.Bucket(bucketLines).Bucket([]byte(run))
 		if b == nil {
@@ -225,9 +225,8 @@ func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, 
 		}
 		c := b.Cursor()
 		for k, v := c.Seek(seqKey(after + 1)); k != nil; k, v = c.Next() {
-			out = append(out, store.RawLine{Seq: binary.BigEndian.Uint64(k), JSON: bytes.Clone(v)})
-			size += len(v)
-			if (limit > 0 && len(out) >= limit) || size >= store.PageBytes {
+			out, buf = store.AppendRaw(out, buf, binary.BigEndian.Uint64(k), v)
+			if (limit > 0 && len(out) >= limit) || len(buf) >= store.PageBytes {
 				break
 			}
 		}

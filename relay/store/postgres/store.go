@@ -21,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"k8s.io/utils/clock"
 
@@ -343,33 +344,32 @@ func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, 
 			WHERE run = (SELECT num FROM {schema}.runs WHERE id = $1) AND seq > $2 ORDER BY seq LIMIT $3) page
 		WHERE before < $4 ORDER BY seq`)
 	var out []store.RawLine
-	size := 0
+	var buf []byte
 	for {
 		n := pageRows
 		if limit > 0 {
 			n = min(n, limit-len(out))
 		}
-		rows, err := s.pool.Query(ctx, q, run, int64(after), n, store.PageBytes-size)
+		rows, err := s.pool.Query(ctx, q, run, int64(after), n, store.PageBytes-len(buf))
 		if err != nil {
 			return nil, err
 		}
 		got := 0
 		for rows.Next() {
 			var seq int64
-			var data []byte
+			var data pgtype.DriverBytes // the connection's buffer, until Next
 			if err := rows.Scan(&seq, &data); err != nil {
 				rows.Close()
 				return nil, err
 			}
-			out = append(out, store.RawLine{Seq: uint64(seq), JSON: data})
-			size += len(data)
+			out, buf = store.AppendRaw(out, buf, uint64(seq), data)
 			after = uint64(seq)
 			got++
 		}
 		if err := rows.Err(); err != nil {
 			return nil, err
 		}
-		if got < n || size >= store.PageBytes || (limit > 0 && len(out) >= limit) {
+		if got < n || len(buf) >= store.PageBytes || (limit > 0 && len(out) >= limit) {
 			return out, nil
 		}
 	}
