@@ -83,7 +83,7 @@ func (f *fakeLog) Stream(ctx context.Context, _, _, _ string, since time.Time, _
 			f.mu.Unlock()
 			for ; next < len(lines); next++ {
 				l := lines[next]
-				ts, _, _ := splitTimestamp([]byte(strings.TrimSuffix(l, "\n")))
+				ts, _, _ := splitTimestamp(strings.TrimSuffix(l, "\n"))
 				if !since.IsZero() && ts.Before(since) {
 					continue
 				}
