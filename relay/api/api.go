@@ -260,7 +260,7 @@ func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after 
 			return
 		}
 		changed := a.Store.Changed(run) // before reading: no change is missed
-		lines, err := a.Store.RawLines(run, after, page)
+		lines, lastSeq, done, found, err := a.page(run, after, page)
 		if err != nil {
 			return
 		}
@@ -271,11 +271,7 @@ func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after 
 			}
 			after = l.Seq
 		}
-		if ew.flush() != nil {
-			return
-		}
-		lastSeq, done, found, err := a.progress(run)
-		if err != nil || !found {
+		if ew.flush() != nil || !found {
 			return
 		}
 		if after < lastSeq && len(lines) > 0 {
@@ -305,23 +301,29 @@ func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after 
 	}
 }
 
-// progresser is a store that reads how far a run is without its whole
-// record (PostgreSQL: two columns, not a JSON document to decode), which
-// a follower asks after every wake-up.
-type progresser interface {
-	Progress(run string) (lastSeq uint64, done, found bool, err error)
+// pager is a store that reads a page of a run's lines with how far the
+// run is, in one query, without the run's whole record (PostgreSQL: two
+// columns, not a JSON document to decode), which a follower reads after
+// every wake-up.
+type pager interface {
+	Page(run string, after uint64, limit int) (lines []store.RawLine, lastSeq uint64, done, found bool, err error)
 }
 
-// progress is the run's last sequence number and whether it is done.
-func (a *API) progress(run string) (lastSeq uint64, done, found bool, err error) {
-	if p, ok := a.Store.(progresser); ok {
-		return p.Progress(run)
+// page is the run's lines after after, up to limit, its last sequence
+// number and whether it is done.
+func (a *API) page(run string, after uint64, limit int) ([]store.RawLine, uint64, bool, bool, error) {
+	if p, ok := a.Store.(pager); ok {
+		return p.Page(run, after, limit)
+	}
+	lines, err := a.Store.RawLines(run, after, limit)
+	if err != nil {
+		return nil, 0, false, false, err
 	}
 	r, err := a.Store.Run(run)
 	if err != nil || r == nil {
-		return 0, false, false, err
+		return lines, 0, false, false, err
 	}
-	return r.LastSeq, r.Done, true, nil
+	return lines, r.LastSeq, r.Done, true, nil
 }
 
 // eventWriter writes log events as SSE or NDJSON, flushing when asked.

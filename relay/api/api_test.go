@@ -598,25 +598,26 @@ func TestAPIBytesNoRunHasMatchNothing(t *testing.T) {
 	}
 }
 
-// progressStore counts the record reads and progress reads of a store
-// that can say how far a run is without its record (as PostgreSQL's).
-type progressStore struct {
+// pageStore counts the record reads and page reads of a store that can
+// say how far a run is without its record (as PostgreSQL's).
+type pageStore struct {
 	*bolt.Store
-	runs, progresses atomic.Int64
+	runs, pages atomic.Int64
 }
 
-func (p *progressStore) Run(id string) (*store.Run, error) {
+func (p *pageStore) Run(id string) (*store.Run, error) {
 	p.runs.Add(1)
 	return p.Store.Run(id)
 }
 
-func (p *progressStore) Progress(run string) (uint64, bool, bool, error) {
-	p.progresses.Add(1)
-	r, err := p.Store.Run(run)
+func (p *pageStore) Page(run string, after uint64, limit int) ([]store.RawLine, uint64, bool, bool, error) {
+	p.pages.Add(1)
+	lines, err := p.Store.RawLines(run, after, limit)
+	r, _ := p.Store.Run(run)
 	if err != nil || r == nil {
-		return 0, false, false, err
+		return nil, 0, false, false, err
 	}
-	return r.LastSeq, r.Done, true, nil
+	return lines, r.LastSeq, r.Done, true, nil
 }
 
 // TestAFollowerReadsTheRecordOnlyForItsEnd: a follower woken by each
@@ -625,7 +626,7 @@ func (p *progressStore) Progress(run string) (uint64, bool, bool, error) {
 // 1,000 runs followed), and reads the record once, for the end event.
 func TestAFollowerReadsTheRecordOnlyForItsEnd(t *testing.T) {
 	s, _ := storetest.Open(t)
-	ps := &progressStore{Store: s}
+	ps := &pageStore{Store: s}
 	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Namespace, r.Agent, r.Phase = "paperclip", "agent-a", "Running" })
 	_, _ = storetest.Append(s, "run-1", "st", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "line 1"), time.Now())
 	srv := httptest.NewServer((&API{Store: ps, Auth: tokenAuth{}, Keepalive: time.Minute}).Handler())
@@ -654,9 +655,9 @@ func TestAFollowerReadsTheRecordOnlyForItsEnd(t *testing.T) {
 		t.Fatalf("%d lines, ended %v", lines, ended)
 	}
 	if got := ps.runs.Load() - runsBefore; got > 1 {
-		t.Errorf("the follower read the run's record %d times over %d wake-ups, want once (for its end)", got, ps.progresses.Load())
+		t.Errorf("the follower read the run's record %d times over %d wake-ups, want once (for its end)", got, ps.pages.Load())
 	}
-	if ps.progresses.Load() < 6 {
-		t.Errorf("%d progress reads over 6 commits", ps.progresses.Load())
+	if ps.pages.Load() < 6 {
+		t.Errorf("%d page reads over 6 commits", ps.pages.Load())
 	}
 }

@@ -274,19 +274,6 @@ func (s *Store) Run(id string) (*store.Run, error) {
 	return &r, nil
 }
 
-// Progress is how far run is stored and whether it is done, without its
-// record (the API's followers ask after every commit they hear of).
-func (s *Store) Progress(run string) (lastSeq uint64, done, found bool, err error) {
-	ctx, cancel := s.ctx()
-	defer cancel()
-	var seq int64
-	err = s.pool.QueryRow(ctx, s.sql(`SELECT last_seq, done FROM {schema}.runs WHERE id = $1`), run).Scan(&seq, &done)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, false, false, nil
-	}
-	return uint64(seq), done, err == nil, err
-}
-
 // RunsWhere implements store.Backend from the summary columns (no record
 // is read or decoded): the filter is the query's, so only the runs it
 // selects are read, by an index for an agent, a company or the unfinished
@@ -334,16 +321,32 @@ func (s *Store) RunsWhere(f store.Filter) ([]store.Summary, error) {
 const pageRows = 1000
 
 func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, error) {
+	lines, _, _, _, err := s.pages(run, after, limit, false)
+	return lines, err
+}
+
+// Page reads the lines of run after after, up to limit of them, with how
+// far the run is stored and whether it is done, in one query, so in one
+// snapshot: the API's followers read both after every commit they hear
+// of. found is false for a run the store does not hold.
+func (s *Store) Page(run string, after uint64, limit int) (lines []store.RawLine, lastSeq uint64, done, found bool, err error) {
+	return s.pages(run, after, limit, true)
+}
+
+// pages reads pages of lines, pageRows at a time, until limit lines or
+// store.PageBytes; one: a single page.
+func (s *Store) pages(run string, after uint64, limit int, one bool) (out []store.RawLine, lastSeq uint64, done, found bool, err error) {
 	if after >= store.MaxSeq {
-		return nil, nil // past every line; int64(after) would be negative
+		after = store.MaxSeq - 1 // past every line (none reaches MaxSeq); int64(after) would be negative
 	}
 	ctx, cancel := s.ctx()
 	defer cancel()
-	q := s.sql(`SELECT seq, data FROM (
-			SELECT seq, data, sum(size) OVER (ORDER BY seq) - size AS before FROM {schema}.lines
-			WHERE run = (SELECT num FROM {schema}.runs WHERE id = $1) AND seq > $2 ORDER BY seq LIMIT $3) page
-		WHERE before < $4 ORDER BY seq`)
-	var out []store.RawLine
+	q := s.sql(`SELECT r.last_seq, r.done, p.seq, p.data FROM {schema}.runs r LEFT JOIN LATERAL (
+			SELECT seq, data FROM (
+				SELECT seq, data, sum(size) OVER (ORDER BY seq) - size AS before FROM {schema}.lines
+				WHERE run = r.num AND seq > $2 ORDER BY seq LIMIT $3) page
+			WHERE before < $4) p ON true
+		WHERE r.id = $1 ORDER BY p.seq`)
 	var buf []byte
 	for {
 		n := pageRows
@@ -352,25 +355,29 @@ func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, 
 		}
 		rows, err := s.pool.Query(ctx, q, run, int64(after), n, store.PageBytes-len(buf))
 		if err != nil {
-			return nil, err
+			return nil, 0, false, false, err
 		}
 		got := 0
 		for rows.Next() {
-			var seq int64
+			var last int64
+			var seq pgtype.Int8         // null: no line after
 			var data pgtype.DriverBytes // the connection's buffer, until Next
-			if err := rows.Scan(&seq, &data); err != nil {
+			if err := rows.Scan(&last, &done, &seq, &data); err != nil {
 				rows.Close()
-				return nil, err
+				return nil, 0, false, false, err
 			}
-			out, buf = store.AppendRaw(out, buf, uint64(seq), data)
-			after = uint64(seq)
-			got++
+			lastSeq, found = uint64(last), true
+			if seq.Valid {
+				out, buf = store.AppendRaw(out, buf, uint64(seq.Int64), data)
+				after = uint64(seq.Int64)
+				got++
+			}
 		}
 		if err := rows.Err(); err != nil {
-			return nil, err
+			return nil, 0, false, false, err
 		}
-		if got < n || len(buf) >= store.PageBytes || (limit > 0 && len(out) >= limit) {
-			return out, nil
+		if one || got < n || len(buf) >= store.PageBytes || (limit > 0 && len(out) >= limit) {
+			return out, lastSeq, done, found, nil
 		}
 	}
 }
