@@ -342,13 +342,17 @@ type lineQueue struct {
 	err      error
 	fragment string
 	queued   atomic.Int64  // bytes sent and not yet taken
-	room     chan struct{} // a line was taken
+	room     chan struct{} // lines were taken: half the bound or more is free
 	maxBytes int64
 }
 
-// taken tells the reader that the follower took line.
+// taken tells the reader that the follower took line, once the queue is
+// at most half full: a reader waiting for room then reads many lines, not
+// one a line taken (each a wake-up of both goroutines).
 func (q *lineQueue) taken(line string) {
-	q.queued.Add(-int64(len(line)))
+	if q.queued.Add(-int64(len(line))) > q.maxBytes/2 {
+		return
+	}
 	select {
 	case q.room <- struct{}{}:
 	default:
