@@ -1,12 +1,13 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -38,12 +39,7 @@ func newAppendSQL(s *Store) appendSQL {
 			ON CONFLICT (run, stream) DO UPDATE SET ts = excluded.ts, count = excluded.count WHERE c.ts = 0 AND c.count = 0`),
 		cursorNext: s.sql(`UPDATE {schema}.cursors SET ts = $3, count = $4
 			WHERE run = $1 AND stream = $2 AND ts = $5 AND count = $6`),
-		// The lines' JSON in one bytea, with each line's run, seq, size and
-		// offset in four arrays written as text: pgx would encode a
-		// bytea[] and its numbers one boxed element at a time.
-		lines: s.sql(`INSERT INTO {schema}.lines (run, seq, size, data)
-			SELECT u.run, u.seq, u.size, substring($5::bytea FROM u.at FOR u.size)
-			FROM unnest($1::text::bigint[], $2::text::bigint[], $3::text::integer[], $4::text::integer[]) AS u(run, seq, size, at)`),
+		lines: s.sql(`COPY {schema}.lines (run, seq, size, data) FROM STDIN (FORMAT binary)`),
 		runInsert: s.sql(`INSERT INTO {schema}.runs (` + runColumns + `) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 			ON CONFLICT (id) DO NOTHING`),
 		runLock:   s.sql(`SELECT num, record FROM {schema}.runs WHERE id = $1 FOR UPDATE`),
@@ -318,14 +314,16 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 	}); err != nil {
 		return err
 	}
-	var cols [4][]byte // run, seq, size, at: the arrays' text
+	// The lines go by COPY, in its binary format written here: a
+	// statement's parameters pgx would encode an element at a time and
+	// copy twice into buffers it does not keep.
 	size := 0
 	for _, r := range ordered {
 		for _, l := range r.lines {
-			size += len(l.Line)*5/4 + 100 // room for escapes and the fields
+			size += len(l.Line)*5/4 + 140 // room for escapes, fields, lengths
 		}
 	}
-	data := make([]byte, 0, size)
+	data := append(make([]byte, 0, size), "PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00"...)
 	for _, r := range ordered {
 		if r.err != nil {
 			continue
@@ -334,14 +332,19 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 		for i := range r.lines {
 			rr.rec.LastSeq++
 			r.lines[i].Seq = rr.rec.LastSeq
-			at := len(data)
+			// Four fields: run and seq (8 bytes each), size (4), data.
+			data = binary.BigEndian.AppendUint16(data, 4)
+			data = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(data, 8), uint64(rr.num))
+			data = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(data, 8), rr.rec.LastSeq)
+			at := len(data) + 4 // the size's value, then data's length
+			data = append(binary.BigEndian.AppendUint32(data, 4), 0, 0, 0, 0, 0, 0, 0, 0)
 			var err error
 			if data, err = r.lines[i].AppendJSON(data); err != nil {
 				return err
 			}
-			for c, v := range [4]int64{rr.num, int64(rr.rec.LastSeq), int64(len(data) - at), int64(at + 1)} {
-				cols[c] = strconv.AppendInt(append(cols[c], ','), v, 10)
-			}
+			n := uint32(len(data) - at - 8)
+			binary.BigEndian.PutUint32(data[at:], n)
+			binary.BigEndian.PutUint32(data[at+4:], n)
 			rr.rec.Bytes += int64(len(r.lines[i].Line))
 		}
 		if r.now.After(rr.rec.SeenAt) {
@@ -349,15 +352,10 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 		}
 		r.last = rr.rec.LastSeq
 	}
-	b := &pgx.Batch{}
-	if len(data) > 0 {
-		args := []any{0: nil, 4: data}
-		for c := range cols {
-			cols[c][0] = '{'
-			args[c] = string(append(cols[c], '}'))
-		}
-		b.Queue(s.q.lines, args...)
+	if _, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(binary.BigEndian.AppendUint16(data, 0xffff)), s.q.lines); err != nil {
+		return err
 	}
+	b := &pgx.Batch{}
 	for _, id := range ids {
 		args, err := runArgs(id, runs[id].rec)
 		if err != nil {
