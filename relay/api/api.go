@@ -260,21 +260,19 @@ func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after 
 			return
 		}
 		changed := a.Store.Changed(run) // before reading: no change is missed
-		lines, lastSeq, done, found, err := a.page(run, after, page)
-		if err != nil {
-			return
-		}
-		for _, l := range lines {
-			if ew.writeLine(l) != nil {
-				ew.flush()
-				return
+		lines := 0
+		var bad error // a stored line that is not an event: the stream ends there
+		lastSeq, done, found, err := a.page(run, after, page, func(l store.RawLine) {
+			if bad == nil {
+				if bad = ew.writeLine(l); bad == nil {
+					after, lines = l.Seq, lines+1
+				}
 			}
-			after = l.Seq
-		}
-		if ew.flush() != nil || !found {
+		})
+		if err != nil || ew.flush() != nil || bad != nil || !found {
 			return
 		}
-		if after < lastSeq && len(lines) > 0 {
+		if after < lastSeq && lines > 0 {
 			continue // a page ended (by lines or bytes) before the log did
 		}
 		if done && after >= lastSeq {
@@ -306,24 +304,27 @@ func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after 
 // columns, not a JSON document to decode), which a follower reads after
 // every wake-up.
 type pager interface {
-	Page(run string, after uint64, limit int) (lines []store.RawLine, lastSeq uint64, done, found bool, err error)
+	Page(run string, after uint64, limit int, each func(store.RawLine)) (lastSeq uint64, done, found bool, err error)
 }
 
-// page is the run's lines after after, up to limit, its last sequence
-// number and whether it is done.
-func (a *API) page(run string, after uint64, limit int) ([]store.RawLine, uint64, bool, bool, error) {
+// page hands each the run's lines after after, up to limit, and returns
+// its last sequence number and whether it is done.
+func (a *API) page(run string, after uint64, limit int, each func(store.RawLine)) (uint64, bool, bool, error) {
 	if p, ok := a.Store.(pager); ok {
-		return p.Page(run, after, limit)
+		return p.Page(run, after, limit, each)
 	}
 	lines, err := a.Store.RawLines(run, after, limit)
 	if err != nil {
-		return nil, 0, false, false, err
+		return 0, false, false, err
+	}
+	for _, l := range lines {
+		each(l)
 	}
 	r, err := a.Store.Run(run)
 	if err != nil || r == nil {
-		return lines, 0, false, false, err
+		return 0, false, false, err
 	}
-	return lines, r.LastSeq, r.Done, true, nil
+	return r.LastSeq, r.Done, true, nil
 }
 
 // eventWriter writes log events as SSE or NDJSON, flushing when asked.

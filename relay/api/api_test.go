@@ -25,6 +25,8 @@ import (
 
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/bolt"
+	"github.com/paperclipai/clipjob/relay/store/postgres"
+	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
 	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
 
@@ -610,14 +612,17 @@ func (p *pageStore) Run(id string) (*store.Run, error) {
 	return p.Store.Run(id)
 }
 
-func (p *pageStore) Page(run string, after uint64, limit int) ([]store.RawLine, uint64, bool, bool, error) {
+func (p *pageStore) Page(run string, after uint64, limit int, each func(store.RawLine)) (uint64, bool, bool, error) {
 	p.pages.Add(1)
 	lines, err := p.Store.RawLines(run, after, limit)
 	r, _ := p.Store.Run(run)
 	if err != nil || r == nil {
-		return nil, 0, false, false, err
+		return 0, false, false, err
 	}
-	return lines, r.LastSeq, r.Done, true, nil
+	for _, l := range lines {
+		each(l)
+	}
+	return r.LastSeq, r.Done, true, nil
 }
 
 // TestAFollowerReadsTheRecordOnlyForItsEnd: a follower woken by each
@@ -659,5 +664,54 @@ func TestAFollowerReadsTheRecordOnlyForItsEnd(t *testing.T) {
 	}
 	if ps.pages.Load() < 6 {
 		t.Errorf("%d page reads over 6 commits", ps.pages.Load())
+	}
+}
+
+// TestALogStreamsFromPostgreSQL: a follower on PostgreSQL reads its lines
+// and how far the run is in one query a page (Store.Page, each line's
+// JSON written from the connection's buffer): every line once, in order,
+// across pages, then the end.
+func TestALogStreamsFromPostgreSQL(t *testing.T) {
+	conn, schema := pgtest.Schema(t)
+	s, err := postgres.Open(context.Background(), postgres.Options{ConnString: conn, Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Namespace, r.Phase = "paperclip", "Running" })
+	const n = 450 // three pages of a follower's 200
+	var texts []string
+	for i := range n {
+		texts = append(texts, fmt.Sprintf(`{"n":%d,"text":"<%s>"}`, i+1, strings.Repeat("é", i%7)))
+	}
+	if _, err := s.AppendAfter("run-1", "st", store.Cursor{}, store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", texts...), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Done, r.Phase = true, "Succeeded" })
+	srv := httptest.NewServer((&API{Store: s, Auth: tokenAuth{}, Keepalive: time.Minute}).Handler())
+	defer srv.Close()
+	resp := get(t, srv.URL+"/v1/runs/run-1/log?after=0", "reader", "text/event-stream")
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var got []string
+	for _, ev := range strings.Split(strings.TrimSpace(string(body)), "\n\n") {
+		var e struct {
+			Type, Line string
+			Seq        uint64
+		}
+		if err := json.Unmarshal([]byte(ev[strings.Index(ev, "data: ")+6:]), &e); err != nil {
+			t.Fatalf("event %q: %v", ev, err)
+		}
+		if e.Type == "line" {
+			if want := fmt.Sprintf("id: %d\n", len(got)+1); !strings.HasPrefix(ev, want) || e.Seq != uint64(len(got)+1) {
+				t.Fatalf("event %q after %d lines", ev, len(got))
+			}
+			got = append(got, e.Line)
+		} else if e.Type != "end" || len(got) != n {
+			t.Fatalf("%s after %d lines", ev, len(got))
+		}
+	}
+	if strings.Join(got, "\n") != strings.Join(texts, "\n") {
+		t.Errorf("the lines streamed are not the lines stored")
 	}
 }

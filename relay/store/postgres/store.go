@@ -321,21 +321,28 @@ func (s *Store) RunsWhere(f store.Filter) ([]store.Summary, error) {
 const pageRows = 1000
 
 func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, error) {
-	lines, _, _, _, err := s.pages(run, after, limit, false)
-	return lines, err
+	var out []store.RawLine
+	var buf []byte
+	_, _, _, err := s.pages(run, after, limit, false, func(l store.RawLine) { out, buf = store.AppendRaw(out, buf, l.Seq, l.JSON) })
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
-// Page reads the lines of run after after, up to limit of them, with how
-// far the run is stored and whether it is done, in one query, so in one
-// snapshot: the API's followers read both after every commit they hear
-// of. found is false for a run the store does not hold.
-func (s *Store) Page(run string, after uint64, limit int) (lines []store.RawLine, lastSeq uint64, done, found bool, err error) {
-	return s.pages(run, after, limit, true)
+// Page hands each to the lines of run after after, up to limit of them,
+// and returns how far the run is stored and whether it is done, from one
+// query, so one snapshot: the API's followers read both after every
+// commit they hear of. A line's JSON is the connection's buffer, valid
+// during the call only: a follower writes it into its response's, with
+// no copy between. found is false for a run the store does not hold.
+func (s *Store) Page(run string, after uint64, limit int, each func(store.RawLine)) (lastSeq uint64, done, found bool, err error) {
+	return s.pages(run, after, limit, true, each)
 }
 
 // pages reads pages of lines, pageRows at a time, until limit lines or
 // store.PageBytes; one: a single page.
-func (s *Store) pages(run string, after uint64, limit int, one bool) (out []store.RawLine, lastSeq uint64, done, found bool, err error) {
+func (s *Store) pages(run string, after uint64, limit int, one bool, each func(store.RawLine)) (lastSeq uint64, done, found bool, err error) {
 	if after >= store.MaxSeq {
 		after = store.MaxSeq - 1 // past every line (none reaches MaxSeq); int64(after) would be negative
 	}
@@ -347,15 +354,15 @@ func (s *Store) pages(run string, after uint64, limit int, one bool) (out []stor
 				WHERE run = r.num AND seq > $2 ORDER BY seq LIMIT $3) page
 			WHERE before < $4) p ON true
 		WHERE r.id = $1 ORDER BY p.seq`)
-	var buf []byte
+	lines, size := 0, 0
 	for {
 		n := pageRows
 		if limit > 0 {
-			n = min(n, limit-len(out))
+			n = min(n, limit-lines)
 		}
-		rows, err := s.pool.Query(ctx, q, run, int64(after), n, store.PageBytes-len(buf))
+		rows, err := s.pool.Query(ctx, q, run, int64(after), n, store.PageBytes-size)
 		if err != nil {
-			return nil, 0, false, false, err
+			return 0, false, false, err
 		}
 		got := 0
 		for rows.Next() {
@@ -364,20 +371,21 @@ func (s *Store) pages(run string, after uint64, limit int, one bool) (out []stor
 			var data pgtype.DriverBytes // the connection's buffer, until Next
 			if err := rows.Scan(&last, &done, &seq, &data); err != nil {
 				rows.Close()
-				return nil, 0, false, false, err
+				return 0, false, false, err
 			}
 			lastSeq, found = uint64(last), true
 			if seq.Valid {
-				out, buf = store.AppendRaw(out, buf, uint64(seq.Int64), data)
-				after = uint64(seq.Int64)
+				each(store.RawLine{Seq: uint64(seq.Int64), JSON: data})
+				after, size = uint64(seq.Int64), size+len(data)
 				got++
 			}
 		}
 		if err := rows.Err(); err != nil {
-			return nil, 0, false, false, err
+			return 0, false, false, err
 		}
-		if one || got < n || len(buf) >= store.PageBytes || (limit > 0 && len(out) >= limit) {
-			return out, lastSeq, done, found, nil
+		lines += got
+		if one || got < n || size >= store.PageBytes || (limit > 0 && lines >= limit) {
+			return lastSeq, done, found, nil
 		}
 	}
 }

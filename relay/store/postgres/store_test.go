@@ -134,21 +134,24 @@ func TestARecordThatDoesNotDecodeIsRetiredAllTheSame(t *testing.T) {
 func TestPageIsTheRecordsLastSeqAndEnd(t *testing.T) {
 	conn, schema := pgtest.Schema(t)
 	s := open(t, postgres.Options{ConnString: conn, Schema: schema})
-	if _, _, _, found, err := s.Page("run-1", 0, 10); found || err != nil {
+	var seqs []uint64
+	each := func(l store.RawLine) { seqs = append(seqs, l.Seq) }
+	if _, _, found, err := s.Page("run-1", 0, 10, each); found || err != nil {
 		t.Fatalf("a run never stored: found %v, %v", found, err)
 	}
 	if _, err := s.AppendAfter("run-1", "a", store.Cursor{}, store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "x", "y", "z"), time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if lines, seq, done, found, err := s.Page("run-1", 1, 1); len(lines) != 1 || lines[0].Seq != 2 || seq != 3 || done || !found || err != nil {
-		t.Errorf("after three lines, one after the first: %v %d %v %v %v", lines, seq, done, found, err)
+	if seq, done, found, err := s.Page("run-1", 1, 1, each); len(seqs) != 1 || seqs[0] != 2 || seq != 3 || done || !found || err != nil {
+		t.Errorf("after three lines, one after the first: %v %d %v %v %v", seqs, seq, done, found, err)
 	}
 	if _, err := s.UpdateRun("run-1", func(r *store.Run) { r.Done = true }); err != nil {
 		t.Fatal(err)
 	}
 	for _, after := range []uint64{3, store.MaxSeq, math.MaxUint64} {
-		if lines, seq, done, found, err := s.Page("run-1", after, 10); len(lines) != 0 || seq != 3 || !done || !found || err != nil {
-			t.Errorf("after its end, after %d: %v %d %v %v %v", after, lines, seq, done, found, err)
+		seqs = nil
+		if seq, done, found, err := s.Page("run-1", after, 10, each); len(seqs) != 0 || seq != 3 || !done || !found || err != nil {
+			t.Errorf("after its end, after %d: %v %d %v %v %v", after, seqs, seq, done, found, err)
 		}
 	}
 }
