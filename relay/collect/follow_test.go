@@ -162,7 +162,7 @@ func (f *fakeLog) state() containerState {
 // newFollower's DrainIdle is far above any stall of a loaded test machine:
 // the fake's streams end with EOF, so it costs nothing unless a test leaves
 // a stream open, and then the test sets its own.
-func newFollower(_ testing.TB, s *bolt.Store, src *fakeLog) *follower {
+func newFollower(_ testing.TB, s store.Backend, src *fakeLog) *follower {
 	return &follower{
 		ref: StreamRef{Run: "run-1", Namespace: "ns", Pod: "p", PodUID: "uid", Container: "agent", ContainerID: "c1"}, state: src.state,
 		c: &Collector{Source: src, Store: s, slots: make(chan struct{}, 4), Log: logr.Discard(), Clock: clock.RealClock{},
