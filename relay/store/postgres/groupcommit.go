@@ -27,10 +27,11 @@ import (
 // append that finds a flight free commits at once, and a busy relay's
 // groups grow with the load.
 
-// appendSQL is the statements of an append, named for the store's schema
-// once (Open), not on every append of every group.
+// appendSQL is the statements of an append, and a follower's page (see
+// pages), named for the store's schema once (Open), not on every append
+// of every group.
 type appendSQL struct {
-	cursorFirst, cursorNext, lines, runInsert, runLock, runUpdate string
+	cursorFirst, cursorNext, lines, runInsert, runLock, runUpdate, page string
 }
 
 func newAppendSQL(s *Store) appendSQL {
@@ -44,6 +45,12 @@ func newAppendSQL(s *Store) appendSQL {
 			ON CONFLICT (id) DO NOTHING`),
 		runLock:   s.sql(`SELECT num, record FROM {schema}.runs WHERE id = $1 FOR UPDATE`),
 		runUpdate: s.sql(updateRun),
+		page: s.sql(`SELECT r.last_seq, r.done, p.seq, p.data FROM {schema}.runs r LEFT JOIN LATERAL (
+				SELECT seq, data FROM (
+					SELECT seq, data, sum(size) OVER (ORDER BY seq) - size AS before FROM {schema}.lines
+					WHERE run = r.num AND seq > $2 ORDER BY seq LIMIT $3) page
+				WHERE before < $4) p ON true
+			WHERE r.id = $1 ORDER BY p.seq`),
 	}
 }
 
@@ -323,7 +330,12 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 			size += len(l.Line)*5/4 + 140 // room for escapes, fields, lengths
 		}
 	}
-	data := append(make([]byte, 0, size), "PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00"...)
+	buf := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(buf)
+	if cap(*buf) < size {
+		*buf = make([]byte, 0, size)
+	}
+	data := append((*buf)[:0], "PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00"...)
 	for _, r := range ordered {
 		if r.err != nil {
 			continue
@@ -352,7 +364,11 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 		}
 		r.last = rr.rec.LastSeq
 	}
-	if _, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(binary.BigEndian.AppendUint16(data, 0xffff)), s.q.lines); err != nil {
+	data = binary.BigEndian.AppendUint16(data, 0xffff)
+	if cap(data) <= copyBufferMax {
+		*buf = data
+	}
+	if _, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(data), s.q.lines); err != nil {
 		return err
 	}
 	b := &pgx.Batch{}
@@ -365,6 +381,13 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 	}
 	return execBatch(ctx, tx, b)
 }
+
+// copyBuffers hold the COPY data of groups that committed, for the next:
+// a group's is about its lines' bytes again. One over copyBufferMax (a
+// long line's) is not kept.
+var copyBuffers = sync.Pool{New: func() any { return new([]byte) }}
+
+const copyBufferMax = 1 << 20
 
 // lockRuns reads and locks the records of the runs ids, in that order,
 // creating a missing one as fresh(id) (a stream's first lines can come

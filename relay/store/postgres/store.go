@@ -348,27 +348,21 @@ func (s *Store) pages(run string, after uint64, limit int, one bool, each func(s
 	}
 	ctx, cancel := s.ctx()
 	defer cancel()
-	q := s.sql(`SELECT r.last_seq, r.done, p.seq, p.data FROM {schema}.runs r LEFT JOIN LATERAL (
-			SELECT seq, data FROM (
-				SELECT seq, data, sum(size) OVER (ORDER BY seq) - size AS before FROM {schema}.lines
-				WHERE run = r.num AND seq > $2 ORDER BY seq LIMIT $3) page
-			WHERE before < $4) p ON true
-		WHERE r.id = $1 ORDER BY p.seq`)
 	lines, size := 0, 0
+	var last int64
+	var seq pgtype.Int8         // null: no line after
+	var data pgtype.DriverBytes // the connection's buffer, until Next
 	for {
 		n := pageRows
 		if limit > 0 {
 			n = min(n, limit-lines)
 		}
-		rows, err := s.pool.Query(ctx, q, run, int64(after), n, store.PageBytes-size)
+		rows, err := s.pool.Query(ctx, s.q.page, run, int64(after), n, store.PageBytes-size)
 		if err != nil {
 			return 0, false, false, err
 		}
 		got := 0
 		for rows.Next() {
-			var last int64
-			var seq pgtype.Int8         // null: no line after
-			var data pgtype.DriverBytes // the connection's buffer, until Next
 			if err := rows.Scan(&last, &done, &seq, &data); err != nil {
 				rows.Close()
 				return 0, false, false, err
