@@ -262,7 +262,7 @@ func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after 
 		changed := a.Store.Changed(run) // before reading: no change is missed
 		lines := 0
 		var bad error // a stored line that is not an event: the stream ends there
-		lastSeq, done, found, err := a.page(run, after, page, func(l store.RawLine) {
+		lastSeq, done, found, err := a.Store.Page(run, after, page, func(l store.RawLine) {
 			if bad == nil {
 				if bad = ew.writeLine(l); bad == nil {
 					after, lines = l.Seq, lines+1
@@ -297,34 +297,6 @@ func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after 
 			}
 		}
 	}
-}
-
-// pager is a store that reads a page of a run's lines with how far the
-// run is, in one query, without the run's whole record (PostgreSQL: two
-// columns, not a JSON document to decode), which a follower reads after
-// every wake-up.
-type pager interface {
-	Page(run string, after uint64, limit int, each func(store.RawLine)) (lastSeq uint64, done, found bool, err error)
-}
-
-// page hands each the run's lines after after, up to limit, and returns
-// its last sequence number and whether it is done.
-func (a *API) page(run string, after uint64, limit int, each func(store.RawLine)) (uint64, bool, bool, error) {
-	if p, ok := a.Store.(pager); ok {
-		return p.Page(run, after, limit, each)
-	}
-	lines, err := a.Store.RawLines(run, after, limit)
-	if err != nil {
-		return 0, false, false, err
-	}
-	for _, l := range lines {
-		each(l)
-	}
-	r, err := a.Store.Run(run)
-	if err != nil || r == nil {
-		return 0, false, false, err
-	}
-	return r.LastSeq, r.Done, true, nil
 }
 
 // eventWriter writes log events as SSE or NDJSON, flushing when asked.

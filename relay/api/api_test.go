@@ -474,7 +474,7 @@ func TestRawLineEventIsTheEvent(t *testing.T) {
 	if _, err := storetest.Append(s, "run-1", "st", store.Cursor{TS: 1, Count: 1}, []store.Line{line}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	raw, err := s.RawLines("run-1", 0, 0)
+	raw, err := storetest.RawLines(s, "run-1", 0, 0)
 	if err != nil || len(raw) != 1 {
 		t.Fatalf("raw lines %v, %v", raw, err)
 	}
@@ -600,8 +600,7 @@ func TestAPIBytesNoRunHasMatchNothing(t *testing.T) {
 	}
 }
 
-// pageStore counts the record reads and page reads of a store that can
-// say how far a run is without its record (as PostgreSQL's).
+// pageStore counts the record reads and page reads of a store.
 type pageStore struct {
 	*bolt.Store
 	runs, pages atomic.Int64
@@ -614,15 +613,7 @@ func (p *pageStore) Run(id string) (*store.Run, error) {
 
 func (p *pageStore) Page(run string, after uint64, limit int, each func(store.RawLine)) (uint64, bool, bool, error) {
 	p.pages.Add(1)
-	lines, err := p.Store.RawLines(run, after, limit)
-	r, _ := p.Store.Run(run)
-	if err != nil || r == nil {
-		return 0, false, false, err
-	}
-	for _, l := range lines {
-		each(l)
-	}
-	return r.LastSeq, r.Done, true, nil
+	return p.Store.Page(run, after, limit, each)
 }
 
 // TestAFollowerReadsTheRecordOnlyForItsEnd: a follower woken by each

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -135,17 +136,19 @@ const PageBytes = 4 << 20
 // keeps them in a bigint), so nothing is after a cursor there.
 const MaxSeq = math.MaxInt64
 
-// Lines is b's RawLines, decoded.
+// Lines is b's Page, decoded.
 func Lines(b Backend, run string, after uint64, limit int) ([]Line, error) {
-	raw, err := b.RawLines(run, after, limit)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Line, len(raw))
-	for i, r := range raw {
-		if err := json.Unmarshal(r.JSON, &out[i]); err != nil {
-			return nil, fmt.Errorf("line %d: %w", r.Seq, err)
+	var out []Line
+	var bad error
+	_, _, _, err := b.Page(run, after, limit, func(r RawLine) {
+		var l Line
+		if err := json.Unmarshal(r.JSON, &l); err != nil && bad == nil {
+			bad = fmt.Errorf("line %d: %w", r.Seq, err)
 		}
+		out = append(out, l)
+	})
+	if err = cmp.Or(err, bad); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -154,15 +157,6 @@ func Lines(b Backend, run string, after uint64, limit int) ([]Line, error) {
 type RawLine struct {
 	Seq  uint64
 	JSON []byte
-}
-
-// AppendRaw appends a copy of the line seq to out, its JSON copied into
-// buf, which it returns grown: a page of lines costs a few allocations,
-// not one a line (a store reads its lines from buffers it reuses).
-func AppendRaw(out []RawLine, buf []byte, seq uint64, json []byte) ([]RawLine, []byte) {
-	at := len(buf)
-	buf = append(buf, json...)
-	return append(out, RawLine{Seq: seq, JSON: buf[at:len(buf):len(buf)]}), buf
 }
 
 // Summary is the part of a run's record lists and retention read.

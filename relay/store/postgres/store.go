@@ -320,29 +320,11 @@ func (s *Store) RunsWhere(f store.Filter) ([]store.Summary, error) {
 // never read whole (their data stays a TOAST pointer).
 const pageRows = 1000
 
-func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, error) {
-	var out []store.RawLine
-	var buf []byte
-	_, _, _, err := s.pages(run, after, limit, false, func(l store.RawLine) { out, buf = store.AppendRaw(out, buf, l.Seq, l.JSON) })
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// Page hands each to the lines of run after after, up to limit of them,
-// and returns how far the run is stored and whether it is done, from one
-// query, so one snapshot: the API's followers read both after every
-// commit they hear of. A line's JSON is the connection's buffer, valid
-// during the call only: a follower writes it into its response's, with
-// no copy between. found is false for a run the store does not hold.
+// Page implements store.Backend, pageRows lines a query, each query the
+// lines with the run's progress (one snapshot). A line's JSON is the
+// connection's buffer: a log's follower copies it once, into its
+// response's.
 func (s *Store) Page(run string, after uint64, limit int, each func(store.RawLine)) (lastSeq uint64, done, found bool, err error) {
-	return s.pages(run, after, limit, true, each)
-}
-
-// pages reads pages of lines, pageRows at a time, until limit lines or
-// store.PageBytes; one: a single page.
-func (s *Store) pages(run string, after uint64, limit int, one bool, each func(store.RawLine)) (lastSeq uint64, done, found bool, err error) {
 	if after >= store.MaxSeq {
 		after = store.MaxSeq - 1 // past every line (none reaches MaxSeq); int64(after) would be negative
 	}
@@ -378,7 +360,7 @@ func (s *Store) pages(run string, after uint64, limit int, one bool, each func(s
 			return 0, false, false, err
 		}
 		lines += got
-		if one || got < n || size >= store.PageBytes || (limit > 0 && lines >= limit) {
+		if got < n || size >= store.PageBytes || (limit > 0 && lines >= limit) {
 			return lastSeq, done, found, nil
 		}
 	}
