@@ -54,44 +54,30 @@ func (p pattern) mayMatch(line string) bool {
 	case p.guard == "":
 		return true
 	case p.fold:
-		return containsFoldASCII(line, p.guard)
+		return containsFold(line, p.guard)
 	}
 	return strings.Contains(line, p.guard)
 }
 
-// containsFoldASCII is strings.Contains ignoring ASCII case, without the
-// allocation of lowering the line; guard is lower case and starts with a
-// letter, whose two cases it looks for first (SIMD: lines are long).
-func containsFoldASCII(line, guard string) bool {
-	lower, upper := guard[0], guard[0]-'a'+'A'
+// containsFold is strings.Contains ignoring case, without the
+// allocation of lowering the line; guard is lower case, and starts with
+// an ASCII letter, whose two cases it looks for first (IndexByte: lines
+// are long).
+func containsFold(line, guard string) bool {
 	for len(line) >= len(guard) {
-		i := strings.IndexByte(line, lower)
-		if j := strings.IndexByte(line, upper); j >= 0 && (i < 0 || j < i) {
+		i := strings.IndexByte(line, guard[0])
+		if j := strings.IndexByte(line, guard[0]-'a'+'A'); i < 0 || 0 <= j && j < i {
 			i = j
 		}
 		if i < 0 || len(line)-i < len(guard) {
 			return false
 		}
-		if asciiFoldEqual(line[i:i+len(guard)], guard) {
+		if strings.EqualFold(line[i:i+len(guard)], guard) {
 			return true
 		}
 		line = line[i+1:]
 	}
 	return false
-}
-
-// asciiFoldEqual: s is guard, ASCII letters in either case.
-func asciiFoldEqual(s, guard string) bool {
-	for j := range len(guard) {
-		c := s[j]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != guard[j] {
-			return false
-		}
-	}
-	return true
 }
 
 // Redactor removes secrets from log lines before they are stored. Its
