@@ -1,15 +1,14 @@
 package store
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
 	"regexp"
 	"strconv"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/paperclipai/clipjob/relay/result"
 )
@@ -61,61 +60,25 @@ type Line struct {
 	Line      string    `json:"line"`
 }
 
-// AppendJSON appends the line's JSON, byte for byte json.Marshal's,
-// without its reflection and allocations: the stores write every line.
+// AppendJSON appends the line's JSON to b, byte for byte json.Marshal's,
+// without its reflection over the Line, its time's allocation and its
+// copy of the result: the stores write every line. The strings are
+// quoted by encoding/json itself.
 func (l *Line) AppendJSON(b []byte) ([]byte, error) {
 	b = strconv.AppendUint(append(b, `{"seq":`...), l.Seq, 10)
 	b, err := l.TS.AppendText(append(b, `,"ts":"`...))
 	if err != nil {
 		return nil, fmt.Errorf("line %d: %w", l.Seq, err)
 	}
-	b = appendJSONString(append(b, `","container":`...), l.Container)
-	return append(appendJSONString(append(b, `,"line":`...), l.Line), '}'), nil
-}
-
-// appendJSONString appends s quoted as encoding/json quotes a string: <,
-// > and & escaped, invalid UTF-8 as U+FFFD, U+2028 and U+2029 escaped.
-func appendJSONString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if jsonPlain[c] {
-			i++
-			continue
-		}
-		r, size := rune(c), 1
-		if c >= utf8.RuneSelf {
-			if r, size = utf8.DecodeRuneInString(s[i:]); (r != utf8.RuneError || size > 1) && r != '\u2028' && r != '\u2029' {
-				i += size
-				continue
-			}
-		}
-		b = append(b, s[start:i]...)
-		switch {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t':
-			b = append(b, '\\', "btn_fr"[c-'\b'])
-		case r == utf8.RuneError: // invalid UTF-8
-			b = append(b, `\ufffd`...)
-		default:
-			b = append(b, '\\', 'u', hex[r>>12&0xF], hex[r>>8&0xF], hex[r>>4&0xF], hex[r&0xF])
-		}
-		i += size
-		start = i
+	w := bytes.NewBuffer(append(b, `","container":`...))
+	enc := json.NewEncoder(w) // each value ends with a newline, dropped
+	for _, f := range [...]struct{ v, next string }{{l.Container, `,"line":`}, {l.Line, "}"}} {
+		_ = enc.Encode(f.v)
+		w.Truncate(w.Len() - 1)
+		w.WriteString(f.next)
 	}
-	return append(append(b, s[start:]...), '"')
+	return w.Bytes(), nil
 }
-
-// jsonPlain are the bytes encoding/json copies as they are.
-var jsonPlain = func() (t [256]bool) {
-	for c := 0x20; c < utf8.RuneSelf; c++ {
-		t[c] = !strings.ContainsRune(`"\\<>&`, rune(c))
-	}
-	return t
-}()
 
 // RunKey is where the run of Job jobUID is kept when another Job took its
 // run id first. "@" is in no label value and no UID, so no two keys are
