@@ -30,8 +30,8 @@ type Backend interface {
 	RunsWhere(f Filter) ([]Summary, error)
 	// Page hands each the lines of run with sequence numbers above after,
 	// in order, as stored (each line's JSON, valid during the call only):
-	// up to limit of them (limit <= 0: no count bound) and about PageBytes
-	// of text (at least one line). It returns how far the run is stored
+	// up to limit of them (limit <= 0: as many as the store reads at
+	// once) and about PageBytes of text (at least one line). It returns how far the run is stored
 	// and whether it is done, read with the lines, without its record's
 	// other fields; found is false for a run the store does not hold. A
 	// log's follower reads both after every change; Lines decodes them.

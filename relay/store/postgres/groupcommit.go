@@ -324,17 +324,8 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 	// The lines go by COPY, in its binary format written here: a
 	// statement's parameters pgx would encode an element at a time and
 	// copy twice into buffers it does not keep.
-	size := 0
-	for _, r := range ordered {
-		for _, l := range r.lines {
-			size += len(l.Line)*5/4 + 140 // room for escapes, fields, lengths
-		}
-	}
 	buf := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(buf)
-	if cap(*buf) < size {
-		*buf = make([]byte, 0, size)
-	}
 	data := append((*buf)[:0], "PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00"...)
 	for _, r := range ordered {
 		if r.err != nil {
@@ -382,9 +373,9 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 	return execBatch(ctx, tx, b)
 }
 
-// copyBuffers hold the COPY data of groups that committed, for the next:
-// a group's is about its lines' bytes again. One over copyBufferMax (a
-// long line's) is not kept.
+// copyBuffers hold the COPY data of groups that committed, for the next,
+// which grows one only past the largest group so far. One over
+// copyBufferMax (a long line's) is not kept.
 var copyBuffers = sync.Pool{New: func() any { return new([]byte) }}
 
 const copyBufferMax = 1 << 20

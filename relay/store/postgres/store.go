@@ -320,50 +320,33 @@ func (s *Store) RunsWhere(f store.Filter) ([]store.Summary, error) {
 // never read whole (their data stays a TOAST pointer).
 const pageRows = 1000
 
-// Page implements store.Backend, pageRows lines a query, each query the
-// lines with the run's progress (one snapshot). A line's JSON is the
+// Page implements store.Backend: at most pageRows lines, read in one
+// query with the run's progress (one snapshot). A line's JSON is the
 // connection's buffer: a log's follower copies it once, into its
 // response's.
 func (s *Store) Page(run string, after uint64, limit int, each func(store.RawLine)) (lastSeq uint64, done, found bool, err error) {
 	if after >= store.MaxSeq {
 		after = store.MaxSeq - 1 // past every line (none reaches MaxSeq); int64(after) would be negative
 	}
+	if limit <= 0 || limit > pageRows {
+		limit = pageRows
+	}
 	ctx, cancel := s.ctx()
 	defer cancel()
-	lines, size := 0, 0
+	rows, err := s.pool.Query(ctx, s.q.page, run, int64(after), limit, store.PageBytes)
+	if err != nil {
+		return 0, false, false, err
+	}
 	var last int64
 	var seq pgtype.Int8         // null: no line after
-	var data pgtype.DriverBytes // the connection's buffer, until Next
-	for {
-		n := pageRows
-		if limit > 0 {
-			n = min(n, limit-lines)
+	var data pgtype.DriverBytes // the connection's buffer, until the next row
+	_, err = pgx.ForEachRow(rows, []any{&last, &done, &seq, &data}, func() error {
+		if lastSeq, found = uint64(last), true; seq.Valid {
+			each(store.RawLine{Seq: uint64(seq.Int64), JSON: data})
 		}
-		rows, err := s.pool.Query(ctx, s.q.page, run, int64(after), n, store.PageBytes-size)
-		if err != nil {
-			return 0, false, false, err
-		}
-		got := 0
-		for rows.Next() {
-			if err := rows.Scan(&last, &done, &seq, &data); err != nil {
-				rows.Close()
-				return 0, false, false, err
-			}
-			lastSeq, found = uint64(last), true
-			if seq.Valid {
-				each(store.RawLine{Seq: uint64(seq.Int64), JSON: data})
-				after, size = uint64(seq.Int64), size+len(data)
-				got++
-			}
-		}
-		if err := rows.Err(); err != nil {
-			return 0, false, false, err
-		}
-		lines += got
-		if got < n || size >= store.PageBytes || (limit > 0 && lines >= limit) {
-			return lastSeq, done, found, nil
-		}
-	}
+		return nil
+	})
+	return lastSeq, done, found, err
 }
 
 // Changed implements store.Backend: changes committed by any relay on the
