@@ -52,7 +52,7 @@ var release = charts.Release{Name: "clipjob", Namespace: "clipjob-system"}
 
 type options struct {
 	runs, agents, lines, rate int
-	killEvery                 time.Duration
+	killEvery, killSpacing    time.Duration
 	seed                      uint64
 	targets                   []string
 	delete                    bool
@@ -67,6 +67,7 @@ func main() {
 	flag.DurationVar(&o.killEvery, "kill-every", 15*time.Second, "mean time between two kills")
 	flag.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "seed of the kills' order and moments")
 	only := flag.String("kill", strings.Join(targets, ","), "what to kill, of: "+strings.Join(targets, ", "))
+	flag.DurationVar(&o.killSpacing, "kill-spacing", 5*time.Minute, "least time between two kills of one pod (the kubelet's crash-loop backoff grows with each)")
 	flag.BoolVar(&o.delete, "delete", false, "delete the pods with no grace instead of SIGKILL to their processes")
 	flag.Parse()
 	for t := range strings.SplitSeq(*only, ",") {
@@ -124,7 +125,8 @@ func run(ctx context.Context, o options) error {
 		agents = append(agents, a.ID)
 	}
 
-	k := &killer{cs: c.Clientset(), rng: rand.New(rand.NewPCG(o.seed, 0)), every: o.killEvery, targets: o.targets, delete: o.delete, kills: map[string]int{}}
+	k := &killer{cs: c.Clientset(), rng: rand.New(rand.NewPCG(o.seed, 0)), every: o.killEvery, targets: o.targets, delete: o.delete,
+		spacing: o.killSpacing, killedAt: map[string]time.Time{}, kills: map[string]int{}}
 	killCtx, stopKilling := context.WithCancel(ctx)
 	var killing sync.WaitGroup
 	killing.Go(func() { k.run(killCtx) })
@@ -352,9 +354,27 @@ type killer struct {
 	every   time.Duration
 	targets []string
 	delete  bool // delete the pod rather than SIGKILL its processes
+	// spacing is the least time between two kills of one pod: the
+	// kubelet restarts a container killed again and again after a
+	// crash-loop backoff that doubles from 10 s and is reset only after
+	// ten minutes up, and a pod killed every minute measures that
+	// backoff (80–160 s down after five kills), not clipjob's recovery.
+	spacing  time.Duration
+	killedAt map[string]time.Time // by pod name
 
 	mu    sync.Mutex
 	kills map[string]int // by target
+}
+
+// rested are the pods of names not killed within spacing of now.
+func rested(names []string, killedAt map[string]time.Time, now time.Time, spacing time.Duration) []string {
+	var out []string
+	for _, n := range names {
+		if at, ok := killedAt[n]; !ok || now.Sub(at) >= spacing {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // The targets, by what each pod is.
@@ -382,6 +402,7 @@ func (k *killer) run(ctx context.Context) {
 				continue
 			}
 			fmt.Printf("killed the %s: pod %s/%s (%s)\n", t, ns, pod, how)
+			k.killedAt[pod] = time.Now()
 			k.mu.Lock()
 			k.kills[t]++
 			k.mu.Unlock()
@@ -470,6 +491,9 @@ func (k *killer) pick(ctx context.Context, target string) (ns, pod string, err e
 		if err != nil {
 			return "", "", fmt.Errorf("no live pod holds the claim controller's Lease (last named %q): %w", name, err)
 		}
+		if len(rested([]string{name}, k.killedAt, time.Now(), k.spacing)) == 0 {
+			return "", "", fmt.Errorf("its pod %s was killed less than %s ago", name, k.spacing)
+		}
 		return ns, name, nil
 	}
 	// Only a ready pod: a container killed again while it starts measures
@@ -491,6 +515,9 @@ func (k *killer) pick(ctx context.Context, target string) (ns, pod string, err e
 	})
 	if err != nil {
 		return "", "", fmt.Errorf("no ready pod of %s (%s) in %s: %w", target, selector, ns, err)
+	}
+	if live = rested(live, k.killedAt, time.Now(), k.spacing); len(live) == 0 {
+		return "", "", fmt.Errorf("every ready pod of %s was killed less than %s ago", target, k.spacing)
 	}
 	return ns, live[k.rng.IntN(len(live))], nil
 }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"testing"
+	"time"
 )
 
 func lines(ns ...int) []string {
@@ -36,5 +38,20 @@ func TestCompareLines(t *testing.T) {
 		if lost != c.lost || repeated != c.repeated || disordered != c.disordered {
 			t.Errorf("%s: lost %d repeated %d out of order %v; want %d %d %v", c.name, lost, repeated, disordered, c.lost, c.repeated, c.disordered)
 		}
+	}
+}
+
+// TestKillsOfOnePodAreSpaced: a pod killed within the spacing is not
+// picked again (the kubelet's crash-loop backoff would be measured), one
+// killed longer ago and one never killed are.
+func TestKillsOfOnePodAreSpaced(t *testing.T) {
+	now := time.Now()
+	killedAt := map[string]time.Time{"relay-a": now.Add(-time.Minute), "relay-b": now.Add(-10 * time.Minute)}
+	got := rested([]string{"relay-a", "relay-b", "relay-c"}, killedAt, now, 5*time.Minute)
+	if !slices.Equal(got, []string{"relay-b", "relay-c"}) {
+		t.Errorf("rested %v, want relay-b (killed 10 min ago) and relay-c (never)", got)
+	}
+	if got := rested([]string{"relay-a"}, killedAt, now, 0); !slices.Equal(got, []string{"relay-a"}) {
+		t.Errorf("no spacing: rested %v, want relay-a", got)
 	}
 }
