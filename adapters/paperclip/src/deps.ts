@@ -18,6 +18,8 @@ export interface AdapterDeps {
   >;
   /** How often a cancelled Job is checked for being gone. Default 1 s. */
   cancelPollMs?: number;
+  /** How long a run waits for clipjob to let go of an agent whose holding Job has ended. Default 15 s. */
+  releaseGraceMs?: number;
   env?: NodeJS.ProcessEnv;
   /** Paperclip's API, as the run (whether a run is still live there). */
   paperclip?: (settings: ClipjobSettings, token: string | undefined) => PaperclipRuns;

@@ -39,6 +39,7 @@ function deps(env: NodeJS.ProcessEnv = {}): AdapterDeps {
     relay: (s) => new RelayClient({ baseUrl: s.relayUrl, tokenFile: s.relayTokenFile }),
     follow: { initialBackoffMs: 10, maxBackoffMs: 50, unknownRunPollMs: 20, jobCheckEveryMs: 20, relayGraceMs: 300 },
     cancelPollMs: 10,
+    releaseGraceMs: 300,
     env: serverEnv(env),
   };
 }
@@ -240,7 +241,8 @@ describe("execute", () => {
       creates++;
       throw webhookUnreachable();
     };
-    const rec = newCtx({}, { webhookGraceSec: 0.2 });
+    // A second of grace and 10 ms doubling waits: three asks need 70 ms of them.
+    const rec = newCtx({}, { webhookGraceSec: 1 });
     const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
     assert.equal(result.errorCode, "k8s_concurrency_guard_unreachable");
     assert.ok(creates >= 3, `asked ${creates} times within webhookGraceSec`);
@@ -460,7 +462,7 @@ describe("execute", () => {
       kube.afterCreateJob = runsTo(claudeLines, claudeEnd);
       const rec = newCtx();
       previousHolds(rec, [{ type: "Complete", status: "True" }], 2);
-      const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, deps());
+      const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, { ...deps(), releaseGraceMs: 5_000 });
       assert.equal(result.errorCode, null, result.errorMessage ?? "");
       assert.equal(kube.calls.filter((c) => c.startsWith("create job")).length, 3);
       assert.equal(rec.stderr.filter((l) => /Job paperclip\/pc-previous has finished, and clipjob has not let go of the agent yet; asking again/.test(l)).length, 2, rec.stderr.join(""));

@@ -289,7 +289,7 @@ const RELEASE_GRACE_MS = 15_000;
  */
 function releaseWaits(run: Run): (holderRef: string) => Promise<boolean> {
   const { ctx, kube, ns } = run;
-  const deadline = Date.now() + RELEASE_GRACE_MS;
+  const deadline = Date.now() + (run.deps.releaseGraceMs ?? RELEASE_GRACE_MS);
   let backoff = 250;
   return async (holderRef) => {
     const [holderNs, holderName] = holderRef.split("/", 2);
