@@ -38,7 +38,7 @@ func (d *doctor) compiledOn() bool {
 
 // compiledPolicies checks, when the release keeps compiled policies, that
 // each one the source and config compile to is in the cluster as compiled
-// and bound; and, when it does not, that none of clipjob's is left (a
+// and bound; and, when it does not, that its namespace's is not left (a
 // policy left behind keeps completing Jobs the config no longer wants
 // completed so; the validating webhook then refuses them).
 func (d *doctor) compiledPolicies(ctx context.Context, cfg *config.Config, inh *templates.Inherited) {
@@ -53,13 +53,15 @@ func (d *doctor) compiledPolicies(ctx context.Context, cfg *config.Config, inh *
 		return // off, and not ours to ask of an older cluster or a narrower user
 	}
 	if !on {
-		if len(list.Items) > 0 {
-			var names []string
-			for _, p := range list.Items {
-				names = append(names, p.Name)
+		// Only the policy of this release's namespace is its own: a
+		// cluster may hold several releases (webhook.namespaces), and
+		// another's policies complete that release's Jobs, not these.
+		mine := compile.PolicyName(cfg.Source.Namespace)
+		for _, p := range list.Items {
+			if p.Name == mine {
+				d.add(fail("compiled-policies", fmt.Sprintf("compiledPolicies is off, but clipjob's policy %s for namespace %s is in the cluster", mine, cfg.Source.Namespace),
+					fmt.Sprintf("delete it: kubectl delete mutatingadmissionpolicybinding,mutatingadmissionpolicy %s", mine)))
 			}
-			d.add(fail("compiled-policies", fmt.Sprintf("compiledPolicies is off, but clipjob's policies %s are in the cluster", strings.Join(names, ", ")),
-				"delete them: kubectl delete mutatingadmissionpolicybinding,mutatingadmissionpolicy -l "+compile.ManagedByLabel+"="+compile.ManagedBy))
 		}
 		return
 	}

@@ -15,7 +15,8 @@ import (
 
 // The compiled-policies check: with compiledPolicies on, every policy the
 // source and config compile to must be there, current and bound; with it
-// off, none of clipjob's may be left.
+// off, its namespace's may not be left, and another release's is not its
+// concern.
 func TestCompiledPoliciesAreChecked(t *testing.T) {
 	fx := golden.Case(t, "profile-claude_local")
 	inh, err := templates.InheritFromDeployment(fx.Source, fx.Config.Source)
@@ -94,7 +95,28 @@ func TestCompiledPoliciesAreChecked(t *testing.T) {
 			t.Fatal(err)
 		}
 	}), false, first+" is stale")
-	want1(check(false, nil), false, "compiledPolicies is off", "kubectl delete mutatingadmissionpolicybinding,mutatingadmissionpolicy -l app.kubernetes.io/managed-by=clipjob")
+	want1(check(false, nil), false, "compiledPolicies is off", "kubectl delete mutatingadmissionpolicybinding,mutatingadmissionpolicy "+first)
+	// Another release's policy, for the namespace it serves, is not this
+	// release's to report.
+	other, err := compile.Mutating(compile.Input{Namespace: "other-agents", Inherited: inh, Config: fx.Config})
+	if err != nil {
+		t.Fatal(err)
+	}
+	othersOnly := check(false, func(cs *fake.Clientset) {
+		for _, p := range compiled {
+			pol, b := ar(cs)
+			_ = pol.Delete(context.Background(), p.Policy.Name, metav1.DeleteOptions{})
+			_ = b.Delete(context.Background(), p.Binding.Name, metav1.DeleteOptions{})
+		}
+		for _, p := range other {
+			if _, err := cs.AdmissionregistrationV1().MutatingAdmissionPolicies().Create(context.Background(), p.Policy, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	if r, found := othersOnly["compiled-policies"]; found {
+		t.Errorf("compiledPolicies off, only another release's policy (%s) there: reported %+v", other[0].Policy.Name, r)
+	}
 	off := check(false, func(cs *fake.Clientset) {
 		for _, p := range compiled {
 			pol, b := ar(cs)

@@ -102,13 +102,34 @@ func (n *realNode) loadImages(ctx context.Context, recipes ...imageRecipe) error
 // importArchive loads a docker-archive tarball into the node's containerd
 // (the namespace the CRI uses).
 func (n *realNode) importArchive(ctx context.Context, archive string) error {
-	cmd := exec.CommandContext(ctx, "ctr", "--address", n.socket, "--namespace", "k8s.io",
-		"images", "import", "--all-platforms", archive)
-	if b, err := cmd.CombinedOutput(); err != nil {
+	for attempt := 1; ; attempt++ {
+		cmd := exec.CommandContext(ctx, "ctr", "--address", n.socket, "--namespace", "k8s.io",
+			"images", "import", "--all-platforms", archive)
+		b, err := cmd.CombinedOutput()
+		if err == nil {
+			break
+		}
+		if attempt < 3 && unmountRaced(b) && ctx.Err() == nil {
+			n.cluster.logf("importing %s: containerd could not unmount a layer's temporary mount (busy); importing again", filepath.Base(archive))
+			continue
+		}
 		return fmt.Errorf("ctr images import %s: %v: %s", archive, err, strings.TrimSpace(string(b)))
 	}
 	n.cluster.logf("loaded image %s", filepath.Base(archive))
 	return nil
+}
+
+// unmountRaced says whether ctr's output is containerd failing to unmount
+// the temporary mount it unpacks a layer through because it was busy.
+// The suite saw it once when the Paperclip image was imported while agent
+// pods started (a new container's mount namespace takes a copy of the
+// node's mounts, and an unmount that propagates to a busy copy fails);
+// containerd's issues 4127, 5538 and 10239 report it on pulls, which the
+// kubelet retries. The layer was not unpacked and the content is stored,
+// so importing again unpacks it anew.
+func unmountRaced(out []byte) bool {
+	s := string(out)
+	return strings.Contains(s, "failed to unmount") && strings.Contains(s, "device or resource busy")
 }
 
 // LoadImage imports a docker-archive tarball (e.g. `make image`'s) into

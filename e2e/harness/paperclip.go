@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -307,9 +308,20 @@ func (p *Paperclip) Start(ctx context.Context) error {
 		return errors.New("the Paperclip server is already running")
 	}
 	// Each server picks its embedded PostgreSQL's port as it starts (the
-	// first free one from 54329): two starting at once could pick the same.
+	// first free one from 54329) and binds it seconds later: two starting
+	// at once could pick the same. The next may start once this one's
+	// PostgreSQL listens, not when the whole server is ready (its
+	// migrations, half a minute under load, need no lock).
 	startingOne.Lock()
-	defer startingOne.Unlock()
+	locked := true
+	unlock := func() {
+		if locked {
+			locked = false
+			startingOne.Unlock()
+		}
+	}
+	defer unlock()
+	logStart := fileSize(p.Log)
 	bin := filepath.Join(p.install, "server", "node_modules", ".bin", "paperclipai")
 	args := []string{"run", "-d", p.Home}
 	if _, err := os.Stat(filepath.Join(p.Home, "instances", "default", "config.json")); errors.Is(err, os.ErrNotExist) {
@@ -344,6 +356,9 @@ func (p *Paperclip) Start(ctx context.Context) error {
 	deadline := time.Now().Add(4 * time.Minute)
 	for {
 		p.followPortMove()
+		if locked && postgresListening(p.Log, logStart) {
+			unlock()
+		}
 		var health struct{ Status string }
 		err := p.Do(ctx, http.MethodGet, "/api/health", nil, &health)
 		if err == nil && health.Status == "ok" {
@@ -382,8 +397,49 @@ func (p *Paperclip) followPortMove() {
 	}
 }
 
-// startingOne lets one server of this process start at a time.
+// startingOne lets one server of this process at a time be between
+// choosing its PostgreSQL's port and listening on it.
 var startingOne sync.Mutex
+
+// postgresPort is what Paperclip logs when it has chosen the port of the
+// embedded PostgreSQL it is about to start; postgresReused, when it found
+// its PostgreSQL already running.
+var (
+	postgresPort   = regexp.MustCompile(`Using embedded PostgreSQL because no DATABASE_URL set \(dataDir=.*, port=(\d+)\)`)
+	postgresReused = regexp.MustCompile(`Embedded PostgreSQL (already running; reusing|appears to already be reachable)`)
+)
+
+// postgresListening says whether the server whose log is at path, from
+// byte from on (this start's lines), has its PostgreSQL listening on the
+// port it chose, so that another server will not choose that port.
+func postgresListening(path string, from int64) bool {
+	data, err := os.ReadFile(path)
+	if err != nil || int64(len(data)) < from {
+		return false
+	}
+	data = data[from:]
+	if postgresReused.Match(data) {
+		return true
+	}
+	m := postgresPort.FindSubmatch(data)
+	if m == nil {
+		return false
+	}
+	conn, err := net.DialTimeout("tcp", "127.0.0.1:"+string(m[1]), time.Second)
+	if err != nil {
+		return false
+	}
+	conn.Close()
+	return true
+}
+
+func fileSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
 
 func (p *Paperclip) running() bool { return alive(p.cmd, p.done) }
 

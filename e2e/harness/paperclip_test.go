@@ -1,6 +1,8 @@
 package harness
 
 import (
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -28,5 +30,50 @@ func TestServerURLFollowsAPortPaperclipMoved(t *testing.T) {
 	p.followPortMove()
 	if p.port != 27773 || p.URL != "http://127.0.0.1:27773" {
 		t.Errorf("after the move: port %d, URL %s; want 27773", p.port, p.URL)
+	}
+}
+
+// TestPostgresListeningReadsThisStartsPort: the next server may start once
+// this one's PostgreSQL listens on the port it logged it chose; not
+// before (two would choose the same), and not on an earlier start's line.
+func TestPostgresListeningReadsThisStartsPort(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	listening := l.Addr().(*net.TCPAddr).Port
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	notListening := closed.Addr().(*net.TCPAddr).Port
+	closed.Close()
+	chose := func(port int) string {
+		return fmt.Sprintf("[10:33:02] \x1b[32mINFO\x1b[39m: \x1b[36mUsing embedded PostgreSQL because no DATABASE_URL set (dataDir=/paperclip/instances/default/db, port=%d)\x1b[39m\n", port)
+	}
+	earlier := "==== onboard\n" + chose(listening) + "[10:34:00] INFO: shutting down\n"
+	for _, c := range []struct {
+		name string
+		log  string
+		from int64
+		want bool
+	}{
+		{"nothing chosen yet", "==== run\n[10:35:00] INFO: starting\n", 0, false},
+		{"chosen, listening", chose(listening), 0, true},
+		{"chosen, not listening yet", chose(notListening), 0, false},
+		{"an earlier start's port is not this one's", earlier + "==== run\n", int64(len(earlier)), false},
+		{"this start's, after an earlier one", earlier + "==== run\n" + chose(listening), int64(len(earlier)), true},
+		{"its PostgreSQL already running", "[10:35:01] WARN: Embedded PostgreSQL already running; reusing existing process (pid=12, port=54329)\n", 0, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "server.log")
+			if err := os.WriteFile(path, []byte(c.log), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if got := postgresListening(path, c.from); got != c.want {
+				t.Errorf("postgresListening = %v, want %v", got, c.want)
+			}
+		})
 	}
 }
