@@ -480,6 +480,23 @@ describe("execute", () => {
       assert.ok(kube.jobs.has("pc-previous"));
     });
 
+    // Read running when the refusal came, Complete a moment later when the
+    // run asks whether it is an orphan: the run waits, as for a Job read
+    // Complete at once, and neither deletes it nor fails.
+    it("its Job marked Complete between the run's two reads: the run asks again and starts", async () => {
+      kube.afterCreateJob = runsTo(claudeLines, claudeEnd);
+      const rec = newCtx();
+      previousHolds(rec, [], 1);
+      kube.afterReadJob = (j) => {
+        if (j.metadata?.name === "pc-previous") j.status = { conditions: [{ type: "Complete", status: "True" }] } as V1Job["status"];
+      };
+      const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, { ...deps(), releaseGraceMs: 5_000, paperclip: () => ({ runStatus: async () => ({ status: "succeeded" }) }) });
+      assert.equal(result.errorCode, null, result.errorMessage ?? "");
+      assert.equal(kube.calls.filter((c) => c.startsWith("create job")).length, 2);
+      assert.ok(rec.stderr.some((l) => /Job paperclip\/pc-previous has finished, and clipjob has not let go of the agent yet; asking again/.test(l)), rec.stderr.join(""));
+      assert.ok(kube.jobs.has("pc-previous"), "a finished Job is left to its TTL, not deleted");
+    });
+
     it("its Job still running: no waiting, the run is blocked at once", async () => {
       const rec = newCtx();
       previousHolds(rec, [], 1);

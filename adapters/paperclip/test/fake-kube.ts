@@ -22,6 +22,8 @@ export class FakeKube implements KubeApi {
   onCreateJob: (job: V1Job) => V1Job = (job) => job;
   /** Called after a Job is stored (tests start the fake relay's run from here). */
   afterCreateJob: (job: V1Job) => void = () => {};
+  /** Called after a Job is read (tests change it between two reads from here). */
+  afterReadJob: (job: V1Job) => void = () => {};
   onDryRun: (job: V1Job) => V1Job = (job) => ({
     ...job,
     metadata: {
@@ -71,7 +73,9 @@ export class FakeKube implements KubeApi {
   async readJob(_namespace: string, name: string): Promise<V1Job> {
     const job = this.jobs.get(name);
     if (!job) throw statusError(404, "NotFound", `jobs.batch "${name}" not found`);
-    return job;
+    const read = structuredClone(job);
+    this.afterReadJob(job);
+    return read;
   }
 
   async listJobs(_namespace: string, labelSelector: string): Promise<V1Job[]> {

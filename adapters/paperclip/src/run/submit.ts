@@ -221,7 +221,11 @@ async function createJob(run: Run, sub: Submission): Promise<RunEnds | { admitte
       }
       if (f.kind === "agent-busy" && !reaped && f.holderJob && f.holderRunId !== ctx.runId) {
         reaped = true;
-        if (await reapOrphan(run, f.holderJob, f.holderRunId)) {
+        // Read running just now, the holder may be marked finished by the
+        // time reapOrphan reads it (the Job controller marks a Job a
+        // moment after its pod ends): then it is no orphan, and the run
+        // waits for clipjob to let go as for a Job read finished at once.
+        if ((await reapOrphan(run, f.holderJob, f.holderRunId)) || (await releaseWait(f.holderJob))) {
           attempt--;
           continue;
         }
