@@ -141,12 +141,10 @@ func bareJob(name string, labels, annotations, tplAnnotations map[string]string)
 }
 
 // Every combination of the run values a bare Job may carry, for every
-// profile, with and without the API server's defaults.
+// profile and isolation mode, with and without the API server's defaults.
 func TestCompiledPoliciesRenderEveryCombination(t *testing.T) {
 	inh, agentCfg := testSource(t)
-	for _, cfg := range []*config.Config{agentCfg, withIsolation(t, "Company"), withIsolation(t, "Shared")} {
-		t.Run(string(cfg.Isolation.Mode), func(t *testing.T) { renderEveryCombination(t, inh, cfg) })
-	}
+	renderEveryCombination(t, inh, []*config.Config{agentCfg, withIsolation(t, "Company"), withIsolation(t, "Shared")})
 }
 
 // A profile's name is any label value: one that starts with a digit or
@@ -180,8 +178,25 @@ func withIsolation(t testing.TB, mode string) *config.Config {
 	return cfg
 }
 
-func renderEveryCombination(t *testing.T, inh *templates.Inherited, cfg *config.Config) {
-	c := compileFor(t, inh, cfg, "paperclip")
+// renderEveryCombination tries each combination under one of the
+// isolation modes of cfgs and a third of the profiles, in turn, so that
+// every combination, every profile and mode, and every value with every
+// profile and mode is tried: each Job costs the API server's own CEL
+// evaluation twice, and every combination under every mode tripled the
+// unit tier's longest test for no pairing it lacked.
+func renderEveryCombination(t *testing.T, inh *templates.Inherited, cfgs []*config.Config) {
+	compiled := make([]*compiled, len(cfgs))
+	profiles := make([][]string, len(cfgs))
+	pairs := 0
+	for i, cfg := range cfgs {
+		compiled[i] = compileFor(t, inh, cfg, "paperclip")
+		for _, p := range append(cfg.ProfileNames(), "", "claude") {
+			if prof, _ := cfg.JobProfile(p); len(prof.Command) > 0 {
+				profiles[i] = append(profiles[i], p)
+			}
+		}
+		pairs += len(profiles[i])
+	}
 	type item struct {
 		set func(l, a, ta map[string]string)
 	}
@@ -201,18 +216,16 @@ func renderEveryCombination(t *testing.T, inh *templates.Inherited, cfg *config.
 		{func(l, a, ta map[string]string) { ta[contract.AnnotationPrompt] = "Fix it." }},
 		{func(l, a, ta map[string]string) { ta[contract.AnnotationPromptSecret] = "run-1-prompt/p.txt" }},
 	}
-	var profiles []string
-	for _, p := range append(cfg.ProfileNames(), "", "claude") {
-		if prof, _ := cfg.JobProfile(p); len(prof.Command) > 0 {
-			profiles = append(profiles, p)
-		}
-	}
-	n := 0
+	n, seen := 0, map[string]bool{}
 	for mask := range 1 << len(items) {
 		if mask&(1<<8) != 0 && mask&(1<<9) != 0 {
 			continue // both prompts: refused by Render, left to the webhook (below)
 		}
-		for i, prof := range profiles {
+		// The mode from mask/3, the profiles from mask%3: every mode
+		// meets every profile as mask runs.
+		m := (mask / 3) % len(cfgs)
+		c, mode := compiled[m], cfgs[m].Isolation.Mode
+		for i, prof := range profiles[m] {
 			if (mask+i)%3 != 0 && mask != 0 {
 				continue // every combination, each under a third of the profiles
 			}
@@ -228,17 +241,21 @@ func renderEveryCombination(t *testing.T, inh *templates.Inherited, cfg *config.
 			}
 			job := bareJob(fmt.Sprintf("combo-%d-%s", mask, prof), l, a, ta)
 			if !c.agrees(t, job) {
-				t.Fatalf("bare Job %s (mask %b, profile %q) was left to the webhook", job.Name, mask, prof)
+				t.Fatalf("bare Job %s (mask %b, profile %q, isolation %q) was left to the webhook", job.Name, mask, prof, mode)
 			}
 			n++
+			seen[string(mode)+"/"+prof] = true
 			defaulted := apiServerDefaults(job)
 			if !c.agrees(t, defaulted) {
-				t.Fatalf("bare Job %s as the API server defaults it was left to the webhook", job.Name)
+				t.Fatalf("bare Job %s (isolation %q) as the API server defaults it was left to the webhook", job.Name, mode)
 			}
 		}
 	}
 	if n < 1000 {
 		t.Fatalf("only %d combinations tried", n)
+	}
+	if len(seen) != pairs {
+		t.Fatalf("%d of the %d pairs of isolation mode and profile tried: %v", len(seen), pairs, seen)
 	}
 }
 

@@ -16,12 +16,17 @@ import (
 // interrupted run's Job; a crash (SIGKILL) leaves it, and the agent's next
 // run finds it through clipjob's 409, asks Paperclip, which says the run is
 // over, and deletes it. Either way the agent's next run runs.
+//
+// Both on one server of the test's own, one after the other (each ends
+// with the server up again): a server's start (onboarding, its
+// PostgreSQL, the adapter's install) costs the tier about twenty seconds
+// of CPU, and the two cases side by side would save only the graceful
+// one's twenty seconds of wall time.
 func TestPaperclipRestartMidRun(t *testing.T) {
-	t.Parallel()
+	t.Parallel() // it stops and starts a server of its own
+	pc := ownPaperclip(t)
 	for _, stop := range []string{"SIGTERM", "SIGKILL"} {
 		t.Run(stop, func(t *testing.T) {
-			t.Parallel() // it stops and starts a server of its own
-			pc := ownPaperclip(t)
 			ctx, company := paperclipOnTheRealNode(t, pc, 12*time.Minute, "Restart Co")
 			agent := newAgent(ctx, t, pc, company.ID, "Long "+stop, "claude_k8s", map[string]any{"promptTemplate": "lines=1 sleep=600"}, nil)
 			run := wake(ctx, t, pc, agent.ID, "e2e: a long run")

@@ -105,7 +105,7 @@ func ownPaperclip(t *testing.T) *harness.Paperclip {
 var spareServers = make(chan startedServer, ownServersAhead)
 
 // ownServersAhead is how many tests of the tier call ownPaperclip.
-const ownServersAhead = 2
+const ownServersAhead = 1
 
 type startedServer struct {
 	pc  *harness.Paperclip
