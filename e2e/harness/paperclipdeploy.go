@@ -387,6 +387,7 @@ func PaperclipInClusterValues(ns string) map[string]any {
 				"claude_local":   place(map[string]any{}),
 				"opencode_local": place(map[string]any{}),
 			},
+			"defaults": RealNodeAgentDefaults(),
 		},
 		"webhook":       place(map[string]any{"replicas": 1}),
 		"relay":         place(map[string]any{"namespaces": []any{ns}}),

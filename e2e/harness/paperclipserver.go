@@ -159,8 +159,8 @@ func packAdapter(ctx context.Context, pc *Paperclip) (string, error) {
 }
 
 // RealNodeProfiles is the config (for InstallCluster) that puts the
-// profiles the adapter's types use on the real node: the fake agent's
-// image runs there, not on kwok.
+// profiles the adapter's types use on the real node (the fake agent's
+// image runs there, not on kwok), asking it for little.
 func RealNodeProfiles() string {
 	sel, tol := cluster.RealNodePlacement()
 	var placement strings.Builder
@@ -168,5 +168,18 @@ func RealNodeProfiles() string {
 		fmt.Fprintf(&placement, "    nodeSelector: {%q: %q}\n", k, v)
 	}
 	fmt.Fprintf(&placement, "    tolerations: [{key: %q, operator: %s, effect: %s}]\n", tol[0].Key, tol[0].Operator, tol[0].Effect)
-	return "profiles:\n  claude_local:\n" + placement.String() + "  opencode_local:\n" + placement.String()
+	return "profiles:\n  claude_local:\n" + placement.String() + "  opencode_local:\n" + placement.String() +
+		fmt.Sprintf("defaults:\n  resources:\n    requests: {cpu: %s, memory: %s}\n", realNodeAgentCPU, realNodeAgentMemory)
+}
+
+// What the tiers' agent pods ask of the real node. The fake agent needs
+// little; the config's default (a CPU and 2 GiB per run) lets a two-core
+// node hold one agent pod at a time beside the chart's pods, and the
+// tier's parallel tests then wait on the scheduler, not on clipjob.
+const realNodeAgentCPU, realNodeAgentMemory = "10m", "32Mi"
+
+// RealNodeAgentDefaults are the config's defaults (the chart's
+// config.defaults) giving agent pods RealNodeProfiles' small requests.
+func RealNodeAgentDefaults() map[string]any {
+	return map[string]any{"resources": map[string]any{"requests": map[string]any{"cpu": realNodeAgentCPU, "memory": realNodeAgentMemory}}}
 }

@@ -45,9 +45,10 @@ func inClusterValues(ns string) map[string]any {
 	}
 	return map[string]any{
 		"agentNamespaces": []any{ns},
-		"config":          map[string]any{"source": map[string]any{"namespace": ns, "deployment": "paperclip", "container": "paperclip"}},
-		"webhook":         webhook,
-		"relay":           relayValues,
+		"config": map[string]any{"source": map[string]any{"namespace": ns, "deployment": "paperclip", "container": "paperclip"},
+			"defaults": harness.RealNodeAgentDefaults()},
+		"webhook": webhook,
+		"relay":   relayValues,
 	}
 }
 
