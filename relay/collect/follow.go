@@ -156,6 +156,8 @@ type follower struct {
 	// within unsureWindow; unsureLogged: the reads past them were logged.
 	unsure       []time.Time
 	unsureLogged bool
+	// stateRead is when drained last read the pod.
+	stateRead time.Time
 }
 
 // run follows until the container's log is drained or ctx ends.
@@ -338,17 +340,21 @@ type lineQueue struct {
 	// lines are whole lines, newline included. The reader closes it after
 	// an error, which it sets in err first, with fragment: what came after
 	// the last newline (a finished container's last line may have none).
-	lines    chan []byte
+	lines    chan string
 	err      error
-	fragment []byte
+	fragment string
 	queued   atomic.Int64  // bytes sent and not yet taken
-	room     chan struct{} // a line was taken
+	room     chan struct{} // lines were taken: half the bound or more is free
 	maxBytes int64
 }
 
-// taken tells the reader that the follower took line.
-func (q *lineQueue) taken(line []byte) {
-	q.queued.Add(-int64(len(line)))
+// taken tells the reader that the follower took line, once the queue is
+// at most half full: a reader waiting for room then reads many lines, not
+// one a line taken (each a wake-up of both goroutines).
+func (q *lineQueue) taken(line string) {
+	if q.queued.Add(-int64(len(line))) > q.maxBytes/2 {
+		return
+	}
 	select {
 	case q.room <- struct{}{}:
 	default:
@@ -362,13 +368,13 @@ func (q *lineQueue) taken(line []byte) {
 // while the queue has room and the budget allows: the rest waits in the
 // stream's HTTP/2 window and the log file.
 func readLines(ctx context.Context, rc io.Reader, maxLine, maxQueued int, acct *budgetAccount) *lineQueue {
-	q := &lineQueue{lines: make(chan []byte, 64), room: make(chan struct{}, 1), maxBytes: math.MaxInt64}
+	q := &lineQueue{lines: make(chan string, 64), room: make(chan struct{}, 1), maxBytes: math.MaxInt64}
 	if maxQueued > 0 {
 		q.maxBytes = int64(maxQueued)
 	}
 	go func() {
 		defer close(q.lines)
-		send := func(line []byte) bool {
+		send := func(line string) bool {
 			n := int64(len(line))
 			for {
 				// A line longer than the bound goes once the queue is empty.
@@ -413,15 +419,20 @@ const TruncatedMarker = " [clipjob: line truncated]"
 
 // readLine reads one line, newline included, keeping at most max bytes of
 // it (max <= 0: no bound) and ending what it kept with TruncatedMarker: an
-// enormous line costs max bytes, not the line.
-func readLine(br *bufio.Reader, max int) ([]byte, error) {
+// enormous line costs max bytes, not the line. A line is a string: its
+// text is copied once, from the read buffer, and the batch stores it
+// without another copy.
+func readLine(br *bufio.Reader, max int) (string, error) {
 	if max <= 0 {
 		max = math.MaxInt
+	}
+	frag, err := br.ReadSlice('\n')
+	if err == nil && len(frag) <= max {
+		return string(frag), nil // a line the read buffer holds whole
 	}
 	var line []byte
 	cut := false
 	for {
-		frag, err := br.ReadSlice('\n')
 		if !cut {
 			if room := max - len(line); len(frag) > room {
 				line, cut = append(line, frag[:room]...), true
@@ -430,16 +441,17 @@ func readLine(br *bufio.Reader, max int) ([]byte, error) {
 			}
 		}
 		if errors.Is(err, bufio.ErrBufferFull) {
+			frag, err = br.ReadSlice('\n')
 			continue
 		}
 		if err != nil {
-			return line, err // the fragment, for a caller that knows it is whole
+			return string(line), err // the fragment, for a caller that knows it is whole
 		}
 		if cut {
 			linesTruncated.Inc()
 			line = append(append(bytes.TrimRight(line, "\n"), TruncatedMarker...), '\n')
 		}
-		return line, nil
+		return string(line), nil
 	}
 }
 
@@ -468,8 +480,9 @@ func (f *follower) streamEnded(ctx, sctx context.Context, err error, endedAtOpen
 // drained reports whether a stream the server keeps open after its
 // container ended has said all it will: nothing queued, and quiet for
 // DrainIdle since the last line, or silent for DrainMax from the start.
-// The pod is read last: a read from the cache copies it, and every stream
-// asks on every tick.
+// The pod is read last, and at most every DrainIdle/4: a read from the
+// cache copies it, and a quiet stream asks on every tick (with 1,000 runs
+// waiting to write, a tenth of a replica's CPU).
 func (f *follower) drained(queued int, lastLine, started time.Time) bool {
 	if queued > 0 {
 		return false
@@ -478,9 +491,10 @@ func (f *follower) drained(queued int, lastLine, started time.Time) bool {
 	if lastLine.IsZero() {
 		quiet = f.c.Clock.Since(started) >= f.c.Follow.DrainMax
 	}
-	if !quiet {
+	if !quiet || f.c.Clock.Since(f.stateRead) < f.c.Follow.DrainIdle/4 {
 		return false
 	}
+	f.stateRead = f.c.Clock.Now()
 	st := f.state()
 	return st.ended || st.gone
 }
@@ -510,7 +524,7 @@ type batch struct {
 // add takes one raw line, skipping what the store already has, and
 // commits when the batch is full. A line the session cannot tell from one
 // stored commits the batch and returns errReadAgain.
-func (b *batch) add(raw []byte) error {
+func (b *batch) add(raw string) error {
 	b.lastLine = b.f.c.Clock.Now()
 	ts, msg, err := splitTimestamp(trimNewline(raw))
 	if err != nil {
@@ -529,7 +543,7 @@ func (b *batch) add(raw []byte) error {
 	if b.lines == nil {
 		b.lines = getLines()
 	}
-	b.lines = append(b.lines, store.Line{TS: ts, Container: b.f.ref.Container, Line: string(b.f.c.Redact.Redact(msg))})
+	b.lines = append(b.lines, store.Line{TS: ts, Container: b.f.ref.Container, Line: b.f.c.Redact.Redact(msg)})
 	b.bytes += len(b.lines[len(b.lines)-1].Line)
 	if len(b.lines) >= b.f.c.Follow.BatchLines || (b.f.c.Follow.BatchBytes > 0 && b.bytes >= b.f.c.Follow.BatchBytes) {
 		return b.flush(false)
@@ -576,7 +590,7 @@ func (b *batch) giveBack(caughtUp bool) {
 	b.held = 0
 }
 
-func trimNewline(b []byte) []byte {
+func trimNewline(b string) string {
 	if n := len(b); n > 0 && b[n-1] == '\n' {
 		b = b[:n-1]
 		if n := len(b); n > 0 && b[n-1] == '\r' {

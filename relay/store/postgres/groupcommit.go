@@ -1,7 +1,9 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,10 +27,11 @@ import (
 // append that finds a flight free commits at once, and a busy relay's
 // groups grow with the load.
 
-// appendSQL is the statements of an append, named for the store's schema
-// once (Open), not on every append of every group.
+// appendSQL is the statements of an append, and a follower's page (see
+// pages), named for the store's schema once (Open), not on every append
+// of every group.
 type appendSQL struct {
-	cursorFirst, cursorNext, lines, runInsert, runLock, runUpdate string
+	cursorFirst, cursorNext, lines, runInsert, runLock, runUpdate, page string
 }
 
 func newAppendSQL(s *Store) appendSQL {
@@ -37,12 +40,17 @@ func newAppendSQL(s *Store) appendSQL {
 			ON CONFLICT (run, stream) DO UPDATE SET ts = excluded.ts, count = excluded.count WHERE c.ts = 0 AND c.count = 0`),
 		cursorNext: s.sql(`UPDATE {schema}.cursors SET ts = $3, count = $4
 			WHERE run = $1 AND stream = $2 AND ts = $5 AND count = $6`),
-		lines: s.sql(`INSERT INTO {schema}.lines (run, seq, size, data)
-			SELECT u.run, u.seq, u.size, u.data FROM unnest($1::bigint[], $2::bigint[], $3::integer[], $4::bytea[]) AS u(run, seq, size, data)`),
+		lines: s.sql(`COPY {schema}.lines (run, seq, size, data) FROM STDIN (FORMAT binary)`),
 		runInsert: s.sql(`INSERT INTO {schema}.runs (` + runColumns + `) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 			ON CONFLICT (id) DO NOTHING`),
 		runLock:   s.sql(`SELECT num, record FROM {schema}.runs WHERE id = $1 FOR UPDATE`),
 		runUpdate: s.sql(updateRun),
+		page: s.sql(`SELECT r.last_seq, r.done, p.seq, p.data FROM {schema}.runs r LEFT JOIN LATERAL (
+				SELECT seq, data FROM (
+					SELECT seq, data, sum(size) OVER (ORDER BY seq) - size AS before FROM {schema}.lines
+					WHERE run = r.num AND seq > $2 ORDER BY seq LIMIT $3) page
+				WHERE before < $4) p ON true
+			WHERE r.id = $1 ORDER BY p.seq`),
 	}
 }
 
@@ -313,9 +321,12 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 	}); err != nil {
 		return err
 	}
-	var nums, seqs []int64
-	var sizes []int32
-	var data [][]byte
+	// The lines go by COPY, in its binary format written here: a
+	// statement's parameters pgx would encode an element at a time and
+	// copy twice into buffers it does not keep.
+	buf := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(buf)
+	data := append((*buf)[:0], "PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00"...)
 	for _, r := range ordered {
 		if r.err != nil {
 			continue
@@ -324,11 +335,19 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 		for i := range r.lines {
 			rr.rec.LastSeq++
 			r.lines[i].Seq = rr.rec.LastSeq
-			v, err := json.Marshal(&r.lines[i])
-			if err != nil {
+			// Four fields: run and seq (8 bytes each), size (4), data.
+			data = binary.BigEndian.AppendUint16(data, 4)
+			data = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(data, 8), uint64(rr.num))
+			data = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(data, 8), rr.rec.LastSeq)
+			at := len(data) + 4 // the size's value, then data's length
+			data = append(binary.BigEndian.AppendUint32(data, 4), 0, 0, 0, 0, 0, 0, 0, 0)
+			var err error
+			if data, err = r.lines[i].AppendJSON(data); err != nil {
 				return err
 			}
-			nums, seqs, sizes, data = append(nums, rr.num), append(seqs, int64(rr.rec.LastSeq)), append(sizes, int32(len(v))), append(data, v)
+			n := uint32(len(data) - at - 8)
+			binary.BigEndian.PutUint32(data[at:], n)
+			binary.BigEndian.PutUint32(data[at+4:], n)
 			rr.rec.Bytes += int64(len(r.lines[i].Line))
 		}
 		if r.now.After(rr.rec.SeenAt) {
@@ -336,10 +355,14 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 		}
 		r.last = rr.rec.LastSeq
 	}
-	b := &pgx.Batch{}
-	if len(nums) > 0 {
-		b.Queue(s.q.lines, nums, seqs, sizes, data)
+	data = binary.BigEndian.AppendUint16(data, 0xffff)
+	if cap(data) <= copyBufferMax {
+		*buf = data
 	}
+	if _, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(data), s.q.lines); err != nil {
+		return err
+	}
+	b := &pgx.Batch{}
 	for _, id := range ids {
 		args, err := runArgs(id, runs[id].rec)
 		if err != nil {
@@ -349,6 +372,13 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 	}
 	return execBatch(ctx, tx, b)
 }
+
+// copyBuffers hold the COPY data of groups that committed, for the next,
+// which grows one only past the largest group so far. One over
+// copyBufferMax (a long line's) is not kept.
+var copyBuffers = sync.Pool{New: func() any { return new([]byte) }}
+
+const copyBufferMax = 1 << 20
 
 // lockRuns reads and locks the records of the runs ids, in that order,
 // creating a missing one as fresh(id) (a stream's first lines can come
