@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -40,7 +39,8 @@ func newAppendSQL(s *Store) appendSQL {
 			ON CONFLICT (run, stream) DO UPDATE SET ts = excluded.ts, count = excluded.count WHERE c.ts = 0 AND c.count = 0`),
 		cursorNext: s.sql(`UPDATE {schema}.cursors SET ts = $3, count = $4
 			WHERE run = $1 AND stream = $2 AND ts = $5 AND count = $6`),
-		lines: s.sql(`COPY {schema}.lines (run, seq, size, data) FROM STDIN (FORMAT binary)`),
+		lines: s.sql(`INSERT INTO {schema}.lines (run, seq, size, data)
+			SELECT u.run, u.seq, u.size, u.data FROM unnest($1::bigint[], $2::bigint[], $3::integer[], $4::bytea[]) AS u(run, seq, size, data)`),
 		runInsert: s.sql(`INSERT INTO {schema}.runs (` + runColumns + `) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 			ON CONFLICT (id) DO NOTHING`),
 		runLock:   s.sql(`SELECT num, record FROM {schema}.runs WHERE id = $1 FOR UPDATE`),
@@ -321,12 +321,20 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 	}); err != nil {
 		return err
 	}
-	// The lines go by COPY, in its binary format written here: a
-	// statement's parameters pgx would encode an element at a time and
-	// copy twice into buffers it does not keep.
-	buf := copyBuffers.Get().(*[]byte)
-	defer copyBuffers.Put(buf)
-	data := append((*buf)[:0], "PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00"...)
+	// The lines go as the four arrays of one INSERT, in PostgreSQL's
+	// binary format written here as they are numbered and encoded (pgx
+	// would encode a bytea[] an element at a time). Not by COPY, though it
+	// takes about the same bytes: the server ends a transaction whose
+	// client went quiet only while it waits for the client's next
+	// statement (IdleInTransaction), and a COPY FROM STDIN waits for its
+	// data for good, neither statement_timeout nor a cancel reaching it. A
+	// relay frozen mid-COPY kept its runs' rows locked, from the replicas
+	// that took them over, for as long as it stayed frozen. This statement
+	// goes with its parameters and its Sync in one write, after which the
+	// server needs nothing more from the client.
+	a := lineArrayPool.Get().(*lineArrays)
+	defer a.release()
+	a.reset()
 	for _, r := range ordered {
 		if r.err != nil {
 			continue
@@ -335,19 +343,9 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 		for i := range r.lines {
 			rr.rec.LastSeq++
 			r.lines[i].Seq = rr.rec.LastSeq
-			// Four fields: run and seq (8 bytes each), size (4), data.
-			data = binary.BigEndian.AppendUint16(data, 4)
-			data = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(data, 8), uint64(rr.num))
-			data = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(data, 8), rr.rec.LastSeq)
-			at := len(data) + 4 // the size's value, then data's length
-			data = append(binary.BigEndian.AppendUint32(data, 4), 0, 0, 0, 0, 0, 0, 0, 0)
-			var err error
-			if data, err = r.lines[i].AppendJSON(data); err != nil {
+			if err := a.add(rr.num, &r.lines[i]); err != nil {
 				return err
 			}
-			n := uint32(len(data) - at - 8)
-			binary.BigEndian.PutUint32(data[at:], n)
-			binary.BigEndian.PutUint32(data[at+4:], n)
 			rr.rec.Bytes += int64(len(r.lines[i].Line))
 		}
 		if r.now.After(rr.rec.SeenAt) {
@@ -355,12 +353,14 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 		}
 		r.last = rr.rec.LastSeq
 	}
-	data = binary.BigEndian.AppendUint16(data, 0xffff)
-	if cap(data) <= copyBufferMax {
-		*buf = data
-	}
-	if _, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(data), s.q.lines); err != nil {
-		return err
+	if a.n > 0 {
+		sd, err := tx.Conn().Prepare(ctx, s.q.lines, s.q.lines)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Conn().PgConn().ExecPrepared(ctx, sd.Name, a.values(), binaryParams, nil).Close(); err != nil {
+			return err
+		}
 	}
 	b := &pgx.Batch{}
 	for _, id := range ids {
@@ -373,12 +373,79 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 	return execBatch(ctx, tx, b)
 }
 
-// copyBuffers hold the COPY data of groups that committed, for the next,
-// which grows one only past the largest group so far. One over
-// copyBufferMax (a long line's) is not kept.
-var copyBuffers = sync.Pool{New: func() any { return new([]byte) }}
+// lineArrays are a group's lines as the lines INSERT's four parameters,
+// one-dimensional arrays without nulls in PostgreSQL's binary format: the
+// runs' keys, the lines' sequence numbers, their JSON's sizes and their
+// JSON.
+type lineArrays struct {
+	n                    int
+	run, seq, size, data []byte
+}
 
-const copyBufferMax = 1 << 20
+// The element types' OIDs: bigint, integer, bytea.
+const (
+	oidInt8  = 20
+	oidInt4  = 23
+	oidBytea = 17
+)
+
+var binaryParams = []int16{1, 1, 1, 1}
+
+// lineArrayPool holds the arrays of groups that committed, for the next,
+// which grows them only past the largest group so far. Arrays over
+// lineArrayMax (a long line's) are not kept.
+var lineArrayPool = sync.Pool{New: func() any { return new(lineArrays) }}
+
+const lineArrayMax = 1 << 20
+
+// arrayHeader starts an array of elem: one dimension, no nulls, its
+// length (set by values) and lower bound 1.
+func arrayHeader(b []byte, elem uint32) []byte {
+	for _, v := range [...]uint32{1, 0, elem, 0, 1} {
+		b = binary.BigEndian.AppendUint32(b, v)
+	}
+	return b
+}
+
+func (a *lineArrays) reset() {
+	a.n = 0
+	a.run, a.seq = arrayHeader(a.run[:0], oidInt8), arrayHeader(a.seq[:0], oidInt8)
+	a.size, a.data = arrayHeader(a.size[:0], oidInt4), arrayHeader(a.data[:0], oidBytea)
+}
+
+// add appends the line l of the run keyed num, its JSON encoded in place.
+func (a *lineArrays) add(num int64, l *store.Line) error {
+	a.run = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(a.run, 8), uint64(num))
+	a.seq = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(a.seq, 8), l.Seq)
+	at := len(a.data)
+	data, err := l.AppendJSON(append(a.data, 0, 0, 0, 0))
+	if err != nil {
+		return err
+	}
+	size := uint32(len(data) - at - 4)
+	binary.BigEndian.PutUint32(data[at:], size)
+	a.data = data
+	a.size = binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(a.size, 4), size)
+	a.n++
+	return nil
+}
+
+// values are the four parameters, each array's length set.
+func (a *lineArrays) values() [][]byte {
+	out := [][]byte{a.run, a.seq, a.size, a.data}
+	for _, v := range out {
+		binary.BigEndian.PutUint32(v[12:], uint32(a.n))
+	}
+	return out
+}
+
+// release gives the arrays back to the pool, unless one grew past
+// lineArrayMax.
+func (a *lineArrays) release() {
+	if max(cap(a.run), cap(a.seq), cap(a.size), cap(a.data)) <= lineArrayMax {
+		lineArrayPool.Put(a)
+	}
+}
 
 // lockRuns reads and locks the records of the runs ids, in that order,
 // creating a missing one as fresh(id) (a stream's first lines can come
