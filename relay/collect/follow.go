@@ -111,16 +111,31 @@ func orDefault[T int | time.Duration](v *T, d T) {
 	}
 }
 
-// containerState is what the follower needs to know of its container now.
+// containerState is what the follower needs to know of its container now
+// (Collector.containerState).
 type containerState struct {
 	ended    bool // terminated, replaced, or the pod finished
 	replaced bool // a restart replaced this instance: read it as "previous"
 	gone     bool // the pod no longer exists
+	// restarting: the instance failed and the pod goes on, so the kubelet
+	// may have started the next in its place before the cache shows it:
+	// its log is read neither as current (perhaps the next instance's)
+	// nor as previous (perhaps an older one's) until the cache shows
+	// which. A pod's restartPolicy Never restarts nothing; such a pod
+	// ends once its containers have, and the log is read then.
+	restarting bool
+	// lost: the cache shows two later instances, so the kubelet serves
+	// this one's log no more.
+	lost bool
 }
 
 // errEndedEarly is a stream that ended while its container still runs: a
 // server or proxy cut it. Reconnect, with backoff.
 var errEndedEarly = errors.New("log stream ended while the container runs")
+
+// errRestarting: the container's log cannot be read by name until the
+// pod shows whether the kubelet restarted it (containerState.restarting).
+var errRestarting = errors.New("the container failed and may be restarting: waiting for the pod to show its next instance")
 
 // errReadAgain ends a session that read a line it cannot tell from one
 // stored (lineUnsure): the next reads the log again from the cursor, after
@@ -167,6 +182,17 @@ func (f *follower) run(ctx context.Context) {
 		done, err := f.session(ctx)
 		if done || ctx.Err() != nil {
 			return
+		}
+		if errors.Is(err, errRestarting) {
+			// Only the cache is read meanwhile, as often as a quiet
+			// stream reads it; the pod shows the restart within a sync
+			// of the kubelet's.
+			select {
+			case <-ctx.Done():
+				return
+			case <-f.c.Clock.After(f.c.Follow.DrainIdle / 4):
+			}
+			continue
 		}
 		if errors.Is(err, errReadAgain) {
 			// Not at once, and a few times a window (mayReadAgain): an
@@ -225,8 +251,16 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	// A stream opened once the container had ended reads its whole last
 	// file; one following it when it ended stops at the EOF of the file
 	// the kubelet was reading, perhaps a rotated one (see streamEnded).
-	endedAtOpen := f.state().ended
-	rc, err := f.c.Source.Stream(sctx, f.ref.Namespace, f.ref.Pod, f.ref.Container, cur.SinceTime(), f.state().replaced)
+	st := f.state()
+	switch {
+	case st.restarting:
+		return false, errRestarting
+	case st.lost:
+		f.c.Log.Info("container restarted twice since this instance's log was read: the rest of it is not served", "stream", f.ref.Key())
+		return true, nil
+	}
+	endedAtOpen := st.ended
+	rc, err := f.c.Source.Stream(sctx, f.ref.Namespace, f.ref.Pod, f.ref.Container, cur.SinceTime(), st.replaced)
 	if err != nil {
 		return false, err
 	}

@@ -127,6 +127,13 @@ func (f *fakeLog) Stream(ctx context.Context, _, _, _ string, since time.Time, _
 
 // endedAfterFirstStream is a container that runs when its first stream
 // opens and has ended by any later one.
+// sessionsOpened is how many streams of the log were opened.
+func (f *fakeLog) sessionsOpened() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.sessions
+}
+
 func (f *fakeLog) endedAfterFirstStream() containerState {
 	f.mu.Lock()
 	defer f.mu.Unlock()
