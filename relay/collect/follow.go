@@ -121,8 +121,12 @@ type containerState struct {
 	// may have started the next in its place before the cache shows it:
 	// its log is read neither as current (perhaps the next instance's)
 	// nor as previous (perhaps an older one's) until the cache shows
-	// which. A pod's restartPolicy Never restarts nothing; such a pod
-	// ends once its containers have, and the log is read then.
+	// which. Under restartPolicy Never nothing is restarted, and such a
+	// pod's failed container is read again once the pod has ended. One
+	// that exited 0 is read at once: a Job's pod (Never, OnFailure)
+	// restarts none. A sidecar (an init container with restartPolicy
+	// Always) is restarted all the same, but the pod cache does not keep
+	// that policy, so its stream is read as before.
 	restarting bool
 	// lost: the cache shows two later instances, so the kubelet serves
 	// this one's log no more.
