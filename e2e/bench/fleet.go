@@ -85,9 +85,12 @@ type fleetPGResult struct {
 	// (steadyWall, from its first line to its last stored).
 	steadyCPU  map[string]float64
 	steadyWall time.Duration
-	// steadyProfile: the top of r0's CPU profile in the steady phase
-	// (-fleet-profile).
-	steadyProfile string
+	// steadyProfile, floodProfile: the top of r0's CPU profile in the
+	// steady phase and over the flood's first 20 s (-fleet-profile).
+	steadyProfile, floodProfile string
+	// r0's commits in the flood: its lines, its appends (a stream's
+	// lines and cursor), its transactions.
+	r0Lines, r0Appends, r0Commits float64
 }
 
 func fleetBench(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, sizes []int, floodPerRun int) error {
@@ -123,7 +126,13 @@ var fleetPGPool = flag.Int("fleet-pg-pool", 0, "fleet: each replica's PostgreSQL
 
 // fleetProfile: the steady phase's CPU profile of replica r0, to see where
 // a replica's time goes once the machine is busy.
-var fleetProfile = flag.Bool("fleet-profile", false, "fleet: take a CPU profile of replica r0 over 10 s of the steady phase and print its top")
+var fleetProfile = flag.Bool("fleet-profile", false, "fleet: take a CPU profile of replica r0 over 10 s of the steady phase and 20 s of the flood, and print their tops")
+
+// fleetProfileDir keeps the profiles, which the cluster's directory
+// does not (it goes with the cluster).
+var fleetProfileDir = flag.String("fleet-profile-dir", "", "fleet: where -fleet-profile writes its profiles (default: the cluster's directory, removed at the end)")
+
+func profileDir(c *cluster.Cluster) string { return cmp.Or(*fleetProfileDir, c.Dir) }
 
 func fleetOnPostgres(ctx context.Context, c *cluster.Cluster, cs kubernetes.Interface, kit *relayKit, n, floodPerRun int) (fleetPGResult, error) {
 	res := fleetPGResult{runs: n, replicas: make([]replicaFigures, len(fleetIDs))}
@@ -233,7 +242,7 @@ func fleetOnPostgres(ctx context.Context, c *cluster.Cluster, cs kubernetes.Inte
 	pgMem := samplePeak(pgPSS)
 	var profiled <-chan string
 	if *fleetProfile {
-		profiled = profileCPU(pprofs[0], filepath.Join(c.Dir, fmt.Sprintf("fleet-%d-r0-steady.cpu.pprof", n)), 10*time.Second)
+		profiled = profileCPU(pprofs[0], filepath.Join(profileDir(c), fmt.Sprintf("fleet-%d-r0-steady.cpu.pprof", n)), 10*time.Second)
 	}
 	steadyPG, steadyCPU, steadyStart := pgTicks(), cpuTicks(c.Dir), time.Now()
 	written := writeSteady(ctx, runs)
@@ -273,6 +282,10 @@ func fleetOnPostgres(ctx context.Context, c *cluster.Cluster, cs kubernetes.Inte
 		relayTicks[i] = procTicks(strconv.Itoa(rl.PID()), false)
 	}
 	pgTicksBefore, cpuBefore := pgTicks(), cpuTicks(c.Dir)
+	r0Before, _ := httpMetrics(relays[0].MetricsAddr)
+	if *fleetProfile {
+		profiled = profileCPU(pprofs[0], filepath.Join(profileDir(c), fmt.Sprintf("fleet-%d-r0-flood.cpu.pprof", n)), 20*time.Second)
+	}
 	start := time.Now()
 	flooding := make(chan int, 1)
 	go func() { flooding <- writeFlood(runs, floodPerRun) }()
@@ -304,6 +317,14 @@ func fleetOnPostgres(ctx context.Context, c *cluster.Cluster, cs kubernetes.Inte
 		return res, err
 	}
 	res.floodWall = time.Since(start)
+	if r0After, err := httpMetrics(relays[0].MetricsAddr); err == nil && r0Before != nil {
+		lines := r0After.histogram("clipjob_relay_store_lag_seconds", nil).minus(r0Before.histogram("clipjob_relay_store_lag_seconds", nil))
+		groups := r0After.histogram("clipjob_relay_store_appends_per_commit", nil).minus(r0Before.histogram("clipjob_relay_store_appends_per_commit", nil))
+		res.r0Lines, res.r0Appends, res.r0Commits = float64(lines.count), groups.sum, float64(groups.count)
+	}
+	if profiled != nil {
+		res.floodProfile = <-profiled
+	}
 	res.floodLines = flooded
 	res.floodLinesPerSec = float64(flooded) / res.floodWall.Seconds()
 	res.twoLinesPerSec = float64(base+int64(flooded)-atTakeover) / (res.floodWall - res.killedAfter - res.takeover).Seconds()
@@ -659,11 +680,18 @@ func printFleetPG(w io.Writer, rs []fleetPGResult, floodPerRun int) {
 			"The killed replica's runs' longest gap began at the kill %+.1f s. In the flood the replicas used %.1f CPU seconds (%.0f lines stored per relay CPU second), PostgreSQL %.1f (%.0f lines per second of its CPU).\n",
 			r.runs, r.killedAfter.Round(100*time.Millisecond), r.victimRuns, r.rejoined.Round(100*time.Millisecond), r.gapVictimAt.Seconds(),
 			relayCPU, float64(r.floodLines)/relayCPU, r.pgFloodCPU, float64(r.floodLines)/r.pgFloodCPU)
+		if r.r0Commits > 0 {
+			fmt.Fprintf(w, "\nIn the flood r0 stored %.0f lines in %.0f appends (%.1f lines each) and %.0f transactions (%.1f appends each).\n",
+				r.r0Lines, r.r0Appends, r.r0Lines/r.r0Appends, r.r0Commits, r.r0Appends/r.r0Commits)
+		}
 		if len(r.steadyCPU) > 0 {
 			coresTable(w, "in the steady phase", r.runs, r.steadyWall, r.steadyCPU)
 		}
 		if r.steadyProfile != "" {
 			fmt.Fprintf(w, "\nReplica r0's CPU profile over 10 s of the steady phase with %d runs (by cumulative time):\n\n```\n%s```\n", r.runs, r.steadyProfile)
+		}
+		if r.floodProfile != "" {
+			fmt.Fprintf(w, "\nReplica r0's CPU profile over the flood's first 20 s with %d runs (by cumulative time):\n\n```\n%s```\n", r.runs, r.floodProfile)
 		}
 		if len(r.floodCPU) > 0 {
 			cpu := maps.Clone(r.floodCPU)

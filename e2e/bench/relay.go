@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -163,14 +164,20 @@ type relayKit struct {
 	token    string
 }
 
+// relayBin, when set, is the relay the relay and fleet parts run instead
+// of one built from this checkout: to compare two builds on one machine.
+var relayBin = flag.String("relay-bin", "", "relay, fleet: a clipjob-relay binary to run instead of building this checkout's")
+
 func newRelayKit(ctx context.Context, c *cluster.Cluster, maxRuns int) (*relayKit, error) {
 	if err := raiseInotifyInstances(2 * maxRuns); err != nil {
 		return nil, err
 	}
 	var k relayKit
 	var err error
-	if k.bin, err = harness.Build(c.Dir, "clipjob-relay"); err != nil {
-		return nil, err
+	if k.bin = *relayBin; k.bin == "" {
+		if k.bin, err = harness.Build(c.Dir, "clipjob-relay"); err != nil {
+			return nil, err
+		}
 	}
 	if k.complete, err = completer(); err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -259,22 +260,19 @@ func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after 
 			return
 		}
 		changed := a.Store.Changed(run) // before reading: no change is missed
-		lines, err := a.Store.RawLines(run, after, page)
-		if err != nil {
-			return
-		}
-		for _, l := range lines {
-			if ew.writeLine(l) != nil {
-				return
+		lines := 0
+		var bad error // a stored line that is not an event: the stream ends there
+		lastSeq, done, found, err := a.Store.Page(run, after, page, func(l store.RawLine) {
+			if bad == nil {
+				if bad = ew.writeLine(l); bad == nil {
+					after, lines = l.Seq, lines+1
+				}
 			}
-			after = l.Seq
-		}
-		ew.flush()
-		lastSeq, done, found, err := a.progress(run)
-		if err != nil || !found {
+		})
+		if err != nil || ew.flush() != nil || bad != nil || !found {
 			return
 		}
-		if after < lastSeq && len(lines) > 0 {
+		if after < lastSeq && lines > 0 {
 			continue // a page ended (by lines or bytes) before the log did
 		}
 		if done && after >= lastSeq {
@@ -301,31 +299,16 @@ func (a *API) streamLog(ctx context.Context, ew *eventWriter, run string, after 
 	}
 }
 
-// progresser is a store that reads how far a run is without its whole
-// record (PostgreSQL: two columns, not a JSON document to decode), which
-// a follower asks after every wake-up.
-type progresser interface {
-	Progress(run string) (lastSeq uint64, done, found bool, err error)
-}
-
-// progress is the run's last sequence number and whether it is done.
-func (a *API) progress(run string) (lastSeq uint64, done, found bool, err error) {
-	if p, ok := a.Store.(progresser); ok {
-		return p.Progress(run)
-	}
-	r, err := a.Store.Run(run)
-	if err != nil || r == nil {
-		return 0, false, false, err
-	}
-	return r.LastSeq, r.Done, true, nil
-}
-
 // eventWriter writes log events as SSE or NDJSON, flushing when asked.
+// Lines gather in buf, written at the flush: a page, not a line, a write.
 type eventWriter struct {
 	w       http.ResponseWriter
 	flusher http.Flusher
 	sse     bool
+	buf     *[]byte // from pages while lines gather: an idle follower holds none
 }
+
+var pages = sync.Pool{New: func() any { return new([]byte) }}
 
 // newEventWriter sends the headers of an event stream.
 func newEventWriter(w http.ResponseWriter, sse bool) *eventWriter {
@@ -362,13 +345,19 @@ func (ew *eventWriter) writeLine(l store.RawLine) error {
 	if len(l.JSON) < 2 || l.JSON[0] != '{' {
 		return fmt.Errorf("stored line %d is not a JSON object", l.Seq)
 	}
-	var err error
-	if ew.sse {
-		_, err = fmt.Fprintf(ew.w, "id: %d\nevent: line\ndata: {\"type\":\"line\",%s\n\n", l.Seq, l.JSON[1:])
-	} else {
-		_, err = fmt.Fprintf(ew.w, "{\"type\":\"line\",%s\n", l.JSON[1:])
+	if ew.buf == nil {
+		ew.buf = pages.Get().(*[]byte)
 	}
-	return err
+	b := *ew.buf
+	if ew.sse {
+		b = append(strconv.AppendUint(append(b, "id: "...), l.Seq, 10), "\nevent: line\ndata: "...)
+	}
+	b = append(append(b, `{"type":"line",`...), l.JSON[1:]...)
+	if ew.sse {
+		b = append(b, '\n')
+	}
+	*ew.buf = append(b, '\n')
+	return nil
 }
 
 func (ew *eventWriter) keepalive() error {
@@ -384,10 +373,19 @@ func (ew *eventWriter) keepalive() error {
 	return err
 }
 
-func (ew *eventWriter) flush() {
-	if ew.flusher != nil {
+// flush writes the lines gathered and flushes.
+func (ew *eventWriter) flush() error {
+	var err error
+	if ew.buf != nil {
+		_, err = ew.w.Write(*ew.buf)
+		*ew.buf = (*ew.buf)[:0]
+		pages.Put(ew.buf)
+		ew.buf = nil
+	}
+	if err == nil && ew.flusher != nil {
 		ew.flusher.Flush()
 	}
+	return err
 }
 
 func (a *API) plainLog(w http.ResponseWriter, run string, after uint64) {

@@ -25,6 +25,8 @@ import (
 
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/bolt"
+	"github.com/paperclipai/clipjob/relay/store/postgres"
+	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
 	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
 
@@ -472,14 +474,15 @@ func TestRawLineEventIsTheEvent(t *testing.T) {
 	if _, err := storetest.Append(s, "run-1", "st", store.Cursor{TS: 1, Count: 1}, []store.Line{line}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	raw, err := s.RawLines("run-1", 0, 0)
+	raw, err := storetest.RawLines(s, "run-1", 0, 0)
 	if err != nil || len(raw) != 1 {
 		t.Fatalf("raw lines %v, %v", raw, err)
 	}
 	decoded, _ := store.Lines(s, "run-1", 0, 0)
 	for _, sse := range []bool{true, false} {
 		var viaRaw, viaDecoded strings.Builder
-		if err := (&eventWriter{w: fakeWriter{&viaRaw}, sse: sse}).writeLine(raw[0]); err != nil {
+		ew := &eventWriter{w: fakeWriter{&viaRaw}, sse: sse}
+		if err := ew.writeLine(raw[0]); err != nil || ew.flush() != nil {
 			t.Fatal(err)
 		}
 		data, _ := json.Marshal(event{Type: "line", Line: &decoded[0]})
@@ -597,25 +600,20 @@ func TestAPIBytesNoRunHasMatchNothing(t *testing.T) {
 	}
 }
 
-// progressStore counts the record reads and progress reads of a store
-// that can say how far a run is without its record (as PostgreSQL's).
-type progressStore struct {
+// pageStore counts the record reads and page reads of a store.
+type pageStore struct {
 	*bolt.Store
-	runs, progresses atomic.Int64
+	runs, pages atomic.Int64
 }
 
-func (p *progressStore) Run(id string) (*store.Run, error) {
+func (p *pageStore) Run(id string) (*store.Run, error) {
 	p.runs.Add(1)
 	return p.Store.Run(id)
 }
 
-func (p *progressStore) Progress(run string) (uint64, bool, bool, error) {
-	p.progresses.Add(1)
-	r, err := p.Store.Run(run)
-	if err != nil || r == nil {
-		return 0, false, false, err
-	}
-	return r.LastSeq, r.Done, true, nil
+func (p *pageStore) Page(run string, after uint64, limit int, each func(store.RawLine)) (uint64, bool, bool, error) {
+	p.pages.Add(1)
+	return p.Store.Page(run, after, limit, each)
 }
 
 // TestAFollowerReadsTheRecordOnlyForItsEnd: a follower woken by each
@@ -624,7 +622,7 @@ func (p *progressStore) Progress(run string) (uint64, bool, bool, error) {
 // 1,000 runs followed), and reads the record once, for the end event.
 func TestAFollowerReadsTheRecordOnlyForItsEnd(t *testing.T) {
 	s, _ := storetest.Open(t)
-	ps := &progressStore{Store: s}
+	ps := &pageStore{Store: s}
 	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Namespace, r.Agent, r.Phase = "paperclip", "agent-a", "Running" })
 	_, _ = storetest.Append(s, "run-1", "st", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "line 1"), time.Now())
 	srv := httptest.NewServer((&API{Store: ps, Auth: tokenAuth{}, Keepalive: time.Minute}).Handler())
@@ -653,9 +651,58 @@ func TestAFollowerReadsTheRecordOnlyForItsEnd(t *testing.T) {
 		t.Fatalf("%d lines, ended %v", lines, ended)
 	}
 	if got := ps.runs.Load() - runsBefore; got > 1 {
-		t.Errorf("the follower read the run's record %d times over %d wake-ups, want once (for its end)", got, ps.progresses.Load())
+		t.Errorf("the follower read the run's record %d times over %d wake-ups, want once (for its end)", got, ps.pages.Load())
 	}
-	if ps.progresses.Load() < 6 {
-		t.Errorf("%d progress reads over 6 commits", ps.progresses.Load())
+	if ps.pages.Load() < 6 {
+		t.Errorf("%d page reads over 6 commits", ps.pages.Load())
+	}
+}
+
+// TestALogStreamsFromPostgreSQL: a follower on PostgreSQL reads its lines
+// and how far the run is in one query a page (Store.Page, each line's
+// JSON written from the connection's buffer): every line once, in order,
+// across pages, then the end.
+func TestALogStreamsFromPostgreSQL(t *testing.T) {
+	conn, schema := pgtest.Schema(t)
+	s, err := postgres.Open(context.Background(), postgres.Options{ConnString: conn, Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Namespace, r.Phase = "paperclip", "Running" })
+	const n = 450 // three pages of a follower's 200
+	var texts []string
+	for i := range n {
+		texts = append(texts, fmt.Sprintf(`{"n":%d,"text":"<%s>"}`, i+1, strings.Repeat("é", i%7)))
+	}
+	if _, err := s.AppendAfter("run-1", "st", store.Cursor{}, store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", texts...), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = s.UpdateRun("run-1", func(r *store.Run) { r.Done, r.Phase = true, "Succeeded" })
+	srv := httptest.NewServer((&API{Store: s, Auth: tokenAuth{}, Keepalive: time.Minute}).Handler())
+	defer srv.Close()
+	resp := get(t, srv.URL+"/v1/runs/run-1/log?after=0", "reader", "text/event-stream")
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var got []string
+	for _, ev := range strings.Split(strings.TrimSpace(string(body)), "\n\n") {
+		var e struct {
+			Type, Line string
+			Seq        uint64
+		}
+		if err := json.Unmarshal([]byte(ev[strings.Index(ev, "data: ")+6:]), &e); err != nil {
+			t.Fatalf("event %q: %v", ev, err)
+		}
+		if e.Type == "line" {
+			if want := fmt.Sprintf("id: %d\n", len(got)+1); !strings.HasPrefix(ev, want) || e.Seq != uint64(len(got)+1) {
+				t.Fatalf("event %q after %d lines", ev, len(got))
+			}
+			got = append(got, e.Line)
+		} else if e.Type != "end" || len(got) != n {
+			t.Fatalf("%s after %d lines", ev, len(got))
+		}
+	}
+	if strings.Join(got, "\n") != strings.Join(texts, "\n") {
+		t.Errorf("the lines streamed are not the lines stored")
 	}
 }

@@ -554,6 +554,15 @@ func (c *Collector) rebalance() error {
 	return nil
 }
 
+// containerState is what the pod cache says of the instance ref, and by
+// which name the kubelet serves its log. The kubelet serves a container's
+// current log (no "previous") from its own view of the pod, which the
+// cache follows late: once it has restarted the container, that log is
+// the next instance's, and read under ref's stream it would be stored
+// twice, there and under its own. So the current log is read only while
+// the cache shows ref current and no restart can have replaced it yet,
+// and the previous log only while the cache shows ref the previous
+// instance.
 func (c *Collector) containerState(ref StreamRef) containerState {
 	pod := c.Pods.Pod(ref.Namespace, ref.Pod)
 	if pod == nil || string(pod.UID) != ref.PodUID {
@@ -561,10 +570,26 @@ func (c *Collector) containerState(ref StreamRef) containerState {
 	}
 	finished := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 	for _, st := range allStatuses(pod) {
-		if st.Name == ref.Container {
-			replaced := st.ContainerID != ref.ContainerID
-			return containerState{ended: finished || replaced || st.State.Terminated != nil, replaced: replaced}
+		if st.Name != ref.Container {
+			continue
 		}
+		last := st.LastTerminationState.Terminated
+		goesOn := !finished && pod.DeletionTimestamp == nil
+		switch previous := last != nil && last.ContainerID == ref.ContainerID; {
+		case previous && (st.ContainerID != ref.ContainerID || st.State.Running == nil):
+			// Replaced, or waiting to be (a crash loop's back-off, the
+			// status still naming ref): its log is the previous one, the
+			// next instance's the current one, as soon as it starts.
+			return containerState{ended: true, replaced: true}
+		case st.ContainerID == "":
+			// No instance named: wait until the status names one.
+			return containerState{ended: true, restarting: goesOn, lost: !goesOn}
+		case st.ContainerID != ref.ContainerID:
+			return containerState{ended: true, lost: true}
+		case st.State.Terminated != nil:
+			return containerState{ended: true, restarting: st.State.Terminated.ExitCode != 0 && goesOn}
+		}
+		return containerState{ended: finished}
 	}
 	return containerState{ended: finished}
 }

@@ -278,6 +278,112 @@ func TestCollectorRestartedContainer(t *testing.T) {
 	}
 }
 
+// TestARestartedContainersNextInstanceIsNotReadAsItsOwn: the agent's
+// container fails and the kubelet restarts it at once. The pod cache
+// still has the status the kubelet wrote before the restart, the failed
+// instance terminated, while the kubelet already serves the next
+// instance's log as the container's current one. The failed instance's
+// stream, at its end, reads its log once more from its cursor: not as the
+// current log, which is the next instance's and would be stored twice,
+// but as the previous one, once the pod shows the restart. Each
+// instance's lines are stored once, the first's before the second's.
+func TestARestartedContainersNextInstanceIsNotReadAsItsOwn(t *testing.T) {
+	c, logs, cache, s := newCollector(t)
+	pod := agentPod("p1", "uid-1", time.Now())
+	pod.Spec.InitContainers = nil
+	pod.Status.Phase = corev1.PodRunning
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "agent", ContainerID: "c1",
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+	cache.set(pod)
+	first := logs.get("p1", "agent")
+	first.write(at(0), "first 1")
+	first.write(at(1), "first 2")
+	c.OnPod(pod)
+	poll.WaitFor(t, func() bool { return storedText(t, s) == "first 1,first 2" }, "the first instance's lines were not stored")
+
+	failed := pod.DeepCopy()
+	failed.Status.ContainerStatuses[0].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", ContainerID: "c1"}}
+	cache.set(failed)
+	second := newFakeLog()
+	second.write(at(2000), "second 1")
+	second.write(at(2001), "second 2")
+	logs.mu.Lock()
+	logs.logs["p1/agent@previous"], logs.logs["p1/agent"] = first, second
+	logs.mu.Unlock()
+	first.end()
+	c.OnPod(failed)
+	// A stream that reads the current log now reads it at once.
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) && second.sessionsOpened() == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	restarted := failed.DeepCopy()
+	restarted.Status.ContainerStatuses[0] = corev1.ContainerStatus{Name: "agent", ContainerID: "c2", RestartCount: 1,
+		State:                corev1.ContainerState{Running: &corev1.ContainerStateRunning{}},
+		LastTerminationState: failed.Status.ContainerStatuses[0].State}
+	cache.set(restarted)
+	c.OnPod(restarted)
+	poll.WaitFor(t, func() bool { return strings.Count(storedText(t, s), "second") >= 2 }, "the second instance's lines were not stored")
+	final := restarted.DeepCopy()
+	final.Status.Phase = corev1.PodSucceeded
+	final.Status.ContainerStatuses[0].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", ContainerID: "c2"}}
+	cache.set(final)
+	second.end()
+	c.OnPod(final)
+	waitDone(t, s)
+	if got := storedText(t, s); got != "first 1,first 2,second 1,second 2" {
+		t.Errorf("stored %q, want each instance's lines once, the first's first", got)
+	}
+}
+
+// TestContainerStateNamesTheLogOfTheInstance: which of the container's
+// logs, current or previous, is the instance c1's for each status the
+// pod cache may show of it, and when neither can be told yet.
+func TestContainerStateNamesTheLogOfTheInstance(t *testing.T) {
+	running := corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+	failed := corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, ContainerID: "c1"}}
+	done := corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, ContainerID: "c1"}}
+	backOff := corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}}
+	older := corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, ContainerID: "c2"}}
+	for _, tc := range []struct {
+		name     string
+		phase    corev1.PodPhase
+		deleting bool
+		st       corev1.ContainerStatus
+		want     containerState
+	}{
+		{"running", corev1.PodRunning, false, corev1.ContainerStatus{ContainerID: "c1", State: running}, containerState{}},
+		{"failed, the pod going on", corev1.PodRunning, false, corev1.ContainerStatus{ContainerID: "c1", State: failed}, containerState{ended: true, restarting: true}},
+		{"failed, the pod deleted", corev1.PodRunning, true, corev1.ContainerStatus{ContainerID: "c1", State: failed}, containerState{ended: true}},
+		{"failed, the pod failed", corev1.PodFailed, false, corev1.ContainerStatus{ContainerID: "c1", State: failed}, containerState{ended: true}},
+		{"exited 0", corev1.PodRunning, false, corev1.ContainerStatus{ContainerID: "c1", State: done}, containerState{ended: true}},
+		{"backing off", corev1.PodRunning, false, corev1.ContainerStatus{ContainerID: "c1", State: backOff, LastTerminationState: failed}, containerState{ended: true, replaced: true}},
+		{"restarted", corev1.PodRunning, false, corev1.ContainerStatus{ContainerID: "c2", State: running, LastTerminationState: failed}, containerState{ended: true, replaced: true}},
+		{"restarted twice", corev1.PodRunning, false, corev1.ContainerStatus{ContainerID: "c3", State: running, LastTerminationState: older}, containerState{ended: true, lost: true}},
+		{"no instance named", corev1.PodRunning, false, corev1.ContainerStatus{State: backOff}, containerState{ended: true, restarting: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, _, cache, _ := newCollector(t)
+			pod := agentPod("p1", "uid-1", time.Now())
+			pod.Status.Phase = tc.phase
+			if tc.deleting {
+				pod.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+			}
+			tc.st.Name = "agent"
+			pod.Status.ContainerStatuses = []corev1.ContainerStatus{tc.st}
+			cache.set(pod)
+			got := c.containerState(StreamRef{Namespace: "ns", Pod: "p1", PodUID: "uid-1", Container: "agent", ContainerID: "c1"})
+			if tc.phase == corev1.PodFailed {
+				tc.want.ended = true
+			}
+			if got != tc.want {
+				t.Errorf("%+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
 // TestCollectorKeepsOtherJobsApart: a run id is a label anyone who
 // creates pods can copy. A bare pod, a pod in another namespace, or a pod
 // of another Job carrying a run's id neither joins it (no line of theirs

@@ -111,16 +111,35 @@ func orDefault[T int | time.Duration](v *T, d T) {
 	}
 }
 
-// containerState is what the follower needs to know of its container now.
+// containerState is what the follower needs to know of its container now
+// (Collector.containerState).
 type containerState struct {
 	ended    bool // terminated, replaced, or the pod finished
 	replaced bool // a restart replaced this instance: read it as "previous"
 	gone     bool // the pod no longer exists
+	// restarting: the instance failed and the pod goes on, so the kubelet
+	// may have started the next in its place before the cache shows it:
+	// its log is read neither as current (perhaps the next instance's)
+	// nor as previous (perhaps an older one's) until the cache shows
+	// which. Under restartPolicy Never nothing is restarted, and such a
+	// pod's failed container is read again once the pod has ended. One
+	// that exited 0 is read at once: a Job's pod (Never, OnFailure)
+	// restarts none. A sidecar (an init container with restartPolicy
+	// Always) is restarted all the same, but the pod cache does not keep
+	// that policy, so its stream is read as before.
+	restarting bool
+	// lost: the cache shows two later instances, so the kubelet serves
+	// this one's log no more.
+	lost bool
 }
 
 // errEndedEarly is a stream that ended while its container still runs: a
 // server or proxy cut it. Reconnect, with backoff.
 var errEndedEarly = errors.New("log stream ended while the container runs")
+
+// errRestarting: the container's log cannot be read by name until the
+// pod shows whether the kubelet restarted it (containerState.restarting).
+var errRestarting = errors.New("the container failed and may be restarting: waiting for the pod to show its next instance")
 
 // errReadAgain ends a session that read a line it cannot tell from one
 // stored (lineUnsure): the next reads the log again from the cursor, after
@@ -156,6 +175,8 @@ type follower struct {
 	// within unsureWindow; unsureLogged: the reads past them were logged.
 	unsure       []time.Time
 	unsureLogged bool
+	// stateRead is when drained last read the pod.
+	stateRead time.Time
 }
 
 // run follows until the container's log is drained or ctx ends.
@@ -165,6 +186,17 @@ func (f *follower) run(ctx context.Context) {
 		done, err := f.session(ctx)
 		if done || ctx.Err() != nil {
 			return
+		}
+		if errors.Is(err, errRestarting) {
+			// Only the cache is read meanwhile, as often as a quiet
+			// stream reads it; the pod shows the restart within a sync
+			// of the kubelet's.
+			select {
+			case <-ctx.Done():
+				return
+			case <-f.c.Clock.After(f.c.Follow.DrainIdle / 4):
+			}
+			continue
 		}
 		if errors.Is(err, errReadAgain) {
 			// Not at once, and a few times a window (mayReadAgain): an
@@ -223,8 +255,16 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	// A stream opened once the container had ended reads its whole last
 	// file; one following it when it ended stops at the EOF of the file
 	// the kubelet was reading, perhaps a rotated one (see streamEnded).
-	endedAtOpen := f.state().ended
-	rc, err := f.c.Source.Stream(sctx, f.ref.Namespace, f.ref.Pod, f.ref.Container, cur.SinceTime(), f.state().replaced)
+	st := f.state()
+	switch {
+	case st.restarting:
+		return false, errRestarting
+	case st.lost:
+		f.c.Log.Info("container restarted twice since this instance's log was read: the rest of it is not served", "stream", f.ref.Key())
+		return true, nil
+	}
+	endedAtOpen := st.ended
+	rc, err := f.c.Source.Stream(sctx, f.ref.Namespace, f.ref.Pod, f.ref.Container, cur.SinceTime(), st.replaced)
 	if err != nil {
 		return false, err
 	}
@@ -338,17 +378,21 @@ type lineQueue struct {
 	// lines are whole lines, newline included. The reader closes it after
 	// an error, which it sets in err first, with fragment: what came after
 	// the last newline (a finished container's last line may have none).
-	lines    chan []byte
+	lines    chan string
 	err      error
-	fragment []byte
+	fragment string
 	queued   atomic.Int64  // bytes sent and not yet taken
-	room     chan struct{} // a line was taken
+	room     chan struct{} // lines were taken: half the bound or more is free
 	maxBytes int64
 }
 
-// taken tells the reader that the follower took line.
-func (q *lineQueue) taken(line []byte) {
-	q.queued.Add(-int64(len(line)))
+// taken tells the reader that the follower took line, once the queue is
+// at most half full: a reader waiting for room then reads many lines, not
+// one a line taken (each a wake-up of both goroutines).
+func (q *lineQueue) taken(line string) {
+	if q.queued.Add(-int64(len(line))) > q.maxBytes/2 {
+		return
+	}
 	select {
 	case q.room <- struct{}{}:
 	default:
@@ -362,13 +406,13 @@ func (q *lineQueue) taken(line []byte) {
 // while the queue has room and the budget allows: the rest waits in the
 // stream's HTTP/2 window and the log file.
 func readLines(ctx context.Context, rc io.Reader, maxLine, maxQueued int, acct *budgetAccount) *lineQueue {
-	q := &lineQueue{lines: make(chan []byte, 64), room: make(chan struct{}, 1), maxBytes: math.MaxInt64}
+	q := &lineQueue{lines: make(chan string, 64), room: make(chan struct{}, 1), maxBytes: math.MaxInt64}
 	if maxQueued > 0 {
 		q.maxBytes = int64(maxQueued)
 	}
 	go func() {
 		defer close(q.lines)
-		send := func(line []byte) bool {
+		send := func(line string) bool {
 			n := int64(len(line))
 			for {
 				// A line longer than the bound goes once the queue is empty.
@@ -413,15 +457,20 @@ const TruncatedMarker = " [clipjob: line truncated]"
 
 // readLine reads one line, newline included, keeping at most max bytes of
 // it (max <= 0: no bound) and ending what it kept with TruncatedMarker: an
-// enormous line costs max bytes, not the line.
-func readLine(br *bufio.Reader, max int) ([]byte, error) {
+// enormous line costs max bytes, not the line. A line is a string: its
+// text is copied once, from the read buffer, and the batch stores it
+// without another copy.
+func readLine(br *bufio.Reader, max int) (string, error) {
 	if max <= 0 {
 		max = math.MaxInt
+	}
+	frag, err := br.ReadSlice('\n')
+	if err == nil && len(frag) <= max {
+		return string(frag), nil // a line the read buffer holds whole
 	}
 	var line []byte
 	cut := false
 	for {
-		frag, err := br.ReadSlice('\n')
 		if !cut {
 			if room := max - len(line); len(frag) > room {
 				line, cut = append(line, frag[:room]...), true
@@ -430,16 +479,17 @@ func readLine(br *bufio.Reader, max int) ([]byte, error) {
 			}
 		}
 		if errors.Is(err, bufio.ErrBufferFull) {
+			frag, err = br.ReadSlice('\n')
 			continue
 		}
 		if err != nil {
-			return line, err // the fragment, for a caller that knows it is whole
+			return string(line), err // the fragment, for a caller that knows it is whole
 		}
 		if cut {
 			linesTruncated.Inc()
 			line = append(append(bytes.TrimRight(line, "\n"), TruncatedMarker...), '\n')
 		}
-		return line, nil
+		return string(line), nil
 	}
 }
 
@@ -468,8 +518,9 @@ func (f *follower) streamEnded(ctx, sctx context.Context, err error, endedAtOpen
 // drained reports whether a stream the server keeps open after its
 // container ended has said all it will: nothing queued, and quiet for
 // DrainIdle since the last line, or silent for DrainMax from the start.
-// The pod is read last: a read from the cache copies it, and every stream
-// asks on every tick.
+// The pod is read last, and at most every DrainIdle/4: a read from the
+// cache copies it, and a quiet stream asks on every tick (with 1,000 runs
+// waiting to write, a tenth of a replica's CPU).
 func (f *follower) drained(queued int, lastLine, started time.Time) bool {
 	if queued > 0 {
 		return false
@@ -478,9 +529,10 @@ func (f *follower) drained(queued int, lastLine, started time.Time) bool {
 	if lastLine.IsZero() {
 		quiet = f.c.Clock.Since(started) >= f.c.Follow.DrainMax
 	}
-	if !quiet {
+	if !quiet || f.c.Clock.Since(f.stateRead) < f.c.Follow.DrainIdle/4 {
 		return false
 	}
+	f.stateRead = f.c.Clock.Now()
 	st := f.state()
 	return st.ended || st.gone
 }
@@ -510,7 +562,7 @@ type batch struct {
 // add takes one raw line, skipping what the store already has, and
 // commits when the batch is full. A line the session cannot tell from one
 // stored commits the batch and returns errReadAgain.
-func (b *batch) add(raw []byte) error {
+func (b *batch) add(raw string) error {
 	b.lastLine = b.f.c.Clock.Now()
 	ts, msg, err := splitTimestamp(trimNewline(raw))
 	if err != nil {
@@ -529,7 +581,7 @@ func (b *batch) add(raw []byte) error {
 	if b.lines == nil {
 		b.lines = getLines()
 	}
-	b.lines = append(b.lines, store.Line{TS: ts, Container: b.f.ref.Container, Line: string(b.f.c.Redact.Redact(msg))})
+	b.lines = append(b.lines, store.Line{TS: ts, Container: b.f.ref.Container, Line: b.f.c.Redact.Redact(msg)})
 	b.bytes += len(b.lines[len(b.lines)-1].Line)
 	if len(b.lines) >= b.f.c.Follow.BatchLines || (b.f.c.Follow.BatchBytes > 0 && b.bytes >= b.f.c.Follow.BatchBytes) {
 		return b.flush(false)
@@ -576,7 +628,7 @@ func (b *batch) giveBack(caughtUp bool) {
 	b.held = 0
 }
 
-func trimNewline(b []byte) []byte {
+func trimNewline(b string) string {
 	if n := len(b); n > 0 && b[n-1] == '\n' {
 		b = b[:n-1]
 		if n := len(b); n > 0 && b[n-1] == '\r' {

@@ -83,7 +83,7 @@ func (f *fakeLog) Stream(ctx context.Context, _, _, _ string, since time.Time, _
 			f.mu.Unlock()
 			for ; next < len(lines); next++ {
 				l := lines[next]
-				ts, _, _ := splitTimestamp([]byte(strings.TrimSuffix(l, "\n")))
+				ts, _, _ := splitTimestamp(strings.TrimSuffix(l, "\n"))
 				if !since.IsZero() && ts.Before(since) {
 					continue
 				}
@@ -127,6 +127,13 @@ func (f *fakeLog) Stream(ctx context.Context, _, _, _ string, since time.Time, _
 
 // endedAfterFirstStream is a container that runs when its first stream
 // opens and has ended by any later one.
+// sessionsOpened is how many streams of the log were opened.
+func (f *fakeLog) sessionsOpened() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.sessions
+}
+
 func (f *fakeLog) endedAfterFirstStream() containerState {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -162,7 +169,7 @@ func (f *fakeLog) state() containerState {
 // newFollower's DrainIdle is far above any stall of a loaded test machine:
 // the fake's streams end with EOF, so it costs nothing unless a test leaves
 // a stream open, and then the test sets its own.
-func newFollower(_ testing.TB, s *bolt.Store, src *fakeLog) *follower {
+func newFollower(_ testing.TB, s store.Backend, src *fakeLog) *follower {
 	return &follower{
 		ref: StreamRef{Run: "run-1", Namespace: "ns", Pod: "p", PodUID: "uid", Container: "agent", ContainerID: "c1"}, state: src.state,
 		c: &Collector{Source: src, Store: s, slots: make(chan struct{}, 4), Log: logr.Discard(), Clock: clock.RealClock{},
@@ -824,4 +831,31 @@ func TestFollowerCommitsOnceCaughtUp(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	src.write(at(0), `{"n":0}`)
 	poll.WaitFor(t, func() bool { r, _ := s.Run("run-1"); return r != nil && r.LastSeq == 1 }, "the line was not committed before the batch tick")
+}
+
+// TestAQuietStreamReadsItsPodSeldom: a stream quiet past DrainIdle reads
+// its pod at most every DrainIdle/4, not at every tick; at 1,000 runs
+// whose agents waited to write, those reads were a tenth of a replica's
+// CPU.
+func TestAQuietStreamReadsItsPodSeldom(t *testing.T) {
+	clk := clocktesting.NewFakeClock(t0)
+	reads := 0
+	f := &follower{c: &Collector{Clock: clk, Follow: FollowOptions{DrainIdle: time.Second, DrainMax: time.Minute}},
+		state: func() containerState { reads++; return containerState{} }}
+	last := clk.Now()
+	clk.Step(2 * time.Second)
+	for range 30 { // 3 s of ticks
+		if f.drained(0, last, last) {
+			t.Fatal("a running container's stream drained")
+		}
+		clk.Step(100 * time.Millisecond)
+	}
+	if reads < 10 || reads > 12 {
+		t.Errorf("%d reads of the pod in 3 s, want one every 250 ms", reads)
+	}
+	f.state = func() containerState { return containerState{ended: true} }
+	clk.Step(250 * time.Millisecond)
+	if !f.drained(0, last, last) {
+		t.Error("an ended container's quiet stream did not drain")
+	}
 }

@@ -14,8 +14,8 @@ func FuzzLineDecoding(f *testing.F) {
 	f.Add([]byte(`no timestamp at all`))
 	f.Fuzz(func(t *testing.T, line []byte) {
 		var p result.Parser
-		if _, msg, err := splitTimestamp(line); err == nil {
-			p.Feed(msg)
+		if _, msg, err := splitTimestamp(string(line)); err == nil {
+			p.Feed([]byte(msg))
 		}
 		p.Feed(line)
 		_ = p.Result(&result.Termination{ExitCode: 137, Reason: "OOMKilled"})

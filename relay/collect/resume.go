@@ -1,10 +1,10 @@
 package collect
 
 import (
-	"bytes"
 	"errors"
 	"hash/maphash"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/paperclipai/clipjob/relay/store"
@@ -16,14 +16,14 @@ import (
 var errNoTimestamp = errors.New("log line without a timestamp")
 
 // splitTimestamp splits a timestamped line.
-func splitTimestamp(line []byte) (time.Time, []byte, error) {
-	i := bytes.IndexByte(line, ' ')
+func splitTimestamp(line string) (time.Time, string, error) {
+	i := strings.IndexByte(line, ' ')
 	if i <= 0 {
-		return time.Time{}, nil, errNoTimestamp
+		return time.Time{}, "", errNoTimestamp
 	}
-	ts, err := time.Parse(time.RFC3339Nano, string(line[:i]))
+	ts, err := time.Parse(time.RFC3339Nano, line[:i])
 	if err != nil {
-		return time.Time{}, nil, errNoTimestamp
+		return time.Time{}, "", errNoTimestamp
 	}
 	return ts, line[i+1:], nil
 }
@@ -115,8 +115,8 @@ const (
 // before it takes the write lock, so stdout and stderr lines can reach the
 // file slightly out of order, and a cursor lowered to the older one would
 // make a resume store the newer one again.
-func (r *resume) accept(ts time.Time, text []byte) verdict {
-	k := lineKey{ts: ts.UnixNano(), sum: maphash.Bytes(lineSeed, text)}
+func (r *resume) accept(ts time.Time, text string) verdict {
+	k := lineKey{ts: ts.UnixNano(), sum: maphash.String(lineSeed, text)}
 	newest := r.newest
 	r.newest = max(r.newest, k.ts)
 	switch {

@@ -34,7 +34,7 @@ func session(c store.Cursor, ls []line) ([]int, store.Cursor) {
 	r := newResume(c)
 	var got []int
 	for i, l := range ls {
-		switch r.accept(l.ts, []byte(l.text)) {
+		switch r.accept(l.ts, l.text) {
 		case lineNew:
 			got = append(got, i)
 		case lineUnsure:
@@ -98,16 +98,16 @@ func TestResumeAcrossTwoBreaksInOneSecond(t *testing.T) {
 }
 
 func TestSplitTimestamp(t *testing.T) {
-	ts, msg, err := splitTimestamp([]byte(`2026-11-21T10:00:05.123456789Z {"type":"system"}`))
-	if err != nil || ts.Nanosecond() != 123456789 || string(msg) != `{"type":"system"}` {
+	ts, msg, err := splitTimestamp(`2026-11-21T10:00:05.123456789Z {"type":"system"}`)
+	if err != nil || ts.Nanosecond() != 123456789 || msg != `{"type":"system"}` {
 		t.Errorf("got %v %q %v", ts, msg, err)
 	}
-	ts, msg, err = splitTimestamp([]byte(`2026-11-21T10:00:05Z `))
+	ts, msg, err = splitTimestamp(`2026-11-21T10:00:05Z `)
 	if err != nil || len(msg) != 0 || !ts.Equal(t0) {
 		t.Errorf("empty line: %v %q %v", ts, msg, err)
 	}
 	for _, bad := range []string{"", "no-timestamp here", "2026-13-45T00:00:00Z x"} {
-		if _, _, err := splitTimestamp([]byte(bad)); err == nil {
+		if _, _, err := splitTimestamp(bad); err == nil {
 			t.Errorf("%q parsed", bad)
 		}
 	}

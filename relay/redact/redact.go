@@ -4,10 +4,10 @@
 package redact
 
 import (
-	"bytes"
 	"encoding/json"
 	"regexp"
 	"sort"
+	"strings"
 	"sync/atomic"
 )
 
@@ -44,38 +44,38 @@ var defaultPatterns = []struct {
 // pattern is a compiled redaction pattern and its guard ("" for none).
 type pattern struct {
 	re    *regexp.Regexp
-	guard []byte
+	guard string
 	fold  bool
 }
 
 // mayMatch reports whether line holds the pattern's guard.
-func (p pattern) mayMatch(line []byte) bool {
+func (p pattern) mayMatch(line string) bool {
 	switch {
-	case len(p.guard) == 0:
+	case p.guard == "":
 		return true
 	case p.fold:
-		return containsFoldASCII(line, p.guard)
+		return containsFold(line, p.guard)
 	}
-	return bytes.Contains(line, p.guard)
+	return strings.Contains(line, p.guard)
 }
 
-// containsFoldASCII is bytes.Contains ignoring ASCII case, without the
-// allocation of lowering the line; guard is lower case.
-func containsFoldASCII(line, guard []byte) bool {
-	for i := 0; i+len(guard) <= len(line); i++ {
-		j := 0
-		for ; j < len(guard); j++ {
-			c := line[i+j]
-			if 'A' <= c && c <= 'Z' {
-				c += 'a' - 'A'
-			}
-			if c != guard[j] {
-				break
-			}
+// containsFold is strings.Contains ignoring case, without the
+// allocation of lowering the line; guard is lower case, and starts with
+// an ASCII letter, whose two cases it looks for first (IndexByte: lines
+// are long).
+func containsFold(line, guard string) bool {
+	for len(line) >= len(guard) {
+		i := strings.IndexByte(line, guard[0])
+		if j := strings.IndexByte(line, guard[0]-'a'+'A'); i < 0 || 0 <= j && j < i {
+			i = j
 		}
-		if j == len(guard) {
+		if i < 0 || len(line)-i < len(guard) {
+			return false
+		}
+		if strings.EqualFold(line[i:i+len(guard)], guard) {
 			return true
 		}
+		line = line[i+1:]
 	}
 	return false
 }
@@ -86,7 +86,7 @@ type Redactor struct {
 	patterns []pattern
 	// literals holds each secret value in raw and JSON-escaped form,
 	// longest first, so a value containing another is replaced whole.
-	literals atomic.Pointer[[][]byte]
+	literals atomic.Pointer[[]string]
 }
 
 // New compiles the default patterns, extra patterns and literal
@@ -95,7 +95,7 @@ type Redactor struct {
 func New(extraPatterns, literals []string) (*Redactor, error) {
 	r := &Redactor{}
 	for _, p := range defaultPatterns {
-		r.patterns = append(r.patterns, pattern{re: regexp.MustCompile(p.expr), guard: []byte(p.guard), fold: p.fold})
+		r.patterns = append(r.patterns, pattern{re: regexp.MustCompile(p.expr), guard: p.guard, fold: p.fold})
 	}
 	for _, p := range extraPatterns {
 		re, err := regexp.Compile(p)
@@ -111,16 +111,16 @@ func New(extraPatterns, literals []string) (*Redactor, error) {
 // SetValues replaces the literal secret values; lines redacted from then
 // on use them.
 func (r *Redactor) SetValues(values []string) {
-	var forms [][]byte
+	var forms []string
 	seen := map[string]bool{}
 	for _, l := range values {
 		if len(l) < 6 {
 			continue
 		}
 		esc, _ := json.Marshal(l)
-		for _, form := range [][]byte{[]byte(l), esc[1 : len(esc)-1]} {
-			if !seen[string(form)] {
-				seen[string(form)] = true
+		for _, form := range []string{l, string(esc[1 : len(esc)-1])} {
+			if !seen[form] {
+				seen[form] = true
 				forms = append(forms, form)
 			}
 		}
@@ -131,21 +131,21 @@ func (r *Redactor) SetValues(values []string) {
 
 // Redact returns line with every secret replaced. A line that is JSON stays
 // JSON: literal values are matched in their escaped form inside strings.
-func (r *Redactor) Redact(line []byte) []byte {
+func (r *Redactor) Redact(line string) string {
 	if r == nil {
 		return line
 	}
 	out := line
 	for _, l := range *r.literals.Load() {
-		if bytes.Contains(out, l) {
-			out = bytes.ReplaceAll(out, l, []byte(Redacted))
+		if strings.Contains(out, l) {
+			out = strings.ReplaceAll(out, l, Redacted)
 		}
 	}
 	for _, p := range r.patterns {
-		// Most lines hold no secret: Match does not allocate, ReplaceAll
-		// always copies.
-		if p.mayMatch(out) && p.re.Match(out) {
-			out = p.re.ReplaceAll(out, []byte(Redacted))
+		// Most lines hold no secret: MatchString does not allocate,
+		// ReplaceAllString always copies.
+		if p.mayMatch(out) && p.re.MatchString(out) {
+			out = p.re.ReplaceAllString(out, Redacted)
 		}
 	}
 	return out

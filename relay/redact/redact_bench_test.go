@@ -17,7 +17,7 @@ func BenchmarkRedact(b *testing.B) {
 		{"secret", `{"type":"user","message":{"content":[{"type":"tool_result","content":"ANTHROPIC_API_KEY=sk-ant-api03-AAAAAAAAAAAAAAAAAAAAAA and more output"}]}}`},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			line := []byte(c.line)
+			line := c.line
 			b.ReportAllocs()
 			b.SetBytes(int64(len(line)))
 			for b.Loop() {

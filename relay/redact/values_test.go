@@ -42,7 +42,7 @@ func TestValuesFileReloads(t *testing.T) {
 	if err := v.Load(); err != nil {
 		t.Fatal(err)
 	}
-	redacted := func(line string) bool { return string(r.Redact([]byte(line))) == Redacted }
+	redacted := func(line string) bool { return r.Redact(line) == Redacted }
 	for _, s := range []string{"old-secret-1", "padded-secret", "static-secret"} {
 		if !redacted(s) {
 			t.Errorf("%q not redacted after Load", s)
@@ -124,7 +124,7 @@ func TestValuesFileReadsAMountedSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range []string{"sk-ant-secret-value", "openai-secret-value"} {
-		if got := string(r.Redact([]byte("key=" + s))); got != "key="+Redacted {
+		if got := r.Redact("key=" + s); got != "key="+Redacted {
 			t.Errorf("%q: %q", s, got)
 		}
 	}

@@ -28,11 +28,14 @@ type Backend interface {
 	// RunsWhere returns the summaries of the runs f selects (f.Match),
 	// newest first, selected where the runs are kept.
 	RunsWhere(f Filter) ([]Summary, error)
-	// RawLines returns the lines of run with sequence numbers above after,
-	// in order, as stored (each line's JSON): up to limit of them (limit
-	// <= 0: no count bound) and about PageBytes of text (at least one
-	// line). Lines decodes them.
-	RawLines(run string, after uint64, limit int) ([]RawLine, error)
+	// Page hands each the lines of run with sequence numbers above after,
+	// in order, as stored (each line's JSON, valid during the call only):
+	// up to limit of them (limit <= 0: as many as the store reads at
+	// once) and about PageBytes of text (at least one line). It returns how far the run is stored
+	// and whether it is done, read with the lines, without its record's
+	// other fields; found is false for a run the store does not hold. A
+	// log's follower reads both after every change; Lines decodes them.
+	Page(run string, after uint64, limit int, each func(RawLine)) (lastSeq uint64, done, found bool, err error)
 	// Changed returns a channel closed at the run's next change (lines or
 	// record), by this relay or another sharing the store. Take it before
 	// reading, then wait on it, to miss nothing.

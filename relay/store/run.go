@@ -1,10 +1,13 @@
 package store
 
 import (
+	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
 	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/paperclipai/clipjob/relay/result"
@@ -57,6 +60,26 @@ type Line struct {
 	Line      string    `json:"line"`
 }
 
+// AppendJSON appends the line's JSON to b, byte for byte json.Marshal's,
+// without its reflection over the Line, its time's allocation and its
+// copy of the result: the stores write every line. The strings are
+// quoted by encoding/json itself.
+func (l *Line) AppendJSON(b []byte) ([]byte, error) {
+	b = strconv.AppendUint(append(b, `{"seq":`...), l.Seq, 10)
+	b, err := l.TS.AppendText(append(b, `,"ts":"`...))
+	if err != nil {
+		return nil, fmt.Errorf("line %d: %w", l.Seq, err)
+	}
+	w := bytes.NewBuffer(append(b, `","container":`...))
+	enc := json.NewEncoder(w) // each value ends with a newline, dropped
+	for _, f := range [...]struct{ v, next string }{{l.Container, `,"line":`}, {l.Line, "}"}} {
+		_ = enc.Encode(f.v)
+		w.Truncate(w.Len() - 1)
+		w.WriteString(f.next)
+	}
+	return w.Bytes(), nil
+}
+
 // RunKey is where the run of Job jobUID is kept when another Job took its
 // run id first. "@" is in no label value and no UID, so no two keys are
 // alike. jobUID must be a UID (ValidJobUID): the API server does not check
@@ -76,17 +99,19 @@ const PageBytes = 4 << 20
 // keeps them in a bigint), so nothing is after a cursor there.
 const MaxSeq = math.MaxInt64
 
-// Lines is b's RawLines, decoded.
+// Lines is b's Page, decoded.
 func Lines(b Backend, run string, after uint64, limit int) ([]Line, error) {
-	raw, err := b.RawLines(run, after, limit)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Line, len(raw))
-	for i, r := range raw {
-		if err := json.Unmarshal(r.JSON, &out[i]); err != nil {
-			return nil, fmt.Errorf("line %d: %w", r.Seq, err)
+	var out []Line
+	var bad error
+	_, _, _, err := b.Page(run, after, limit, func(r RawLine) {
+		var l Line
+		if err := json.Unmarshal(r.JSON, &l); err != nil && bad == nil {
+			bad = fmt.Errorf("line %d: %w", r.Seq, err)
 		}
+		out = append(out, l)
+	})
+	if err = cmp.Or(err, bad); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

@@ -135,7 +135,7 @@ func (s *Store) AppendAfter(run, stream string, prev, cur store.Cursor, lines []
 		for i := range lines {
 			r.LastSeq++
 			lines[i].Seq = r.LastSeq
-			v, err := json.Marshal(&lines[i])
+			v, err := lines[i].AppendJSON(nil)
 			if err != nil {
 				return err
 			}
@@ -210,30 +210,32 @@ func (s *Store) RunsWhere(f store.Filter) ([]store.Summary, error) {
 	return out, nil
 }
 
-// RawLines implements store.Backend: a log stream sends the stored JSON
+// Page implements store.Backend: a log stream sends the stored JSON
 // as it is. Pages are bounded by the stored bytes.
-func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, error) {
-	if after >= store.MaxSeq {
-		return nil, nil // past every line (and after+1 would wrap to the first)
-	}
-	var out []store.RawLine
-	size := 0
-	err := s.db.View(func(tx *bbolt.Tx) error {
+func (s *Store) Page(run string, after uint64, limit int, each func(store.RawLine)) (lastSeq uint64, done, found bool, err error) {
+	err = s.db.View(func(tx *bbolt.Tx) error {
+		var r struct { // of the record, only these: its result may be megabytes
+			LastSeq uint64 `json:"lastSeq"`
+			Done    bool   `json:"done"`
+		}
+		if found, err = get(tx, bucketRuns, []byte(run), &r); !found || err != nil {
+			return err
+		}
+		lastSeq, done = r.LastSeq, r.Done
 		b := tx.Bucket(bucketLines).Bucket([]byte(run))
-		if b == nil {
+		if b == nil || after >= store.MaxSeq { // past every line (and after+1 would wrap to the first)
 			return nil
 		}
-		c := b.Cursor()
+		c, lines, size := b.Cursor(), 0, 0
 		for k, v := c.Seek(seqKey(after + 1)); k != nil; k, v = c.Next() {
-			out = append(out, store.RawLine{Seq: binary.BigEndian.Uint64(k), JSON: bytes.Clone(v)})
-			size += len(v)
-			if (limit > 0 && len(out) >= limit) || size >= store.PageBytes {
+			each(store.RawLine{Seq: binary.BigEndian.Uint64(k), JSON: v})
+			if lines, size = lines+1, size+len(v); (limit > 0 && lines >= limit) || size >= store.PageBytes {
 				break
 			}
 		}
 		return nil
 	})
-	return out, err
+	return lastSeq, done, found, err
 }
 
 func (s *Store) Changed(run string) <-chan struct{} { return s.changes.Changed(run) }

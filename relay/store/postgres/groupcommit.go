@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,10 +26,11 @@ import (
 // append that finds a flight free commits at once, and a busy relay's
 // groups grow with the load.
 
-// appendSQL is the statements of an append, named for the store's schema
-// once (Open), not on every append of every group.
+// appendSQL is the statements of an append, and a follower's page (see
+// pages), named for the store's schema once (Open), not on every append
+// of every group.
 type appendSQL struct {
-	cursorFirst, cursorNext, lines, runInsert, runLock, runUpdate string
+	cursorFirst, cursorNext, lines, runInsert, runLock, runUpdate, page string
 }
 
 func newAppendSQL(s *Store) appendSQL {
@@ -43,6 +45,12 @@ func newAppendSQL(s *Store) appendSQL {
 			ON CONFLICT (id) DO NOTHING`),
 		runLock:   s.sql(`SELECT num, record FROM {schema}.runs WHERE id = $1 FOR UPDATE`),
 		runUpdate: s.sql(updateRun),
+		page: s.sql(`SELECT r.last_seq, r.done, p.seq, p.data FROM {schema}.runs r LEFT JOIN LATERAL (
+				SELECT seq, data FROM (
+					SELECT seq, data, sum(size) OVER (ORDER BY seq) - size AS before FROM {schema}.lines
+					WHERE run = r.num AND seq > $2 ORDER BY seq LIMIT $3) page
+				WHERE before < $4) p ON true
+			WHERE r.id = $1 ORDER BY p.seq`),
 	}
 }
 
@@ -313,9 +321,20 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 	}); err != nil {
 		return err
 	}
-	var nums, seqs []int64
-	var sizes []int32
-	var data [][]byte
+	// The lines go as the four arrays of one INSERT, in PostgreSQL's
+	// binary format written here as they are numbered and encoded (pgx
+	// would encode a bytea[] an element at a time). Not by COPY, though it
+	// takes about the same bytes: the server ends a transaction whose
+	// client went quiet only while it waits for the client's next
+	// statement (IdleInTransaction), and a COPY FROM STDIN waits for its
+	// data for good, neither statement_timeout nor a cancel reaching it. A
+	// relay frozen mid-COPY kept its runs' rows locked, from the replicas
+	// that took them over, for as long as it stayed frozen. This statement
+	// goes with its parameters and its Sync in one write, after which the
+	// server needs nothing more from the client.
+	a := lineArrayPool.Get().(*lineArrays)
+	defer a.release()
+	a.reset()
 	for _, r := range ordered {
 		if r.err != nil {
 			continue
@@ -324,11 +343,9 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 		for i := range r.lines {
 			rr.rec.LastSeq++
 			r.lines[i].Seq = rr.rec.LastSeq
-			v, err := json.Marshal(&r.lines[i])
-			if err != nil {
+			if err := a.add(rr.num, &r.lines[i]); err != nil {
 				return err
 			}
-			nums, seqs, sizes, data = append(nums, rr.num), append(seqs, int64(rr.rec.LastSeq)), append(sizes, int32(len(v))), append(data, v)
 			rr.rec.Bytes += int64(len(r.lines[i].Line))
 		}
 		if r.now.After(rr.rec.SeenAt) {
@@ -336,10 +353,16 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 		}
 		r.last = rr.rec.LastSeq
 	}
-	b := &pgx.Batch{}
-	if len(nums) > 0 {
-		b.Queue(s.q.lines, nums, seqs, sizes, data)
+	if a.n > 0 {
+		sd, err := tx.Conn().Prepare(ctx, s.q.lines, s.q.lines)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Conn().PgConn().ExecPrepared(ctx, sd.Name, a.values(), binaryParams, nil).Close(); err != nil {
+			return err
+		}
 	}
+	b := &pgx.Batch{}
 	for _, id := range ids {
 		args, err := runArgs(id, runs[id].rec)
 		if err != nil {
@@ -348,6 +371,80 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 		b.Queue(s.q.runUpdate, args...)
 	}
 	return execBatch(ctx, tx, b)
+}
+
+// lineArrays are a group's lines as the lines INSERT's four parameters,
+// one-dimensional arrays without nulls in PostgreSQL's binary format: the
+// runs' keys, the lines' sequence numbers, their JSON's sizes and their
+// JSON.
+type lineArrays struct {
+	n                    int
+	run, seq, size, data []byte
+}
+
+// The element types' OIDs: bigint, integer, bytea.
+const (
+	oidInt8  = 20
+	oidInt4  = 23
+	oidBytea = 17
+)
+
+var binaryParams = []int16{1, 1, 1, 1}
+
+// lineArrayPool holds the arrays of groups that committed, for the next,
+// which grows them only past the largest group so far. Arrays over
+// lineArrayMax (a long line's) are not kept.
+var lineArrayPool = sync.Pool{New: func() any { return new(lineArrays) }}
+
+const lineArrayMax = 1 << 20
+
+// arrayHeader starts an array of elem: one dimension, no nulls, its
+// length (set by values) and lower bound 1.
+func arrayHeader(b []byte, elem uint32) []byte {
+	for _, v := range [...]uint32{1, 0, elem, 0, 1} {
+		b = binary.BigEndian.AppendUint32(b, v)
+	}
+	return b
+}
+
+func (a *lineArrays) reset() {
+	a.n = 0
+	a.run, a.seq = arrayHeader(a.run[:0], oidInt8), arrayHeader(a.seq[:0], oidInt8)
+	a.size, a.data = arrayHeader(a.size[:0], oidInt4), arrayHeader(a.data[:0], oidBytea)
+}
+
+// add appends the line l of the run keyed num, its JSON encoded in place.
+func (a *lineArrays) add(num int64, l *store.Line) error {
+	a.run = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(a.run, 8), uint64(num))
+	a.seq = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(a.seq, 8), l.Seq)
+	at := len(a.data)
+	data, err := l.AppendJSON(append(a.data, 0, 0, 0, 0))
+	if err != nil {
+		return err
+	}
+	size := uint32(len(data) - at - 4)
+	binary.BigEndian.PutUint32(data[at:], size)
+	a.data = data
+	a.size = binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(a.size, 4), size)
+	a.n++
+	return nil
+}
+
+// values are the four parameters, each array's length set.
+func (a *lineArrays) values() [][]byte {
+	out := [][]byte{a.run, a.seq, a.size, a.data}
+	for _, v := range out {
+		binary.BigEndian.PutUint32(v[12:], uint32(a.n))
+	}
+	return out
+}
+
+// release gives the arrays back to the pool, unless one grew past
+// lineArrayMax.
+func (a *lineArrays) release() {
+	if max(cap(a.run), cap(a.seq), cap(a.size), cap(a.data)) <= lineArrayMax {
+		lineArrayPool.Put(a)
+	}
 }
 
 // lockRuns reads and locks the records of the runs ids, in that order,

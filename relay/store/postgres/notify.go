@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"crypto/rand"
 	"strings"
 	"sync"
 	"time"
@@ -20,11 +21,15 @@ import (
 
 // payloadBytes bounds one notification's payload (the server's limit is
 // 8000 bytes); run ids are separated by newlines, which no run id holds.
+// Its first line names the sender, "!" and a random id (no run id starts
+// with "!"): the server hands a Store its own notifications too, and
+// their readers, woken at the commit, must not read again for nothing.
 const payloadBytes = 7000
 
 // outbox is the runs changed since the last notification sent.
 type outbox struct {
 	mu      sync.Mutex
+	self    string // the payloads' first line
 	pending map[string]bool
 	wake    chan struct{} // one token: something is pending
 }
@@ -53,9 +58,10 @@ func (o *outbox) take() []string {
 			out = append(out, b.String())
 			b.Reset()
 		}
-		if b.Len() > 0 {
-			b.WriteByte('\n')
+		if b.Len() == 0 {
+			b.WriteString(o.self)
 		}
+		b.WriteByte('\n')
 		b.WriteString(run)
 		delete(o.pending, run)
 	}
@@ -70,7 +76,7 @@ func (o *outbox) putBack(payloads []string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, p := range payloads {
-		for _, run := range strings.Split(p, "\n") {
+		for _, run := range strings.Split(p, "\n")[1:] {
 			o.pending[run] = true
 		}
 	}
@@ -83,7 +89,7 @@ func (s *Store) startNotifying(ctx context.Context, cfg *pgx.ConnConfig) error {
 	if err != nil {
 		return err
 	}
-	s.out = outbox{pending: map[string]bool{}, wake: make(chan struct{}, 1)}
+	s.out = outbox{self: "!" + rand.Text(), pending: map[string]bool{}, wake: make(chan struct{}, 1)}
 	nctx, cancel := context.WithCancel(context.Background())
 	s.stopNotifying = cancel
 	s.notifying.Add(2)
@@ -154,7 +160,9 @@ func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn)
 				conn = nil
 				break
 			}
-			s.changes.Notify(strings.Split(n.Payload, "\n")...)
+			if runs := strings.Split(n.Payload, "\n"); runs[0] != s.out.self {
+				s.changes.Notify(runs...) // a sender's line wakes no reader
+			}
 		}
 		select {
 		case <-ctx.Done():

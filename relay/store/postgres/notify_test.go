@@ -151,3 +151,31 @@ func TestTheListenerReconnectsOnTheStoresClock(t *testing.T) {
 		t.Fatal("the reader was not woken once the listener was listening again")
 	}
 }
+
+// TestOwnChangesWakeReadersOnce: a relay's readers wake at its own commit,
+// and not again when the server hands the relay its own notification (a
+// second read that found nothing, for every commit of every run a client
+// follows on the relay that collects it).
+func TestOwnChangesWakeReadersOnce(t *testing.T) {
+	conn, schema := pgtest.Schema(t)
+	o := postgres.Options{ConnString: conn, Schema: schema}
+	s, other := open(t, o), open(t, o)
+	prev := store.Cursor{}
+	for i := range 3 {
+		ch, heard := s.Changed("run-1"), other.Changed("run-1")
+		cur := store.Cursor{TS: int64(i + 1), Count: 1}
+		if _, err := s.AppendAfter("run-1", "st", prev, cur, storetest.Lines("agent", "x"), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		prev = cur
+		again := s.Changed("run-1")
+		if !woken(ch) || !woken(heard) {
+			t.Fatal("a commit woke neither the relay's readers nor the other relay's")
+		}
+		select {
+		case <-again:
+			t.Fatalf("commit %d woke the committing relay's reader again, at its own notification", i+1)
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}

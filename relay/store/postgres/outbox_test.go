@@ -11,7 +11,7 @@ import (
 // one once, in payloads the server accepts; what could not be sent is
 // sent later.
 func TestOutboxCoalescesRunsIntoPayloads(t *testing.T) {
-	o := outbox{pending: map[string]bool{}}
+	o := outbox{self: "!me", pending: map[string]bool{}}
 	want := map[string]bool{}
 	for i := range 1000 {
 		run := fmt.Sprintf("run-%04d@0b7e7c2a-1f5d-4c1e-9a3e-6d2f8b9c0a11", i)
@@ -26,7 +26,11 @@ func TestOutboxCoalescesRunsIntoPayloads(t *testing.T) {
 		if len(p) > payloadBytes {
 			t.Errorf("a payload of %d bytes, over %d", len(p), payloadBytes)
 		}
-		for _, run := range strings.Split(p, "\n") {
+		lines := strings.Split(p, "\n")
+		if lines[0] != "!me" {
+			t.Errorf("a payload from %q, want from !me", lines[0])
+		}
+		for _, run := range lines[1:] {
 			got[run]++
 		}
 	}
@@ -40,7 +44,7 @@ func TestOutboxCoalescesRunsIntoPayloads(t *testing.T) {
 	}
 	o.putBack(payloads[:1])
 	sorted := func(p string) string {
-		runs := strings.Split(p, "\n")
+		runs := strings.Split(p, "\n")[1:]
 		slices.Sort(runs)
 		return strings.Join(runs, ",")
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"k8s.io/utils/clock"
 
@@ -273,19 +274,6 @@ func (s *Store) Run(id string) (*store.Run, error) {
 	return &r, nil
 }
 
-// Progress is how far run is stored and whether it is done, without its
-// record (the API's followers ask after every commit they hear of).
-func (s *Store) Progress(run string) (lastSeq uint64, done, found bool, err error) {
-	ctx, cancel := s.ctx()
-	defer cancel()
-	var seq int64
-	err = s.pool.QueryRow(ctx, s.sql(`SELECT last_seq, done FROM {schema}.runs WHERE id = $1`), run).Scan(&seq, &done)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, false, false, nil
-	}
-	return uint64(seq), done, err == nil, err
-}
-
 // RunsWhere implements store.Backend from the summary columns (no record
 // is read or decoded): the filter is the query's, so only the runs it
 // selects are read, by an index for an agent, a company or the unfinished
@@ -332,47 +320,33 @@ func (s *Store) RunsWhere(f store.Filter) ([]store.Summary, error) {
 // never read whole (their data stays a TOAST pointer).
 const pageRows = 1000
 
-func (s *Store) RawLines(run string, after uint64, limit int) ([]store.RawLine, error) {
+// Page implements store.Backend: at most pageRows lines, read in one
+// query with the run's progress (one snapshot). A line's JSON is the
+// connection's buffer: a log's follower copies it once, into its
+// response's.
+func (s *Store) Page(run string, after uint64, limit int, each func(store.RawLine)) (lastSeq uint64, done, found bool, err error) {
 	if after >= store.MaxSeq {
-		return nil, nil // past every line; int64(after) would be negative
+		after = store.MaxSeq - 1 // past every line (none reaches MaxSeq); int64(after) would be negative
+	}
+	if limit <= 0 || limit > pageRows {
+		limit = pageRows
 	}
 	ctx, cancel := s.ctx()
 	defer cancel()
-	q := s.sql(`SELECT seq, data FROM (
-			SELECT seq, data, sum(size) OVER (ORDER BY seq) - size AS before FROM {schema}.lines
-			WHERE run = (SELECT num FROM {schema}.runs WHERE id = $1) AND seq > $2 ORDER BY seq LIMIT $3) page
-		WHERE before < $4 ORDER BY seq`)
-	var out []store.RawLine
-	size := 0
-	for {
-		n := pageRows
-		if limit > 0 {
-			n = min(n, limit-len(out))
-		}
-		rows, err := s.pool.Query(ctx, q, run, int64(after), n, store.PageBytes-size)
-		if err != nil {
-			return nil, err
-		}
-		got := 0
-		for rows.Next() {
-			var seq int64
-			var data []byte
-			if err := rows.Scan(&seq, &data); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			out = append(out, store.RawLine{Seq: uint64(seq), JSON: data})
-			size += len(data)
-			after = uint64(seq)
-			got++
-		}
-		if err := rows.Err(); err != nil {
-			return nil, err
-		}
-		if got < n || size >= store.PageBytes || (limit > 0 && len(out) >= limit) {
-			return out, nil
-		}
+	rows, err := s.pool.Query(ctx, s.q.page, run, int64(after), limit, store.PageBytes)
+	if err != nil {
+		return 0, false, false, err
 	}
+	var last int64
+	var seq pgtype.Int8         // null: no line after
+	var data pgtype.DriverBytes // the connection's buffer, until the next row
+	_, err = pgx.ForEachRow(rows, []any{&last, &done, &seq, &data}, func() error {
+		if lastSeq, found = uint64(last), true; seq.Valid {
+			each(store.RawLine{Seq: uint64(seq.Int64), JSON: data})
+		}
+		return nil
+	})
+	return lastSeq, done, found, err
 }
 
 // Changed implements store.Backend: changes committed by any relay on the

@@ -11,6 +11,7 @@ import (
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
 	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
+	"github.com/paperclipai/clipjob/relay/store/storetest"
 )
 
 func benchStore(b *testing.B, opts ...postgres.Options) *postgres.Store {
@@ -151,7 +152,7 @@ func BenchmarkReadPage(b *testing.B) {
 	}
 	b.SetBytes(int64(1000 * len(benchLine)))
 	for b.Loop() {
-		page, err := s.RawLines("run-1", 10_000, 1000)
+		page, err := storetest.RawLines(s, "run-1", 10_000, 1000)
 		if err != nil || len(page) != 1000 {
 			b.Fatalf("%d lines (%v)", len(page), err)
 		}

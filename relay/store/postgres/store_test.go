@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -127,25 +128,30 @@ func TestARecordThatDoesNotDecodeIsRetiredAllTheSame(t *testing.T) {
 	}
 }
 
-// TestProgressIsTheRecordsLastSeqAndEnd: how far a run is, read without
-// its record, agrees with the record through appends and its end, and a
-// run never stored is not found.
-func TestProgressIsTheRecordsLastSeqAndEnd(t *testing.T) {
+// TestPageIsTheRecordsLastSeqAndEnd: how far a run is, read with a page
+// of its lines and without its record, agrees with the record through
+// appends and its end, and a run never stored is not found.
+func TestPageIsTheRecordsLastSeqAndEnd(t *testing.T) {
 	conn, schema := pgtest.Schema(t)
 	s := open(t, postgres.Options{ConnString: conn, Schema: schema})
-	if _, _, found, err := s.Progress("run-1"); found || err != nil {
+	var seqs []uint64
+	each := func(l store.RawLine) { seqs = append(seqs, l.Seq) }
+	if _, _, found, err := s.Page("run-1", 0, 10, each); found || err != nil {
 		t.Fatalf("a run never stored: found %v, %v", found, err)
 	}
-	if _, err := s.AppendAfter("run-1", "a", store.Cursor{}, store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "x", "y"), time.Now()); err != nil {
+	if _, err := s.AppendAfter("run-1", "a", store.Cursor{}, store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", "x", "y", "z"), time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if seq, done, found, err := s.Progress("run-1"); seq != 2 || done || !found || err != nil {
-		t.Errorf("after two lines: %d %v %v %v", seq, done, found, err)
+	if seq, done, found, err := s.Page("run-1", 1, 1, each); len(seqs) != 1 || seqs[0] != 2 || seq != 3 || done || !found || err != nil {
+		t.Errorf("after three lines, one after the first: %v %d %v %v %v", seqs, seq, done, found, err)
 	}
 	if _, err := s.UpdateRun("run-1", func(r *store.Run) { r.Done = true }); err != nil {
 		t.Fatal(err)
 	}
-	if seq, done, found, err := s.Progress("run-1"); seq != 2 || !done || !found || err != nil {
-		t.Errorf("after its end: %d %v %v %v", seq, done, found, err)
+	for _, after := range []uint64{3, store.MaxSeq, math.MaxUint64} {
+		seqs = nil
+		if seq, done, found, err := s.Page("run-1", after, 10, each); len(seqs) != 0 || seq != 3 || !done || !found || err != nil {
+			t.Errorf("after its end, after %d: %v %d %v %v %v", after, seqs, seq, done, found, err)
+		}
 	}
 }

@@ -237,7 +237,7 @@ func linesKeepTheirBytes(t *testing.T, b Backend) {
 	s, _ := b.Open(t)
 	odd := store.Line{TS: t0, Container: "agent", Line: "nul \x00, invalid \xff\xfe, quote \", emoji \u2603, tab\t"}
 	mustAppend(t, s, "run-1", "st", store.Cursor{}, store.Cursor{TS: 1, Count: 1}, []store.Line{odd})
-	raw, err := s.RawLines("run-1", 0, 0)
+	raw, err := RawLines(s, "run-1", 0, 0)
 	if err != nil || len(raw) != 1 {
 		t.Fatalf("raw lines %d (%v)", len(raw), err)
 	}
@@ -252,7 +252,7 @@ func linesKeepTheirBytes(t *testing.T, b Backend) {
 		lines = append(lines, store.Line{TS: t0.Add(time.Duration(i)), Container: "agent", Line: big})
 	}
 	mustAppend(t, s, "run-1", "st", store.Cursor{TS: 1, Count: 1}, store.Cursor{TS: 2, Count: 1}, lines)
-	page, err := s.RawLines("run-1", 1, 0)
+	page, err := RawLines(s, "run-1", 1, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +267,7 @@ func linesKeepTheirBytes(t *testing.T, b Backend) {
 	if len(page) != want4 {
 		t.Errorf("a page of 1 MiB lines holds %d, want %d (store.PageBytes %d)", len(page), want4, store.PageBytes)
 	}
-	if got, _ := s.RawLines("run-1", 1, 2); len(got) != 2 || got[1].Seq != 3 {
+	if got, _ := RawLines(s, "run-1", 1, 2); len(got) != 2 || got[1].Seq != 3 {
 		t.Errorf("limit 2: %d lines", len(got))
 	}
 }

@@ -2,6 +2,7 @@
 package storetest
 
 import (
+	"bytes"
 	"testing"
 	"time"
 
@@ -40,4 +41,13 @@ func Append(s store.Backend, run, stream string, cur store.Cursor, lines []store
 		return 0, err
 	}
 	return s.AppendAfter(run, stream, prev, cur, lines, now)
+}
+
+// RawLines is s's Page of lines as stored, each line's JSON copied.
+func RawLines(s store.Backend, run string, after uint64, limit int) ([]store.RawLine, error) {
+	var out []store.RawLine
+	_, _, _, err := s.Page(run, after, limit, func(l store.RawLine) {
+		out = append(out, store.RawLine{Seq: l.Seq, JSON: bytes.Clone(l.JSON)})
+	})
+	return out, err
 }
