@@ -432,7 +432,26 @@ func TestWebhookNamespacesNarrowEveryWebhook(t *testing.T) {
 	if len(selectors) != 4 {
 		t.Errorf("%d webhooks, want 4", len(selectors))
 	}
+	// The webhook's controllers (claims, run Secrets) act in those
+	// namespaces alone: another release's Jobs are not theirs to release.
+	var dep appsv1.Deployment
+	into(t, r, "Deployment", "clipjob-webhook", &dep)
+	var flags []string
+	for _, a := range dep.Spec.Template.Spec.Containers[0].Args {
+		if strings.HasPrefix(a, "--namespace=") {
+			flags = append(flags, a)
+		}
+	}
+	if d := cmp.Diff([]string{"--namespace=team-a", "--namespace=team-a-agents"}, flags); d != "" {
+		t.Errorf("the webhook's --namespace flags (-want +got):\n%s", d)
+	}
 	// Without it, every namespace but the excluded.
+	into(t, render(t, nil), "Deployment", "clipjob-webhook", &dep)
+	for _, a := range dep.Spec.Template.Spec.Containers[0].Args {
+		if strings.HasPrefix(a, "--namespace=") {
+			t.Errorf("without webhook.namespaces the webhook is narrowed: %s", a)
+		}
+	}
 	into(t, render(t, nil), "MutatingWebhookConfiguration", "clipjob-mutating", &mwc)
 	if n := len(mwc.Webhooks[0].NamespaceSelector.MatchExpressions); n != 1 {
 		t.Errorf("the default selector has %d expressions, want the exclusion alone", n)

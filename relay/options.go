@@ -185,12 +185,15 @@ func (o *Options) postgresURL() (string, error) {
 	return "", fmt.Errorf("--store=postgres needs a connection string: in the file --postgres-url-file names, or in the environment variable %s", PostgresURLEnv)
 }
 
+// hostname names the relay's host: a replica's default identity.
+var hostname = os.Hostname
+
 // validate fills the defaults that come from where the relay runs, and
 // names what is missing.
 func (r *ReplicaOptions) validate() error {
 	var errs []error
 	if r.Identity == "" {
-		r.Identity, _ = os.Hostname()
+		r.Identity, _ = hostname()
 	}
 	if r.Identity == "" {
 		errs = append(errs, errors.New("--replica-id (Replicas.Identity) is required with --store=postgres where the host has no name: this relay's name in the table of replicas"))

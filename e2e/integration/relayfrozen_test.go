@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"fmt"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -13,14 +12,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
-	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/harness"
 	"github.com/paperclipai/clipjob/relay"
 )
@@ -141,26 +138,6 @@ func TestHostileRelayTokenCannotTouchLeases(t *testing.T) {
 	if got, err := admin.Get(ctx, target, metav1.GetOptions{}); err != nil || ptr.Deref(got.Spec.HolderIdentity, "") != "someone" {
 		t.Errorf("the Lease %s after the relay's token tried it: %+v, %v", target, got, err)
 	}
-}
-
-// forgedPod is a pod in namespace named run, with the labels of vpod's
-// run (but run's id and agent), whose controller is vpod's Job, on
-// vpod's node; a spec of one container of vpod's image.
-func forgedPod(vpod *corev1.Pod, namespace, run string) *corev1.Pod {
-	labels := map[string]string{}
-	for k, v := range vpod.Labels {
-		if !strings.Contains(k, "job-name") && !strings.Contains(k, "controller-uid") {
-			labels[k] = v
-		}
-	}
-	labels[contract.LabelRunID] = run
-	labels[contract.LabelAgentID] = "agent-" + run
-	job := metav1.GetControllerOf(vpod)
-	c := vpod.Spec.Containers[0]
-	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: run, Namespace: namespace, Labels: labels, Annotations: vpod.Annotations,
-		OwnerReferences: []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: job.Name, UID: job.UID, Controller: ptr.To(true)}}},
-		Spec: corev1.PodSpec{NodeName: vpod.Spec.NodeName, Tolerations: vpod.Spec.Tolerations, RestartPolicy: corev1.RestartPolicyNever,
-			AutomountServiceAccountToken: ptr.To(false), Containers: []corev1.Container{{Name: c.Name, Image: c.Image, Command: c.Command}}}}
 }
 
 // TestHostileRelayReplicaFrozenMidCommitLosesNoRun: a replica frozen
