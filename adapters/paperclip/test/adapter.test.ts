@@ -497,6 +497,25 @@ describe("execute", () => {
       assert.ok(kube.jobs.has("pc-previous"), "a finished Job is left to its TTL, not deleted");
     });
 
+    it("cancelled while it waits for a Job marked Complete between its two reads: cancelled before start", async () => {
+      // Read running at the refusal, Complete when asked whether it is an
+      // orphan, and the run cancelled as it reads it again to wait.
+      const cancel = new AbortController();
+      const rec = newCtx({ signal: cancel.signal });
+      previousHolds(rec, [], 100);
+      let reads = 0;
+      kube.afterReadJob = (j) => {
+        if (j.metadata?.name !== "pc-previous") return;
+        reads++;
+        if (reads === 1) j.status = { conditions: [{ type: "Complete", status: "True" }] } as V1Job["status"];
+        if (reads === 3) cancel.abort();
+      };
+      const result = await executeRun(CLAUDE_ADAPTER, rec.ctx, { ...deps(), releaseGraceMs: 5_000, paperclip: () => ({ runStatus: async () => ({ status: "succeeded" }) }) });
+      assert.equal(result.errorCode, "cancelled", result.errorMessage ?? "");
+      assert.equal(kube.secrets.size, 0, "a cancelled run's Secrets are removed");
+      assert.ok(kube.jobs.has("pc-previous"), "a finished Job is left to its TTL, not deleted");
+    });
+
     it("its Job still running: no waiting, the run is blocked at once", async () => {
       const rec = newCtx();
       previousHolds(rec, [], 1);

@@ -229,6 +229,10 @@ async function createJob(run: Run, sub: Submission): Promise<RunEnds | { admitte
           attempt--;
           continue;
         }
+        if (ctx.signal?.aborted) {
+          await run.dropSecrets();
+          return { result: cancelledBeforeStart("before its Job was created") };
+        }
       }
       if (f.kind === "name-taken") {
         const prior = await priorAttempt(run, sub.jobName);
