@@ -212,6 +212,7 @@ func TestHostileQueuedOwnContainerStartsOnceUnmarked(t *testing.T) {
 	own.Spec.Template.Spec.Containers = []corev1.Container{{Name: "agent", Image: "evil.example.com/miner:1", Command: []string{"mine"}}}
 	stored, err := cs.BatchV1().Jobs(in.Namespace).Create(ctx, own, metav1.CreateOptions{})
 	if err != nil {
+		requireAdmissionRefusal(t, err)
 		t.Logf("held: a Job with its own container outside the allowlist is refused at create: %v", err)
 		return
 	}
@@ -273,6 +274,7 @@ func TestHostileQueuedLookalikesAreJudgedAtCreate(t *testing.T) {
 	evil(nohash)
 	stored, err := cs.BatchV1().Jobs(in.Namespace).Create(ctx, nohash, metav1.CreateOptions{})
 	if err != nil {
+		requireAdmissionRefusal(t, err)
 		t.Logf("a queued Job without the template hash was refused at create: %v", err)
 		return
 	}
@@ -446,6 +448,7 @@ func TestHostileQueuedManagedByHoldsTheAgent(t *testing.T) {
 	elsewhere.Labels[contract.LabelAgentID] = agent
 	elsewhere.Spec.ManagedBy = ptr.To("example.com/elsewhere")
 	if _, err := cs.BatchV1().Jobs(in.Namespace).Create(ctx, elsewhere, metav1.CreateOptions{}); err != nil {
+		requireAdmissionRefusal(t, err)
 		t.Logf("held: a run managed by another controller is refused at create: %v", err)
 		return
 	}
@@ -499,6 +502,7 @@ func TestHostileQueuedManagedByAlsoInRejectMode(t *testing.T) {
 	elsewhere.Labels[contract.LabelAgentID] = agent
 	elsewhere.Spec.ManagedBy = ptr.To("example.com/elsewhere")
 	if _, err := cs.BatchV1().Jobs(in.Namespace).Create(ctx, elsewhere, metav1.CreateOptions{}); err != nil {
+		requireAdmissionRefusal(t, err)
 		t.Logf("held: a run managed by another controller is refused at create: %v", err)
 		return
 	}
@@ -814,5 +818,18 @@ func TestHostileQueuedPodLabelsSmuggledAtUnsuspend(t *testing.T) {
 			agent, labelErr, startErr, len(pods), runningAgentPods(in, ctx, t, agent))
 	} else {
 		t.Logf("held (two UPDATEs): labels %v / start %v", labelErr, startErr)
+	}
+}
+
+// requireAdmissionRefusal fails t unless err is admission refusing the
+// request (a webhook's or an admission policy's denial): a create that
+// failed for another reason (a webhook that could not be called, a
+// timeout) proves nothing of what the test attacks.
+func requireAdmissionRefusal(t *testing.T, err error) {
+	t.Helper()
+	if !(apierrors.IsForbidden(err) || apierrors.IsInvalid(err) || apierrors.IsConflict(err)) ||
+		!(strings.Contains(err.Error(), "denied the request") || strings.Contains(err.Error(), "ValidatingAdmissionPolicy") ||
+			strings.Contains(err.Error(), "violates PodSecurity")) {
+		t.Fatalf("the create failed, but not as admission refuses it: %v", err)
 	}
 }
