@@ -143,6 +143,9 @@ func TestSchemaRefusesUnknownValues(t *testing.T) {
 		{map[string]any{"webhok": map[string]any{}}, "webhok"},
 		{map[string]any{"webhook": map[string]any{"replica": 3}}, "replica"},
 		{map[string]any{"webhook": map[string]any{"failurePolicy": "Open"}}, "failurePolicy"},
+		// Each is a --namespace of the webhook, which refuses to start on
+		// a name no namespace can have (and then no agent Job is admitted).
+		{map[string]any{"webhook": map[string]any{"namespaces": []any{"Team_A"}}}, "namespaces"},
 		{map[string]any{"certificates": map[string]any{"mode": "manual"}}, "mode"},
 		{map[string]any{"networkPolicy": map[string]any{"mode": "calico"}}, "mode"},
 		{map[string]any{"relay": map[string]any{"mirror": map[string]any{"enabld": true}}}, "enabld"},
