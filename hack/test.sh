@@ -185,6 +185,12 @@ fi
 if want unit; then
   # shellcheck disable=SC2046
   step "unit" $GO test -count=1 $VET $GOTESTFLAGS $($GO list ./... | grep -v -e '/e2e/integration$' -e '/e2e/realnode$' -e '/e2e/cluster$')
+  # Without a real node, e2e/cluster's tests that need none still run
+  # (a control plane with kwok, the node's requirements, ports, images);
+  # its real-node test skips itself, saying why.
+  if [ "${CLIPJOB_E2E_NODE:-}" = kwok ] && kube_bin=$(kube_binaries); then
+    step "e2e/cluster (kwok)" env KUBE_BIN_DIR="$kube_bin" $GO test -count=1 $VET $GOTESTFLAGS ./e2e/cluster/
+  fi
 fi
 if [ -n "$int_pid" ]; then
   # A subshell killed before it wrote its summary (or that failed) is a
