@@ -106,6 +106,10 @@ func TestLongLinesAreBatchedByBytes(t *testing.T) {
 		last = n
 		return stable
 	}, "the stream never stopped reading")
+	// A reader descheduled for those 100 ms on a busy machine looks
+	// stopped too: half a second more, and what it read by then counts.
+	time.Sleep(500 * time.Millisecond)
+	last = src.read.Load()
 	// The batch (batchBytes and a line), the queue (as much), the read
 	// buffer and the HTTP/2 window's worth the source itself buffers.
 	if limit := int64(2*(batchBytes+lineBytes) + 2*lineBytes); last > limit {
@@ -184,12 +188,14 @@ func TestAnEmptyQueueHoldsItsReadBuffer(t *testing.T) {
 	const queues = 500
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	src := quietStream(ctx.Done())
+	src := &quietStream{stop: ctx.Done()}
 	before := heapInUse()
 	for range queues {
 		readLines(ctx, src, 1<<20, 16<<10, nil)
 	}
-	time.Sleep(100 * time.Millisecond) // the readers allocate their buffers
+	// Every reader has its buffer once it waits in Read (on a busy
+	// machine a fixed pause could measure readers not yet started).
+	poll.WaitFor(t, func() bool { return src.reading.Load() == queues }, "the readers never all read")
 	got := (heapInUse() - before) / queues
 	t.Logf("an empty queue holds %d bytes of heap", got)
 	if limit := int64(readBufferBytes + 3<<10); got > limit {
@@ -197,10 +203,15 @@ func TestAnEmptyQueueHoldsItsReadBuffer(t *testing.T) {
 	}
 }
 
-// quietStream is a stream that sends nothing until stop.
-type quietStream <-chan struct{}
+// quietStream is a stream that sends nothing until stop; reading counts
+// the reads waiting in it.
+type quietStream struct {
+	stop    <-chan struct{}
+	reading atomic.Int64
+}
 
-func (q quietStream) Read([]byte) (int, error) {
-	<-q
+func (q *quietStream) Read([]byte) (int, error) {
+	q.reading.Add(1)
+	<-q.stop
 	return 0, io.EOF
 }
