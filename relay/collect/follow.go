@@ -286,6 +286,7 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 		select {
 		case line, ok := <-q.lines:
 			if !ok && q.err == nil {
+				b.keepHeld()
 				return false, b.flush(true)
 			}
 			if !ok {
@@ -295,6 +296,7 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 						return false, err
 					}
 				}
+				b.keepHeld() // nothing follows it in this session
 				if err := b.flush(true); err != nil {
 					return false, err
 				}
@@ -314,10 +316,19 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 				}
 			}
 		case <-tick.C():
+			if b.res.held && len(q.lines) == 0 && f.c.Clock.Since(b.heldAt) >= f.c.Follow.BatchWait {
+				// Nothing followed it for a tick. (A line queued decides
+				// it: the tick can be chosen before a line ready too.)
+				b.keepHeld()
+			}
 			if err := b.flush(len(q.lines) == 0); err != nil {
 				return false, err
 			}
 			if f.drained(len(q.lines), b.lastLine, started) {
+				b.keepHeld()
+				if err := b.flush(true); err != nil {
+					return false, err
+				}
 				if endedAtOpen {
 					return true, nil
 				}
@@ -557,7 +568,16 @@ type batch struct {
 	// lastLine is when the stream last sent a line or a commit ended;
 	// zero until the stream sends anything.
 	lastLine time.Time
+	// heldAt is when the resume's held line, the last of lines, was read,
+	// and heldBytes what it took from the budget: a commit leaves it out
+	// until the next line says whether it is stored already, or a tick
+	// passes without one (resume.held).
+	heldAt    time.Time
+	heldBytes int64
 }
+
+// keepHeld ends the hold of the last line: the next commit stores it.
+func (b *batch) keepHeld() { b.res.keepHeld() }
 
 // add takes one raw line, skipping what the store already has, and
 // commits when the batch is full. A line the session cannot tell from one
@@ -572,6 +592,14 @@ func (b *batch) add(raw string) error {
 	switch b.res.accept(ts, msg) {
 	case lineStored:
 		return nil
+	case lineHeldServedAgain:
+		// The held line, the last of the batch, was this file's first
+		// line served again.
+		last := len(b.lines) - 1
+		b.bytes -= len(b.lines[last].Line)
+		b.lines[last] = store.Line{}
+		b.lines = b.lines[:last]
+		return nil
 	case lineUnsure:
 		if err := b.flush(true); err != nil {
 			return err
@@ -583,6 +611,9 @@ func (b *batch) add(raw string) error {
 	}
 	b.lines = append(b.lines, store.Line{TS: ts, Container: b.f.ref.Container, Line: b.f.c.Redact.Redact(msg)})
 	b.bytes += len(b.lines[len(b.lines)-1].Line)
+	if b.res.held {
+		b.heldAt, b.heldBytes = b.lastLine, int64(len(raw))
+	}
 	if len(b.lines) >= b.f.c.Follow.BatchLines || (b.f.c.Follow.BatchBytes > 0 && b.bytes >= b.f.c.Follow.BatchBytes) {
 		return b.flush(false)
 	}
@@ -592,26 +623,39 @@ func (b *batch) add(raw string) error {
 // flush commits the batch with the stream's cursor. caughtUp: nothing is
 // queued behind it, so the stream gives back the budget it took and did
 // not spend (see budget).
+//
+// A held line (resume.held), the last of the batch, is left out with its
+// budget, and the cursor committed is the one before it.
 func (b *batch) flush(caughtUp bool) error {
-	if len(b.lines) == 0 {
+	lines, cur, held := b.lines, b.res.cur, b.res.held
+	if held {
+		lines, cur = lines[:len(lines)-1], b.res.heldCur
+	}
+	if len(lines) == 0 {
 		b.giveBack(caughtUp)
 		return nil
 	}
 	now := b.f.c.Clock.Now()
-	if _, err := b.f.c.Store.AppendAfter(b.f.ref.Run, b.f.ref.Key(), b.from, b.res.cur, b.lines, now); err != nil {
+	if _, err := b.f.c.Store.AppendAfter(b.f.ref.Run, b.f.ref.Key(), b.from, cur, lines, now); err != nil {
 		return err
 	}
-	b.from = b.res.cur
+	b.from = cur
 	var bytes int
-	for _, l := range b.lines {
+	for _, l := range lines {
 		bytes += len(l.Line)
 		storeLag.Observe(now.Sub(l.TS).Seconds())
 	}
 	b.f.stored = true
-	linesStored.Add(float64(len(b.lines)))
+	linesStored.Add(float64(len(lines)))
 	bytesStored.Add(float64(bytes))
-	putLines(b.lines)
-	b.lines, b.bytes = nil, 0
+	if held {
+		kept := b.lines[len(b.lines)-1]
+		clear(b.lines)
+		b.lines, b.bytes = append(b.lines[:0], kept), len(kept.Line)
+	} else {
+		putLines(b.lines)
+		b.lines, b.bytes = nil, 0
+	}
 	b.giveBack(caughtUp)
 	// Time spent committing is not idle: lines may have queued behind it.
 	b.lastLine = b.f.c.Clock.Now()
@@ -624,8 +668,12 @@ func (b *batch) flush(caughtUp bool) error {
 // giveBack returns to the budget what the committed (or skipped) lines
 // took, and once the stream caught up, what it took and did not spend.
 func (b *batch) giveBack(caughtUp bool) {
-	b.acct.give(b.held, caughtUp)
-	b.held = 0
+	keep := int64(0)
+	if b.res.held {
+		keep = b.heldBytes // the held line's, until it is committed or dropped
+	}
+	b.acct.give(b.held-keep, caughtUp)
+	b.held = keep
 }
 
 func trimNewline(b string) string {

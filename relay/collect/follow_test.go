@@ -859,3 +859,94 @@ func TestAQuietStreamReadsItsPodSeldom(t *testing.T) {
 		t.Error("an ended container's quiet stream did not drain")
 	}
 }
+
+// pipeLog serves one stream, what the test writes to w.
+type pipeLog struct {
+	r *io.PipeReader
+	w *io.PipeWriter
+}
+
+func newPipeLog() *pipeLog { r, w := io.Pipe(); return &pipeLog{r, w} }
+
+func (p *pipeLog) Stream(context.Context, string, string, string, time.Time, bool) (io.ReadCloser, error) {
+	return p.r, nil
+}
+
+func (p *pipeLog) write(t *testing.T, ls ...line) {
+	t.Helper()
+	for _, l := range ls {
+		if _, err := io.WriteString(p.w, l.ts.Format(time.RFC3339Nano)+" "+l.text+"\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// storedTexts are the texts of the lines stored for run-1.
+func storedTexts(t *testing.T, s store.Backend) []string {
+	t.Helper()
+	got, err := store.Lines(s, "run-1", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var texts []string
+	for _, l := range got {
+		texts = append(texts, l.Line)
+	}
+	return texts
+}
+
+// TestFollowerHoldsALineOutOfOrderUntilTheNext: the first line of a file
+// the kubelet serves again, after the session read it joined to a rotated
+// file's last head (TestResumeSkipsTheFirstLineOfAFileServedAgainAfterAJoin),
+// is told from a line written out of order only by the line after it. The
+// kubelet sends it alone, and the follower, caught up, would commit it at
+// once: it holds it until the next line says which it is. Here the stream
+// stays quiet after it for longer than the follower takes to commit.
+func TestFollowerHoldsALineOutOfOrderUntilTheNext(t *testing.T) {
+	s, _ := storetest.Open(t)
+	src := newPipeLog()
+	f := newFollower(t, s, newFakeLog())
+	f.c.Source = src
+	f.state = func() containerState { return containerState{ended: true} }
+	f.c.Follow.BatchWait, f.c.Follow.BatchLines = time.Hour, 1000
+	done := make(chan struct{})
+	go func() { f.run(context.Background()); close(done) }()
+
+	first := line{at(15700), "new 0"}
+	newest := []line{first, {at(16000), "new 1"}, {at(16001), "new 2"}}
+	src.write(t, line{at(0), "old 0"}, line{at(1), "old 1"}, line{at(2), "old 2 head," + first.text})
+	src.write(t, newest[1:]...)
+	poll.WaitFor(t, func() bool { r, _ := s.Run("run-1"); return r != nil && r.LastSeq == 5 }, "the first lines were not committed")
+	src.write(t, first) // the newest file served again
+	time.Sleep(50 * time.Millisecond)
+	if r, _ := s.Run("run-1"); r.LastSeq != 5 {
+		t.Errorf("a line out of order was committed before the next line came")
+	}
+	src.write(t, newest[1:]...)
+	src.write(t, line{at(16500), "new 3"})
+	_ = src.w.Close()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the follower had not returned after a minute")
+	}
+	if got, want := strings.Join(storedTexts(t, s), " | "), "old 0 | old 1 | old 2 head,new 0 | new 1 | new 2 | new 3"; got != want {
+		t.Errorf("stored %q, want %q", got, want)
+	}
+}
+
+// TestFollowerCommitsAHeldLineWithinATick: a line written out of order
+// that nothing follows is committed at the next batch tick.
+func TestFollowerCommitsAHeldLineWithinATick(t *testing.T) {
+	s, _ := storetest.Open(t)
+	src := newPipeLog()
+	f := newFollower(t, s, newFakeLog())
+	f.c.Source = src
+	f.state = func() containerState { return containerState{} }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { f.run(ctx); close(done) }()
+	defer func() { cancel(); _ = src.w.Close(); <-done }()
+	src.write(t, line{at(0), "a"}, line{at(20), "b"}, line{at(10), "c, out of order"})
+	poll.WaitFor(t, func() bool { r, _ := s.Run("run-1"); return r != nil && r.LastSeq == 3 }, "the line out of order was not committed")
+}

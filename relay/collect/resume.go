@@ -74,6 +74,18 @@ type resume struct {
 	// there (lineUnsure) rather than store it, as one written twice (nil:
 	// end).
 	mayEnd func() bool
+	// held: the last line accepted, heldKey, is stamped before the newest
+	// read and remembered by none, and its batch has not committed it.
+	// Such a line is written out of order, or it is the first line of a
+	// file served again that the session read joined to another (see
+	// accept), and only the next line tells: a line the session remembers,
+	// stamped as late or later, means the file was served again from the
+	// line before it. heldCur and heldSeenAt are cur and seenAt before it.
+	// The batch clears held once it commits the line (keepHeld).
+	held       bool
+	heldKey    lineKey
+	heldCur    store.Cursor
+	heldSeenAt int
 }
 
 // lineKey is a line as the session remembers it.
@@ -108,6 +120,9 @@ const (
 	// lineUnsure: the session cannot tell whether the line is stored; it
 	// ends, and the next reads the log again from the cursor.
 	lineUnsure
+	// lineHeldServedAgain: stored already, and so is the line before it,
+	// still held (resume.held): drop that line from the batch.
+	lineHeldServedAgain
 )
 
 // accept judges a line stamped ts with text, and advances the cursor past
@@ -115,8 +130,26 @@ const (
 // before it takes the write lock, so stdout and stderr lines can reach the
 // file slightly out of order, and a cursor lowered to the older one would
 // make a resume store the newer one again.
+//
+// A file's first line can come joined to the head of another's last line:
+// the runtime switches files between two reads of the output, not two
+// lines, so a rotated file can end with a partial record, and the kubelet
+// joins it to the next line it reads, stamped as the head. A follow left
+// behind on a rotated file (a flood) reads such a head, then the newest
+// file, and the session remembers the joined line. When the kubelet serves
+// that file again, its first line comes alone, its own stamp and text,
+// remembered by no line: stamped before the newest read, as a line written
+// out of order. So a line stamped before the newest and remembered by none
+// is held (resume.held) until the next: when that one is remembered and
+// stamped no earlier, the file was served again from the held line, which
+// the batch drops (lineHeldServedAgain). A line written out of order comes
+// at the end of the file, after the lines the file would serve again, so
+// the file's first line, served again after it, is stamped earlier.
 func (r *resume) accept(ts time.Time, text string) verdict {
 	k := lineKey{ts: ts.UnixNano(), sum: maphash.String(lineSeed, text)}
+	held := r.held
+	r.held = false
+	cur, seenAt := r.cur, r.seenAt
 	newest := r.newest
 	r.newest = max(r.newest, k.ts)
 	switch {
@@ -131,6 +164,14 @@ func (r *resume) accept(ts time.Time, text string) verdict {
 	if k.ts <= newest { // a line newer than every line read is read once
 		i, alike := r.remembered(k)
 		if i >= 0 {
+			if held && r.heldKey.ts <= k.ts && i < len(r.recent)-1 && r.recent[len(r.recent)-1] == r.heldKey {
+				// The held line is the first line of this file served
+				// again: forget it, as if it had not been read.
+				r.recent = r.recent[:len(r.recent)-1]
+				r.cur, r.seenAt = r.heldCur, r.heldSeenAt
+				r.readAgain(i)
+				return lineHeldServedAgain
+			}
 			r.readAgain(i)
 			return lineStored
 		}
@@ -156,8 +197,15 @@ func (r *resume) accept(ts time.Time, text string) verdict {
 		r.cur = store.Cursor{TS: k.ts, Count: 1}
 	}
 	r.remember(k)
+	if k.ts < newest {
+		r.held, r.heldKey, r.heldCur, r.heldSeenAt = true, k, cur, seenAt
+	}
 	return lineNew
 }
+
+// keepHeld: the held line is committed (or the session ends with it), so
+// it is stored whatever comes next.
+func (r *resume) keepHeld() { r.held = false }
 
 // servedAgain says whether k is a line of the file served again the
 // session has read, and follows the file; false ends the file: k is new.
