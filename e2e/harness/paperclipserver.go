@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -9,6 +10,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/paperclipai/clipjob/e2e/cluster"
@@ -100,11 +103,8 @@ func StartPaperclipServer(ctx context.Context, spec AdapterSpec, o ServerOptions
 	if err := pc.Own(prefix); err != nil {
 		return nil, err
 	}
-	install := pc.Command(ctx, prefix, "npm", "install", "--prefix", prefix, "--no-audit", "--no-fund", pkg)
-	if out, err := install.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("npm install %s (the README's install, as the server's user): %w\n%s", pkg, err, out)
-	} else if strings.Contains(string(out), "EBADENGINE") {
-		return nil, fmt.Errorf("npm install %s warned of an engine mismatch on Paperclip's Node:\n%s", pkg, out)
+	if err := installAdapter(ctx, pc, prefix, pkg); err != nil {
+		return nil, err
 	}
 	for typ, sub := range AdapterPackageDirs {
 		dir := filepath.Join(prefix, "node_modules", "@clipjob", "paperclip-adapter", sub)
@@ -113,6 +113,68 @@ func StartPaperclipServer(ctx context.Context, spec AdapterSpec, o ServerOptions
 		}
 	}
 	return pc, nil
+}
+
+// adapterInstalls are this process's installs of the adapter's tarball,
+// by its digest: the first server's is the README's (`npm install` by the
+// server's user), and later servers of the process get a copy of it, the
+// same files: npm's resolution and extraction cost each server 6-8 s of
+// CPU, and a tier starts four.
+var adapterInstalls struct {
+	sync.Mutex
+	dirs map[string]string
+}
+
+// installAdapter installs tarball pkg into prefix as the server's user.
+func installAdapter(ctx context.Context, pc *Paperclip, prefix, pkg string) error {
+	data, err := os.ReadFile(pkg)
+	if err != nil {
+		return err
+	}
+	digest := fmt.Sprintf("%x", sha256.Sum256(data))
+	adapterInstalls.Lock()
+	defer adapterInstalls.Unlock()
+	if from, ok := adapterInstalls.dirs[digest]; ok {
+		if out, err := exec.CommandContext(ctx, "cp", "-a", from+"/.", prefix+"/").CombinedOutput(); err != nil {
+			return fmt.Errorf("copying this process's install of the adapter from %s: %w\n%s", from, err, out)
+		}
+		return pc.Own(prefix)
+	}
+	install := pc.Command(ctx, prefix, "npm", "install", "--prefix", prefix, "--no-audit", "--no-fund", pkg)
+	if out, err := install.CombinedOutput(); err != nil {
+		return fmt.Errorf("npm install %s (the README's install, as the server's user): %w\n%s", pkg, err, out)
+	} else if strings.Contains(string(out), "EBADENGINE") {
+		return fmt.Errorf("npm install %s warned of an engine mismatch on Paperclip's Node:\n%s", pkg, out)
+	}
+	// Kept apart from the server's directory, which goes with the server.
+	keep := filepath.Join(os.TempDir(), fmt.Sprintf("clipjob-adapter-install-%d-%s", os.Getpid(), digest[:12]))
+	removeStaleAdapterInstalls()
+	if err := os.RemoveAll(keep); err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, "cp", "-a", prefix, keep).CombinedOutput(); err != nil {
+		return fmt.Errorf("keeping the adapter's install for this process's other servers: %w\n%s", err, out)
+	}
+	if adapterInstalls.dirs == nil {
+		adapterInstalls.dirs = map[string]string{}
+	}
+	adapterInstalls.dirs[digest] = keep
+	return nil
+}
+
+// removeStaleAdapterInstalls removes the kept installs of processes that
+// have ended.
+func removeStaleAdapterInstalls() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "clipjob-adapter-install-*"))
+	for _, dir := range dirs {
+		var pid int
+		if _, err := fmt.Sscanf(filepath.Base(dir), "clipjob-adapter-install-%d-", &pid); err != nil || pid <= 1 {
+			continue
+		}
+		if syscall.Kill(pid, 0) != nil {
+			_ = os.RemoveAll(dir)
+		}
+	}
 }
 
 // InstallAdapter registers the adapter package in directory dir (a path
