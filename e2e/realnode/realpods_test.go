@@ -518,7 +518,7 @@ func TestRealAgentPodDeletedMidRun(t *testing.T) {
 	r, token, _ := suite.in.Relay(t)
 	name := "e2e-real-deleted"
 	suite.in.CreateJob(ctx, t, realJob(t, name, "lines=3000 rate=50"))
-	r.WaitRun(ctx, t, token, name, func(x *store.Run) bool { return x.LastSeq >= 30 })
+	before := r.WaitRun(ctx, t, token, name, func(x *store.Run) bool { return x.LastSeq >= 30 })
 	pod := suite.in.WaitPod(ctx, t, name, func(*corev1.Pod) bool { return true })
 	if err := suite.cs.CoreV1().Pods(suite.in.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -526,8 +526,11 @@ func TestRealAgentPodDeletedMidRun(t *testing.T) {
 	run := r.WaitRun(ctx, t, token, name, func(x *store.Run) bool { return x.Done })
 	lines := r.Lines(t, token, name)
 	got := agentSequence(t, lines, "line", len(lines)-1, false)
-	if got != len(lines) || len(lines) < 31 || len(lines) > 3001 {
-		t.Fatalf("stored %d lines", len(lines))
+	// Every line stored before the delete is kept; what the agent wrote
+	// after the relay's last read goes with the pod's log files (on a
+	// busy machine, possibly every line after the delete).
+	if got != len(lines) || uint64(len(lines)) < before.LastSeq || len(lines) > 3001 {
+		t.Fatalf("stored %d lines, %d of them before the pod was deleted", len(lines), before.LastSeq)
 	}
 	if run.Result == nil || !run.Result.Truncated || run.Result.Outcome == "succeeded" {
 		t.Errorf("run %s ended as %s, want it marked cut short", name, mustJSON(run.Result))
