@@ -53,6 +53,7 @@ var release = charts.Release{Name: "clipjob", Namespace: "clipjob-system"}
 type options struct {
 	runs, agents, lines, rate int
 	killEvery, killSpacing    time.Duration
+	paperclipSpacing          time.Duration
 	seed                      uint64
 	targets                   []string
 	delete                    bool
@@ -68,6 +69,7 @@ func main() {
 	flag.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "seed of the kills' order and moments")
 	only := flag.String("kill", strings.Join(targets, ","), "what to kill, of: "+strings.Join(targets, ", "))
 	flag.DurationVar(&o.killSpacing, "kill-spacing", 5*time.Minute, "least time between two kills of one pod (the kubelet's crash-loop backoff grows with each)")
+	flag.DurationVar(&o.paperclipSpacing, "paperclip-kill-spacing", 12*time.Minute, "least time between two kills of the Paperclip server's pod (each leaves its agents' runs to Paperclip's lost-run check, about 5 minutes)")
 	flag.BoolVar(&o.delete, "delete", false, "delete the pods with no grace instead of SIGKILL to their processes")
 	flag.Parse()
 	for t := range strings.SplitSeq(*only, ",") {
@@ -126,7 +128,7 @@ func run(ctx context.Context, o options) error {
 	}
 
 	k := &killer{cs: c.Clientset(), rng: rand.New(rand.NewPCG(o.seed, 0)), every: o.killEvery, targets: o.targets, delete: o.delete,
-		spacing: o.killSpacing, killedAt: map[string]time.Time{}, kills: map[string]int{}}
+		spacing: o.killSpacing, paperclipSpacing: o.paperclipSpacing, killedAt: map[string]time.Time{}, kills: map[string]int{}}
 	killCtx, stopKilling := context.WithCancel(ctx)
 	var killing sync.WaitGroup
 	killing.Go(func() { k.run(killCtx) })
@@ -359,11 +361,25 @@ type killer struct {
 	// crash-loop backoff that doubles from 10 s and is reset only after
 	// ten minutes up, and a pod killed every minute measures that
 	// backoff (80–160 s down after five kills), not clipjob's recovery.
-	spacing  time.Duration
-	killedAt map[string]time.Time // by pod name
+	spacing time.Duration
+	// paperclipSpacing is the Paperclip server's: a SIGKILL leaves its
+	// in-flight runs running in Paperclip until it marks them lost, about
+	// five minutes, and each agent waits for its run; killed again as
+	// they resume, the soak measures Paperclip's recovery, not clipjob's
+	// (stopped at run 24 of 100 after 8 minutes with 5 minutes between).
+	paperclipSpacing time.Duration
+	killedAt         map[string]time.Time // by pod name
 
 	mu    sync.Mutex
 	kills map[string]int // by target
+}
+
+// spacingOf is the least time between two kills of one pod of target.
+func (k *killer) spacingOf(target string) time.Duration {
+	if target == "Paperclip" {
+		return max(k.spacing, k.paperclipSpacing)
+	}
+	return k.spacing
 }
 
 // rested are the pods of names not killed within spacing of now.
@@ -491,8 +507,8 @@ func (k *killer) pick(ctx context.Context, target string) (ns, pod string, err e
 		if err != nil {
 			return "", "", fmt.Errorf("no live pod holds the claim controller's Lease (last named %q): %w", name, err)
 		}
-		if len(rested([]string{name}, k.killedAt, time.Now(), k.spacing)) == 0 {
-			return "", "", fmt.Errorf("its pod %s was killed less than %s ago", name, k.spacing)
+		if spacing := k.spacingOf(target); len(rested([]string{name}, k.killedAt, time.Now(), spacing)) == 0 {
+			return "", "", fmt.Errorf("its pod %s was killed less than %s ago", name, spacing)
 		}
 		return ns, name, nil
 	}
@@ -516,8 +532,9 @@ func (k *killer) pick(ctx context.Context, target string) (ns, pod string, err e
 	if err != nil {
 		return "", "", fmt.Errorf("no ready pod of %s (%s) in %s: %w", target, selector, ns, err)
 	}
-	if live = rested(live, k.killedAt, time.Now(), k.spacing); len(live) == 0 {
-		return "", "", fmt.Errorf("every ready pod of %s was killed less than %s ago", target, k.spacing)
+	spacing := k.spacingOf(target)
+	if live = rested(live, k.killedAt, time.Now(), spacing); len(live) == 0 {
+		return "", "", fmt.Errorf("every ready pod of %s was killed less than %s ago", target, spacing)
 	}
 	return ns, live[k.rng.IntN(len(live))], nil
 }

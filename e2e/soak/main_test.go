@@ -55,3 +55,23 @@ func TestKillsOfOnePodAreSpaced(t *testing.T) {
 		t.Errorf("no spacing: rested %v, want relay-a", got)
 	}
 }
+
+// TestPaperclipsKillsAreSpacedLonger: the Paperclip server's pod waits
+// out its own spacing (its agents' runs wait for Paperclip's lost-run
+// check after each kill), never less than every pod's; the other
+// targets keep the common one.
+func TestPaperclipsKillsAreSpacedLonger(t *testing.T) {
+	k := &killer{spacing: 5 * time.Minute, paperclipSpacing: 12 * time.Minute}
+	if got := k.spacingOf("Paperclip"); got != 12*time.Minute {
+		t.Errorf("Paperclip's spacing %s, want 12m", got)
+	}
+	for _, target := range []string{"webhook", "claim controller", "relay"} {
+		if got := k.spacingOf(target); got != 5*time.Minute {
+			t.Errorf("%s's spacing %s, want the common 5m", target, got)
+		}
+	}
+	k.spacing = 20 * time.Minute
+	if got := k.spacingOf("Paperclip"); got != 20*time.Minute {
+		t.Errorf("a common spacing above Paperclip's: Paperclip's %s, want 20m", got)
+	}
+}
