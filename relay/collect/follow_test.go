@@ -667,14 +667,7 @@ func TestFollowerKeepsALineWrittenTwiceInOneWrite(t *testing.T) {
 	}
 	src.ended = true
 	runWithin(t, newFollower(t, s, src), "a line written twice")
-	got, err := store.Lines(s, "run-1", 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var texts []string
-	for _, l := range got {
-		texts = append(texts, l.Line)
-	}
+	texts := storedTexts(t, s)
 	if strings.Join(texts, " ") != "a x x y x b" {
 		t.Errorf("stored %q, want a x x y x b", texts)
 	}
