@@ -69,7 +69,7 @@ func main() {
 	flag.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "seed of the kills' order and moments")
 	only := flag.String("kill", strings.Join(targets, ","), "what to kill, of: "+strings.Join(targets, ", "))
 	flag.DurationVar(&o.killSpacing, "kill-spacing", 5*time.Minute, "least time between two kills of one pod (the kubelet's crash-loop backoff grows with each)")
-	flag.DurationVar(&o.paperclipSpacing, "paperclip-kill-spacing", 12*time.Minute, "least time between two kills of the Paperclip server's pod (each leaves its agents' runs to Paperclip's lost-run check, about 5 minutes)")
+	flag.DurationVar(&o.paperclipSpacing, "paperclip-kill-spacing", 7*time.Minute, "least time between two kills of the Paperclip server's pod (each leaves its agents' runs to Paperclip's lost-run check, about 5 minutes, and the next kill should find them running again)")
 	flag.BoolVar(&o.delete, "delete", false, "delete the pods with no grace instead of SIGKILL to their processes")
 	flag.Parse()
 	for t := range strings.SplitSeq(*only, ",") {
@@ -479,8 +479,11 @@ func podProcesses(uid string) ([]int, error) {
 	return out, nil
 }
 
-// pick names a running pod of target: for the webhook either replica,
-// for the claim controller the replica holding its Lease.
+// pick names a running pod of target: for the webhook a replica that
+// does not lead the claim controller when another is ready, for the claim
+// controller the replica holding its Lease. The two are one binary, so
+// striking the leader as "webhook" would kill the claim controller too and
+// hold its pod out of the other target's spacing.
 func (k *killer) pick(ctx context.Context, target string) (ns, pod string, err error) {
 	ns, selector := release.Namespace, ""
 	switch target {
@@ -495,12 +498,7 @@ func (k *killer) pick(ctx context.Context, target string) (ns, pod string, err e
 		// until another replica takes it over.
 		var name string
 		err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-			l, err := k.cs.CoordinationV1().Leases(ns).Get(ctx, "clipjob-claim-controller", metav1.GetOptions{})
-			if err != nil {
-				return false, nil
-			}
-			// controller-runtime's identity is the pod's name and a suffix.
-			name, _, _ = strings.Cut(ptr.Deref(l.Spec.HolderIdentity, ""), "_")
+			name = k.claimLeader(ctx)
 			p, err := k.cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 			return err == nil && p.DeletionTimestamp == nil && ready(p), nil
 		})
@@ -532,11 +530,36 @@ func (k *killer) pick(ctx context.Context, target string) (ns, pod string, err e
 	if err != nil {
 		return "", "", fmt.Errorf("no ready pod of %s (%s) in %s: %w", target, selector, ns, err)
 	}
+	if target == "webhook" {
+		live = besidesLeader(live, k.claimLeader(ctx))
+	}
 	spacing := k.spacingOf(target)
 	if live = rested(live, k.killedAt, time.Now(), spacing); len(live) == 0 {
 		return "", "", fmt.Errorf("every ready pod of %s was killed less than %s ago", target, spacing)
 	}
 	return ns, live[k.rng.IntN(len(live))], nil
+}
+
+// claimLeader is the pod named by the claim controller's Lease, "" when
+// it cannot be read.
+func (k *killer) claimLeader(ctx context.Context) string {
+	l, err := k.cs.CoordinationV1().Leases(release.Namespace).Get(ctx, "clipjob-claim-controller", metav1.GetOptions{})
+	if err != nil {
+		return ""
+	}
+	// controller-runtime's identity is the pod's name and a suffix.
+	name, _, _ := strings.Cut(ptr.Deref(l.Spec.HolderIdentity, ""), "_")
+	return name
+}
+
+// besidesLeader leaves the claim controller's leader out of the webhook's
+// ready pods, unless it is the only one.
+func besidesLeader(live []string, leader string) []string {
+	rest := slices.DeleteFunc(slices.Clone(live), func(n string) bool { return n == leader })
+	if len(rest) == 0 {
+		return live
+	}
+	return rest
 }
 
 func (k *killer) total() int {

@@ -75,3 +75,23 @@ func TestPaperclipsKillsAreSpacedLonger(t *testing.T) {
 		t.Errorf("a common spacing above Paperclip's: Paperclip's %s, want 20m", got)
 	}
 }
+
+// TestTheWebhookTargetSparesTheClaimLeader: a kill aimed at the webhook
+// strikes the replica that does not lead the claim controller, so the
+// claim controller's own kills are not held back by the webhook's
+// spacing; a lone ready replica is struck all the same.
+func TestTheWebhookTargetSparesTheClaimLeader(t *testing.T) {
+	live := []string{"webhook-a", "webhook-b"}
+	if got := besidesLeader(live, "webhook-a"); !slices.Equal(got, []string{"webhook-b"}) {
+		t.Errorf("besidesLeader %v, want webhook-b", got)
+	}
+	if !slices.Equal(live, []string{"webhook-a", "webhook-b"}) {
+		t.Errorf("besidesLeader changed its input: %v", live)
+	}
+	if got := besidesLeader([]string{"webhook-a"}, "webhook-a"); !slices.Equal(got, []string{"webhook-a"}) {
+		t.Errorf("the leader alone: %v, want it struck all the same", got)
+	}
+	if got := besidesLeader(live, ""); !slices.Equal(got, live) {
+		t.Errorf("no leader known: %v, want both", got)
+	}
+}
