@@ -381,6 +381,9 @@ func jobEvents() handler.TypedEventHandler[*batchv1.Job, Request] {
 type Options struct {
 	// SweepInterval between sweeps of stale claims. Default 1m.
 	SweepInterval time.Duration
+	// Namespaces, when set, are the only agent namespaces the sweep looks
+	// in (the webhook's --namespace); empty means every namespace.
+	Namespaces []string
 	// RateLimiter paces retries per request. Default: exponential from 1s
 	// to 1m, so a run whose pods hang is looked at about once a minute.
 	RateLimiter workqueue.TypedRateLimiter[Request]
@@ -423,7 +426,7 @@ func (r *Controller) SetupWithManager(ctx context.Context, mgr manager.Manager, 
 	if err := c.Watch(source.TypedChannel(wake, jobEvents())); err != nil {
 		return err
 	}
-	return mgr.Add(&sweeper{Lock: r.Lock, Jobs: r.Jobs, Configs: r.Configs, Interval: o.SweepInterval, Wake: wake, Log: r.Log})
+	return mgr.Add(&sweeper{Lock: r.Lock, Jobs: r.Jobs, Configs: r.Configs, Interval: o.SweepInterval, Namespaces: o.Namespaces, Wake: wake, Log: r.Log})
 }
 
 // sweeper deletes claims whose holder no longer runs, catching what no
@@ -435,8 +438,10 @@ type sweeper struct {
 	Jobs     client.Reader
 	Configs  ConfigSource
 	Interval time.Duration
-	Wake     chan<- event.TypedGenericEvent[*batchv1.Job]
-	Log      logr.Logger
+	// Namespaces the sweep looks in, every namespace when empty.
+	Namespaces []string
+	Wake       chan<- event.TypedGenericEvent[*batchv1.Job]
+	Log        logr.Logger
 }
 
 // NeedLeaderElection makes the manager run it on the leader only.
@@ -459,7 +464,7 @@ func (s *sweeper) Start(ctx context.Context) error {
 
 func (s *sweeper) sweep(ctx context.Context) {
 	cc := s.Configs.Current().Policy.Concurrency
-	n, err := s.Lock.Sweep(ctx, time.Duration(cc.PendingGraceSeconds)*time.Second)
+	n, err := s.Lock.Sweep(ctx, time.Duration(cc.PendingGraceSeconds)*time.Second, sweptNamespaces(s.Namespaces, cc))
 	if err != nil {
 		s.Log.Error(err, "sweeping claims")
 	}
@@ -481,4 +486,17 @@ func (s *sweeper) sweep(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// sweptNamespaces are where a narrowed release's claims live: its agent
+// namespaces, and under scope Cluster the one namespace holding every
+// agent's claim. Nil (every namespace) when the release is not narrowed.
+func sweptNamespaces(namespaces []string, cc config.Concurrency) []string {
+	if len(namespaces) == 0 {
+		return nil
+	}
+	if cc.Scope == config.ScopeCluster && !slices.Contains(namespaces, cc.ClaimNamespace) {
+		return append(slices.Clone(namespaces), cc.ClaimNamespace)
+	}
+	return namespaces
 }

@@ -47,8 +47,8 @@ func (l leaseAPI) Delete(ctx context.Context, ns, name, rv string) error {
 	})
 }
 
-func (l leaseAPI) List(ctx context.Context) ([]coordinationv1.Lease, error) {
-	list, err := l.cs.CoordinationV1().Leases(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+func (l leaseAPI) List(ctx context.Context, namespace string) ([]coordinationv1.Lease, error) {
+	list, err := l.cs.CoordinationV1().Leases(namespace).List(ctx, metav1.ListOptions{
 		LabelSelector: Label + "=" + KindAgentRun,
 	})
 	if err != nil {

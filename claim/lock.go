@@ -39,7 +39,9 @@ type LeaseAPI interface {
 	Update(ctx context.Context, lease *coordinationv1.Lease, dryRun bool) (*coordinationv1.Lease, error)
 	// Delete removes a lease only if it is still at resourceVersion.
 	Delete(ctx context.Context, namespace, name, resourceVersion string) error
-	List(ctx context.Context) ([]coordinationv1.Lease, error)
+	// List returns the claims in namespace, every namespace's when it is
+	// empty.
+	List(ctx context.Context, namespace string) ([]coordinationv1.Lease, error)
 }
 
 // JobAPI reads Jobs live (not from a cache: a claim decision must see

@@ -37,6 +37,7 @@ type fakeLeases struct {
 	items       map[string]coordinationv1.Lease
 	writes      int
 	beforeWrite func(op string)
+	listed      []string // the namespaces List was asked for
 }
 
 func newFakeLeases() *fakeLeases { return &fakeLeases{items: map[string]coordinationv1.Lease{}} }
@@ -112,12 +113,15 @@ func (f *fakeLeases) Delete(_ context.Context, ns, name, rv string) error {
 	return nil
 }
 
-func (f *fakeLeases) List(context.Context) ([]coordinationv1.Lease, error) {
+func (f *fakeLeases) List(_ context.Context, namespace string) ([]coordinationv1.Lease, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.listed = append(f.listed, namespace)
 	var out []coordinationv1.Lease
 	for _, l := range f.items {
-		out = append(out, *l.DeepCopy())
+		if namespace == "" || l.Namespace == namespace {
+			out = append(out, *l.DeepCopy())
+		}
 	}
 	return out, nil
 }

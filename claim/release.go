@@ -5,7 +5,9 @@ import (
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/paperclipai/clipjob/config"
 )
@@ -41,10 +43,20 @@ func (c *Lock) Release(ctx context.Context, job *batchv1.Job, cfg config.Concurr
 // Sweep deletes every claim whose holder no longer runs: finished, being
 // deleted, replaced, or never stored within grace. It catches what Release
 // missed (the controller was down, the Job was deleted during a restart).
-func (c *Lock) Sweep(ctx context.Context, grace time.Duration) (int, error) {
-	leases, err := c.Leases.List(ctx)
-	if err != nil {
-		return 0, err
+// It looks only in namespaces, or in every namespace when there are none:
+// a release narrowed to its own namespaces leaves other releases' claims
+// to them (its RBAC could not delete them anyway).
+func (c *Lock) Sweep(ctx context.Context, grace time.Duration, namespaces []string) (int, error) {
+	if len(namespaces) == 0 {
+		namespaces = []string{metav1.NamespaceAll}
+	}
+	var leases []coordinationv1.Lease
+	for _, ns := range namespaces {
+		l, err := c.Leases.List(ctx, ns)
+		if err != nil {
+			return 0, err
+		}
+		leases = append(leases, l...)
 	}
 	released := 0
 	for i := range leases {

@@ -113,7 +113,7 @@ func Run(ctx context.Context, o Options) error {
 	server.Register(ClaimPath, closeWhileStopping(&admission.Webhook{Handler: pods}, stopping))
 	controller := &claim.Controller{Jobs: mgr.GetCache(), Client: clientset, Lock: lock, Configs: store,
 		Log: log.WithName("claim-controller")}
-	if err := controller.SetupWithManager(mgrCtx, mgr, claim.Options{SweepInterval: o.SweepInterval}); err != nil {
+	if err := controller.SetupWithManager(mgrCtx, mgr, claim.Options{SweepInterval: o.SweepInterval, Namespaces: o.Namespaces}); err != nil {
 		return err
 	}
 	if o.CompiledPolicies {
