@@ -86,6 +86,9 @@ func lockRealNode(ctx context.Context, c *Cluster) (*os.File, error) {
 		if err == nil {
 			_ = f.Truncate(0)
 			_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+			if n := killShimsOf(staleNodeSocket); n > 0 {
+				c.logf("real node: killed %d containerd shims (and their containers) a real node left running when its process died", n)
+			}
 			return f, nil
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) {

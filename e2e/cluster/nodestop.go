@@ -102,10 +102,27 @@ func (n *realNode) removeSandboxes() {
 // it by design) and the containers they hold, found by the socket path in
 // their command line.
 func (n *realNode) killShims() {
+	killShimsOf(func(cmdline string) bool { return strings.Contains(cmdline, n.socket) })
+}
+
+// staleNodeSocket tells a shim of any real node's containerd by its
+// command line. Called with the real-node lock held, every such shim is a
+// dead node's: a test binary that panicked or was killed never ran its
+// node's stop, and its containers (a flood, a sleeping agent) would run on
+// beside the next suite.
+func staleNodeSocket(cmdline string) bool {
+	return strings.Contains(cmdline, string(filepath.Separator)+"clipjob-cluster-") &&
+		strings.Contains(cmdline, filepath.Join("node", "containerd", "containerd.sock"))
+}
+
+// killShimsOf kills the containerd shims whose command line ours says
+// are wanted, and their containers; it returns how many.
+func killShimsOf(ours func(cmdline string) bool) int {
+	killed := 0
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, f := range procs {
 		b, err := os.ReadFile(f)
-		if err != nil || !strings.Contains(string(b), "containerd-shim") || !strings.Contains(string(b), n.socket) {
+		if err != nil || !strings.Contains(string(b), "containerd-shim") || !ours(string(b)) {
 			continue
 		}
 		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f)))
@@ -115,7 +132,9 @@ func (n *realNode) killShims() {
 		// The shim's children are the containers: kill the group.
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
 		_ = syscall.Kill(pid, syscall.SIGKILL)
+		killed++
 	}
+	return killed
 }
 
 // unmountUnder detaches every mount below dir, deepest first: the kubelet's
