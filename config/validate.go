@@ -320,8 +320,8 @@ func MatchAny(globs []string, name string) bool {
 // matchGlob is path.Match for one glob, with the shapes config files use
 // (NAME, PREFIX_*, *_SUFFIX) answered without it: a render matches every
 // inherited env var against every deny glob, and path.Match was over half
-// of templates.Render (docs/benchmarks.md). FuzzMatchGlob holds the two
-// equal.
+// of templates.Render (docs/design/2026-11-23-admission-performance.md,
+// "Inside the process"). FuzzMatchGlob holds the two equal.
 func matchGlob(g, name string) bool {
 	meta := strings.IndexAny(g, `*?[\`)
 	switch {

@@ -64,7 +64,8 @@ func BenchmarkMutateHTTP(b *testing.B) {
 
 // benchValidator is the validating handler over a rendered claude_local
 // Job, with the claim switched off (Disabled): what it costs besides the
-// Lease write, which the API server's time dominates (docs/benchmarks.md).
+// Lease write, which the API server's time dominates
+// (docs/design/2026-11-23-admission-performance.md).
 func benchValidator(b *testing.B) (*Validator, *batchv1.Job) {
 	c, m, raw := benchCase(b)
 	job := applyPatch(b, raw, m.Handle(context.Background(), createRequest(b, raw)))

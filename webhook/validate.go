@@ -67,12 +67,13 @@ func livePVCs(cs kubernetes.Interface) PVCGetter {
 
 // cachedPVCs reads PVCs from an informer and asks live only on a miss. A
 // live read was an eighth of the validating webhook's time under load
-// (docs/benchmarks.md); the check only needs the claim to exist and its
-// access modes, which never change. A miss is not believed: a PVC created
-// moments before its Job may not have reached the cache, and refusing the
-// Job for that would be wrong. A PVC deleted moments ago may still be
-// found; its Job is then admitted and its pod waits for the claim, as it
-// would had the PVC gone a moment after admission.
+// (docs/design/2026-11-23-admission-performance.md); the check only needs
+// the claim to exist and its access modes, which never change. A miss is
+// not believed: a PVC created moments before its Job may not have reached
+// the cache, and refusing the Job for that would be wrong. A PVC deleted
+// moments ago may still be found; its Job is then admitted and its pod
+// waits for the claim, as it would had the PVC gone a moment after
+// admission.
 func cachedPVCs(cached client.Reader, live PVCGetter) PVCGetter {
 	return func(ctx context.Context, ns, name string) (*corev1.PersistentVolumeClaim, error) {
 		var pvc corev1.PersistentVolumeClaim

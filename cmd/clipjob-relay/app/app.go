@@ -68,8 +68,9 @@ func Main(ctx context.Context, args []string, stderr io.Writer, run func(context
 // 100 lets the heap grow to twice what is live before collecting: at 500
 // runs the relay's live heap peaks during a flood (lines read, queued and
 // committing), and its resident memory followed at twice that
-// (docs/benchmarks.md, "Memory per stream"). Collecting at one and a half
-// times costs the relay more CPU in collections, measured there too.
+// (docs/design/2026-11-26-relay-memory-per-stream.md). Collecting at one
+// and a half times costs the relay more CPU in collections, measured there
+// too.
 const GCPercent = 50
 
 // setGCPercent applies GCPercent unless $GOGC chose.
