@@ -336,8 +336,13 @@ func (c *Cluster) start(p *process) error {
 	cmd := exec.Command(p.bin, p.args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = loopbackEnv()
-	// Children die with the test process, even when it is killed.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// Children die with the test process, even when it is killed. Each
+	// has a process group of its own: a terminal's Ctrl-C goes to the
+	// foreground group, and the components must not get it beside the
+	// program that stops them in order (an API server whose etcd died
+	// first hangs; containerd gone before its sandboxes were removed
+	// leaves their network namespaces and iptables chains behind).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return fmt.Errorf("starting %s: %w", p.name, err)

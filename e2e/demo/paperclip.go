@@ -33,6 +33,12 @@ func paperclipJourney(ctx context.Context, c *cluster.Cluster, keep bool) error 
 	step("Deploying Paperclip and clipjob into the cluster. The first run builds Paperclip's image\n" +
 		"    (Node.js 24, the paperclipai package, clipjob's adapter, a fake agent CLI): a few minutes.")
 	start := time.Now()
+	// As on a cluster whose network plugin enforces NetworkPolicies: the
+	// chart's agent egress policy then holds, as the Job shown below says.
+	if err := c.EnforceNetworkPolicy(ctx); err != nil {
+		return err
+	}
+	fmt.Printf("    %5.1fs  NetworkPolicies are enforced on the node (kube-router's policy controller): agent pods reach only what their egress profile allows\n", time.Since(start).Seconds())
 	d, err := harness.DeployPaperclip(ctx, c, demoNamespace, demoRelease, nil, func(what string) {
 		fmt.Printf("    %5.1fs  %s\n", time.Since(start).Seconds(), what)
 	})
