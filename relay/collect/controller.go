@@ -39,8 +39,9 @@ type JobFailure func(ctx context.Context, namespace, name string) (string, error
 // Collector is a controller: pod events (OnPod) and the ends of its
 // followers queue the pod, and a reconcile per pod, on the queue's
 // workers, records its run, follows its containers and finishes the run
-// once every stream is drained. The runs whose pods vanished unseen are
-// finished by a sweep through the same queue (Sweep), and a change of the
+// once every stream is drained. The runs whose pods are gone (deleted,
+// or vanished unseen) are finished by a sweep through the same queue
+// (Sweep), and a change of the
 // runs this relay owns is applied there too (Rebalance). A reconcile that
 // fails (the store down or read only) is tried again through the queue's
 // rate limiter.
@@ -100,7 +101,7 @@ const (
 	podItem       itemKind = iota
 	jobItem                // read the Job of a run that ended unsuccessfully
 	mirrorItem             // sync a run's mirror again
-	sweepItem              // finish the runs whose pods vanished unseen
+	sweepItem              // finish the runs whose pods are gone
 	rebalanceItem          // apply a change of the runs this relay owns
 )
 
@@ -699,7 +700,7 @@ func (c *Collector) sweep() error {
 		n++
 	}
 	if n > 0 {
-		c.Log.Info("finished runs whose pods vanished unseen", "runs", n)
+		c.Log.Info("finished runs whose pods are gone", "runs", n)
 	}
 	return nil
 }
