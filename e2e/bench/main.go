@@ -49,7 +49,7 @@ func main() {
 	pgSizes := flag.String("fleet-runs", "1000", "fleet: concurrent runs over three relay replicas on PostgreSQL, one measurement per size")
 	flood := flag.Int("flood", 2000, "relay: lines each run writes as fast as it can")
 	starts := flag.Int("starts", 30, "admission: Jobs per scenario and round timed from create to the agent pod Running")
-	memLimit := flag.String("relay-memlimit", "", "relay: the relay's soft memory limit, passed to it as $GOMEMLIMIT (e.g. 96MiB; default none: the relay sets one from its cgroup's memory limit, if it has one)")
+	memLimit := flag.String("relay-memlimit", "", "relay: the relay's soft memory limit, passed to it as $GOMEMLIMIT (e.g. 96MiB; default none: the relay sets one only from $CLIPJOB_RELAY_MEMORY_LIMIT, which the chart sets)")
 	flag.Parse()
 	levels, err := ints(*conc)
 	var sizes, pgRuns []int

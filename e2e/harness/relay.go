@@ -12,7 +12,6 @@ import (
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/relay"
 	"github.com/paperclipai/clipjob/relay/replicas"
-	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // Relay is a running clipjob-relay.
@@ -152,12 +151,12 @@ func ReplicaIDs(ctx context.Context, conn, schema string) (map[string]string, er
 // picks over the live ids).
 func ReadReplicas(ctx context.Context, q interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}, schema string) ([]store.Replica, error) {
+}, schema string) ([]replicas.Member, error) {
 	rows, err := q.Query(ctx, `SELECT id, name FROM `+pgx.Identifier{schema}.Sanitize()+`.replicas ORDER BY renewed_at`)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[store.Replica])
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[replicas.Member])
 }
 
 // RunCollector names the relay of schema on the PostgreSQL at conn that

@@ -390,16 +390,10 @@ func (ew *eventWriter) flush() error {
 
 func (a *API) plainLog(w http.ResponseWriter, run string, after uint64) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	for {
-		lines, err := store.Lines(a.Store, run, after, 1000)
-		if err != nil || len(lines) == 0 {
-			return
-		}
-		for _, l := range lines {
-			fmt.Fprintln(w, l.Line)
-			after = l.Seq
-		}
-	}
+	_ = store.EachLine(a.Store, run, after, func(l store.Line) (bool, error) {
+		_, err := fmt.Fprintln(w, l.Line)
+		return err == nil, nil // the client left
+	})
 }
 
 // cursorParam is where a log read starts: Last-Event-ID (an EventSource

@@ -272,7 +272,7 @@ func TestKubeAuthReviewsAndCaches(t *testing.T) {
 // clock, a second short of each lifetime and a second past it.
 func TestKubeAuthForgetsDecisionsAfterTheirLifetimes(t *testing.T) {
 	c := newReviewingClient()
-	clk := clocktesting.NewFakePassiveClock(time.Date(2026, 11, 28, 18, 0, 0, 0, time.UTC))
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 28, 18, 0, 0, 0, time.UTC))
 	a := &KubeAuth{Client: c, Clock: clk}
 	req := httptest.NewRequest(http.MethodGet, "/", nil)
 	req.Header.Set("Authorization", "Bearer good")

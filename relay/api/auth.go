@@ -16,6 +16,7 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilcache "k8s.io/apimachinery/pkg/util/cache"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 )
@@ -52,19 +53,26 @@ type KubeAuth struct {
 	// Audiences the token must be for; empty accepts the API server's.
 	Audiences []string
 	// Clock times the cache lifetimes. Default the real clock.
-	Clock clock.PassiveClock
+	Clock clock.Clock
 
-	mu     sync.Mutex
-	tokens map[[32]byte]cached[*authnv1.UserInfo]
-	grants map[string]cached[bool]
+	once sync.Once
+	// cache holds the decisions: a token's digest -> its user (nil:
+	// refused), a caller and namespace -> allowed.
+	cache *utilcache.Expiring
 }
 
 // How long a token's review, a permission and a denial are remembered.
 const tokenTTL, allowTTL, denyTTL = time.Minute, 30 * time.Second, 10 * time.Second
 
-type cached[T any] struct {
-	v   T
-	exp time.Time
+// decisions is the cache, made at first use.
+func (a *KubeAuth) decisions() *utilcache.Expiring {
+	a.once.Do(func() {
+		if a.Clock == nil {
+			a.Clock = clock.RealClock{}
+		}
+		a.cache = utilcache.NewExpiringWithClock(a.Clock)
+	})
+	return a.cache
 }
 
 // Authenticate implements Authorizer.
@@ -74,11 +82,11 @@ func (a *KubeAuth) Authenticate(r *http.Request) (*authnv1.UserInfo, error) {
 		return nil, errUnauthenticated
 	}
 	key := sha256.Sum256([]byte(token))
-	if u, ok := recall(a, &a.tokens, key); ok {
-		if u == nil {
-			return nil, a.refused() // refused moments ago: no new review
+	if u, ok := a.decisions().Get(key); ok {
+		if u := u.(*authnv1.UserInfo); u != nil {
+			return u, nil
 		}
-		return u, nil
+		return nil, a.refused() // refused moments ago: no new review
 	}
 	tr, err := a.Client.AuthenticationV1().TokenReviews().Create(r.Context(), &authnv1.TokenReview{
 		Spec: authnv1.TokenReviewSpec{Token: token, Audiences: a.Audiences},
@@ -92,19 +100,19 @@ func (a *KubeAuth) Authenticate(r *http.Request) (*authnv1.UserInfo, error) {
 		(len(a.Audiences) > 0 && !slices.ContainsFunc(a.Audiences, func(x string) bool { return slices.Contains(tr.Status.Audiences, x) })) {
 		// Remembered for denyTTL, so a client retrying a bad token in a
 		// loop costs the API server one review, not one per request.
-		remember(a, &a.tokens, key, nil, denyTTL)
+		a.decisions().Set(key, (*authnv1.UserInfo)(nil), denyTTL)
 		return nil, a.refused()
 	}
 	user := tr.Status.User
-	remember(a, &a.tokens, key, &user, tokenTTL)
+	a.decisions().Set(key, &user, tokenTTL)
 	return &user, nil
 }
 
 // Allowed implements Authorizer.
 func (a *KubeAuth) Allowed(ctx context.Context, user *authnv1.UserInfo, namespace string) (bool, error) {
 	key := userKey(user) + "\x00" + namespace
-	if ok, found := recall(a, &a.grants, key); found {
-		return ok, nil
+	if ok, found := a.decisions().Get(key); found {
+		return ok.(bool), nil
 	}
 	extra := map[string]authzv1.ExtraValue{}
 	for k, v := range user.Extra {
@@ -123,7 +131,7 @@ func (a *KubeAuth) Allowed(ctx context.Context, user *authnv1.UserInfo, namespac
 	if sar.Status.Allowed {
 		ttl = allowTTL
 	}
-	remember(a, &a.grants, key, sar.Status.Allowed, ttl)
+	a.decisions().Set(key, sar.Status.Allowed, ttl)
 	return sar.Status.Allowed, nil
 }
 
@@ -135,39 +143,4 @@ func userKey(u *authnv1.UserInfo) string {
 	extra, _ := json.Marshal(u.Extra) // map keys are sorted
 	sum := sha256.Sum256([]byte(u.Username + "\x00" + u.UID + "\x00" + strings.Join(groups, "\x00") + "\x00" + string(extra)))
 	return string(sum[:])
-}
-
-// now is the time on the caches' clock.
-func (a *KubeAuth) now() time.Time {
-	if a.Clock == nil {
-		return clock.RealClock{}.Now()
-	}
-	return a.Clock.Now()
-}
-
-// recall is what *m holds for key, if it has not expired.
-func recall[K comparable, V any](a *KubeAuth, m *map[K]cached[V], key K) (V, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	c, ok := (*m)[key]
-	return c.v, ok && a.now().Before(c.exp)
-}
-
-// remember keeps v for key in *m for ttl, first dropping the entries
-// expired once the cache grew large.
-func remember[K comparable, V any](a *KubeAuth, m *map[K]cached[V], key K, v V, ttl time.Duration) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	now := a.now()
-	if *m == nil {
-		*m = map[K]cached[V]{}
-	}
-	if len(*m) >= 10000 {
-		for k, c := range *m {
-			if now.After(c.exp) {
-				delete(*m, k)
-			}
-		}
-	}
-	(*m)[key] = cached[V]{v, now.Add(ttl)}
 }

@@ -39,8 +39,9 @@ type JobFailure func(ctx context.Context, namespace, name string) (string, error
 // Collector is a controller: pod events (OnPod) and the ends of its
 // followers queue the pod, and a reconcile per pod, on the queue's
 // workers, records its run, follows its containers and finishes the run
-// once every stream is drained. The runs whose pods vanished unseen are
-// finished by a sweep through the same queue (Sweep), and a change of the
+// once every stream is drained. The runs whose pods are gone (deleted,
+// or vanished unseen) are finished by a sweep through the same queue
+// (Sweep), and a change of the
 // runs this relay owns is applied there too (Rebalance). A reconcile that
 // fails (the store down or read only) is tried again through the queue's
 // rate limiter.
@@ -91,8 +92,7 @@ type item struct {
 	kind            itemKind
 	namespace, name string
 	uid             types.UID
-	run             string    // a pod's run-id label, or a run's key
-	job             types.UID // a pod's controlling Job's UID
+	run             string // a pod's run-id label, or a run's key
 }
 
 type itemKind uint8
@@ -101,7 +101,7 @@ const (
 	podItem       itemKind = iota
 	jobItem                // read the Job of a run that ended unsuccessfully
 	mirrorItem             // sync a run's mirror again
-	sweepItem              // finish the runs whose pods vanished unseen
+	sweepItem              // finish the runs whose pods are gone
 	rebalanceItem          // apply a change of the runs this relay owns
 )
 
@@ -202,11 +202,7 @@ func (c *Collector) Sweep() { c.queue.Add(item{kind: sweepItem}) }
 func (c *Collector) Rebalance() { c.queue.Add(item{kind: rebalanceItem}) }
 
 func podItemOf(pod *corev1.Pod) item {
-	it := item{kind: podItem, namespace: pod.Namespace, name: pod.Name, uid: pod.UID, run: pod.Labels[contract.LabelRunID]}
-	if job := metav1.GetControllerOf(pod); job != nil {
-		it.job = job.UID
-	}
-	return it
+	return item{kind: podItem, namespace: pod.Namespace, name: pod.Name, uid: pod.UID, run: pod.Labels[contract.LabelRunID]}
 }
 
 // work reconciles q's items until q shuts down. A failed one is queued
@@ -259,7 +255,14 @@ func (c *Collector) reconcile(it item) error {
 	}
 	pod := c.Pods.Pod(it.namespace, it.name)
 	if pod == nil || pod.UID != it.uid {
-		return c.podGone(it)
+		// Gone: once its followers have read what they could (their ends
+		// bring it back), the sweep finishes its run, if the pod was the
+		// run's newest.
+		if !c.streaming(it.uid) {
+			c.forget(it.uid)
+			c.queue.Add(item{kind: sweepItem})
+		}
+		return nil
 	}
 	return c.syncPod(pod)
 }
@@ -304,32 +307,6 @@ func (c *Collector) syncPod(pod *corev1.Pod) error {
 		return nil // its followers' ends bring it back
 	}
 	return c.finish(key, false)
-}
-
-// podGone finishes the run of a pod that is gone once its followers have
-// read what they could; the deletion of a pod that is not part of the
-// run, or not the run's newest, changes nothing.
-func (c *Collector) podGone(it item) error {
-	if c.streaming(it.uid) {
-		return nil // its followers see it gone, and their ends bring it back
-	}
-	keys := []string{it.run}
-	if store.ValidJobUID(string(it.job)) {
-		keys = append(keys, store.RunKey(it.run, string(it.job)))
-	}
-	for _, key := range keys {
-		r, err := c.Store.Run(key)
-		if err != nil {
-			return err
-		}
-		if r != nil && !r.Done && r.PodUID == string(it.uid) && bound(r, it.namespace, it.job) == "" {
-			if err := c.finish(key, true); err != nil {
-				return err
-			}
-		}
-	}
-	c.forget(it.uid)
-	return nil
 }
 
 // track remembers the pod, for its followers and its deletion; false once
@@ -603,18 +580,11 @@ func (c *Collector) finish(run string, gone bool) error {
 		return err
 	}
 	var p result.Parser
-	for after := uint64(0); ; {
-		lines, err := store.Lines(c.Store, run, after, 1000)
-		if err != nil {
-			return err
-		}
-		if len(lines) == 0 {
-			break
-		}
-		for _, l := range lines {
-			p.Feed([]byte(l.Line))
-		}
-		after = lines[len(lines)-1].Seq
+	if err := store.EachLine(c.Store, run, 0, func(l store.Line) (bool, error) {
+		p.Feed([]byte(l.Line))
+		return true, nil
+	}); err != nil {
+		return err
 	}
 	rec, err := c.Store.UpdateRun(run, func(r *store.Run) {
 		if r.Done {
@@ -706,9 +676,11 @@ func allStatuses(pod *corev1.Pod) []corev1.ContainerStatus {
 }
 
 // sweep finishes the runs this relay owns left unfinished in the store
-// whose pod no longer exists (deleted while the relay was away, or while
-// another relay collected it): their log is what was stored, and their
-// phase is Unknown unless it was seen to end.
+// whose pod no longer exists and is followed no more (deleted, perhaps
+// while the relay was away or another relay collected it): their log is
+// what was stored, and their phase is Unknown unless it was seen to end.
+// Pods gone queue it, and the queue holds one sweep at a time however
+// many are gone.
 func (c *Collector) sweep() error {
 	runs, err := c.Store.RunsWhere(store.Filter{Unfinished: true})
 	if err != nil {
@@ -719,7 +691,7 @@ func (c *Collector) sweep() error {
 		if !c.owns(runID(r.ID)) {
 			continue // another relay's to finish
 		}
-		if p := c.Pods.Pod(r.Namespace, r.Pod); p != nil && string(p.UID) == r.PodUID {
+		if p := c.Pods.Pod(r.Namespace, r.Pod); (p != nil && string(p.UID) == r.PodUID) || c.streaming(types.UID(r.PodUID)) {
 			continue
 		}
 		if err := c.finish(r.ID, true); err != nil {
@@ -728,7 +700,7 @@ func (c *Collector) sweep() error {
 		n++
 	}
 	if n > 0 {
-		c.Log.Info("finished runs whose pods vanished unseen", "runs", n)
+		c.Log.Info("finished runs whose pods are gone", "runs", n)
 	}
 	return nil
 }

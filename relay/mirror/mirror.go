@@ -367,24 +367,18 @@ func (m *Mirror) sync(run string) error {
 		return err
 	}
 	size := st.Size
-	for {
-		lines, err := store.Lines(m.Store, run, st.Seq, 1000)
-		if err != nil {
-			return err
-		}
-		if len(lines) == 0 {
-			break
-		}
-		for _, l := range lines {
-			if r.MainContainer == "" || l.Container == r.MainContainer {
-				n, err := fmt.Fprintln(f, l.Line)
-				if err != nil {
-					return err
-				}
-				size += int64(n)
+	if err := store.EachLine(m.Store, run, st.Seq, func(l store.Line) (bool, error) {
+		if r.MainContainer == "" || l.Container == r.MainContainer {
+			n, err := fmt.Fprintln(f, l.Line)
+			if err != nil {
+				return false, err
 			}
-			st.Seq = l.Seq
+			size += int64(n)
 		}
+		st.Seq = l.Seq
+		return true, nil
+	}); err != nil {
+		return err
 	}
 	if err := f.Sync(); err != nil {
 		return err
@@ -409,40 +403,36 @@ func (m *Mirror) sync(run string) error {
 func (m *Mirror) adopt(f *os.File, run string, r *store.Run, st store.MirrorState, end int64) (_ store.MirrorState, ahead bool, err error) {
 	in := bufio.NewReader(io.NewSectionReader(f, st.Size, end-st.Size))
 	var got []byte
-	for {
-		lines, err := store.Lines(m.Store, run, st.Seq, 1000)
-		if err != nil {
-			return st, false, err
-		}
-		if len(lines) == 0 {
-			// Whole lines left are another store's, ahead of this one; a
-			// line without its newline is a write a crash cut short: cut
-			// back. The newline is looked for so far only: an agent can
-			// write a line of any length to the file.
-			ahead, err := hasNewline(io.LimitReader(in, maxAheadScan))
-			return st, ahead, err
-		}
-		for _, l := range lines {
-			if r.MainContainer != "" && l.Container != r.MainContainer {
-				st.Seq = l.Seq
-				continue
-			}
-			want := len(l.Line) + 1
-			got = slices.Grow(got[:0], want)[:want]
-			n, err := io.ReadFull(in, got)
-			if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
-				return st, false, err
-			}
-			if n < want || string(got[:want-1]) != l.Line || got[want-1] != '\n' {
-				return st, false, nil // cut short or another line: cut back from here
-			}
-			st.Size += int64(want)
+	ranOut := true // the store's lines ended before the file's bytes
+	err = store.EachLine(m.Store, run, st.Seq, func(l store.Line) (bool, error) {
+		if r.MainContainer != "" && l.Container != r.MainContainer {
 			st.Seq = l.Seq
-			if st.Size == end {
-				return st, false, nil
-			}
+			return true, nil
 		}
+		want := len(l.Line) + 1
+		got = slices.Grow(got[:0], want)[:want]
+		n, err := io.ReadFull(in, got)
+		if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
+			return false, err
+		}
+		if n < want || string(got[:want-1]) != l.Line || got[want-1] != '\n' {
+			ranOut = false // cut short or another line: cut back from here
+			return false, nil
+		}
+		st.Size += int64(want)
+		st.Seq = l.Seq
+		ranOut = st.Size < end
+		return ranOut, nil
+	})
+	if err != nil || !ranOut {
+		return st, false, err
 	}
+	// Whole lines left are another store's, ahead of this one; a line
+	// without its newline is a write a crash cut short: cut back. The
+	// newline is looked for so far only: an agent can write a line of any
+	// length to the file.
+	ahead, err = hasNewline(io.LimitReader(in, maxAheadScan))
+	return st, ahead, err
 }
 
 // maxAheadScan bounds how far adopt reads for the end of a line another

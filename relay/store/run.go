@@ -116,6 +116,23 @@ func Lines(b Backend, run string, after uint64, limit int) ([]Line, error) {
 	return out, nil
 }
 
+// EachLine hands fn the lines of run after sequence after, in order, a
+// page at a time, until fn returns false or an error, or the lines end.
+func EachLine(b Backend, run string, after uint64, fn func(Line) (bool, error)) error {
+	for {
+		lines, err := Lines(b, run, after, 1000)
+		if err != nil || len(lines) == 0 {
+			return err
+		}
+		for _, l := range lines {
+			if more, err := fn(l); !more || err != nil {
+				return err
+			}
+			after = l.Seq
+		}
+	}
+}
+
 // RawLine is a stored line as the store keeps it: the JSON of a Line.
 type RawLine struct {
 	Seq  uint64

@@ -49,7 +49,7 @@ func Parse(args []string, stderr io.Writer) (*Options, error) {
 // error. run is relay.Serve outside tests.
 func Main(ctx context.Context, args []string, stderr io.Writer, run func(context.Context, relay.Options) error) int {
 	setGCPercent()
-	mem := setMemoryLimit(cgroupRoot)
+	memMsg, memKV := setMemoryLimit()
 	var o *Options
 	return command.ServerMain(ctx, "clipjob-relay", stderr, func() (*command.Server, error) {
 		var err error
@@ -59,7 +59,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer, run func(context
 		return &o.Server, nil
 	}, func(ctx context.Context, log logr.Logger, cfg *rest.Config) error {
 		o.Log, o.RestConfig = log, cfg
-		mem.log(log)
+		log.Info(memMsg, memKV...)
 		return run(ctx, o.Options)
 	})
 }
