@@ -21,13 +21,16 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -50,6 +53,9 @@ type options struct {
 	// step is how many lines more every run must have stored, through
 	// the newest relay, before each step of the roll goes on.
 	step int
+	// leasesFirst deletes the old chart's Lease objects before the first
+	// new relay starts, not once it is ready.
+	leasesFirst bool
 }
 
 func main() {
@@ -58,6 +64,7 @@ func main() {
 	flag.StringVar(&o.old, "old", oldCommit, "the commit of the Lease-based relay to upgrade from")
 	flag.IntVar(&o.runs, "runs", 6, "agent runs flooding lines through the upgrade")
 	flag.IntVar(&o.step, "step", 150, "lines more every run must have stored before each step of the roll")
+	flag.BoolVar(&o.leasesFirst, "leases-gone-first", false, "delete the old chart's Lease objects before the first new relay starts, as a `helm upgrade` whose new pods are slow to start does, not once it is ready")
 	flag.Parse()
 	ctrllog.SetLogger(logr.Discard())
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -199,8 +206,45 @@ func (u *upgrade) roll(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	news := make([]*harness.Relay, 3)
 	var hostile []string
+	var mixed mixedPeriod
+	// leasesGone deletes the old chart's Lease objects, as `helm upgrade`
+	// to the new chart does, and checks that the old replicas still
+	// running stop collecting.
+	leasesGone := func(first *harness.Relay) error {
+		if err := mixed.start(olds, first); err != nil {
+			return err
+		}
+		for _, obj := range leases {
+			if err := cl.Delete(ctx, obj.DeepCopy()); err != nil {
+				return fmt.Errorf("deleting the old chart's %s %s: %w", obj.GetKind(), obj.GetName(), err)
+			}
+		}
+		deleted := time.Now()
+		u.logf("the old chart's Lease objects deleted (helm upgrade)")
+		stopped, err := stopCollecting(ctx, olds)
+		if err != nil {
+			return err
+		}
+		if err := mixed.end(olds, first, slices.MaxFunc(stopped, time.Time.Compare)); err != nil {
+			return err
+		}
+		if err := storeNothing(olds); err != nil {
+			return err
+		}
+		for j, at := range stopped {
+			hostile = append(hostile, fmt.Sprintf("old relay %d, left running without its Lease Role: stopped collecting and turned unready %s after it went, stored no line more",
+				j, at.Sub(deleted).Round(100*time.Millisecond)))
+			u.logf("%s", hostile[len(hostile)-1])
+		}
+		return nil
+	}
+	if o.leasesFirst {
+		if err := leasesGone(nil); err != nil {
+			return err
+		}
+	}
+	news := make([]*harness.Relay, 3)
 	for i := range news {
 		if news[i], err = u.startNew(ctx, fmt.Sprintf("new-%d", i)); err != nil {
 			return err
@@ -209,25 +253,9 @@ func (u *upgrade) roll(ctx context.Context, o options) error {
 			return err
 		}
 		u.logf("new relay %d ready and collecting, %d new live", i, i+1)
-		if i == 0 {
-			for _, obj := range leases {
-				if err := cl.Delete(ctx, obj.DeepCopy()); err != nil {
-					return fmt.Errorf("deleting the old chart's %s %s: %w", obj.GetKind(), obj.GetName(), err)
-				}
-			}
-			deleted := time.Now()
-			u.logf("the old chart's Lease objects deleted (helm upgrade)")
-			// The old replicas, left running without the right to renew
-			// their Leases, must stop collecting, store nothing more,
-			// and say so in readiness.
-			for j, r := range olds {
-				took, err := stopsCollecting(ctx, r)
-				if err != nil {
-					return fmt.Errorf("old relay %d: %w", j, err)
-				}
-				hostile = append(hostile, fmt.Sprintf("old relay %d stopped collecting %s after its Lease Role went, stored nothing more, unready", j,
-					took.Sub(deleted).Round(100*time.Millisecond)))
-				u.logf("%s", hostile[len(hostile)-1])
+		if i == 0 && !o.leasesFirst {
+			if err := leasesGone(news[0]); err != nil {
+				return err
 			}
 		}
 		if err := waitStored(ctx, news[i], u.token, f, o.step, fmt.Sprintf("with new relay %d beside the old", i)); err != nil {
@@ -287,6 +315,7 @@ func (u *upgrade) roll(ctx context.Context, o options) error {
 	fmt.Printf("\nrelay upgrade from %s (Leases) to this checkout (table of replicas), %s\n", u.old.commit[:12], time.Now().UTC().Format("2006-01-02"))
 	fmt.Printf("  %d runs, %d lines; the roll took %s, %d lines stored while old and new relays ran together\n",
 		len(f.Runs), total, roll.Round(100*time.Millisecond), storedAfter-storedBefore)
+	fmt.Printf("  %s\n", mixed)
 	fmt.Printf("  commits refused by the cursor check (another writer stored lines first): old relays %d, new relays %d\n",
 		refusals(olds...), refusals(news...))
 	for _, h := range hostile {
@@ -334,11 +363,8 @@ func (u *upgrade) oldRefusesTheNewSchema(ctx context.Context) (string, error) {
 	if rerr != nil {
 		return "", rerr
 	}
-	const want = "the schema is at migration"
-	for l := range strings.SplitSeq(string(log), "\n") {
-		if i := strings.Index(l, want); i >= 0 {
-			return "an old relay started after the upgrade refused the store: " + strings.TrimRight(l[i:], `"}`), nil
-		}
+	if why := logSays(log, "the schema is at migration"); why != "" {
+		return "an old relay started after the upgrade exited: " + why, nil
 	}
 	return "", fmt.Errorf("an old relay started on the migrated store failed (%v) without saying the schema is newer: its log is %s", err,
 		filepath.Join(u.c.Dir, "upgrade-old-late", "relay.log"))
@@ -362,44 +388,111 @@ func waitCollecting(ctx context.Context, live int, rs ...*harness.Relay) error {
 	return nil
 }
 
-// stopsCollecting waits until r says it collects nothing and is unready,
-// then checks it stores no line more for a while; it returns when r said
-// so.
-func stopsCollecting(ctx context.Context, r *harness.Relay) (time.Time, error) {
-	var at time.Time
+// stopCollecting waits until each of rs says it collects nothing and is
+// unready, and returns when each said so.
+func stopCollecting(ctx context.Context, rs []*harness.Relay) ([]time.Time, error) {
+	at := make([]time.Time, len(rs))
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
-		c, err := r.Counter("clipjob_relay_replica_collecting ")
-		if err != nil || c != 0 {
-			return false, nil
+		for i, r := range rs {
+			if !at[i].IsZero() {
+				continue
+			}
+			if c, err := r.Counter("clipjob_relay_replica_collecting "); err != nil || c != 0 {
+				continue
+			}
+			if resp, err := http.Get("http://" + r.ProbeAddr + "/readyz"); err == nil {
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					at[i] = time.Now()
+				}
+			}
 		}
-		if at.IsZero() {
-			at = time.Now()
-		}
-		resp, err := http.Get("http://" + r.ProbeAddr + "/readyz")
-		if err != nil {
-			return false, nil
-		}
-		resp.Body.Close()
-		return resp.StatusCode != http.StatusOK, nil
+		return !slices.ContainsFunc(at, time.Time.IsZero), nil
 	})
 	if err != nil {
-		return at, fmt.Errorf("still collecting, or ready, without its Lease Role: %w", err)
-	}
-	// What was in flight when it stopped may still commit; then nothing.
-	time.Sleep(2 * time.Second)
-	before, err := r.Counter("clipjob_relay_lines_stored_total")
-	if err != nil {
-		return at, err
-	}
-	time.Sleep(5 * time.Second)
-	after, err := r.Counter("clipjob_relay_lines_stored_total")
-	if err != nil {
-		return at, err
-	}
-	if after != before {
-		return at, fmt.Errorf("it said it collects nothing, and stored %.0f lines in the 5 s after", after-before)
+		return nil, fmt.Errorf("old relays still collecting, or ready, without their Lease Role (stopped at %v): %w", at, err)
 	}
 	return at, nil
+}
+
+// storeNothing checks that rs, which said they collect nothing, store no
+// line more.
+func storeNothing(rs []*harness.Relay) error {
+	// What was in flight when they stopped may still commit; then nothing.
+	time.Sleep(2 * time.Second)
+	before, err := linesStored(rs...)
+	if err != nil {
+		return err
+	}
+	time.Sleep(5 * time.Second)
+	after, err := linesStored(rs...)
+	if err != nil {
+		return err
+	}
+	if after != before {
+		return fmt.Errorf("old relays said they collect nothing, and stored %.0f lines in the 5 s after", after-before)
+	}
+	return nil
+}
+
+// linesStored is how many lines rs stored, by their metrics.
+func linesStored(rs ...*harness.Relay) (float64, error) {
+	var sum float64
+	for _, r := range rs {
+		n, err := r.Counter("clipjob_relay_lines_stored_total")
+		if err != nil {
+			return 0, err
+		}
+		sum += n
+	}
+	return sum, nil
+}
+
+// mixedPeriod is from the first new relay collecting beside the old ones
+// until the last old one stopped collecting, and what each kind stored
+// in it.
+type mixedPeriod struct {
+	from, to             time.Time
+	old0, new0           float64
+	oldStored, newStored float64
+	// alone: the Lease objects went before any new relay collected.
+	alone bool
+}
+
+// start begins the period, once first (nil: none yet) collects.
+func (m *mixedPeriod) start(olds []*harness.Relay, first *harness.Relay) error {
+	m.from, m.alone = time.Now(), first == nil
+	var err error
+	if m.old0, err = linesStored(olds...); err != nil || first == nil {
+		return err
+	}
+	m.new0, err = linesStored(first)
+	return err
+}
+
+// end ends it, the last old relay having stopped collecting at to.
+func (m *mixedPeriod) end(olds []*harness.Relay, first *harness.Relay, to time.Time) error {
+	m.to = to
+	n, err := linesStored(olds...)
+	if err != nil {
+		return err
+	}
+	m.oldStored = n - m.old0
+	if first != nil {
+		if n, err = linesStored(first); err != nil {
+			return err
+		}
+		m.newStored = n - m.new0
+	}
+	return nil
+}
+
+func (m mixedPeriod) String() string {
+	if m.alone {
+		return fmt.Sprintf("the Lease objects went before any new relay collected: the old relays stored %.0f lines until they stopped collecting", m.oldStored)
+	}
+	return fmt.Sprintf("old and new relays collecting together (the first new one ready until the old ones stopped collecting, %s): old relays stored %.0f lines, the new one %.0f",
+		m.to.Sub(m.from).Round(100*time.Millisecond), m.oldStored, m.newStored)
 }
 
 // waitStored waits until every run of f has n lines more stored, asked
@@ -470,4 +563,24 @@ func refusals(rs ...*harness.Relay) int {
 		n += strings.Count(string(log), "another writer stored lines")
 	}
 	return n
+}
+
+// logSays is the first field of a JSON log line of log that holds text,
+// else the first line that does, else "".
+func logSays(log []byte, text string) string {
+	for l := range strings.SplitSeq(string(log), "\n") {
+		if !strings.Contains(l, text) {
+			continue
+		}
+		var fields map[string]any
+		if json.Unmarshal([]byte(l), &fields) == nil {
+			for _, k := range slices.Sorted(maps.Keys(fields)) {
+				if v, ok := fields[k].(string); ok && strings.Contains(v, text) && k != "stacktrace" {
+					return v
+				}
+			}
+		}
+		return l
+	}
+	return ""
 }
