@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,6 +33,13 @@ type Relay struct {
 // prefix and contains every one of match.
 func (r *Relay) Counter(prefix string, match ...string) (float64, error) {
 	return scrapeCounter(r.MetricsAddr, prefix, match...)
+}
+
+// RefusedCommits is how many commits r's store refused because another
+// writer had moved the stream's cursor (its debug log says so).
+func (r *Relay) RefusedCommits() (int, error) {
+	log, err := os.ReadFile(r.Log)
+	return strings.Count(string(log), "another writer stored lines"), err
 }
 
 // StartRelay builds nothing: it runs bin against c, collecting namespace,

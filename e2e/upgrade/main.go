@@ -554,15 +554,15 @@ func readMirror(ctx context.Context, file string) ([]string, error) {
 	return harness.SplitLines(string(b)), err
 }
 
-// refusals is how many commits of rs their store refused because another
-// writer had moved the stream's cursor (their debug logs say so).
+// refusals is how many commits of rs their store refused
+// (RefusedCommits).
 func refusals(rs ...*harness.Relay) int {
-	n := 0
+	total := 0
 	for _, r := range rs {
-		log, _ := os.ReadFile(r.Log)
-		n += strings.Count(string(log), "another writer stored lines")
+		n, _ := r.RefusedCommits()
+		total += n
 	}
-	return n
+	return total
 }
 
 // logSays is the first field of a JSON log line of log that holds text,
