@@ -3,9 +3,12 @@ package harness
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/paperclipai/clipjob/contract"
 	"github.com/paperclipai/clipjob/e2e/cluster"
@@ -101,4 +104,19 @@ func (f *Flood) Finish(ctx context.Context) error {
 // lines: the example Paperclip's company, the run's agent.
 func (f *Flood) MirrorFile(dir, run string) string {
 	return filepath.Join(dir, "run-logs", "acme", "agent-"+run, run+".pod.ndjson")
+}
+
+// ReadMirror reads run's mirror file in dir once its done marker, written
+// last, is beside it: then the file is whole.
+func (f *Flood) ReadMirror(ctx context.Context, dir, run string) ([]string, error) {
+	file := f.MirrorFile(dir, run)
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(file + ".done")
+		return err == nil, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("run %s: no done marker beside its mirror file %s: %w", run, file, err)
+	}
+	b, err := os.ReadFile(file)
+	return SplitLines(string(b)), err
 }

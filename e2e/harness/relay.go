@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/relay"
 	"github.com/paperclipai/clipjob/relay/replicas"
@@ -40,6 +42,25 @@ func (r *Relay) Counter(prefix string, match ...string) (float64, error) {
 func (r *Relay) RefusedCommits() (int, error) {
 	log, err := os.ReadFile(r.Log)
 	return strings.Count(string(log), "another writer stored lines"), err
+}
+
+// WaitCollecting waits until each of rs collects its share of the runs,
+// seeing live replicas (itself included).
+func WaitCollecting(ctx context.Context, live int, rs ...*Relay) error {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		for _, r := range rs {
+			n, err := r.Counter("clipjob_relay_replicas ")
+			c, err2 := r.Counter("clipjob_relay_replica_collecting ")
+			if err != nil || err2 != nil || int(n) != live || c != 1 {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%d replicas do not all collect, each seeing %d live: %w", len(rs), live, err)
+	}
+	return nil
 }
 
 // StartRelay builds nothing: it runs bin against c, collecting namespace,

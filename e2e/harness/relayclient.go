@@ -66,15 +66,24 @@ func (r *Relay) RunRecord(token, run string) (*store.Run, int, error) {
 // WaitRun waits until the relay's record of run satisfies ok.
 func (r *Relay) WaitRun(ctx context.Context, t testing.TB, token, run string, ok func(*store.Run) bool) *store.Run {
 	t.Helper()
+	last, err := r.AwaitRun(ctx, token, run, ok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return last
+}
+
+// AwaitRun is WaitRun outside a test.
+func (r *Relay) AwaitRun(ctx context.Context, token, run string, ok func(*store.Run) bool) (*store.Run, error) {
 	var last *store.Run
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
-		last, _ = r.Run(t, token, run)
+		last, _, _ = r.RunRecord(token, run)
 		return last != nil && ok(last), nil
 	})
 	if err != nil {
-		t.Fatalf("run %s: %v (last: %+v)", run, err, last)
+		return last, fmt.Errorf("run %s: %w (last: %+v)", run, err, last)
 	}
-	return last
+	return last, nil
 }
 
 // Lines is the run's stored log, a line each.

@@ -182,18 +182,12 @@ func (rs *relayReplicas) runsOf(t *testing.T, i int, runs []string) []string {
 // those replicas live.
 func (rs *relayReplicas) waitMembers(ctx context.Context, t *testing.T, live ...int) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
-		for _, i := range live {
-			n, err := rs.relays[i].Counter("clipjob_relay_replicas ")
-			c, err2 := rs.relays[i].Counter("clipjob_relay_replica_collecting ")
-			if err != nil || err2 != nil || int(n) != len(live) || c != 1 {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
-	if err != nil {
-		t.Fatalf("replicas %v do not all collect, each seeing %d live: %v", live, len(live), err)
+	var relays []*harness.Relay
+	for _, i := range live {
+		relays = append(relays, rs.relays[i])
+	}
+	if err := harness.WaitCollecting(ctx, len(live), relays...); err != nil {
+		t.Fatalf("replicas %v: %v", live, err)
 	}
 }
 
@@ -227,20 +221,11 @@ func (f *flood) end(ctx context.Context, t *testing.T, rs *relayReplicas) {
 		for _, r := range rs.relays {
 			harness.ExactlyOnce(t, r.Lines(t, rs.token, run), f.Want(run))
 		}
-		// The mirror's done marker is written last: then the file is whole.
-		file := f.MirrorFile(rs.mirror, run)
-		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
-			_, err := os.Stat(file + ".done")
-			return err == nil, nil
-		})
-		if err != nil {
-			t.Fatalf("run %s: no done marker beside its mirror file: %v", run, err)
-		}
-		mirror, err := os.ReadFile(file)
+		mirror, err := f.ReadMirror(ctx, rs.mirror, run)
 		if err != nil {
 			t.Fatal(err)
 		}
-		harness.ExactlyOnce(t, harness.SplitLines(string(mirror)), f.Want(run))
+		harness.ExactlyOnce(t, mirror, f.Want(run))
 		total += len(f.Want(run))
 	}
 	t.Logf("%d lines of %d runs, read through each of %d replicas and in their mirror files: 0 lost, 0 stored twice", total, len(f.Runs), len(rs.relays))

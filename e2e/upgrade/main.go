@@ -44,6 +44,7 @@ import (
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/e2e/harness"
 	"github.com/paperclipai/clipjob/relay"
+	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
 )
 
@@ -181,7 +182,7 @@ func (u *upgrade) roll(ctx context.Context, o options) error {
 			return err
 		}
 	}
-	if err := waitCollecting(ctx, 3, olds...); err != nil {
+	if err := harness.WaitCollecting(ctx, 3, olds...); err != nil {
 		return err
 	}
 	u.logf("3 Lease-based relays collect, each seeing 3 live")
@@ -249,7 +250,7 @@ func (u *upgrade) roll(ctx context.Context, o options) error {
 		if news[i], err = u.startNew(ctx, fmt.Sprintf("new-%d", i)); err != nil {
 			return err
 		}
-		if err := waitCollecting(ctx, i+1, news[:i+1]...); err != nil {
+		if err := harness.WaitCollecting(ctx, i+1, news[:i+1]...); err != nil {
 			return err
 		}
 		u.logf("new relay %d ready and collecting, %d new live", i, i+1)
@@ -269,7 +270,7 @@ func (u *upgrade) roll(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	if err := waitCollecting(ctx, 3, news...); err != nil {
+	if err := harness.WaitCollecting(ctx, 3, news...); err != nil {
 		return err
 	}
 	if err := waitStored(ctx, news[2], u.token, f, o.step, "with the new relays alone"); err != nil {
@@ -296,7 +297,7 @@ func (u *upgrade) roll(ctx context.Context, o options) error {
 	for _, run := range f.Runs {
 		want := f.Want(run)
 		total += len(want)
-		if err := waitDone(ctx, news[0], u.token, run); err != nil {
+		if _, err := news[0].AwaitRun(ctx, u.token, run, func(x *store.Run) bool { return x.Done }); err != nil {
 			return err
 		}
 		for i, r := range news {
@@ -306,7 +307,7 @@ func (u *upgrade) roll(ctx context.Context, o options) error {
 			}
 			j.add(fmt.Sprintf("new relay %d", i), run, harness.Tally(got, want))
 		}
-		mirror, err := readMirror(ctx, f.MirrorFile(u.mirror, run))
+		mirror, err := f.ReadMirror(ctx, u.mirror, run)
 		if err != nil {
 			return err
 		}
@@ -368,24 +369,6 @@ func (u *upgrade) oldRefusesTheNewSchema(ctx context.Context) (string, error) {
 	}
 	return "", fmt.Errorf("an old relay started on the migrated store failed (%v) without saying the schema is newer: its log is %s", err,
 		filepath.Join(u.c.Dir, "upgrade-old-late", "relay.log"))
-}
-
-// waitCollecting waits until each of rs collects, seeing live replicas.
-func waitCollecting(ctx context.Context, live int, rs ...*harness.Relay) error {
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
-		for _, r := range rs {
-			n, err := r.Counter("clipjob_relay_replicas ")
-			c, err2 := r.Counter("clipjob_relay_replica_collecting ")
-			if err != nil || err2 != nil || int(n) != live || c != 1 {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
-	if err != nil {
-		return fmt.Errorf("%d relays do not all collect, each seeing %d live: %w", len(rs), live, err)
-	}
-	return nil
 }
 
 // stopCollecting waits until each of rs says it collects nothing and is
@@ -500,16 +483,8 @@ func (m mixedPeriod) String() string {
 func waitStored(ctx context.Context, r *harness.Relay, token string, f *harness.Flood, n int, why string) error {
 	for _, run := range f.Runs {
 		want := f.Written(run) + n
-		got := 0
-		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 5*time.Minute, true, func(context.Context) (bool, error) {
-			x, _, _ := r.RunRecord(token, run)
-			if x != nil {
-				got = int(x.LastSeq)
-			}
-			return got >= want, nil
-		})
-		if err != nil {
-			return fmt.Errorf("run %s: %d lines stored, not %d, %s: %w", run, got, want, why, err)
+		if _, err := r.AwaitRun(ctx, token, run, func(x *store.Run) bool { return int(x.LastSeq) >= want }); err != nil {
+			return fmt.Errorf("waiting for %d lines stored %s: %w", want, why, err)
 		}
 	}
 	return nil
@@ -526,32 +501,6 @@ func storedLines(r *harness.Relay, token string, runs []string) (int, error) {
 		total += int(x.LastSeq)
 	}
 	return total, nil
-}
-
-// waitDone waits until r says run is done.
-func waitDone(ctx context.Context, r *harness.Relay, token, run string) error {
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
-		x, _, _ := r.RunRecord(token, run)
-		return x != nil && x.Done, nil
-	})
-	if err != nil {
-		return fmt.Errorf("run %s is not done: %w", run, err)
-	}
-	return nil
-}
-
-// readMirror reads a run's mirror file once its done marker, written
-// last, is beside it.
-func readMirror(ctx context.Context, file string) ([]string, error) {
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
-		_, err := os.Stat(file + ".done")
-		return err == nil, nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("no done marker beside the mirror file %s: %w", file, err)
-	}
-	b, err := os.ReadFile(file)
-	return harness.SplitLines(string(b)), err
 }
 
 // refusals is how many commits of rs their store refused
