@@ -37,6 +37,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -167,13 +169,22 @@ func (u *upgrade) roll(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
+	// What an earlier run on an attached control plane left goes first.
+	if _, err := u.deleteLeftLeases(ctx); err != nil {
+		return err
+	}
 	var names []string
 	for _, obj := range leases {
-		if err := cl.Create(ctx, obj.DeepCopy()); err != nil {
+		if err := cl.Create(ctx, obj.DeepCopy()); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("creating the old chart's %s %s: %w", obj.GetKind(), obj.GetName(), err)
 		}
 		names = append(names, obj.GetKind()+" "+obj.GetName())
 	}
+	defer func() {
+		for _, obj := range leases {
+			_ = cl.Delete(context.WithoutCancel(ctx), obj.DeepCopy())
+		}
+	}()
 	u.logf("the old chart's Lease objects applied: %s", strings.Join(names, ", "))
 
 	olds := make([]*harness.Relay, 3)
@@ -285,6 +296,15 @@ func (u *upgrade) roll(ctx context.Context, o options) error {
 	hostile = append(hostile, refused)
 	u.logf("%s", refused)
 
+	// The old relays' Leases outlive them: they could delete them only
+	// with the Role that went. Read by nobody now; deleted, as the
+	// operator may.
+	left, err := u.deleteLeftLeases(ctx)
+	if err != nil {
+		return err
+	}
+	hostile = append(hostile, fmt.Sprintf("Leases the old relays left in %s (their Role went before they could delete them): %s", harness.Release.Namespace, strings.Join(left, ", ")))
+
 	flooding = false
 	if err := f.Stop(); err != nil {
 		return err
@@ -350,6 +370,27 @@ func (u *upgrade) start(ctx context.Context, bin, name string, extra ...string) 
 	}
 	return harness.StartRelay(ctx, u.c, bin, "upgrade-"+name, u.in.Namespace, append([]string{"--store", "postgres", "--postgres-url-file", url,
 		"--postgres-schema", schema, "--replica-id", name, "--mirror-dir", u.mirror}, extra...)...)
+}
+
+// deleteLeftLeases deletes the old relays' Leases in the release
+// namespace and names them.
+func (u *upgrade) deleteLeftLeases(ctx context.Context) ([]string, error) {
+	leases := u.c.Clientset().CoordinationV1().Leases(harness.Release.Namespace)
+	sel := metav1.ListOptions{LabelSelector: "clipjob.paperclip.io/relay-group=" + leaseGroup}
+	list, err := leases.List(ctx, sel)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, l := range list.Items {
+		names = append(names, l.Name)
+	}
+	if len(names) > 0 {
+		if err := leases.DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil {
+			return nil, err
+		}
+	}
+	return names, nil
 }
 
 // oldRefusesTheNewSchema starts an old relay on the store the new ones
