@@ -25,6 +25,7 @@ type Flood struct {
 	want       map[string][]string
 	err        error
 	stop       chan struct{}
+	stopOnce   sync.Once
 	wg         sync.WaitGroup
 }
 
@@ -82,10 +83,13 @@ func (f *Flood) Want(run string) []string {
 	return f.want[run]
 }
 
-// Stop stops writing, and says whether a write failed.
+// Stop stops writing, and says whether a write failed; stopped again, it
+// says so again.
 func (f *Flood) Stop() error {
-	close(f.stop)
+	f.stopOnce.Do(func() { close(f.stop) })
 	f.wg.Wait()
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	return f.err
 }
 

@@ -201,6 +201,7 @@ func startFlood(in *harness.Install, ctx context.Context, t *testing.T, name str
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = f.Stop() }) // a test that failed before its end
 	return &flood{f}
 }
 

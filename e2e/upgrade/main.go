@@ -201,12 +201,7 @@ func (u *upgrade) roll(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	flooding := true
-	defer func() {
-		if flooding {
-			_ = f.Stop()
-		}
-	}()
+	defer f.Stop() // a run that failed before the flood ended
 	if err := waitStored(ctx, olds[0], u.token, f, o.step, "before the upgrade"); err != nil {
 		return err
 	}
@@ -305,7 +300,6 @@ func (u *upgrade) roll(ctx context.Context, o options) error {
 	}
 	hostile = append(hostile, fmt.Sprintf("Leases the old relays left in %s (their Role went before they could delete them): %s", harness.Release.Namespace, strings.Join(left, ", ")))
 
-	flooding = false
 	if err := f.Stop(); err != nil {
 		return err
 	}
