@@ -18,7 +18,7 @@ BENCH_FLEET_RUNS ?= 1000
 BENCH_PC_RUNS ?= 50
 BENCH_COUNT  ?= 3
 
-.PHONY: all build image image-docker paperclip-image test adapter unit integration realnode e2e e2e-kind controlplane demo first-run soak bench kube-binaries node-packages postgres-packages chromium paperclip fuzz golden dashboard-screenshots chart-docs lint fmt vet clean
+.PHONY: all build image image-docker paperclip-image test adapter unit integration realnode e2e e2e-kind controlplane demo first-run soak relay-upgrade bench kube-binaries node-packages postgres-packages chromium paperclip fuzz golden dashboard-screenshots chart-docs lint fmt vet clean
 
 # The image the chart runs, tagged with the chart's appVersion.
 IMAGE     ?= ghcr.io/paperclipai/clipjob:$(shell sed -n 's/^appVersion: *"*\([^"]*\)"*/\1/p' charts/clipjob/Chart.yaml)
@@ -85,6 +85,9 @@ e2e-kind: ## The in-cluster e2e tests on a kind cluster built here (Docker engin
 
 soak: kube-binaries node-packages paperclip ## Chaos, measured: many agent runs through Paperclip in the cluster while clipjob's and Paperclip's pods are killed at random (SOAK_FLAGS; docs/benchmarks.md); outside make test
 	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/soak $(SOAK_FLAGS)
+
+relay-upgrade: kube-binaries postgres-packages ## A rolling upgrade from the Lease-based relay (built from this repository's history, cached) to this checkout's under a flood, on the integration tier's control plane: 0 lines lost or stored twice (UPGRADE_FLAGS; docs/relay.md); outside make test
+	KUBE_BIN_DIR=$(KUBE_BIN) $(GO) run ./e2e/upgrade $(UPGRADE_FLAGS)
 
 bench: kube-binaries chromium ## Go benchmarks of the hot paths, the runs page with a 100k-line log in Chromium, a real Paperclip server's runs through clipjob beside the seed adapter's (real node), then admission and the relay at fleet scale (docs/benchmarks.md)
 	$(GOTEST) -run XXX -bench . -benchmem -count $(BENCH_COUNT) ./templates/ ./compile/ ./policy/ ./webhook/ ./relay/...

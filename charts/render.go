@@ -4,6 +4,7 @@ import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"os"
 	"path"
 	"sort"
 	"strings"
@@ -24,17 +25,20 @@ var files embed.FS
 const Name = "clipjob"
 
 // Load returns the chart as Helm loads it from a directory.
-func Load() (*chart.Chart, error) {
+func Load() (*chart.Chart, error) { return load(files, Name) }
+
+// load loads the chart in directory root of fsys.
+func load(fsys fs.FS, root string) (*chart.Chart, error) {
 	var bufs []*loader.BufferedFile
-	err := fs.WalkDir(files, Name, func(p string, d fs.DirEntry, err error) error {
+	err := fs.WalkDir(fsys, root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
-		data, err := files.ReadFile(p)
+		data, err := fs.ReadFile(fsys, p)
 		if err != nil {
 			return err
 		}
-		bufs = append(bufs, &loader.BufferedFile{Name: strings.TrimPrefix(p, Name+"/"), Data: data})
+		bufs = append(bufs, &loader.BufferedFile{Name: strings.TrimPrefix(p, root+"/"), Data: data})
 		return nil
 	})
 	if err != nil {
@@ -62,6 +66,21 @@ func Render(rel Release, values map[string]any) (*Rendered, error) {
 	if err != nil {
 		return nil, err
 	}
+	return renderChart(ch, rel, values)
+}
+
+// RenderDir is Render of the chart in directory dir instead of this one:
+// another version's, such as the one a release was installed from before
+// an upgrade.
+func RenderDir(dir string, rel Release, values map[string]any) (*Rendered, error) {
+	ch, err := load(os.DirFS(dir), ".")
+	if err != nil {
+		return nil, err
+	}
+	return renderChart(ch, rel, values)
+}
+
+func renderChart(ch *chart.Chart, rel Release, values map[string]any) (*Rendered, error) {
 	opts := chartutil.ReleaseOptions{Name: rel.Name, Namespace: rel.Namespace, Revision: 1, IsInstall: true}
 	vals, err := chartutil.ToRenderValues(ch, values, opts, chartutil.DefaultCapabilities.Copy())
 	if err != nil {

@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/relay"
 	"github.com/paperclipai/clipjob/relay/replicas"
@@ -31,6 +34,32 @@ type Relay struct {
 // prefix and contains every one of match.
 func (r *Relay) Counter(prefix string, match ...string) (float64, error) {
 	return scrapeCounter(r.MetricsAddr, prefix, match...)
+}
+
+// RefusedCommits is how many commits r's store refused because another
+// writer had moved the stream's cursor (its debug log says so).
+func (r *Relay) RefusedCommits() (int, error) {
+	log, err := os.ReadFile(r.Log)
+	return strings.Count(string(log), "another writer stored lines"), err
+}
+
+// WaitCollecting waits until each of rs collects its share of the runs,
+// seeing live replicas (itself included).
+func WaitCollecting(ctx context.Context, live int, rs ...*Relay) error {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		for _, r := range rs {
+			n, err := r.Counter("clipjob_relay_replicas ")
+			c, err2 := r.Counter("clipjob_relay_replica_collecting ")
+			if err != nil || err2 != nil || int(n) != live || c != 1 {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%d replicas do not all collect, each seeing %d live: %w", len(rs), live, err)
+	}
+	return nil
 }
 
 // StartRelay builds nothing: it runs bin against c, collecting namespace,

@@ -41,15 +41,44 @@ func (in *Install) ConfigFile() string { return in.configFile }
 // own name and agent, so runs of one test do not collide.
 func (in *Install) BareJob(t testing.TB, name string) *batchv1.Job {
 	t.Helper()
-	set, err := readExample("examples/bare-job.yaml")
+	job, err := in.bareJob(name)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return job
+}
+
+func (in *Install) bareJob(name string) (*batchv1.Job, error) {
+	set, err := readExample("examples/bare-job.yaml")
+	if err != nil {
+		return nil, err
 	}
 	job := set.Jobs[0]
 	job.Name, job.Namespace = name, in.Namespace
 	job.Labels[contract.LabelAgentID] = "agent-" + name
 	job.Labels[contract.LabelRunID] = name
-	return job
+	return job, nil
+}
+
+// AgentRun creates a bare agent Job (BareJob) named name, waits for its
+// pod to run and points the pod's log at a file the caller writes.
+func (in *Install) AgentRun(ctx context.Context, name string) (*corev1.Pod, *cluster.PodLog, error) {
+	job, err := in.bareJob(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := in.CS().BatchV1().Jobs(in.Namespace).Create(ctx, job, metav1.CreateOptions{}); err != nil {
+		return nil, nil, err
+	}
+	pod, err := in.RunPod(ctx, name, Running)
+	if err != nil {
+		return nil, nil, err
+	}
+	log, err := in.c.PodLog(ctx, in.Namespace, pod.Name)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pod, log, nil
 }
 
 // CreateJob creates job in the install's namespace or fails the test.
@@ -83,6 +112,15 @@ func (in *Install) AssertNoJob(ctx context.Context, t testing.TB, name string) {
 // WaitPod waits for a pod of Job job for which ready holds.
 func (in *Install) WaitPod(ctx context.Context, t testing.TB, job string, ready func(*corev1.Pod) bool) *corev1.Pod {
 	t.Helper()
+	pod, err := in.RunPod(ctx, job, ready)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pod
+}
+
+// RunPod is WaitPod outside a test.
+func (in *Install) RunPod(ctx context.Context, job string, ready func(*corev1.Pod) bool) (*corev1.Pod, error) {
 	var pod *corev1.Pod
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		pods, err := in.CS().CoreV1().Pods(in.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "batch.kubernetes.io/job-name=" + job})
@@ -93,9 +131,9 @@ func (in *Install) WaitPod(ctx context.Context, t testing.TB, job string, ready 
 		return ready(pod), nil
 	})
 	if err != nil {
-		t.Fatalf("pod of Job %s: %v (last seen: %s)", job, err, PodSummary(pod))
+		return pod, fmt.Errorf("pod of Job %s: %w (last seen: %s)", job, err, PodSummary(pod))
 	}
-	return pod
+	return pod, nil
 }
 
 // Running is WaitPod's condition for a running pod.
@@ -113,18 +151,29 @@ func PodSummary(p *corev1.Pod) string {
 // Job controller to mark the Job finished.
 func (in *Install) FinishRun(ctx context.Context, t testing.TB, job, exitCode string) {
 	t.Helper()
-	pod := in.WaitPod(ctx, t, job, Running)
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, cluster.AnnotationExitCode, exitCode)
-	if _, err := in.CS().CoreV1().Pods(in.Namespace).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+	if err := in.EndRun(ctx, job, exitCode); err != nil {
 		t.Fatal(err)
 	}
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+}
+
+// EndRun is FinishRun outside a test.
+func (in *Install) EndRun(ctx context.Context, job, exitCode string) error {
+	pod, err := in.RunPod(ctx, job, Running)
+	if err != nil {
+		return err
+	}
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, cluster.AnnotationExitCode, exitCode)
+	if _, err := in.CS().CoreV1().Pods(in.Namespace).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		return err
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
 		j, err := in.CS().BatchV1().Jobs(in.Namespace).Get(ctx, job, metav1.GetOptions{})
 		return err == nil && claim.Finished(j), nil
 	})
 	if err != nil {
-		t.Fatalf("Job %s did not finish: %v", job, err)
+		return fmt.Errorf("Job %s did not finish: %w", job, err)
 	}
+	return nil
 }
 
 // WaitJobEnded waits for the Job's Complete or Failed condition.

@@ -182,75 +182,27 @@ func (rs *relayReplicas) runsOf(t *testing.T, i int, runs []string) []string {
 // those replicas live.
 func (rs *relayReplicas) waitMembers(ctx context.Context, t *testing.T, live ...int) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
-		for _, i := range live {
-			n, err := rs.relays[i].Counter("clipjob_relay_replicas ")
-			c, err2 := rs.relays[i].Counter("clipjob_relay_replica_collecting ")
-			if err != nil || err2 != nil || int(n) != len(live) || c != 1 {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
-	if err != nil {
-		t.Fatalf("replicas %v do not all collect, each seeing %d live: %v", live, len(live), err)
+	var relays []*harness.Relay
+	for _, i := range live {
+		relays = append(relays, rs.relays[i])
+	}
+	if err := harness.WaitCollecting(ctx, len(live), relays...); err != nil {
+		t.Fatalf("replicas %v: %v", live, err)
 	}
 }
 
-// flood is agent runs whose logs are written to as fast as a busy agent
-// writes, three lines per timestamp, until stopped.
-type flood struct {
-	in   *harness.Install
-	runs []string
-	jobs []string
-	mu   sync.Mutex
-	want map[string][]string
-	stop chan struct{}
-	wg   sync.WaitGroup
-}
+// flood is the harness's flood of agent runs, judged by a test.
+type flood struct{ *harness.Flood }
 
 // startFlood starts n runs and writes to each until stopped.
 func startFlood(in *harness.Install, ctx context.Context, t *testing.T, name string, n int) *flood {
 	t.Helper()
-	f := &flood{in: in, want: map[string][]string{}, stop: make(chan struct{})}
-	logs := make([]*cluster.PodLog, n)
-	for i := range n {
-		pod, log := agentRun(in, ctx, t, fmt.Sprintf("%s-%d", name, i))
-		f.runs = append(f.runs, pod.Labels[contract.LabelRunID])
-		f.jobs = append(f.jobs, pod.Labels["batch.kubernetes.io/job-name"])
-		logs[i] = log
+	f, err := in.StartFlood(ctx, name, n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for i, run := range f.runs {
-		f.wg.Add(1)
-		go func() {
-			defer f.wg.Done()
-			for n := 0; ; n += 3 {
-				select {
-				case <-f.stop:
-					return
-				case <-time.After(5 * time.Millisecond):
-				}
-				ts := time.Now()
-				lines := []string{fmt.Sprintf(`{"type":"assistant","run":%q,"n":%d}`, run, n),
-					fmt.Sprintf(`{"type":"assistant","run":%q,"n":%d}`, run, n+1), fmt.Sprintf(`{"type":"assistant","run":%q,"n":%d}`, run, n+2)}
-				if err := logs[i].WriteAt(ts, lines...); err != nil {
-					t.Error(err)
-					return
-				}
-				f.mu.Lock()
-				f.want[run] = append(f.want[run], lines...)
-				f.mu.Unlock()
-			}
-		}()
-	}
-	return f
-}
-
-// written is how many lines of run were written so far.
-func (f *flood) written(run string) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return len(f.want[run])
+	t.Cleanup(func() { _ = f.Stop() }) // a test that failed before its end
+	return &flood{f}
 }
 
 // end stops writing, finishes every run and waits until the relay r says
@@ -258,34 +210,26 @@ func (f *flood) written(run string) int {
 // rs, is every line written, once, in order.
 func (f *flood) end(ctx context.Context, t *testing.T, rs *relayReplicas) {
 	t.Helper()
-	close(f.stop)
-	f.wg.Wait()
-	for _, job := range f.jobs {
-		f.in.FinishRun(ctx, t, job, "0")
+	if err := f.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Finish(ctx); err != nil {
+		t.Fatal(err)
 	}
 	total := 0
-	for _, run := range f.runs {
+	for _, run := range f.Runs {
 		rs.relays[0].WaitRun(ctx, t, rs.token, run, func(x *store.Run) bool { return x.Done })
 		for _, r := range rs.relays {
-			harness.ExactlyOnce(t, r.Lines(t, rs.token, run), f.want[run])
+			harness.ExactlyOnce(t, r.Lines(t, rs.token, run), f.Want(run))
 		}
-		// The mirror's done marker is written last: then the file is whole.
-		file := filepath.Join(rs.mirror, "run-logs", "acme", "agent-"+run, run+".pod.ndjson")
-		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
-			_, err := os.Stat(file + ".done")
-			return err == nil, nil
-		})
-		if err != nil {
-			t.Fatalf("run %s: no done marker beside its mirror file: %v", run, err)
-		}
-		mirror, err := os.ReadFile(file)
+		mirror, err := f.ReadMirror(ctx, rs.mirror, run)
 		if err != nil {
 			t.Fatal(err)
 		}
-		harness.ExactlyOnce(t, strings.Split(strings.TrimSuffix(string(mirror), "\n"), "\n"), f.want[run])
-		total += len(f.want[run])
+		harness.ExactlyOnce(t, mirror, f.Want(run))
+		total += len(f.Want(run))
 	}
-	t.Logf("%d lines of %d runs, read through each of %d replicas and in their mirror files: 0 lost, 0 stored twice", total, len(f.runs), len(rs.relays))
+	t.Logf("%d lines of %d runs, read through each of %d replicas and in their mirror files: 0 lost, 0 stored twice", total, len(f.Runs), len(rs.relays))
 }
 
 // stored is how many lines of run the store holds, asked through r.
@@ -321,7 +265,7 @@ func atLeast(n int) func(string) int { return func(string) int { return n } }
 
 // beyond is n lines more than written to the run so far.
 func (f *flood) beyond(n int) func(string) int {
-	return func(run string) int { return f.written(run) + n }
+	return func(run string) int { return f.Written(run) + n }
 }
 
 // TestRelayReplicasSurviveAKilledReplica: three relays share a PostgreSQL
@@ -337,20 +281,20 @@ func TestRelayReplicasSurviveAKilledReplica(t *testing.T) {
 	in := newInstall(t)
 	ctx, rs := readyReplicas(in, t)
 	f := startFlood(in, ctx, t, "e2e-replicas-kill", 6)
-	victim := rs.owner(t, f.runs[0])
+	victim := rs.owner(t, f.Runs[0])
 	survivor := rs.relays[(victim+1)%3]
-	theirs := rs.runsOf(t, victim, f.runs)
+	theirs := rs.runsOf(t, victim, f.Runs)
 	t.Logf("replica %s collects %v", rs.ids[victim], theirs)
 
 	// The SSE client starts on the victim once it serves the run.
-	waitStoredAtLeast(ctx, t, rs.relays[victim], rs.token, f.runs[0], 1, "before the client follows it")
-	sse := followSSE(ctx, rs, f.runs[0], victim, (victim+2)%3, nil)
-	waitEach(ctx, t, survivor, rs.token, f.runs, atLeast(100), "before the kill")
+	waitStoredAtLeast(ctx, t, rs.relays[victim], rs.token, f.Runs[0], 1, "before the client follows it")
+	sse := followSSE(ctx, rs, f.Runs[0], victim, (victim+2)%3, nil)
+	waitEach(ctx, t, survivor, rs.token, f.Runs, atLeast(100), "before the kill")
 	rs.relays[victim].Kill()
 	killed := time.Now()
 	at := map[string]int{}
 	for _, run := range theirs {
-		at[run] = f.written(run)
+		at[run] = f.Written(run)
 	}
 	var takeover time.Duration
 	for _, run := range theirs {
@@ -366,7 +310,7 @@ func TestRelayReplicasSurviveAKilledReplica(t *testing.T) {
 	rs.waitMembers(ctx, t, 0, 1, 2)
 	waitEach(ctx, t, rs.relays[victim], rs.token, theirs, f.beyond(60), "after its replica came back")
 	f.end(ctx, t, rs)
-	harness.ExactlyOnce(t, sse.wait(t), f.want[f.runs[0]])
+	harness.ExactlyOnce(t, sse.wait(t), f.Want(f.Runs[0]))
 	if sse.reconnects == 0 {
 		t.Error("the SSE client never reconnected: it was following the killed replica")
 	}
@@ -380,16 +324,16 @@ func TestRelayReplicaStoppedHandsOverAtOnce(t *testing.T) {
 	in := newInstall(t)
 	ctx, rs := readyReplicas(in, t)
 	f := startFlood(in, ctx, t, "e2e-replicas-term", 3)
-	leaving := rs.owner(t, f.runs[0])
+	leaving := rs.owner(t, f.Runs[0])
 	survivor := rs.relays[(leaving+1)%3]
-	waitEach(ctx, t, survivor, rs.token, f.runs, atLeast(100), "before the stop")
+	waitEach(ctx, t, survivor, rs.token, f.Runs, atLeast(100), "before the stop")
 	rs.relays[leaving].Stop()
 	stopped := time.Now()
-	written := f.written(f.runs[0])
+	written := f.Written(f.Runs[0])
 	if ids, err := harness.ReplicaIDs(ctx, rs.pg.ConnString("postgres"), rs.schema); err != nil || ids[rs.ids[leaving]] != "" {
 		t.Errorf("the stopped replica's row is still in the table of replicas (%v, %v): the others wait for it to lapse", ids, err)
 	}
-	waitStoredAtLeast(ctx, t, survivor, rs.token, f.runs[0], written+60, "after its replica stopped")
+	waitStoredAtLeast(ctx, t, survivor, rs.token, f.Runs[0], written+60, "after its replica stopped")
 	t.Logf("a stopped replica's run stored on %s after the stop (renewal %s, lease %s)", time.Since(stopped).Round(100*time.Millisecond),
 		relay.DefaultOptions().Replicas.RenewInterval, relay.DefaultOptions().Replicas.LeaseDuration)
 	if err := rs.relays[leaving].Start(ctx); err != nil {
@@ -449,11 +393,11 @@ func TestRelayReplicasSurviveAPostgresRestart(t *testing.T) {
 	in := newInstall(t)
 	ctx, rs := readyReplicas(in, t)
 	f := startFlood(in, ctx, t, "e2e-replicas-pg", 3)
-	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, atLeast(100), "before the restart")
+	waitEach(ctx, t, rs.relays[0], rs.token, f.Runs, atLeast(100), "before the restart")
 	if err := rs.pg.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(60), "after PostgreSQL restarted")
+	waitEach(ctx, t, rs.relays[0], rs.token, f.Runs, f.beyond(60), "after PostgreSQL restarted")
 	rs.waitMembers(ctx, t, 0, 1, 2)
 	f.end(ctx, t, rs)
 }
@@ -466,8 +410,8 @@ func TestRelayReplicaCutOffFromPostgres(t *testing.T) {
 	in := newInstall(t)
 	ctx, rs := readyReplicas(in, t)
 	f := startFlood(in, ctx, t, "e2e-replicas-cut", 6)
-	theirs := rs.runsOf(t, 2, f.runs)
-	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, atLeast(60), "before the cut")
+	theirs := rs.runsOf(t, 2, f.Runs)
+	waitEach(ctx, t, rs.relays[0], rs.token, f.Runs, atLeast(60), "before the cut")
 	rs.proxy.cut()
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
 		code, body := readyz(rs.relays[2])
@@ -478,7 +422,7 @@ func TestRelayReplicaCutOffFromPostgres(t *testing.T) {
 		t.Fatalf("the replica cut off from PostgreSQL does not say so in readiness: %d %s", code, body)
 	}
 	rs.waitMembers(ctx, t, 0, 1)
-	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(60), "while replica r2 was cut off")
+	waitEach(ctx, t, rs.relays[0], rs.token, f.Runs, f.beyond(60), "while replica r2 was cut off")
 	t.Logf("runs of the cut-off replica %v stored on by the others", theirs)
 	rs.proxy.restore()
 	rs.waitMembers(ctx, t, 0, 1, 2)
@@ -533,8 +477,8 @@ func TestRelayReplicaCutOffFromTheAPIServer(t *testing.T) {
 	rs.waitMembers(ctx, t, 0, 1, 2)
 
 	f := startFlood(in, ctx, t, "e2e-replicas-apicut", 6)
-	theirs := rs.runsOf(t, 2, f.runs)
-	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, atLeast(60), "before the cut")
+	theirs := rs.runsOf(t, 2, f.Runs)
+	waitEach(ctx, t, rs.relays[0], rs.token, f.Runs, atLeast(60), "before the cut")
 	proxy.cut()
 	cut := time.Now()
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
@@ -547,7 +491,7 @@ func TestRelayReplicaCutOffFromTheAPIServer(t *testing.T) {
 	}
 	rs.waitMembers(ctx, t, 0, 1)
 	t.Logf("the others collect alone %s after the cut", time.Since(cut).Round(100*time.Millisecond))
-	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(60), "while replica r2 was cut off from the API server")
+	waitEach(ctx, t, rs.relays[0], rs.token, f.Runs, f.beyond(60), "while replica r2 was cut off from the API server")
 	t.Logf("runs of the cut-off replica %v stored on by the others", theirs)
 	if err := proxy.restore(); err != nil {
 		t.Fatal(err)
@@ -560,11 +504,11 @@ func TestRelayReplicaCutOffFromTheAPIServer(t *testing.T) {
 // had moved the stream's cursor (its debug log says so).
 func refusals(t *testing.T, r *harness.Relay) int {
 	t.Helper()
-	log, err := os.ReadFile(r.Log)
+	n, err := r.RefusedCommits()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return strings.Count(string(log), "another writer stored lines")
+	return n
 }
 
 // readyz is r's readiness, verbose.

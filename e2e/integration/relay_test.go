@@ -31,11 +31,7 @@ import (
 // the pod's log at a file the test writes.
 func agentRun(in *harness.Install, ctx context.Context, t *testing.T, name string) (*corev1.Pod, *cluster.PodLog) {
 	t.Helper()
-	if _, err := suite.cs.BatchV1().Jobs(in.Namespace).Create(ctx, in.BareJob(t, name), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	pod := in.WaitPod(ctx, t, name, harness.Running)
-	log, err := suite.cluster.PodLog(ctx, in.Namespace, pod.Name)
+	pod, log, err := in.AgentRun(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}

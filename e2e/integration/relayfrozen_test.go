@@ -55,13 +55,13 @@ func TestHostileRelayPausedReplicaLosesNoLine(t *testing.T) {
 	}
 	f := startFlood(in, ctx, t, prefix, 3)
 	owned := 0
-	for _, r := range f.runs {
+	for _, r := range f.Runs {
 		if rs.owner(t, r) == paused {
 			owned++
 		}
 	}
-	t.Logf("the paused replica %s owns %d of the flood's %d runs", rs.ids[paused], owned, len(f.runs))
-	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(100), "before the pause")
+	t.Logf("the paused replica %s owns %d of the flood's %d runs", rs.ids[paused], owned, len(f.Runs))
+	waitEach(ctx, t, rs.relays[0], rs.token, f.Runs, f.beyond(100), "before the pause")
 	refusedBefore := refusals(t, rs.relays[paused])
 	pid := rs.relays[paused].PID()
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
@@ -80,10 +80,10 @@ func TestHostileRelayPausedReplicaLosesNoLine(t *testing.T) {
 	t.Logf("the others see the frozen replica gone %s after the freeze (lease %s, renewal %s)", time.Since(stopped).Round(100*time.Millisecond),
 		relay.DefaultOptions().Replicas.LeaseDuration, relay.DefaultOptions().Replicas.RenewInterval)
 	// The others collect its runs meanwhile.
-	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(100), "with the replica frozen")
+	waitEach(ctx, t, rs.relays[0], rs.token, f.Runs, f.beyond(100), "with the replica frozen")
 	thaw()
 	rs.waitMembers(ctx, t, 0, 1, 2)
-	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(100), "after the thaw")
+	waitEach(ctx, t, rs.relays[0], rs.token, f.Runs, f.beyond(100), "after the thaw")
 	f.end(ctx, t, rs)
 	t.Logf("the thawed replica had %d commits refused after the thaw", refusals(t, rs.relays[paused])-refusedBefore)
 }
@@ -152,9 +152,9 @@ func TestHostileRelayReplicaFrozenMidCommitLosesNoRun(t *testing.T) {
 	in := newInstall(t)
 	ctx, rs := readyReplicas(in, t)
 	f := startFlood(in, ctx, t, "e2e-frozen-commit", 8)
-	victim := rs.owner(t, f.runs[0])
+	victim := rs.owner(t, f.Runs[0])
 	survivor := rs.relays[(victim+1)%3]
-	waitEach(ctx, t, survivor, rs.token, f.runs, atLeast(100), "before the freeze")
+	waitEach(ctx, t, survivor, rs.token, f.Runs, atLeast(100), "before the freeze")
 	pid := rs.relays[victim].PID()
 	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
 
@@ -184,13 +184,13 @@ func TestHostileRelayReplicaFrozenMidCommitLosesNoRun(t *testing.T) {
 	}
 	frozen := time.Now()
 	at := map[string]int{}
-	for _, run := range f.runs {
-		at[run] = f.written(run)
+	for _, run := range f.Runs {
+		at[run] = f.Written(run)
 	}
 	t.Logf("replica %s frozen inside a transaction (%d open transactions with writes)", rs.ids[victim], held)
 	storedNow := func(run string) int { return stored(t, survivor, rs.token, run) }
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		for _, run := range f.runs {
+		for _, run := range f.Runs {
 			if storedNow(run) < at[run] {
 				return false, nil
 			}
@@ -198,7 +198,7 @@ func TestHostileRelayReplicaFrozenMidCommitLosesNoRun(t *testing.T) {
 		return true, nil
 	})
 	if err != nil {
-		for _, run := range f.runs {
+		for _, run := range f.Runs {
 			if n := storedNow(run); n < at[run] {
 				t.Errorf("run %s (collected by %s before the freeze): %d of the %d lines written before the freeze stored a minute after it",
 					run, rs.ids[rs.owner(t, run)], n, at[run])

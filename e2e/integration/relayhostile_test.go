@@ -44,7 +44,7 @@ func TestHostileRelayLeasesMoveNoRun(t *testing.T) {
 	in := newInstall(t)
 	ctx, rs := readyReplicas(in, t)
 	f := startFlood(in, ctx, t, "e2e-hostile-leases", 3)
-	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, atLeast(60), "before the Leases")
+	waitEach(ctx, t, rs.relays[0], rs.token, f.Runs, atLeast(60), "before the Leases")
 	leases := suite.cs.CoordinationV1().Leases(harness.Release.Namespace)
 	names := append(slices.Clone(rs.ids), "phantom-0", "phantom-1", "phantom-2")
 	t.Cleanup(func() {
@@ -95,7 +95,7 @@ func TestHostileRelayLeasesMoveNoRun(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(300), "while Leases were written and deleted")
+	waitEach(ctx, t, rs.relays[0], rs.token, f.Runs, f.beyond(300), "while Leases were written and deleted")
 	close(stop)
 	wg.Wait()
 	if len(seen) > 0 {
@@ -266,10 +266,10 @@ func TestHostileRelayDuplicateReplicaID(t *testing.T) {
 		t.Fatalf("the copy of r0 does not see four replicas: %v", err)
 	}
 	f := startFlood(in, ctx, t, "e2e-hostile-dup", 3)
-	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(300), "with two replicas named r0")
+	waitEach(ctx, t, rs.relays[0], rs.token, f.Runs, f.beyond(300), "with two replicas named r0")
 	dup.Stop()
 	rs.waitMembers(ctx, t, 0, 1, 2)
-	waitEach(ctx, t, rs.relays[0], rs.token, f.runs, f.beyond(60), "after the copy of r0 stopped")
+	waitEach(ctx, t, rs.relays[0], rs.token, f.Runs, f.beyond(60), "after the copy of r0 stopped")
 	f.end(ctx, t, rs)
 }
 
