@@ -15,6 +15,7 @@ import (
 	"github.com/paperclipai/clipjob/e2e/cluster"
 	"github.com/paperclipai/clipjob/relay"
 	"github.com/paperclipai/clipjob/relay/replicas"
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // Relay is a running clipjob-relay.
@@ -180,12 +181,12 @@ func ReplicaIDs(ctx context.Context, conn, schema string) (map[string]string, er
 // picks over the live ids).
 func ReadReplicas(ctx context.Context, q interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}, schema string) ([]replicas.Member, error) {
+}, schema string) ([]store.Replica, error) {
 	rows, err := q.Query(ctx, `SELECT id, name FROM `+pgx.Identifier{schema}.Sanitize()+`.replicas ORDER BY renewed_at`)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, pgx.RowToStructByPos[replicas.Member])
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[store.Replica])
 }
 
 // RunCollector names the relay of schema on the PostgreSQL at conn that

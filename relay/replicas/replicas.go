@@ -32,24 +32,15 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
+
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
-// Member is a live replica as the store's table of replicas holds it:
-// its random id, which the division of runs hashes, and the name it was
-// started with (its pod's), for people.
-type Member struct {
-	ID, Name string
-}
+// Member is a live replica as the store's table of replicas holds it.
+type Member = store.Replica
 
-// Table is a shared store's table of replicas (package postgres keeps
-// one); a store one relay alone uses has none.
-type Table interface {
-	// Renew records replica id, named name, as live for ttl from the
-	// server's now(), and returns every live replica, id included.
-	Renew(ctx context.Context, id, name string, ttl time.Duration) ([]Member, error)
-	// Leave deletes replica id's row.
-	Leave(ctx context.Context, id string) error
-}
+// Table is the store's table of replicas.
+type Table = store.ReplicaTable
 
 // Members is this replica's membership and its view of the others. Owns
 // is safe to call at any time; Start runs the membership.

@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/paperclipai/clipjob/relay/replicas"
+	"github.com/paperclipai/clipjob/relay/store"
 )
 
 // ReplicaTable is the schema's table of live relays, on a pool of one
@@ -18,7 +18,7 @@ type ReplicaTable struct {
 	pool *pgxpool.Pool
 }
 
-var _ replicas.Table = (*ReplicaTable)(nil)
+var _ store.ReplicaTable = (*ReplicaTable)(nil)
 
 // Replicas returns the schema's table of live relays; it connects at its
 // first statement.
@@ -36,7 +36,7 @@ func (s *Store) Replicas() (*ReplicaTable, error) {
 // ttl after its renewal, whatever it was written to live until (a relay
 // with a longer --lease-duration). It also deletes the rows of relays
 // gone for another ttl, each by one relay only (SKIP LOCKED).
-func (t *ReplicaTable) Renew(ctx context.Context, id, name string, ttl time.Duration) ([]replicas.Member, error) {
+func (t *ReplicaTable) Renew(ctx context.Context, id, name string, ttl time.Duration) ([]store.Replica, error) {
 	rows, err := t.pool.Query(ctx, t.s.sql(`WITH renewed AS (
 			INSERT INTO {schema}.replicas (id, name, renewed_at, expires_at) VALUES ($1, $2, now(), now() + $3 * interval '1 microsecond')
 			ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name, renewed_at = EXCLUDED.renewed_at, expires_at = EXCLUDED.expires_at
@@ -52,8 +52,8 @@ func (t *ReplicaTable) Renew(ctx context.Context, id, name string, ttl time.Dura
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (replicas.Member, error) {
-		var m replicas.Member
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Replica, error) {
+		var m store.Replica
 		err := r.Scan(&m.ID, &m.Name)
 		return m, err
 	})
