@@ -312,12 +312,15 @@ func (p *Paperclip) Start(ctx context.Context) error {
 	// at once could pick the same. The next may start once this one's
 	// PostgreSQL listens, not when the whole server is ready (its
 	// migrations, half a minute under load, need no lock).
-	startingOne.Lock()
+	release, err := startingOne()
+	if err != nil {
+		return err
+	}
 	locked := true
 	unlock := func() {
 		if locked {
 			locked = false
-			startingOne.Unlock()
+			release()
 		}
 	}
 	defer unlock()
@@ -397,9 +400,31 @@ func (p *Paperclip) followPortMove() {
 	}
 }
 
-// startingOne lets one server of this process at a time be between
-// choosing its PostgreSQL's port and listening on it.
-var startingOne sync.Mutex
+// startingOne lets one server on this machine at a time be between
+// choosing its PostgreSQL's port and listening on it: a mutex for this
+// process's servers, a file lock for other processes' (another suite, a
+// bench, a test binary left running by a killed `go test`). It returns
+// the release.
+func startingOne() (func(), error) {
+	startingInProcess.Lock()
+	f, err := os.OpenFile(startingLock, os.O_CREATE|os.O_RDWR, 0o644)
+	if err == nil {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+	}
+	if err != nil {
+		startingInProcess.Unlock()
+		return nil, fmt.Errorf("locking %s: %w", startingLock, err)
+	}
+	return func() {
+		f.Close() // and with it the lock
+		startingInProcess.Unlock()
+	}, nil
+}
+
+var (
+	startingInProcess sync.Mutex
+	startingLock      = filepath.Join(os.TempDir(), "clipjob-paperclip-start.lock")
+)
 
 // postgresPort is what Paperclip logs when it has chosen the port of the
 // embedded PostgreSQL it is about to start; postgresReused, when it found

@@ -5,7 +5,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // TestServerURLFollowsAPortPaperclipMoved: Paperclip listens on the next
@@ -75,5 +77,44 @@ func TestPostgresListeningReadsThisStartsPort(t *testing.T) {
 				t.Errorf("postgresListening = %v, want %v", got, c.want)
 			}
 		})
+	}
+}
+
+// TestAServerStartWaitsForAnotherProcesssStart: while another process
+// holds the start lock (a server of its own between choosing its
+// PostgreSQL's port and binding it), a start here waits; it goes on once
+// that lock is let go.
+func TestAServerStartWaitsForAnotherProcesssStart(t *testing.T) {
+	other, err := os.OpenFile(startingLock, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second open file description: flock treats it as another process.
+	if err := syscall.Flock(int(other.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan func())
+	go func() {
+		release, err := startingOne()
+		if err != nil {
+			t.Error(err)
+			close(started)
+			return
+		}
+		started <- release
+	}()
+	select {
+	case <-started:
+		t.Fatal("a start went on while another process held the start lock")
+	case <-time.After(300 * time.Millisecond):
+	}
+	other.Close()
+	select {
+	case release := <-started:
+		if release != nil {
+			release()
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the start still waits a minute after the other process let go")
 	}
 }
