@@ -111,7 +111,7 @@ func DefaultOptions() Options {
 		Store:                StoreBolt,
 		DataDir:              "/var/lib/clipjob-relay",
 		PostgresSchema:       postgres.DefaultSchema,
-		Replicas:             ReplicaOptions{LeaseDuration: 4 * time.Second, RenewInterval: time.Second},
+		Replicas:             ReplicaOptions{LeaseDuration: 4 * time.Second, RenewInterval: 500 * time.Millisecond},
 		APIAddr:              ":8090",
 		MetricsAddr:          ":8080",
 		ProbeAddr:            ":8081",

@@ -224,7 +224,11 @@ func (f *follower) run(ctx context.Context) {
 				f.c.Log.V(1).Info("pod gone; stream closed", "stream", f.ref.Key(), "err", err.Error())
 				return
 			}
-			reconnects.WithLabelValues("error").Inc()
+			cause := "error"
+			if errors.As(err, new(*store.CursorConflict)) {
+				cause = "refused"
+			}
+			reconnects.WithLabelValues(cause).Inc()
 			f.c.Log.V(1).Info("log stream failed; retrying", "stream", f.ref.Key(), "in", backoff, "err", err.Error())
 			select {
 			case <-ctx.Done():

@@ -35,7 +35,7 @@ var (
 	}, []string{"reason"})
 	reconnects = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "clipjob_relay_reconnects_total",
-		Help: "Log stream reconnects by cause (error, eof before the container ended, lifetime: proactive, final: a log that ended while followed read once more, unsure: a line read again or written twice, read again from the cursor).",
+		Help: "Log stream reconnects by cause (error, eof before the container ended, lifetime: proactive, final: a log that ended while followed read once more, unsure: a line read again or written twice, read again from the cursor, refused: the store refused a commit because another writer had stored the stream's lines first, as after a replica lost its runs while frozen or cut off).",
 	}, []string{"cause"})
 	unsureStored = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "clipjob_relay_unsure_lines_stored_total",

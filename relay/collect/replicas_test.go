@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/paperclipai/clipjob/relay/store"
@@ -57,6 +58,7 @@ func TestTwoFollowersOfOneStreamStoreEachLineOnce(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := tc.open(t)
 			src := newFakeLog()
+			refusedBefore := testutil.ToFloat64(reconnects.WithLabelValues("refused"))
 			var conflicts atomic.Int64
 			log := funcr.New(func(_, args string) {
 				if strings.Contains(args, "retrying") && strings.Contains(args, "another writer stored lines") {
@@ -88,6 +90,10 @@ func TestTwoFollowersOfOneStreamStoreEachLineOnce(t *testing.T) {
 			t.Logf("%d commits refused, %d stream sessions", conflicts.Load(), src.sessions)
 			if conflicts.Load() == 0 {
 				t.Error("no commit was refused: both followers started from the same cursor, so the second commit from it must be")
+			}
+			// Operators see the refusals in the reconnects' cause.
+			if refused := testutil.ToFloat64(reconnects.WithLabelValues("refused")) - refusedBefore; refused != float64(conflicts.Load()) {
+				t.Errorf("clipjob_relay_reconnects_total{cause=\"refused\"} rose by %v, want %d: one for each refused commit", refused, conflicts.Load())
 			}
 			storedEachOnce(t, a, n)
 		})

@@ -36,7 +36,7 @@ func TestDefaults(t *testing.T) {
 		t.Errorf("defaults differ from relay.DefaultOptions (-want +got):\n%s", d)
 	}
 	want := relay.Options{Store: "bolt", DataDir: "/var/lib/clipjob-relay", PostgresSchema: "clipjob_relay",
-		Replicas: relay.ReplicaOptions{LeaseDuration: 4 * time.Second, RenewInterval: time.Second}, APIAddr: ":8090", MetricsAddr: ":8080", ProbeAddr: ":8081",
+		Replicas: relay.ReplicaOptions{LeaseDuration: 4 * time.Second, RenewInterval: 500 * time.Millisecond}, APIAddr: ":8090", MetricsAddr: ":8080", ProbeAddr: ":8081",
 		MaxStreams: 200, Follow: collect.DefaultFollowOptions(), RetentionMaxAge: 168 * time.Hour,
 		RetentionInterval: time.Minute, ShutdownTimeout: 5 * time.Second, TokenAudiences: []string{"clipjob-relay"},
 		RedactValuesInterval: 30 * time.Second, MirrorBase: "run-logs"}

@@ -25,7 +25,7 @@ var _ store.ReplicaTable = (*ReplicaTable)(nil)
 func (s *Store) Replicas() (*ReplicaTable, error) {
 	cfg := s.poolConfig.Copy()
 	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = 1, 0, 0
-	// Renewed every second: a ping before each would double its trips.
+	// Renewed twice a second: a ping before each would double its trips.
 	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	return &ReplicaTable{s: s, pool: pool}, err
