@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,12 +34,15 @@ import (
 // follow a run through a replica that does not collect it. The runs write
 // at an agent's pace (relay.go's steady phase), then as fast as they can;
 // once a third of that flood is stored one replica is killed with
-// SIGKILL, and it is started again after the flood. Every line is then
-// checked at every client and in the store: a line lost or stored twice
-// fails the bench.
+// SIGKILL, and it is started again after the flood; as soon as the others
+// have taken its runs, a second is frozen (SIGSTOP, a paused VM or a node
+// under pressure) until the last one has taken its runs too, then thawed
+// mid-flood. Every line is then checked at every
+// client and in the store: a line lost or stored twice fails the bench.
 const (
 	fleetSchema  = "clipjob_relay" // the relays' default --postgres-schema
 	fleetVictim  = 1               // the replica killed mid-flood
+	fleetFrozen  = 2               // the replica frozen mid-flood, once the kill's runs are taken
 	fleetTail    = 10              // lines per run written once the killed replica is back
 	killFraction = 3               // the kill comes once 1/killFraction of the flood is stored
 )
@@ -63,15 +67,22 @@ type fleetPGResult struct {
 	floodLines             int
 	floodLinesPerSec       float64 // the whole flood, the kill and takeover included
 	threeLinesPerSec       float64 // the flood before the kill: three replicas
-	twoLinesPerSec         float64 // from the takeover to the flood's end: two replicas
+	twoLinesPerSec         float64 // from the kill's takeover to the flood's end: two replicas, one while the second is frozen
 	floodMiBPerSec         float64
 	floodWall              time.Duration
 	killedAfter            time.Duration // into the flood
 	victimRuns             int
 	takeover               time.Duration // kill → both survivors see two live replicas
 	storedAfterKill        time.Duration // kill → every line the killed replica's runs wrote before it stored
+	frozenAfter            time.Duration // into the flood; 0: the flood ended first
+	frozenRuns             int
+	frozenTakeover         time.Duration // freeze → r0 sees itself alone
+	storedAfterFreeze      time.Duration // freeze → every line the frozen replica's runs wrote before it stored
+	frozenBacklog          int64         // lines its runs had written and the store did not hold, at the freeze
+	thawedRefused          int           // the thawed replica's commits the cursor check refused
 	gapVictim, gapOther    time.Duration // longest a written line waited while no new line of its run reached its client
 	gapVictimAt            time.Duration // when the killed replica's runs' longest gap began, after the kill
+	gapFrozen, gapFrozenAt time.Duration // the frozen replica's runs', and when it began after the freeze
 	rejoined               time.Duration // restart → three replicas collecting
 	missing, duplicated    int           // at the SSE clients
 	storeShort, storeExtra int           // in the store: lines written not stored, stored beyond written
@@ -308,9 +319,19 @@ func fleetOnPostgres(ctx context.Context, c *cluster.Cluster, cs kubernetes.Inte
 	res.killedAfter = killed.Sub(start)
 	res.threeLinesPerSec = float64(atKill-base) / res.killedAfter.Seconds()
 	var atTakeover int64
-	if res.takeover, atTakeover, res.storedAfterKill, err = waitTakeover(ctx, db, relays, killed, writtenAtKill); err != nil {
+	if res.takeover, atTakeover, err = waitSeen(ctx, db, []*harness.Relay{relays[0], relays[fleetFrozen]}, killed); err != nil {
 		return res, err
 	}
+	refusedBefore, _ := relays[fleetFrozen].Counter("clipjob_relay_reconnects_total", `cause="refused"`)
+	frozenRuns, writtenAtFreeze, frozen, err := freezeAfterKill(ctx, db, relays, ids, runs, start, &res)
+	if err != nil {
+		return res, err
+	}
+	kill, freeze := &struckRuns{struck: killed, written: writtenAtKill}, &struckRuns{struck: frozen, written: writtenAtFreeze}
+	if err := waitRunsStored(ctx, db, kill, freeze); err != nil {
+		return res, err
+	}
+	res.storedAfterKill, res.storedAfterFreeze = kill.stored, freeze.stored
 	flooded := <-flooding
 	floodWritten := time.Now()
 	if err := waitStoredPG(ctx, db, base+int64(flooded), 15*time.Minute); err != nil {
@@ -375,11 +396,17 @@ func fleetOnPostgres(ctx context.Context, c *cluster.Cluster, cs kubernetes.Inte
 		fmt.Fprintf(os.Stderr, "bench: fleet: not every client has its run's last line 3 minutes after it was stored\n")
 	}
 	time.Sleep(2 * time.Second) // a line delivered twice would arrive now
+	refusedAfter, _ := relays[fleetFrozen].Counter("clipjob_relay_reconnects_total", `cause="refused"`)
+	res.thawedRefused = int(refusedAfter - refusedBefore)
 	res.missing, res.duplicated = lat.check(runs)
 	if res.storeShort, res.storeExtra, err = checkStored(ctx, db, runs); err != nil {
 		return res, err
 	}
-	res.gapVictim, res.gapVictimAt, res.gapOther = deliveryGaps(lat, victimRuns, start, floodWritten, killed)
+	struck := maps.Clone(victimRuns)
+	maps.Copy(struck, frozenRuns)
+	res.gapVictim, res.gapVictimAt = deliveryGap(lat, func(run int) bool { return victimRuns[run] }, start, floodWritten, killed)
+	res.gapFrozen, res.gapFrozenAt = deliveryGap(lat, func(run int) bool { return frozenRuns[run] }, start, floodWritten, frozen)
+	res.gapOther, _ = deliveryGap(lat, func(run int) bool { return !struck[run] }, start, floodWritten, start)
 	stopFollowing()
 	err = db.QueryRow(ctx, `SELECT pg_database_size(current_database()), pg_total_relation_size('`+fleetSchema+`.lines'),
 		pg_total_relation_size('`+fleetSchema+`.runs') + pg_total_relation_size('`+fleetSchema+`.cursors') + pg_total_relation_size('`+fleetSchema+`.mirror'),
@@ -420,27 +447,46 @@ func waitCollecting(ctx context.Context, relays []*harness.Relay) error {
 	return nil
 }
 
-// waitTakeover waits, after the kill, until both other replicas see two
-// live replicas (the takeover: the lines the store held then are
-// atTakeover) and until every line the killed replica's runs wrote before
-// the kill is stored.
-func waitTakeover(ctx context.Context, db *pgx.Conn, relays []*harness.Relay, killed time.Time, written map[string]int64) (takeover time.Duration, atTakeover int64, stored time.Duration, err error) {
-	runs := slices.Collect(maps.Keys(written))
+// waitSeen waits, after a replica was struck, until every survivor sees
+// the survivors alone live (the takeover); atTakeover is the lines the
+// store held then.
+func waitSeen(ctx context.Context, db *pgx.Conn, survivors []*harness.Relay, struck time.Time) (takeover time.Duration, atTakeover int64, err error) {
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
-		if takeover == 0 {
-			seen := 0
-			for i, rl := range relays {
-				if live, err := rl.Counter("clipjob_relay_replicas "); i != fleetVictim && err == nil && int(live) == len(relays)-1 {
-					seen++
-				}
-			}
-			if seen == len(relays)-1 {
-				takeover = time.Since(killed)
-				atTakeover, _, _ = storedTotals(ctx, db)
+		for _, rl := range survivors {
+			if live, err := rl.Counter("clipjob_relay_replicas "); err != nil || int(live) != len(survivors) {
+				return false, nil
 			}
 		}
-		if stored == 0 {
-			rows, err := db.Query(ctx, `SELECT id, last_seq FROM `+fleetSchema+`.runs WHERE id = ANY($1)`, runs)
+		takeover = time.Since(struck)
+		atTakeover, _, _ = storedTotals(ctx, db)
+		return true, nil
+	})
+	if err != nil {
+		err = fmt.Errorf("%d survivors do not each see %d live replicas %s after the strike: %w", len(survivors), len(survivors), time.Since(struck), err)
+	}
+	return takeover, atTakeover, err
+}
+
+// struckRuns are the lines each run of a struck replica had written when
+// it was struck; stored is how long after the strike the store held them
+// all (0: not yet).
+type struckRuns struct {
+	struck  time.Time
+	written map[string]int64
+	stored  time.Duration
+}
+
+// waitRunsStored waits until the store holds, for each strike, the lines
+// its runs had written when it came, noting when it did. One connection
+// polls for all: a pgx.Conn serves one query at a time.
+func waitRunsStored(ctx context.Context, db *pgx.Conn, strikes ...*struckRuns) error {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
+		all := true
+		for _, st := range strikes {
+			if st.stored > 0 {
+				continue
+			}
+			rows, err := db.Query(ctx, `SELECT id, last_seq FROM `+fleetSchema+`.runs WHERE id = ANY($1)`, slices.Collect(maps.Keys(st.written)))
 			if err != nil {
 				return false, nil
 			}
@@ -448,21 +494,67 @@ func waitTakeover(ctx context.Context, db *pgx.Conn, relays []*harness.Relay, ki
 			for rows.Next() {
 				var id string
 				var last int64
-				if rows.Scan(&id, &last) == nil && last >= written[id] {
+				if rows.Scan(&id, &last) == nil && last >= st.written[id] {
 					done++
 				}
 			}
 			rows.Close()
-			if done == len(runs) {
-				stored = time.Since(killed)
+			if done == len(st.written) {
+				st.stored = time.Since(st.struck)
+			} else {
+				all = false
 			}
 		}
-		return takeover > 0 && stored > 0, nil
+		return all, nil
 	})
 	if err != nil {
-		err = fmt.Errorf("after the kill: takeover %s, every line written before it stored %s (0: not yet): %w", takeover, stored, err)
+		err = fmt.Errorf("the struck replicas' runs have not all stored the lines written before the strikes: %w", err)
 	}
-	return takeover, atTakeover, stored, err
+	return err
+}
+
+// backlog is how many of the lines in written the store does not hold.
+func backlog(ctx context.Context, db *pgx.Conn, written map[string]int64) int64 {
+	var stored int64
+	_ = db.QueryRow(ctx, `SELECT coalesce(sum(last_seq), 0)::bigint FROM `+fleetSchema+`.runs WHERE id = ANY($1)`, slices.Collect(maps.Keys(written))).Scan(&stored)
+	total := int64(0)
+	for _, n := range written {
+		total += n
+	}
+	return total - stored
+}
+
+// freezeAfterKill freezes replica fleetFrozen (SIGSTOP) as soon as the
+// survivors of the kill have taken its runs, while both still have lines
+// to store: replica r0 is then left alone with every run. It waits until
+// r0 sees itself alone, thaws the frozen one, and returns the frozen
+// replica's runs (its share between r0 and it), the lines each had
+// written at the freeze, and when it was frozen. The thawed replica finds
+// its row lapsed, joins again and takes its runs back; what it tried to
+// commit from before the freeze is refused by the cursor check (counted
+// from its log after the flood).
+func freezeAfterKill(ctx context.Context, db *pgx.Conn, relays []*harness.Relay, ids []string, runs []fleetRun, start time.Time, res *fleetPGResult) (map[int]bool, map[string]int64, time.Time, error) {
+	live := []string{ids[0], ids[fleetFrozen]}
+	frozenRuns, written := map[int]bool{}, map[string]int64{}
+	for i := range runs {
+		if replicas.Pick(live, runs[i].run) == ids[fleetFrozen] {
+			frozenRuns[i], written[runs[i].run] = true, runs[i].seq.Load()
+		}
+	}
+	res.frozenRuns = len(frozenRuns)
+	pid := relays[fleetFrozen].PID()
+	frozen := time.Now()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return nil, nil, frozen, err
+	}
+	defer func() { _ = syscall.Kill(pid, syscall.SIGCONT) }()
+	res.frozenAfter = frozen.Sub(start)
+	res.frozenBacklog = backlog(ctx, db, written)
+	var err error
+	if res.frozenTakeover, _, err = waitSeen(ctx, db, relays[:1], frozen); err != nil {
+		return nil, nil, frozen, err
+	}
+	return frozenRuns, written, frozen, syscall.Kill(pid, syscall.SIGCONT)
 }
 
 // storedTotals are the lines and bytes of text the store holds.
@@ -515,31 +607,30 @@ func checkStored(ctx context.Context, db *pgx.Conn, runs []fleetRun) (short, ext
 	return short, extra, rows.Err()
 }
 
-// deliveryGaps is, over the lines written from start to end, the longest time a
-// written line waited while no new line of its run reached the run's
-// client: for consecutive lines, from the later of the first's arrival
-// and the second's write to the second's arrival. For the killed
-// replica's runs (and when that gap began, after the kill) and the others.
-func deliveryGaps(l *latencies, victim map[int]bool, start, end, killed time.Time) (gapVictim, victimAt, gapOther time.Duration) {
+// deliveryGap is, over the lines written from start to end, the longest
+// time a written line of the runs in waited while no new line of its run
+// reached the run's client: for consecutive lines, from the later of the
+// first's arrival and the second's write to the second's arrival. And
+// when that gap began, after since.
+func deliveryGap(l *latencies, in func(run int) bool, start, end, since time.Time) (gap, at time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for run, arr := range l.arrivals {
+		if !in(run) {
+			continue
+		}
 		for i, a := range arr {
 			prev, ok := arr[i-1]
 			if !ok || a[0] < start.UnixNano() || a[0] >= end.UnixNano() {
 				continue
 			}
 			from := max(prev[1], a[0])
-			gap := time.Duration(a[1] - from)
-			switch {
-			case victim[run] && gap > gapVictim:
-				gapVictim, victimAt = gap, time.Unix(0, from).Sub(killed)
-			case !victim[run]:
-				gapOther = max(gapOther, gap)
+			if g := time.Duration(a[1] - from); g > gap {
+				gap, at = g, time.Unix(0, from).Sub(since)
 			}
 		}
 	}
-	return gapVictim, victimAt, gapOther
+	return gap, at
 }
 
 // sampleReplicas samples each relay's resident memory (sampleRSS).
@@ -643,15 +734,17 @@ func printFleetPG(w io.Writer, rs []fleetPGResult, floodPerRun int) {
 	fmt.Fprintf(w, "\n### The fleet on PostgreSQL (kwok pods with file logs, three relay replicas, one SSE client per run on replica run mod 3)\n\n")
 	fmt.Fprintf(w, "Steady: each run writes %d-byte lines at 2 per second plus a burst of %d every %s, for %s. Flood: each run writes %d lines as fast as it can; "+
 		"replica %s is killed with SIGKILL once a third of the flood is stored, and started again after the flood; then each run writes %d lines more. "+
+		"As soon as the others have taken its runs, replica %s is frozen (SIGSTOP) until r0 sees itself alone, then thawed. "+
 		"Latencies are the steady phase's; the delivery gap is the longest a written line waited while no new line of its run reached its client, over the flood.\n\n",
-		lineBytes, burstLines, burstEvery, steadyFor, floodPerRun, fleetIDs[fleetVictim], fleetTail)
-	fmt.Fprintln(w, "| runs | steady lines/s | line → SSE p50 / p99 | client on the collecting replica | on another replica | flood lines/s stored: three replicas / two / the whole flood | flood MiB/s | kill → takeover | kill → the killed replica's earlier lines stored | longest delivery gap: its runs / the others | lost / duplicated |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
+		lineBytes, burstLines, burstEvery, steadyFor, floodPerRun, fleetIDs[fleetVictim], fleetTail, fleetIDs[fleetFrozen])
+	fmt.Fprintln(w, "| runs | steady lines/s | line → SSE p50 / p99 | client on the collecting replica | on another replica | flood lines/s stored: three replicas / from the kill's takeover (two, one while frozen) / the whole flood | flood MiB/s | kill → takeover | kill → the killed replica's earlier lines stored | freeze → takeover | freeze → the frozen replica's earlier lines stored | longest delivery gap: the killed replica's runs / the frozen one's / the others | lost / duplicated |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rs {
-		fmt.Fprintf(w, "| %d | %.0f | %s / %s | %s / %s (%d lines) | %s / %s (%d lines) | %.0f / %.0f / %.0f | %.1f | %s | %s | %s / %s | %d / %d |\n", r.runs, r.steadyLinesPerSec,
+		fmt.Fprintf(w, "| %d | %.0f | %s / %s | %s / %s (%d lines) | %s / %s (%d lines) | %.0f / %.0f / %.0f | %.1f | %s | %s | %s | %s | %s / %s / %s | %d / %d |\n", r.runs, r.steadyLinesPerSec,
 			msf(float64(r.latP50)), msf(float64(r.latP99)), msf(float64(r.ownP50)), msf(float64(r.ownP99)), r.ownN, msf(float64(r.otherP50)), msf(float64(r.otherP99)), r.otherN,
 			r.threeLinesPerSec, r.twoLinesPerSec, r.floodLinesPerSec, r.floodMiBPerSec, r.takeover.Round(100*time.Millisecond), r.storedAfterKill.Round(100*time.Millisecond),
-			r.gapVictim.Round(100*time.Millisecond), r.gapOther.Round(100*time.Millisecond), r.missing+r.storeShort, r.duplicated+r.storeExtra)
+			r.frozenTakeover.Round(100*time.Millisecond), r.storedAfterFreeze.Round(100*time.Millisecond),
+			r.gapVictim.Round(100*time.Millisecond), r.gapFrozen.Round(100*time.Millisecond), r.gapOther.Round(100*time.Millisecond), r.missing+r.storeShort, r.duplicated+r.storeExtra)
 	}
 	fmt.Fprintln(w, "\n| runs | replica | streams open (steady) | RSS steady (anonymous) | RSS peak in the flood (anonymous) | CPU seconds in the flood |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|")
@@ -677,8 +770,10 @@ func printFleetPG(w io.Writer, rs []fleetPGResult, floodPerRun int) {
 			relayCPU += f.floodCPU
 		}
 		fmt.Fprintf(w, "\nWith %d runs: the kill came %s into the flood; the killed replica collected %d runs; back, it collected again %s after its start. "+
-			"The killed replica's runs' longest gap began at the kill %+.1f s. In the flood the replicas used %.1f CPU seconds (%.0f lines stored per relay CPU second), PostgreSQL %.1f (%.0f lines per second of its CPU).\n",
+			"The killed replica's runs' longest gap began at the kill %+.1f s. "+
+			"The freeze came %s into the flood; the frozen replica collected %d runs, with %d lines written and not stored at the freeze; their longest gap began at the freeze %+.1f s; thawed, %d of its commits were refused by the cursor check. In the flood the replicas used %.1f CPU seconds (%.0f lines stored per relay CPU second), PostgreSQL %.1f (%.0f lines per second of its CPU).\n",
 			r.runs, r.killedAfter.Round(100*time.Millisecond), r.victimRuns, r.rejoined.Round(100*time.Millisecond), r.gapVictimAt.Seconds(),
+			r.frozenAfter.Round(100*time.Millisecond), r.frozenRuns, r.frozenBacklog, r.gapFrozenAt.Seconds(), r.thawedRefused,
 			relayCPU, float64(r.floodLines)/relayCPU, r.pgFloodCPU, float64(r.floodLines)/r.pgFloodCPU)
 		if r.r0Commits > 0 {
 			fmt.Fprintf(w, "\nIn the flood r0 stored %.0f lines in %.0f appends (%.1f lines each) and %.0f transactions (%.1f appends each).\n",
@@ -706,7 +801,8 @@ func printFleetPG(w io.Writer, rs []fleetPGResult, floodPerRun int) {
 		target(w, fmt.Sprintf("line → SSE client p99 < 250 ms at %d runs (three replicas)", r.runs), float64(r.latP99)/float64(time.Millisecond), 250, " ms", true)
 		target(w, fmt.Sprintf("aggregate ingest ≥ 50,000 lines/s (%d runs, flood, three replicas, before the kill)", r.runs), r.threeLinesPerSec, 50000, " lines/s", false)
 		target(w, fmt.Sprintf("takeover of a killed replica's runs within --lease-duration + a renewal, %s (%d runs)", bound, r.runs), r.takeover.Seconds(), bound.Seconds(), " s", true)
-		target(w, fmt.Sprintf("lines lost or duplicated, at the clients and in the store (%d runs)", r.runs), float64(r.missing+r.duplicated+r.storeShort+r.storeExtra), 0, "", true)
+		target(w, fmt.Sprintf("takeover of a frozen replica's runs within --lease-duration + a renewal, %s (%d runs)", bound, r.runs), r.frozenTakeover.Seconds(), bound.Seconds(), " s", true)
+		target(w, fmt.Sprintf("lines lost or duplicated through a SIGKILL and a SIGSTOP mid-flood, at the clients and in the store (%d runs)", r.runs), float64(r.missing+r.duplicated+r.storeShort+r.storeExtra), 0, "", true)
 	}
 }
 
