@@ -361,6 +361,29 @@ func (c *Collector) retired(pod *corev1.Pod, jobUID types.UID) (bool, error) {
 	return true, nil
 }
 
+// streamRetired says whether ref's pod is one of a run retention deleted
+// (retired, above), from the pod cache; false for a pod the cache does
+// not hold as ref's.
+func (c *Collector) streamRetired(ref StreamRef) (bool, error) {
+	if c.Pods == nil {
+		return false, nil
+	}
+	pod := c.Pods.Pod(ref.Namespace, ref.Pod)
+	if pod == nil || string(pod.UID) != ref.PodUID {
+		return false, nil
+	}
+	job := metav1.GetControllerOf(pod)
+	if job == nil {
+		return false, nil
+	}
+	r, err := c.Store.RetiredRun(pod.Namespace, string(job.UID))
+	if err != nil || !r.Covers(pod.CreationTimestamp.Time) {
+		return false, err
+	}
+	c.Log.Info("stopped following a stream: retention deleted its run", "run", ref.Run, "stream", ref.Key())
+	return true, nil
+}
+
 // ForgetRetired forgets the retired runs (store.Retired) of Jobs in the
 // namespaces watched (none: all) none of whose pods remain.
 func (c *Collector) ForgetRetired(watched []string) (int, error) {
