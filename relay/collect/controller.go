@@ -36,6 +36,9 @@ type PodCache interface {
 // from one killed otherwise, which its pod alone does not.
 type JobFailure func(ctx context.Context, namespace, name string) (string, error)
 
+// PodGone says whether a pod is gone (or replaced by another of its name).
+type PodGone func(ctx context.Context, namespace, name string, uid types.UID) (bool, error)
+
 // Collector is a controller: pod events (OnPod) and the ends of its
 // followers queue the pod, and a reconcile per pod, on the queue's
 // workers, records its run, follows its containers and finishes the run
@@ -53,7 +56,15 @@ type Collector struct {
 	// JobFailure, when set, marks a run that ended unsuccessfully as
 	// timed out when its Job failed with DeadlineExceeded.
 	JobFailure JobFailure
-	Follow     FollowOptions
+	// PodGone, when set, says whether the pod namespace/name with uid is
+	// gone, asked of the API server: the sweep asks it before finishing a
+	// run whose pod the cache does not hold. The cache can be behind the
+	// store, where another replica recorded a pod this one's informer has
+	// not delivered yet (a takeover a moment after the pod was created, a
+	// replica thawed after a freeze); finished, the run would be collected
+	// by no one. Nil: the cache is trusted.
+	PodGone PodGone
+	Follow  FollowOptions
 	// MaxStreams bounds the log streams open at once. Default 200.
 	MaxStreams int
 	// Mirror, when set, keeps each run's NDJSON file on the shared volume.
@@ -710,12 +721,23 @@ func (c *Collector) sweep() error {
 		return err
 	}
 	n := 0
+	var unsure error
 	for _, r := range runs {
 		if !c.owns(runID(r.ID)) {
 			continue // another relay's to finish
 		}
 		if p := c.Pods.Pod(r.Namespace, r.Pod); (p != nil && string(p.UID) == r.PodUID) || c.streaming(types.UID(r.PodUID)) {
 			continue
+		}
+		if c.PodGone != nil && r.Namespace != "" && r.Pod != "" {
+			gone, err := c.PodGone(c.ctx, r.Namespace, r.Pod, types.UID(r.PodUID))
+			if err != nil {
+				unsure = errors.Join(unsure, err) // the sweep is tried again
+				continue
+			}
+			if !gone {
+				continue // the cache is behind: the pod's event brings it
+			}
 		}
 		if err := c.finish(r.ID, true); err != nil {
 			return err
@@ -725,7 +747,7 @@ func (c *Collector) sweep() error {
 	if n > 0 {
 		c.Log.Info("finished runs whose pods are gone", "runs", n)
 	}
-	return nil
+	return unsure
 }
 
 // runID is the run id (the pods' label) of the run kept under key: key
