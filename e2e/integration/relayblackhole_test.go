@@ -2,11 +2,16 @@ package integration
 
 import (
 	"context"
+	"net/url"
+	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/paperclipai/clipjob/e2e/harness"
 	"github.com/paperclipai/clipjob/relay"
 )
 
@@ -24,13 +29,20 @@ func blackHoleTakeover(t *testing.T, name string, which func(kind string) bool) 
 	t.Helper()
 	in := newInstall(t)
 	ctx, rs := readyReplicas(in, t)
+	return blackHoleFlood(ctx, t, in, rs, name, func() int { return rs.proxy.swallow(which) })
+}
+
+// blackHoleFlood is blackHoleTakeover on replicas rs, swallow silencing
+// what it does of replica r2's and saying how many connections.
+func blackHoleFlood(ctx context.Context, t *testing.T, in *harness.Install, rs *relayReplicas, name string, swallow func() int) time.Duration {
+	t.Helper()
 	f := startFlood(in, ctx, t, name, 6)
 	theirs := rs.runsOf(t, 2, f.Runs)
 	if len(theirs) == 0 {
 		t.Fatalf("replica r2 collects none of %v", f.Runs)
 	}
 	waitEach(ctx, t, rs.relays[0], rs.token, f.Runs, atLeast(100), "before the black hole")
-	n := rs.proxy.swallow(which)
+	n := swallow()
 	swallowed := time.Now()
 	t.Logf("swallowed %d of replica r2's connections; it collects %v", n, theirs)
 	type mark struct {
@@ -100,5 +112,55 @@ func TestHostileRelayBlackHoledRenewalHandsOverItsRuns(t *testing.T) {
 	o := relay.DefaultOptions().Replicas
 	if bound := 3 * (o.LeaseDuration + o.RenewInterval); took > bound {
 		t.Errorf("replica r2's runs went uncollected for %s with its renewal's connection silent: more than %s", took.Round(100*time.Millisecond), bound)
+	}
+}
+
+// TestHostileRelayBlackHoledAPIServerHandsOverItsRuns: one replica's
+// connections to the API server (its clients', its log streams') go
+// silent; new ones get through. It follows no log meanwhile, so its runs
+// must pass to the others. It notices only by its pings of the API
+// server, two failures in a row of 5 s each (13.7 s measured, against
+// 4-5 s for a dead replica); allowed here 30 s, well short of the 45 s
+// client-go's HTTP/2 health check takes to drop the connection.
+func TestHostileRelayBlackHoledAPIServerHandsOverItsRuns(t *testing.T) {
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	u, err := url.Parse(suite.cluster.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := newTCPProxy(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.close)
+	path, err := harness.ChartServiceAccountKubeconfig(ctx, suite.cluster, "clipjob-relay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range kc.Clusters {
+		c.Server = "https://" + proxy.listen
+	}
+	proxied := filepath.Join(suite.cluster.Dir, rs.group+"-r2-hole.kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, proxied); err != nil {
+		t.Fatal(err)
+	}
+	rs.relays[2].Stop()
+	extra := rs.extra
+	rs.extra = append(slices.Clone(extra), "--kubeconfig", proxied)
+	r2, err := rs.start(ctx, rs.ids[2], rs.group, rs.conn(2))
+	rs.extra = extra
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs.relays[2] = r2
+	rs.waitMembers(ctx, t, 0, 1, 2)
+	took := blackHoleFlood(ctx, t, in, rs, "e2e-hole-api", func() int { return proxy.swallow(func(string) bool { return true }) })
+	if bound := 30 * time.Second; took > bound {
+		t.Errorf("replica r2's runs went uncollected for %s with its API server connections silent: more than %s", took.Round(100*time.Millisecond), bound)
 	}
 }
