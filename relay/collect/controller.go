@@ -291,10 +291,11 @@ func (c *Collector) syncPod(pod *corev1.Pod) error {
 		c.ignore(pod, run, "no-job", "not controlled by a Job")
 		return nil
 	}
-	if !c.streaming(pod.UID) {
-		if retired, err := c.retired(pod, job.UID); err != nil || retired {
-			return err
-		}
+	// Even while this relay follows the pod: another replica may have
+	// finished the run, and retention deleted it, while this one was
+	// frozen, and the record written below would bring it back.
+	if retired, err := c.retired(pod, job.UID); err != nil || retired {
+		return err
 	}
 	rec, key, err := c.recordPod(pod, run, job.UID)
 	if errors.Is(err, errUnkeyable) {
