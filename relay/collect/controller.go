@@ -318,6 +318,13 @@ func (c *Collector) syncPod(pod *corev1.Pod) error {
 	if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed || c.streaming(pod.UID) {
 		return nil // its followers' ends bring it back
 	}
+	if rec.PodUID != string(pod.UID) {
+		// An older attempt of the Job's run: the run goes on with the
+		// newer pod the record follows, whose end finishes it. (A replica
+		// taking the run over, or a relay restarted, reconciles the pods
+		// of a run in no particular order.)
+		return nil
+	}
 	return c.finish(key, false)
 }
 
