@@ -13,7 +13,9 @@ import (
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -105,7 +107,7 @@ func Serve(ctx context.Context, o Options) error {
 	svc.coll = &collect.Collector{Store: store, Source: collect.APILogSource{Client: logs}, Redact: redactor, Follow: o.Follow,
 		MaxStreams: o.MaxStreams, Log: o.Log.WithName("collector"), Clock: o.Clock,
 		Mirror: &mirror.Mirror{Dir: o.MirrorDir, Base: o.MirrorBase, Store: store, Clock: o.Clock},
-		Pods:   podCache{mgr.GetCache()}, JobFailure: jobFailure(client)}
+		Pods:   podCache{mgr.GetCache()}, JobFailure: jobFailure(client), PodGone: podGone(client)}
 	svc.coll.Start(collectCtx)
 	if err := svc.divideRuns(mgr, store); err != nil {
 		return err
@@ -420,6 +422,21 @@ func (s *service) serveAPI(ctx context.Context) (stop func(timeout time.Duration
 }
 
 // jobFailure reads a Job's Failed condition reason live.
+// podGone asks the API server whether a pod is gone, or is now another
+// pod of the same name.
+func podGone(cs kubernetes.Interface) collect.PodGone {
+	return func(ctx context.Context, ns, name string, uid types.UID) (bool, error) {
+		pod, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		return pod.UID != uid, nil
+	}
+}
+
 func jobFailure(cs kubernetes.Interface) collect.JobFailure {
 	return func(ctx context.Context, ns, name string) (string, error) {
 		job, err := cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})

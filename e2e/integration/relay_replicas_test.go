@@ -625,6 +625,68 @@ type socketProxy struct {
 	mu                      sync.Mutex
 	ln                      net.Listener
 	conns                   map[net.Conn]bool
+	// pairs are the connections forwarded, each with what it was seen to
+	// carry (see proxied), for swallow.
+	pairs []*proxied
+}
+
+// proxied is one connection through a socketProxy: what its client was
+// seen to send first of note ("listen": a LISTEN; "renew": the renewal of
+// a row in the table of replicas; "" otherwise, the pool's), and whether
+// it forwards nothing more (swallow).
+type proxied struct {
+	mu    sync.Mutex
+	kind  string
+	stuck bool
+}
+
+// pipe copies src to dst until either fails, noting what the client
+// sends, and dropping everything once the connection is stuck.
+func (c *proxied) pipe(dst, src net.Conn, fromClient bool) {
+	defer func() { dst.Close(); src.Close() }()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if err != nil {
+			return
+		}
+		c.mu.Lock()
+		if fromClient && c.kind == "" {
+			switch b := string(buf[:n]); {
+			case strings.Contains(b, "LISTEN "):
+				c.kind = "listen"
+			case strings.Contains(b, "WITH renewed AS"):
+				c.kind = "renew"
+			}
+		}
+		stuck := c.stuck
+		c.mu.Unlock()
+		if stuck {
+			continue
+		}
+		if _, err := dst.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+// swallow makes the connections open now whose kind which accepts forward
+// nothing more, without closing them, as a network path that drops
+// packets does (both ends wait for bytes that never come); connections
+// opened after are forwarded. It returns how many it swallowed.
+func (p *socketProxy) swallow(which func(kind string) bool) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, c := range p.pairs {
+		c.mu.Lock()
+		if !c.stuck && which(c.kind) {
+			c.stuck = true
+			n++
+		}
+		c.mu.Unlock()
+	}
+	return n
 }
 
 // newSocketProxy proxies the server connString reaches (a unix socket
@@ -683,11 +745,13 @@ func (p *socketProxy) restore() error {
 				c.Close()
 				continue
 			}
+			pc := &proxied{}
 			p.mu.Lock()
 			p.conns[c], p.conns[s] = true, true
+			p.pairs = append(p.pairs, pc)
 			p.mu.Unlock()
-			go func() { _, _ = io.Copy(s, c); s.Close(); c.Close() }()
-			go func() { _, _ = io.Copy(c, s); s.Close(); c.Close() }()
+			go pc.pipe(s, c, true)
+			go pc.pipe(c, s, false)
 		}
 	}()
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"fmt"
+	"net/http"
 	"syscall"
 	"testing"
 	"time"
@@ -209,4 +210,85 @@ func TestHostileRelayReplicaFrozenMidCommitLosesNoRun(t *testing.T) {
 	t.Logf("every line written before the freeze stored %s after it, by the others", time.Since(frozen).Round(100*time.Millisecond))
 	_ = syscall.Kill(pid, syscall.SIGCONT)
 	f.end(ctx, t, rs)
+}
+
+// TestHostileRelayRunRetiredWhileItsOwnerWasFrozenStaysRetired: the
+// replica collecting a run is frozen (SIGSTOP) after storing its lines;
+// meanwhile the run ends, the others take it over, finish it, and
+// retention (here any finished run beyond one byte, every second) deletes
+// it, its pod remaining (a Job kept without a TTL). Thawed, the replica
+// renews the row of the id it had, so the run is its own again, and its
+// follower goes on: its stream's cursor is gone with the run. The run
+// must stay gone, not come back whole, read again from the start. The
+// replicas keep a schema of their own: retention this eager would delete
+// the other tests' runs.
+func TestHostileRelayRunRetiredWhileItsOwnerWasFrozenStaysRetired(t *testing.T) {
+	in := newInstall(t)
+	const schema = "e2e_retired_frozen"
+	ctx, rs := readyReplicasWith(in, t, "--postgres-schema", schema, "--retention-max-bytes", "1", "--retention-interval", "1s")
+	run := "e2e-hostile-retired-frozen"
+	victim := rs.owner(t, run)
+	pod, log := agentRun(in, ctx, t, run)
+	if err := log.Write(`{"type":"assistant","n":1}`, `{"type":"assistant","n":2}`, `{"type":"assistant","n":3}`); err != nil {
+		t.Fatal(err)
+	}
+	waitStoredAtLeast(ctx, t, rs.relays[victim], rs.token, run, 3, "before the freeze")
+	pid := rs.relays[victim].PID()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	defer thaw()
+	var others []int
+	for i := range rs.ids {
+		if i != victim {
+			others = append(others, i)
+		}
+	}
+	rs.waitMembers(ctx, t, others...)
+	in.FinishRun(ctx, t, pod.Labels["batch.kubernetes.io/job-name"], "0")
+	db, err := pgx.Connect(ctx, rs.pg.ConnString("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close(context.Background()) })
+	jobUID := string(metav1.GetControllerOf(pod).UID)
+	retired := func() bool {
+		var at int64
+		_ = db.QueryRow(ctx, `SELECT retired_at FROM `+schema+`.retired_runs WHERE job_uid = $1`, jobUID).Scan(&at)
+		return at != 0
+	}
+	gone := func() string {
+		for _, i := range others {
+			if _, code := rs.relays[i].Run(t, rs.token, run); code != http.StatusNotFound {
+				return fmt.Sprintf("replica %s answers %d for the run", rs.ids[i], code)
+			}
+		}
+		return ""
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		return retired() && gone() == "", nil
+	})
+	if err != nil {
+		t.Fatalf("the others did not finish the run and retention did not delete it while its owner was frozen: %v (%s)", err, gone())
+	}
+	thaw()
+	rs.waitMembers(ctx, t, 0, 1, 2)
+	// The thawed replica's follower reconnects within its backoff (200 ms);
+	// the run stays gone for five retention intervals of the others.
+	for range 10 {
+		if why := gone(); why != "" {
+			t.Fatalf("the retired run came back after its old owner thawed: %s", why)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if _, err := suite.cs.CoreV1().Pods(in.Namespace).Get(ctx, pod.Name, metav1.GetOptions{}); err != nil {
+		t.Errorf("the run's pod is gone (%v): the test proved nothing", err)
+	}
 }

@@ -36,6 +36,9 @@ type PodCache interface {
 // from one killed otherwise, which its pod alone does not.
 type JobFailure func(ctx context.Context, namespace, name string) (string, error)
 
+// PodGone says whether a pod is gone (or replaced by another of its name).
+type PodGone func(ctx context.Context, namespace, name string, uid types.UID) (bool, error)
+
 // Collector is a controller: pod events (OnPod) and the ends of its
 // followers queue the pod, and a reconcile per pod, on the queue's
 // workers, records its run, follows its containers and finishes the run
@@ -53,7 +56,15 @@ type Collector struct {
 	// JobFailure, when set, marks a run that ended unsuccessfully as
 	// timed out when its Job failed with DeadlineExceeded.
 	JobFailure JobFailure
-	Follow     FollowOptions
+	// PodGone, when set, says whether the pod namespace/name with uid is
+	// gone, asked of the API server: the sweep asks it before finishing a
+	// run whose pod the cache does not hold. The cache can be behind the
+	// store, where another replica recorded a pod this one's informer has
+	// not delivered yet (a takeover a moment after the pod was created, a
+	// replica thawed after a freeze); finished, the run would be collected
+	// by no one. Nil: the cache is trusted.
+	PodGone PodGone
+	Follow  FollowOptions
 	// MaxStreams bounds the log streams open at once. Default 200.
 	MaxStreams int
 	// Mirror, when set, keeps each run's NDJSON file on the shared volume.
@@ -280,10 +291,11 @@ func (c *Collector) syncPod(pod *corev1.Pod) error {
 		c.ignore(pod, run, "no-job", "not controlled by a Job")
 		return nil
 	}
-	if !c.streaming(pod.UID) {
-		if retired, err := c.retired(pod, job.UID); err != nil || retired {
-			return err
-		}
+	// Even while this relay follows the pod: another replica may have
+	// finished the run, and retention deleted it, while this one was
+	// frozen, and the record written below would bring it back.
+	if retired, err := c.retired(pod, job.UID); err != nil || retired {
+		return err
 	}
 	rec, key, err := c.recordPod(pod, run, job.UID)
 	if errors.Is(err, errUnkeyable) {
@@ -305,6 +317,13 @@ func (c *Collector) syncPod(pod *corev1.Pod) error {
 	c.followAll(pod, key)
 	if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed || c.streaming(pod.UID) {
 		return nil // its followers' ends bring it back
+	}
+	if rec.PodUID != string(pod.UID) {
+		// An older attempt of the Job's run: the run goes on with the
+		// newer pod the record follows, whose end finishes it. (A replica
+		// taking the run over, or a relay restarted, reconciles the pods
+		// of a run in no particular order.)
+		return nil
 	}
 	return c.finish(key, false)
 }
@@ -358,6 +377,29 @@ func (c *Collector) retired(pod *corev1.Pod, jobUID types.UID) (bool, error) {
 	}
 	podsIgnored.WithLabelValues("retired").Inc()
 	c.Log.V(1).Info("ignoring pod: retention deleted its run", "pod", pod.Namespace+"/"+pod.Name, "run", r.Run)
+	return true, nil
+}
+
+// streamRetired says whether ref's pod is one of a run retention deleted
+// (retired, above), from the pod cache; false for a pod the cache does
+// not hold as ref's.
+func (c *Collector) streamRetired(ref StreamRef) (bool, error) {
+	if c.Pods == nil {
+		return false, nil
+	}
+	pod := c.Pods.Pod(ref.Namespace, ref.Pod)
+	if pod == nil || string(pod.UID) != ref.PodUID {
+		return false, nil
+	}
+	job := metav1.GetControllerOf(pod)
+	if job == nil {
+		return false, nil
+	}
+	r, err := c.Store.RetiredRun(pod.Namespace, string(job.UID))
+	if err != nil || !r.Covers(pod.CreationTimestamp.Time) {
+		return false, err
+	}
+	c.Log.Info("stopped following a stream: retention deleted its run", "run", ref.Run, "stream", ref.Key())
 	return true, nil
 }
 
@@ -687,12 +729,23 @@ func (c *Collector) sweep() error {
 		return err
 	}
 	n := 0
+	var unsure error
 	for _, r := range runs {
 		if !c.owns(runID(r.ID)) {
 			continue // another relay's to finish
 		}
 		if p := c.Pods.Pod(r.Namespace, r.Pod); (p != nil && string(p.UID) == r.PodUID) || c.streaming(types.UID(r.PodUID)) {
 			continue
+		}
+		if c.PodGone != nil && r.Namespace != "" && r.Pod != "" {
+			gone, err := c.PodGone(c.ctx, r.Namespace, r.Pod, types.UID(r.PodUID))
+			if err != nil {
+				unsure = errors.Join(unsure, err) // the sweep is tried again
+				continue
+			}
+			if !gone {
+				continue // the cache is behind: the pod's event brings it
+			}
 		}
 		if err := c.finish(r.ID, true); err != nil {
 			return err
@@ -702,7 +755,7 @@ func (c *Collector) sweep() error {
 	if n > 0 {
 		c.Log.Info("finished runs whose pods are gone", "runs", n)
 	}
-	return nil
+	return unsure
 }
 
 // runID is the run id (the pods' label) of the run kept under key: key

@@ -254,6 +254,16 @@ func (f *follower) session(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	if cur == (store.Cursor{}) {
+		// Nothing stored of the stream: perhaps nothing yet, or retention
+		// deleted its run (and its cursors) since this follower started,
+		// while another replica finished it: a replica thawed after a
+		// freeze, its commits refused, reads again from here. Read from
+		// the start, the whole run would come back.
+		if retired, err := f.c.streamRetired(f.ref); err != nil || retired {
+			return retired, err
+		}
+	}
 	sctx, cancel := context.WithTimeout(ctx, f.c.Follow.MaxStreamLifetime)
 	defer cancel()
 	// A stream opened once the container had ended reads its whole last

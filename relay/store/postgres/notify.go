@@ -100,6 +100,10 @@ func (s *Store) startNotifying(ctx context.Context, cfg *pgx.ConnConfig) error {
 
 const backoffMin, backoffMax = 100 * time.Millisecond, 5 * time.Second
 
+// listenQuiet: a listening connection that heard nothing for this long
+// is asked for one round trip, within as long again, or listened on anew.
+const listenQuiet = 5 * time.Second
+
 // send notifies the runs changed, one NOTIFY statement at a time: what
 // is changed while one is sent goes in the next.
 func (s *Store) send(ctx context.Context) {
@@ -154,7 +158,24 @@ func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn)
 	backoff := backoffMin
 	for {
 		for conn != nil {
-			n, err := conn.WaitForNotification(ctx)
+			// Timed as the store's statements are (Timeout), by real
+			// time: it bounds a wait on the network.
+			wctx, cancel := context.WithTimeout(ctx, listenQuiet)
+			n, err := conn.WaitForNotification(wctx)
+			quiet := err != nil && ctx.Err() == nil && wctx.Err() != nil
+			cancel()
+			if quiet {
+				// Nothing heard for listenQuiet: a connection whose path
+				// went silent (packets dropped, nothing closed) would wait
+				// for good, and no keepalive notices it for many minutes.
+				// One round trip says whether it still answers.
+				pctx, cancel := context.WithTimeout(ctx, listenQuiet)
+				err = conn.Ping(pctx)
+				cancel()
+				if err == nil {
+					continue
+				}
+			}
 			if err != nil {
 				conn.Close(context.Background())
 				conn = nil

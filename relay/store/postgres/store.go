@@ -357,9 +357,21 @@ func (s *Store) Changed(run string) <-chan struct{} { return s.changes.Changed(r
 // (its record, cursors and mirror state), which marks its lines retired;
 // they are then deleted RetainBatch at a time, each batch its own
 // transaction. A relay stopped half way finishes at its next Retain.
+//
+// now is the calling relay's clock, and the relays sharing the store each
+// run retention: one whose clock runs ahead of the others' would delete
+// the finished runs they keep (every one, were it ahead by the maximum
+// age). So retention counts to the earlier of now and the server's now().
 func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]store.Run, error) {
 	if err := s.deleteRetiredLines(); err != nil {
 		return nil, err
+	}
+	server, err := s.serverNow()
+	if err != nil {
+		return nil, err
+	}
+	if server.Before(now) {
+		now = server
 	}
 	runs, err := s.RunsWhere(store.Filter{})
 	if err != nil {
@@ -377,6 +389,15 @@ func (s *Store) Retain(maxAge time.Duration, maxBytes int64, now time.Time) ([]s
 		}
 	}
 	return gone, s.deleteRetiredLines()
+}
+
+// serverNow is the server's clock.
+func (s *Store) serverNow() (time.Time, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	var now time.Time
+	err := s.pool.QueryRow(ctx, `SELECT now()`).Scan(&now)
+	return now, err
 }
 
 // retire deletes a finished run's record, cursors and mirror state,

@@ -502,7 +502,7 @@ func changedFires(t *testing.T, b Backend) {
 		t.Fatal("an update did not signal")
 	}
 	ch = s.Changed("run-1")
-	if _, err := s.Retain(time.Minute, 0, time.Now().Add(time.Hour)); err != nil {
+	if _, err := s.Retain(time.Nanosecond, 0, time.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	if !fired(ch) {

@@ -1,0 +1,175 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/paperclipai/clipjob/e2e/harness"
+	"github.com/paperclipai/clipjob/relay"
+)
+
+// Relay replicas whose connections to PostgreSQL go silent: the path
+// drops packets without closing anything (a firewall's or NAT's state
+// lost, a load balancer or PgBouncer failing over or frozen), so both ends
+// wait for bytes that never come, while new connections get through.
+
+// blackHoleTakeover swallows the connections of replica r2 that which
+// picks, mid-flood, and returns the longest a line of a run r2 collected
+// waited to be stored (read through r0) over the 20 s after that: every
+// 100 ms what was written of each run is noted, and timed until stored.
+// The flood then ends and is checked line by line.
+func blackHoleTakeover(t *testing.T, name string, which func(kind string) bool) time.Duration {
+	t.Helper()
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	return blackHoleFlood(ctx, t, in, rs, name, func() int { return rs.proxy.swallow(which) })
+}
+
+// blackHoleFlood is blackHoleTakeover on replicas rs, swallow silencing
+// what it does of replica r2's and saying how many connections.
+func blackHoleFlood(ctx context.Context, t *testing.T, in *harness.Install, rs *relayReplicas, name string, swallow func() int) time.Duration {
+	t.Helper()
+	// A flood at least one run of which replica r2 collects (the hash is
+	// over the replicas' random ids).
+	prefix := ""
+	for i := 0; prefix == ""; i++ {
+		p := fmt.Sprintf("%s%d", name, i)
+		for j := range 6 {
+			if rs.owner(t, fmt.Sprintf("%s-%d", p, j)) == 2 {
+				prefix = p
+			}
+		}
+	}
+	f := startFlood(in, ctx, t, prefix, 6)
+	theirs := rs.runsOf(t, 2, f.Runs)
+	waitEach(ctx, t, rs.relays[0], rs.token, f.Runs, atLeast(100), "before the black hole")
+	n := swallow()
+	swallowed := time.Now()
+	t.Logf("swallowed %d of replica r2's connections; it collects %v", n, theirs)
+	type mark struct {
+		at      time.Time
+		written int
+	}
+	pending := map[string][]mark{}
+	var worst time.Duration
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 5*time.Minute, true, func(context.Context) (bool, error) {
+		now := time.Now()
+		left := 0
+		for _, run := range theirs {
+			if now.Sub(swallowed) < 20*time.Second {
+				pending[run] = append(pending[run], mark{now, f.Written(run)})
+			}
+			s := stored(t, rs.relays[0], rs.token, run)
+			for len(pending[run]) > 0 && pending[run][0].written <= s {
+				worst = max(worst, now.Sub(pending[run][0].at))
+				pending[run] = pending[run][1:]
+			}
+			left += len(pending[run])
+		}
+		return now.Sub(swallowed) >= 20*time.Second && left == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("lines written in the 20 s after replica r2's connections went silent were not stored within five minutes: %v", err)
+	}
+	t.Logf("in the 20 s after the black hole, a line of r2's runs waited at most %s to be stored (lease %s, renewal %s)", worst.Round(100*time.Millisecond),
+		relay.DefaultOptions().Replicas.LeaseDuration, relay.DefaultOptions().Replicas.RenewInterval)
+	waitEach(ctx, t, rs.relays[0], rs.token, f.Runs, f.beyond(60), "after the black hole")
+	rs.waitMembers(ctx, t, 0, 1, 2)
+	f.end(ctx, t, rs)
+	return worst
+}
+
+// TestHostileRelayBlackHoledPoolHandsOverItsRuns: the connections of one
+// replica's pool go silent; its renewals, on a connection of their own,
+// get through. Its runs' commits wait on connections that never answer,
+// so it must not keep its runs for longer than a replica that died would
+// (the lease and a renewal, 5 s with the defaults; allowed here three
+// times that, for a loaded machine).
+func TestHostileRelayBlackHoledPoolHandsOverItsRuns(t *testing.T) {
+	took := blackHoleTakeover(t, "e2e-hole-pool", func(kind string) bool { return kind == "" })
+	o := relay.DefaultOptions().Replicas
+	if bound := 3 * (o.LeaseDuration + o.RenewInterval); took > bound {
+		t.Errorf("replica r2's runs went uncollected for %s with its pool's connections silent: more than %s", took.Round(100*time.Millisecond), bound)
+	}
+}
+
+// TestHostileRelayBlackHoledEverywhereHandsOverItsRuns: every connection
+// of one replica goes silent at once (its pool's, its renewal's, its
+// listener's); new ones get through.
+func TestHostileRelayBlackHoledEverywhereHandsOverItsRuns(t *testing.T) {
+	took := blackHoleTakeover(t, "e2e-hole-all", func(string) bool { return true })
+	o := relay.DefaultOptions().Replicas
+	if bound := 3 * (o.LeaseDuration + o.RenewInterval); took > bound {
+		t.Errorf("replica r2's runs went uncollected for %s with its connections silent: more than %s", took.Round(100*time.Millisecond), bound)
+	}
+}
+
+// TestHostileRelayBlackHoledRenewalHandsOverItsRuns: only the connection
+// one replica renews its row on goes silent. Past its renew deadline it
+// stops collecting; it renews again on a new connection, or the others
+// take its runs when its row lapses.
+func TestHostileRelayBlackHoledRenewalHandsOverItsRuns(t *testing.T) {
+	took := blackHoleTakeover(t, "e2e-hole-renew", func(kind string) bool { return kind == "renew" })
+	o := relay.DefaultOptions().Replicas
+	if bound := 3 * (o.LeaseDuration + o.RenewInterval); took > bound {
+		t.Errorf("replica r2's runs went uncollected for %s with its renewal's connection silent: more than %s", took.Round(100*time.Millisecond), bound)
+	}
+}
+
+// TestHostileRelayBlackHoledAPIServerHandsOverItsRuns: one replica's
+// connections to the API server (its clients', its log streams') go
+// silent; new ones get through. It follows no log meanwhile, so its runs
+// must pass to the others. It notices only by its pings of the API
+// server, two failures in a row of 5 s each (13.7 s measured, against
+// 4-5 s for a dead replica); allowed here 30 s, well short of the 45 s
+// client-go's HTTP/2 health check takes to drop the connection.
+func TestHostileRelayBlackHoledAPIServerHandsOverItsRuns(t *testing.T) {
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	u, err := url.Parse(suite.cluster.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := newTCPProxy(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.close)
+	path, err := harness.ChartServiceAccountKubeconfig(ctx, suite.cluster, "clipjob-relay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range kc.Clusters {
+		c.Server = "https://" + proxy.listen
+	}
+	proxied := filepath.Join(suite.cluster.Dir, rs.group+"-r2-hole.kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, proxied); err != nil {
+		t.Fatal(err)
+	}
+	rs.relays[2].Stop()
+	extra := rs.extra
+	rs.extra = append(slices.Clone(extra), "--kubeconfig", proxied)
+	r2, err := rs.start(ctx, rs.ids[2], rs.group, rs.conn(2))
+	rs.extra = extra
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs.relays[2] = r2
+	rs.waitMembers(ctx, t, 0, 1, 2)
+	took := blackHoleFlood(ctx, t, in, rs, "e2e-hole-api", func() int { return proxy.swallow(func(string) bool { return true }) })
+	if bound := 30 * time.Second; took > bound {
+		t.Errorf("replica r2's runs went uncollected for %s with its API server connections silent: more than %s", took.Round(100*time.Millisecond), bound)
+	}
+}

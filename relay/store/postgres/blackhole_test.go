@@ -1,0 +1,175 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/paperclipai/clipjob/relay/store"
+	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
+)
+
+// blackHole is a proxy in front of a PostgreSQL server's socket that can
+// stop forwarding on the connections open through it without closing
+// them, as a network path that drops packets (a firewall's or NAT's state
+// lost, a load balancer failing over) does: both ends wait for bytes that
+// never come. Connections opened after that are forwarded.
+type blackHole struct {
+	dir, target string
+	mu          sync.Mutex
+	conns       []*holeConn
+}
+
+type holeConn struct {
+	mu     sync.Mutex
+	stuck  bool
+	client net.Conn
+	server net.Conn
+}
+
+func newBlackHole(t *testing.T, connString string) *blackHole {
+	t.Helper()
+	kv := map[string]string{}
+	for _, f := range strings.Fields(connString) {
+		k, v, _ := strings.Cut(f, "=")
+		kv[k] = v
+	}
+	dir, err := os.MkdirTemp("", "pghole-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", filepath.Join(dir, ".s.PGSQL.5432"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &blackHole{dir: dir, target: filepath.Join(kv["host"], ".s.PGSQL."+kv["port"])}
+	t.Cleanup(func() {
+		ln.Close()
+		h.mu.Lock()
+		for _, c := range h.conns {
+			c.client.Close()
+			c.server.Close()
+		}
+		h.mu.Unlock()
+		os.RemoveAll(dir)
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("unix", h.target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			hc := &holeConn{client: c, server: s}
+			h.mu.Lock()
+			h.conns = append(h.conns, hc)
+			h.mu.Unlock()
+			go hc.pipe(s, c)
+			go hc.pipe(c, s)
+		}
+	}()
+	return h
+}
+
+// pipe copies from src to dst until either fails, dropping what it reads
+// once the connection is stuck.
+func (c *holeConn) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if err != nil {
+			return
+		}
+		c.mu.Lock()
+		stuck := c.stuck
+		c.mu.Unlock()
+		if stuck {
+			continue
+		}
+		if _, err := dst.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+// swallow stops forwarding on every connection open now.
+func (h *blackHole) swallow() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, c := range h.conns {
+		c.mu.Lock()
+		c.stuck = true
+		c.mu.Unlock()
+	}
+}
+
+func (h *blackHole) connString() string {
+	return fmt.Sprintf("host=%s port=5432 user=clipjob dbname=postgres sslmode=disable", h.dir)
+}
+
+// TestAListenerWhoseConnectionWentSilentListensAgain: a relay's
+// connection listening for the other relays' commits stops carrying
+// anything, without being closed (a network path that drops packets,
+// which no TCP keepalive notices for many minutes, and a unix socket
+// never). Its readers (SSE clients following runs another replica
+// collects) must not wait for good, or for their keepalive re-read, on
+// notifications that cannot come: the relay notices the connection is
+// silent and listens again on a new one, waking every reader.
+func TestAListenerWhoseConnectionWentSilentListensAgain(t *testing.T) {
+	conn, schema := pgtest.Schema(t)
+	hole := newBlackHole(t, conn)
+	reader, err := Open(context.Background(), Options{ConnString: hole.connString(), Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	writer, err := Open(context.Background(), Options{ConnString: conn, Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Close()
+	woken := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		case <-time.After(time.Minute): // far above any stall of a loaded machine
+			return false
+		}
+	}
+	cur := store.Cursor{}
+	appendLine := func(text string) {
+		t.Helper()
+		next := store.Cursor{TS: cur.TS + 1, Count: 1}
+		if _, err := writer.AppendAfter("run-1", "a", cur, next, []store.Line{{TS: time.Unix(0, next.TS), Container: "agent", Line: text}}, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		cur = next
+	}
+	ch := reader.Changed("run-1")
+	appendLine("before")
+	if !woken(ch) {
+		t.Fatal("the reader was not told of a commit before the connection went silent")
+	}
+	hole.swallow()
+	ch = reader.Changed("run-1")
+	appendLine("after")
+	if !woken(ch) {
+		t.Fatal("a minute after its listening connection went silent, the relay's readers were not told of another relay's commit, nor woken to read again")
+	}
+	// And it goes on hearing of commits on the connection it listens on now.
+	ch = reader.Changed("run-1")
+	appendLine("later")
+	if !woken(ch) {
+		t.Fatal("the relay listening again was not told of a later commit")
+	}
+}
