@@ -173,3 +173,49 @@ func TestAListenerWhoseConnectionWentSilentListensAgain(t *testing.T) {
 		t.Fatal("the relay listening again was not told of a later commit")
 	}
 }
+
+// TestACommitOnASilentConnectionGivesUp: the pool's connections go silent
+// without closing while new connections get through. A commit waiting on
+// one gives up after CommitTimeout, not the store's Timeout (30 s by
+// default: with both flights on silent connections a replica's runs went
+// uncollected that long), and the follower's next append, from the stored
+// cursor, commits on a new connection.
+func TestACommitOnASilentConnectionGivesUp(t *testing.T) {
+	conn, schema := pgtest.Schema(t)
+	hole := newBlackHole(t, conn)
+	s, err := Open(context.Background(), Options{ConnString: hole.connString(), Schema: schema, Timeout: 10 * time.Minute, CommitTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	line := func(ts int64, text string) []store.Line {
+		return []store.Line{{TS: time.Unix(0, ts), Container: "agent", Line: text}}
+	}
+	first := store.Cursor{TS: 1, Count: 1}
+	if _, err := s.AppendAfter("run-1", "a", store.Cursor{}, first, line(1, "before"), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	hole.swallow()
+	second := store.Cursor{TS: 2, Count: 1}
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.AppendAfter("run-1", "a", first, second, line(2, "after"), time.Now())
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("a commit on a connection that carries nothing succeeded")
+		}
+		t.Logf("the commit on the silent connection gave up: %v", err)
+	case <-time.After(2 * time.Minute): // CommitTimeout is 1 s; Timeout 10 minutes
+		t.Fatal("two minutes after the pool's connections went silent, a commit on one still waits: it waits out the store's Timeout, not CommitTimeout")
+	}
+	stored, err := s.Cursor("run-1", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AppendAfter("run-1", "a", stored, store.Cursor{TS: 3, Count: 1}, line(3, "again"), time.Now()); err != nil {
+		t.Fatalf("the append from the stored cursor %+v, on a new connection: %v", stored, err)
+	}
+}

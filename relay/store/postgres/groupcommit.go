@@ -245,7 +245,7 @@ func (s *Store) appendGroup(group []*appendReq) error {
 	for _, r := range ordered {
 		r.last, r.err = 0, nil
 	}
-	ctx, cancel := s.ctx()
+	ctx, cancel := context.WithTimeout(context.Background(), min(s.opts.CommitTimeout, s.opts.Timeout))
 	defer cancel()
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		moved, err := s.advanceCursors(ctx, tx, ordered)

@@ -48,6 +48,16 @@ type Options struct {
 	RetainBatch int
 	// Timeout bounds each store operation. Default 30s.
 	Timeout time.Duration
+	// CommitTimeout bounds one transaction of appends (and Timeout, if
+	// shorter). Default DefaultCommitTimeout, twice LockTimeout's: its statements each wait
+	// at most that for a row, so a commit much longer waits on a
+	// connection gone silent (packets
+	// dropped, nothing closed), and with both flights waiting out Timeout
+	// the replica's runs went uncollected for 30 s while new connections
+	// got through. Given up, the appends fail and their followers go on
+	// from the stored cursors on a new connection; one that did commit is
+	// found in the cursor.
+	CommitTimeout time.Duration
 	// CommitFlights is how many transactions of appends may be in flight
 	// at once; appends arriving while all are busy wait and commit
 	// together (groupcommit.go). Default 2.
@@ -66,6 +76,9 @@ type Options struct {
 	// is never this.
 	Clock clock.WithTicker
 }
+
+// DefaultCommitTimeout is Options.CommitTimeout's default.
+const DefaultCommitTimeout = 10 * time.Second
 
 // Store is the PostgreSQL store: a store.Backend; the methods of the
 // interface are documented there.
@@ -98,6 +111,7 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 	orDefault(&o.Timeout, 30*time.Second)
 	orDefault(&o.LockTimeout, 5*time.Second)
 	orDefault(&o.IdleInTransaction, 10*time.Second)
+	orDefault(&o.CommitTimeout, DefaultCommitTimeout)
 	orDefault(&o.RetainBatch, 5000)
 	orDefault(&o.CommitFlights, 2)
 	orDefault(&o.MaxGroup, 256)
