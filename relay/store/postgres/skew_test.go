@@ -1,8 +1,12 @@
 package postgres_test
 
 import (
+	"context"
+	"strings"
 	"testing"
 	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/postgres"
@@ -44,5 +48,25 @@ func TestARelayWhoseClockRunsAheadDeletesNoRunTheOthersKeep(t *testing.T) {
 	}
 	if r, _ := s.Run("run-new"); r == nil {
 		t.Error("a run finished a moment ago was deleted by a relay whose clock runs ahead")
+	}
+}
+
+// TestARelayWhoseClockIsOffPingsUnhealthy: a relay whose clock runs a day
+// behind the server's would stamp the runs it collects a day old, and
+// every replica's retention would retire them a day early; its store's
+// ping fails, naming the clock, so the replica leaves (as one whose store
+// does not answer) until its clock is right. A clock a second off pings
+// healthy.
+func TestARelayWhoseClockIsOffPingsUnhealthy(t *testing.T) {
+	conn, schema := pgtest.Schema(t)
+	for _, tc := range []struct {
+		offset time.Duration
+		ok     bool
+	}{{-24 * time.Hour, false}, {24 * time.Hour, false}, {time.Second, true}} {
+		s := open(t, postgres.Options{ConnString: conn, Schema: schema, Clock: clocktesting.NewFakeClock(time.Now().Add(tc.offset))})
+		err := s.Ping(context.Background())
+		if ok := err == nil; ok != tc.ok || !ok && !strings.Contains(err.Error(), "clock") {
+			t.Errorf("a relay clock %s off the server's: ping %v, want healthy %v (or an error naming the clock)", tc.offset, err, tc.ok)
+		}
 	}
 }

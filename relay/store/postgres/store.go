@@ -590,16 +590,27 @@ func (s *Store) Size() int64 {
 	return n
 }
 
-// Ping says whether the server answers and takes writes, within ctx: a
+// MaxClockSkew is how far the relay's clock (Options.Clock) may be from
+// the server's before Ping fails. The relays stamp the runs' times by
+// their own clocks and every replica applies retention to every run, so
+// one whose clock ran a day behind would have the others retire the runs
+// it collects a day early.
+const MaxClockSkew = time.Minute
+
+// Ping says whether the server answers and takes writes, within ctx (a
 // standby, or a database with default_transaction_read_only, stores no
-// line either.
+// line either), and whether the relay's clock agrees with the server's.
 func (s *Store) Ping(ctx context.Context) error {
 	var readOnly string
-	if err := s.pool.QueryRow(ctx, `SELECT current_setting('transaction_read_only')`).Scan(&readOnly); err != nil {
+	var server time.Time
+	if err := s.pool.QueryRow(ctx, `SELECT current_setting('transaction_read_only'), now()`).Scan(&readOnly, &server); err != nil {
 		return err
 	}
 	if readOnly == "on" {
 		return errors.New("PostgreSQL refuses writes (transaction_read_only is on: a standby, or default_transaction_read_only set): no line can be stored")
+	}
+	if skew := s.opts.Clock.Since(server); skew > MaxClockSkew || skew < -MaxClockSkew {
+		return fmt.Errorf("this relay's clock is %s from PostgreSQL's (more than %s): the run times it stamps would be wrong for the other replicas; set the node's time right (NTP)", skew.Round(time.Second), MaxClockSkew)
 	}
 	return nil
 }
