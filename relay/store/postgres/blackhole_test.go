@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
 )
@@ -179,7 +181,8 @@ func TestAListenerWhoseConnectionWentSilentListensAgain(t *testing.T) {
 // one gives up after CommitTimeout, not the store's Timeout (30 s by
 // default: with both flights on silent connections a replica's runs went
 // uncollected that long), and the follower's next append, from the stored
-// cursor, commits on a new connection.
+// cursor, commits on a new connection; the pool's idle connections, gone
+// silent with it, hold no reader.
 func TestACommitOnASilentConnectionGivesUp(t *testing.T) {
 	conn, schema := pgtest.Schema(t)
 	hole := newBlackHole(t, conn)
@@ -194,6 +197,18 @@ func TestACommitOnASilentConnectionGivesUp(t *testing.T) {
 	first := store.Cursor{TS: 1, Count: 1}
 	if _, err := s.AppendAfter("run-1", "a", store.Cursor{}, first, line(1, "before"), time.Now()); err != nil {
 		t.Fatal(err)
+	}
+	// Idle connections in the pool, which go silent with the rest.
+	var held []*pgxpool.Conn
+	for range 3 {
+		c, err := s.pool.Acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	for _, c := range held {
+		c.Release()
 	}
 	hole.swallow()
 	second := store.Cursor{TS: 2, Count: 1}
@@ -211,9 +226,26 @@ func TestACommitOnASilentConnectionGivesUp(t *testing.T) {
 	case <-time.After(2 * time.Minute): // CommitTimeout is 1 s; Timeout 10 minutes
 		t.Fatal("two minutes after the pool's connections went silent, a commit on one still waits: it waits out the store's Timeout, not CommitTimeout")
 	}
-	stored, err := s.Cursor("run-1", "a")
-	if err != nil {
-		t.Fatal(err)
+	// The next readers do not wait on the idle connections that went
+	// silent: the pool closed them when the commit gave up.
+	var stored store.Cursor
+	read := make(chan error, 1)
+	go func() {
+		var err error
+		for range 3 {
+			if stored, err = s.Cursor("run-1", "a"); err != nil {
+				break
+			}
+		}
+		read <- err
+	}()
+	select {
+	case err := <-read:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("two minutes after the commit gave up, reads of the stored cursor still wait: on the pool's idle connections that went silent")
 	}
 	if _, err := s.AppendAfter("run-1", "a", stored, store.Cursor{TS: 3, Count: 1}, line(3, "again"), time.Now()); err != nil {
 		t.Fatalf("the append from the stored cursor %+v, on a new connection: %v", stored, err)

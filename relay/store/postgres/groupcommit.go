@@ -247,6 +247,15 @@ func (s *Store) appendGroup(group []*appendReq) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(s.opts.CommitTimeout, s.opts.Timeout))
 	defer cancel()
+	defer func() {
+		if ctx.Err() == context.DeadlineExceeded {
+			// Its connection went silent, and the pool's idle ones likely
+			// with it (one network path): each would hold the next reader
+			// for the whole Timeout. The pool closes them all, the busy
+			// ones as they are given back, and dials afresh.
+			s.pool.Reset()
+		}
+	}()
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		moved, err := s.advanceCursors(ctx, tx, ordered)
 		if err != nil {

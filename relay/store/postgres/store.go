@@ -49,14 +49,14 @@ type Options struct {
 	// Timeout bounds each store operation. Default 30s.
 	Timeout time.Duration
 	// CommitTimeout bounds one transaction of appends (and Timeout, if
-	// shorter). Default DefaultCommitTimeout, twice LockTimeout's: its statements each wait
-	// at most that for a row, so a commit much longer waits on a
-	// connection gone silent (packets
-	// dropped, nothing closed), and with both flights waiting out Timeout
-	// the replica's runs went uncollected for 30 s while new connections
-	// got through. Given up, the appends fail and their followers go on
-	// from the stored cursors on a new connection; one that did commit is
-	// found in the cursor.
+	// shorter). Default DefaultCommitTimeout, twice LockTimeout's: its
+	// statements each wait at most that for a row, so a commit much longer
+	// waits on a connection gone silent (packets dropped, nothing closed),
+	// and with both flights waiting out Timeout the replica's runs went
+	// uncollected for 30 s while new connections got through. Given up,
+	// the appends fail, the pool's connections are closed (the idle ones
+	// went silent too), and the followers go on from the stored cursors on
+	// new connections; an append that did commit is found in the cursor.
 	CommitTimeout time.Duration
 	// CommitFlights is how many transactions of appends may be in flight
 	// at once; appends arriving while all are busy wait and commit
