@@ -190,7 +190,7 @@ func fleetOnPostgres(ctx context.Context, c *cluster.Cluster, cs kubernetes.Inte
 		// half the runs each; with two gone, one follows them all.
 		relays[i], err = harness.StartRelay(ctx, c, kit.bin, name+"-"+id, "paperclip", "--store", "postgres", "--postgres-url-file", url,
 			"--replica-id", id,
-			"--max-streams", strconv.Itoa(n+100), "--zap-log-level", "info", "--pprof-bind-address", pprofs[i])
+			"--max-streams", strconv.Itoa(n+100), "--zap-log-level", "info", "--zap-time-encoding", "rfc3339nano", "--pprof-bind-address", pprofs[i])
 		if err != nil {
 			return res, err
 		}
@@ -316,6 +316,9 @@ func fleetOnPostgres(ctx context.Context, c *cluster.Cluster, cs kubernetes.Inte
 	}
 	killed := time.Now()
 	victim.Kill()
+	// The relays log in nanoseconds: when each survivor saw the victim
+	// gone can be read against this.
+	fmt.Fprintf(os.Stderr, "bench: fleet: replica %s killed at %s\n", fleetIDs[fleetVictim], killed.UTC().Format(time.RFC3339Nano))
 	res.killedAfter = killed.Sub(start)
 	res.threeLinesPerSec = float64(atKill-base) / res.killedAfter.Seconds()
 	var atTakeover int64
@@ -547,6 +550,7 @@ func freezeAfterKill(ctx context.Context, db *pgx.Conn, relays []*harness.Relay,
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		return nil, nil, frozen, err
 	}
+	fmt.Fprintf(os.Stderr, "bench: fleet: replica %s frozen at %s\n", fleetIDs[fleetFrozen], frozen.UTC().Format(time.RFC3339Nano))
 	defer func() { _ = syscall.Kill(pid, syscall.SIGCONT) }()
 	res.frozenAfter = frozen.Sub(start)
 	res.frozenBacklog = backlog(ctx, db, written)
