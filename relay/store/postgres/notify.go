@@ -118,7 +118,9 @@ func (s *Store) send(ctx context.Context) {
 		if len(payloads) == 0 {
 			continue
 		}
-		sctx, cancel := s.ctx()
+		// Bounded by Timeout, and ended by Close: a send waiting on a
+		// connection gone silent held Close for the whole Timeout.
+		sctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 		_, err := s.pool.Exec(sctx, `SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p`, s.schema, payloads)
 		cancel()
 		if err == nil {
