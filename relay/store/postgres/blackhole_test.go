@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -37,20 +35,8 @@ type holeConn struct {
 
 func newBlackHole(t *testing.T, connString string) *blackHole {
 	t.Helper()
-	kv := map[string]string{}
-	for _, f := range strings.Fields(connString) {
-		k, v, _ := strings.Cut(f, "=")
-		kv[k] = v
-	}
-	dir, err := os.MkdirTemp("", "pghole-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("unix", filepath.Join(dir, ".s.PGSQL.5432"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &blackHole{dir: dir, target: filepath.Join(kv["host"], ".s.PGSQL."+kv["port"])}
+	dir, target, ln := listenBeside(t, connString, "pghole-")
+	h := &blackHole{dir: dir, target: target}
 	t.Cleanup(func() {
 		ln.Close()
 		h.mu.Lock()

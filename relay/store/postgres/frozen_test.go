@@ -38,22 +38,31 @@ type freezer struct {
 	servers []net.Conn
 }
 
-func newFreezer(t *testing.T, connString string) *freezer {
+// listenBeside opens a unix socket named as PostgreSQL's in a new
+// directory, for a proxy in front of the server connString names: it
+// returns the directory, the server's socket and the listener.
+func listenBeside(t *testing.T, connString, prefix string) (dir, target string, ln net.Listener) {
 	t.Helper()
 	kv := map[string]string{}
 	for _, f := range strings.Fields(connString) {
 		k, v, _ := strings.Cut(f, "=")
 		kv[k] = v
 	}
-	dir, err := os.MkdirTemp("", "pgfreeze-")
+	dir, err := os.MkdirTemp("", prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("unix", filepath.Join(dir, ".s.PGSQL.5432"))
+	ln, err = net.Listen("unix", filepath.Join(dir, ".s.PGSQL.5432"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &freezer{dir: dir, target: filepath.Join(kv["host"], ".s.PGSQL."+kv["port"]), ln: ln}
+	return dir, filepath.Join(kv["host"], ".s.PGSQL."+kv["port"]), ln
+}
+
+func newFreezer(t *testing.T, connString string) *freezer {
+	t.Helper()
+	dir, target, ln := listenBeside(t, connString, "pgfreeze-")
+	f := &freezer{dir: dir, target: target, ln: ln}
 	t.Cleanup(func() {
 		ln.Close()
 		f.mu.Lock()
