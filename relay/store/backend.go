@@ -175,6 +175,15 @@ func (c *Changes) Notify(runs ...string) {
 	}
 }
 
+// Waiting says whether a channel handed out for run waits for its next
+// Notify.
+func (c *Changes) Waiting(run string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.changed[run]
+	return ok
+}
+
 // NotifyAll closes every channel handed out: their waiters re-read.
 func (c *Changes) NotifyAll() {
 	c.mu.Lock()

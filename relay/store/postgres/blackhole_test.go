@@ -39,12 +39,7 @@ func newBlackHole(t *testing.T, connString string) *blackHole {
 	h := &blackHole{dir: dir, target: target}
 	t.Cleanup(func() {
 		ln.Close()
-		h.mu.Lock()
-		for _, c := range h.conns {
-			c.client.Close()
-			c.server.Close()
-		}
-		h.mu.Unlock()
+		h.closeAll()
 		os.RemoveAll(dir)
 	})
 	go func() {
@@ -98,6 +93,17 @@ func (h *blackHole) swallow() {
 		c.mu.Lock()
 		c.stuck = true
 		c.mu.Unlock()
+	}
+}
+
+// closeAll closes every connection open through the hole: a store's
+// Close would wait on each silent one for pgxpool's 15 s.
+func (h *blackHole) closeAll() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, c := range h.conns {
+		c.client.Close()
+		c.server.Close()
 	}
 }
 
@@ -177,6 +183,7 @@ func TestACommitOnASilentConnectionGivesUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	defer hole.closeAll() // before Close
 	line := func(ts int64, text string) []store.Line {
 		return []store.Line{{TS: time.Unix(0, ts), Container: "agent", Line: text}}
 	}
@@ -185,17 +192,7 @@ func TestACommitOnASilentConnectionGivesUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Idle connections in the pool, which go silent with the rest.
-	var held []*pgxpool.Conn
-	for range 3 {
-		c, err := s.pool.Acquire(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, c)
-	}
-	for _, c := range held {
-		c.Release()
-	}
+	leaveIdle(t, s, 3)
 	hole.swallow()
 	second := store.Cursor{TS: 2, Count: 1}
 	done := make(chan error, 1)
@@ -235,5 +232,63 @@ func TestACommitOnASilentConnectionGivesUp(t *testing.T) {
 	}
 	if _, err := s.AppendAfter("run-1", "a", stored, store.Cursor{TS: 3, Count: 1}, line(3, "again"), time.Now()); err != nil {
 		t.Fatalf("the append from the stored cursor %+v, on a new connection: %v", stored, err)
+	}
+}
+
+// leaveIdle opens n connections in s's pool and leaves them idle there.
+func leaveIdle(t *testing.T, s *Store, n int) {
+	t.Helper()
+	var held []*pgxpool.Conn
+	for range n {
+		c, err := s.pool.Acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	for _, c := range held {
+		c.Release()
+	}
+}
+
+// TestAReadOnASilentIdleConnectionGivesUpSoon: the pool's idle
+// connections go silent without closing, while new connections get
+// through. A read (the mirror's after each commit, on a follower's way)
+// is not held for the store's Timeout by each: the pool's round trip on
+// an idle connection before handing it out gives up after idlePingTimeout
+// and the read goes on a new connection.
+func TestAReadOnASilentIdleConnectionGivesUpSoon(t *testing.T) {
+	conn, schema := pgtest.Schema(t)
+	hole := newBlackHole(t, conn)
+	s, err := Open(context.Background(), Options{ConnString: hole.connString(), Schema: schema, Timeout: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	defer hole.closeAll() // before Close
+	if _, err := s.AppendAfter("run-1", "a", store.Cursor{}, store.Cursor{TS: 1, Count: 1},
+		[]store.Line{{TS: time.Unix(0, 1), Container: "agent", Line: "before"}}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	leaveIdle(t, s, 3)
+	hole.swallow()
+	// The pool checks only connections idle a second or more: the others
+	// were just used, by a caller that would have seen them fail.
+	time.Sleep(1100 * time.Millisecond)
+	read := make(chan error, 1)
+	go func() {
+		got, err := s.Cursor("run-1", "a")
+		if err == nil && got != (store.Cursor{TS: 1, Count: 1}) {
+			err = fmt.Errorf("read cursor %+v, want the stored {1 1}", got)
+		}
+		read <- err
+	}()
+	select {
+	case err := <-read:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Minute): // idlePingTimeout is 2 s a connection; Timeout 10 minutes
+		t.Fatal("two minutes after the pool's idle connections went silent, a read still waits on one: the pool's check before use is not bounded")
 	}
 }

@@ -14,7 +14,8 @@ import (
 )
 
 // TestRunsWhereReadsByIndex: the runs of one agent, of one company, and
-// the unfinished ones can be read through their indexes (migration 0002),
+// the unfinished ones can be read through their indexes (migrations 0002
+// and 0006),
 // not by reading every run, so a relay with many stored runs answers an
 // adapter's "my agent's running run" without scanning them all.
 func TestRunsWhereReadsByIndex(t *testing.T) {

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"sort"
 	"strings"
 	"sync"
@@ -30,7 +29,7 @@ import (
 // pages), named for the store's schema once (Open), not on every append
 // of every group.
 type appendSQL struct {
-	cursorFirst, cursorNext, lines, runInsert, runLock, runUpdate, page string
+	cursorFirst, cursorNext, lines, runAdvance, runInsert, runLock, runUpdate, page string
 }
 
 func newAppendSQL(s *Store) appendSQL {
@@ -41,9 +40,17 @@ func newAppendSQL(s *Store) appendSQL {
 			WHERE run = $1 AND stream = $2 AND ts = $5 AND count = $6`),
 		lines: s.sql(`INSERT INTO {schema}.lines (run, seq, size, data)
 			SELECT u.run, u.seq, u.size, u.data FROM unnest($1::bigint[], $2::bigint[], $3::integer[], $4::bytea[]) AS u(run, seq, size, data)`),
+		// An append changes only the run's three counters, in their
+		// columns (the record's copies of them are not kept: reads take
+		// the columns), and no indexed column, so that PostgreSQL updates
+		// the row in place (a HOT update: no index entry per append).
+		runAdvance: s.sql(`INSERT INTO {schema}.runs AS r (` + runColumns + `) VALUES ($1, '', '', '', '', '', 'Unknown', false, $2, $3, $4, $5)
+			ON CONFLICT (id) DO UPDATE SET last_seq = r.last_seq + excluded.last_seq, bytes = r.bytes + excluded.bytes,
+				seen_at = greatest(r.seen_at, excluded.seen_at)
+			RETURNING num, last_seq`),
 		runInsert: s.sql(`INSERT INTO {schema}.runs (` + runColumns + `) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 			ON CONFLICT (id) DO NOTHING`),
-		runLock:   s.sql(`SELECT num, record FROM {schema}.runs WHERE id = $1 FOR UPDATE`),
+		runLock:   s.sql(`SELECT ` + recordColumns + ` FROM {schema}.runs WHERE id = $1 FOR UPDATE`),
 		runUpdate: s.sql(updateRun),
 		page: s.sql(`SELECT r.last_seq, r.done, p.seq, p.data FROM {schema}.runs r LEFT JOIN LATERAL (
 				SELECT seq, data FROM (
@@ -63,6 +70,9 @@ type appendReq struct {
 
 	last uint64
 	err  error
+	// json is the committed lines' JSON, for the tails and the other
+	// relays (tails.go); nil if more than carryBytes.
+	json [][]byte
 	done chan struct{}
 }
 
@@ -132,27 +142,14 @@ func (c *committer) setAlone(group []*appendReq, err error) {
 }
 
 // appendDataError says whether err is an append's own: PostgreSQL refused
-// its data (class 22, data exception; 23, integrity constraint), its
-// run's record does not decode, or a row it needs is held locked past
-// the lock_timeout (55P03: another, perhaps a replica frozen mid-commit,
-// holds that run).
+// its data (class 22, data exception; 23, integrity constraint), or a row
+// it needs is held locked past the lock_timeout (55P03: another, perhaps
+// a replica frozen mid-commit, holds that run).
 func appendDataError(err error) bool {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23") || pgErr.Code == "55P03"
-	}
-	var rec *recordError
-	return errors.As(err, &rec)
+	return errors.As(err, &pgErr) &&
+		(strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23") || pgErr.Code == "55P03")
 }
-
-// recordError: a run's stored record does not decode.
-type recordError struct {
-	run string
-	err error
-}
-
-func (e *recordError) Error() string { return fmt.Sprintf("run %s: its record: %v", e.run, e.err) }
-func (e *recordError) Unwrap() error { return e.err }
 
 // enqueue adds r to the pending appends and says whether a flight must
 // start for it, or says that r's stream commits alone (then r is not
@@ -224,7 +221,7 @@ func (s *Store) commitGroup(group []*appendReq) {
 			r.err, r.last = err, 0
 		}
 		if r.err == nil {
-			s.changed(r.run)
+			s.committed(r.run, r.last+1-uint64(len(r.lines)), r.json)
 		}
 		close(r.done)
 	}
@@ -243,7 +240,7 @@ func (s *Store) appendGroup(group []*appendReq) error {
 		return a.run < b.run || a.run == b.run && a.stream < b.stream
 	})
 	for _, r := range ordered {
-		r.last, r.err = 0, nil
+		r.last, r.err, r.json = 0, nil, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(s.opts.CommitTimeout, s.opts.Timeout))
 	defer cancel()
@@ -307,27 +304,53 @@ func (s *Store) conflicts(ctx context.Context, tx pgx.Tx, moved []*appendReq) er
 }
 
 // writeLines numbers the lines of every append whose cursor moved, run by
-// run on the run's locked record, and writes them and the records.
+// run from the run's counters as it advances them (which locks its row),
+// and writes them.
 func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq) error {
 	type runRows struct {
-		rec *store.Run
-		num int64
+		lines, bytes int64
+		seen         time.Time
+		num, next    int64 // next: the seq of the run's next line in this group
 	}
 	runs := map[string]*runRows{}
 	var ids []string
 	for _, r := range ordered {
-		if r.err == nil && runs[r.run] == nil {
-			runs[r.run] = &runRows{}
+		if r.err != nil {
+			continue
+		}
+		rr := runs[r.run]
+		if rr == nil {
+			rr = &runRows{}
+			runs[r.run] = rr
 			ids = append(ids, r.run) // in run order: ordered is sorted
+		}
+		rr.lines += int64(len(r.lines))
+		for i := range r.lines {
+			rr.bytes += int64(len(r.lines[i].Line))
+		}
+		if r.now.After(rr.seen) {
+			rr.seen = r.now
 		}
 	}
 	if len(ids) == 0 {
 		return nil
 	}
-	fresh := func(id string) *store.Run { return &store.Run{ID: id, Phase: "Unknown"} }
-	if err := s.lockRuns(ctx, tx, ids, fresh, func(i int, rec *store.Run, num int64) {
-		runs[ids[i]].rec, runs[ids[i]].num = rec, num
-	}); err != nil {
+	b := &pgx.Batch{}
+	for _, id := range ids {
+		rr := runs[id]
+		b.Queue(s.q.runAdvance, id, rr.lines, rr.bytes, nanos(rr.seen), freshRecord(id))
+	}
+	br := tx.SendBatch(ctx, b)
+	for _, id := range ids {
+		rr := runs[id]
+		var last int64
+		if err := br.QueryRow().Scan(&rr.num, &last); err != nil {
+			br.Close()
+			return err
+		}
+		rr.next = last - rr.lines + 1
+	}
+	if err := br.Close(); err != nil {
 		return err
 	}
 	// The lines go as the four arrays of one INSERT, in PostgreSQL's
@@ -349,37 +372,45 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 			continue
 		}
 		rr := runs[r.run]
+		var carry []byte
+		var ends []int
 		for i := range r.lines {
-			rr.rec.LastSeq++
-			r.lines[i].Seq = rr.rec.LastSeq
-			if err := a.add(rr.num, &r.lines[i]); err != nil {
+			r.lines[i].Seq = uint64(rr.next)
+			rr.next++
+			js, err := a.add(rr.num, &r.lines[i])
+			if err != nil {
 				return err
 			}
-			rr.rec.Bytes += int64(len(r.lines[i].Line))
+			if len(carry)+len(js) <= carryBytes {
+				carry = append(carry, js...)
+				ends = append(ends, len(carry))
+			}
 		}
-		if r.now.After(rr.rec.SeenAt) {
-			rr.rec.SeenAt = r.now
-		}
-		r.last = rr.rec.LastSeq
-	}
-	if a.n > 0 {
-		sd, err := tx.Conn().Prepare(ctx, s.q.lines, s.q.lines)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.Conn().PgConn().ExecPrepared(ctx, sd.Name, a.values(), binaryParams, nil).Close(); err != nil {
-			return err
+		r.last = uint64(rr.next - 1)
+		if len(ends) == len(r.lines) && len(ends) > 0 {
+			r.json = make([][]byte, len(ends))
+			start := 0
+			for i, end := range ends {
+				r.json[i], start = carry[start:end:end], end
+			}
 		}
 	}
-	b := &pgx.Batch{}
-	for _, id := range ids {
-		args, err := runArgs(id, runs[id].rec)
-		if err != nil {
-			return err
-		}
-		b.Queue(s.q.runUpdate, args...)
+	if a.n == 0 {
+		return nil
 	}
-	return execBatch(ctx, tx, b)
+	sd, err := tx.Conn().Prepare(ctx, s.q.lines, s.q.lines)
+	if err != nil {
+		return err
+	}
+	_, err = tx.Conn().PgConn().ExecPrepared(ctx, sd.Name, a.values(), binaryParams, nil).Close()
+	return err
+}
+
+// freshRecord is the record of a run whose lines come before anything
+// else of it: its id, its phase Unknown.
+func freshRecord(id string) []byte {
+	rec, _ := json.Marshal(&store.Run{ID: id, Phase: "Unknown"})
+	return rec
 }
 
 // lineArrays are a group's lines as the lines INSERT's four parameters,
@@ -422,21 +453,22 @@ func (a *lineArrays) reset() {
 	a.size, a.data = arrayHeader(a.size[:0], oidInt4), arrayHeader(a.data[:0], oidBytea)
 }
 
-// add appends the line l of the run keyed num, its JSON encoded in place.
-func (a *lineArrays) add(num int64, l *store.Line) error {
+// add appends the line l of the run keyed num, its JSON encoded in place,
+// and returns the JSON (valid until the arrays are reset).
+func (a *lineArrays) add(num int64, l *store.Line) ([]byte, error) {
 	a.run = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(a.run, 8), uint64(num))
 	a.seq = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(a.seq, 8), l.Seq)
 	at := len(a.data)
 	data, err := l.AppendJSON(append(a.data, 0, 0, 0, 0))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	size := uint32(len(data) - at - 4)
 	binary.BigEndian.PutUint32(data[at:], size)
 	a.data = data
 	a.size = binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(a.size, 4), size)
 	a.n++
-	return nil
+	return data[at+4:], nil
 }
 
 // values are the four parameters, each array's length set.
@@ -454,42 +486,6 @@ func (a *lineArrays) release() {
 	if max(cap(a.run), cap(a.seq), cap(a.size), cap(a.data)) <= lineArrayMax {
 		lineArrayPool.Put(a)
 	}
-}
-
-// lockRuns reads and locks the records of the runs ids, in that order,
-// creating a missing one as fresh(id) (a stream's first lines can come
-// before its run's record), and hands each to found with its num, the key
-// of its lines.
-func (s *Store) lockRuns(ctx context.Context, tx pgx.Tx, ids []string, fresh func(string) *store.Run, found func(i int, rec *store.Run, num int64)) error {
-	b := &pgx.Batch{}
-	for _, id := range ids {
-		args, err := runArgs(id, fresh(id))
-		if err != nil {
-			return err
-		}
-		b.Queue(s.q.runInsert, args...)
-		b.Queue(s.q.runLock, id)
-	}
-	br := tx.SendBatch(ctx, b)
-	for i, id := range ids {
-		var num int64
-		var rec []byte
-		_, err := br.Exec()
-		if err == nil {
-			err = br.QueryRow().Scan(&num, &rec)
-		}
-		if err != nil {
-			br.Close()
-			return err
-		}
-		var r store.Run
-		if err := json.Unmarshal(rec, &r); err != nil {
-			br.Close()
-			return &recordError{run: id, err: err}
-		}
-		found(i, &r, num)
-	}
-	return br.Close()
 }
 
 var appendsPerCommit = prometheus.NewHistogram(prometheus.HistogramOpts{

@@ -20,29 +20,57 @@ import (
 // its notification leaves the others' readers to their next keepalive.
 
 // payloadBytes bounds one notification's payload (the server's limit is
-// 8000 bytes); run ids are separated by newlines, which no run id holds.
-// Its first line names the sender, "!" and a random id (no run id starts
-// with "!"): the server hands a Store its own notifications too, and
-// their readers, woken at the commit, must not read again for nothing.
+// 8000 bytes); its entries are separated by newlines, which no run id and
+// no line's JSON holds: each run changed, with the lines it carries (see
+// tails.go). Its first line names the sender, "!" and a random id (no run
+// id starts with "!"): the server hands a Store its own notifications
+// too, and their readers, woken at the commit, must not read again for
+// nothing.
 const payloadBytes = 7000
 
-// outbox is the runs changed since the last notification sent.
+// outbox is what the next notification says: the runs changed since the
+// last one sent, and the lines committed to them.
 type outbox struct {
 	mu      sync.Mutex
 	self    string // the payloads' first line
-	pending map[string]bool
+	pending map[string]*carried
 	wake    chan struct{} // one token: something is pending
 }
 
-// changed wakes this store's readers of run at once, and the other
-// relays' at the next notification.
+// changed says that run changed, other than by lines alone: this store's
+// readers of run wake at once and query, and the other relays' at the
+// next notification.
 func (s *Store) changed(run string) {
+	s.tails.drop(run)
 	s.changes.Notify(run)
-	s.out.mu.Lock()
-	s.out.pending[run] = true
-	s.out.mu.Unlock()
+	s.out.put(run, func(c *carried) { *c = carried{idOnly: true} })
+}
+
+// committed says that lines, of seqs from first, were committed to run
+// (nil: more than are carried).
+func (s *Store) committed(run string, first uint64, lines [][]byte) {
+	if lines == nil {
+		s.changed(run)
+		return
+	}
+	s.tails.add(run, first, lines, s.changes.Waiting(run))
+	s.changes.Notify(run)
+	s.out.put(run, func(c *carried) { c.addLines(first, lines) })
+}
+
+// put changes what the next notification says of run, and wakes the
+// sender.
+func (o *outbox) put(run string, change func(*carried)) {
+	o.mu.Lock()
+	c := o.pending[run]
+	if c == nil {
+		c = &carried{}
+		o.pending[run] = c
+	}
+	change(c)
+	o.mu.Unlock()
 	select {
-	case s.out.wake <- struct{}{}:
+	case o.wake <- struct{}{}:
 	default:
 	}
 }
@@ -52,32 +80,34 @@ func (o *outbox) take() []string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	var out []string
-	var b strings.Builder
-	for run := range o.pending {
-		if b.Len() > 0 && b.Len()+1+len(run) > payloadBytes {
-			out = append(out, b.String())
-			b.Reset()
+	b := []byte(o.self)
+	for run, c := range o.pending {
+		entry := appendRun(nil, run, c)
+		if len(o.self)+len(entry) > payloadBytes {
+			entry = appendRun(nil, run, &carried{idOnly: true})
 		}
-		if b.Len() == 0 {
-			b.WriteString(o.self)
+		if len(b) > len(o.self) && len(b)+len(entry) > payloadBytes {
+			out = append(out, string(b))
+			b = []byte(o.self)
 		}
-		b.WriteByte('\n')
-		b.WriteString(run)
+		b = append(b, entry...)
 		delete(o.pending, run)
 	}
-	if b.Len() > 0 {
-		out = append(out, b.String())
+	if len(b) > len(o.self) {
+		out = append(out, string(b))
 	}
 	return out
 }
 
-// putBack returns payloads that were not sent to the outbox.
+// putBack returns payloads that were not sent to the outbox, their runs'
+// lines left out: by the time they are sent others may have followed.
 func (o *outbox) putBack(payloads []string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, p := range payloads {
-		for _, run := range strings.Split(p, "\n")[1:] {
-			o.pending[run] = true
+		runs, _ := parsePayload(strings.Split(p, "\n")[1:])
+		for _, run := range runs {
+			o.pending[run] = &carried{idOnly: true}
 		}
 	}
 }
@@ -89,7 +119,7 @@ func (s *Store) startNotifying(ctx context.Context, cfg *pgx.ConnConfig) error {
 	if err != nil {
 		return err
 	}
-	s.out = outbox{self: "!" + rand.Text(), pending: map[string]bool{}, wake: make(chan struct{}, 1)}
+	s.out = outbox{self: "!" + rand.Text(), pending: map[string]*carried{}, wake: make(chan struct{}, 1)}
 	nctx, cancel := context.WithCancel(context.Background())
 	s.stopNotifying = cancel
 	s.notifying.Add(2)
@@ -183,8 +213,16 @@ func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn)
 				conn = nil
 				break
 			}
-			if runs := strings.Split(n.Payload, "\n"); runs[0] != s.out.self {
-				s.changes.Notify(runs...) // a sender's line wakes no reader
+			if entries := strings.Split(n.Payload, "\n"); entries[0] != s.out.self {
+				runs, said := parsePayload(entries[1:])
+				for run, c := range said {
+					if c.idOnly {
+						s.tails.drop(run)
+					} else {
+						s.tails.add(run, c.first, c.lines, s.changes.Waiting(run))
+					}
+				}
+				s.changes.Notify(runs...)
 			}
 		}
 		select {
@@ -198,6 +236,7 @@ func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn)
 			continue
 		}
 		backoff = backoffMin
+		s.tails.dropAll() // what was said meanwhile is lost
 		s.changes.NotifyAll()
 	}
 }

@@ -11,11 +11,11 @@ import (
 // one once, in payloads the server accepts; what could not be sent is
 // sent later.
 func TestOutboxCoalescesRunsIntoPayloads(t *testing.T) {
-	o := outbox{self: "!me", pending: map[string]bool{}}
+	o := outbox{self: "!me", pending: map[string]*carried{}}
 	want := map[string]bool{}
 	for i := range 1000 {
 		run := fmt.Sprintf("run-%04d@0b7e7c2a-1f5d-4c1e-9a3e-6d2f8b9c0a11", i)
-		o.pending[run], want[run] = true, true
+		o.pending[run], want[run] = &carried{idOnly: true}, true
 	}
 	payloads := o.take()
 	if len(payloads) < 2 {
@@ -50,5 +50,124 @@ func TestOutboxCoalescesRunsIntoPayloads(t *testing.T) {
 	}
 	if again := o.take(); len(again) != 1 || sorted(again[0]) != sorted(payloads[0]) {
 		t.Errorf("put back one payload, took back %d that differ", len(again))
+	}
+}
+
+// A run's committed lines go out with its id, in the order of their
+// seqs, and are read back as sent, each run's whole in one payload; lines
+// that do not follow the ones carried, or too many bytes of them, leave
+// the id alone (its readers query), as does an entry another relay
+// garbled.
+func TestOutboxCarriesSmallCommitsLines(t *testing.T) {
+	o := outbox{self: "!me", pending: map[string]*carried{}, wake: make(chan struct{}, 1)}
+	line := func(seq int, n int) []byte {
+		return fmt.Appendf(nil, `{"seq":%d,"line":%q}`, seq, strings.Repeat("x", n))
+	}
+	want := map[string][][]byte{}
+	for i := range 40 {
+		run := fmt.Sprintf("run-%02d", i)
+		for seq := 1; seq <= 3; seq++ {
+			l := line(seq, 300)
+			o.put(run, func(c *carried) { c.addLines(uint64(seq), [][]byte{l}) })
+			want[run] = append(want[run], l)
+		}
+	}
+	o.put("gap", func(c *carried) { c.addLines(1, [][]byte{line(1, 10)}) })
+	o.put("gap", func(c *carried) { c.addLines(3, [][]byte{line(3, 10)}) })
+	o.put("big", func(c *carried) { c.addLines(1, [][]byte{line(1, carryBytes)}) })
+	o.put("record", func(c *carried) { c.addLines(1, [][]byte{line(1, 10)}) })
+	o.put("record", func(c *carried) { *c = carried{idOnly: true} })
+	payloads := o.take()
+	if len(payloads) < 2 {
+		t.Fatalf("%d payloads for 40 runs of 900 bytes each", len(payloads))
+	}
+	got := map[string]*carried{}
+	for _, p := range payloads {
+		if len(p) > payloadBytes {
+			t.Errorf("a payload of %d bytes, over %d", len(p), payloadBytes)
+		}
+		_, said := parsePayload(strings.Split(p, "\n")[1:])
+		for run, c := range said {
+			if got[run] != nil {
+				t.Errorf("run %s in two payloads", run)
+			}
+			got[run] = c
+		}
+	}
+	for run, lines := range want {
+		c := got[run]
+		if c == nil || c.idOnly || c.first != 1 || !slices.EqualFunc(c.lines, lines, func(a, b []byte) bool { return string(a) == string(b) }) {
+			t.Errorf("run %s: read back %+v, want its 3 lines from seq 1", run, c)
+		}
+	}
+	for _, run := range []string{"gap", "big", "record"} {
+		if c := got[run]; c == nil || !c.idOnly {
+			t.Errorf("run %s: read back %+v, want its id alone", run, c)
+		}
+	}
+	_, said := parsePayload([]string{"run-a", "\x011 {}", "\x013 {}", "run-b", "\x01x {}", "run-c", "\x017 {}", "\x018 {}"})
+	if !said["run-a"].idOnly || !said["run-b"].idOnly || said["run-c"].idOnly || said["run-c"].first != 7 || len(said["run-c"].lines) != 2 {
+		t.Errorf("garbled entries read as %+v %+v %+v", said["run-a"], said["run-b"], said["run-c"])
+	}
+}
+
+// A run's tail serves the lines after a reader's cursor while it holds
+// the line after it, keeps the newest lines within its bounds, starts
+// again after a gap, and is dropped when lines come again or out of
+// order, or nobody here waits on the run.
+func TestTailServesWhatItHoldsAndNothingElse(t *testing.T) {
+	var ts tails
+	js := func(seq uint64) []byte { return fmt.Appendf(nil, `{"seq":%d}`, seq) }
+	lines := func(from, to uint64) [][]byte {
+		var out [][]byte
+		for s := from; s <= to; s++ {
+			out = append(out, js(s))
+		}
+		return out
+	}
+	served := func(after uint64) (seqs []uint64, last uint64, ok bool) {
+		got, last, ok := ts.page("r", after, 1000)
+		for _, l := range got {
+			if string(l.JSON) != string(js(l.Seq)) {
+				t.Fatalf("seq %d served as %s", l.Seq, l.JSON)
+			}
+			seqs = append(seqs, l.Seq)
+		}
+		return seqs, last, ok
+	}
+	ts.add("r", 5, lines(5, 6), false)
+	if _, _, ok := served(4); ok {
+		t.Fatal("a tail kept for a run nobody here waits on")
+	}
+	ts.add("r", 5, lines(5, 6), true)
+	ts.add("r", 7, lines(7, 9), true)
+	if seqs, last, ok := served(6); !ok || last != 9 || !slices.Equal(seqs, []uint64{7, 8, 9}) {
+		t.Fatalf("after 6: %v last %d %v, want 7 8 9", seqs, last, ok)
+	}
+	if seqs, last, ok := served(9); !ok || last != 9 || len(seqs) != 0 {
+		t.Fatalf("after 9: %v last %d %v, want nothing more, last 9", seqs, last, ok)
+	}
+	for _, after := range []uint64{3, 10} {
+		if _, _, ok := served(after); ok {
+			t.Fatalf("after %d: served, though the tail holds 5-9", after)
+		}
+	}
+	ts.add("r", 10, lines(10, 10+tailLines), true)
+	if _, last, ok := served(10); !ok || last != 10+tailLines {
+		t.Fatalf("the newest %d lines not served: last %d %v", tailLines, last, ok)
+	}
+	if _, _, ok := served(9); ok {
+		t.Fatal("lines past the tail's bound still served")
+	}
+	ts.add("r", 100, lines(100, 101), true) // a gap: another relay's commit unheard
+	if _, _, ok := served(80); ok {
+		t.Fatal("served across a gap")
+	}
+	if seqs, _, ok := served(99); !ok || !slices.Equal(seqs, []uint64{100, 101}) {
+		t.Fatalf("after the gap: %v %v", seqs, ok)
+	}
+	ts.add("r", 101, lines(101, 102), true) // lines again: two writers
+	if _, _, ok := served(99); ok {
+		t.Fatal("served after lines came again")
 	}
 }

@@ -77,6 +77,13 @@ type Options struct {
 	Clock clock.WithTicker
 }
 
+// idlePingTimeout bounds the round trip the pool makes on a connection
+// idle a second or more before handing it out. Unbounded, it had the
+// caller's deadline (Timeout): a replica whose idle connections went
+// silent held a read, the mirror's after each commit, for 30 s on each.
+// Given up, the connection is closed and the next one tried.
+const idlePingTimeout = 2 * time.Second
+
 // DefaultCommitTimeout is Options.CommitTimeout's default.
 const DefaultCommitTimeout = 10 * time.Second
 
@@ -88,6 +95,7 @@ type Store struct {
 	names   *strings.Replacer // {schema} -> the quoted schema
 	opts    Options
 	changes store.Changes
+	tails   tails
 	commits committer
 	q       appendSQL
 	// poolConfig opens the table of replicas' own pool.
@@ -132,6 +140,9 @@ func Open(ctx context.Context, o Options) (*Store, error) {
 		if _, set := cfg.ConnConfig.RuntimeParams[param]; !set {
 			cfg.ConnConfig.RuntimeParams[param] = fmt.Sprint(d.Milliseconds())
 		}
+	}
+	if cfg.PingTimeout == 0 {
+		cfg.PingTimeout = idlePingTimeout
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -247,14 +258,19 @@ func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 		// here for a run that never writes a line. The row stays locked
 		// until tx ends: appends of a run's streams and updates of its
 		// record take turns on it.
-		var r *store.Run
-		fresh := &store.Run{ID: id, Phase: "Pending", SeenAt: s.opts.Clock.Now()}
-		if err := s.lockRuns(ctx, tx, []string{id}, func(string) *store.Run { return fresh }, func(_ int, rec *store.Run, _ int64) { r = rec }); err != nil {
+		args, err := runArgs(id, &store.Run{ID: id, Phase: "Pending", SeenAt: s.opts.Clock.Now()})
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, s.q.runInsert, args...); err != nil {
+			return err
+		}
+		r, err := scanRecord(id, tx.QueryRow(ctx, s.q.runLock, id))
+		if err != nil {
 			return err
 		}
 		fn(r)
-		args, err := runArgs(id, r)
-		if err != nil {
+		if args, err = runArgs(id, r); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, s.q.runUpdate, args...); err != nil {
@@ -270,28 +286,39 @@ func (s *Store) UpdateRun(id string, fn func(*store.Run)) (*store.Run, error) {
 	return out, nil
 }
 
-func (s *Store) Run(id string) (*store.Run, error) {
-	ctx, cancel := s.ctx()
-	defer cancel()
+// recordColumns are what scanRecord reads: the record and the counters
+// that appends keep in their columns only.
+const recordColumns = "record, last_seq, bytes, seen_at"
+
+// scanRecord decodes a run's record from its recordColumns.
+func scanRecord(id string, row pgx.Row) (*store.Run, error) {
 	var rec []byte
-	err := s.pool.QueryRow(ctx, s.sql(`SELECT record FROM {schema}.runs WHERE id = $1`), id).Scan(&rec)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
+	var lastSeq, bytes, seen int64
+	if err := row.Scan(&rec, &lastSeq, &bytes, &seen); err != nil {
 		return nil, err
 	}
 	var r store.Run
 	if err := json.Unmarshal(rec, &r); err != nil {
-		return nil, fmt.Errorf("run %s: %w", id, err)
+		return nil, fmt.Errorf("run %s: its record: %w", id, err)
 	}
+	r.LastSeq, r.Bytes, r.SeenAt = uint64(lastSeq), bytes, fromNanos(seen)
 	return &r, nil
+}
+
+func (s *Store) Run(id string) (*store.Run, error) {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	r, err := scanRecord(id, s.pool.QueryRow(ctx, s.sql(`SELECT `+recordColumns+` FROM {schema}.runs WHERE id = $1`), id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	return r, err
 }
 
 // RunsWhere implements store.Backend from the summary columns (no record
 // is read or decoded): the filter is the query's, so only the runs it
 // selects are read, by an index for an agent, a company or the unfinished
-// runs (migration 0002).
+// runs (migrations 0002 and 0006).
 func (s *Store) RunsWhere(f store.Filter) ([]store.Summary, error) {
 	var conds []string
 	var args []any
@@ -344,6 +371,12 @@ func (s *Store) Page(run string, after uint64, limit int, each func(store.RawLin
 	}
 	if limit <= 0 || limit > pageRows {
 		limit = pageRows
+	}
+	if lines, last, ok := s.tails.page(run, after, limit); ok {
+		for _, l := range lines {
+			each(l)
+		}
+		return last, false, true, nil
 	}
 	ctx, cancel := s.ctx()
 	defer cancel()
