@@ -174,6 +174,11 @@ func (m *Mirror) Remove(r *store.Run) error {
 		return err
 	}
 	defer unix.Close(dir)
+	return removeFiles(dir, path, name)
+}
+
+// removeFiles removes a run's file and its done marker from dir.
+func removeFiles(dir int, path, name string) error {
 	for _, f := range []entry{{path, name}, markerOf(path, name)} {
 		if err := f.remove(dir); err != nil {
 			return err
@@ -308,7 +313,13 @@ func (m *Mirror) sync(run string) error {
 		return &os.PathError{Op: "lock", Path: path, Err: err}
 	}
 	if r, err = m.Store.Run(run); err != nil || r == nil {
-		return err // nil: retention dropped the run meanwhile
+		if err == nil {
+			// Retention dropped the run meanwhile, perhaps another
+			// replica's, whose Remove may have come before this sync
+			// opened (created) the file: nobody else removes it now.
+			return removeFiles(dir, path, name)
+		}
+		return err
 	}
 	if st, err = m.Store.MirrorState(run); err != nil {
 		return err

@@ -442,3 +442,52 @@ func TestMirrorCutsLinesAheadOfAFinishedRun(t *testing.T) {
 		t.Errorf("no done marker: %v", err)
 	}
 }
+
+// retainedDuringSync is a store whose run another replica's retention
+// deletes, files and all, while a sync is between its first read of the
+// run and opening the run's file.
+type retainedDuringSync struct {
+	store.Backend
+	retain func()
+	done   bool
+}
+
+func (s *retainedDuringSync) MirrorState(run string) (store.MirrorState, error) {
+	if !s.done {
+		s.done = true
+		s.retain()
+	}
+	return s.Backend.MirrorState(run)
+}
+
+// TestMirrorOfARunRetainedMidSyncIsNotLeft: another replica's retention
+// deletes a finished run and removes its mirror file while this replica
+// syncs it, after the sync read the run and before it opened (created)
+// the file. The sync, finding the run gone once it holds the file, removes
+// what it created: no replica would remove it later, and the run is gone.
+func TestMirrorOfARunRetainedMidSyncIsNotLeft(t *testing.T) {
+	s, m := mirrorFixture(t)
+	_, _ = storetest.Append(s, "run-1", "agent", store.Cursor{TS: 1, Count: 1}, storetest.Lines("agent", `{"type":"result"}`), time.Now())
+	if _, err := s.UpdateRun("run-1", func(r *store.Run) { r.Done, r.Phase = true, "Succeeded" }); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := s.Run("run-1")
+	other := &Mirror{Dir: m.Dir, Store: s}
+	m.Store = &retainedDuringSync{Backend: s, retain: func() {
+		gone, err := s.Retain(0, 1, time.Now())
+		if err != nil || len(gone) != 1 {
+			t.Fatalf("retention: %d runs (%v)", len(gone), err)
+		}
+		if err := other.Remove(&gone[0]); err != nil {
+			t.Fatal(err)
+		}
+	}}
+	if err := m.Sync("run-1"); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{m.Path(r), m.Path(r) + ".done"} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s left after its run was retained mid-sync: %v", p, err)
+		}
+	}
+}
