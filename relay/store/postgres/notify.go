@@ -53,7 +53,7 @@ func (s *Store) committed(run string, first uint64, lines [][]byte) {
 		s.changed(run)
 		return
 	}
-	s.tails.add(run, first, lines, s.changes.Waiting(run))
+	s.tails.add(run, first, lines, s.changes.Waiting(run), s.opts.Clock.Now())
 	s.changes.Notify(run)
 	s.out.put(run, func(c *carried) { c.addLines(first, lines) })
 }
@@ -188,6 +188,7 @@ func (s *Store) listenConn(ctx context.Context, cfg *pgx.ConnConfig) (*pgx.Conn,
 // waiter, and each re-reads what it follows.
 func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn) {
 	backoff := backoffMin
+	senders := senders{}
 	for {
 		for conn != nil {
 			// Timed as the store's statements are (Timeout), by real
@@ -215,11 +216,16 @@ func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn)
 			}
 			if entries := strings.Split(n.Payload, "\n"); entries[0] != s.out.self {
 				runs, said := parsePayload(entries[1:])
+				carries := false
+				for _, c := range said {
+					carries = carries || !c.idOnly
+				}
+				trusted := carries && senders.trusted(ctx, conn, n.PID, s.opts.Clock.Now())
 				for run, c := range said {
-					if c.idOnly {
+					if c.idOnly || !trusted {
 						s.tails.drop(run)
 					} else {
-						s.tails.add(run, c.first, c.lines, s.changes.Waiting(run))
+						s.tails.add(run, c.first, c.lines, s.changes.Waiting(run), s.opts.Clock.Now())
 					}
 				}
 				s.changes.Notify(runs...)
@@ -239,4 +245,38 @@ func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn)
 		s.tails.dropAll() // what was said meanwhile is lost
 		s.changes.NotifyAll()
 	}
+}
+
+// PostgreSQL lets any role connected to the database NOTIFY on any
+// channel, and the lines a notification carries are served to followers
+// as stored: they are taken only from a backend of the relays' own role
+// (which could store lines anyway). Another role's notification still
+// wakes readers, who then query.
+//
+// senders are the backends seen to be the relays' role's, each trusted
+// for senderTrust from its check (a backend's pid is reused only once it
+// has ended, and a relay's connections live for an hour).
+type senders map[uint32]time.Time
+
+const senderTrust = 10 * time.Second
+
+// trusted says whether backend pid is the relays' role's, asking on conn
+// (the listening connection, idle between notifications) once per
+// senderTrust.
+func (ss senders) trusted(ctx context.Context, conn *pgx.Conn, pid uint32, now time.Time) bool {
+	if until, ok := ss[pid]; ok && now.Before(until) {
+		return true
+	}
+	qctx, cancel := context.WithTimeout(ctx, listenQuiet)
+	defer cancel()
+	var ok bool
+	if err := conn.QueryRow(qctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1 AND usename = current_user)`, int32(pid)).Scan(&ok); err != nil || !ok {
+		delete(ss, pid)
+		return false
+	}
+	if len(ss) > 1000 {
+		clear(ss) // pids of connections long closed
+	}
+	ss[pid] = now.Add(senderTrust)
+	return true
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Runs changed while a notification is sent go out in the next one, every
@@ -114,9 +115,10 @@ func TestOutboxCarriesSmallCommitsLines(t *testing.T) {
 // A run's tail serves the lines after a reader's cursor while it holds
 // the line after it, keeps the newest lines within its bounds, starts
 // again after a gap, and is dropped when lines come again or out of
-// order, or nobody here waits on the run.
+// order, or when nobody here waits on the run nor read it for tailIdle.
 func TestTailServesWhatItHoldsAndNothingElse(t *testing.T) {
 	var ts tails
+	now := time.Unix(1_700_000_000, 0)
 	js := func(seq uint64) []byte { return fmt.Appendf(nil, `{"seq":%d}`, seq) }
 	lines := func(from, to uint64) [][]byte {
 		var out [][]byte
@@ -126,7 +128,7 @@ func TestTailServesWhatItHoldsAndNothingElse(t *testing.T) {
 		return out
 	}
 	served := func(after uint64) (seqs []uint64, last uint64, ok bool) {
-		got, last, ok := ts.page("r", after, 1000)
+		got, last, ok := ts.page("r", after, 1000, now)
 		for _, l := range got {
 			if string(l.JSON) != string(js(l.Seq)) {
 				t.Fatalf("seq %d served as %s", l.Seq, l.JSON)
@@ -135,12 +137,12 @@ func TestTailServesWhatItHoldsAndNothingElse(t *testing.T) {
 		}
 		return seqs, last, ok
 	}
-	ts.add("r", 5, lines(5, 6), false)
+	ts.add("r", 5, lines(5, 6), false, now)
 	if _, _, ok := served(4); ok {
 		t.Fatal("a tail kept for a run nobody here waits on")
 	}
-	ts.add("r", 5, lines(5, 6), true)
-	ts.add("r", 7, lines(7, 9), true)
+	ts.add("r", 5, lines(5, 6), true, now)
+	ts.add("r", 7, lines(7, 9), true, now)
 	if seqs, last, ok := served(6); !ok || last != 9 || !slices.Equal(seqs, []uint64{7, 8, 9}) {
 		t.Fatalf("after 6: %v last %d %v, want 7 8 9", seqs, last, ok)
 	}
@@ -152,21 +154,34 @@ func TestTailServesWhatItHoldsAndNothingElse(t *testing.T) {
 			t.Fatalf("after %d: served, though the tail holds 5-9", after)
 		}
 	}
-	ts.add("r", 10, lines(10, 10+tailLines), true)
+	ts.add("r", 10, lines(10, 10+tailLines), true, now)
 	if _, last, ok := served(10); !ok || last != 10+tailLines {
 		t.Fatalf("the newest %d lines not served: last %d %v", tailLines, last, ok)
 	}
 	if _, _, ok := served(9); ok {
 		t.Fatal("lines past the tail's bound still served")
 	}
-	ts.add("r", 100, lines(100, 101), true) // a gap: another relay's commit unheard
+	ts.add("r", 100, lines(100, 101), true, now) // a gap: another relay's commit unheard
 	if _, _, ok := served(80); ok {
 		t.Fatal("served across a gap")
 	}
 	if seqs, _, ok := served(99); !ok || !slices.Equal(seqs, []uint64{100, 101}) {
 		t.Fatalf("after the gap: %v %v", seqs, ok)
 	}
-	ts.add("r", 101, lines(101, 102), true) // lines again: two writers
+	// A reader woken by one commit does not wait while it reads: the
+	// next commit keeps the tail it read lately, not one idle for long.
+	now = now.Add(tailIdle / 2)
+	ts.add("r", 102, lines(102, 102), false, now)
+	if seqs, _, ok := served(101); !ok || !slices.Equal(seqs, []uint64{102}) {
+		t.Fatalf("a tail read %s ago, extended with nobody waiting: %v %v", tailIdle/2, seqs, ok)
+	}
+	now = now.Add(tailIdle)
+	ts.add("r", 103, lines(103, 103), false, now)
+	if _, _, ok := served(102); ok {
+		t.Fatalf("a tail nobody read for %s, nor waits on, kept", tailIdle)
+	}
+	ts.add("r", 100, lines(100, 101), true, now)
+	ts.add("r", 101, lines(101, 102), true, now) // lines again: two writers
 	if _, _, ok := served(99); ok {
 		t.Fatal("served after lines came again")
 	}

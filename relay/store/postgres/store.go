@@ -372,7 +372,7 @@ func (s *Store) Page(run string, after uint64, limit int, each func(store.RawLin
 	if limit <= 0 || limit > pageRows {
 		limit = pageRows
 	}
-	if lines, last, ok := s.tails.page(run, after, limit); ok {
+	if lines, last, ok := s.tails.page(run, after, limit, s.opts.Clock.Now()); ok {
 		for _, l := range lines {
 			each(l)
 		}

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/paperclipai/clipjob/relay/store"
 )
@@ -11,12 +12,13 @@ import (
 // A follower that has caught up reads a page for every commit of its
 // run, one query per line in a fleet's steady phase, where lines come a
 // few a second per run. So each store keeps the last lines committed to
-// the runs its readers are waiting on (a tail), from its own commits and
-// from the notifications of the others', which carry a small commit's
-// lines; Page serves a reader from the tail when the tail holds the line
-// after the reader's cursor. Anything else said of a run (its record
-// changed, a commit too large to carry, lines out of order, notifications
-// missed while listening again) drops its tail, and its readers query.
+// the runs its readers follow (a tail: started when a reader waits on the
+// run, kept while one reads it), from its own commits and from the
+// notifications of the others', which carry a small commit's lines; Page
+// serves a reader from the tail when the tail holds the line after the
+// reader's cursor. Anything else said of a run (its record changed, a
+// commit too large to carry, lines out of order, notifications missed
+// while listening again) drops its tail, and its readers query.
 
 const (
 	// tailLines and tailBytes bound one run's tail (its oldest lines go).
@@ -25,13 +27,19 @@ const (
 	// carryBytes bounds the lines' JSON one notification carries for a
 	// run; a commit with more says the run's id alone.
 	carryBytes = 4 << 10
+	// tailIdle: a tail nobody read for this long, and nobody waits on,
+	// is dropped at the run's next commit. A reader woken by one commit
+	// is not waiting while it reads: the next commit must not drop its
+	// tail then.
+	tailIdle = 10 * time.Second
 )
 
 // tail is a run's last committed lines, of seqs first, first+1, ...
 type tail struct {
-	first uint64
-	lines [][]byte // each line's JSON, never changed once here
-	bytes int
+	first  uint64
+	lines  [][]byte // each line's JSON, never changed once here
+	bytes  int
+	readAt time.Time // its creation, or the last page it served
 }
 
 func (t *tail) last() uint64 { return t.first + uint64(len(t.lines)) - 1 }
@@ -42,12 +50,13 @@ type tails struct {
 }
 
 // add records the lines committed to run, of seqs from first, if a
-// reader here waits on the run (else it drops the run's tail: a reader
-// that comes queries, and its wait starts the next tail).
-func (ts *tails) add(run string, first uint64, lines [][]byte, followed bool) {
+// reader here waits on the run or read its tail lately (else it drops the
+// tail: a reader that comes queries, and its wait starts the next tail).
+func (ts *tails) add(run string, first uint64, lines [][]byte, waiting bool, now time.Time) {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	t := ts.runs[run]
+	followed := waiting || t != nil && now.Sub(t.readAt) < tailIdle
 	switch {
 	case len(lines) == 0 && followed:
 		return // a stream's cursor alone: the run's lines are as they were
@@ -60,7 +69,7 @@ func (ts *tails) add(run string, first uint64, lines [][]byte, followed bool) {
 		if ts.runs == nil {
 			ts.runs = map[string]*tail{}
 		}
-		t = &tail{first: first}
+		t = &tail{first: first, readAt: now}
 		ts.runs[run] = t
 	}
 	for _, l := range lines {
@@ -90,13 +99,14 @@ func (ts *tails) dropAll() {
 // to limit lines and store.PageBytes (at least one), and the last seq it
 // holds; false if it does not hold the line after the cursor, nor is the
 // cursor its last line.
-func (ts *tails) page(run string, after uint64, limit int) ([]store.RawLine, uint64, bool) {
+func (ts *tails) page(run string, after uint64, limit int, now time.Time) ([]store.RawLine, uint64, bool) {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	t := ts.runs[run]
 	if t == nil || after+1 < t.first || after > t.last() {
 		return nil, 0, false
 	}
+	t.readAt = now
 	var out []store.RawLine
 	bytes := 0
 	for seq := after + 1; seq <= t.last() && len(out) < limit; seq++ {

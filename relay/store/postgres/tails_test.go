@@ -3,9 +3,12 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/paperclipai/clipjob/relay/store"
 	"github.com/paperclipai/clipjob/relay/store/postgres/pgtest"
@@ -84,9 +87,25 @@ func TestACaughtUpReaderIsServedWithoutAQuery(t *testing.T) {
 		return nil, 0, false
 	}
 	stored, _, _, _ := page(b, 0)
+	// settle waits until the other replica heard every earlier commit: a
+	// reader woken by a commit it did not wait for reads what is stored
+	// by then, from the database, which is right but not what is tested.
+	// The notifications of one relay arrive in order.
+	barrier := 0
+	settle := func(t *testing.T) {
+		t.Helper()
+		barrier++
+		run := fmt.Sprint("barrier-", barrier)
+		ch := b.Changed(run)
+		if _, err := a.UpdateRun(run, func(*store.Run) {}); err != nil {
+			t.Fatal(err)
+		}
+		waitWoken(t, ch, "the barrier")
+	}
 	for name, s := range map[string]*Store{"the committing replica": a, "another replica": b} {
 		t.Run(name, func(t *testing.T) {
 			after := uint64(len(stored))
+			settle(t)
 			ch := s.Changed("run-1") // waiting when the lines commit
 			appendLines("second", "third")
 			got, last, queried := readNext(s, ch, after)
@@ -103,6 +122,7 @@ func TestACaughtUpReaderIsServedWithoutAQuery(t *testing.T) {
 		})
 	}
 	// The other replica's reader holds the run's tail when the run ends.
+	settle(t)
 	ch := b.Changed("run-1")
 	appendLines("fourth")
 	if got, _, queried := readNext(b, ch, uint64(len(stored))); len(got) != 1 || queried {
@@ -199,5 +219,51 @@ func TestReadersOfARunTwoReplicasWriteAtOnceSeeEveryLineOnce(t *testing.T) {
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("reader %d read %d lines, not the %d stored as stored", i, len(got), len(want))
 		}
+	}
+}
+
+// TestLinesAnotherRoleNotifiesAreNotServed: a role that shares the
+// relays' database but is not theirs notifies on their channel, carrying
+// a line no agent wrote for a run a reader follows. The reader is woken
+// and queries: it reads what is stored, never the forged line.
+func TestLinesAnotherRoleNotifiesAreNotServed(t *testing.T) {
+	conn, schema := pgtest.Schema(t)
+	s, err := Open(context.Background(), Options{ConnString: conn, Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	line := []store.Line{{TS: time.Unix(0, 1), Container: "agent", Line: "stored"}}
+	if _, err := s.AppendAfter("run-1", "agent", store.Cursor{}, store.Cursor{TS: 1, Count: 1}, line, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.Connect(context.Background(), conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	num, _, _ := strings.Cut(schema, "_") // "t<n>", unique on the server
+	role := num + "_intruder"             // roles are the server's, shared by every test
+	if _, err := admin.Exec(context.Background(), `CREATE ROLE `+pgx.Identifier{role}.Sanitize()+` LOGIN`); err != nil {
+		t.Fatal(err)
+	}
+	intruder, err := pgx.Connect(context.Background(), strings.Replace(conn, "user=clipjob", "user="+role, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		intruder.Close(context.Background())
+		_, _ = admin.Exec(context.Background(), `DROP ROLE `+pgx.Identifier{role}.Sanitize())
+	}()
+	ch := s.Changed("run-1")
+	forged := "!someone\nrun-1\n\x012 " + `{"seq":2,"ts":"2026-01-01T00:00:00Z","container":"agent","line":"forged"}`
+	if _, err := intruder.Exec(context.Background(), `SELECT pg_notify($1, $2)`, schema, forged); err != nil {
+		t.Fatal(err)
+	}
+	waitWoken(t, ch, "the intruder's notification")
+	var got []string
+	last, _, _, err := s.Page("run-1", 1, 100, func(l store.RawLine) { got = append(got, string(l.JSON)) })
+	if err != nil || last != 1 || len(got) != 0 {
+		t.Fatalf("after the intruder's notification: last %d, lines %q (%v); want last 1, no line", last, got, err)
 	}
 }
