@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -372,28 +373,16 @@ func (s *Store) writeLines(ctx context.Context, tx pgx.Tx, ordered []*appendReq)
 			continue
 		}
 		rr := runs[r.run]
-		var carry []byte
-		var ends []int
+		at := len(a.data)
 		for i := range r.lines {
 			r.lines[i].Seq = uint64(rr.next)
 			rr.next++
-			js, err := a.add(rr.num, &r.lines[i])
-			if err != nil {
+			if err := a.add(rr.num, &r.lines[i]); err != nil {
 				return err
-			}
-			if len(carry)+len(js) <= carryBytes {
-				carry = append(carry, js...)
-				ends = append(ends, len(carry))
 			}
 		}
 		r.last = uint64(rr.next - 1)
-		if len(ends) == len(r.lines) && len(ends) > 0 {
-			r.json = make([][]byte, len(ends))
-			start := 0
-			for i, end := range ends {
-				r.json[i], start = carry[start:end:end], end
-			}
-		}
+		r.json = a.carried(at, len(r.lines))
 	}
 	if a.n == 0 {
 		return nil
@@ -453,22 +442,37 @@ func (a *lineArrays) reset() {
 	a.size, a.data = arrayHeader(a.size[:0], oidInt4), arrayHeader(a.data[:0], oidBytea)
 }
 
-// add appends the line l of the run keyed num, its JSON encoded in place,
-// and returns the JSON (valid until the arrays are reset).
-func (a *lineArrays) add(num int64, l *store.Line) ([]byte, error) {
+// add appends the line l of the run keyed num, its JSON encoded in place.
+func (a *lineArrays) add(num int64, l *store.Line) error {
 	a.run = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(a.run, 8), uint64(num))
 	a.seq = binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint32(a.seq, 8), l.Seq)
 	at := len(a.data)
 	data, err := l.AppendJSON(append(a.data, 0, 0, 0, 0))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	size := uint32(len(data) - at - 4)
 	binary.BigEndian.PutUint32(data[at:], size)
 	a.data = data
 	a.size = binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(a.size, 4), size)
 	a.n++
-	return data[at+4:], nil
+	return nil
+}
+
+// carried copies the JSON of the n lines added since data held at bytes,
+// for the tails and the notifications (tails.go); nil if none, or more
+// than carryBytes.
+func (a *lineArrays) carried(at, n int) [][]byte {
+	if n == 0 || len(a.data)-at-4*n > carryBytes {
+		return nil
+	}
+	region := bytes.Clone(a.data[at:]) // each line's size, then its JSON
+	out := make([][]byte, n)
+	for i := range out {
+		size := int(binary.BigEndian.Uint32(region))
+		out[i], region = region[4:4+size:4+size], region[4+size:]
+	}
+	return out
 }
 
 // values are the four parameters, each array's length set.

@@ -1,7 +1,7 @@
 -- An append advances its run's last_seq, bytes and seen_at, and only
 -- those (the record's copies are no longer written: reads take the
 -- columns). Indexed, seen_at made every append insert an entry into each
--- of the run's five indexes; unindexed, PostgreSQL updates the row in
+-- of the run's six indexes; unindexed, PostgreSQL updates the row in
 -- place (HOT), given room in its page. Lists still come newest first:
 -- the runs an index selects (an agent's, a company's, the unfinished)
 -- are sorted after.
