@@ -432,14 +432,11 @@ func TestRelayReplicaCutOffFromPostgres(t *testing.T) {
 	f.end(ctx, t, rs)
 }
 
-// TestRelayReplicaCutOffFromTheAPIServer: one replica loses the API
-// server but not PostgreSQL. It can follow no log, so it leaves the table
-// of replicas rather than keep runs nobody collects: it says why in
-// readiness, and the others collect its runs; reconnected, it collects
-// its share again. No line is lost or stored twice.
-func TestRelayReplicaCutOffFromTheAPIServer(t *testing.T) {
-	in := newInstall(t)
-	ctx, rs := readyReplicas(in, t)
+// restartBehindAPIProxy restarts replica r2 reaching the API server
+// through a proxy of its own (its kubeconfig's server), and returns the
+// proxy once r2 is a member again.
+func (rs *relayReplicas) restartBehindAPIProxy(ctx context.Context, t *testing.T) *socketProxy {
+	t.Helper()
 	u, err := url.Parse(suite.cluster.Config.Host)
 	if err != nil {
 		t.Fatal(err)
@@ -449,7 +446,6 @@ func TestRelayReplicaCutOffFromTheAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(proxy.close)
-	// The relay's kubeconfig, its server the proxy.
 	path, err := harness.ChartServiceAccountKubeconfig(ctx, suite.cluster, "clipjob-relay")
 	if err != nil {
 		t.Fatal(err)
@@ -475,13 +471,25 @@ func TestRelayReplicaCutOffFromTheAPIServer(t *testing.T) {
 	}
 	rs.relays[2] = r2
 	rs.waitMembers(ctx, t, 0, 1, 2)
+	return proxy
+}
+
+// TestRelayReplicaCutOffFromTheAPIServer: one replica loses the API
+// server but not PostgreSQL. It can follow no log, so it leaves the table
+// of replicas rather than keep runs nobody collects: it says why in
+// readiness, and the others collect its runs; reconnected, it collects
+// its share again. No line is lost or stored twice.
+func TestRelayReplicaCutOffFromTheAPIServer(t *testing.T) {
+	in := newInstall(t)
+	ctx, rs := readyReplicas(in, t)
+	proxy := rs.restartBehindAPIProxy(ctx, t)
 
 	f := startFlood(in, ctx, t, "e2e-replicas-apicut", 6)
 	theirs := rs.runsOf(t, 2, f.Runs)
 	waitEach(ctx, t, rs.relays[0], rs.token, f.Runs, atLeast(60), "before the cut")
 	proxy.cut()
 	cut := time.Now()
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
 		code, body := readyz(rs.relays[2])
 		return code != http.StatusOK && strings.Contains(body, "[-]collecting"), nil
 	})
@@ -625,24 +633,20 @@ type socketProxy struct {
 	mu                      sync.Mutex
 	ln                      net.Listener
 	conns                   map[net.Conn]bool
-	// pairs are the connections forwarded, each with what it was seen to
-	// carry (see proxied), for swallow.
+	// pairs are the connections forwarded, for swallow.
 	pairs []*proxied
 }
 
-// proxied is one connection through a socketProxy: what its client was
-// seen to send first of note ("listen": a LISTEN; "renew": the renewal of
-// a row in the table of replicas; "" otherwise, the pool's), and whether
-// it forwards nothing more (swallow).
+// proxied is one connection through a socketProxy, and whether it
+// forwards nothing more (swallow).
 type proxied struct {
 	mu    sync.Mutex
-	kind  string
 	stuck bool
 }
 
-// pipe copies src to dst until either fails, noting what the client
-// sends, and dropping everything once the connection is stuck.
-func (c *proxied) pipe(dst, src net.Conn, fromClient bool) {
+// pipe copies src to dst until either fails, dropping everything once
+// the connection is stuck.
+func (c *proxied) pipe(dst, src net.Conn) {
 	defer func() { dst.Close(); src.Close() }()
 	buf := make([]byte, 32<<10)
 	for {
@@ -651,14 +655,6 @@ func (c *proxied) pipe(dst, src net.Conn, fromClient bool) {
 			return
 		}
 		c.mu.Lock()
-		if fromClient && c.kind == "" {
-			switch b := string(buf[:n]); {
-			case strings.Contains(b, "LISTEN "):
-				c.kind = "listen"
-			case strings.Contains(b, "WITH renewed AS"):
-				c.kind = "renew"
-			}
-		}
 		stuck := c.stuck
 		c.mu.Unlock()
 		if stuck {
@@ -670,17 +666,17 @@ func (c *proxied) pipe(dst, src net.Conn, fromClient bool) {
 	}
 }
 
-// swallow makes the connections open now whose kind which accepts forward
-// nothing more, without closing them, as a network path that drops
-// packets does (both ends wait for bytes that never come); connections
-// opened after are forwarded. It returns how many it swallowed.
-func (p *socketProxy) swallow(which func(kind string) bool) int {
+// swallow makes the connections open now forward nothing more, without
+// closing them, as a network path that drops packets does (both ends
+// wait for bytes that never come); connections opened after are
+// forwarded. It returns how many it swallowed.
+func (p *socketProxy) swallow() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := 0
 	for _, c := range p.pairs {
 		c.mu.Lock()
-		if !c.stuck && which(c.kind) {
+		if !c.stuck {
 			c.stuck = true
 			n++
 		}
@@ -750,8 +746,8 @@ func (p *socketProxy) restore() error {
 			p.conns[c], p.conns[s] = true, true
 			p.pairs = append(p.pairs, pc)
 			p.mu.Unlock()
-			go pc.pipe(s, c, true)
-			go pc.pipe(c, s, false)
+			go pc.pipe(s, c)
+			go pc.pipe(c, s)
 		}
 	}()
 	return nil

@@ -3,14 +3,10 @@ package integration
 import (
 	"context"
 	"fmt"
-	"net/url"
-	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/paperclipai/clipjob/e2e/harness"
 	"github.com/paperclipai/clipjob/relay"
@@ -89,41 +85,8 @@ func blackHoleFlood(ctx context.Context, t *testing.T, in *harness.Install, rs *
 func TestHostileRelayBlackHoledAPIServerHandsOverItsRuns(t *testing.T) {
 	in := newInstall(t)
 	ctx, rs := readyReplicas(in, t)
-	u, err := url.Parse(suite.cluster.Config.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := newTCPProxy(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.close)
-	path, err := harness.ChartServiceAccountKubeconfig(ctx, suite.cluster, "clipjob-relay")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kc, err := clientcmd.LoadFromFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range kc.Clusters {
-		c.Server = "https://" + proxy.listen
-	}
-	proxied := filepath.Join(suite.cluster.Dir, rs.group+"-r2-hole.kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, proxied); err != nil {
-		t.Fatal(err)
-	}
-	rs.relays[2].Stop()
-	extra := rs.extra
-	rs.extra = append(slices.Clone(extra), "--kubeconfig", proxied)
-	r2, err := rs.start(ctx, rs.ids[2], rs.group, rs.conn(2))
-	rs.extra = extra
-	if err != nil {
-		t.Fatal(err)
-	}
-	rs.relays[2] = r2
-	rs.waitMembers(ctx, t, 0, 1, 2)
-	took := blackHoleFlood(ctx, t, in, rs, "e2e-hole-api", func() int { return proxy.swallow(func(string) bool { return true }) })
+	proxy := rs.restartBehindAPIProxy(ctx, t)
+	took := blackHoleFlood(ctx, t, in, rs, "e2e-hole-api", proxy.swallow)
 	if bound := 30 * time.Second; took > bound {
 		t.Errorf("replica r2's runs went uncollected for %s with its API server connections silent: more than %s", took.Round(100*time.Millisecond), bound)
 	}
