@@ -5,6 +5,7 @@ import (
 
 	"fmt"
 	"net/http"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -64,18 +65,8 @@ func TestHostileRelayPausedReplicaLosesNoLine(t *testing.T) {
 	t.Logf("the paused replica %s owns %d of the flood's %d runs", rs.ids[paused], owned, len(f.Runs))
 	waitEach(ctx, t, rs.relays[0], rs.token, f.Runs, f.beyond(100), "before the pause")
 	refusedBefore := refusals(t, rs.relays[paused])
-	pid := rs.relays[paused].PID()
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	thaw := freeze(t, rs.relays[paused].PID())
 	stopped := time.Now()
-	thawed := false
-	thaw := func() {
-		if !thawed {
-			thawed = true
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}
 	defer thaw()
 	rs.waitMembers(ctx, t, 0, 2)
 	t.Logf("the others see the frozen replica gone %s after the freeze (lease %s, renewal %s)", time.Since(stopped).Round(100*time.Millisecond),
@@ -233,17 +224,7 @@ func TestHostileRelayRunRetiredWhileItsOwnerWasFrozenStaysRetired(t *testing.T) 
 		t.Fatal(err)
 	}
 	waitStoredAtLeast(ctx, t, rs.relays[victim], rs.token, run, 3, "before the freeze")
-	pid := rs.relays[victim].PID()
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	thawed := false
-	thaw := func() {
-		if !thawed {
-			thawed = true
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}
+	thaw := freeze(t, rs.relays[victim].PID())
 	defer thaw()
 	var others []int
 	for i := range rs.ids {
@@ -291,4 +272,15 @@ func TestHostileRelayRunRetiredWhileItsOwnerWasFrozenStaysRetired(t *testing.T) 
 	if _, err := suite.cs.CoreV1().Pods(in.Namespace).Get(ctx, pod.Name, metav1.GetOptions{}); err != nil {
 		t.Errorf("the run's pod is gone (%v): the test proved nothing", err)
 	}
+}
+
+// freeze stops process pid (SIGSTOP) and returns its thaw (SIGCONT),
+// which acts once however often it is called.
+func freeze(t *testing.T, pid int) (thaw func()) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	return func() { once.Do(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) }
 }

@@ -105,6 +105,17 @@ func agentPod(name, uid string, created time.Time) *corev1.Pod {
 	return p
 }
 
+// runningAgentPod is an agent pod without init containers whose agent
+// container, containerID, runs.
+func runningAgentPod(name, uid string, created time.Time, containerID string) *corev1.Pod {
+	p := agentPod(name, uid, created)
+	p.Spec.InitContainers = nil
+	p.Status.Phase = corev1.PodRunning
+	p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "agent", ContainerID: containerID,
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+	return p
+}
+
 func newCollector(t *testing.T) (*Collector, *podLogs, *podCache, *bolt.Store) {
 	s, _ := storetest.Open(t)
 	logs, cache := &podLogs{logs: map[string]*fakeLog{}}, &podCache{pods: map[string]*corev1.Pod{}}
@@ -228,11 +239,7 @@ func TestAnOlderPodsDeletionDoesNotFinishTheRun(t *testing.T) {
 	first := finishedPod(logs, cache, "p1", time.Now().Truncate(time.Second), "attempt 1")
 	syncPod(t, c, first)
 	waitDone(t, s)
-	second := agentPod("p2", "uid-p2", first.CreationTimestamp.Add(time.Minute))
-	second.Spec.InitContainers = nil
-	second.Status.Phase = corev1.PodRunning
-	second.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "agent", ContainerID: "c-p2",
-		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+	second := runningAgentPod("p2", "uid-p2", first.CreationTimestamp.Add(time.Minute), "c-p2")
 	cache.set(second)
 	syncPod(t, c, second)
 	cache.delete("p1")
@@ -289,11 +296,7 @@ func TestCollectorRestartedContainer(t *testing.T) {
 // instance's lines are stored once, the first's before the second's.
 func TestARestartedContainersNextInstanceIsNotReadAsItsOwn(t *testing.T) {
 	c, logs, cache, s := newCollector(t)
-	pod := agentPod("p1", "uid-1", time.Now())
-	pod.Spec.InitContainers = nil
-	pod.Status.Phase = corev1.PodRunning
-	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "agent", ContainerID: "c1",
-		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+	pod := runningAgentPod("p1", "uid-1", time.Now(), "c1")
 	cache.set(pod)
 	first := logs.get("p1", "agent")
 	first.write(at(0), "first 1")
@@ -391,11 +394,7 @@ func TestContainerStateNamesTheLogOfTheInstance(t *testing.T) {
 // another Job's pods are kept as a run of their own.
 func TestCollectorKeepsOtherJobsApart(t *testing.T) {
 	c, logs, cache, s := newCollector(t)
-	real := agentPod("p1", "uid-1", time.Now())
-	real.Status.Phase = corev1.PodRunning
-	real.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "agent", ContainerID: "c1",
-		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
-	real.Spec.InitContainers = nil
+	real := runningAgentPod("p1", "uid-1", time.Now(), "c1")
 	cache.set(real)
 	logs.get("p1", "agent").write(at(0), "the agent's line")
 	syncPod(t, c, real) // first: the run id is bound to its Job
@@ -488,11 +487,7 @@ func TestKeptApartRunStaysApart(t *testing.T) {
 	cache.set(bait)
 	syncPod(t, c, bait) // first: the bait takes the run id
 
-	real := agentPod("p1", "uid-1", time.Now())
-	real.Status.Phase = corev1.PodRunning
-	real.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "agent", ContainerID: "c1",
-		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
-	real.Spec.InitContainers = nil
+	real := runningAgentPod("p1", "uid-1", time.Now(), "c1")
 	owner := metav1.GetControllerOf(real)
 	key := store.RunKey("run-1", string(owner.UID))
 	cache.set(real)

@@ -57,11 +57,7 @@ func (f *frozenCommits) AppendAfter(run, stream string, prev, cur store.Cursor, 
 func TestARunRetiredWhileItsOldOwnerWasFrozenStaysRetired(t *testing.T) {
 	_, logs, cache, s := newCollector(t)
 	created := time.Now().Truncate(time.Second)
-	pod := agentPod("p1", "uid-p1", created)
-	pod.Spec.InitContainers = nil
-	pod.Status.Phase = corev1.PodRunning
-	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "agent", ContainerID: "c-p1",
-		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+	pod := runningAgentPod("p1", "uid-p1", created, "c-p1")
 	cache.set(pod)
 	log := logs.get("p1", "agent")
 	for i := range 3 {

@@ -30,11 +30,7 @@ func TestATakeoverSeeingARetriedJobsFailedPodFirstDoesNotEndTheRun(t *testing.T)
 	first.OnPod(p1)
 	waitDone(t, s)
 
-	p2 := agentPod("p2", "uid-p2", created.Add(time.Minute))
-	p2.Spec.InitContainers = nil
-	p2.Status.Phase = corev1.PodRunning
-	p2.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "agent", ContainerID: "c-p2",
-		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+	p2 := runningAgentPod("p2", "uid-p2", created.Add(time.Minute), "c-p2")
 	cache.set(p2)
 	logs.get("p2", "agent").write(at(5), "attempt 2")
 	first.OnPod(p2)

@@ -25,11 +25,7 @@ import (
 func TestARunTakenOverBeforeTheNewOwnerSawItsPodIsCollected(t *testing.T) {
 	_, logs, cacheB, s := newCollector(t)
 	cacheA := &podCache{pods: map[string]*corev1.Pod{}}
-	pod := agentPod("p1", "uid-p1", time.Now().Truncate(time.Second))
-	pod.Spec.InitContainers = nil
-	pod.Status.Phase = corev1.PodRunning
-	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "agent", ContainerID: "c-p1",
-		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+	pod := runningAgentPod("p1", "uid-p1", time.Now().Truncate(time.Second), "c-p1")
 	cacheB.set(pod)
 	log := logs.get("p1", "agent")
 	log.write(at(0), "collected by B")
