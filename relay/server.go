@@ -421,7 +421,6 @@ func (s *service) serveAPI(ctx context.Context) (stop func(timeout time.Duration
 	}, errc, nil
 }
 
-// jobFailure reads a Job's Failed condition reason live.
 // podGone asks the API server whether a pod is gone, or is now another
 // pod of the same name.
 func podGone(cs kubernetes.Interface) collect.PodGone {
@@ -437,6 +436,7 @@ func podGone(cs kubernetes.Interface) collect.PodGone {
 	}
 }
 
+// jobFailure reads a Job's Failed condition reason live.
 func jobFailure(cs kubernetes.Interface) collect.JobFailure {
 	return func(ctx context.Context, ns, name string) (string, error) {
 		job, err := cs.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
