@@ -288,7 +288,7 @@ func TestAReadOnASilentIdleConnectionGivesUpSoon(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(2 * time.Minute): // idlePingTimeout is 2 s a connection; Timeout 10 minutes
+	case <-time.After(2 * time.Minute): // 17 s here (see idlePingTimeout); Timeout 10 minutes
 		t.Fatal("two minutes after the pool's idle connections went silent, a read still waits on one: the pool's check before use is not bounded")
 	}
 }
