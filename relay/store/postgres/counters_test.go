@@ -80,3 +80,39 @@ func TestAppendsAdvanceTheirRunInPlace(t *testing.T) {
 	}
 	t.Logf("%d of %d updates in place", hot, upd)
 }
+
+// TestARelayFromBeforeTheCountersInPlaceCannotSetARunBack: in a rolling
+// upgrade a relay of the previous version still runs beside this one. It
+// keeps a run's counters in the record, which this version's appends no
+// longer write, and writes them back to the columns with every update of
+// the run (a pod's status, its end). Were last_seq set back, this
+// version's next append would number lines that exist and fail for good,
+// leaving the run's later lines unstored.
+func TestARelayFromBeforeTheCountersInPlaceCannotSetARunBack(t *testing.T) {
+	conn, schema := pgtest.Schema(t)
+	s := open(t, postgres.Options{ConnString: conn, Schema: schema})
+	prev := store.Cursor{}
+	appendLine := func(i int) {
+		t.Helper()
+		cur := store.Cursor{TS: int64(i), Count: 1}
+		if _, err := s.AppendAfter("run-1", "agent", prev, cur, []store.Line{{TS: time.Unix(0, int64(i)), Container: "agent", Line: "x"}}, time.Now()); err != nil {
+			t.Fatalf("append %d: %v", i, err)
+		}
+		prev = cur
+	}
+	for i := 1; i <= 5; i++ {
+		appendLine(i)
+	}
+	// The previous version's update of the run (its updateRun), from a
+	// record it read when the run had one line.
+	c := connect(t, conn)
+	exec(t, c, `UPDATE `+pgx.Identifier{schema}.Sanitize()+`.runs SET phase = 'Running', last_seq = 1, bytes = 1, record = '{"id":"run-1","phase":"Running","lastSeq":1,"bytes":1}' WHERE id = 'run-1'`)
+	appendLine(6)
+	var seqs []uint64
+	if _, _, _, err := s.Page("run-1", 0, 100, func(l store.RawLine) { seqs = append(seqs, l.Seq) }); err != nil {
+		t.Fatal(err)
+	}
+	if len(seqs) != 6 || seqs[5] != 6 {
+		t.Fatalf("lines %v, want seqs 1 to 6", seqs)
+	}
+}
