@@ -113,9 +113,11 @@ func TestOutboxCarriesSmallCommitsLines(t *testing.T) {
 }
 
 // A run's tail serves the lines after a reader's cursor while it holds
-// the line after it, keeps the newest lines within its bounds, starts
-// again after a gap, and is dropped when lines come again or out of
-// order, or when nobody here waits on the run nor read it for tailIdle.
+// the line after it and a query since it began found the run running;
+// a reader with nothing new queries; it keeps the newest lines within its
+// bounds, starts again after a gap, and is dropped when lines come again
+// or out of order, or when nobody here waits on the run nor read it for
+// tailIdle.
 func TestTailServesWhatItHoldsAndNothingElse(t *testing.T) {
 	var ts tails
 	now := time.Unix(1_700_000_000, 0)
@@ -143,13 +145,18 @@ func TestTailServesWhatItHoldsAndNothingElse(t *testing.T) {
 	}
 	ts.add("r", 5, lines(5, 6), true, now)
 	ts.add("r", 7, lines(7, 9), true, now)
+	if _, _, ok := served(6); ok {
+		t.Fatal("served before a query found the run running since the tail began: its end may have come first")
+	}
+	ts.confirm("r", &tail{}) // a tail dropped and begun again since the query
+	if _, _, ok := served(6); ok {
+		t.Fatal("confirmed by a query made before the tail began")
+	}
+	ts.confirm("r", ts.held("r"))
 	if seqs, last, ok := served(6); !ok || last != 9 || !slices.Equal(seqs, []uint64{7, 8, 9}) {
 		t.Fatalf("after 6: %v last %d %v, want 7 8 9", seqs, last, ok)
 	}
-	if seqs, last, ok := served(9); !ok || last != 9 || len(seqs) != 0 {
-		t.Fatalf("after 9: %v last %d %v, want nothing more, last 9", seqs, last, ok)
-	}
-	for _, after := range []uint64{3, 10} {
+	for _, after := range []uint64{3, 9, 10} { // 9: nothing new, the reader queries
 		if _, _, ok := served(after); ok {
 			t.Fatalf("after %d: served, though the tail holds 5-9", after)
 		}
@@ -162,6 +169,7 @@ func TestTailServesWhatItHoldsAndNothingElse(t *testing.T) {
 		t.Fatal("lines past the tail's bound still served")
 	}
 	ts.add("r", 100, lines(100, 101), true, now) // a gap: another relay's commit unheard
+	ts.confirm("r", ts.held("r"))
 	if _, _, ok := served(80); ok {
 		t.Fatal("served across a gap")
 	}

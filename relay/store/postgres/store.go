@@ -381,6 +381,7 @@ func (s *Store) Page(run string, after uint64, limit int, each func(store.RawLin
 		}
 		return last, false, true, nil
 	}
+	held := s.tails.held(run)
 	ctx, cancel := s.ctx()
 	defer cancel()
 	rows, err := s.pool.Query(ctx, s.q.page, run, int64(after), limit, store.PageBytes)
@@ -396,6 +397,9 @@ func (s *Store) Page(run string, after uint64, limit int, each func(store.RawLin
 		}
 		return nil
 	})
+	if err == nil && found && !done {
+		s.tails.confirm(run, held)
+	}
 	return lastSeq, done, found, err
 }
 

@@ -14,11 +14,18 @@ import (
 // few a second per run. So each store keeps the last lines committed to
 // the runs its readers follow (a tail: started when a reader waits on the
 // run, kept while one reads it), from its own commits and from the
-// notifications of the others', which carry a small commit's lines; Page
-// serves a reader from the tail when the tail holds the line after the
-// reader's cursor. Anything else said of a run (its record changed, a
-// commit too large to carry, lines out of order, notifications missed
-// while listening again) drops its tail, and its readers query.
+// notifications of the others', which carry a small commit's lines.
+// Anything else said of a run (its record changed, a commit too large to
+// carry, lines out of order, notifications missed while listening again)
+// drops its tail.
+//
+// A tail knows lines, not the run's end: Page serves from it only lines
+// after the reader's cursor (a reader with nothing new queries, so a
+// keepalive or a wake for nothing reads the end, or lines whose
+// notification was lost with the relay that committed them), and only
+// once a query made after the tail began found the run not done (the
+// end, said while the tail began, could otherwise be hidden by lines
+// committed after it: a stale owner's, a stream still draining).
 
 const (
 	// tailLines and tailBytes bound one run's tail (its oldest lines go).
@@ -40,6 +47,9 @@ type tail struct {
 	lines  [][]byte // each line's JSON, never changed once here
 	bytes  int
 	readAt time.Time // its creation, or the last page it served
+	// confirmed: a query made after the tail began found the run not
+	// done; any later change of the record drops the tail.
+	confirmed bool
 }
 
 func (t *tail) last() uint64 { return t.first + uint64(len(t.lines)) - 1 }
@@ -95,15 +105,15 @@ func (ts *tails) dropAll() {
 	ts.mu.Unlock()
 }
 
-// page returns the lines after the cursor after that run's tail holds, up
-// to limit lines and store.PageBytes (at least one), and the last seq it
-// holds; false if it does not hold the line after the cursor, nor is the
-// cursor its last line.
+// page returns the lines after the cursor after that run's confirmed
+// tail holds, up to limit lines and store.PageBytes (at least one), and
+// the last seq it holds; false if it holds no line after the cursor, or
+// not the line right after it.
 func (ts *tails) page(run string, after uint64, limit int, now time.Time) ([]store.RawLine, uint64, bool) {
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
 	t := ts.runs[run]
-	if t == nil || after+1 < t.first || after > t.last() {
+	if t == nil || !t.confirmed || after+1 < t.first || after >= t.last() {
 		return nil, 0, false
 	}
 	t.readAt = now
@@ -117,6 +127,23 @@ func (ts *tails) page(run string, after uint64, limit int, now time.Time) ([]sto
 		out = append(out, store.RawLine{Seq: seq, JSON: l})
 	}
 	return out, t.last(), true
+}
+
+// held returns run's tail, for confirm.
+func (ts *tails) held(run string) *tail {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return ts.runs[run]
+}
+
+// confirm marks t, held before a query that found run not done, as
+// confirmed, if it is still run's tail (not dropped since by a change).
+func (ts *tails) confirm(run string, t *tail) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if t != nil && ts.runs[run] == t {
+		t.confirmed = true
+	}
 }
 
 // carried is what the next notification says of a run: its lines, of
